@@ -1,0 +1,29 @@
+// Advisors: pure functions from an epoch's metrics to advice, with thresholds from the config;
+// and tuning policies, which propose knob settings to the trial engine.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "torchpilot/advice.h"
+#include "torchpilot/config.h"
+#include "torchpilot/records.h"
+#include "torchpilot/trial_engine.h"
+
+namespace torchpilot {
+
+// Every advisor, in catalog order.
+std::vector<Advice> run_advisors(const EpochSummary& summary, const Config& config);
+
+// Data starvation: the training thread waited for batches more than `threshold` of step time.
+// Names the likely cause from the loader's counters and estimates the gain of removing the wait.
+std::optional<Advice> advise_data_starvation(const EpochSummary& summary,
+                                             const DataStarvationConfig& config);
+
+// Coordinate search over the loader knobs (loader.workers, loader.prefetch, loader.pin_memory,
+// loader.device_prefetch): workers by doubling then bisection, then deeper prefetch, then each
+// boolean toggled. Knobs that are not registered are skipped.
+std::unique_ptr<TuningPolicy> make_loader_policy(const AutotuneConfig& config);
+
+}  // namespace torchpilot

@@ -1,0 +1,104 @@
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "torchpilot/advisors.h"
+#include "torchpilot/metrics.h"
+
+namespace torchpilot {
+namespace {
+
+std::string num(double v, const char* format = "%.1f") {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+}  // namespace
+
+std::optional<Advice> advise_data_starvation(const EpochSummary& s,
+                                             const DataStarvationConfig& config) {
+  const double f = s.data_wait_fraction;
+  if (s.steps == 0 || f <= config.threshold) return std::nullopt;
+
+  Advice a;
+  a.id = "data_starvation";
+  a.severity = f >= config.high_severity ? Severity::kHigh : Severity::kWarning;
+  const double wait_ms = static_cast<double>(s.data_wait_ns) / 1e6 / s.steps;
+  const double step_ms = static_cast<double>(s.wall_ns) / 1e6 / s.steps;
+  const double compute_ms = std::max(1e-6, step_ms - wait_ms);  // step time without the wait
+  a.finding = "the training thread waited for data " + num(100 * f) + "% of step time (" +
+              num(wait_ms, "%.2f") + " ms of a " + num(step_ms, "%.2f") +
+              " ms step; threshold " + num(100 * config.threshold) + "%)";
+  a.evidence = {{"data_wait_fraction", f, "fraction"},
+                {"data_wait_per_step", wait_ms, "ms"},
+                {"step_time", step_ms, "ms"},
+                {"threshold", config.threshold, "fraction"}};
+  // Removing the wait entirely turns a step of `step` into one of `compute`.
+  a.expected_gain = f / std::max(1e-9, 1.0 - f);
+  a.gain_estimated = true;
+
+  if (!s.loader || s.loader->produce_count == 0) {
+    a.cause = "the loader's internals are not visible (a watched or unknown loader)";
+    a.action =
+        "load in more worker threads or prefetch deeper; torchpilot::TunableLoader measures the "
+        "cause and, with mode: autotune, picks workers and prefetch itself";
+    return a;
+  }
+  const LoaderStats& l = *s.loader;
+  const double batch_ms = static_cast<double>(l.produce_ns) / 1e6 / l.produce_count;
+  const int max_workers = std::max(1, l.max_workers);
+  // Workers needed so that W batches are produced per batch_ms while one step computes.
+  const int needed = static_cast<int>(std::ceil(batch_ms / compute_ms));
+  a.evidence.push_back({"batch_produce_time", batch_ms, "ms"});
+  a.evidence.push_back({"compute_time_per_step", compute_ms, "ms"});
+  a.evidence.push_back({"workers", static_cast<double>(l.settings.workers), "threads"});
+  a.evidence.push_back({"workers_needed_estimate", static_cast<double>(needed), "threads"});
+  a.evidence.push_back({"cpus_available", static_cast<double>(max_workers), "cpus"});
+  const std::string tune_hint =
+      l.tunable ? " (mode: autotune picks this during warm-up)"
+                : " (torchpilot::TunableLoader with mode: autotune picks this during warm-up)";
+
+  if (needed > max_workers) {
+    a.cause = "loading is CPU-bound: one batch takes " + num(batch_ms, "%.2f") +
+              " ms of CPU time and the step computes for " + num(compute_ms, "%.2f") + " ms, so " +
+              std::to_string(needed) + " workers would be needed but only " +
+              std::to_string(max_workers) + " CPUs are available";
+    a.action = "use " + std::to_string(max_workers) +
+               " workers and make loading cheaper: decode at lower resolution, cache decoded "
+               "samples, or move augmentation to the GPU" + tune_hint;
+    // With every CPU loading, the step can run no faster than batch_ms / max_workers.
+    const double best_step = std::max(compute_ms, batch_ms / max_workers);
+    a.expected_gain = std::max(0.0, step_ms / best_step - 1.0);
+  } else if (l.settings.workers == 0) {
+    a.cause = "batches are loaded on the training thread (workers = 0): each step waits " +
+              num(batch_ms, "%.2f") + " ms for its batch to be produced";
+    a.action = "load in " + std::to_string(std::max(1, needed)) + "+ worker threads" + tune_hint;
+  } else if (needed > l.settings.workers) {
+    a.cause = "too few workers: each batch takes " + num(batch_ms, "%.2f") + " ms on one worker, so " +
+              std::to_string(l.settings.workers) + " workers deliver one every " +
+              num(batch_ms / l.settings.workers, "%.2f") + " ms while the step computes in " +
+              num(compute_ms, "%.2f") + " ms";
+    a.action = "use about " + std::to_string(needed) + " workers" + tune_hint;
+  } else {
+    a.cause = "workers keep up on average (" + std::to_string(l.settings.workers) +
+              " deliver a batch every " + num(batch_ms / l.settings.workers, "%.2f") +
+              " ms) but the queue still runs dry: prefetch " + std::to_string(l.settings.prefetch) +
+              " batches per worker is too shallow for the variation in batch time";
+    a.action = "prefetch deeper (e.g. " + std::to_string(l.settings.prefetch * 2) +
+               " batches per worker)" + tune_hint;
+  }
+  if (l.pin_memory_available && !l.settings.pin_memory) {
+    a.cause += "; batches are in pageable memory, so host-to-device copies block";
+    a.action += "; pin memory (loader pin_memory) so copies run asynchronously";
+  }
+  return a;
+}
+
+std::vector<Advice> run_advisors(const EpochSummary& summary, const Config& config) {
+  std::vector<Advice> out;
+  if (auto a = advise_data_starvation(summary, config.data_starvation)) out.push_back(*a);
+  return out;
+}
+
+}  // namespace torchpilot

@@ -1,0 +1,108 @@
+// watch(): measure a stock LibTorch DataLoader without changing it (advice only, no tuning).
+//
+//   auto loader = torch::data::make_data_loader(dataset, options);
+//   for (auto& batch : torchpilot::watch(*loader, pilot)) { auto step = pilot.step(); ... }
+//
+// Each wait for a batch (the first one included) is reported to the pilot as data wait; the end
+// of the iteration ends the pilot's epoch. Thread-safety: as the wrapped loader (one thread).
+// Failure behaviour: exceptions from the loader pass through unchanged.
+#pragma once
+
+#include <torch/data/iterator.h>
+
+#include <atomic>
+
+#include "torchpilot/pilot.h"
+
+namespace torchpilot {
+
+template <typename Loader>
+class WatchedLoader final : public LoaderProbe {
+ public:
+  using Batch = typename Loader::BatchType;
+  using Inner = torch::data::Iterator<Batch>;
+
+  WatchedLoader(Loader& loader, Pilot& pilot) : loader_(loader), pilot_(&pilot) {
+    pilot.attach_loader(this, {});
+  }
+  ~WatchedLoader() override {
+    if (pilot_ != nullptr) pilot_->detach_loader(this);
+  }
+  WatchedLoader(const WatchedLoader&) = delete;
+  WatchedLoader& operator=(const WatchedLoader&) = delete;
+
+  class Iterator {
+   public:
+    Batch& operator*() { return *inner_; }
+    Batch* operator->() { return &*inner_; }
+    Iterator& operator++() {
+      owner_->timed([&] {
+        ++inner_;
+        return inner_ == end_;  // the stock iterator fetches lazily: force it inside the timer
+      });
+      return *this;
+    }
+    bool operator!=(const Iterator& other) const {
+      return !(inner_ == other.inner_);
+    }
+    bool operator==(const Iterator& other) const { return inner_ == other.inner_; }
+
+   private:
+    friend class WatchedLoader;
+    Iterator(WatchedLoader* owner, Inner inner, Inner end)
+        : owner_(owner), inner_(std::move(inner)), end_(std::move(end)) {}
+    WatchedLoader* owner_;
+    mutable Inner inner_;
+    mutable Inner end_;
+  };
+
+  Iterator begin() {
+    std::optional<Inner> first;
+    timed([&] {
+      first.emplace(loader_.begin());
+      return *first == loader_.end();
+    });
+    return Iterator(this, std::move(*first), loader_.end());
+  }
+  Iterator end() { return Iterator(this, loader_.end(), loader_.end()); }
+
+  LoaderStats stats() const override {
+    LoaderStats s;
+    s.name = "watched";
+    s.batches = batches_.load(std::memory_order_relaxed);
+    s.blocked_count = s.batches;
+    s.wait_ns = wait_ns_.load(std::memory_order_relaxed);
+    return s;
+  }
+  void pilot_destroyed() override { pilot_ = nullptr; }
+
+ private:
+  // Runs one fetch, reports its wait, and ends the pilot's epoch when the loader is exhausted.
+  template <typename Fetch>
+  void timed(Fetch&& fetch) {
+    const Nanos start = pilot_ != nullptr ? pilot_->clock().now_ns() : 0;
+    const bool exhausted = fetch();
+    if (pilot_ == nullptr) return;
+    const Nanos waited = pilot_->clock().now_ns() - start;
+    if (exhausted) {
+      pilot_->end_epoch();
+      return;
+    }
+    batches_.fetch_add(1, std::memory_order_relaxed);
+    wait_ns_.fetch_add(waited, std::memory_order_relaxed);
+    pilot_->record_data_wait(waited);
+  }
+
+  Loader& loader_;
+  Pilot* pilot_;
+  std::atomic<int64_t> batches_{0};
+  std::atomic<Nanos> wait_ns_{0};
+};
+
+// Wraps `loader` (a torch::data DataLoader, e.g. *make_data_loader(...)) for one pilot.
+template <typename Loader>
+WatchedLoader<Loader> watch(Loader& loader, Pilot& pilot) {
+  return WatchedLoader<Loader>(loader, pilot);
+}
+
+}  // namespace torchpilot

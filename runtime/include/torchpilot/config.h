@@ -1,0 +1,76 @@
+// torchpilot configuration: defaults, YAML files and TORCHPILOT_* environment overrides.
+// configs/default.yaml documents every key; docs/config.md explains precedence.
+//
+// Failure behaviour: every loader here validates the whole input and throws ConfigError naming the
+// source (file or environment variable), the key and the reason. That happens at start-up, before
+// training; nothing else in torchpilot throws into the training loop.
+// Thread-safety: Config is a plain value; load it once and hand it to Pilot.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace torchpilot {
+
+enum class Mode { kOff, kAdvise, kAutotune };
+const char* to_string(Mode mode);
+
+struct DataStarvationConfig {
+  double threshold = 0.05;       // data-wait fraction above which advice is given
+  double high_severity = 0.25;   // ... and above which it is high severity
+};
+
+struct AutotuneConfig {
+  int warmup_steps = 200;        // step budget for all trials, counted from the first step
+  int settle_steps = 4;          // steps ignored after a change (queues refill)
+  int measure_steps = 10;        // steps measured per trial
+  double noise_margin = 0.03;    // a candidate must beat the incumbent by this fraction
+  int max_workers = 0;           // 0: the number of CPUs in this process's affinity mask
+  std::vector<int> prefetch_choices = {1, 2, 4, 8};  // batches in flight per worker
+  bool tune_pin_memory = true;      // only where LibTorch has CUDA
+  bool tune_device_prefetch = true; // only where LibTorch has CUDA
+};
+
+struct Config {
+  Mode mode = Mode::kAdvise;
+  std::string log_level = "info";    // trace | debug | info | warn | error | off
+  std::string json_path;             // JSON-lines records; empty: none
+  int step_history = 4096;           // per-step records kept in memory (ring buffer)
+  DataStarvationConfig data_starvation;
+  AutotuneConfig autotune;
+
+  // Defaults, then TORCHPILOT_CONFIG's file if that variable is set, then TORCHPILOT_* overrides.
+  static Config load();
+  // The file, then TORCHPILOT_* overrides.
+  static Config from_yaml_file(const std::string& path);
+  // YAML text; `origin` names it in errors. No environment overrides.
+  static Config from_yaml_string(const std::string& text, const std::string& origin = "<string>");
+};
+
+class ConfigError : public std::runtime_error {
+ public:
+  ConfigError(std::string source, std::string key, std::string reason);
+  const std::string& source() const { return source_; }
+  const std::string& key() const { return key_; }
+  const std::string& reason() const { return reason_; }
+
+ private:
+  std::string source_, key_, reason_;
+};
+
+// Environment variables as (name, value) pairs; injected in tests.
+using Environment = std::vector<std::pair<std::string, std::string>>;
+Environment process_environment();
+
+// Applies TORCHPILOT_<KEY> overrides: key "autotune.warmup_steps" is TORCHPILOT_AUTOTUNE_WARMUP_STEPS.
+// Lists are comma-separated ("1,2,4"). An unknown TORCHPILOT_* variable is an error, except the
+// ones torchpilot reads elsewhere (TORCHPILOT_CONFIG).
+void apply_env_overrides(Config& config, const Environment& env);
+
+// Every key as "section.name", in file order; docs and tests use it.
+std::vector<std::string> config_keys();
+
+}  // namespace torchpilot

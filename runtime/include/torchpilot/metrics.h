@@ -1,0 +1,59 @@
+// Pure metric functions over records (docs/metrics.md defines each number). No I/O, no clocks.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "torchpilot/records.h"
+
+namespace torchpilot {
+
+// part / whole, 0 when whole <= 0; clamped to [0, 1].
+double fraction(Nanos part, Nanos whole);
+
+// Median of a sample (copies it). 0 for an empty sample.
+Nanos median(std::vector<Nanos> values);
+
+// Interquartile range / median of a sample: a robust relative spread. 0 for fewer than 4 values.
+double relative_iqr(std::vector<Nanos> values);
+
+// Difference of two cumulative loader snapshots (later - earlier), settings taken from `later`.
+LoaderStats loader_delta(const LoaderStats& later, const LoaderStats& earlier);
+
+// Fixed-memory histogram of durations with ~4% wide log buckets, 1 µs .. ~1.2 h, for percentiles
+// over an epoch of any length.
+class DurationHistogram {
+ public:
+  void add(Nanos value);
+  // Upper edge of the bucket holding the q-quantile (q in [0, 1]); 0 when empty.
+  Nanos quantile(double q) const;
+  int64_t count() const { return count_; }
+  void clear();
+
+ private:
+  static constexpr int kBuckets = 640;
+  std::array<int64_t, kBuckets> buckets_{};
+  int64_t count_ = 0;
+};
+
+// Streams step records into an epoch summary; memory does not grow with the number of steps.
+class EpochAccumulator {
+ public:
+  void add(const StepRecord& record);
+  bool empty() const { return steps_ == 0; }
+  // Summary of what was added; phase names by id come from the caller.
+  EpochSummary summarize(int64_t epoch, const std::vector<std::string>& phase_names) const;
+  void clear();
+
+ private:
+  int64_t steps_ = 0;
+  int64_t first_step_ = 0;
+  int64_t samples_ = 0;
+  Nanos wall_ns_ = 0;
+  Nanos data_wait_ns_ = 0;
+  std::array<Nanos, kMaxPhases> phase_ns_{};
+  DurationHistogram step_times_;
+};
+
+}  // namespace torchpilot

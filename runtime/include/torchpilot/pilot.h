@@ -1,0 +1,176 @@
+// The Pilot: torchpilot's in-process runtime. Create one per training process from a Config, mark
+// steps and phases with scope objects, end epochs, read the advisory log.
+//
+//   torchpilot::Pilot pilot(torchpilot::Config::load());
+//   for (auto& batch : loader) {                  // a TunableLoader attached to the pilot
+//     auto step = pilot.step(batch_size);         // step boundary when `step` goes out of scope
+//     { auto p = pilot.phase("forward"); ... }
+//   }
+//   pilot.end_epoch();                            // summary + advice (attached loaders call it too)
+//
+// Step time is boundary to boundary: a step runs from the previous step's end to its own end, so
+// the wait for its batch (before the scope opens) belongs to it.
+//
+// Thread-safety: step(), phase(), end_epoch() and the knob registry belong to one training thread.
+// record_data_wait() may be called from any thread.
+// Failure behaviour: the constructor throws (bad config, JSON file that cannot be opened). After
+// that nothing throws: a failing sink is logged once and skipped, advisor errors are logged.
+// Cost: a step scope is two clock reads and a ring-buffer write plus the sinks' on_step.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "torchpilot/advice.h"
+#include "torchpilot/clock.h"
+#include "torchpilot/config.h"
+#include "torchpilot/knobs.h"
+#include "torchpilot/metrics.h"
+#include "torchpilot/records.h"
+#include "torchpilot/sink.h"
+#include "torchpilot/trial_engine.h"
+
+namespace spdlog {
+class logger;
+}
+
+namespace torchpilot {
+
+class Pilot;
+
+// Ends a step when destroyed (or at end()). Move-only.
+class StepScope {
+ public:
+  StepScope(StepScope&& other) noexcept;
+  StepScope& operator=(StepScope&&) = delete;
+  StepScope(const StepScope&) = delete;
+  ~StepScope() { end(); }
+  void set_samples(int64_t samples) { samples_ = samples; }
+  void end();
+
+ private:
+  friend class Pilot;
+  StepScope(Pilot* pilot, int64_t samples) : pilot_(pilot), samples_(samples) {}
+  Pilot* pilot_;
+  int64_t samples_;
+};
+
+// Adds its lifetime to a named phase of the current step. Move-only.
+class PhaseScope {
+ public:
+  PhaseScope(PhaseScope&& other) noexcept;
+  PhaseScope& operator=(PhaseScope&&) = delete;
+  PhaseScope(const PhaseScope&) = delete;
+  ~PhaseScope() { end(); }
+  void end();
+
+ private:
+  friend class Pilot;
+  PhaseScope(Pilot* pilot, int id, Nanos begin) : pilot_(pilot), id_(id), begin_(begin) {}
+  Pilot* pilot_;
+  int id_;
+  Nanos begin_;
+};
+
+// What a data loader shows the Pilot. The loader detaches itself when destroyed; a Pilot destroyed
+// first calls pilot_destroyed() so the loader forgets it.
+class LoaderProbe {
+ public:
+  virtual ~LoaderProbe() = default;
+  virtual LoaderStats stats() const = 0;
+  virtual void pilot_destroyed() = 0;
+};
+
+struct PilotOptions {
+  std::shared_ptr<spdlog::logger> logger;    // advisory log; default: "torchpilot" on stderr
+  std::shared_ptr<Clock> clock;              // default: the steady clock
+  std::vector<std::shared_ptr<Sink>> sinks;  // in addition to the log and the JSON-lines file
+};
+
+class Pilot {
+ public:
+  explicit Pilot(Config config = Config::load(), PilotOptions options = {});
+  ~Pilot();
+  Pilot(const Pilot&) = delete;
+  Pilot& operator=(const Pilot&) = delete;
+
+  Mode mode() const { return config_.mode; }
+  const Config& config() const { return config_; }
+
+  // Step and phase scopes. In mode off they do nothing.
+  StepScope step(int64_t samples = 0);
+  PhaseScope phase(std::string_view name);
+  PhaseScope phase(int id);
+  // Interns a phase name (kMaxPhases at most; beyond that -1 and the phase is not timed).
+  int phase_id(std::string_view name);
+
+  // Closes the epoch: summary, advice, sinks. Does nothing if no step ran since the last call.
+  void end_epoch();
+
+  void add_sink(std::shared_ptr<Sink> sink);
+  void flush();
+
+  // --- for hooks -------------------------------------------------------------------------------
+  void record_data_wait(Nanos ns) {
+    if (config_.mode != Mode::kOff) pending_wait_ns_.fetch_add(ns, std::memory_order_relaxed);
+  }
+  // The loader's knobs join the registry (autotune tunes them); its stats go into epoch summaries.
+  void attach_loader(LoaderProbe* probe, std::vector<Knob> knobs);
+  void detach_loader(LoaderProbe* probe);
+  KnobRegistry& knobs() { return knobs_; }
+  Clock& clock() { return *clock_; }
+  spdlog::logger& logger() { return *logger_; }
+
+  // --- results, for programs and tests -----------------------------------------------------------
+  int64_t steps() const { return next_step_; }
+  int64_t epoch() const { return epoch_; }
+  // The last `records.step_history` steps, oldest first.
+  std::vector<StepRecord> recent_steps() const;
+  const std::vector<EpochSummary>& epoch_summaries() const { return epoch_summaries_; }
+  const std::vector<Advice>& last_advice() const { return last_advice_; }
+  const std::optional<TuningDecision>& tuning_decision() const;
+  bool tuning_finished() const;
+
+ private:
+  friend class StepScope;
+  friend class PhaseScope;
+  void end_step(int64_t samples);
+  void end_phase(int id, Nanos begin);
+  template <typename Fn>
+  void for_each_sink(const char* what, Fn&& fn);
+
+  Config config_;
+  std::shared_ptr<Clock> clock_;
+  std::shared_ptr<spdlog::logger> logger_;
+  std::vector<std::shared_ptr<Sink>> sinks_;
+  std::vector<bool> sink_failed_;
+
+  // Current step state (training thread).
+  std::atomic<Nanos> pending_wait_ns_{0};
+  bool step_open_ = false;
+  Nanos step_begin_ns_ = 0;
+  Nanos last_boundary_ns_ = -1;  // -1: no step yet in this epoch
+  std::array<Nanos, kMaxPhases> phase_ns_{};
+  std::vector<std::string> phase_names_;
+
+  int64_t next_step_ = 0;
+  int64_t epoch_ = 0;
+  int64_t step_in_epoch_ = 0;
+  std::vector<StepRecord> history_;  // ring buffer
+  size_t history_next_ = 0;
+  EpochAccumulator accumulator_;
+  std::vector<EpochSummary> epoch_summaries_;
+  std::vector<Advice> last_advice_;
+
+  KnobRegistry knobs_;
+  LoaderProbe* loader_ = nullptr;
+  LoaderStats loader_at_epoch_start_;
+  std::unique_ptr<TrialEngine> engine_;
+  bool warned_nothing_to_tune_ = false;
+};
+
+}  // namespace torchpilot

@@ -1,0 +1,71 @@
+// Sinks receive what torchpilot records and decides (spdlog-style: a tiny interface).
+// Failure behaviour: the Pilot catches anything a sink throws, logs it once and stops calling that
+// sink; training goes on. Thread-safety: the Pilot calls sinks from the training thread only.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "torchpilot/advice.h"
+#include "torchpilot/records.h"
+#include "torchpilot/trial_engine.h"
+
+namespace spdlog {
+class logger;
+}
+
+namespace torchpilot {
+
+class Sink {
+ public:
+  virtual ~Sink() = default;
+  virtual std::string name() const = 0;
+  virtual void on_step(const StepRecord& record, const std::vector<std::string>& phase_names) {}
+  virtual void on_epoch(const EpochSummary& summary, const std::vector<Advice>& advice) {}
+  virtual void on_trial(const TrialResult& trial, bool kept) {}
+  virtual void on_decision(const TuningDecision& decision) {}
+  virtual void flush() {}
+};
+
+// The advisory log: epoch summaries, advice and tuning decisions as readable lines.
+std::shared_ptr<Sink> make_log_sink(std::shared_ptr<spdlog::logger> logger);
+
+// One JSON object per line: a record per step, per epoch, per trial and per decision
+// (docs/records.md). Throws std::runtime_error at creation if the file cannot be opened.
+std::shared_ptr<Sink> make_json_lines_sink(const std::string& path);
+
+// Keeps copies of everything it receives; for tests and for programs that inspect results.
+class RecordingSink : public Sink {
+ public:
+  std::string name() const override { return "recording"; }
+  void on_step(const StepRecord& record, const std::vector<std::string>&) override {
+    steps.push_back(record);
+  }
+  void on_epoch(const EpochSummary& summary, const std::vector<Advice>& a) override {
+    epochs.push_back(summary);
+    advice.push_back(a);
+  }
+  void on_trial(const TrialResult& trial, bool kept) override { trials.push_back({trial, kept}); }
+  void on_decision(const TuningDecision& decision) override { decisions.push_back(decision); }
+
+  std::vector<StepRecord> steps;
+  std::vector<EpochSummary> epochs;
+  std::vector<std::vector<Advice>> advice;  // per epoch
+  std::vector<std::pair<TrialResult, bool>> trials;
+  std::vector<TuningDecision> decisions;
+};
+
+// JSON text of each record kind, as the JSON-lines sink writes them (one line, no newline).
+std::string step_json(const StepRecord& record, const std::vector<std::string>& phase_names);
+std::string epoch_json(const EpochSummary& summary, const std::vector<Advice>& advice);
+std::string trial_json(const TrialResult& trial, bool kept);
+std::string decision_json(const TuningDecision& decision);
+
+// Human-readable lines of the advisory log.
+std::vector<std::string> format_epoch(const EpochSummary& summary,
+                                      const std::vector<Advice>& advice);
+std::string format_decision(const TuningDecision& decision);
+std::string format_trial(const TrialResult& trial, bool kept);
+
+}  // namespace torchpilot

@@ -1,0 +1,93 @@
+// Auto-tune: the trial engine runs the warm-up protocol of DESIGN.md over registered knobs.
+// Each trial applies a setting at a step boundary, lets it settle, measures a window of steps and
+// compares its median step throughput with the incumbent's, with a noise margin. When the policy
+// has nothing more to try, or the warm-up budget would be exceeded, the best setting is applied
+// and the decision recorded.
+// Thread-safety: training thread only (it calls knob setters between steps).
+// Failure behaviour: a knob setter that throws fails that trial; the incumbent is restored.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "torchpilot/config.h"
+#include "torchpilot/knobs.h"
+#include "torchpilot/records.h"
+
+namespace torchpilot {
+
+struct TrialResult {
+  Setting setting;
+  int64_t first_step = 0;      // first measured step
+  int64_t last_step = 0;
+  Nanos median_step_ns = 0;
+  double relative_spread = 0;  // interquartile range / median of the measured step times
+  double throughput = 0;       // samples/s (steps/s when steps report no samples)
+  std::string unit;            // "samples/s" or "steps/s"
+  bool failed = false;
+  std::string note;            // why it failed
+};
+
+struct TuningDecision {
+  std::string policy;
+  Setting baseline;            // what the run started with
+  Setting chosen;              // what it runs with now
+  double baseline_throughput = 0;
+  double chosen_throughput = 0;
+  std::string unit;            // "samples/s" or "steps/s"
+  int64_t decided_at_step = 0;
+  int64_t steps_used = 0;      // steps from the first trial step to the decision
+  std::string reason;          // why the search ended
+  std::vector<TrialResult> trials;  // trials[0] is the baseline
+};
+
+class TuningPolicy {
+ public:
+  virtual ~TuningPolicy() = default;
+  virtual std::string name() const = 0;
+  // The next setting to try, given every trial so far (trials[0] is the baseline) and which one is
+  // the incumbent; nullopt ends the search.
+  virtual std::optional<Setting> propose(const std::vector<TrialResult>& trials, size_t incumbent,
+                                         const KnobRegistry& knobs) = 0;
+};
+
+class TrialEngine {
+ public:
+  TrialEngine(KnobRegistry& knobs, std::unique_ptr<TuningPolicy> policy, AutotuneConfig config);
+
+  // Called with each finished step, in order.
+  void on_step(const StepRecord& record);
+
+  bool finished() const { return decision_.has_value(); }
+  const std::optional<TuningDecision>& decision() const { return decision_; }
+  const std::vector<TrialResult>& trials() const { return trials_; }
+
+  // Called after each trial is measured (for logging); `kept` says whether it became incumbent.
+  std::function<void(const TrialResult& trial, bool kept)> on_trial;
+
+ private:
+  void start_trial(const Setting& setting);
+  void finish_trial();
+  void conclude(const std::string& reason);
+  bool better(const TrialResult& candidate, const TrialResult& incumbent) const;
+
+  KnobRegistry& knobs_;
+  std::unique_ptr<TuningPolicy> policy_;
+  AutotuneConfig config_;
+  bool started_ = false;
+  bool samples_reported_ = false;
+  int64_t first_step_ = 0;
+  int64_t last_step_ = 0;
+  int settle_left_ = 0;
+  std::vector<Nanos> window_ns_;
+  std::vector<int64_t> window_samples_;
+  Setting current_;
+  std::vector<TrialResult> trials_;
+  size_t incumbent_ = 0;
+  std::optional<TuningDecision> decision_;
+};
+
+}  // namespace torchpilot

@@ -1,0 +1,291 @@
+#include "torchpilot/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+extern char** environ;
+
+namespace torchpilot {
+namespace {
+
+// One row per configuration key: how to parse it, its range, and where it goes. The YAML reader,
+// the environment reader and config_keys() all walk this table, so a key is declared once.
+enum class Type { kInt, kDouble, kBool, kString, kIntList };
+
+struct Value {
+  int64_t i = 0;
+  double d = 0;
+  bool b = false;
+  std::string s;
+  std::vector<int64_t> list;
+};
+
+struct KeySpec {
+  const char* key;
+  Type type;
+  double min;  // numeric range (ints, doubles, list elements)
+  double max;
+  std::vector<std::string> choices;  // strings: allowed values; empty = any
+  void (*set)(Config&, const Value&);
+};
+
+const std::vector<KeySpec>& schema() {
+  static const std::vector<KeySpec> table = {
+      {"mode", Type::kString, 0, 0, {"off", "advise", "autotune"},
+       [](Config& c, const Value& v) {
+         c.mode = v.s == "off" ? Mode::kOff : v.s == "advise" ? Mode::kAdvise : Mode::kAutotune;
+       }},
+      {"log.level", Type::kString, 0, 0, {"trace", "debug", "info", "warn", "error", "off"},
+       [](Config& c, const Value& v) { c.log_level = v.s; }},
+      {"log.json_path", Type::kString, 0, 0, {},
+       [](Config& c, const Value& v) { c.json_path = v.s; }},
+      {"records.step_history", Type::kInt, 16, 1 << 24, {},
+       [](Config& c, const Value& v) { c.step_history = static_cast<int>(v.i); }},
+      {"advisors.data_starvation.threshold", Type::kDouble, 0.0, 1.0, {},
+       [](Config& c, const Value& v) { c.data_starvation.threshold = v.d; }},
+      {"advisors.data_starvation.high_severity", Type::kDouble, 0.0, 1.0, {},
+       [](Config& c, const Value& v) { c.data_starvation.high_severity = v.d; }},
+      {"autotune.warmup_steps", Type::kInt, 0, 1e9, {},
+       [](Config& c, const Value& v) { c.autotune.warmup_steps = static_cast<int>(v.i); }},
+      {"autotune.settle_steps", Type::kInt, 0, 10000, {},
+       [](Config& c, const Value& v) { c.autotune.settle_steps = static_cast<int>(v.i); }},
+      {"autotune.measure_steps", Type::kInt, 3, 10000, {},
+       [](Config& c, const Value& v) { c.autotune.measure_steps = static_cast<int>(v.i); }},
+      {"autotune.noise_margin", Type::kDouble, 0.0, 0.5, {},
+       [](Config& c, const Value& v) { c.autotune.noise_margin = v.d; }},
+      {"autotune.max_workers", Type::kInt, 0, 1024, {},
+       [](Config& c, const Value& v) { c.autotune.max_workers = static_cast<int>(v.i); }},
+      {"autotune.prefetch_choices", Type::kIntList, 1, 64, {},
+       [](Config& c, const Value& v) {
+         c.autotune.prefetch_choices.assign(v.list.begin(), v.list.end());
+       }},
+      {"autotune.tune_pin_memory", Type::kBool, 0, 0, {},
+       [](Config& c, const Value& v) { c.autotune.tune_pin_memory = v.b; }},
+      {"autotune.tune_device_prefetch", Type::kBool, 0, 0, {},
+       [](Config& c, const Value& v) { c.autotune.tune_device_prefetch = v.b; }},
+  };
+  return table;
+}
+
+const KeySpec* find_key(const std::string& key) {
+  for (const auto& spec : schema()) {
+    if (key == spec.key) return &spec;
+  }
+  return nullptr;
+}
+
+std::string describe_range(const KeySpec& spec) {
+  std::ostringstream out;
+  out << "[" << spec.min << ", " << spec.max << "]";
+  return out.str();
+}
+
+// Parses one scalar's text by the key's type; `fail` reports the reason.
+template <typename Fail>
+int64_t parse_int(const std::string& text, const KeySpec& spec, Fail fail) {
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno == ERANGE) fail("expected an integer, got '" + text + "'");
+  if (v < spec.min || v > spec.max) {
+    fail("value " + text + " is out of range " + describe_range(spec));
+  }
+  return v;
+}
+
+template <typename Fail>
+Value parse_scalar(const std::string& text, const KeySpec& spec, Fail fail) {
+  Value v;
+  switch (spec.type) {
+    case Type::kInt:
+      v.i = parse_int(text, spec, fail);
+      break;
+    case Type::kDouble: {
+      errno = 0;
+      char* end = nullptr;
+      v.d = std::strtod(text.c_str(), &end);
+      if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v.d)) {
+        fail("expected a number, got '" + text + "'");
+      }
+      if (v.d < spec.min || v.d > spec.max) {
+        fail("value " + text + " is out of range " + describe_range(spec));
+      }
+      break;
+    }
+    case Type::kBool:
+      if (text == "true" || text == "1" || text == "yes" || text == "on") {
+        v.b = true;
+      } else if (text == "false" || text == "0" || text == "no" || text == "off") {
+        v.b = false;
+      } else {
+        fail("expected true or false, got '" + text + "'");
+      }
+      break;
+    case Type::kString:
+      if (!spec.choices.empty()) {
+        bool ok = false;
+        std::string all;
+        for (const auto& c : spec.choices) {
+          ok = ok || c == text;
+          all += (all.empty() ? "" : " | ") + c;
+        }
+        if (!ok) fail("expected one of " + all + ", got '" + text + "'");
+      }
+      v.s = text;
+      break;
+    case Type::kIntList: {
+      std::stringstream in(text);
+      std::string item;
+      while (std::getline(in, item, ',')) v.list.push_back(parse_int(item, spec, fail));
+      if (v.list.empty()) fail("expected a non-empty list of integers");
+      break;
+    }
+  }
+  return v;
+}
+
+// Walks a YAML mapping; every leaf must be a known key.
+void apply_yaml_node(Config& config, const YAML::Node& node, const std::string& prefix,
+                     const std::string& source) {
+  if (!node.IsMap()) {
+    throw ConfigError(source, prefix.empty() ? "<root>" : prefix, "expected a mapping");
+  }
+  for (const auto& item : node) {
+    const std::string name = item.first.as<std::string>();
+    const std::string key = prefix.empty() ? name : prefix + "." + name;
+    const YAML::Node& value = item.second;
+    const KeySpec* spec = find_key(key);
+    const std::string where =
+        source + ":" + std::to_string(value.Mark().line + 1);  // yaml-cpp lines are 0-based
+    auto fail = [&](const std::string& reason) { throw ConfigError(where, key, reason); };
+    if (spec == nullptr) {
+      if (value.IsMap()) {
+        // A section: known if some key starts with it.
+        bool known_section = false;
+        for (const auto& s : schema()) {
+          known_section = known_section || std::string(s.key).rfind(key + ".", 0) == 0;
+        }
+        if (!known_section) fail("unknown key");
+        apply_yaml_node(config, value, key, source);
+        continue;
+      }
+      fail("unknown key");
+    }
+    if (spec->type == Type::kIntList) {
+      if (!value.IsSequence()) fail("expected a list of integers");
+      std::string joined;
+      for (const auto& e : value) {
+        if (!e.IsScalar()) fail("expected a list of integers");
+        joined += (joined.empty() ? "" : ",") + e.Scalar();
+      }
+      spec->set(config, parse_scalar(joined, *spec, fail));
+      continue;
+    }
+    if (!value.IsScalar()) fail("expected a single value");
+    spec->set(config, parse_scalar(value.Scalar(), *spec, fail));
+  }
+}
+
+// Cross-key rules that no single key can check.
+void validate(const Config& c, const std::string& source) {
+  if (c.data_starvation.high_severity < c.data_starvation.threshold) {
+    throw ConfigError(source, "advisors.data_starvation.high_severity",
+                      "must not be below advisors.data_starvation.threshold");
+  }
+}
+
+std::string env_name(const std::string& key) {
+  std::string name = "TORCHPILOT_";
+  for (char ch : key) name += ch == '.' ? '_' : static_cast<char>(std::toupper(ch));
+  return name;
+}
+
+const char* const kConfigPathVariable = "TORCHPILOT_CONFIG";
+
+}  // namespace
+
+const char* to_string(Mode mode) {
+  switch (mode) {
+    case Mode::kOff: return "off";
+    case Mode::kAdvise: return "advise";
+    case Mode::kAutotune: return "autotune";
+  }
+  return "?";
+}
+
+ConfigError::ConfigError(std::string source, std::string key, std::string reason)
+    : std::runtime_error("torchpilot config error in " + source + ": key '" + key + "': " + reason),
+      source_(std::move(source)),
+      key_(std::move(key)),
+      reason_(std::move(reason)) {}
+
+Config Config::from_yaml_string(const std::string& text, const std::string& origin) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(origin + ":" + std::to_string(e.mark.line + 1), "<syntax>", e.msg);
+  }
+  Config config;
+  if (root.IsNull()) return config;  // an empty file means defaults
+  apply_yaml_node(config, root, "", origin);
+  validate(config, origin);
+  return config;
+}
+
+Config Config::from_yaml_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path, "<file>", "cannot open the file");
+  std::stringstream text;
+  text << in.rdbuf();
+  Config config = from_yaml_string(text.str(), path);
+  apply_env_overrides(config, process_environment());
+  return config;
+}
+
+Config Config::load() {
+  const char* path = std::getenv(kConfigPathVariable);
+  if (path != nullptr && *path != '\0') return from_yaml_file(path);
+  Config config;
+  apply_env_overrides(config, process_environment());
+  return config;
+}
+
+Environment process_environment() {
+  Environment env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string entry(*e);
+    auto eq = entry.find('=');
+    if (eq != std::string::npos) env.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
+  }
+  return env;
+}
+
+void apply_env_overrides(Config& config, const Environment& env) {
+  for (const auto& [name, text] : env) {
+    if (name.rfind("TORCHPILOT_", 0) != 0 || name == kConfigPathVariable) continue;
+    const KeySpec* spec = nullptr;
+    for (const auto& s : schema()) {
+      if (env_name(s.key) == name) spec = &s;
+    }
+    if (spec == nullptr) throw ConfigError("environment variable " + name, name, "unknown key");
+    auto fail = [&](const std::string& reason) {
+      throw ConfigError("environment variable " + name, spec->key, reason);
+    };
+    spec->set(config, parse_scalar(text, *spec, fail));
+  }
+  validate(config, "environment");
+}
+
+std::vector<std::string> config_keys() {
+  std::vector<std::string> keys;
+  for (const auto& s : schema()) keys.emplace_back(s.key);
+  return keys;
+}
+
+}  // namespace torchpilot

@@ -1,0 +1,248 @@
+#include "torchpilot/pilot.h"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <mutex>
+
+#include "torchpilot/advisors.h"
+#include "torchpilot/logging.h"
+
+namespace torchpilot {
+
+std::shared_ptr<spdlog::logger> torchpilot_logger() {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  auto logger = spdlog::get("torchpilot");
+  if (!logger) {
+    logger = std::make_shared<spdlog::logger>(
+        "torchpilot", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+    logger->set_pattern("[%H:%M:%S.%e] [torchpilot] [%^%l%$] %v");
+    spdlog::register_logger(logger);
+  }
+  return logger;
+}
+
+// --- scopes ---------------------------------------------------------------------------------
+
+StepScope::StepScope(StepScope&& other) noexcept
+    : pilot_(other.pilot_), samples_(other.samples_) {
+  other.pilot_ = nullptr;
+}
+
+void StepScope::end() {
+  if (pilot_ != nullptr) {
+    Pilot* p = pilot_;
+    pilot_ = nullptr;
+    p->end_step(samples_);
+  }
+}
+
+PhaseScope::PhaseScope(PhaseScope&& other) noexcept
+    : pilot_(other.pilot_), id_(other.id_), begin_(other.begin_) {
+  other.pilot_ = nullptr;
+}
+
+void PhaseScope::end() {
+  if (pilot_ != nullptr) {
+    Pilot* p = pilot_;
+    pilot_ = nullptr;
+    p->end_phase(id_, begin_);
+  }
+}
+
+// --- Pilot ----------------------------------------------------------------------------------
+
+Pilot::Pilot(Config config, PilotOptions options)
+    : config_(std::move(config)),
+      clock_(options.clock ? options.clock : default_clock()),
+      logger_(options.logger ? options.logger : torchpilot_logger()) {
+  // log.level governs torchpilot's own logger; a logger handed in keeps its level.
+  if (!options.logger) logger_->set_level(spdlog::level::from_str(config_.log_level));
+  if (config_.mode == Mode::kOff) return;
+  history_.reserve(static_cast<size_t>(config_.step_history));
+  sinks_.push_back(make_log_sink(logger_));
+  if (!config_.json_path.empty()) sinks_.push_back(make_json_lines_sink(config_.json_path));
+  for (auto& s : options.sinks) sinks_.push_back(std::move(s));
+  sink_failed_.assign(sinks_.size(), false);
+  logger_->info("mode {}{}", to_string(config_.mode),
+                config_.json_path.empty() ? "" : ", records to " + config_.json_path);
+}
+
+Pilot::~Pilot() {
+  if (loader_ != nullptr) loader_->pilot_destroyed();
+  flush();
+}
+
+StepScope Pilot::step(int64_t samples) {
+  if (config_.mode == Mode::kOff) return StepScope(nullptr, samples);
+  if (step_open_) {
+    // A step scope left open (e.g. moved elsewhere) must not corrupt the next one: close it.
+    end_step(0);
+  }
+  step_open_ = true;
+  step_begin_ns_ = clock_->now_ns();
+  return StepScope(this, samples);
+}
+
+int Pilot::phase_id(std::string_view name) {
+  for (size_t i = 0; i < phase_names_.size(); ++i) {
+    if (phase_names_[i] == name) return static_cast<int>(i);
+  }
+  if (phase_names_.size() >= static_cast<size_t>(kMaxPhases)) return -1;
+  phase_names_.emplace_back(name);
+  return static_cast<int>(phase_names_.size() - 1);
+}
+
+PhaseScope Pilot::phase(std::string_view name) {
+  if (config_.mode == Mode::kOff) return PhaseScope(nullptr, -1, 0);
+  return phase(phase_id(name));
+}
+
+PhaseScope Pilot::phase(int id) {
+  if (config_.mode == Mode::kOff || id < 0 || id >= kMaxPhases) return PhaseScope(nullptr, -1, 0);
+  return PhaseScope(this, id, clock_->now_ns());
+}
+
+void Pilot::end_phase(int id, Nanos begin) { phase_ns_[id] += clock_->now_ns() - begin; }
+
+void Pilot::end_step(int64_t samples) {
+  const Nanos now = clock_->now_ns();
+  const Nanos wait = pending_wait_ns_.exchange(0, std::memory_order_relaxed);
+  StepRecord r;
+  r.step = next_step_++;
+  r.epoch = epoch_;
+  r.step_in_epoch = step_in_epoch_++;
+  // The first step of an epoch starts where its batch wait started.
+  r.begin_ns = last_boundary_ns_ >= 0 ? last_boundary_ns_ : step_begin_ns_ - wait;
+  r.end_ns = now;
+  r.data_wait_ns = wait;
+  r.samples = samples;
+  r.phase_ns = phase_ns_;
+  phase_ns_.fill(0);
+  last_boundary_ns_ = now;
+  step_open_ = false;
+
+  if (history_.size() < static_cast<size_t>(config_.step_history)) {
+    history_.push_back(r);
+  } else {
+    history_[history_next_] = r;
+    history_next_ = (history_next_ + 1) % history_.size();
+  }
+  accumulator_.add(r);
+  for_each_sink("on_step", [&](Sink& s) { s.on_step(r, phase_names_); });
+
+  if (config_.mode != Mode::kAutotune || (engine_ && engine_->finished())) return;
+  if (!engine_) {
+    engine_ = std::make_unique<TrialEngine>(knobs_, make_loader_policy(config_.autotune),
+                                            config_.autotune);
+    engine_->on_trial = [this](const TrialResult& t, bool kept) {
+      for_each_sink("on_trial", [&](Sink& s) { s.on_trial(t, kept); });
+    };
+  }
+  try {
+    engine_->on_step(r);
+  } catch (const std::exception& e) {
+    logger_->error("autotune stopped after an internal error: {}", e.what());
+    engine_.reset();
+    config_.mode = Mode::kAdvise;
+    return;
+  }
+  if (engine_->finished()) {
+    const TuningDecision& d = *engine_->decision();
+    if (d.trials.empty() && !warned_nothing_to_tune_) {
+      warned_nothing_to_tune_ = true;
+      logger_->warn("autotune: nothing to tune ({}); attach a torchpilot::TunableLoader", d.reason);
+      return;
+    }
+    for_each_sink("on_decision", [&](Sink& s) { s.on_decision(d); });
+  }
+}
+
+void Pilot::end_epoch() {
+  if (config_.mode == Mode::kOff) return;
+  if (step_open_) end_step(0);
+  if (accumulator_.empty()) return;
+  EpochSummary summary = accumulator_.summarize(epoch_, phase_names_);
+  if (loader_ != nullptr) {
+    LoaderStats now = loader_->stats();
+    summary.loader = loader_delta(now, loader_at_epoch_start_);
+    loader_at_epoch_start_ = now;
+  }
+  std::vector<Advice> advice;
+  try {
+    advice = run_advisors(summary, config_);
+  } catch (const std::exception& e) {
+    logger_->error("advisors failed for epoch {}: {}", epoch_, e.what());
+  }
+  for (auto& a : advice) a.epoch = epoch_;
+  for_each_sink("on_epoch", [&](Sink& s) { s.on_epoch(summary, advice); });
+  epoch_summaries_.push_back(std::move(summary));
+  last_advice_ = std::move(advice);
+  accumulator_.clear();
+  ++epoch_;
+  step_in_epoch_ = 0;
+  last_boundary_ns_ = -1;
+  pending_wait_ns_.store(0, std::memory_order_relaxed);
+  flush();
+}
+
+void Pilot::add_sink(std::shared_ptr<Sink> sink) {
+  sinks_.push_back(std::move(sink));
+  sink_failed_.push_back(false);
+}
+
+void Pilot::flush() {
+  for_each_sink("flush", [](Sink& s) { s.flush(); });
+}
+
+template <typename Fn>
+void Pilot::for_each_sink(const char* what, Fn&& fn) {
+  for (size_t i = 0; i < sinks_.size(); ++i) {
+    if (sink_failed_[i]) continue;
+    try {
+      fn(*sinks_[i]);
+    } catch (const std::exception& e) {
+      sink_failed_[i] = true;
+      logger_->error("sink '{}' failed in {} and is disabled: {}", sinks_[i]->name(), what,
+                     e.what());
+    } catch (...) {
+      sink_failed_[i] = true;
+      logger_->error("sink '{}' failed in {} and is disabled", sinks_[i]->name(), what);
+    }
+  }
+}
+
+void Pilot::attach_loader(LoaderProbe* probe, std::vector<Knob> knobs) {
+  if (loader_ != nullptr && loader_ != probe) {
+    logger_->info("a new loader was attached; the previous one is no longer reported or tuned");
+    detach_loader(loader_);
+  }
+  loader_ = probe;
+  loader_at_epoch_start_ = probe->stats();
+  for (auto& k : knobs) knobs_.add(std::move(k));
+}
+
+void Pilot::detach_loader(LoaderProbe* probe) {
+  if (loader_ != probe) return;
+  loader_ = nullptr;
+  knobs_.remove_prefix("loader.");
+}
+
+std::vector<StepRecord> Pilot::recent_steps() const {
+  std::vector<StepRecord> out;
+  out.reserve(history_.size());
+  for (size_t i = 0; i < history_.size(); ++i) {
+    out.push_back(history_[(history_next_ + i) % history_.size()]);
+  }
+  return out;
+}
+
+const std::optional<TuningDecision>& Pilot::tuning_decision() const {
+  static const std::optional<TuningDecision> none;
+  return engine_ ? engine_->decision() : none;
+}
+
+bool Pilot::tuning_finished() const { return engine_ && engine_->finished(); }
+
+}  // namespace torchpilot

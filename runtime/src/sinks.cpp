@@ -1,0 +1,279 @@
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "torchpilot/metrics.h"
+#include "torchpilot/sink.h"
+
+namespace torchpilot {
+namespace {
+
+using nlohmann::json;
+
+constexpr int kSchemaVersion = 1;
+
+double ms(Nanos ns) { return static_cast<double>(ns) / 1e6; }
+
+std::string fmt_ms(Nanos ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f ms", ms(ns));
+  return buf;
+}
+
+std::string fmt_pct(double f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * f);
+  return buf;
+}
+
+std::string fmt_num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, v >= 100 ? "%.0f" : "%.3g", v);
+  return buf;
+}
+
+json setting_json(const Setting& s) {
+  json j = json::object();
+  for (const auto& [k, v] : s) j[k] = v;
+  return j;
+}
+
+json loader_json(const LoaderStats& l) {
+  return {{"name", l.name},
+          {"tunable", l.tunable},
+          {"workers", l.settings.workers},
+          {"prefetch", l.settings.prefetch},
+          {"pin_memory", l.settings.pin_memory},
+          {"device_prefetch", l.settings.device_prefetch},
+          {"max_workers", l.max_workers},
+          {"batches", l.batches},
+          {"produce_count", l.produce_count},
+          {"produce_ms", ms(l.produce_ns)},
+          {"blocked_count", l.blocked_count},
+          {"wait_ms", ms(l.wait_ns)}};
+}
+
+json advice_json(const Advice& a) {
+  json evidence = json::object();
+  for (const auto& e : a.evidence) evidence[e.name] = {{"value", e.value}, {"unit", e.unit}};
+  return {{"id", a.id},
+          {"severity", to_string(a.severity)},
+          {"epoch", a.epoch},
+          {"finding", a.finding},
+          {"cause", a.cause},
+          {"action", a.action},
+          {"evidence", evidence},
+          {"expected_gain", a.expected_gain},
+          {"gain_estimated", a.gain_estimated}};
+}
+
+json trial_object(const TrialResult& t) {
+  return {{"setting", setting_json(t.setting)},
+          {"first_step", t.first_step},
+          {"last_step", t.last_step},
+          {"median_step_ms", ms(t.median_step_ns)},
+          {"relative_spread", t.relative_spread},
+          {"throughput", t.throughput},
+          {"unit", t.unit},
+          {"failed", t.failed},
+          {"note", t.note}};
+}
+
+class LogSink final : public Sink {
+ public:
+  explicit LogSink(std::shared_ptr<spdlog::logger> logger) : logger_(std::move(logger)) {}
+  std::string name() const override { return "log"; }
+  void on_epoch(const EpochSummary& summary, const std::vector<Advice>& advice) override {
+    for (const auto& line : format_epoch(summary, advice)) logger_->info("{}", line);
+  }
+  void on_trial(const TrialResult& trial, bool kept) override {
+    logger_->info("{}", format_trial(trial, kept));
+  }
+  void on_decision(const TuningDecision& decision) override {
+    logger_->info("{}", format_decision(decision));
+  }
+  void flush() override { logger_->flush(); }
+
+ private:
+  std::shared_ptr<spdlog::logger> logger_;
+};
+
+class JsonLinesSink final : public Sink {
+ public:
+  explicit JsonLinesSink(const std::string& path) : path_(path), out_(path, std::ios::app) {
+    if (!out_) throw std::runtime_error("torchpilot: cannot open JSON-lines file '" + path + "'");
+  }
+  std::string name() const override { return "json-lines " + path_; }
+  void on_step(const StepRecord& r, const std::vector<std::string>& names) override {
+    write(step_json(r, names));
+  }
+  void on_epoch(const EpochSummary& s, const std::vector<Advice>& a) override {
+    write(epoch_json(s, a));
+  }
+  void on_trial(const TrialResult& t, bool kept) override { write(trial_json(t, kept)); }
+  void on_decision(const TuningDecision& d) override { write(decision_json(d)); }
+  void flush() override {
+    out_.flush();
+    if (!out_) throw std::runtime_error("write to '" + path_ + "' failed");
+  }
+
+ private:
+  void write(const std::string& line) {
+    out_ << line << '\n';
+    if (!out_) throw std::runtime_error("write to '" + path_ + "' failed");
+  }
+  std::string path_;
+  std::ofstream out_;
+};
+
+}  // namespace
+
+const char* to_string(Severity severity) {
+  switch (severity) {
+    case Severity::kInfo: return "info";
+    case Severity::kWarning: return "warning";
+    case Severity::kHigh: return "high";
+  }
+  return "?";
+}
+
+std::shared_ptr<Sink> make_log_sink(std::shared_ptr<spdlog::logger> logger) {
+  return std::make_shared<LogSink>(std::move(logger));
+}
+
+std::shared_ptr<Sink> make_json_lines_sink(const std::string& path) {
+  return std::make_shared<JsonLinesSink>(path);
+}
+
+std::string step_json(const StepRecord& r, const std::vector<std::string>& names) {
+  json phases = json::object();
+  for (size_t i = 0; i < names.size() && i < kMaxPhases; ++i) phases[names[i]] = ms(r.phase_ns[i]);
+  json j = {{"type", "step"},
+            {"v", kSchemaVersion},
+            {"step", r.step},
+            {"epoch", r.epoch},
+            {"step_in_epoch", r.step_in_epoch},
+            {"end_ns", r.end_ns},
+            {"step_ms", ms(r.step_ns())},
+            {"data_wait_ms", ms(r.data_wait_ns)},
+            {"samples", r.samples},
+            {"phases_ms", phases}};
+  return j.dump();
+}
+
+std::string epoch_json(const EpochSummary& s, const std::vector<Advice>& advice) {
+  json phases = json::object();
+  for (const auto& p : s.phases) phases[p.name] = ms(p.ns);
+  json list = json::array();
+  for (const auto& a : advice) list.push_back(advice_json(a));
+  json j = {{"type", "epoch"},
+            {"v", kSchemaVersion},
+            {"epoch", s.epoch},
+            {"steps", s.steps},
+            {"first_step", s.first_step},
+            {"samples", s.samples},
+            {"wall_s", static_cast<double>(s.wall_ns) / 1e9},
+            {"data_wait_s", static_cast<double>(s.data_wait_ns) / 1e9},
+            {"data_wait_fraction", s.data_wait_fraction},
+            {"step_p50_ms", ms(s.step_p50_ns)},
+            {"step_p90_ms", ms(s.step_p90_ns)},
+            {"steps_per_s", s.steps_per_s},
+            {"samples_per_s", s.samples_per_s},
+            {"phases_ms", phases},
+            {"loader", s.loader ? loader_json(*s.loader) : json(nullptr)},
+            {"advice", list}};
+  return j.dump();
+}
+
+std::string trial_json(const TrialResult& t, bool kept) {
+  json j = trial_object(t);
+  j["type"] = "tuning_trial";
+  j["v"] = kSchemaVersion;
+  j["kept"] = kept;
+  return j.dump();
+}
+
+std::string decision_json(const TuningDecision& d) {
+  json trials = json::array();
+  for (const auto& t : d.trials) trials.push_back(trial_object(t));
+  json j = {{"type", "tuning_decision"},
+            {"v", kSchemaVersion},
+            {"policy", d.policy},
+            {"baseline", setting_json(d.baseline)},
+            {"chosen", setting_json(d.chosen)},
+            {"baseline_throughput", d.baseline_throughput},
+            {"chosen_throughput", d.chosen_throughput},
+            {"unit", d.unit},
+            {"decided_at_step", d.decided_at_step},
+            {"steps_used", d.steps_used},
+            {"reason", d.reason},
+            {"trials", trials}};
+  return j.dump();
+}
+
+std::vector<std::string> format_epoch(const EpochSummary& s, const std::vector<Advice>& advice) {
+  std::vector<std::string> lines;
+  std::string head = "epoch " + std::to_string(s.epoch) + ": " + std::to_string(s.steps) +
+                     " steps in " + fmt_num(static_cast<double>(s.wall_ns) / 1e9) + " s";
+  if (s.samples_per_s > 0) head += ", " + fmt_num(s.samples_per_s) + " samples/s";
+  head += "; step p50 " + fmt_ms(s.step_p50_ns) + ", p90 " + fmt_ms(s.step_p90_ns) +
+          "; data wait " + fmt_pct(s.data_wait_fraction) + " of step time";
+  lines.push_back(head);
+  std::string phases;
+  for (const auto& p : s.phases) {
+    phases += (phases.empty() ? "" : ", ") + p.name + " " + fmt_pct(fraction(p.ns, s.wall_ns));
+  }
+  if (!phases.empty()) lines.push_back("  phases (share of step time): " + phases);
+  if (s.loader) {
+    const LoaderStats& l = *s.loader;
+    std::string line = "  loader (" + l.name + "): workers " + std::to_string(l.settings.workers) +
+                       ", prefetch " + std::to_string(l.settings.prefetch) + ", pinned " +
+                       (l.settings.pin_memory ? "yes" : "no") + ", device prefetch " +
+                       (l.settings.device_prefetch ? "yes" : "no");
+    if (l.produce_count > 0) {
+      line += "; " + std::to_string(l.produce_count) + " batches at " +
+              fmt_ms(l.produce_ns / l.produce_count) + " each (per thread)";
+    }
+    lines.push_back(line);
+  }
+  if (advice.empty()) lines.push_back("  no advice: nothing above its threshold");
+  for (const auto& a : advice) {
+    lines.push_back("ADVICE [" + std::string(to_string(a.severity)) + "] " + a.id + ": " +
+                    a.finding);
+    if (!a.cause.empty()) lines.push_back("  cause: " + a.cause);
+    if (!a.action.empty()) lines.push_back("  action: " + a.action);
+    if (a.expected_gain > 0) {
+      lines.push_back("  expected gain: +" + fmt_pct(a.expected_gain) + " throughput" +
+                      (a.gain_estimated ? " (estimated)" : " (measured)"));
+    }
+  }
+  return lines;
+}
+
+std::string format_trial(const TrialResult& t, bool kept) {
+  if (t.failed) return "autotune trial [" + to_string(t.setting) + "] failed: " + t.note;
+  return "autotune trial [" + to_string(t.setting) + "]: " + fmt_num(t.throughput) + " " + t.unit +
+         " (median step " + fmt_ms(t.median_step_ns) + ", spread " + fmt_pct(t.relative_spread) +
+         ", steps " + std::to_string(t.first_step) + "-" + std::to_string(t.last_step) + ")" +
+         (kept ? " -> best so far" : "");
+}
+
+std::string format_decision(const TuningDecision& d) {
+  if (d.trials.empty()) return "autotune: no decision (" + d.reason + ")";
+  std::string gain;
+  if (d.baseline_throughput > 0) {
+    gain = " (" + std::string(d.chosen_throughput >= d.baseline_throughput ? "+" : "") +
+           fmt_pct(d.chosen_throughput / d.baseline_throughput - 1.0) + ", measured)";
+  }
+  return "autotune decision: [" + to_string(d.chosen) + "] " + fmt_num(d.chosen_throughput) + " " +
+         d.unit + " vs baseline [" + to_string(d.baseline) + "] " +
+         fmt_num(d.baseline_throughput) + " " + d.unit + gain + "; " +
+         std::to_string(d.trials.size()) + " trials in " + std::to_string(d.steps_used) +
+         " warm-up steps, decided at step " + std::to_string(d.decided_at_step) + " (" + d.reason +
+         ")";
+}
+
+}  // namespace torchpilot

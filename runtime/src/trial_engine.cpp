@@ -1,0 +1,140 @@
+#include "torchpilot/trial_engine.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "torchpilot/metrics.h"
+
+namespace torchpilot {
+
+TrialEngine::TrialEngine(KnobRegistry& knobs, std::unique_ptr<TuningPolicy> policy,
+                         AutotuneConfig config)
+    : knobs_(knobs), policy_(std::move(policy)), config_(std::move(config)) {}
+
+void TrialEngine::on_step(const StepRecord& record) {
+  if (finished()) return;
+  if (!started_) {
+    started_ = true;
+    first_step_ = record.step;
+    if (knobs_.knobs().empty()) {
+      last_step_ = record.step;
+      conclude("no tunable knobs registered");
+      return;
+    }
+    // The step that just ended ran with the baseline; measurement starts after settling.
+    current_ = knobs_.snapshot();
+    settle_left_ = config_.settle_steps;
+    TrialResult baseline;
+    baseline.setting = current_;
+    trials_.push_back(std::move(baseline));
+    return;
+  }
+  last_step_ = record.step;
+  samples_reported_ = samples_reported_ || record.samples > 0;
+  if (settle_left_ > 0) {
+    --settle_left_;
+    return;
+  }
+  window_ns_.push_back(record.step_ns());
+  window_samples_.push_back(record.samples);
+  if (static_cast<int>(window_ns_.size()) >= config_.measure_steps) finish_trial();
+}
+
+bool TrialEngine::better(const TrialResult& candidate, const TrialResult& incumbent) const {
+  if (candidate.failed) return false;
+  if (incumbent.failed) return true;
+  // The required gain grows with the incumbent's own step-to-step spread (IQR / sqrt(n)).
+  const double noise = incumbent.relative_spread / std::sqrt(std::max(1, config_.measure_steps));
+  const double margin = std::max(config_.noise_margin, noise);
+  return candidate.throughput > incumbent.throughput * (1.0 + margin);
+}
+
+void TrialEngine::finish_trial() {
+  TrialResult& t = trials_.back();
+  t.first_step = last_step_ - static_cast<int64_t>(window_ns_.size()) + 1;
+  t.last_step = last_step_;
+  t.median_step_ns = median(window_ns_);
+  t.relative_spread = relative_iqr(window_ns_);
+  std::vector<Nanos> samples(window_samples_.begin(), window_samples_.end());
+  const Nanos median_samples = median(samples);
+  const double per_step = median_samples > 0 ? static_cast<double>(median_samples) : 1.0;
+  t.unit = samples_reported_ ? "samples/s" : "steps/s";
+  t.throughput = t.median_step_ns > 0 ? per_step * 1e9 / static_cast<double>(t.median_step_ns) : 0;
+  window_ns_.clear();
+  window_samples_.clear();
+
+  const size_t index = trials_.size() - 1;
+  bool kept = index == 0;
+  if (index > 0 && better(t, trials_[incumbent_])) {
+    incumbent_ = index;
+    kept = true;
+  }
+  if (on_trial) on_trial(t, kept);
+
+  // Budget: a trial needs settle + measure steps; stop when the next would not fit.
+  const int64_t used = last_step_ - first_step_ + 1;
+  const int64_t need = config_.settle_steps + config_.measure_steps;
+  if (used + need > config_.warmup_steps) {
+    conclude("warm-up budget of " + std::to_string(config_.warmup_steps) + " steps reached");
+    return;
+  }
+  std::optional<Setting> next = policy_->propose(trials_, incumbent_, knobs_);
+  if (!next) {
+    conclude("search complete");
+    return;
+  }
+  start_trial(*next);
+}
+
+void TrialEngine::start_trial(const Setting& setting) {
+  TrialResult trial;
+  trial.setting = setting;
+  try {
+    knobs_.apply(setting);
+    current_ = setting;
+    settle_left_ = config_.settle_steps;
+    trials_.push_back(std::move(trial));
+  } catch (const std::exception& e) {
+    trial.failed = true;
+    trial.note = std::string("applying the setting failed: ") + e.what();
+    trials_.push_back(std::move(trial));
+    if (on_trial) on_trial(trials_.back(), false);
+    try {
+      knobs_.apply(trials_[incumbent_].setting);
+    } catch (const std::exception& again) {
+      conclude(std::string("restoring the incumbent failed: ") + again.what());
+      return;
+    }
+    std::optional<Setting> next = policy_->propose(trials_, incumbent_, knobs_);
+    if (next) {
+      start_trial(*next);
+    } else {
+      conclude("search complete");
+    }
+  }
+}
+
+void TrialEngine::conclude(const std::string& reason) {
+  TuningDecision d;
+  d.policy = policy_ ? policy_->name() : "none";
+  d.reason = reason;
+  d.decided_at_step = last_step_;
+  d.steps_used = started_ ? last_step_ - first_step_ + 1 : 0;
+  d.trials = trials_;
+  d.unit = samples_reported_ ? "samples/s" : "steps/s";
+  if (!trials_.empty()) {
+    d.baseline = trials_.front().setting;
+    d.baseline_throughput = trials_.front().throughput;
+    d.chosen = trials_[incumbent_].setting;
+    d.chosen_throughput = trials_[incumbent_].throughput;
+    try {
+      knobs_.apply(d.chosen);
+    } catch (const std::exception& e) {
+      d.reason += std::string("; applying the chosen setting failed: ") + e.what();
+      d.chosen = knobs_.snapshot();
+    }
+  }
+  decision_ = std::move(d);
+}
+
+}  // namespace torchpilot
