@@ -8,6 +8,9 @@
 namespace torchpilot {
 namespace {
 
+// Production that spends at least this share of its time on the CPU counts as CPU-bound.
+constexpr double kCpuBoundShare = 0.5;
+
 std::string num(double v, const char* format = "%.1f") {
   char buf[48];
   std::snprintf(buf, sizeof buf, format, v);
@@ -47,46 +50,58 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s,
   }
   const LoaderStats& l = *s.loader;
   const double batch_ms = static_cast<double>(l.produce_ns) / 1e6 / l.produce_count;
-  const int max_workers = std::max(1, l.max_workers);
-  // Workers needed so that W batches are produced per batch_ms while one step computes.
+  // Share of production time spent on the CPU; the rest is waiting (disk, network, locks).
+  const double cpu_share = fraction(l.produce_cpu_ns, l.produce_ns);
+  const bool cpu_bound = cpu_share >= kCpuBoundShare;
+  const int cpus = std::max(1, l.max_workers);
+  // Workers needed so that a batch is ready every compute_ms.
   const int needed = static_cast<int>(std::ceil(batch_ms / compute_ms));
+  const int workers = l.settings.workers;
   a.evidence.push_back({"batch_produce_time", batch_ms, "ms"});
+  a.evidence.push_back({"batch_produce_cpu_share", cpu_share, "fraction"});
   a.evidence.push_back({"compute_time_per_step", compute_ms, "ms"});
-  a.evidence.push_back({"workers", static_cast<double>(l.settings.workers), "threads"});
+  a.evidence.push_back({"workers", static_cast<double>(workers), "threads"});
   a.evidence.push_back({"workers_needed_estimate", static_cast<double>(needed), "threads"});
-  a.evidence.push_back({"cpus_available", static_cast<double>(max_workers), "cpus"});
+  a.evidence.push_back({"cpus_available", static_cast<double>(cpus), "cpus"});
   const std::string tune_hint =
       l.tunable ? " (mode: autotune picks this during warm-up)"
                 : " (torchpilot::TunableLoader with mode: autotune picks this during warm-up)";
-
-  if (needed > max_workers) {
-    a.cause = "loading is CPU-bound: one batch takes " + num(batch_ms, "%.2f") +
-              " ms of CPU time and the step computes for " + num(compute_ms, "%.2f") + " ms, so " +
-              std::to_string(needed) + " workers would be needed but only " +
-              std::to_string(max_workers) + " CPUs are available";
-    a.action = "use " + std::to_string(max_workers) +
+  // CPU-bound loading cannot go faster than all CPUs producing; I/O-bound loading can use more
+  // workers than CPUs.
+  const int useful = cpu_bound ? std::min(needed, cpus) : needed;
+  const std::string production = "one batch takes " + num(batch_ms, "%.2f") + " ms to produce (" +
+                                 num(100 * cpu_share, "%.0f") + "% of it on the CPU)";
+  if (workers == 0) {
+    a.cause = "batches are loaded on the training thread (workers = 0): " + production +
+              " and the step waits for it";
+    a.action = "load in " + std::to_string(std::max(1, useful)) + " worker threads" + tune_hint;
+  } else if (needed > workers && cpu_bound && needed > cpus) {
+    a.cause = "loading is CPU-bound: " + production + ", the step computes for " +
+              num(compute_ms, "%.2f") + " ms, so " + std::to_string(needed) +
+              " workers would be needed but only " + std::to_string(cpus) + " CPUs are available";
+    a.action = "use " + std::to_string(cpus) +
                " workers and make loading cheaper: decode at lower resolution, cache decoded "
                "samples, or move augmentation to the GPU" + tune_hint;
-    // With every CPU loading, the step can run no faster than batch_ms / max_workers.
-    const double best_step = std::max(compute_ms, batch_ms / max_workers);
-    a.expected_gain = std::max(0.0, step_ms / best_step - 1.0);
-  } else if (l.settings.workers == 0) {
-    a.cause = "batches are loaded on the training thread (workers = 0): each step waits " +
-              num(batch_ms, "%.2f") + " ms for its batch to be produced";
-    a.action = "load in " + std::to_string(std::max(1, needed)) + "+ worker threads" + tune_hint;
-  } else if (needed > l.settings.workers) {
-    a.cause = "too few workers: each batch takes " + num(batch_ms, "%.2f") + " ms on one worker, so " +
-              std::to_string(l.settings.workers) + " workers deliver one every " +
-              num(batch_ms / l.settings.workers, "%.2f") + " ms while the step computes in " +
-              num(compute_ms, "%.2f") + " ms";
-    a.action = "use about " + std::to_string(needed) + " workers" + tune_hint;
+  } else if (needed > workers) {
+    a.cause = "too few workers: " + production + ", so " + std::to_string(workers) +
+              " workers deliver one every " + num(batch_ms / workers, "%.2f") +
+              " ms while the step computes in " + num(compute_ms, "%.2f") + " ms";
+    a.action = "use about " + std::to_string(useful) + " workers" +
+               (cpu_bound ? "" : " (loading mostly waits, so more workers than CPUs can help)") +
+               tune_hint;
   } else {
-    a.cause = "workers keep up on average (" + std::to_string(l.settings.workers) +
-              " deliver a batch every " + num(batch_ms / l.settings.workers, "%.2f") +
+    a.cause = "workers keep up on average (" + std::to_string(workers) +
+              " deliver a batch every " + num(batch_ms / workers, "%.2f") +
               " ms) but the queue still runs dry: prefetch " + std::to_string(l.settings.prefetch) +
               " batches per worker is too shallow for the variation in batch time";
     a.action = "prefetch deeper (e.g. " + std::to_string(l.settings.prefetch * 2) +
                " batches per worker)" + tune_hint;
+  }
+  if (cpu_bound && needed > cpus) {
+    // With every CPU loading, a step can be no shorter than batch_ms / cpus.
+    const double best_step = std::max(compute_ms, batch_ms / cpus);
+    a.expected_gain = std::max(0.0, step_ms / best_step - 1.0);
+    if (workers == 0) a.action += "; even then loading is CPU-bound: make it cheaper";
   }
   if (l.pin_memory_available && !l.settings.pin_memory) {
     a.cause += "; batches are in pageable memory, so host-to-device copies block";

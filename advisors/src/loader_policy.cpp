@@ -51,6 +51,9 @@ class LoaderPolicy final : public TuningPolicy {
  private:
   enum Stage { kStageWorkers, kStagePrefetch, kStagePin, kStageDevicePrefetch, kDone };
 
+  // Workers: a doubling sweep (1, 2, 4, ... up to the maximum), which goes on through a trial that
+  // does not win (one worker often gains nothing over none when the step has little compute to
+  // overlap) and stops only at a clear decline; then bisection below the first loss above the best.
   template <typename Tried, typename With>
   std::optional<Setting> propose_workers(const std::vector<TrialResult>& trials, size_t incumbent,
                                          const KnobRegistry& knobs, Tried tried, With with) {
@@ -58,21 +61,32 @@ class LoaderPolicy final : public TuningPolicy {
     if (k == nullptr || k->domain.empty()) return std::nullopt;
     int64_t max = k->domain.back();
     if (config_.max_workers > 0) max = std::min<int64_t>(max, config_.max_workers);
-    const int64_t best = trials[incumbent].setting.count(kWorkers)
-                             ? trials[incumbent].setting.at(kWorkers) : k->get();
-    // Smallest worker count above `best` that was tried and did not win: the bisection bound.
-    int64_t upper = max + 1;
-    for (const auto& t : trials) {
+    auto workers_of = [&](const TrialResult& t) {
       auto it = t.setting.find(kWorkers);
-      if (it != t.setting.end() && it->second > best) upper = std::min(upper, it->second);
+      return it != t.setting.end() ? it->second : k->get();
+    };
+    const int64_t best = workers_of(trials[incumbent]);
+    if (!sweep_done_) {
+      int64_t largest = 0;
+      for (const auto& t : trials) largest = std::max(largest, workers_of(t));
+      const TrialResult& last = trials.back();
+      const bool declining =
+          trials.size() > 1 && (last.failed || last.throughput < kDecline * trials[incumbent].throughput);
+      const int64_t candidate = std::min(max, largest == 0 ? int64_t{1} : largest * 2);
+      if (!declining && candidate > largest) {
+        Setting s = with(kWorkers, candidate);
+        if (!tried(s)) return s;
+      }
+      sweep_done_ = true;
     }
-    int64_t candidate;
-    if (upper == max + 1) {
-      candidate = std::min(max, best == 0 ? 1 : best * 2);  // doubling while it wins
-    } else {
-      candidate = best + (upper - best) / 2;                // bisection below the first loss
+    int64_t upper = max + 1;  // smallest worker count above the best that was tried (and lost)
+    for (const auto& t : trials) {
+      const int64_t w = workers_of(t);
+      if (w > best) upper = std::min(upper, w);
     }
-    if (candidate <= best || candidate > max) return std::nullopt;
+    if (upper == max + 1) return std::nullopt;
+    const int64_t candidate = best + (upper - best) / 2;
+    if (candidate <= best) return std::nullopt;
     Setting s = with(kWorkers, candidate);
     if (tried(s)) return std::nullopt;
     return s;
@@ -85,6 +99,8 @@ class LoaderPolicy final : public TuningPolicy {
     const Knob* k = knobs.find(kPrefetch);
     if (k == nullptr) return std::nullopt;
     const Setting& best = trials[incumbent].setting;
+    // Without workers nothing is produced ahead, so prefetch depth changes nothing.
+    if (best.count(kWorkers) && best.at(kWorkers) == 0) return std::nullopt;
     const int64_t current = best.count(kPrefetch) ? best.at(kPrefetch) : k->get();
     // Deeper prefetch, one step of the choices at a time, while it wins.
     std::vector<int> choices = config_.prefetch_choices;
@@ -110,8 +126,11 @@ class LoaderPolicy final : public TuningPolicy {
     return s;
   }
 
+  static constexpr double kDecline = 0.85;  // a sweep trial this far below the best ends the sweep
+
   AutotuneConfig config_;
   Stage stage_ = kStageWorkers;
+  bool sweep_done_ = false;
 };
 
 }  // namespace

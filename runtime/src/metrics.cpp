@@ -20,17 +20,17 @@ Nanos median(std::vector<Nanos> values) {
   return lower + (upper - lower) / 2;
 }
 
-double relative_iqr(std::vector<Nanos> values) {
-  if (values.size() < 4) return 0.0;
-  std::sort(values.begin(), values.end());
-  auto at = [&](double q) {  // linear interpolation between order statistics
-    double pos = q * static_cast<double>(values.size() - 1);
-    size_t lo = static_cast<size_t>(pos);
-    size_t hi = std::min(lo + 1, values.size() - 1);
-    return values[lo] + (pos - lo) * (values[hi] - values[lo]);
-  };
-  double mid = at(0.5);
-  return mid > 0 ? (at(0.75) - at(0.25)) / mid : 0.0;
+double relative_standard_error(const std::vector<Nanos>& values) {
+  const size_t n = values.size();
+  if (n < 2) return 0.0;
+  double mean = 0;
+  for (Nanos v : values) mean += static_cast<double>(v);
+  mean /= static_cast<double>(n);
+  if (mean <= 0) return 0.0;
+  double var = 0;
+  for (Nanos v : values) var += (static_cast<double>(v) - mean) * (static_cast<double>(v) - mean);
+  var /= static_cast<double>(n - 1);
+  return std::sqrt(var / static_cast<double>(n)) / mean;
 }
 
 LoaderStats loader_delta(const LoaderStats& later, const LoaderStats& earlier) {
@@ -38,6 +38,7 @@ LoaderStats loader_delta(const LoaderStats& later, const LoaderStats& earlier) {
   d.batches -= earlier.batches;
   d.produce_count -= earlier.produce_count;
   d.produce_ns -= earlier.produce_ns;
+  d.produce_cpu_ns -= earlier.produce_cpu_ns;
   d.blocked_count -= earlier.blocked_count;
   d.wait_ns -= earlier.wait_ns;
   return d;

@@ -52,6 +52,7 @@ json loader_json(const LoaderStats& l) {
           {"batches", l.batches},
           {"produce_count", l.produce_count},
           {"produce_ms", ms(l.produce_ns)},
+          {"produce_cpu_ms", ms(l.produce_cpu_ns)},
           {"blocked_count", l.blocked_count},
           {"wait_ms", ms(l.wait_ns)}};
 }
@@ -74,8 +75,8 @@ json trial_object(const TrialResult& t) {
   return {{"setting", setting_json(t.setting)},
           {"first_step", t.first_step},
           {"last_step", t.last_step},
-          {"median_step_ms", ms(t.median_step_ns)},
-          {"relative_spread", t.relative_spread},
+          {"mean_step_ms", ms(t.mean_step_ns)},
+          {"relative_error", t.relative_error},
           {"throughput", t.throughput},
           {"unit", t.unit},
           {"failed", t.failed},
@@ -256,7 +257,7 @@ std::vector<std::string> format_epoch(const EpochSummary& s, const std::vector<A
 std::string format_trial(const TrialResult& t, bool kept) {
   if (t.failed) return "autotune trial [" + to_string(t.setting) + "] failed: " + t.note;
   return "autotune trial [" + to_string(t.setting) + "]: " + fmt_num(t.throughput) + " " + t.unit +
-         " (median step " + fmt_ms(t.median_step_ns) + ", spread " + fmt_pct(t.relative_spread) +
+         " (mean step " + fmt_ms(t.mean_step_ns) + " +-" + fmt_pct(t.relative_error) +
          ", steps " + std::to_string(t.first_step) + "-" + std::to_string(t.last_step) + ")" +
          (kept ? " -> best so far" : "");
 }

@@ -43,9 +43,10 @@ void TrialEngine::on_step(const StepRecord& record) {
 bool TrialEngine::better(const TrialResult& candidate, const TrialResult& incumbent) const {
   if (candidate.failed) return false;
   if (incumbent.failed) return true;
-  // The required gain grows with the incumbent's own step-to-step spread (IQR / sqrt(n)).
-  const double noise = incumbent.relative_spread / std::sqrt(std::max(1, config_.measure_steps));
-  const double margin = std::max(config_.noise_margin, noise);
+  // The required gain grows with how uncertain both window means are, within a cap: bursty
+  // arrivals (a worker pool delivering batches in pairs) inflate the error without real noise.
+  const double noise = std::hypot(incumbent.relative_error, candidate.relative_error);
+  const double margin = std::max(config_.noise_margin, std::min(kMaxNoiseMargin, noise));
   return candidate.throughput > incumbent.throughput * (1.0 + margin);
 }
 
@@ -53,13 +54,16 @@ void TrialEngine::finish_trial() {
   TrialResult& t = trials_.back();
   t.first_step = last_step_ - static_cast<int64_t>(window_ns_.size()) + 1;
   t.last_step = last_step_;
-  t.median_step_ns = median(window_ns_);
-  t.relative_spread = relative_iqr(window_ns_);
-  std::vector<Nanos> samples(window_samples_.begin(), window_samples_.end());
-  const Nanos median_samples = median(samples);
-  const double per_step = median_samples > 0 ? static_cast<double>(median_samples) : 1.0;
+  Nanos total_ns = 0;
+  int64_t total_samples = 0;
+  for (Nanos ns : window_ns_) total_ns += ns;
+  for (int64_t n : window_samples_) total_samples += n;
+  const auto steps = static_cast<int64_t>(window_ns_.size());
+  t.mean_step_ns = total_ns / steps;
+  t.relative_error = relative_standard_error(window_ns_);
   t.unit = samples_reported_ ? "samples/s" : "steps/s";
-  t.throughput = t.median_step_ns > 0 ? per_step * 1e9 / static_cast<double>(t.median_step_ns) : 0;
+  const double units = samples_reported_ ? static_cast<double>(total_samples) : steps;
+  t.throughput = total_ns > 0 ? units * 1e9 / static_cast<double>(total_ns) : 0;
   window_ns_.clear();
   window_samples_.clear();
 

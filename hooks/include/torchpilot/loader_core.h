@@ -143,8 +143,8 @@ class LoaderCore {
   std::vector<WorkerSlot> slots_;
   std::function<void(Nanos)> wait_observer_;
 
-  std::atomic<int64_t> batches_{0}, produce_count_{0}, produce_ns_{0}, blocked_count_{0},
-      wait_ns_{0};
+  std::atomic<int64_t> batches_{0}, produce_count_{0}, produce_ns_{0}, produce_cpu_ns_{0},
+      blocked_count_{0}, wait_ns_{0};
 };
 
 }  // namespace torchpilot

@@ -38,7 +38,9 @@ namespace torchpilot {
 
 // Tensor traversal for pinning and copies. Declared first so the templates see each other.
 inline void collect_tensors(at::Tensor& tensor, std::vector<at::Tensor*>& out);
-inline void collect_tensors(torch::data::example::NoTarget&, std::vector<at::Tensor*>&) {}
+template <typename Data>
+void collect_tensors(torch::data::Example<Data, torch::data::example::NoTarget>& example,
+                     std::vector<at::Tensor*>& out);
 template <typename Data, typename Target>
 void collect_tensors(torch::data::Example<Data, Target>& example, std::vector<at::Tensor*>& out);
 template <typename T>
@@ -51,6 +53,11 @@ template <typename Data, typename Target>
 void collect_tensors(torch::data::Example<Data, Target>& example, std::vector<at::Tensor*>& out) {
   collect_tensors(example.data, out);
   collect_tensors(example.target, out);
+}
+template <typename Data>
+void collect_tensors(torch::data::Example<Data, torch::data::example::NoTarget>& example,
+                     std::vector<at::Tensor*>& out) {
+  collect_tensors(example.data, out);
 }
 template <typename T>
 void collect_tensors(std::vector<T>& items, std::vector<at::Tensor*>& out) {

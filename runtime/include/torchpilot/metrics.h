@@ -15,8 +15,9 @@ double fraction(Nanos part, Nanos whole);
 // Median of a sample (copies it). 0 for an empty sample.
 Nanos median(std::vector<Nanos> values);
 
-// Interquartile range / median of a sample: a robust relative spread. 0 for fewer than 4 values.
-double relative_iqr(std::vector<Nanos> values);
+// Standard error of the sample mean over the mean (stddev / sqrt(n) / mean): how well a window's
+// mean is known. 0 for fewer than 2 values or a zero mean.
+double relative_standard_error(const std::vector<Nanos>& values);
 
 // Difference of two cumulative loader snapshots (later - earlier), settings taken from `later`.
 LoaderStats loader_delta(const LoaderStats& later, const LoaderStats& earlier);

@@ -46,7 +46,8 @@ struct LoaderStats {
   bool device_prefetch_available = false;
   int64_t batches = 0;              // batches handed to the training loop
   int64_t produce_count = 0;        // batches produced (by workers or inline)
-  Nanos produce_ns = 0;             // time spent producing them, summed over threads
+  Nanos produce_ns = 0;             // wall time spent producing them, summed over threads
+  Nanos produce_cpu_ns = 0;         // CPU time of the producing threads meanwhile (I/O waits not)
   int64_t blocked_count = 0;        // next() calls that had to wait
   Nanos wait_ns = 0;                // total time next() blocked
 };

@@ -1,6 +1,8 @@
 // Auto-tune: the trial engine runs the warm-up protocol of DESIGN.md over registered knobs.
 // Each trial applies a setting at a step boundary, lets it settle, measures a window of steps and
-// compares its median step throughput with the incumbent's, with a noise margin. When the policy
+// compares its throughput (samples over the window's time) with the incumbent's; the candidate
+// must win by noise_margin, raised to the windows' combined relative standard error (capped at
+// 10%) when the steps vary more. When the policy
 // has nothing more to try, or the warm-up budget would be exceeded, the best setting is applied
 // and the decision recorded.
 // Thread-safety: training thread only (it calls knob setters between steps).
@@ -23,9 +25,9 @@ struct TrialResult {
   Setting setting;
   int64_t first_step = 0;      // first measured step
   int64_t last_step = 0;
-  Nanos median_step_ns = 0;
-  double relative_spread = 0;  // interquartile range / median of the measured step times
-  double throughput = 0;       // samples/s (steps/s when steps report no samples)
+  Nanos mean_step_ns = 0;      // mean of the measured steps (bursty arrivals make medians lie)
+  double relative_error = 0;   // standard error of that mean, relative
+  double throughput = 0;       // samples / time over the window (steps/s without samples)
   std::string unit;            // "samples/s" or "steps/s"
   bool failed = false;
   std::string note;            // why it failed
@@ -73,6 +75,8 @@ class TrialEngine {
   void finish_trial();
   void conclude(const std::string& reason);
   bool better(const TrialResult& candidate, const TrialResult& incumbent) const;
+
+  static constexpr double kMaxNoiseMargin = 0.10;
 
   KnobRegistry& knobs_;
   std::unique_ptr<TuningPolicy> policy_;

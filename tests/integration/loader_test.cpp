@@ -1,0 +1,276 @@
+// Integration tests of the loaders with real LibTorch datasets (CPU).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "torchpilot/torchpilot.h"
+
+namespace {
+
+using torchpilot::LoaderOptions;
+using torchpilot::TunableLoader;
+
+// Sample i is the tensor [i]; optionally slow, optionally throwing on one index.
+class IndexDataset : public torch::data::datasets::Dataset<IndexDataset> {
+ public:
+  explicit IndexDataset(size_t size, int64_t throw_on = -1, int sleep_us = 0)
+      : size_(size), throw_on_(throw_on), sleep_us_(sleep_us) {}
+  torch::data::Example<> get(size_t i) override {
+    if (static_cast<int64_t>(i) == throw_on_) throw std::runtime_error("corrupt sample");
+    if (sleep_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(sleep_us_));
+    return {torch::full({1}, static_cast<float>(i)), torch::tensor(static_cast<int64_t>(i))};
+  }
+  torch::optional<size_t> size() const override { return size_; }
+
+ private:
+  size_t size_;
+  int64_t throw_on_;
+  int sleep_us_;
+};
+
+auto stacked(size_t size, int64_t throw_on = -1, int sleep_us = 0) {
+  return IndexDataset(size, throw_on, sleep_us).map(torch::data::transforms::Stack<>());
+}
+using Stacked = decltype(stacked(1));
+
+torchpilot::Config quiet_config(torchpilot::Mode mode) {
+  torchpilot::Config c;
+  c.mode = mode;
+  c.log_level = "warn";
+  return c;
+}
+
+void count(const torch::Tensor& targets, std::vector<int>& seen) {
+  auto t = targets.contiguous();
+  for (int64_t k = 0; k < t.size(0); ++k) ++seen.at(static_cast<size_t>(t[k].item<int64_t>()));
+}
+
+TEST(TunableLoader, ExactlyOnceUnderRandomLiveRetunes) {
+  constexpr size_t kSize = 997;  // prime: the last batch is short
+  LoaderOptions options;
+  options.batch_size = 7;
+  options.workers = 2;
+  TunableLoader<Stacked> loader(stacked(kSize), options);
+  std::mt19937 rng(42);
+  int retunes = 0;
+  for (int epoch = 0; epoch < 4; ++epoch) {
+    std::vector<int> seen(kSize, 0);
+    size_t batches = 0;
+    for (auto& batch : loader) {
+      ASSERT_EQ(batch.data.size(0), batch.target.size(0));
+      count(batch.target, seen);
+      ++batches;
+      // Retune at most batch boundaries: workers, prefetch, pinning and GPU prefetch.
+      if (rng() % 4 != 0) {
+        loader.set_workers(static_cast<int>(rng() % 7));
+        loader.set_prefetch(1 + static_cast<int>(rng() % 8));
+        loader.set_pin_memory(rng() % 2 == 0);
+        loader.set_device_prefetch(rng() % 3 == 0);
+        ++retunes;
+      }
+    }
+    EXPECT_EQ(batches, (kSize + 6) / 7);
+    for (size_t i = 0; i < kSize; ++i) ASSERT_EQ(seen[i], 1) << "sample " << i << " epoch " << epoch;
+  }
+  EXPECT_GT(retunes, 300);
+}
+
+TEST(TunableLoader, EpochOrderIsShuffledAndReproducible) {
+  LoaderOptions options;
+  options.batch_size = 10;
+  options.workers = 3;
+  options.seed = 7;
+  TunableLoader<Stacked> a(stacked(100), options), b(stacked(100), options);
+  std::vector<int64_t> first, second;
+  for (auto& batch : a) {
+    for (int64_t k = 0; k < batch.target.size(0); ++k) first.push_back(batch.target[k].item<int64_t>());
+  }
+  for (auto& batch : b) {
+    for (int64_t k = 0; k < batch.target.size(0); ++k) second.push_back(batch.target[k].item<int64_t>());
+  }
+  EXPECT_EQ(first, second);
+  std::vector<int64_t> sorted = first;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_NE(first, sorted);  // shuffled
+}
+
+TEST(TunableLoader, DatasetExceptionNamesTheSampleAndTheEpochGoesOn) {
+  for (int workers : {0, 3}) {
+    LoaderOptions options;
+    options.batch_size = 8;
+    options.workers = workers;
+    TunableLoader<Stacked> loader(stacked(200, /*throw_on=*/123), options);
+    loader.start_epoch();
+    std::vector<int> seen(200, 0);
+    int errors = 0;
+    while (true) {
+      try {
+        auto batch = loader.next();
+        if (!batch) break;
+        count(batch->target, seen);
+      } catch (const torchpilot::DataLoaderError& e) {
+        ++errors;
+        ASSERT_TRUE(e.sample_index().has_value());
+        EXPECT_EQ(*e.sample_index(), 123u);
+        EXPECT_NE(std::string(e.what()).find("sample 123"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("corrupt sample"), std::string::npos) << e.what();
+      }
+    }
+    EXPECT_EQ(errors, 1) << "workers " << workers;
+    // Everything outside the failed batch arrived once; the failed batch's 8 samples did not.
+    EXPECT_EQ(seen[123], 0);
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), 200 - 8);
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 0), 8);
+  }
+}
+
+TEST(TunableLoader, ExceptionLeavesARangeForLoop) {
+  LoaderOptions options;
+  options.batch_size = 4;
+  options.workers = 2;
+  options.shuffle = false;
+  TunableLoader<Stacked> loader(stacked(40, /*throw_on=*/17), options);
+  size_t batches = 0;
+  try {
+    for (auto& batch : loader) {
+      (void)batch;
+      ++batches;
+    }
+    FAIL() << "no exception";
+  } catch (const torchpilot::DataLoaderError& e) {
+    EXPECT_EQ(e.batch_index(), 4u);  // unshuffled: samples 16..19
+    EXPECT_EQ(e.sample_index().value(), 17u);
+  }
+  EXPECT_EQ(batches, 4u);
+  // A new epoch starts cleanly after the abandoned one.
+  size_t again = 0;
+  try {
+    for (auto& batch : loader) {
+      (void)batch;
+      ++again;
+    }
+  } catch (const torchpilot::DataLoaderError&) {
+  }
+  EXPECT_EQ(again, 4u);
+}
+
+TEST(TunableLoader, DestroyedMidEpochWithBusyWorkersJoinsCleanly) {
+  for (int round = 0; round < 3; ++round) {
+    LoaderOptions options;
+    options.batch_size = 4;
+    options.workers = 4;
+    options.prefetch = 4;
+    auto loader = std::make_unique<TunableLoader<Stacked>>(stacked(400, -1, 2000), options);
+    loader->start_epoch();
+    ASSERT_TRUE(loader->next().has_value());
+    ASSERT_TRUE(loader->next().has_value());
+    loader->set_workers(6);
+    loader.reset();  // workers are mid-batch: must finish and join, not hang or crash
+  }
+  SUCCEED();
+}
+
+TEST(TunableLoader, ReportsWaitsToThePilotAndEndsItsEpochs) {
+  auto recording = std::make_shared<torchpilot::RecordingSink>();
+  torchpilot::PilotOptions po;
+  po.sinks.push_back(recording);
+  torchpilot::Pilot pilot(quiet_config(torchpilot::Mode::kAdvise), po);
+  LoaderOptions options;
+  options.batch_size = 5;
+  TunableLoader<Stacked> loader(stacked(50, -1, 300), options);  // workers 0: starved
+  loader.attach(pilot);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (auto& batch : loader) {
+      auto step = pilot.step(batch.data.size(0));
+    }
+  }
+  ASSERT_EQ(recording->epochs.size(), 2u);
+  const auto& e = recording->epochs[0];
+  EXPECT_EQ(e.steps, 10);
+  EXPECT_EQ(e.samples, 50);
+  ASSERT_TRUE(e.loader.has_value());
+  EXPECT_EQ(e.loader->batches, 10);
+  EXPECT_EQ(e.loader->settings.workers, 0);
+  EXPECT_GT(e.data_wait_fraction, 0.5);  // nothing but loading happens in these steps
+  ASSERT_FALSE(recording->advice[0].empty());
+  EXPECT_EQ(recording->advice[0][0].id, "data_starvation");
+  EXPECT_NE(recording->advice[0][0].cause.find("workers = 0"), std::string::npos)
+      << recording->advice[0][0].cause;
+}
+
+TEST(TunableLoader, AutotuneAddsWorkersForASlowDataset) {
+  torchpilot::Config config = quiet_config(torchpilot::Mode::kAutotune);
+  config.autotune.warmup_steps = 80;
+  config.autotune.settle_steps = 2;
+  config.autotune.measure_steps = 5;
+  config.autotune.max_workers = 4;
+  auto recording = std::make_shared<torchpilot::RecordingSink>();
+  torchpilot::PilotOptions po;
+  po.sinks.push_back(recording);
+  torchpilot::Pilot pilot(config, po);
+  LoaderOptions options;
+  options.batch_size = 4;
+  // Sleeping samples: parallel workers help even on a machine with few cores.
+  TunableLoader<Stacked> loader(stacked(64, -1, 1500), options);
+  loader.attach(pilot);
+  int steps = 0;
+  while (!pilot.tuning_finished() && steps < 200) {
+    for (auto& batch : loader) {
+      auto step = pilot.step(batch.data.size(0));
+      if (++steps >= 200 || pilot.tuning_finished()) break;
+    }
+  }
+  ASSERT_TRUE(pilot.tuning_finished());
+  ASSERT_EQ(recording->decisions.size(), 1u);
+  const auto& d = recording->decisions[0];
+  EXPECT_EQ(d.baseline.at("loader.workers"), 0);
+  EXPECT_GE(d.chosen.at("loader.workers"), 2);
+  EXPECT_GT(d.chosen_throughput, d.baseline_throughput * 1.5);
+  EXPECT_LE(d.steps_used, config.autotune.warmup_steps);
+  EXPECT_EQ(loader.settings().workers, d.chosen.at("loader.workers"));  // applied
+}
+
+TEST(Watch, MeasuresAStockDataLoader) {
+  auto recording = std::make_shared<torchpilot::RecordingSink>();
+  torchpilot::PilotOptions po;
+  po.sinks.push_back(recording);
+  torchpilot::Pilot pilot(quiet_config(torchpilot::Mode::kAdvise), po);
+  auto loader = torch::data::make_data_loader(
+      stacked(60, -1, 500), torch::data::DataLoaderOptions().batch_size(6).workers(0));
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    int batches = 0;
+    for (auto& batch : torchpilot::watch(*loader, pilot)) {
+      auto step = pilot.step(batch.data.size(0));
+      ++batches;
+    }
+    EXPECT_EQ(batches, 10);
+  }
+  ASSERT_EQ(recording->epochs.size(), 2u);
+  for (const auto& e : recording->epochs) {
+    EXPECT_EQ(e.steps, 10);
+    ASSERT_TRUE(e.loader.has_value());
+    EXPECT_EQ(e.loader->name, "watched");
+    EXPECT_EQ(e.loader->batches, 10);
+    EXPECT_GT(e.data_wait_fraction, 0.5);
+  }
+  EXPECT_EQ(recording->advice[0].at(0).id, "data_starvation");
+}
+
+TEST(Watch, StockLoaderWithWorkers) {
+  torchpilot::Pilot pilot(quiet_config(torchpilot::Mode::kAdvise));
+  auto loader = torch::data::make_data_loader(
+      stacked(100), torch::data::DataLoaderOptions().batch_size(10).workers(2));
+  std::vector<int> seen(100, 0);
+  for (auto& batch : torchpilot::watch(*loader, pilot)) {
+    auto step = pilot.step();
+    count(batch.target, seen);
+  }
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), 100);
+  ASSERT_EQ(pilot.epoch_summaries().size(), 1u);
+  EXPECT_EQ(pilot.epoch_summaries()[0].steps, 10);
+}
+
+}  // namespace
