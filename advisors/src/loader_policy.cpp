@@ -102,15 +102,22 @@ class LoaderPolicy final : public TuningPolicy {
     // Without workers nothing is produced ahead, so prefetch depth changes nothing.
     if (best.count(kWorkers) && best.at(kWorkers) == 0) return std::nullopt;
     const int64_t current = best.count(kPrefetch) ? best.at(kPrefetch) : k->get();
-    // Deeper prefetch, one step of the choices at a time, while it wins.
+    // Deeper prefetch, one step of the choices at a time, as the worker sweep: on through a
+    // depth that did not win (its gain may sit just under the margin while a deeper one clears
+    // it), ending at a depth that failed or clearly declined.
     std::vector<int> choices = config_.prefetch_choices;
     std::sort(choices.begin(), choices.end());
     for (int c : choices) {
       if (c <= current) continue;
       if (std::find(k->domain.begin(), k->domain.end(), c) == k->domain.end()) continue;
       Setting s = with(kPrefetch, c);
-      if (tried(s)) return std::nullopt;  // the next deeper one already lost
-      return s;
+      if (!tried(s)) return s;
+      for (const auto& t : trials) {
+        if (t.setting == s &&
+            (t.failed || t.throughput < kDecline * trials[incumbent].throughput)) {
+          return std::nullopt;
+        }
+      }
     }
     return std::nullopt;
   }

@@ -5,6 +5,7 @@
 //
 //   jpeg_classifier [--data DIR] [--steps N] [--batch B] [--workers W] [--prefetch P]
 //                   [--mode off|advise|autotune] [--config FILE] [--json FILE]
+//                   [--classes C] [--images-per-class K]
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,9 +23,11 @@ void usage() {
                "usage: jpeg_classifier [--data DIR] [--steps N] [--batch B] [--workers W]\n"
                "                       [--prefetch P] [--mode off|advise|autotune]\n"
                "                       [--config FILE] [--json FILE]\n"
+               "                       [--classes C] [--images-per-class K]\n"
                "Defaults: data/jpeg_classifier (generated if absent), 400 steps, batch 32,\n"
                "workers 0, prefetch 2, mode autotune (unless the config file or\n"
-               "TORCHPILOT_MODE says otherwise).\n");
+               "TORCHPILOT_MODE says otherwise); a generated folder has 10 classes x 160\n"
+               "images.\n");
 }
 
 long parse_long(const char* flag, const char* text, long min) {
@@ -63,6 +66,9 @@ int main(int argc, char** argv) {
     else if (flag == "--mode") mode = value;
     else if (flag == "--config") config_path = value;
     else if (flag == "--json") json_path = value;
+    else if (flag == "--classes") options.classes = static_cast<int>(parse_long(flag.c_str(), value, 2));
+    else if (flag == "--images-per-class")
+      options.images_per_class = static_cast<int>(parse_long(flag.c_str(), value, 1));
     else {
       std::fprintf(stderr, "jpeg_classifier: unknown option %s\n", flag.c_str());
       usage();
@@ -112,11 +118,18 @@ int main(int argc, char** argv) {
                   100 * last.data_wait_fraction);
     }
     if (const auto& d = pilot.tuning_decision(); d && !d->trials.empty()) {
-      std::printf("jpeg_classifier: tuned to [%s]: %.0f %s vs %.0f at the start (x%.2f, measured "
-                  "in warm-up trials)\n",
-                  torchpilot::to_string(d->chosen).c_str(), d->chosen_throughput, d->unit.c_str(),
-                  d->baseline_throughput,
-                  d->baseline_throughput > 0 ? d->chosen_throughput / d->baseline_throughput : 0);
+      const auto& base = d->trials.front();
+      const torchpilot::TrialResult* chosen = &base;
+      for (const auto& t : d->trials) {
+        if (t.setting == d->chosen && !t.failed) chosen = &t;
+      }
+      std::printf("jpeg_classifier: auto-tune, measured in warm-up trials:\n"
+                  "  start [%s]: %.0f %s, data wait %.1f%% of step time\n"
+                  "  tuned [%s]: %.0f %s, data wait %.1f%% of step time (x%.2f)\n",
+                  torchpilot::to_string(base.setting).c_str(), base.throughput, base.unit.c_str(),
+                  100 * base.data_wait_fraction, torchpilot::to_string(chosen->setting).c_str(),
+                  chosen->throughput, chosen->unit.c_str(), 100 * chosen->data_wait_fraction,
+                  base.throughput > 0 ? chosen->throughput / base.throughput : 0);
     }
   } catch (const torchpilot::ConfigError& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -160,8 +160,9 @@ void apply_yaml_node(Config& config, const YAML::Node& node, const std::string& 
     const std::string key = prefix.empty() ? name : prefix + "." + name;
     const YAML::Node& value = item.second;
     const KeySpec* spec = find_key(key);
+    // The key's line: a block mapping or list as the value starts on the line after it.
     const std::string where =
-        source + ":" + std::to_string(value.Mark().line + 1);  // yaml-cpp lines are 0-based
+        source + ":" + std::to_string(item.first.Mark().line + 1);  // yaml-cpp lines are 0-based
     auto fail = [&](const std::string& reason) { throw ConfigError(where, key, reason); };
     if (spec == nullptr) {
       if (value.IsMap()) {

@@ -26,7 +26,7 @@ std::shared_ptr<spdlog::logger> torchpilot_logger() {
 // --- scopes ---------------------------------------------------------------------------------
 
 StepScope::StepScope(StepScope&& other) noexcept
-    : pilot_(other.pilot_), samples_(other.samples_) {
+    : pilot_(other.pilot_), samples_(other.samples_), step_(other.step_) {
   other.pilot_ = nullptr;
 }
 
@@ -34,7 +34,8 @@ void StepScope::end() {
   if (pilot_ != nullptr) {
     Pilot* p = pilot_;
     pilot_ = nullptr;
-    p->end_step(samples_);
+    // end_epoch() or a newer step() may have closed this step already.
+    if (p->step_open_ && p->next_step_ == step_) p->end_step(samples_);
   }
 }
 
@@ -75,14 +76,14 @@ Pilot::~Pilot() {
 }
 
 StepScope Pilot::step(int64_t samples) {
-  if (config_.mode == Mode::kOff) return StepScope(nullptr, samples);
+  if (config_.mode == Mode::kOff) return StepScope(nullptr, samples, 0);
   if (step_open_) {
     // A step scope left open (e.g. moved elsewhere) must not corrupt the next one: close it.
     end_step(0);
   }
   step_open_ = true;
   step_begin_ns_ = clock_->now_ns();
-  return StepScope(this, samples);
+  return StepScope(this, samples, next_step_);
 }
 
 int Pilot::phase_id(std::string_view name) {
@@ -140,6 +141,7 @@ void Pilot::end_step(int64_t samples) {
       for_each_sink("on_trial", [&](Sink& s) { s.on_trial(t, kept); });
     };
   }
+  ++epoch_tuning_steps_;
   try {
     engine_->on_step(r);
   } catch (const std::exception& e) {
@@ -164,6 +166,8 @@ void Pilot::end_epoch() {
   if (step_open_) end_step(0);
   if (accumulator_.empty()) return;
   EpochSummary summary = accumulator_.summarize(epoch_, phase_names_);
+  summary.tuning_steps = epoch_tuning_steps_;
+  epoch_tuning_steps_ = 0;
   if (loader_ != nullptr) {
     LoaderStats now = loader_->stats();
     summary.loader = loader_delta(now, loader_at_epoch_start_);

@@ -79,6 +79,7 @@ json trial_object(const TrialResult& t) {
           {"relative_error", t.relative_error},
           {"throughput", t.throughput},
           {"unit", t.unit},
+          {"data_wait_fraction", t.data_wait_fraction},
           {"failed", t.failed},
           {"note", t.note}};
 }
@@ -184,6 +185,7 @@ std::string epoch_json(const EpochSummary& s, const std::vector<Advice>& advice)
             {"steps_per_s", s.steps_per_s},
             {"samples_per_s", s.samples_per_s},
             {"phases_ms", phases},
+            {"tuning_steps", s.tuning_steps},
             {"loader", s.loader ? loader_json(*s.loader) : json(nullptr)},
             {"advice", list}};
   return j.dump();
@@ -223,6 +225,10 @@ std::vector<std::string> format_epoch(const EpochSummary& s, const std::vector<A
   head += "; step p50 " + fmt_ms(s.step_p50_ns) + ", p90 " + fmt_ms(s.step_p90_ns) +
           "; data wait " + fmt_pct(s.data_wait_fraction) + " of step time";
   lines.push_back(head);
+  if (s.tuning_steps > 0) {
+    lines.push_back("  " + std::to_string(s.tuning_steps) +
+                    " of these steps ran auto-tune trials: the figures mix loader settings");
+  }
   std::string phases;
   for (const auto& p : s.phases) {
     phases += (phases.empty() ? "" : ", ") + p.name + " " + fmt_pct(fraction(p.ns, s.wall_ns));
@@ -257,7 +263,8 @@ std::vector<std::string> format_epoch(const EpochSummary& s, const std::vector<A
 std::string format_trial(const TrialResult& t, bool kept) {
   if (t.failed) return "autotune trial [" + to_string(t.setting) + "] failed: " + t.note;
   return "autotune trial [" + to_string(t.setting) + "]: " + fmt_num(t.throughput) + " " + t.unit +
-         " (mean step " + fmt_ms(t.mean_step_ns) + " +-" + fmt_pct(t.relative_error) +
+         " (mean step " + fmt_ms(t.mean_step_ns) + " +-" + fmt_pct(t.relative_error) + ", data wait " +
+         fmt_pct(t.data_wait_fraction) +
          ", steps " + std::to_string(t.first_step) + "-" + std::to_string(t.last_step) + ")" +
          (kept ? " -> best so far" : "");
 }

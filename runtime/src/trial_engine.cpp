@@ -36,6 +36,7 @@ void TrialEngine::on_step(const StepRecord& record) {
     return;
   }
   window_ns_.push_back(record.step_ns());
+  window_wait_ns_ += record.data_wait_ns;
   window_samples_.push_back(record.samples);
   if (static_cast<int>(window_ns_.size()) >= config_.measure_steps) finish_trial();
 }
@@ -64,8 +65,10 @@ void TrialEngine::finish_trial() {
   t.unit = samples_reported_ ? "samples/s" : "steps/s";
   const double units = samples_reported_ ? static_cast<double>(total_samples) : steps;
   t.throughput = total_ns > 0 ? units * 1e9 / static_cast<double>(total_ns) : 0;
+  t.data_wait_fraction = fraction(window_wait_ns_, total_ns);
   window_ns_.clear();
   window_samples_.clear();
+  window_wait_ns_ = 0;
 
   const size_t index = trials_.size() - 1;
   bool kept = index == 0;

@@ -54,9 +54,11 @@ class StepScope {
 
  private:
   friend class Pilot;
-  StepScope(Pilot* pilot, int64_t samples) : pilot_(pilot), samples_(samples) {}
+  StepScope(Pilot* pilot, int64_t samples, int64_t step)
+      : pilot_(pilot), samples_(samples), step_(step) {}
   Pilot* pilot_;
   int64_t samples_;
+  int64_t step_;  // the step this scope opened: if the Pilot closed it already, end() does nothing
 };
 
 // Adds its lifetime to a named phase of the current step. Move-only.
@@ -160,6 +162,7 @@ class Pilot {
   int64_t next_step_ = 0;
   int64_t epoch_ = 0;
   int64_t step_in_epoch_ = 0;
+  int64_t epoch_tuning_steps_ = 0;
   std::vector<StepRecord> history_;  // ring buffer
   size_t history_next_ = 0;
   EpochAccumulator accumulator_;

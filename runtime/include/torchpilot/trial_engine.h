@@ -29,6 +29,7 @@ struct TrialResult {
   double relative_error = 0;   // standard error of that mean, relative
   double throughput = 0;       // samples / time over the window (steps/s without samples)
   std::string unit;            // "samples/s" or "steps/s"
+  double data_wait_fraction = 0;  // data wait / time over the window
   bool failed = false;
   std::string note;            // why it failed
 };
@@ -87,6 +88,7 @@ class TrialEngine {
   int64_t last_step_ = 0;
   int settle_left_ = 0;
   std::vector<Nanos> window_ns_;
+  Nanos window_wait_ns_ = 0;
   std::vector<int64_t> window_samples_;
   Setting current_;
   std::vector<TrialResult> trials_;

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
+# whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
+# logs go to $OUT (default ./gpu-out).
+#   scripts/gpu_run.sh [all|build|test|example|bench]...     (default: all)
+# Dependencies the machine lacks (libjpeg, ...) may be carried as Debian packages unpacked into
+# .deps/root (scripts/fetch_gpu_deps.sh); the machine's own installs are preferred.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(all)
+want() { for s in "${steps[@]}"; do [ "$s" = all ] || [ "$s" = "$1" ] && return 0; done; return 1; }
+log() { echo "== $(date -u +%H:%M:%S) $*"; }
+
+DEPS=$PWD/.deps/root
+if [ -d "$DEPS" ]; then
+  export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$DEPS/usr/lib/x86_64-linux-gnu"
+fi
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+[ -n "$(git status --porcelain 2>/dev/null)" ] && COMMIT="$COMMIT+dirty"
+MACHINE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ' ' '-')
+MACHINE="${MACHINE:-nogpu}-$(nproc)cpu"
+
+if want build; then
+  log "machine $MACHINE, commit $COMMIT"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/machine.txt"
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$OUT/machine.txt"
+  for h in spdlog/spdlog.h yaml-cpp/yaml.h nlohmann/json.hpp gtest/gtest.h jpeglib.h; do
+    if [ -e /usr/include/$h ] || [ -e /usr/local/include/$h ]; then echo "system: $h"; else echo "MISSING: $h"; fi
+  done | tee -a "$OUT/machine.txt"
+  TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  extra=()
+  if [ ! -e /usr/include/jpeglib.h ] && [ -d "$DEPS" ]; then
+    extra+=(-DJPEG_INCLUDE_DIR="$DEPS/usr/include;$DEPS/usr/include/x86_64-linux-gnu"
+            -DJPEG_LIBRARY="$DEPS/usr/lib/x86_64-linux-gnu/libjpeg.so")
+  fi
+  log configure
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;/usr;$DEPS/usr" "${extra[@]}" 2>&1 | tee "$OUT/configure.log" | tail -5
+  log build
+  cmake --build build-gpu -j "$(nproc)" 2>&1 | tee "$OUT/build.log" | grep -E "error|warning|FAILED" | head -40
+  [ -x build-gpu/examples/jpeg_classifier ] || { log "build failed"; tail -50 "$OUT/build.log"; exit 1; }
+fi
+
+if want test; then
+  log "tests (all labels, gpu included)"
+  (cd build-gpu && ctest --output-on-failure -j 4 2>&1) | tee "$OUT/ctest.log" | tail -25
+fi
+
+if want example; then
+  log "example: jpeg_classifier, autotune from workers 0"
+  ./build-gpu/examples/jpeg_classifier --steps 600 --json "$OUT/example-records.jsonl" 2>&1 \
+    | tee "$OUT/example.log" | grep -vE "phases|autotune trial" | tail -40
+fi
+
+if want bench; then
+  log "bench: auto-tune vs exhaustive grid"
+  ./build-gpu/bench/autotune_grid --rounds "${BENCH_ROUNDS:-3}" --machine "$MACHINE" --commit "$COMMIT" \
+    --out "$OUT/autotune-grid-$MACHINE.json" 2>&1 | tee "$OUT/bench.log" | tail -15
+fi
+log done
