@@ -40,7 +40,7 @@ if want build; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;/usr;$DEPS/usr" "${extra[@]}" 2>&1 | tee "$OUT/configure.log" | tail -5
   log build
-  cmake --build build-gpu -j "$(nproc)" 2>&1 | tee "$OUT/build.log" | grep -E "error|warning|FAILED" | head -40
+  cmake --build build-gpu -j "$(nproc)" -- -k 0 2>&1 | tee "$OUT/build.log" | grep -E "error|warning|FAILED" | head -40
   [ -x build-gpu/examples/jpeg_classifier ] || { log "build failed"; tail -50 "$OUT/build.log"; exit 1; }
 fi
 
