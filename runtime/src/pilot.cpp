@@ -61,6 +61,10 @@ Pilot::Pilot(Config config, PilotOptions options)
   // log.level governs torchpilot's own logger; a logger handed in keeps its level.
   if (!options.logger) logger_->set_level(spdlog::level::from_str(config_.log_level));
   if (config_.mode == Mode::kOff) return;
+  if (config_.step_history < 1) {
+    // A Config built in code skips the range checks of the loaders; an empty ring would crash.
+    throw ConfigError("Pilot config", "records.step_history", "must be at least 1");
+  }
   history_.reserve(static_cast<size_t>(config_.step_history));
   sinks_.push_back(make_log_sink(logger_));
   if (!config_.json_path.empty()) sinks_.push_back(make_json_lines_sink(config_.json_path));
@@ -139,6 +143,9 @@ void Pilot::end_step(int64_t samples) {
                                             config_.autotune);
     engine_->on_trial = [this](const TrialResult& t, bool kept) {
       for_each_sink("on_trial", [&](Sink& s) { s.on_trial(t, kept); });
+    };
+    engine_->supply_counter = [this]() -> int64_t {
+      return loader_ != nullptr ? loader_->stats().produce_count : -1;
     };
   }
   ++epoch_tuning_steps_;

@@ -23,7 +23,7 @@ void TrialEngine::on_step(const StepRecord& record) {
     }
     // The step that just ended ran with the baseline; measurement starts after settling.
     current_ = knobs_.snapshot();
-    settle_left_ = config_.settle_steps;
+    begin_settling();
     TrialResult baseline;
     baseline.setting = current_;
     trials_.push_back(std::move(baseline));
@@ -32,7 +32,7 @@ void TrialEngine::on_step(const StepRecord& record) {
   last_step_ = record.step;
   samples_reported_ = samples_reported_ || record.samples > 0;
   if (settle_left_ > 0) {
-    --settle_left_;
+    if (--settle_left_ == 0) begin_window();
     return;
   }
   window_ns_.push_back(record.step_ns());
@@ -40,6 +40,13 @@ void TrialEngine::on_step(const StepRecord& record) {
   window_samples_.push_back(record.samples);
   if (static_cast<int>(window_ns_.size()) >= config_.measure_steps) finish_trial();
 }
+
+void TrialEngine::begin_settling() {
+  settle_left_ = config_.settle_steps;
+  if (settle_left_ == 0) begin_window();
+}
+
+void TrialEngine::begin_window() { window_supply_start_ = supply_counter ? supply_counter() : -1; }
 
 bool TrialEngine::better(const TrialResult& candidate, const TrialResult& incumbent) const {
   if (candidate.failed) return false;
@@ -65,6 +72,14 @@ void TrialEngine::finish_trial() {
   t.unit = samples_reported_ ? "samples/s" : "steps/s";
   const double units = samples_reported_ ? static_cast<double>(total_samples) : steps;
   t.throughput = total_ns > 0 ? units * 1e9 / static_cast<double>(total_ns) : 0;
+  // Steps fed from a backlog built under an earlier setting look faster than the setting can
+  // sustain: count only what the producer supplied during the window.
+  const int64_t supply_end = supply_counter ? supply_counter() : -1;
+  if (window_supply_start_ >= 0 && supply_end >= window_supply_start_) {
+    t.supplied_fraction = std::min(1.0, static_cast<double>(supply_end - window_supply_start_) /
+                                            static_cast<double>(steps));
+    t.throughput *= t.supplied_fraction;
+  }
   t.data_wait_fraction = fraction(window_wait_ns_, total_ns);
   window_ns_.clear();
   window_samples_.clear();
@@ -99,7 +114,7 @@ void TrialEngine::start_trial(const Setting& setting) {
   try {
     knobs_.apply(setting);
     current_ = setting;
-    settle_left_ = config_.settle_steps;
+    begin_settling();
     trials_.push_back(std::move(trial));
   } catch (const std::exception& e) {
     trial.failed = true;

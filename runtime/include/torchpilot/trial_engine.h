@@ -30,6 +30,10 @@ struct TrialResult {
   double throughput = 0;       // samples / time over the window (steps/s without samples)
   std::string unit;            // "samples/s" or "steps/s"
   double data_wait_fraction = 0;  // data wait / time over the window
+  // Work units (batches) the producer supplied during the window per step consumed, at most 1.
+  // Below 1, steps drew on a backlog built under an earlier setting and the throughput is scaled
+  // down by it, to what the setting sustains.
+  double supplied_fraction = 1;
   bool failed = false;
   std::string note;            // why it failed
 };
@@ -70,9 +74,14 @@ class TrialEngine {
 
   // Called after each trial is measured (for logging); `kept` says whether it became incumbent.
   std::function<void(const TrialResult& trial, bool kept)> on_trial;
+  // Optional: a monotone count of work units produced for the steps (a loader's batches), or -1
+  // when unknown. Read at the start and end of each measured window.
+  std::function<int64_t()> supply_counter;
 
  private:
   void start_trial(const Setting& setting);
+  void begin_settling();
+  void begin_window();
   void finish_trial();
   void conclude(const std::string& reason);
   bool better(const TrialResult& candidate, const TrialResult& incumbent) const;
@@ -89,6 +98,7 @@ class TrialEngine {
   int settle_left_ = 0;
   std::vector<Nanos> window_ns_;
   Nanos window_wait_ns_ = 0;
+  int64_t window_supply_start_ = -1;
   std::vector<int64_t> window_samples_;
   Setting current_;
   std::vector<TrialResult> trials_;

@@ -1,0 +1,280 @@
+// The data-starvation advisor: planted starvation, healthy runs, thresholds, and each cause branch.
+#include "torchpilot/advisors.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <optional>
+#include <string>
+
+#include "torchpilot/metrics.h"
+
+namespace torchpilot {
+namespace {
+
+constexpr Nanos kMs = 1000 * 1000;
+
+// An epoch of `steps` steps of `step_ms` each, waiting `wait_ms` of them for data.
+EpochSummary make_summary(int64_t steps, double step_ms, double wait_ms) {
+  EpochSummary s;
+  s.steps = steps;
+  s.wall_ns = static_cast<Nanos>(std::llround(steps * step_ms * kMs));
+  s.data_wait_ns = static_cast<Nanos>(std::llround(steps * wait_ms * kMs));
+  s.data_wait_fraction = fraction(s.data_wait_ns, s.wall_ns);
+  s.samples = steps * 32;
+  return s;
+}
+
+// Loader counters of an epoch: `produced` batches at `batch_ms` each, `cpu_share` of it on the CPU.
+LoaderStats make_loader(int workers, double batch_ms, int max_workers = 8, int produced = 100,
+                        double cpu_share = 1.0) {
+  LoaderStats l;
+  l.name = "tunable";
+  l.tunable = true;
+  l.settings.workers = workers;
+  l.settings.prefetch = 2;
+  l.max_workers = max_workers;
+  l.batches = produced;
+  l.produce_count = produced;
+  l.produce_ns = static_cast<Nanos>(std::llround(produced * batch_ms * kMs));
+  l.produce_cpu_ns = static_cast<Nanos>(std::llround(cpu_share * l.produce_ns));
+  return l;
+}
+
+std::optional<double> evidence(const Advice& a, const std::string& name) {
+  for (const auto& e : a.evidence) {
+    if (e.name == name) return e.value;
+  }
+  return std::nullopt;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+const DataStarvationConfig kConfig;  // threshold 0.05, high severity 0.25
+
+TEST(DataStarvationTest, PlantedStarvationIsHighSeverityWithNumbers) {
+  const EpochSummary s = make_summary(100, 100.0, 60.0);
+  const std::optional<Advice> a = advise_data_starvation(s, kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->id, "data_starvation");
+  EXPECT_EQ(a->severity, Severity::kHigh);
+  EXPECT_NEAR(*evidence(*a, "data_wait_fraction"), 0.6, 1e-12);
+  EXPECT_NEAR(*evidence(*a, "data_wait_per_step"), 60.0, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "step_time"), 100.0, 1e-9);
+  EXPECT_DOUBLE_EQ(*evidence(*a, "threshold"), 0.05);
+  // No loader counters: removing the wait turns a 100 ms step into a 40 ms one, +150%.
+  EXPECT_NEAR(a->expected_gain, 0.6 / 0.4, 1e-9);
+  EXPECT_TRUE(a->gain_estimated);
+  EXPECT_TRUE(contains(a->finding, "60.0%")) << a->finding;
+  EXPECT_TRUE(contains(a->cause, "not visible")) << a->cause;
+  EXPECT_TRUE(contains(a->action, "worker")) << a->action;
+}
+
+TEST(DataStarvationTest, ModerateStarvationIsAWarning) {
+  const std::optional<Advice> a = advise_data_starvation(make_summary(50, 80.0, 8.0), kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->severity, Severity::kWarning);
+  EXPECT_NEAR(*evidence(*a, "data_wait_fraction"), 0.1, 1e-12);
+  EXPECT_NEAR(a->expected_gain, 0.1 / 0.9, 1e-9);
+}
+
+TEST(DataStarvationTest, HealthyRunGivesNothing) {
+  EXPECT_FALSE(advise_data_starvation(make_summary(100, 100.0, 2.0), kConfig).has_value());
+  EXPECT_FALSE(advise_data_starvation(make_summary(100, 100.0, 0.0), kConfig).has_value());
+  EXPECT_FALSE(advise_data_starvation(EpochSummary{}, kConfig).has_value());
+  // Even a loader that looks bad (workers = 0) gives nothing when the wait is below threshold.
+  EpochSummary s = make_summary(100, 100.0, 4.0);
+  s.loader = make_loader(0, 3.0);
+  EXPECT_FALSE(advise_data_starvation(s, kConfig).has_value());
+}
+
+TEST(DataStarvationTest, ThresholdEdges) {
+  DataStarvationConfig config;
+  config.threshold = 0.125;  // exactly representable
+  config.high_severity = 0.5;
+  EpochSummary s = make_summary(8, 100.0, 12.5);
+  ASSERT_DOUBLE_EQ(s.data_wait_fraction, 0.125);
+  EXPECT_FALSE(advise_data_starvation(s, config).has_value()) << "at the threshold: no advice";
+  s = make_summary(8, 100.0, 12.6);
+  std::optional<Advice> a = advise_data_starvation(s, config);
+  ASSERT_TRUE(a.has_value()) << "just above the threshold";
+  EXPECT_EQ(a->severity, Severity::kWarning);
+  s = make_summary(8, 100.0, 50.0);
+  a = advise_data_starvation(s, config);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->severity, Severity::kHigh) << "at high_severity: high";
+  s = make_summary(8, 100.0, 49.9);
+  EXPECT_EQ(advise_data_starvation(s, config)->severity, Severity::kWarning);
+}
+
+TEST(DataStarvationTest, ThresholdsComeFromTheConfig) {
+  const EpochSummary s = make_summary(100, 100.0, 20.0);
+  DataStarvationConfig strict;
+  strict.threshold = 0.01;
+  strict.high_severity = 0.1;
+  EXPECT_EQ(advise_data_starvation(s, strict)->severity, Severity::kHigh);
+  DataStarvationConfig lax;
+  lax.threshold = 0.3;
+  lax.high_severity = 0.5;
+  EXPECT_FALSE(advise_data_starvation(s, lax).has_value());
+}
+
+// 100 steps of 100 ms with 60 ms of wait: the step computes for 40 ms.
+EpochSummary starved_with(const LoaderStats& loader) {
+  EpochSummary s = make_summary(100, 100.0, 60.0);
+  s.loader = loader;
+  return s;
+}
+
+TEST(DataStarvationTest, CauseWorkersZero) {
+  const std::optional<Advice> a =
+      advise_data_starvation(starved_with(make_loader(0, 30.0)), kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_NEAR(*evidence(*a, "batch_produce_time"), 30.0, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "batch_produce_cpu_share"), 1.0, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "compute_time_per_step"), 40.0, 1e-9);
+  EXPECT_EQ(*evidence(*a, "workers"), 0.0);
+  EXPECT_EQ(*evidence(*a, "workers_needed_estimate"), 1.0);  // ceil(30 / 40)
+  EXPECT_EQ(*evidence(*a, "cpus_available"), 8.0);
+  EXPECT_TRUE(contains(a->cause, "workers = 0")) << a->cause;
+  EXPECT_TRUE(contains(a->action, "load in 1 worker")) << a->action;
+  EXPECT_FALSE(contains(a->action, "CPU-bound")) << a->action;
+  EXPECT_NEAR(a->expected_gain, 1.5, 1e-9);
+  EXPECT_FALSE(contains(a->cause, "pageable")) << "pinned memory unavailable: no pin hint";
+}
+
+TEST(DataStarvationTest, CauseWorkersZeroAndCpuBound) {
+  // 400 ms of CPU per batch, 40 ms of compute: 10 workers needed, 8 CPUs.
+  const std::optional<Advice> a =
+      advise_data_starvation(starved_with(make_loader(0, 400.0)), kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(*evidence(*a, "workers_needed_estimate"), 10.0);
+  EXPECT_TRUE(contains(a->cause, "workers = 0")) << a->cause;
+  EXPECT_TRUE(contains(a->action, "load in 8 worker")) << a->action;  // no more than the CPUs
+  EXPECT_TRUE(contains(a->action, "CPU-bound")) << a->action;
+  // Eight CPUs deliver a batch every 50 ms: a 100 ms step becomes 50 ms, +100%.
+  EXPECT_NEAR(a->expected_gain, 1.0, 1e-9);
+}
+
+TEST(DataStarvationTest, CauseTooFewWorkers) {
+  const std::optional<Advice> a =
+      advise_data_starvation(starved_with(make_loader(2, 200.0)), kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_NEAR(*evidence(*a, "batch_produce_time"), 200.0, 1e-9);
+  EXPECT_EQ(*evidence(*a, "workers"), 2.0);
+  EXPECT_EQ(*evidence(*a, "workers_needed_estimate"), 5.0);  // ceil(200 / 40)
+  EXPECT_TRUE(contains(a->cause, "too few workers")) << a->cause;
+  EXPECT_TRUE(contains(a->action, "about 5 workers")) << a->action;
+  EXPECT_FALSE(contains(a->action, "more workers than CPUs")) << a->action;
+  EXPECT_NEAR(a->expected_gain, 1.5, 1e-9);
+}
+
+TEST(DataStarvationTest, CauseTooFewWorkersWhenLoadingWaits) {
+  // I/O-bound: 10% of production on the CPU, so more workers than CPUs help.
+  const std::optional<Advice> a =
+      advise_data_starvation(starved_with(make_loader(4, 400.0, 8, 100, 0.1)), kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_NEAR(*evidence(*a, "batch_produce_cpu_share"), 0.1, 1e-9);
+  EXPECT_EQ(*evidence(*a, "workers_needed_estimate"), 10.0);
+  EXPECT_TRUE(contains(a->cause, "too few workers")) << a->cause;
+  EXPECT_FALSE(contains(a->cause, "CPU-bound")) << a->cause;
+  EXPECT_TRUE(contains(a->action, "about 10 workers")) << a->action;
+  EXPECT_TRUE(contains(a->action, "more workers than CPUs")) << a->action;
+  EXPECT_NEAR(a->expected_gain, 1.5, 1e-9);  // not limited by the CPUs
+}
+
+TEST(DataStarvationTest, CauseCpuBound) {
+  const std::optional<Advice> a =
+      advise_data_starvation(starved_with(make_loader(4, 400.0, 8)), kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(*evidence(*a, "workers_needed_estimate"), 10.0);  // ceil(400 / 40) > 8 CPUs
+  EXPECT_EQ(*evidence(*a, "cpus_available"), 8.0);
+  EXPECT_TRUE(contains(a->cause, "CPU-bound")) << a->cause;
+  EXPECT_TRUE(contains(a->action, "use 8 workers")) << a->action;
+  // Eight CPUs deliver a batch every 50 ms: a 100 ms step becomes 50 ms, +100% (not the +150%
+  // that removing the whole wait would give).
+  EXPECT_NEAR(a->expected_gain, 1.0, 1e-9);
+}
+
+TEST(DataStarvationTest, CpuBoundWithUnknownCpuCountCountsOne) {
+  const std::optional<Advice> a =
+      advise_data_starvation(starved_with(make_loader(1, 90.0, 0)), kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(*evidence(*a, "cpus_available"), 1.0);
+  EXPECT_TRUE(contains(a->cause, "CPU-bound")) << a->cause;  // ceil(90 / 40) = 3 > 1
+  EXPECT_NEAR(a->expected_gain, 100.0 / 90.0 - 1.0, 1e-9);
+}
+
+TEST(DataStarvationTest, CausePrefetchShallow) {
+  const std::optional<Advice> a =
+      advise_data_starvation(starved_with(make_loader(4, 100.0)), kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(*evidence(*a, "workers_needed_estimate"), 3.0);  // ceil(100 / 40) <= 4 workers
+  EXPECT_EQ(*evidence(*a, "workers"), 4.0);
+  EXPECT_TRUE(contains(a->cause, "prefetch 2")) << a->cause;
+  EXPECT_TRUE(contains(a->action, "prefetch deeper (e.g. 4")) << a->action;
+}
+
+TEST(DataStarvationTest, PinHintOnlyWhenAvailableAndOff) {
+  LoaderStats l = make_loader(4, 100.0);
+  l.pin_memory_available = true;
+  std::optional<Advice> a = advise_data_starvation(starved_with(l), kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_TRUE(contains(a->cause, "pageable")) << a->cause;
+  EXPECT_TRUE(contains(a->action, "pin memory")) << a->action;
+
+  l.settings.pin_memory = true;  // already pinned
+  a = advise_data_starvation(starved_with(l), kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_FALSE(contains(a->action, "pin memory")) << a->action;
+
+  l.settings.pin_memory = false;
+  l.pin_memory_available = false;  // cannot pin
+  a = advise_data_starvation(starved_with(l), kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_FALSE(contains(a->action, "pin memory")) << a->action;
+}
+
+TEST(DataStarvationTest, WatchedLoaderWithoutCountersIsNotVisible) {
+  LoaderStats l = make_loader(2, 50.0, 8, 0);  // no batches produced as far as it knows
+  l.tunable = false;
+  const std::optional<Advice> a = advise_data_starvation(starved_with(l), kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_TRUE(contains(a->cause, "not visible")) << a->cause;
+  EXPECT_FALSE(evidence(*a, "batch_produce_time").has_value());
+}
+
+TEST(DataStarvationTest, TuneHintDependsOnLoaderKind) {
+  LoaderStats l = make_loader(2, 200.0);
+  std::optional<Advice> a = advise_data_starvation(starved_with(l), kConfig);
+  EXPECT_TRUE(contains(a->action, "mode: autotune picks this")) << a->action;
+  EXPECT_FALSE(contains(a->action, "TunableLoader")) << a->action;
+  l.tunable = false;
+  a = advise_data_starvation(starved_with(l), kConfig);
+  EXPECT_TRUE(contains(a->action, "TunableLoader")) << a->action;
+}
+
+TEST(RunAdvisorsTest, HealthyVersusStarved) {
+  Config config;
+  EXPECT_TRUE(run_advisors(make_summary(200, 50.0, 0.5), config).empty());
+  const std::vector<Advice> advice = run_advisors(make_summary(200, 50.0, 30.0), config);
+  ASSERT_EQ(advice.size(), 1u);
+  EXPECT_EQ(advice[0].id, "data_starvation");
+  EXPECT_EQ(advice[0].severity, Severity::kHigh);
+  EXPECT_NEAR(*evidence(advice[0], "data_wait_fraction"), 0.6, 1e-12);
+  // The thresholds come from config.data_starvation.
+  config.data_starvation.threshold = 0.7;
+  config.data_starvation.high_severity = 0.8;
+  EXPECT_TRUE(run_advisors(make_summary(200, 50.0, 30.0), config).empty());
+}
+
+TEST(SeverityTest, Names) {
+  EXPECT_STREQ(to_string(Severity::kInfo), "info");
+  EXPECT_STREQ(to_string(Severity::kWarning), "warning");
+  EXPECT_STREQ(to_string(Severity::kHigh), "high");
+}
+
+}  // namespace
+}  // namespace torchpilot

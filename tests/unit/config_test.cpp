@@ -1,0 +1,535 @@
+// Config: defaults, configs/default.yaml, YAML errors (key, file and line), environment overrides.
+#include "torchpilot/config.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace torchpilot {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kDefaultYaml = std::string(TORCHPILOT_SOURCE_DIR) + "/configs/default.yaml";
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void expect_config_eq(const Config& a, const Config& b) {
+  EXPECT_EQ(a.mode, b.mode);
+  EXPECT_EQ(a.log_level, b.log_level);
+  EXPECT_EQ(a.json_path, b.json_path);
+  EXPECT_EQ(a.step_history, b.step_history);
+  EXPECT_EQ(a.data_starvation.threshold, b.data_starvation.threshold);
+  EXPECT_EQ(a.data_starvation.high_severity, b.data_starvation.high_severity);
+  EXPECT_EQ(a.autotune.warmup_steps, b.autotune.warmup_steps);
+  EXPECT_EQ(a.autotune.settle_steps, b.autotune.settle_steps);
+  EXPECT_EQ(a.autotune.measure_steps, b.autotune.measure_steps);
+  EXPECT_EQ(a.autotune.noise_margin, b.autotune.noise_margin);
+  EXPECT_EQ(a.autotune.max_workers, b.autotune.max_workers);
+  EXPECT_EQ(a.autotune.prefetch_choices, b.autotune.prefetch_choices);
+  EXPECT_EQ(a.autotune.tune_pin_memory, b.autotune.tune_pin_memory);
+  EXPECT_EQ(a.autotune.tune_device_prefetch, b.autotune.tune_device_prefetch);
+}
+
+// Runs `fn`, which must throw ConfigError, and returns the error.
+ConfigError expect_config_error(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const ConfigError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no ConfigError thrown";
+  return ConfigError("", "", "");
+}
+
+ConfigError yaml_error(const std::string& text, const std::string& origin = "test.yaml") {
+  return expect_config_error([&] { Config::from_yaml_string(text, origin); });
+}
+
+ConfigError env_error(const Environment& env) {
+  Config config;
+  return expect_config_error([&] { apply_env_overrides(config, env); });
+}
+
+// Leaf and section paths ("autotune", "autotune.warmup_steps") of a block-style YAML file.
+std::set<std::string> yaml_key_paths(const std::string& text) {
+  std::set<std::string> paths;
+  std::vector<std::pair<size_t, std::string>> stack;  // (indent, name)
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t indent = line.find_first_not_of(' ');
+    if (indent == std::string::npos || line[indent] == '#') continue;
+    const size_t colon = line.find(':', indent);
+    if (colon == std::string::npos) continue;
+    const std::string name = line.substr(indent, colon - indent);
+    while (!stack.empty() && stack.back().first >= indent) stack.pop_back();
+    std::string path;
+    for (const auto& [i, n] : stack) path += n + ".";
+    path += name;
+    paths.insert(path);
+    stack.emplace_back(indent, name);
+  }
+  return paths;
+}
+
+// Sets a process environment variable for the lifetime of the object.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    const char* old = std::getenv(name);
+    if (old != nullptr) old_ = old;
+    had_ = old != nullptr;
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() /
+            ("torchpilot_config_test_" + std::to_string(getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string write(const std::string& name, const std::string& text) const {
+    const std::string p = (path_ / name).string();
+    std::ofstream(p) << text;
+    return p;
+  }
+
+ private:
+  fs::path path_;
+};
+
+TEST(ConfigTest, Defaults) {
+  const Config c;
+  EXPECT_EQ(c.mode, Mode::kAdvise);
+  EXPECT_EQ(c.log_level, "info");
+  EXPECT_EQ(c.json_path, "");
+  EXPECT_EQ(c.step_history, 4096);
+  EXPECT_DOUBLE_EQ(c.data_starvation.threshold, 0.05);
+  EXPECT_DOUBLE_EQ(c.data_starvation.high_severity, 0.25);
+  EXPECT_EQ(c.autotune.warmup_steps, 200);
+  EXPECT_EQ(c.autotune.settle_steps, 4);
+  EXPECT_EQ(c.autotune.measure_steps, 10);
+  EXPECT_DOUBLE_EQ(c.autotune.noise_margin, 0.03);
+  EXPECT_EQ(c.autotune.max_workers, 0);
+  EXPECT_EQ(c.autotune.prefetch_choices, (std::vector<int>{1, 2, 4, 8}));
+  EXPECT_TRUE(c.autotune.tune_pin_memory);
+  EXPECT_TRUE(c.autotune.tune_device_prefetch);
+  EXPECT_STREQ(to_string(Mode::kOff), "off");
+  EXPECT_STREQ(to_string(Mode::kAdvise), "advise");
+  EXPECT_STREQ(to_string(Mode::kAutotune), "autotune");
+}
+
+TEST(ConfigTest, EmptyYamlMeansDefaults) {
+  expect_config_eq(Config::from_yaml_string(""), Config());
+  expect_config_eq(Config::from_yaml_string("# only a comment\n"), Config());
+}
+
+TEST(ConfigTest, DefaultYamlEqualsDefaultConfig) {
+  ASSERT_TRUE(fs::exists(kDefaultYaml)) << kDefaultYaml;
+  // from_yaml_string: the process environment must not leak into the comparison.
+  const Config from_file = Config::from_yaml_string(read_file(kDefaultYaml), kDefaultYaml);
+  expect_config_eq(from_file, Config());
+}
+
+TEST(ConfigTest, EveryKeyIsDocumentedInDefaultYaml) {
+  ASSERT_TRUE(fs::exists(kDefaultYaml)) << kDefaultYaml;
+  const std::set<std::string> paths = yaml_key_paths(read_file(kDefaultYaml));
+  const std::vector<std::string> keys = config_keys();
+  ASSERT_FALSE(keys.empty());
+  for (const auto& key : keys) EXPECT_EQ(paths.count(key), 1u) << key << " missing in default.yaml";
+  // And the file has no leaf that is not a key (sections are prefixes of keys).
+  for (const auto& path : paths) {
+    bool known = false;
+    for (const auto& key : keys) known = known || key == path || key.rfind(path + ".", 0) == 0;
+    EXPECT_TRUE(known) << path << " in default.yaml is not a config key";
+  }
+}
+
+TEST(ConfigTest, ConfigKeysAreUniqueAndDotted) {
+  const std::vector<std::string> keys = config_keys();
+  EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
+  EXPECT_EQ(keys.front(), "mode");
+  for (const char* k : {"records.step_history", "advisors.data_starvation.threshold",
+                        "autotune.prefetch_choices", "log.json_path"}) {
+    EXPECT_NE(std::find(keys.begin(), keys.end(), k), keys.end()) << k;
+  }
+}
+
+TEST(ConfigTest, ParsesEveryKey) {
+  const Config c = Config::from_yaml_string(R"(
+mode: autotune
+log:
+  level: debug
+  json_path: /tmp/records.jsonl
+records:
+  step_history: 64
+advisors:
+  data_starvation:
+    threshold: 0.1
+    high_severity: 0.4
+autotune:
+  warmup_steps: 120
+  settle_steps: 2
+  measure_steps: 5
+  noise_margin: 0.05
+  max_workers: 6
+  prefetch_choices: [2, 16]
+  tune_pin_memory: false
+  tune_device_prefetch: no
+)");
+  EXPECT_EQ(c.mode, Mode::kAutotune);
+  EXPECT_EQ(c.log_level, "debug");
+  EXPECT_EQ(c.json_path, "/tmp/records.jsonl");
+  EXPECT_EQ(c.step_history, 64);
+  EXPECT_DOUBLE_EQ(c.data_starvation.threshold, 0.1);
+  EXPECT_DOUBLE_EQ(c.data_starvation.high_severity, 0.4);
+  EXPECT_EQ(c.autotune.warmup_steps, 120);
+  EXPECT_EQ(c.autotune.settle_steps, 2);
+  EXPECT_EQ(c.autotune.measure_steps, 5);
+  EXPECT_DOUBLE_EQ(c.autotune.noise_margin, 0.05);
+  EXPECT_EQ(c.autotune.max_workers, 6);
+  EXPECT_EQ(c.autotune.prefetch_choices, (std::vector<int>{2, 16}));
+  EXPECT_FALSE(c.autotune.tune_pin_memory);
+  EXPECT_FALSE(c.autotune.tune_device_prefetch);
+}
+
+TEST(ConfigTest, PartialFileKeepsOtherDefaults) {
+  const Config c = Config::from_yaml_string("autotune:\n  settle_steps: 9\n");
+  Config expected;
+  expected.autotune.settle_steps = 9;
+  expect_config_eq(c, expected);
+}
+
+TEST(ConfigTest, UnknownTopLevelKey) {
+  const ConfigError e = yaml_error("mode: advise\nbogus: 1\n", "my.yaml");
+  EXPECT_EQ(e.key(), "bogus");
+  EXPECT_EQ(e.source(), "my.yaml:2");
+  EXPECT_NE(e.reason().find("unknown"), std::string::npos) << e.reason();
+  const std::string what = e.what();
+  EXPECT_NE(what.find("my.yaml:2"), std::string::npos) << what;
+  EXPECT_NE(what.find("bogus"), std::string::npos) << what;
+}
+
+TEST(ConfigTest, UnknownNestedKey) {
+  const ConfigError e =
+      yaml_error("mode: advise\nautotune:\n  warmup_steps: 10\n  warmup_stpes: 3\n", "my.yaml");
+  EXPECT_EQ(e.key(), "autotune.warmup_stpes");
+  EXPECT_EQ(e.source(), "my.yaml:4");
+}
+
+TEST(ConfigTest, UnknownSectionReportsItsOwnLine) {
+  const ConfigError e = yaml_error("mode: advise\nextras:\n  a: 1\n", "my.yaml");
+  EXPECT_EQ(e.key(), "extras");
+  EXPECT_EQ(e.source(), "my.yaml:2");
+  // A known key used as a section.
+  const ConfigError e2 = yaml_error("log:\n  level:\n    nested: 1\n", "my.yaml");
+  EXPECT_EQ(e2.key(), "log.level");
+  EXPECT_EQ(e2.source(), "my.yaml:2");
+}
+
+TEST(ConfigTest, UnknownKeyInFileNamesFileAndLine) {
+  TempDir dir;
+  const std::string path =
+      dir.write("bad.yaml", "# comment\nautotune:\n  settle_steps: 2\n  surprise: true\n");
+  const ConfigError e = expect_config_error([&] { Config::from_yaml_file(path); });
+  EXPECT_EQ(e.key(), "autotune.surprise");
+  EXPECT_NE(e.source().find("bad.yaml"), std::string::npos) << e.source();
+  EXPECT_EQ(e.source(), path + ":4");
+}
+
+TEST(ConfigTest, WrongTypes) {
+  {
+    const ConfigError e = yaml_error("autotune:\n  warmup_steps: ten\n");
+    EXPECT_EQ(e.key(), "autotune.warmup_steps");
+    EXPECT_EQ(e.source(), "test.yaml:2");
+    EXPECT_NE(e.reason().find("integer"), std::string::npos) << e.reason();
+  }
+  {
+    const ConfigError e = yaml_error("autotune:\n  warmup_steps: 1.5\n");
+    EXPECT_EQ(e.key(), "autotune.warmup_steps");
+    EXPECT_NE(e.reason().find("integer"), std::string::npos) << e.reason();
+  }
+  {  // a list for a scalar
+    const ConfigError e = yaml_error("autotune:\n  settle_steps: [1, 2]\n");
+    EXPECT_EQ(e.key(), "autotune.settle_steps");
+    EXPECT_NE(e.reason().find("single value"), std::string::npos) << e.reason();
+  }
+  {  // a mapping for a scalar
+    const ConfigError e = yaml_error("mode: {a: 1}\n");
+    EXPECT_EQ(e.key(), "mode");
+  }
+  {
+    const ConfigError e = yaml_error("autotune:\n  noise_margin: abc\n");
+    EXPECT_EQ(e.key(), "autotune.noise_margin");
+    EXPECT_NE(e.reason().find("number"), std::string::npos) << e.reason();
+  }
+  {
+    const ConfigError e = yaml_error("autotune:\n  tune_pin_memory: maybe\n");
+    EXPECT_EQ(e.key(), "autotune.tune_pin_memory");
+    EXPECT_NE(e.reason().find("maybe"), std::string::npos) << e.reason();
+  }
+  {  // a scalar for a list
+    const ConfigError e = yaml_error("autotune:\n  prefetch_choices: 4\n");
+    EXPECT_EQ(e.key(), "autotune.prefetch_choices");
+    EXPECT_NE(e.reason().find("list"), std::string::npos) << e.reason();
+  }
+  {  // a list of something else
+    const ConfigError e = yaml_error("autotune:\n  prefetch_choices: [1, x]\n");
+    EXPECT_EQ(e.key(), "autotune.prefetch_choices");
+  }
+  {
+    const ConfigError e = yaml_error("autotune:\n  prefetch_choices: [1, [2]]\n");
+    EXPECT_EQ(e.key(), "autotune.prefetch_choices");
+  }
+  {
+    const ConfigError e = yaml_error("autotune:\n  prefetch_choices: []\n");
+    EXPECT_EQ(e.key(), "autotune.prefetch_choices");
+  }
+  {  // no value at all
+    const ConfigError e = yaml_error("records:\n  step_history:\n");
+    EXPECT_EQ(e.key(), "records.step_history");
+  }
+  {  // the root must be a mapping
+    const ConfigError e = yaml_error("- 1\n- 2\n");
+    EXPECT_EQ(e.key(), "<root>");
+  }
+}
+
+TEST(ConfigTest, OutOfRange) {
+  {
+    const ConfigError e = yaml_error("autotune:\n  warmup_steps: -1\n");
+    EXPECT_EQ(e.key(), "autotune.warmup_steps");
+    EXPECT_NE(e.reason().find("out of range"), std::string::npos) << e.reason();
+  }
+  {
+    const ConfigError e = yaml_error("autotune:\n  noise_margin: 0.9\n");
+    EXPECT_EQ(e.key(), "autotune.noise_margin");
+    EXPECT_NE(e.reason().find("out of range"), std::string::npos) << e.reason();
+  }
+  {
+    const ConfigError e = yaml_error("autotune:\n  prefetch_choices: [0]\n");
+    EXPECT_EQ(e.key(), "autotune.prefetch_choices");
+    EXPECT_NE(e.reason().find("out of range"), std::string::npos) << e.reason();
+  }
+  {
+    const ConfigError e = yaml_error("autotune:\n  prefetch_choices: [2, 65]\n");
+    EXPECT_EQ(e.key(), "autotune.prefetch_choices");
+  }
+  {
+    const ConfigError e = yaml_error("records:\n  step_history: 15\n");
+    EXPECT_EQ(e.key(), "records.step_history");
+  }
+  {
+    const ConfigError e = yaml_error("advisors:\n  data_starvation:\n    threshold: 1.5\n");
+    EXPECT_EQ(e.key(), "advisors.data_starvation.threshold");
+    EXPECT_EQ(e.source(), "test.yaml:3");
+  }
+  {
+    const ConfigError e = yaml_error("autotune:\n  measure_steps: 2\n");
+    EXPECT_EQ(e.key(), "autotune.measure_steps");
+  }
+  {  // beyond int64
+    const ConfigError e = yaml_error("autotune:\n  warmup_steps: 99999999999999999999999\n");
+    EXPECT_EQ(e.key(), "autotune.warmup_steps");
+  }
+  // The edges themselves are allowed.
+  const Config c =
+      Config::from_yaml_string("autotune:\n  noise_margin: 0.5\n  prefetch_choices: [1, 64]\n");
+  EXPECT_DOUBLE_EQ(c.autotune.noise_margin, 0.5);
+  EXPECT_EQ(c.autotune.prefetch_choices, (std::vector<int>{1, 64}));
+}
+
+TEST(ConfigTest, BadEnumValue) {
+  const ConfigError e = yaml_error("mode: turbo\n");
+  EXPECT_EQ(e.key(), "mode");
+  EXPECT_EQ(e.source(), "test.yaml:1");
+  EXPECT_NE(e.reason().find("turbo"), std::string::npos) << e.reason();
+  EXPECT_NE(e.reason().find("autotune"), std::string::npos) << e.reason();
+  const ConfigError e2 = yaml_error("log:\n  level: loud\n");
+  EXPECT_EQ(e2.key(), "log.level");
+}
+
+TEST(ConfigTest, YamlSyntaxError) {
+  const ConfigError e = yaml_error("mode: advise\nautotune: [1, 2\n", "broken.yaml");
+  EXPECT_EQ(e.key(), "<syntax>");
+  EXPECT_EQ(e.source().rfind("broken.yaml:", 0), 0u) << e.source();
+  EXPECT_FALSE(e.reason().empty());
+}
+
+TEST(ConfigTest, MissingFile) {
+  const std::string path = "/nonexistent/torchpilot/none.yaml";
+  const ConfigError e = expect_config_error([&] { Config::from_yaml_file(path); });
+  EXPECT_EQ(e.source(), path);
+  EXPECT_EQ(e.key(), "<file>");
+}
+
+TEST(ConfigTest, HighSeverityBelowThreshold) {
+  const ConfigError e =
+      yaml_error("advisors:\n  data_starvation:\n    threshold: 0.3\n    high_severity: 0.2\n");
+  EXPECT_EQ(e.key(), "advisors.data_starvation.high_severity");
+  EXPECT_NE(e.source().find("test.yaml"), std::string::npos);
+  // Equal is fine.
+  const Config c = Config::from_yaml_string(
+      "advisors:\n  data_starvation:\n    threshold: 0.3\n    high_severity: 0.3\n");
+  EXPECT_DOUBLE_EQ(c.data_starvation.high_severity, 0.3);
+  // Only the threshold, above the default high_severity (0.25).
+  const ConfigError e2 = yaml_error("advisors:\n  data_starvation:\n    threshold: 0.5\n");
+  EXPECT_EQ(e2.key(), "advisors.data_starvation.high_severity");
+}
+
+TEST(ConfigTest, EnvironmentOverrides) {
+  Config c;
+  apply_env_overrides(c, Environment{{"PATH", "/usr/bin"},
+                                     {"TORCHPILOT_MODE", "autotune"},
+                                     {"TORCHPILOT_LOG_LEVEL", "warn"},
+                                     {"TORCHPILOT_LOG_JSON_PATH", "/tmp/x.jsonl"},
+                                     {"TORCHPILOT_RECORDS_STEP_HISTORY", "32"},
+                                     {"TORCHPILOT_ADVISORS_DATA_STARVATION_THRESHOLD", "0.1"},
+                                     {"TORCHPILOT_AUTOTUNE_WARMUP_STEPS", "64"},
+                                     {"TORCHPILOT_AUTOTUNE_NOISE_MARGIN", "0.02"},
+                                     {"TORCHPILOT_AUTOTUNE_PREFETCH_CHOICES", "1,2,4"},
+                                     {"TORCHPILOT_AUTOTUNE_TUNE_PIN_MEMORY", "false"},
+                                     {"TORCHPILOT_AUTOTUNE_TUNE_DEVICE_PREFETCH", "0"}});
+  Config expected;
+  expected.mode = Mode::kAutotune;
+  expected.log_level = "warn";
+  expected.json_path = "/tmp/x.jsonl";
+  expected.step_history = 32;
+  expected.data_starvation.threshold = 0.1;
+  expected.autotune.warmup_steps = 64;
+  expected.autotune.noise_margin = 0.02;
+  expected.autotune.prefetch_choices = {1, 2, 4};
+  expected.autotune.tune_pin_memory = false;
+  expected.autotune.tune_device_prefetch = false;
+  expect_config_eq(c, expected);
+}
+
+TEST(ConfigTest, EnvironmentBooleans) {
+  for (const auto& [text, value] : std::vector<std::pair<std::string, bool>>{{"true", true},
+                                                                             {"1", true},
+                                                                             {"yes", true},
+                                                                             {"on", true},
+                                                                             {"false", false},
+                                                                             {"0", false},
+                                                                             {"no", false},
+                                                                             {"off", false}}) {
+    Config c;
+    c.autotune.tune_pin_memory = !value;
+    apply_env_overrides(c, Environment{{"TORCHPILOT_AUTOTUNE_TUNE_PIN_MEMORY", text}});
+    EXPECT_EQ(c.autotune.tune_pin_memory, value) << text;
+  }
+  const ConfigError e = env_error({{"TORCHPILOT_AUTOTUNE_TUNE_PIN_MEMORY", "maybe"}});
+  EXPECT_EQ(e.key(), "autotune.tune_pin_memory");
+  EXPECT_NE(e.source().find("TORCHPILOT_AUTOTUNE_TUNE_PIN_MEMORY"), std::string::npos);
+}
+
+TEST(ConfigTest, EnvironmentErrors) {
+  {
+    const ConfigError e = env_error({{"TORCHPILOT_FOO", "1"}});
+    EXPECT_EQ(e.key(), "TORCHPILOT_FOO");
+    EXPECT_NE(e.source().find("TORCHPILOT_FOO"), std::string::npos) << e.source();
+    EXPECT_NE(e.reason().find("unknown"), std::string::npos) << e.reason();
+  }
+  {
+    const ConfigError e = env_error({{"TORCHPILOT_AUTOTUNE_WARMUP_STEPS", "abc"}});
+    EXPECT_EQ(e.key(), "autotune.warmup_steps");
+    EXPECT_NE(e.source().find("TORCHPILOT_AUTOTUNE_WARMUP_STEPS"), std::string::npos);
+  }
+  {
+    const ConfigError e = env_error({{"TORCHPILOT_AUTOTUNE_PREFETCH_CHOICES", "1,x,4"}});
+    EXPECT_EQ(e.key(), "autotune.prefetch_choices");
+  }
+  {
+    const ConfigError e = env_error({{"TORCHPILOT_AUTOTUNE_PREFETCH_CHOICES", "2,0"}});
+    EXPECT_EQ(e.key(), "autotune.prefetch_choices");
+  }
+  {
+    const ConfigError e = env_error({{"TORCHPILOT_AUTOTUNE_PREFETCH_CHOICES", ""}});
+    EXPECT_EQ(e.key(), "autotune.prefetch_choices");
+  }
+  {
+    const ConfigError e = env_error({{"TORCHPILOT_MODE", "fast"}});
+    EXPECT_EQ(e.key(), "mode");
+  }
+  {  // cross-check after the overrides
+    const ConfigError e = env_error({{"TORCHPILOT_ADVISORS_DATA_STARVATION_THRESHOLD", "0.5"}});
+    EXPECT_EQ(e.key(), "advisors.data_starvation.high_severity");
+  }
+  // Raising both together is fine.
+  Config c;
+  apply_env_overrides(c, {{"TORCHPILOT_ADVISORS_DATA_STARVATION_THRESHOLD", "0.5"},
+                          {"TORCHPILOT_ADVISORS_DATA_STARVATION_HIGH_SEVERITY", "0.6"}});
+  EXPECT_DOUBLE_EQ(c.data_starvation.threshold, 0.5);
+  EXPECT_DOUBLE_EQ(c.data_starvation.high_severity, 0.6);
+}
+
+TEST(ConfigTest, EnvironmentIgnoresConfigPathAndOtherVariables) {
+  Config c;
+  apply_env_overrides(c, Environment{{"TORCHPILOT_CONFIG", "/nonexistent/file.yaml"},
+                                     {"MY_TORCHPILOT_FOO", "1"},
+                                     {"TORCHPILOTFOO", "1"},
+                                     {"HOME", "/root"}});
+  expect_config_eq(c, Config());
+}
+
+TEST(ConfigTest, FileThenProcessEnvironment) {
+  TempDir dir;
+  const std::string path =
+      dir.write("c.yaml", "autotune:\n  settle_steps: 2\n  measure_steps: 7\n");
+  ScopedEnv env("TORCHPILOT_AUTOTUNE_SETTLE_STEPS", "5");
+  const Config c = Config::from_yaml_file(path);
+  EXPECT_EQ(c.autotune.settle_steps, 5);   // the variable wins over the file
+  EXPECT_EQ(c.autotune.measure_steps, 7);  // the file wins over the default
+}
+
+TEST(ConfigTest, LoadReadsTorchpilotConfig) {
+  TempDir dir;
+  const std::string path = dir.write("c.yaml", "mode: off\n");
+  {
+    ScopedEnv env("TORCHPILOT_CONFIG", path);
+    EXPECT_EQ(Config::load().mode, Mode::kOff);
+  }
+  {
+    ScopedEnv env("TORCHPILOT_CONFIG", dir.write("bad.yaml", "mode: sometimes\n"));
+    const ConfigError e = expect_config_error([] { Config::load(); });
+    EXPECT_EQ(e.key(), "mode");
+  }
+}
+
+}  // namespace
+}  // namespace torchpilot

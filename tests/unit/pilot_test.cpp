@@ -1,0 +1,667 @@
+// Pilot: step boundaries, phases, epochs, the advisory log, sinks, the ring buffer, mode off,
+// JSON-lines records and autotune through an attached (fake) loader. Time is a ManualClock.
+#include "torchpilot/pilot.h"
+
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace torchpilot {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr Nanos kMs = 1000 * 1000;
+
+size_t count_of(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t pos = text.find(part); pos != std::string::npos; pos = text.find(part, pos + 1)) ++n;
+  return n;
+}
+
+// A clock, a recording sink and a logger that writes into a string.
+class Harness {
+ public:
+  Harness() {
+    logger_ = std::make_shared<spdlog::logger>(
+        "pilot_test", std::make_shared<spdlog::sinks::ostream_sink_mt>(log_));
+    logger_->set_pattern("[%l] %v");
+    logger_->set_level(spdlog::level::info);
+  }
+  PilotOptions options(std::vector<std::shared_ptr<Sink>> extra = {}) {
+    PilotOptions o;
+    o.clock = clock;
+    o.logger = logger_;
+    o.sinks = {recording};
+    for (auto& s : extra) o.sinks.push_back(std::move(s));
+    return o;
+  }
+  std::string log() {
+    logger_->flush();
+    return log_.str();
+  }
+
+  std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>(1000 * kMs);
+  std::shared_ptr<RecordingSink> recording = std::make_shared<RecordingSink>();
+
+ private:
+  std::ostringstream log_;
+  std::shared_ptr<spdlog::logger> logger_;
+};
+
+// The loader blocks the training thread for `wait`, then the step computes for `work`.
+void run_step(Pilot& pilot, ManualClock& clock, Nanos wait, Nanos work, int64_t samples = 32) {
+  clock.advance(wait);
+  if (wait > 0) pilot.record_data_wait(wait);
+  auto step = pilot.step(samples);
+  clock.advance(work);
+}
+
+Config advise_config() {
+  Config c;
+  c.mode = Mode::kAdvise;
+  return c;
+}
+
+TEST(PilotTest, StepBoundarySemantics) {
+  Harness h;
+  Pilot pilot(advise_config(), h.options());
+  const Nanos t0 = h.clock->now_ns();
+
+  // Step 0: waits 5 ms for its batch, then forward 12 ms and backward 8 ms.
+  h.clock->advance(5 * kMs);
+  pilot.record_data_wait(5 * kMs);
+  {
+    auto step = pilot.step(32);
+    {
+      auto p = pilot.phase("forward");
+      h.clock->advance(12 * kMs);
+    }
+    {
+      auto p = pilot.phase("backward");
+      h.clock->advance(8 * kMs);
+    }
+  }
+  // Between steps: 3 ms of waiting for the next batch (belongs to step 1) and 2 ms not waiting.
+  h.clock->advance(3 * kMs);
+  pilot.record_data_wait(3 * kMs);
+  ASSERT_EQ(pilot.recent_steps().size(), 1u);
+  EXPECT_EQ(pilot.recent_steps()[0].data_wait_ns, 5 * kMs);
+  h.clock->advance(2 * kMs);
+  {
+    auto step = pilot.step(32);
+    auto p = pilot.phase(pilot.phase_id("forward"));
+    h.clock->advance(10 * kMs);
+  }
+  // Step 2: no wait; the phase is ended explicitly, samples set later.
+  {
+    auto step = pilot.step();
+    auto p = pilot.phase("optimizer");
+    h.clock->advance(4 * kMs);
+    p.end();
+    h.clock->advance(1 * kMs);
+    step.set_samples(16);
+  }
+
+  const std::vector<StepRecord> steps = pilot.recent_steps();
+  ASSERT_EQ(steps.size(), 3u);
+  // The first step of the epoch starts where its wait started.
+  EXPECT_EQ(steps[0].begin_ns, t0);
+  EXPECT_EQ(steps[0].end_ns, t0 + 25 * kMs);
+  EXPECT_EQ(steps[0].step_ns(), 25 * kMs);
+  EXPECT_EQ(steps[0].data_wait_ns, 5 * kMs);
+  EXPECT_EQ(steps[0].phase_ns[pilot.phase_id("forward")], 12 * kMs);
+  EXPECT_EQ(steps[0].phase_ns[pilot.phase_id("backward")], 8 * kMs);
+  // Later steps run boundary to boundary; the wait between them belongs to the next step.
+  EXPECT_EQ(steps[1].begin_ns, steps[0].end_ns);
+  EXPECT_EQ(steps[1].step_ns(), 15 * kMs);
+  EXPECT_EQ(steps[1].data_wait_ns, 3 * kMs);
+  EXPECT_EQ(steps[1].phase_ns[pilot.phase_id("forward")], 10 * kMs);
+  EXPECT_EQ(steps[1].phase_ns[pilot.phase_id("backward")], 0);
+  EXPECT_EQ(steps[2].begin_ns, steps[1].end_ns);
+  EXPECT_EQ(steps[2].step_ns(), 5 * kMs);
+  EXPECT_EQ(steps[2].data_wait_ns, 0);
+  EXPECT_EQ(steps[2].samples, 16);
+  EXPECT_EQ(steps[2].phase_ns[pilot.phase_id("optimizer")], 4 * kMs);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(steps[i].step, i);
+    EXPECT_EQ(steps[i].step_in_epoch, i);
+    EXPECT_EQ(steps[i].epoch, 0);
+  }
+  EXPECT_EQ(pilot.steps(), 3);
+  EXPECT_EQ(h.recording->steps.size(), 3u);
+  EXPECT_EQ(h.recording->steps[1].step_ns(), 15 * kMs);
+}
+
+TEST(PilotTest, EpochSummaryAndIdempotentEndEpoch) {
+  Harness h;
+  Pilot pilot(advise_config(), h.options());
+  // Three steps: (wait, work) = (5, 20), (3, 20), (0, 12) ms; forward takes 10 ms of each.
+  const std::vector<std::pair<Nanos, Nanos>> plan = {{5, 20}, {3, 20}, {0, 12}};
+  for (const auto& [wait, work] : plan) {
+    h.clock->advance(wait * kMs);
+    if (wait > 0) pilot.record_data_wait(wait * kMs);
+    auto step = pilot.step(32);
+    auto p = pilot.phase("forward");
+    h.clock->advance(10 * kMs);
+    p.end();
+    h.clock->advance((work - 10) * kMs);
+  }
+  pilot.end_epoch();
+  ASSERT_EQ(pilot.epoch_summaries().size(), 1u);
+  const EpochSummary& s = pilot.epoch_summaries()[0];
+  EXPECT_EQ(s.epoch, 0);
+  EXPECT_EQ(s.steps, 3);
+  EXPECT_EQ(s.first_step, 0);
+  EXPECT_EQ(s.samples, 96);
+  EXPECT_EQ(s.wall_ns, 60 * kMs);
+  EXPECT_EQ(s.data_wait_ns, 8 * kMs);
+  EXPECT_DOUBLE_EQ(s.data_wait_fraction, 8.0 / 60.0);
+  EXPECT_DOUBLE_EQ(s.samples_per_s, 96 / 0.060);
+  EXPECT_DOUBLE_EQ(s.steps_per_s, 3 / 0.060);
+  ASSERT_EQ(s.phases.size(), 1u);
+  EXPECT_EQ(s.phases[0].name, "forward");
+  EXPECT_EQ(s.phases[0].ns, 30 * kMs);
+  EXPECT_EQ(pilot.epoch(), 1);
+  ASSERT_EQ(h.recording->epochs.size(), 1u);
+  EXPECT_EQ(h.recording->epochs[0].wall_ns, 60 * kMs);
+  // 8/60 = 13% > 5%: a warning-level data-starvation advice.
+  ASSERT_EQ(pilot.last_advice().size(), 1u);
+  EXPECT_EQ(pilot.last_advice()[0].severity, Severity::kWarning);
+
+  // A second end_epoch without steps does nothing.
+  pilot.end_epoch();
+  pilot.end_epoch();
+  EXPECT_EQ(pilot.epoch_summaries().size(), 1u);
+  EXPECT_EQ(h.recording->epochs.size(), 1u);
+  EXPECT_EQ(pilot.epoch(), 1);
+}
+
+TEST(PilotTest, NewEpochStartsAtItsFirstWait) {
+  Harness h;
+  Pilot pilot(advise_config(), h.options());
+  run_step(pilot, *h.clock, 2 * kMs, 10 * kMs);
+  run_step(pilot, *h.clock, 2 * kMs, 10 * kMs);
+  pilot.record_data_wait(7 * kMs);  // a wait after the last step: dropped with the epoch
+  pilot.end_epoch();
+  // Evaluation between epochs (not a step), then the first batch of epoch 1 takes 4 ms.
+  h.clock->advance(500 * kMs);
+  const Nanos wait_begin = h.clock->now_ns();
+  run_step(pilot, *h.clock, 4 * kMs, 10 * kMs);
+  const std::vector<StepRecord> steps = pilot.recent_steps();
+  ASSERT_EQ(steps.size(), 3u);
+  const StepRecord& first = steps[2];
+  EXPECT_EQ(first.epoch, 1);
+  EXPECT_EQ(first.step, 2);
+  EXPECT_EQ(first.step_in_epoch, 0);
+  EXPECT_EQ(first.begin_ns, wait_begin);
+  EXPECT_EQ(first.step_ns(), 14 * kMs);
+  EXPECT_EQ(first.data_wait_ns, 4 * kMs);
+  pilot.end_epoch();
+  ASSERT_EQ(pilot.epoch_summaries().size(), 2u);
+  EXPECT_EQ(pilot.epoch_summaries()[1].first_step, 2);
+  EXPECT_EQ(pilot.epoch_summaries()[1].wall_ns, 14 * kMs);
+  EXPECT_EQ(pilot.epoch_summaries()[0].wall_ns, 24 * kMs);
+  EXPECT_EQ(pilot.epoch_summaries()[0].data_wait_ns, 4 * kMs);
+}
+
+TEST(PilotTest, EndEpochClosesAnOpenStepOnce) {
+  Harness h;
+  Pilot pilot(advise_config(), h.options());
+  auto step = pilot.step(8);
+  h.clock->advance(6 * kMs);
+  pilot.end_epoch();  // the step is still open: it ends here
+  ASSERT_EQ(pilot.epoch_summaries().size(), 1u);
+  EXPECT_EQ(pilot.epoch_summaries()[0].steps, 1);
+  EXPECT_EQ(pilot.epoch_summaries()[0].wall_ns, 6 * kMs);
+  h.clock->advance(3 * kMs);
+  step.end();  // already closed by end_epoch: no second step
+  EXPECT_EQ(pilot.steps(), 1);
+  EXPECT_EQ(h.recording->steps.size(), 1u);
+  // The next epoch starts clean.
+  run_step(pilot, *h.clock, 2 * kMs, 10 * kMs);
+  ASSERT_EQ(pilot.recent_steps().size(), 2u);
+  EXPECT_EQ(pilot.recent_steps()[1].step_in_epoch, 0);
+  EXPECT_EQ(pilot.recent_steps()[1].epoch, 1);
+  EXPECT_EQ(pilot.recent_steps()[1].step_ns(), 12 * kMs);
+  pilot.end_epoch();
+  EXPECT_EQ(pilot.epoch_summaries()[1].steps, 1);
+  EXPECT_EQ(pilot.epoch_summaries()[1].wall_ns, 12 * kMs);
+}
+
+TEST(PilotTest, StaleStepScopeDoesNotEndTheNextStep) {
+  Harness h;
+  Pilot pilot(advise_config(), h.options());
+  std::optional<StepScope> first(pilot.step(1));
+  h.clock->advance(5 * kMs);
+  auto second = pilot.step(2);  // the first scope was left open: it is closed here
+  h.clock->advance(7 * kMs);
+  first.reset();  // the stale scope goes away: nothing happens
+  h.clock->advance(1 * kMs);
+  second.end();
+  const std::vector<StepRecord> steps = pilot.recent_steps();
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0].step_ns(), 5 * kMs);
+  EXPECT_EQ(steps[1].step_ns(), 8 * kMs);
+  EXPECT_EQ(steps[1].samples, 2);
+  EXPECT_EQ(pilot.steps(), 2);
+}
+
+TEST(PilotTest, PhaseNamesAreInternedUpToTheLimit) {
+  Harness h;
+  Pilot pilot(advise_config(), h.options());
+  EXPECT_EQ(pilot.phase_id("a"), 0);
+  EXPECT_EQ(pilot.phase_id("b"), 1);
+  EXPECT_EQ(pilot.phase_id("a"), 0);
+  for (int i = 2; i < kMaxPhases; ++i) EXPECT_EQ(pilot.phase_id("p" + std::to_string(i)), i);
+  EXPECT_EQ(pilot.phase_id("one too many"), -1);
+  {
+    auto step = pilot.step();
+    auto p = pilot.phase("one too many");  // not timed, no crash
+    auto q = pilot.phase(kMaxPhases);
+    h.clock->advance(kMs);
+  }
+  EXPECT_EQ(pilot.recent_steps().size(), 1u);
+}
+
+TEST(PilotTest, PlantedStarvationGivesHighAdviceInTheLog) {
+  Harness h;
+  Pilot pilot(advise_config(), h.options());
+  for (int i = 0; i < 20; ++i) run_step(pilot, *h.clock, 60 * kMs, 40 * kMs);
+  pilot.end_epoch();
+  const std::string log = h.log();
+  EXPECT_NE(log.find("ADVICE [high] data_starvation"), std::string::npos) << log;
+  EXPECT_NE(log.find("data wait 60.0% of step time"), std::string::npos) << log;
+  EXPECT_EQ(log.find("no advice"), std::string::npos) << log;
+  ASSERT_EQ(pilot.last_advice().size(), 1u);
+  const Advice& a = pilot.last_advice()[0];
+  EXPECT_EQ(a.id, "data_starvation");
+  EXPECT_EQ(a.severity, Severity::kHigh);
+  EXPECT_EQ(a.epoch, 0);
+  EXPECT_NEAR(a.expected_gain, 0.6 / 0.4, 1e-9);
+  ASSERT_EQ(h.recording->advice.size(), 1u);
+  ASSERT_EQ(h.recording->advice[0].size(), 1u);
+  EXPECT_EQ(h.recording->advice[0][0].id, "data_starvation");
+}
+
+TEST(PilotTest, HealthyRunSaysNoAdvice) {
+  Harness h;
+  Pilot pilot(advise_config(), h.options());
+  for (int i = 0; i < 20; ++i) run_step(pilot, *h.clock, 1 * kMs, 99 * kMs);
+  pilot.end_epoch();
+  const std::string log = h.log();
+  EXPECT_NE(log.find("no advice"), std::string::npos) << log;
+  EXPECT_EQ(log.find("ADVICE"), std::string::npos) << log;
+  EXPECT_TRUE(pilot.last_advice().empty());
+  EXPECT_NEAR(pilot.epoch_summaries()[0].data_wait_fraction, 0.01, 1e-12);
+  EXPECT_EQ(pilot.epoch_summaries()[0].tuning_steps, 0);
+  EXPECT_EQ(log.find("auto-tune trials"), std::string::npos) << log;
+}
+
+TEST(PilotTest, RingBufferIsBoundedByStepHistory) {
+  Harness h;
+  Config config = advise_config();
+  config.step_history = 16;
+  Pilot pilot(config, h.options());
+  for (int i = 0; i < 10; ++i) run_step(pilot, *h.clock, 0, (i + 1) * kMs);
+  ASSERT_EQ(pilot.recent_steps().size(), 10u);
+  for (int i = 10; i < 100; ++i) run_step(pilot, *h.clock, 0, (i + 1) * kMs);
+  const std::vector<StepRecord> steps = pilot.recent_steps();
+  ASSERT_EQ(steps.size(), 16u);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i].step, 84 + static_cast<int64_t>(i));  // oldest first
+    EXPECT_EQ(steps[i].step_ns(), (85 + static_cast<Nanos>(i)) * kMs);
+  }
+  EXPECT_EQ(pilot.steps(), 100);
+  EXPECT_EQ(h.recording->steps.size(), 100u);  // sinks still see every step
+}
+
+TEST(PilotTest, EmptyStepHistoryIsAConfigError) {
+  Harness h;
+  Config config = advise_config();
+  config.step_history = 0;  // built in code: no loader checked the range
+  try {
+    Pilot pilot(config, h.options());
+    FAIL() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key(), "records.step_history");
+  }
+}
+
+class ThrowingSink : public Sink {
+ public:
+  explicit ThrowingSink(bool std_exception) : std_exception_(std_exception) {}
+  std::string name() const override { return std_exception_ ? "thrower" : "odd-thrower"; }
+  void on_step(const StepRecord&, const std::vector<std::string>&) override {
+    ++calls;
+    if (std_exception_) throw std::runtime_error("boom");
+    throw 42;
+  }
+  void on_epoch(const EpochSummary&, const std::vector<Advice>&) override { ++calls; }
+  void flush() override { ++calls; }
+  int calls = 0;
+
+ private:
+  bool std_exception_;
+};
+
+TEST(PilotTest, ThrowingSinkIsDisabledAfterOneErrorLine) {
+  Harness h;
+  auto thrower = std::make_shared<ThrowingSink>(true);
+  auto odd = std::make_shared<ThrowingSink>(false);
+  Pilot pilot(advise_config(), h.options({thrower, odd}));
+  for (int i = 0; i < 5; ++i) run_step(pilot, *h.clock, 0, 10 * kMs);
+  pilot.end_epoch();
+  pilot.flush();
+  EXPECT_EQ(thrower->calls, 1);
+  EXPECT_EQ(odd->calls, 1);
+  const std::string log = h.log();
+  EXPECT_EQ(count_of(log, "sink 'thrower' failed in on_step and is disabled: boom"), 1u) << log;
+  EXPECT_EQ(count_of(log, "sink 'odd-thrower' failed in on_step and is disabled"), 1u) << log;
+  EXPECT_EQ(count_of(log, "failed in"), 2u) << log;
+  // The others kept working.
+  EXPECT_EQ(h.recording->steps.size(), 5u);
+  EXPECT_EQ(h.recording->epochs.size(), 1u);
+  EXPECT_NE(log.find("epoch 0: 5 steps"), std::string::npos) << log;
+}
+
+TEST(PilotTest, AddedSinkReceivesLaterRecords) {
+  Harness h;
+  Pilot pilot(advise_config(), h.options());
+  run_step(pilot, *h.clock, 0, kMs);
+  auto late = std::make_shared<RecordingSink>();
+  pilot.add_sink(late);
+  run_step(pilot, *h.clock, 0, kMs);
+  pilot.end_epoch();
+  EXPECT_EQ(late->steps.size(), 1u);
+  EXPECT_EQ(late->steps[0].step, 1);
+  EXPECT_EQ(late->epochs.size(), 1u);
+}
+
+TEST(PilotTest, ModeOffIsANoOp) {
+  Harness h;
+  Config config;
+  config.mode = Mode::kOff;
+  Pilot pilot(config, h.options());
+  for (int i = 0; i < 10; ++i) {
+    h.clock->advance(kMs);
+    pilot.record_data_wait(kMs);
+    auto step = pilot.step(32);
+    auto p = pilot.phase("forward");
+    h.clock->advance(10 * kMs);
+  }
+  pilot.end_epoch();
+  pilot.flush();
+  EXPECT_EQ(pilot.mode(), Mode::kOff);
+  EXPECT_EQ(pilot.steps(), 0);
+  EXPECT_EQ(pilot.epoch(), 0);
+  EXPECT_TRUE(pilot.recent_steps().empty());
+  EXPECT_TRUE(pilot.epoch_summaries().empty());
+  EXPECT_TRUE(pilot.last_advice().empty());
+  EXPECT_TRUE(h.recording->steps.empty());
+  EXPECT_TRUE(h.recording->epochs.empty());
+  EXPECT_FALSE(pilot.tuning_decision().has_value());
+  EXPECT_EQ(h.log(), "");
+}
+
+TEST(PilotTest, JsonLinesSinkOnUnwritablePathThrows) {
+  EXPECT_THROW(make_json_lines_sink("/nonexistent-dir/torchpilot/records.jsonl"),
+               std::runtime_error);
+  Harness h;
+  Config config = advise_config();
+  config.json_path = "/nonexistent-dir/torchpilot/records.jsonl";
+  EXPECT_THROW(Pilot(config, h.options()), std::runtime_error);
+}
+
+// --- autotune through an attached loader ---------------------------------------------------------
+
+// A loader that reports its settings and counters and exposes knobs; the test's step-time model
+// reads its settings.
+class FakeLoader : public LoaderProbe {
+ public:
+  LoaderStats stats() const override {
+    LoaderStats s;
+    s.name = "fake";
+    s.tunable = true;
+    s.settings = settings;
+    s.max_workers = 8;
+    s.batches = batches;
+    s.produce_count = batches;
+    s.produce_ns = batches * 45 * kMs;
+    s.blocked_count = batches;
+    s.wait_ns = wait_ns;
+    return s;
+  }
+  void pilot_destroyed() override { pilot_gone = true; }
+  std::vector<Knob> knobs() {
+    std::vector<int64_t> workers, prefetch;
+    for (int64_t w = 0; w <= 8; ++w) workers.push_back(w);
+    for (int64_t p = 1; p <= 64; ++p) prefetch.push_back(p);
+    return {{"loader.workers", workers, [this] { return int64_t{settings.workers}; },
+             [this](int64_t v) { settings.workers = static_cast<int>(v); }},
+            {"loader.prefetch", prefetch, [this] { return int64_t{settings.prefetch}; },
+             [this](int64_t v) { settings.prefetch = static_cast<int>(v); }},
+            {"loader.pin_memory",
+             {0},
+             [this] { return int64_t{settings.pin_memory}; },
+             [this](int64_t v) { settings.pin_memory = v != 0; }}};
+  }
+
+  LoaderSettings settings;  // workers 0, prefetch 2
+  int64_t batches = 0;
+  Nanos wait_ns = 0;
+  bool pilot_gone = false;
+};
+
+// Step time of the fake loader: 10 ms compute; 45 ms batches hidden by workers; shallow prefetch
+// costs up to 3 ms.
+Nanos model_step_ns(const LoaderSettings& s) {
+  const double compute = 10, batch = 45;
+  double ms = std::max(compute, batch / std::max(1, s.workers));
+  if (s.workers == 0) ms += batch;
+  if (s.workers > 0) ms += 3.0 * std::max(0, 8 - s.prefetch) / 8.0;
+  return static_cast<Nanos>(std::llround(ms * 1e6));
+}
+
+// One training step with the fake loader: the part beyond 10 ms of compute is data wait.
+void run_model_step(Pilot& pilot, ManualClock& clock, FakeLoader& loader) {
+  const Nanos step = model_step_ns(loader.settings);
+  const Nanos compute = 10 * kMs;
+  run_step(pilot, clock, step - compute, compute, 32);
+  loader.batches += 1;
+  loader.wait_ns += step - compute;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() /
+            ("torchpilot_pilot_test_" + std::to_string(getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+TEST(PilotTest, AutotuneWithAttachedLoader) {
+  Harness h;
+  FakeLoader loader;
+  Config config;
+  config.mode = Mode::kAutotune;
+  auto pilot = std::make_unique<Pilot>(config, h.options());
+  pilot->attach_loader(&loader, loader.knobs());
+  EXPECT_EQ(pilot->knobs().knobs().size(), 3u);
+  int64_t steps = 0;
+  while (!pilot->tuning_finished() && steps < 1000) {
+    run_model_step(*pilot, *h.clock, loader);
+    ++steps;
+  }
+  ASSERT_TRUE(pilot->tuning_finished());
+  EXPECT_LE(steps, config.autotune.warmup_steps);
+  for (int i = 0; i < 20; ++i) run_model_step(*pilot, *h.clock, loader);
+  pilot->end_epoch();
+
+  ASSERT_EQ(h.recording->decisions.size(), 1u);
+  const TuningDecision& d = h.recording->decisions[0];
+  ASSERT_TRUE(pilot->tuning_decision().has_value());
+  EXPECT_EQ(pilot->tuning_decision()->chosen, d.chosen);
+  EXPECT_EQ(d.chosen.at("loader.workers"), loader.settings.workers);
+  EXPECT_EQ(d.chosen.at("loader.prefetch"), loader.settings.prefetch);
+  EXPECT_EQ(d.baseline.at("loader.workers"), 0);
+  EXPECT_DOUBLE_EQ(d.chosen_throughput, 32 * 1e9 / model_step_ns(loader.settings));
+  LoaderSettings baseline;
+  EXPECT_DOUBLE_EQ(d.baseline_throughput, 32 * 1e9 / model_step_ns(baseline));
+  // The best the model allows is a 10 ms step (>= 5 workers, prefetch >= 8).
+  EXPECT_GE(d.chosen_throughput, 0.95 * 32 * 1e9 / (10 * kMs));
+  EXPECT_EQ(h.recording->trials.size(), d.trials.size());
+  EXPECT_EQ(d.decided_at_step, steps - 1);
+
+  const std::string log = h.log();
+  EXPECT_NE(log.find("autotune decision"), std::string::npos) << log;
+  EXPECT_EQ(count_of(log, "autotune trial ["), d.trials.size()) << log;
+
+  // The epoch summary carries the loader's counters for the epoch.
+  ASSERT_EQ(pilot->epoch_summaries().size(), 1u);
+  const EpochSummary& s = pilot->epoch_summaries()[0];
+  ASSERT_TRUE(s.loader.has_value());
+  EXPECT_EQ(s.loader->batches, steps + 20);
+  EXPECT_EQ(s.loader->settings.workers, loader.settings.workers);
+  EXPECT_EQ(s.steps, steps + 20);
+  EXPECT_EQ(s.tuning_steps, steps);  // every step up to the decision ran under trials
+  EXPECT_NE(log.find(std::to_string(steps) + " of these steps ran auto-tune trials"),
+            std::string::npos)
+      << log;
+
+  // Destroying the pilot tells the loader.
+  pilot.reset();
+  EXPECT_TRUE(loader.pilot_gone);
+}
+
+TEST(PilotTest, AutotuneWithoutKnobsWarnsOnce) {
+  Harness h;
+  Config config;
+  config.mode = Mode::kAutotune;
+  Pilot pilot(config, h.options());
+  for (int i = 0; i < 30; ++i) run_step(pilot, *h.clock, 0, 5 * kMs);
+  EXPECT_TRUE(pilot.tuning_finished());
+  EXPECT_TRUE(h.recording->decisions.empty());
+  EXPECT_EQ(count_of(h.log(), "nothing to tune"), 1u) << h.log();
+}
+
+TEST(PilotTest, DetachLoaderRemovesItsKnobs) {
+  Harness h;
+  FakeLoader loader;
+  {
+    Pilot pilot(advise_config(), h.options());
+    pilot.knobs().add({"other.knob", {0, 1}, [] { return int64_t{0}; }, [](int64_t) {}});
+    pilot.attach_loader(&loader, loader.knobs());
+    EXPECT_EQ(pilot.knobs().knobs().size(), 4u);
+    pilot.detach_loader(&loader);
+    ASSERT_EQ(pilot.knobs().knobs().size(), 1u);
+    EXPECT_EQ(pilot.knobs().knobs()[0].name, "other.knob");
+    run_step(pilot, *h.clock, 0, kMs);
+    pilot.end_epoch();
+    EXPECT_FALSE(pilot.epoch_summaries()[0].loader.has_value());
+  }
+  EXPECT_FALSE(loader.pilot_gone);  // detached first: not told
+}
+
+TEST(PilotTest, JsonLinesRecordsAreValidJsonWithDocumentedTypes) {
+  TempDir dir;
+  const std::string path = dir.file("records.jsonl");
+  Harness h;
+  FakeLoader loader;
+  Config config;
+  config.mode = Mode::kAutotune;
+  config.json_path = path;
+  int64_t steps = 0;
+  size_t trials = 0;
+  {
+    Pilot pilot(config, h.options());
+    pilot.attach_loader(&loader, loader.knobs());
+    while (!pilot.tuning_finished() && steps < 1000) {
+      run_model_step(pilot, *h.clock, loader);
+      ++steps;
+    }
+    for (int i = 0; i < 5; ++i, ++steps) run_model_step(pilot, *h.clock, loader);
+    pilot.end_epoch();
+    ASSERT_TRUE(pilot.tuning_decision().has_value());
+    trials = pilot.tuning_decision()->trials.size();
+  }
+  std::ifstream in(path);
+  ASSERT_TRUE(in.good());
+  std::map<std::string, int64_t> counts;
+  std::string line;
+  int64_t expected_step = 0;
+  while (std::getline(in, line)) {
+    nlohmann::json j;
+    ASSERT_NO_THROW(j = nlohmann::json::parse(line)) << line;
+    ASSERT_TRUE(j.is_object()) << line;
+    ASSERT_TRUE(j.contains("type")) << line;
+    EXPECT_EQ(j.at("v"), 1) << line;
+    const std::string type = j.at("type");
+    ++counts[type];
+    if (type == "step") {
+      EXPECT_EQ(j.at("step").get<int64_t>(), expected_step++);
+      EXPECT_GT(j.at("step_ms").get<double>(), 0.0);
+      EXPECT_EQ(j.at("samples").get<int64_t>(), 32);
+    } else if (type == "epoch") {
+      EXPECT_EQ(j.at("steps").get<int64_t>(), steps);
+      EXPECT_TRUE(j.at("loader").is_object());
+      EXPECT_TRUE(j.at("advice").is_array());
+    } else if (type == "tuning_trial") {
+      EXPECT_TRUE(j.at("setting").contains("loader.workers")) << line;
+      EXPECT_TRUE(j.contains("kept"));
+    } else if (type == "tuning_decision") {
+      EXPECT_EQ(j.at("trials").size(), trials);
+      EXPECT_GT(j.at("chosen_throughput").get<double>(), j.at("baseline_throughput").get<double>());
+      EXPECT_EQ(j.at("unit"), "samples/s");
+    }
+  }
+  EXPECT_EQ(counts["step"], steps);
+  EXPECT_EQ(counts["epoch"], 1);
+  EXPECT_EQ(counts["tuning_trial"], static_cast<int64_t>(trials));
+  EXPECT_EQ(counts["tuning_decision"], 1);
+  EXPECT_EQ(counts.size(), 4u) << "only the documented record types";
+}
+
+TEST(PilotTest, RecordFormattersAreSingleLineJson) {
+  StepRecord r;
+  r.step = 3;
+  r.begin_ns = 0;
+  r.end_ns = 12 * kMs;
+  r.data_wait_ns = 3 * kMs;
+  r.phase_ns[0] = 4 * kMs;
+  const std::string s = step_json(r, {"forward \"quoted\"\n"});
+  EXPECT_EQ(s.find('\n'), std::string::npos);
+  const nlohmann::json j = nlohmann::json::parse(s);
+  EXPECT_DOUBLE_EQ(j.at("step_ms").get<double>(), 12.0);
+  EXPECT_DOUBLE_EQ(j.at("data_wait_ms").get<double>(), 3.0);
+  EXPECT_DOUBLE_EQ(j.at("phases_ms").at("forward \"quoted\"\n").get<double>(), 4.0);
+}
+
+}  // namespace
+}  // namespace torchpilot

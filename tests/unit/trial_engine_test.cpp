@@ -1,0 +1,507 @@
+// TrialEngine + the loader policy against a simulated loader whose step time is a known function
+// of its knobs, so the true best setting is known by exhaustive evaluation.
+#include "torchpilot/trial_engine.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "torchpilot/advisors.h"
+
+namespace torchpilot {
+namespace {
+
+// A loader whose step time depends on its knobs:
+//   step = max(compute, batch / max(1, workers)) + (workers == 0 ? batch : 0)
+//          + (workers > 0 ? stall * max(0, 8 - prefetch) / 8 : 0)
+// i.e. workers hide the batch production behind compute, and shallow prefetch leaves the queue
+// dry now and then.
+struct SimLoader {
+  double compute_ms = 10;
+  double batch_ms = 45;
+  double stall_ms = 0;
+  int64_t batch_size = 32;
+  int64_t workers = 0;
+  int64_t prefetch = 2;
+  int64_t pin = 0;
+
+  double step_ms(int64_t w, int64_t p) const {
+    double ms = std::max(compute_ms, batch_ms / static_cast<double>(std::max<int64_t>(1, w)));
+    if (w == 0) ms += batch_ms;
+    if (w > 0) ms += stall_ms * static_cast<double>(std::max<int64_t>(0, 8 - p)) / 8.0;
+    return ms;
+  }
+  Nanos step_ns(int64_t w, int64_t p) const {
+    return static_cast<Nanos>(std::llround(step_ms(w, p) * 1e6));
+  }
+  // samples/s exactly as the engine computes it from a noise-free window.
+  double throughput(int64_t w, int64_t p) const {
+    return static_cast<double>(batch_size) * 1e9 / static_cast<double>(step_ns(w, p));
+  }
+  double throughput(const Setting& s) const {
+    return throughput(s.at("loader.workers"), s.at("loader.prefetch"));
+  }
+  // The best throughput over the whole knob grid.
+  double best_throughput() const {
+    double best = 0;
+    for (int64_t w = 0; w <= 8; ++w) {
+      for (int64_t p = 1; p <= 64; ++p) best = std::max(best, throughput(w, p));
+    }
+    return best;
+  }
+};
+
+std::vector<int64_t> range(int64_t lo, int64_t hi) {
+  std::vector<int64_t> v;
+  for (int64_t x = lo; x <= hi; ++x) v.push_back(x);
+  return v;
+}
+
+void register_knobs(KnobRegistry& knobs, SimLoader& sim) {
+  knobs.add({"loader.workers", range(0, 8), [&sim] { return sim.workers; },
+             [&sim](int64_t v) { sim.workers = v; }});
+  knobs.add({"loader.prefetch", range(1, 64), [&sim] { return sim.prefetch; },
+             [&sim](int64_t v) { sim.prefetch = v; }});
+  knobs.add(
+      {"loader.pin_memory", {0}, [&sim] { return sim.pin; }, [&sim](int64_t v) { sim.pin = v; }});
+}
+
+// Feeds the engine steps whose duration follows the simulated loader's current knob values.
+struct Driver {
+  SimLoader& sim;
+  double noise = 0;  // relative, uniform in [-noise, +noise]
+  std::mt19937_64 rng{1};
+  int64_t step = 0;
+  Nanos now = 0;
+  std::vector<std::pair<int64_t, int64_t>> ran;  // (workers, prefetch) of each step
+
+  StepRecord next() {
+    double ms = sim.step_ms(sim.workers, sim.prefetch);
+    if (noise > 0) ms *= 1.0 + std::uniform_real_distribution<double>(-noise, noise)(rng);
+    StepRecord r;
+    r.step = step++;
+    r.step_in_epoch = r.step;
+    r.begin_ns = now;
+    const Nanos ns = static_cast<Nanos>(std::llround(ms * 1e6));
+    now += ns;
+    r.end_ns = now;
+    // What the step does not compute, it waits for data.
+    r.data_wait_ns =
+        std::max<Nanos>(0, ns - static_cast<Nanos>(std::llround(sim.compute_ms * 1e6)));
+    r.samples = sim.batch_size;
+    ran.emplace_back(sim.workers, sim.prefetch);
+    return r;
+  }
+
+  // Steps until the engine decides (or a generous limit); returns the steps run.
+  int64_t run(TrialEngine& engine, int64_t limit) {
+    while (!engine.finished() && step < limit) engine.on_step(next());
+    return step;
+  }
+};
+
+struct Recorded {
+  std::vector<std::pair<TrialResult, bool>> trials;
+};
+
+AutotuneConfig default_autotune() {
+  AutotuneConfig c;  // warm-up 200, settle 4, measure 10, margin 3%, prefetch {1, 2, 4, 8}
+  return c;
+}
+
+TEST(TrialEngineTest, ReachesBestThroughputWithinWarmup) {
+  SimLoader sim;
+  sim.stall_ms = 3;
+  KnobRegistry knobs;
+  register_knobs(knobs, sim);
+  const AutotuneConfig config = default_autotune();
+  TrialEngine engine(knobs, make_loader_policy(config), config);
+  Recorded rec;
+  engine.on_trial = [&](const TrialResult& t, bool kept) { rec.trials.push_back({t, kept}); };
+  Driver driver{sim};
+  driver.run(engine, 1000);
+
+  ASSERT_TRUE(engine.finished());
+  const TuningDecision& d = *engine.decision();
+  EXPECT_LE(d.steps_used, config.warmup_steps);
+  EXPECT_LT(d.decided_at_step, config.warmup_steps);
+  EXPECT_EQ(driver.step, d.decided_at_step + 1);
+  EXPECT_EQ(d.policy, "loader coordinate search");
+  EXPECT_EQ(d.unit, "samples/s");
+  EXPECT_EQ(d.reason, "search complete");
+
+  // The chosen setting is applied and reaches >= 95% of the grid's best.
+  EXPECT_EQ(knobs.snapshot(), d.chosen);
+  const double best = sim.best_throughput();
+  const double chosen = sim.throughput(d.chosen);
+  EXPECT_GE(chosen, 0.95 * best) << to_string(d.chosen) << ": " << chosen << " vs best " << best;
+  // The search actually moved: the baseline (workers 0) is far below.
+  EXPECT_LT(sim.throughput(d.baseline), 0.5 * best);
+
+  // The decision's numbers are the model's.
+  EXPECT_EQ(d.baseline,
+            (Setting{{"loader.pin_memory", 0}, {"loader.prefetch", 2}, {"loader.workers", 0}}));
+  EXPECT_DOUBLE_EQ(d.baseline_throughput, sim.throughput(d.baseline));
+  EXPECT_DOUBLE_EQ(d.chosen_throughput, chosen);
+
+  // Every trial measured exactly its own setting, after settling; trials[0] is the baseline.
+  ASSERT_EQ(d.trials.size(), rec.trials.size());
+  ASSERT_GE(d.trials.size(), 4u);
+  for (size_t i = 0; i < d.trials.size(); ++i) {
+    const TrialResult& t = d.trials[i];
+    ASSERT_FALSE(t.failed);
+    EXPECT_EQ(t.mean_step_ns,
+              sim.step_ns(t.setting.at("loader.workers"), t.setting.at("loader.prefetch")))
+        << to_string(t.setting);
+    EXPECT_DOUBLE_EQ(t.throughput, sim.throughput(t.setting));
+    EXPECT_NEAR(t.data_wait_fraction,
+                1.0 - sim.compute_ms / sim.step_ms(t.setting.at("loader.workers"),
+                                                   t.setting.at("loader.prefetch")),
+                1e-9);
+    EXPECT_EQ(t.last_step - t.first_step + 1, config.measure_steps);
+    for (int64_t s = t.first_step; s <= t.last_step; ++s) {
+      EXPECT_EQ(driver.ran[s].first, t.setting.at("loader.workers")) << "step " << s;
+      EXPECT_EQ(driver.ran[s].second, t.setting.at("loader.prefetch")) << "step " << s;
+    }
+    const int64_t previous_end = i == 0 ? 0 : d.trials[i - 1].last_step;
+    EXPECT_EQ(t.first_step - previous_end - 1, config.settle_steps) << "trial " << i;
+    EXPECT_EQ(rec.trials[i].first.setting, t.setting);
+  }
+  // No setting is tried twice.
+  std::set<Setting> distinct;
+  for (const auto& t : d.trials) distinct.insert(t.setting);
+  EXPECT_EQ(distinct.size(), d.trials.size());
+  // Kept trials improve monotonically by more than the margin.
+  double incumbent = 0;
+  for (const auto& [t, kept] : rec.trials) {
+    if (kept) {
+      EXPECT_GT(t.throughput, incumbent * (1 + config.noise_margin));
+      incumbent = t.throughput;
+    }
+  }
+  EXPECT_DOUBLE_EQ(incumbent, d.chosen_throughput);
+}
+
+// Several loaders, with and without seeded +-5% noise: always >= 95% of the grid's best.
+struct Scenario {
+  double compute_ms, batch_ms, stall_ms;
+};
+
+TEST(TrialEngineTest, ReachesNinetyFivePercentAcrossModelsAndNoise) {
+  // {10, 60, 1}: with 8 workers prefetch 4 gains 2.4% (under the 3% margin) and prefetch 8 gains
+  // 7.5%; a search that stops at the first depth that does not win ends at 93%.
+  const std::vector<Scenario> scenarios = {{10, 45, 3}, {20, 30, 0},  {5, 100, 2}, {30, 10, 1},
+                                           {8, 33, 6},  {12, 200, 0}, {10, 60, 1}};
+  for (const Scenario& sc : scenarios) {
+    for (double noise : {0.0, 0.05}) {
+      for (uint64_t seed = 1; seed <= 20; ++seed) {
+        if (noise == 0 && seed > 1) continue;
+        SimLoader sim;
+        sim.compute_ms = sc.compute_ms;
+        sim.batch_ms = sc.batch_ms;
+        sim.stall_ms = sc.stall_ms;
+        KnobRegistry knobs;
+        register_knobs(knobs, sim);
+        const AutotuneConfig config = default_autotune();
+        TrialEngine engine(knobs, make_loader_policy(config), config);
+        Driver driver{sim, noise, std::mt19937_64(seed)};
+        driver.run(engine, 1000);
+        SCOPED_TRACE("compute " + std::to_string(sc.compute_ms) + " batch " +
+                     std::to_string(sc.batch_ms) + " stall " + std::to_string(sc.stall_ms) +
+                     " noise " + std::to_string(noise) + " seed " + std::to_string(seed));
+        ASSERT_TRUE(engine.finished());
+        const TuningDecision& d = *engine.decision();
+        EXPECT_LE(d.steps_used, config.warmup_steps);
+        EXPECT_EQ(knobs.snapshot(), d.chosen);
+        EXPECT_GE(sim.throughput(d.chosen), 0.95 * sim.best_throughput()) << to_string(d.chosen);
+        // With noise the measured figures are the model's within the noise.
+        EXPECT_NEAR(d.chosen_throughput / sim.throughput(d.chosen), 1.0, noise + 1e-9);
+        EXPECT_NEAR(d.baseline_throughput / sim.throughput(d.baseline), 1.0, noise + 1e-9);
+      }
+    }
+  }
+}
+
+TEST(TrialEngineTest, GainBelowNoiseMarginIsNotKept) {
+  // Four workers give 10.2 ms, eight 10 ms: eight are 2% faster, below the 3% margin.
+  SimLoader sim;
+  sim.compute_ms = 10;
+  sim.batch_ms = 40.8;
+  KnobRegistry knobs;
+  register_knobs(knobs, sim);
+  AutotuneConfig config = default_autotune();
+  config.prefetch_choices = {};  // workers only
+  TrialEngine engine(knobs, make_loader_policy(config), config);
+  Recorded rec;
+  engine.on_trial = [&](const TrialResult& t, bool kept) { rec.trials.push_back({t, kept}); };
+  Driver driver{sim};
+  driver.run(engine, 1000);
+  ASSERT_TRUE(engine.finished());
+
+  bool tried_eight = false;
+  for (const auto& [t, kept] : rec.trials) {
+    if (t.setting.at("loader.workers") > 4) {
+      tried_eight = tried_eight || t.setting.at("loader.workers") == 8;
+      EXPECT_GT(t.throughput, sim.throughput(4, 2));  // faster...
+      EXPECT_FALSE(kept) << to_string(t.setting);     // ...but not by the margin
+    }
+  }
+  EXPECT_TRUE(tried_eight);
+  EXPECT_EQ(engine.decision()->chosen.at("loader.workers"), 4);
+  EXPECT_EQ(sim.workers, 4);
+
+  // The same model with a 1% margin keeps eight workers.
+  SimLoader sim2 = sim;
+  sim2.workers = 0;
+  KnobRegistry knobs2;
+  register_knobs(knobs2, sim2);
+  config.noise_margin = 0.01;
+  TrialEngine engine2(knobs2, make_loader_policy(config), config);
+  Driver driver2{sim2};
+  driver2.run(engine2, 1000);
+  ASSERT_TRUE(engine2.finished());
+  EXPECT_EQ(engine2.decision()->chosen.at("loader.workers"), 8);
+}
+
+// One knob, loader.workers in {0, 1}, no settling; step time given per (workers, step number).
+// Returns every trial with whether it was kept, and the knob's final value.
+struct TwoLevelRun {
+  std::vector<std::pair<TrialResult, bool>> trials;
+  std::optional<TuningDecision> decision;
+  int64_t value = 0;
+};
+
+template <typename StepNs>
+TwoLevelRun run_two_level(StepNs step_ns) {
+  TwoLevelRun run;
+  KnobRegistry knobs;
+  knobs.add(
+      {"loader.workers", {0, 1}, [&] { return run.value; }, [&](int64_t v) { run.value = v; }});
+  AutotuneConfig config = default_autotune();
+  config.settle_steps = 0;
+  TrialEngine engine(knobs, make_loader_policy(config), config);
+  engine.on_trial = [&](const TrialResult& t, bool kept) { run.trials.push_back({t, kept}); };
+  Nanos now = 0;
+  for (int64_t i = 0; i < 100 && !engine.finished(); ++i) {
+    StepRecord r;
+    r.step = i;
+    r.begin_ns = now;
+    now += step_ns(run.value, i);
+    r.end_ns = now;
+    r.samples = 1;
+    engine.on_step(r);
+  }
+  run.decision = engine.decision();
+  return run;
+}
+
+TEST(TrialEngineTest, NoisyIncumbentRaisesTheMargin) {
+  // Alternating 10 / 14 ms steps give the baseline a relative standard error of 5.6%, above the
+  // 3% margin; a steady candidate 4% faster is then not kept.
+  const TwoLevelRun run = run_two_level([](int64_t workers, int64_t i) -> Nanos {
+    return workers == 0 ? (i % 2 ? 14 : 10) * 1000000 : 11520000;  // 12 / 1.04 ms
+  });
+  ASSERT_TRUE(run.decision.has_value());
+  ASSERT_EQ(run.trials.size(), 2u);
+  EXPECT_GT(run.trials[0].first.relative_error, 0.04);
+  EXPECT_EQ(run.trials[1].first.relative_error, 0.0);
+  EXPECT_GT(run.trials[1].first.throughput, run.trials[0].first.throughput * 1.035);
+  EXPECT_FALSE(run.trials[1].second);
+  EXPECT_EQ(run.decision->chosen.at("loader.workers"), 0);
+  EXPECT_EQ(run.value, 0);
+}
+
+TEST(TrialEngineTest, NoiseMarginIsCappedAtTenPercent) {
+  // A wildly varying baseline (2 / 22 ms, relative standard error ~28%) does not block every
+  // candidate: the margin is capped at 10%, and a steady candidate 14% faster is kept.
+  const TwoLevelRun run = run_two_level([](int64_t workers, int64_t i) -> Nanos {
+    return workers == 0 ? (i % 2 ? 22 : 2) * 1000000 : 10500000;
+  });
+  ASSERT_TRUE(run.decision.has_value());
+  ASSERT_EQ(run.trials.size(), 2u);
+  EXPECT_GT(run.trials[0].first.relative_error, 0.2);
+  EXPECT_NEAR(run.trials[1].first.throughput / run.trials[0].first.throughput, 12.0 / 10.5, 1e-9);
+  EXPECT_TRUE(run.trials[1].second);
+  EXPECT_EQ(run.decision->chosen.at("loader.workers"), 1);
+  EXPECT_EQ(run.value, 1);
+}
+
+TEST(TrialEngineTest, ThrowingSetterFailsTrialAndRestoresIncumbent) {
+  SimLoader sim;
+  sim.stall_ms = 3;
+  KnobRegistry knobs;
+  register_knobs(knobs, sim);
+  // Four workers "run out of memory"; prefetch 4 is half applied, then throws.
+  knobs.add({"loader.workers", range(0, 8), [&sim] { return sim.workers; },
+             [&sim](int64_t v) {
+               if (v == 4) throw std::runtime_error("simulated out of memory");
+               sim.workers = v;
+             }});
+  knobs.add({"loader.prefetch", range(1, 64), [&sim] { return sim.prefetch; },
+             [&sim](int64_t v) {
+               sim.prefetch = v;
+               if (v == 4) throw std::runtime_error("prefetch refused");
+             }});
+  const AutotuneConfig config = default_autotune();
+  TrialEngine engine(knobs, make_loader_policy(config), config);
+  Recorded rec;
+  engine.on_trial = [&](const TrialResult& t, bool kept) { rec.trials.push_back({t, kept}); };
+  Driver driver{sim};
+  driver.run(engine, 1000);
+  ASSERT_TRUE(engine.finished());
+  const TuningDecision& d = *engine.decision();
+
+  int failed = 0;
+  for (const auto& [t, kept] : rec.trials) {
+    if (!t.failed) continue;
+    ++failed;
+    EXPECT_FALSE(kept);
+    EXPECT_EQ(t.mean_step_ns, 0);
+    const bool workers4 = t.setting.at("loader.workers") == 4;
+    const bool prefetch4 = t.setting.at("loader.prefetch") == 4;
+    EXPECT_TRUE(workers4 || prefetch4) << to_string(t.setting);
+    EXPECT_NE(t.note.find(workers4 ? "simulated out of memory" : "prefetch refused"),
+              std::string::npos)
+        << t.note;
+  }
+  EXPECT_EQ(failed, 2);
+  // No step ever ran with a failed setting: the half-applied prefetch was rolled back at once.
+  for (const auto& [w, p] : driver.ran) {
+    EXPECT_NE(w, 4);
+    EXPECT_NE(p, 4);
+  }
+  // The search went on around the failed workers trial (bisection to 3 workers); the failed
+  // prefetch trial counts as a loss, so the prefetch stage stops there.
+  bool tried_three = false;
+  for (const auto& t : d.trials) tried_three = tried_three || t.setting.at("loader.workers") == 3;
+  EXPECT_TRUE(tried_three);
+  EXPECT_EQ(knobs.snapshot(), d.chosen);
+  EXPECT_NE(d.chosen.at("loader.workers"), 4);
+  EXPECT_EQ(d.chosen.at("loader.workers"), 3);
+  EXPECT_EQ(d.chosen.at("loader.prefetch"), 2);
+  EXPECT_DOUBLE_EQ(d.chosen_throughput, sim.throughput(d.chosen));
+}
+
+TEST(TrialEngineTest, EverySetterThrowingKeepsTheBaseline) {
+  SimLoader sim;
+  KnobRegistry knobs;
+  knobs.add({"loader.workers", range(0, 8), [&sim] { return sim.workers; },
+             [](int64_t) { throw std::runtime_error("no"); }});
+  knobs.add({"loader.prefetch", range(1, 64), [&sim] { return sim.prefetch; },
+             [](int64_t) { throw std::runtime_error("no"); }});
+  const AutotuneConfig config = default_autotune();
+  TrialEngine engine(knobs, make_loader_policy(config), config);
+  Driver driver{sim};
+  driver.run(engine, 1000);
+  ASSERT_TRUE(engine.finished());
+  const TuningDecision& d = *engine.decision();
+  EXPECT_EQ(d.chosen, d.baseline);
+  EXPECT_DOUBLE_EQ(d.chosen_throughput, d.baseline_throughput);
+  EXPECT_GT(d.trials.size(), 1u);
+  for (size_t i = 1; i < d.trials.size(); ++i) EXPECT_TRUE(d.trials[i].failed);
+  // Only the baseline was measured: the decision came right after it.
+  EXPECT_EQ(d.decided_at_step, d.trials[0].last_step);
+}
+
+TEST(TrialEngineTest, EmptyRegistryConcludesAtOnce) {
+  KnobRegistry knobs;
+  const AutotuneConfig config = default_autotune();
+  TrialEngine engine(knobs, make_loader_policy(config), config);
+  EXPECT_FALSE(engine.finished());
+  StepRecord r;
+  r.step = 7;
+  r.end_ns = 1000000;
+  engine.on_step(r);
+  ASSERT_TRUE(engine.finished());
+  const TuningDecision& d = *engine.decision();
+  EXPECT_NE(d.reason.find("no tunable knobs"), std::string::npos) << d.reason;
+  EXPECT_TRUE(d.trials.empty());
+  EXPECT_EQ(d.decided_at_step, 7);
+  EXPECT_EQ(d.steps_used, 1);
+  EXPECT_TRUE(d.chosen.empty());
+  // Further steps change nothing.
+  r.step = 8;
+  engine.on_step(r);
+  EXPECT_EQ(engine.decision()->decided_at_step, 7);
+}
+
+TEST(TrialEngineTest, BudgetStopsTheSearchAndAppliesTheIncumbent) {
+  SimLoader sim;
+  sim.compute_ms = 10;
+  sim.batch_ms = 45;
+  KnobRegistry knobs;
+  register_knobs(knobs, sim);
+  AutotuneConfig config = default_autotune();
+  config.warmup_steps = 40;  // the first step, the baseline and one trial (1 + 14 + 14 = 29)
+  TrialEngine engine(knobs, make_loader_policy(config), config);
+  Driver driver{sim};
+  driver.run(engine, 1000);
+  ASSERT_TRUE(engine.finished());
+  const TuningDecision& d = *engine.decision();
+  EXPECT_NE(d.reason.find("budget"), std::string::npos) << d.reason;
+  EXPECT_LE(d.steps_used, config.warmup_steps);
+  EXPECT_EQ(d.trials.size(), 2u);
+  EXPECT_EQ(d.steps_used, 29);
+  EXPECT_EQ(d.chosen.at("loader.workers"), 1);  // the only trial, and better than 0 workers
+  EXPECT_EQ(sim.workers, 1);
+}
+
+TEST(TrialEngineTest, BudgetRestoresIncumbentWhenLastTrialLost) {
+  // A loader where more workers only hurt: the last trial loses and the baseline is restored.
+  KnobRegistry knobs;
+  int64_t workers = 2;
+  knobs.add(
+      {"loader.workers", range(0, 8), [&] { return workers; }, [&](int64_t v) { workers = v; }});
+  AutotuneConfig config = default_autotune();
+  config.warmup_steps = 30;  // baseline and one trial
+  TrialEngine engine(knobs, make_loader_policy(config), config);
+  Nanos now = 0;
+  for (int64_t i = 0; i < 100 && !engine.finished(); ++i) {
+    StepRecord r;
+    r.step = i;
+    r.begin_ns = now;
+    now += (10 + 5 * workers) * 1000000;
+    r.end_ns = now;
+    engine.on_step(r);
+  }
+  ASSERT_TRUE(engine.finished());
+  const TuningDecision& d = *engine.decision();
+  ASSERT_EQ(d.trials.size(), 2u);
+  EXPECT_EQ(d.trials[1].setting.at("loader.workers"), 4);
+  EXPECT_EQ(d.chosen.at("loader.workers"), 2);
+  EXPECT_EQ(workers, 2);
+  EXPECT_EQ(d.unit, "steps/s");  // no samples reported
+  EXPECT_DOUBLE_EQ(d.baseline_throughput, 1e9 / 20e6);
+}
+
+TEST(TrialEngineTest, StepsWithoutSamplesUseStepsPerSecond) {
+  KnobRegistry knobs;
+  int64_t v = 0;
+  knobs.add({"loader.workers", {0}, [&] { return v; }, [&](int64_t x) { v = x; }});
+  AutotuneConfig config = default_autotune();
+  config.settle_steps = 1;
+  config.measure_steps = 3;
+  TrialEngine engine(knobs, make_loader_policy(config), config);
+  for (int64_t i = 0; i < 10 && !engine.finished(); ++i) {
+    StepRecord r;
+    r.step = i;
+    r.begin_ns = i * 25000000;
+    r.end_ns = (i + 1) * 25000000;
+    engine.on_step(r);
+  }
+  ASSERT_TRUE(engine.finished());
+  EXPECT_EQ(engine.decision()->trials.size(), 1u);
+  EXPECT_DOUBLE_EQ(engine.decision()->baseline_throughput, 40.0);
+  EXPECT_EQ(engine.decision()->unit, "steps/s");
+  EXPECT_EQ(engine.decision()->reason, "search complete");
+}
+
+}  // namespace
+}  // namespace torchpilot
