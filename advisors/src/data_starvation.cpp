@@ -64,8 +64,9 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s,
   a.evidence.push_back({"workers_needed_estimate", static_cast<double>(needed), "threads"});
   a.evidence.push_back({"cpus_available", static_cast<double>(cpus), "cpus"});
   const std::string tune_hint =
-      l.tunable ? " (mode: autotune picks this during warm-up)"
-                : " (torchpilot::TunableLoader with mode: autotune picks this during warm-up)";
+      s.tuned    ? " (auto-tune already chose the loader settings: what remains needs more than them)"
+      : l.tunable ? " (mode: autotune picks this during warm-up)"
+                  : " (torchpilot::TunableLoader with mode: autotune picks this during warm-up)";
   // CPU-bound loading cannot go faster than all CPUs producing; I/O-bound loading can use more
   // workers than CPUs.
   const int useful = cpu_bound ? std::min(needed, cpus) : needed;

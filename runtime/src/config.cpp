@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -31,42 +32,69 @@ struct KeySpec {
   double min;  // numeric range (ints, doubles, list elements)
   double max;
   std::vector<std::string> choices;  // strings: allowed values; empty = any
+  std::string (*get)(const Config&);  // the value as text, so code-built configs are checked too
   void (*set)(Config&, const Value&);
 };
+
+std::string text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+std::string text(bool v) { return v ? "true" : "false"; }
+std::string text(const std::vector<int>& list) {
+  std::string out;
+  for (int v : list) out += (out.empty() ? "" : ",") + std::to_string(v);
+  return out;
+}
 
 const std::vector<KeySpec>& schema() {
   static const std::vector<KeySpec> table = {
       {"mode", Type::kString, 0, 0, {"off", "advise", "autotune"},
+       [](const Config& c) -> std::string { return to_string(c.mode); },
        [](Config& c, const Value& v) {
          c.mode = v.s == "off" ? Mode::kOff : v.s == "advise" ? Mode::kAdvise : Mode::kAutotune;
        }},
       {"log.level", Type::kString, 0, 0, {"trace", "debug", "info", "warn", "error", "off"},
+       [](const Config& c) -> std::string { return c.log_level; },
        [](Config& c, const Value& v) { c.log_level = v.s; }},
       {"log.json_path", Type::kString, 0, 0, {},
+       [](const Config& c) -> std::string { return c.json_path; },
        [](Config& c, const Value& v) { c.json_path = v.s; }},
       {"records.step_history", Type::kInt, 16, 1 << 24, {},
+       [](const Config& c) -> std::string { return std::to_string(c.step_history); },
        [](Config& c, const Value& v) { c.step_history = static_cast<int>(v.i); }},
       {"advisors.data_starvation.threshold", Type::kDouble, 0.0, 1.0, {},
+       [](const Config& c) -> std::string { return text(c.data_starvation.threshold); },
        [](Config& c, const Value& v) { c.data_starvation.threshold = v.d; }},
       {"advisors.data_starvation.high_severity", Type::kDouble, 0.0, 1.0, {},
+       [](const Config& c) -> std::string { return text(c.data_starvation.high_severity); },
        [](Config& c, const Value& v) { c.data_starvation.high_severity = v.d; }},
       {"autotune.warmup_steps", Type::kInt, 0, 1e9, {},
+       [](const Config& c) -> std::string { return std::to_string(c.autotune.warmup_steps); },
        [](Config& c, const Value& v) { c.autotune.warmup_steps = static_cast<int>(v.i); }},
       {"autotune.settle_steps", Type::kInt, 0, 10000, {},
+       [](const Config& c) -> std::string { return std::to_string(c.autotune.settle_steps); },
        [](Config& c, const Value& v) { c.autotune.settle_steps = static_cast<int>(v.i); }},
       {"autotune.measure_steps", Type::kInt, 3, 10000, {},
+       [](const Config& c) -> std::string { return std::to_string(c.autotune.measure_steps); },
        [](Config& c, const Value& v) { c.autotune.measure_steps = static_cast<int>(v.i); }},
       {"autotune.noise_margin", Type::kDouble, 0.0, 0.5, {},
+       [](const Config& c) -> std::string { return text(c.autotune.noise_margin); },
        [](Config& c, const Value& v) { c.autotune.noise_margin = v.d; }},
       {"autotune.max_workers", Type::kInt, 0, 1024, {},
+       [](const Config& c) -> std::string { return std::to_string(c.autotune.max_workers); },
        [](Config& c, const Value& v) { c.autotune.max_workers = static_cast<int>(v.i); }},
       {"autotune.prefetch_choices", Type::kIntList, 1, 64, {},
+       [](const Config& c) -> std::string { return text(c.autotune.prefetch_choices); },
        [](Config& c, const Value& v) {
          c.autotune.prefetch_choices.assign(v.list.begin(), v.list.end());
        }},
       {"autotune.tune_pin_memory", Type::kBool, 0, 0, {},
+       [](const Config& c) -> std::string { return text(c.autotune.tune_pin_memory); },
        [](Config& c, const Value& v) { c.autotune.tune_pin_memory = v.b; }},
       {"autotune.tune_device_prefetch", Type::kBool, 0, 0, {},
+       [](const Config& c) -> std::string { return text(c.autotune.tune_device_prefetch); },
        [](Config& c, const Value& v) { c.autotune.tune_device_prefetch = v.b; }},
   };
   return table;
@@ -117,15 +145,18 @@ Value parse_scalar(const std::string& text, const KeySpec& spec, Fail fail) {
       }
       break;
     }
-    case Type::kBool:
-      if (text == "true" || text == "1" || text == "yes" || text == "on") {
+    case Type::kBool: {
+      std::string t;
+      for (char ch : text) t += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      if (t == "true" || t == "1" || t == "yes" || t == "on") {
         v.b = true;
-      } else if (text == "false" || text == "0" || text == "no" || text == "off") {
+      } else if (t == "false" || t == "0" || t == "no" || t == "off") {
         v.b = false;
       } else {
         fail("expected true or false, got '" + text + "'");
       }
       break;
+    }
     case Type::kString:
       if (!spec.choices.empty()) {
         bool ok = false;
@@ -193,7 +224,7 @@ void apply_yaml_node(Config& config, const YAML::Node& node, const std::string& 
 }
 
 // Cross-key rules that no single key can check.
-void validate(const Config& c, const std::string& source) {
+void check_cross_keys(const Config& c, const std::string& source) {
   if (c.data_starvation.high_severity < c.data_starvation.threshold) {
     throw ConfigError(source, "advisors.data_starvation.high_severity",
                       "must not be below advisors.data_starvation.threshold");
@@ -235,7 +266,7 @@ Config Config::from_yaml_string(const std::string& text, const std::string& orig
   Config config;
   if (root.IsNull()) return config;  // an empty file means defaults
   apply_yaml_node(config, root, "", origin);
-  validate(config, origin);
+  check_cross_keys(config, origin);
   return config;
 }
 
@@ -280,7 +311,15 @@ void apply_env_overrides(Config& config, const Environment& env) {
     };
     spec->set(config, parse_scalar(text, *spec, fail));
   }
-  validate(config, "environment");
+  check_cross_keys(config, "environment");
+}
+
+void validate(const Config& config) {
+  for (const auto& spec : schema()) {
+    auto fail = [&](const std::string& reason) { throw ConfigError("Config", spec.key, reason); };
+    parse_scalar(spec.get(config), spec, fail);
+  }
+  check_cross_keys(config, "Config");
 }
 
 std::vector<std::string> config_keys() {

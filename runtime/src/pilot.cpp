@@ -26,7 +26,7 @@ std::shared_ptr<spdlog::logger> torchpilot_logger() {
 // --- scopes ---------------------------------------------------------------------------------
 
 StepScope::StepScope(StepScope&& other) noexcept
-    : pilot_(other.pilot_), samples_(other.samples_), step_(other.step_) {
+    : pilot_(other.pilot_), step_(other.step_) {
   other.pilot_ = nullptr;
 }
 
@@ -35,8 +35,12 @@ void StepScope::end() {
     Pilot* p = pilot_;
     pilot_ = nullptr;
     // end_epoch() or a newer step() may have closed this step already.
-    if (p->step_open_ && p->next_step_ == step_) p->end_step(samples_);
+    if (p->owns_open_step(step_)) p->end_step();
   }
+}
+
+void StepScope::set_samples(int64_t samples) {
+  if (pilot_ != nullptr && pilot_->owns_open_step(step_)) pilot_->open_step_samples_ = samples;
 }
 
 PhaseScope::PhaseScope(PhaseScope&& other) noexcept
@@ -58,13 +62,10 @@ Pilot::Pilot(Config config, PilotOptions options)
     : config_(std::move(config)),
       clock_(options.clock ? options.clock : default_clock()),
       logger_(options.logger ? options.logger : torchpilot_logger()) {
+  validate(config_);  // a Config built in code gets the same checks as a file
   // log.level governs torchpilot's own logger; a logger handed in keeps its level.
   if (!options.logger) logger_->set_level(spdlog::level::from_str(config_.log_level));
   if (config_.mode == Mode::kOff) return;
-  if (config_.step_history < 1) {
-    // A Config built in code skips the range checks of the loaders; an empty ring would crash.
-    throw ConfigError("Pilot config", "records.step_history", "must be at least 1");
-  }
   history_.reserve(static_cast<size_t>(config_.step_history));
   sinks_.push_back(make_log_sink(logger_));
   if (!config_.json_path.empty()) sinks_.push_back(make_json_lines_sink(config_.json_path));
@@ -80,14 +81,15 @@ Pilot::~Pilot() {
 }
 
 StepScope Pilot::step(int64_t samples) {
-  if (config_.mode == Mode::kOff) return StepScope(nullptr, samples, 0);
+  if (config_.mode == Mode::kOff) return StepScope(nullptr, 0);
   if (step_open_) {
     // A step scope left open (e.g. moved elsewhere) must not corrupt the next one: close it.
-    end_step(0);
+    end_step();
   }
   step_open_ = true;
+  open_step_samples_ = samples;
   step_begin_ns_ = clock_->now_ns();
-  return StepScope(this, samples, next_step_);
+  return StepScope(this, next_step_);
 }
 
 int Pilot::phase_id(std::string_view name) {
@@ -111,7 +113,8 @@ PhaseScope Pilot::phase(int id) {
 
 void Pilot::end_phase(int id, Nanos begin) { phase_ns_[id] += clock_->now_ns() - begin; }
 
-void Pilot::end_step(int64_t samples) {
+void Pilot::end_step() {
+  const int64_t samples = open_step_samples_;
   const Nanos now = clock_->now_ns();
   const Nanos wait = pending_wait_ns_.exchange(0, std::memory_order_relaxed);
   StepRecord r;
@@ -170,10 +173,11 @@ void Pilot::end_step(int64_t samples) {
 
 void Pilot::end_epoch() {
   if (config_.mode == Mode::kOff) return;
-  if (step_open_) end_step(0);
+  if (step_open_) end_step();
   if (accumulator_.empty()) return;
   EpochSummary summary = accumulator_.summarize(epoch_, phase_names_);
   summary.tuning_steps = epoch_tuning_steps_;
+  summary.tuned = engine_ && engine_->finished() && !engine_->decision()->trials.empty();
   epoch_tuning_steps_ = 0;
   if (loader_ != nullptr) {
     LoaderStats now = loader_->stats();

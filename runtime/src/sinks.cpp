@@ -1,6 +1,9 @@
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -108,6 +111,12 @@ class JsonLinesSink final : public Sink {
  public:
   explicit JsonLinesSink(const std::string& path) : path_(path), out_(path, std::ios::app) {
     if (!out_) throw std::runtime_error("torchpilot: cannot open JSON-lines file '" + path + "'");
+    // The file is appended to: a run record tells one run's records from the next.
+    write(json({{"type", "run"},
+                {"v", kSchemaVersion},
+                {"pid", static_cast<int64_t>(getpid())},
+                {"unix_time_s", static_cast<int64_t>(std::time(nullptr))}})
+              .dump());
   }
   std::string name() const override { return "json-lines " + path_; }
   void on_step(const StepRecord& r, const std::vector<std::string>& names) override {
@@ -187,6 +196,7 @@ std::string epoch_json(const EpochSummary& s, const std::vector<Advice>& advice)
             {"samples_per_s", s.samples_per_s},
             {"phases_ms", phases},
             {"tuning_steps", s.tuning_steps},
+            {"tuned", s.tuned},
             {"loader", s.loader ? loader_json(*s.loader) : json(nullptr)},
             {"advice", list}};
   return j.dump();

@@ -1,5 +1,6 @@
 // Config: defaults, configs/default.yaml, YAML errors (key, file and line), environment overrides.
 #include "torchpilot/config.h"
+#include "torchpilot/pilot.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -533,3 +534,30 @@ TEST(ConfigTest, LoadReadsTorchpilotConfig) {
 
 }  // namespace
 }  // namespace torchpilot
+
+TEST(ConfigValidate, CodeBuiltConfigsGetTheSameChecks) {
+  torchpilot::Config ok;
+  EXPECT_NO_THROW(torchpilot::validate(ok));
+  torchpilot::Config bad;
+  bad.autotune.measure_steps = 1;  // below the range [3, ...]
+  try {
+    torchpilot::validate(bad);
+    FAIL() << "no ConfigError";
+  } catch (const torchpilot::ConfigError& e) {
+    EXPECT_EQ(e.key(), "autotune.measure_steps");
+  }
+  torchpilot::Config level;
+  level.log_level = "loud";
+  EXPECT_THROW(torchpilot::validate(level), torchpilot::ConfigError);
+  torchpilot::Config choices;
+  choices.autotune.prefetch_choices = {2, 0};
+  EXPECT_THROW(torchpilot::validate(choices), torchpilot::ConfigError);
+  torchpilot::Config pilot_config;
+  pilot_config.step_history = 0;
+  EXPECT_THROW(torchpilot::Pilot{pilot_config}, torchpilot::ConfigError);
+}
+
+TEST(ConfigValidate, BooleansIgnoreCase) {
+  auto c = torchpilot::Config::from_yaml_string("autotune:\n  tune_pin_memory: False\n");
+  EXPECT_FALSE(c.autotune.tune_pin_memory);
+}

@@ -645,7 +645,8 @@ TEST(PilotTest, JsonLinesRecordsAreValidJsonWithDocumentedTypes) {
   EXPECT_EQ(counts["epoch"], 1);
   EXPECT_EQ(counts["tuning_trial"], static_cast<int64_t>(trials));
   EXPECT_EQ(counts["tuning_decision"], 1);
-  EXPECT_EQ(counts.size(), 4u) << "only the documented record types";
+  EXPECT_EQ(counts["run"], 1);
+  EXPECT_EQ(counts.size(), 5u) << "only the documented record types";
 }
 
 TEST(PilotTest, RecordFormattersAreSingleLineJson) {

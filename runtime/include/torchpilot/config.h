@@ -70,6 +70,10 @@ Environment process_environment();
 // ones torchpilot reads elsewhere (TORCHPILOT_CONFIG).
 void apply_env_overrides(Config& config, const Environment& env);
 
+// Checks every key of a Config (built in code or loaded) against the same ranges and rules as
+// the file and environment readers; throws ConfigError naming the key. The Pilot calls it.
+void validate(const Config& config);
+
 // Every key as "section.name", in file order; docs and tests use it.
 std::vector<std::string> config_keys();
 

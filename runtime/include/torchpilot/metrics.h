@@ -22,7 +22,7 @@ double relative_standard_error(const std::vector<Nanos>& values);
 // Difference of two cumulative loader snapshots (later - earlier), settings taken from `later`.
 LoaderStats loader_delta(const LoaderStats& later, const LoaderStats& earlier);
 
-// Fixed-memory histogram of durations with ~4% wide log buckets, 1 µs .. ~1.2 h, for percentiles
+// Fixed-memory histogram of durations with ~4% wide log buckets, 1 µs .. ~21 h, for percentiles
 // over an epoch of any length.
 class DurationHistogram {
  public:

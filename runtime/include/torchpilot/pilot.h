@@ -49,15 +49,13 @@ class StepScope {
   StepScope& operator=(StepScope&&) = delete;
   StepScope(const StepScope&) = delete;
   ~StepScope() { end(); }
-  void set_samples(int64_t samples) { samples_ = samples; }
+  void set_samples(int64_t samples);
   void end();
 
  private:
   friend class Pilot;
-  StepScope(Pilot* pilot, int64_t samples, int64_t step)
-      : pilot_(pilot), samples_(samples), step_(step) {}
+  StepScope(Pilot* pilot, int64_t step) : pilot_(pilot), step_(step) {}
   Pilot* pilot_;
-  int64_t samples_;
   int64_t step_;  // the step this scope opened: if the Pilot closed it already, end() does nothing
 };
 
@@ -140,7 +138,8 @@ class Pilot {
  private:
   friend class StepScope;
   friend class PhaseScope;
-  void end_step(int64_t samples);
+  void end_step();
+  bool owns_open_step(int64_t step) const { return step_open_ && next_step_ == step; }
   void end_phase(int id, Nanos begin);
   template <typename Fn>
   void for_each_sink(const char* what, Fn&& fn);
@@ -154,6 +153,7 @@ class Pilot {
   // Current step state (training thread).
   std::atomic<Nanos> pending_wait_ns_{0};
   bool step_open_ = false;
+  int64_t open_step_samples_ = 0;
   Nanos step_begin_ns_ = 0;
   Nanos last_boundary_ns_ = -1;  // -1: no step yet in this epoch
   std::array<Nanos, kMaxPhases> phase_ns_{};

@@ -71,6 +71,7 @@ struct EpochSummary {
   double samples_per_s = 0;      // 0 when samples are not reported
   std::vector<PhaseTotal> phases;
   int64_t tuning_steps = 0;      // steps of this epoch run under auto-tune trials (mixed settings)
+  bool tuned = false;            // auto-tune has decided the knob settings (before this epoch ended)
   std::optional<LoaderStats> loader;  // this epoch's loader counters (differences)
 };
 
