@@ -79,7 +79,18 @@ std::string cpu_model() {
 
 }  // namespace
 
+int run(int argc, char** argv);
+
 int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "autotune_grid: %s\n", e.what());
+    return 1;
+  }
+}
+
+int run(int argc, char** argv) {
   Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i];

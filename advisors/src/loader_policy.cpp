@@ -10,7 +10,14 @@ constexpr const char* kPrefetch = "loader.prefetch";
 constexpr const char* kPin = "loader.pin_memory";
 constexpr const char* kDevicePrefetch = "loader.device_prefetch";
 
-// Stages in order; each proposes settings that differ from the incumbent in one knob.
+// Stages in order; each proposes settings that differ from the incumbent in one knob:
+//   sweep    workers 1, 2, 4, ... up to the maximum, on through a trial that merely fails to win
+//            (one worker often gains nothing over none when there is little compute to overlap),
+//            ending at a clear decline;
+//   pin, device prefetch   each toggled (they change how much the training thread pays per batch,
+//            so they come before the finer worker search);
+//   prefetch deeper depths, on through a depth that did not win, ending at a clear decline;
+//   bisect   worker counts between the best and its nearest tried neighbours, above first.
 class LoaderPolicy final : public TuningPolicy {
  public:
   explicit LoaderPolicy(AutotuneConfig config) : config_(std::move(config)) {}
@@ -32,14 +39,16 @@ class LoaderPolicy final : public TuningPolicy {
     while (stage_ < kDone) {
       std::optional<Setting> next;
       switch (stage_) {
-        case kStageWorkers: next = propose_workers(trials, incumbent, knobs, tried, with); break;
-        case kStagePrefetch: next = propose_prefetch(trials, incumbent, knobs, tried, with); break;
-        case kStagePin: next = propose_toggle(kPin, config_.tune_pin_memory, knobs, best, tried, with);
+        case kStageSweep: next = propose_sweep(trials, incumbent, knobs, tried, with); break;
+        case kStagePin:
+          next = propose_toggle(kPin, config_.tune_pin_memory, knobs, best, tried, with);
           break;
         case kStageDevicePrefetch:
           next = propose_toggle(kDevicePrefetch, config_.tune_device_prefetch, knobs, best, tried,
                                 with);
           break;
+        case kStagePrefetch: next = propose_prefetch(trials, incumbent, knobs, tried, with); break;
+        case kStageBisect: next = propose_bisect(trials, incumbent, knobs, tried, with); break;
         default: break;
       }
       if (next) return next;
@@ -49,47 +58,56 @@ class LoaderPolicy final : public TuningPolicy {
   }
 
  private:
-  enum Stage { kStageWorkers, kStagePrefetch, kStagePin, kStageDevicePrefetch, kDone };
+  enum Stage { kStageSweep, kStagePin, kStageDevicePrefetch, kStagePrefetch, kStageBisect, kDone };
 
-  // Workers: a doubling sweep (1, 2, 4, ... up to the maximum), which goes on through a trial that
-  // does not win (one worker often gains nothing over none when the step has little compute to
-  // overlap) and stops only at a clear decline; then bisection below the first loss above the best.
+  int64_t max_workers(const Knob& k) const {
+    int64_t max = k.domain.empty() ? 0 : k.domain.back();
+    if (config_.max_workers > 0) max = std::min<int64_t>(max, config_.max_workers);
+    return max;
+  }
+  static int64_t workers_of(const TrialResult& t, const Knob& k) {
+    auto it = t.setting.find(kWorkers);
+    return it != t.setting.end() ? it->second : k.get();
+  }
+  bool declined(const TrialResult& t, const TrialResult& best) const {
+    return t.failed || t.throughput < kDecline * best.throughput;
+  }
+
   template <typename Tried, typename With>
-  std::optional<Setting> propose_workers(const std::vector<TrialResult>& trials, size_t incumbent,
-                                         const KnobRegistry& knobs, Tried tried, With with) {
+  std::optional<Setting> propose_sweep(const std::vector<TrialResult>& trials, size_t incumbent,
+                                       const KnobRegistry& knobs, Tried tried, With with) {
     const Knob* k = knobs.find(kWorkers);
     if (k == nullptr || k->domain.empty()) return std::nullopt;
-    int64_t max = k->domain.back();
-    if (config_.max_workers > 0) max = std::min<int64_t>(max, config_.max_workers);
-    auto workers_of = [&](const TrialResult& t) {
-      auto it = t.setting.find(kWorkers);
-      return it != t.setting.end() ? it->second : k->get();
-    };
-    const int64_t best = workers_of(trials[incumbent]);
-    if (!sweep_done_) {
-      int64_t largest = 0;
-      for (const auto& t : trials) largest = std::max(largest, workers_of(t));
-      const TrialResult& last = trials.back();
-      const bool declining =
-          trials.size() > 1 && (last.failed || last.throughput < kDecline * trials[incumbent].throughput);
-      const int64_t candidate = std::min(max, largest == 0 ? int64_t{1} : largest * 2);
-      if (!declining && candidate > largest) {
-        Setting s = with(kWorkers, candidate);
-        if (!tried(s)) return s;
-      }
-      sweep_done_ = true;
-    }
-    int64_t upper = max + 1;  // smallest worker count above the best that was tried (and lost)
-    for (const auto& t : trials) {
-      const int64_t w = workers_of(t);
-      if (w > best) upper = std::min(upper, w);
-    }
-    if (upper == max + 1) return std::nullopt;
-    const int64_t candidate = best + (upper - best) / 2;
-    if (candidate <= best) return std::nullopt;
+    int64_t largest = 0;
+    for (const auto& t : trials) largest = std::max(largest, workers_of(t, *k));
+    if (trials.size() > 1 && declined(trials.back(), trials[incumbent])) return std::nullopt;
+    const int64_t candidate = std::min(max_workers(*k), largest == 0 ? int64_t{1} : largest * 2);
+    if (candidate <= largest) return std::nullopt;
     Setting s = with(kWorkers, candidate);
     if (tried(s)) return std::nullopt;
     return s;
+  }
+
+  template <typename Tried, typename With>
+  std::optional<Setting> propose_bisect(const std::vector<TrialResult>& trials, size_t incumbent,
+                                        const KnobRegistry& knobs, Tried tried, With with) {
+    const Knob* k = knobs.find(kWorkers);
+    if (k == nullptr || k->domain.empty()) return std::nullopt;
+    const int64_t best = workers_of(trials[incumbent], *k);
+    // Nearest worker counts tried on either side of the best (under any other setting).
+    int64_t upper = -1, lower = -1;
+    for (const auto& t : trials) {
+      const int64_t w = workers_of(t, *k);
+      if (w > best && (upper < 0 || w < upper)) upper = w;
+      if (w < best && w > lower) lower = w;
+    }
+    for (int64_t candidate : {upper >= 0 ? best + (upper - best) / 2 : best,
+                              lower >= 0 ? best - (best - lower) / 2 : best}) {
+      if (candidate == best || candidate > max_workers(*k)) continue;
+      Setting s = with(kWorkers, candidate);
+      if (!tried(s)) return s;
+    }
+    return std::nullopt;
   }
 
   template <typename Tried, typename With>
@@ -113,10 +131,7 @@ class LoaderPolicy final : public TuningPolicy {
       Setting s = with(kPrefetch, c);
       if (!tried(s)) return s;
       for (const auto& t : trials) {
-        if (t.setting == s &&
-            (t.failed || t.throughput < kDecline * trials[incumbent].throughput)) {
-          return std::nullopt;
-        }
+        if (t.setting == s && declined(t, trials[incumbent])) return std::nullopt;
       }
     }
     return std::nullopt;
@@ -133,11 +148,10 @@ class LoaderPolicy final : public TuningPolicy {
     return s;
   }
 
-  static constexpr double kDecline = 0.85;  // a sweep trial this far below the best ends the sweep
+  static constexpr double kDecline = 0.85;  // a trial this far below the best ends a sweep
 
   AutotuneConfig config_;
-  Stage stage_ = kStageWorkers;
-  bool sweep_done_ = false;
+  Stage stage_ = kStageSweep;
 };
 
 }  // namespace

@@ -147,8 +147,13 @@ void Pilot::end_step() {
     engine_->on_trial = [this](const TrialResult& t, bool kept) {
       for_each_sink("on_trial", [&](Sink& s) { s.on_trial(t, kept); });
     };
-    engine_->supply_counter = [this]() -> int64_t {
-      return loader_ != nullptr ? loader_->stats().produce_count : -1;
+    engine_->supply_probe = [this]() {
+      TrialEngine::SupplySample sample;
+      if (loader_ != nullptr) {
+        const LoaderStats s = loader_->stats();
+        sample = {s.produce_count, s.produce_ns, s.settings.workers};
+      }
+      return sample;
     };
   }
   ++epoch_tuning_steps_;

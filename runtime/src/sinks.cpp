@@ -83,7 +83,8 @@ json trial_object(const TrialResult& t) {
           {"throughput", t.throughput},
           {"unit", t.unit},
           {"data_wait_fraction", t.data_wait_fraction},
-          {"supplied_fraction", t.supplied_fraction},
+          {"supply_capacity", t.supply_capacity},
+          {"supply_limited", t.supply_limited},
           {"failed", t.failed},
           {"note", t.note}};
 }
@@ -276,7 +277,7 @@ std::string format_trial(const TrialResult& t, bool kept) {
   return "autotune trial [" + to_string(t.setting) + "]: " + fmt_num(t.throughput) + " " + t.unit +
          " (mean step " + fmt_ms(t.mean_step_ns) + " +-" + fmt_pct(t.relative_error) + ", data wait " +
          fmt_pct(t.data_wait_fraction) +
-         (t.supplied_fraction < 1 ? ", " + fmt_pct(1 - t.supplied_fraction) + " from backlog" : "") +
+         (t.supply_limited ? ", capped at the loader's capacity (steps ran on a backlog)" : "") +
          ", steps " + std::to_string(t.first_step) + "-" + std::to_string(t.last_step) + ")" +
          (kept ? " -> best so far" : "");
 }

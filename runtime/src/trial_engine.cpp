@@ -46,7 +46,10 @@ void TrialEngine::begin_settling() {
   if (settle_left_ == 0) begin_window();
 }
 
-void TrialEngine::begin_window() { window_supply_start_ = supply_counter ? supply_counter() : -1; }
+void TrialEngine::begin_window() {
+  window_supply_start_.reset();
+  if (supply_probe) window_supply_start_ = supply_probe();
+}
 
 bool TrialEngine::better(const TrialResult& candidate, const TrialResult& incumbent) const {
   if (candidate.failed) return false;
@@ -73,12 +76,22 @@ void TrialEngine::finish_trial() {
   const double units = samples_reported_ ? static_cast<double>(total_samples) : steps;
   t.throughput = total_ns > 0 ? units * 1e9 / static_cast<double>(total_ns) : 0;
   // Steps fed from a backlog built under an earlier setting look faster than the setting can
-  // sustain: count only what the producer supplied during the window.
-  const int64_t supply_end = supply_counter ? supply_counter() : -1;
-  if (window_supply_start_ >= 0 && supply_end >= window_supply_start_) {
-    t.supplied_fraction = std::min(1.0, static_cast<double>(supply_end - window_supply_start_) /
-                                            static_cast<double>(steps));
-    t.throughput *= t.supplied_fraction;
+  // sustain. Capacity = parallel producers / mean time per unit, from the window's production;
+  // it does not depend on how full the queue was (nor on an epoch's end, when nothing is left
+  // to produce and the window has no production to measure).
+  if (supply_probe && window_supply_start_) {
+    const SupplySample end = supply_probe();
+    const int64_t units = end.units - window_supply_start_->units;
+    const Nanos busy = end.busy_ns - window_supply_start_->busy_ns;
+    if (end.parallelism > 0 && units >= kMinSupplyUnits && busy > 0) {
+      const double units_per_s = end.parallelism * static_cast<double>(units) * 1e9 / busy;
+      const double units_per_step = samples_reported_ ? static_cast<double>(total_samples) / steps : 1.0;
+      t.supply_capacity = units_per_s * units_per_step;
+      if (t.supply_capacity < t.throughput) {
+        t.throughput = t.supply_capacity;
+        t.supply_limited = true;
+      }
+    }
   }
   t.data_wait_fraction = fraction(window_wait_ns_, total_ns);
   window_ns_.clear();

@@ -143,7 +143,7 @@ TEST(ConfigTest, Defaults) {
   EXPECT_DOUBLE_EQ(c.data_starvation.threshold, 0.05);
   EXPECT_DOUBLE_EQ(c.data_starvation.high_severity, 0.25);
   EXPECT_EQ(c.autotune.warmup_steps, 200);
-  EXPECT_EQ(c.autotune.settle_steps, 4);
+  EXPECT_EQ(c.autotune.settle_steps, 3);
   EXPECT_EQ(c.autotune.measure_steps, 10);
   EXPECT_DOUBLE_EQ(c.autotune.noise_margin, 0.03);
   EXPECT_EQ(c.autotune.max_workers, 0);

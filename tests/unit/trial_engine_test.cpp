@@ -112,7 +112,9 @@ struct Recorded {
 };
 
 AutotuneConfig default_autotune() {
-  AutotuneConfig c;  // warm-up 200, settle 4, measure 10, margin 3%, prefetch {1, 2, 4, 8}
+  AutotuneConfig c;  // warm-up 200, margin 3%, prefetch {1, 2, 4, 8}
+  c.settle_steps = 4;  // fixed here: step arithmetic below counts on 4 + 10 per trial
+  c.measure_steps = 10;
   return c;
 }
 
@@ -501,6 +503,74 @@ TEST(TrialEngineTest, StepsWithoutSamplesUseStepsPerSecond) {
   EXPECT_DOUBLE_EQ(engine.decision()->baseline_throughput, 40.0);
   EXPECT_EQ(engine.decision()->unit, "steps/s");
   EXPECT_EQ(engine.decision()->reason, "search complete");
+}
+
+// Steps served from a backlog look fast; the loader's measured capacity caps the trial.
+TEST(TrialEngineTest, SupplyCapacityCapsATrialFedFromABacklog) {
+  int64_t workers = 0;
+  KnobRegistry knobs;
+  knobs.add({"loader.workers", range(0, 4), [&] { return workers; }, [&](int64_t v) { workers = v; }});
+  AutotuneConfig config = default_autotune();
+  config.settle_steps = 1;
+  config.measure_steps = 12;         // three batches produced at one per 4 steps
+  config.warmup_steps = 1 + 13 + 13;  // the baseline and one trial (workers 1)
+  TrialEngine engine(knobs, make_loader_policy(config), config);
+  // The producer: with one worker it makes a batch every 40 ms (capacity 25 batches/s), and
+  // with none the training thread makes them itself (parallelism 0: nothing to cap).
+  TrialEngine::SupplySample supply;
+  engine.supply_probe = [&] {
+    TrialEngine::SupplySample s = supply;
+    s.parallelism = static_cast<int>(workers);
+    return s;
+  };
+  Nanos now = 0;
+  for (int64_t i = 0; i < 100 && !engine.finished(); ++i) {
+    StepRecord r;
+    r.step = i;
+    r.samples = 10;
+    r.begin_ns = now;
+    now += 10 * 1000000;  // 10 ms steps throughout: with workers 1 they eat a backlog
+    r.end_ns = now;
+    if (workers == 1 && i % 4 == 0) {  // one batch per 4 steps = per 40 ms of production
+      supply.units += 1;
+      supply.busy_ns += 40 * 1000000;
+    }
+    engine.on_step(r);
+  }
+  ASSERT_TRUE(engine.finished());
+  const auto& trials = engine.decision()->trials;
+  ASSERT_EQ(trials.size(), 2u);
+  EXPECT_FALSE(trials[0].supply_limited);        // workers 0: not measurable, not capped
+  EXPECT_NEAR(trials[0].throughput, 1000.0, 1e-6);  // 10 samples per 10 ms
+  ASSERT_TRUE(trials[1].supply_limited) << trials[1].supply_capacity;
+  EXPECT_NEAR(trials[1].supply_capacity, 250.0, 1e-6);  // 25 batches/s x 10 samples
+  EXPECT_NEAR(trials[1].throughput, 250.0, 1e-6);
+  EXPECT_EQ(engine.decision()->chosen.at("loader.workers"), 0);  // the backlog did not fool it
+}
+
+TEST(TrialEngineTest, TooLittleProductionIsNotACap) {
+  int64_t workers = 2;
+  KnobRegistry knobs;
+  knobs.add({"loader.workers", range(0, 2), [&] { return workers; }, [&](int64_t v) { workers = v; }});
+  AutotuneConfig config = default_autotune();
+  config.settle_steps = 0;
+  config.measure_steps = 5;
+  config.warmup_steps = 6;
+  TrialEngine engine(knobs, make_loader_policy(config), config);
+  // An epoch's end: everything was produced ahead, nothing is produced in the window.
+  engine.supply_probe = [&] { return TrialEngine::SupplySample{7, 70 * 1000000, 2}; };
+  Nanos now = 0;
+  for (int64_t i = 0; i < 20 && !engine.finished(); ++i) {
+    StepRecord r;
+    r.step = i;
+    r.begin_ns = now;
+    now += 1000000;
+    r.end_ns = now;
+    engine.on_step(r);
+  }
+  ASSERT_TRUE(engine.finished());
+  EXPECT_FALSE(engine.decision()->trials[0].supply_limited);
+  EXPECT_EQ(engine.decision()->trials[0].supply_capacity, 0.0);
 }
 
 }  // namespace

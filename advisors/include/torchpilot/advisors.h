@@ -22,10 +22,9 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& summary,
                                              const DataStarvationConfig& config);
 
 // Coordinate search over the loader knobs (loader.workers, loader.prefetch, loader.pin_memory,
-// loader.device_prefetch): workers by a doubling sweep (1, 2, 4, ...; it ends at the maximum or
-// at a clear decline, not at the first trial that fails to win) then bisection below the first
-// loss; then deeper prefetch while it wins; then each boolean toggled. Unregistered knobs are
-// skipped.
+// loader.device_prefetch): a doubling sweep of workers, then pinning and GPU prefetch toggled, then
+// deeper prefetch, then bisection of workers around the best (loader_policy.cpp has the details).
+// Knobs that are not registered, or not available on this machine, are skipped.
 std::unique_ptr<TuningPolicy> make_loader_policy(const AutotuneConfig& config);
 
 }  // namespace torchpilot

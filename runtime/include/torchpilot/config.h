@@ -25,7 +25,7 @@ struct DataStarvationConfig {
 
 struct AutotuneConfig {
   int warmup_steps = 200;        // step budget for all trials, counted from the first step
-  int settle_steps = 4;          // steps ignored after a change (queues refill)
+  int settle_steps = 3;          // steps ignored after a change (queues refill)
   int measure_steps = 10;        // steps measured per trial
   double noise_margin = 0.03;    // a candidate must beat the incumbent by this fraction
   int max_workers = 0;           // 0: the number of CPUs in this process's affinity mask

@@ -30,10 +30,12 @@ struct TrialResult {
   double throughput = 0;       // samples / time over the window (steps/s without samples)
   std::string unit;            // "samples/s" or "steps/s"
   double data_wait_fraction = 0;  // data wait / time over the window
-  // Work units (batches) the producer supplied during the window per step consumed, at most 1.
-  // Below 1, steps drew on a backlog built under an earlier setting and the throughput is scaled
-  // down by it, to what the setting sustains.
-  double supplied_fraction = 1;
+  // What the producer (the loader's workers) can sustain in the same unit, measured in the window:
+  // parallelism / mean production time per unit; 0 when not measurable. A window whose steps are
+  // fed from a backlog built under an earlier setting looks faster than the setting can sustain,
+  // so the throughput is capped at this capacity.
+  double supply_capacity = 0;
+  bool supply_limited = false;  // the cap applied
   bool failed = false;
   std::string note;            // why it failed
 };
@@ -74,9 +76,14 @@ class TrialEngine {
 
   // Called after each trial is measured (for logging); `kept` says whether it became incumbent.
   std::function<void(const TrialResult& trial, bool kept)> on_trial;
-  // Optional: a monotone count of work units produced for the steps (a loader's batches), or -1
-  // when unknown. Read at the start and end of each measured window.
-  std::function<int64_t()> supply_counter;
+  // Optional: the producer's cumulative counters (a loader's batches), read at the start and end
+  // of each measured window to measure its capacity (TrialResult::supply_capacity).
+  struct SupplySample {
+    int64_t units = 0;  // work units produced (one per step)
+    Nanos busy_ns = 0;  // producing time summed over producers
+    int parallelism = 0;  // producers running in parallel (0: the training thread produces)
+  };
+  std::function<SupplySample()> supply_probe;
 
  private:
   void start_trial(const Setting& setting);
@@ -87,6 +94,7 @@ class TrialEngine {
   bool better(const TrialResult& candidate, const TrialResult& incumbent) const;
 
   static constexpr double kMaxNoiseMargin = 0.10;
+  static constexpr int64_t kMinSupplyUnits = 3;  // fewer units produced: capacity not measurable
 
   KnobRegistry& knobs_;
   std::unique_ptr<TuningPolicy> policy_;
@@ -98,7 +106,7 @@ class TrialEngine {
   int settle_left_ = 0;
   std::vector<Nanos> window_ns_;
   Nanos window_wait_ns_ = 0;
-  int64_t window_supply_start_ = -1;
+  std::optional<SupplySample> window_supply_start_;
   std::vector<int64_t> window_samples_;
   Setting current_;
   std::vector<TrialResult> trials_;
