@@ -32,9 +32,9 @@ struct Args {
   std::string machine = "unnamed";
   std::string commit = "unknown";
   int rounds = 3;
-  int steps = 48;          // per grid run
-  int skip = 12;           // steps not measured at the start of each run
-  int after_decision = 48; // auto-tune steps measured after the decision
+  int steps = 64;          // per grid run
+  int skip = 16;           // steps not measured at the start of each run
+  int after_decision = 64; // auto-tune steps measured after the decision
   int max_workers = 0;     // 0: affinity CPUs
 };
 

@@ -80,7 +80,9 @@ class LoaderPolicy final : public TuningPolicy {
     if (k == nullptr || k->domain.empty()) return std::nullopt;
     int64_t largest = 0;
     for (const auto& t : trials) largest = std::max(largest, workers_of(t, *k));
-    if (trials.size() > 1 && declined(trials.back(), trials[incumbent])) return std::nullopt;
+    // One worker can be slower than none (a hand-off with nothing to overlap): parallelism starts
+    // at two, so a decline ends the sweep only from there on.
+    if (largest >= 2 && declined(trials.back(), trials[incumbent])) return std::nullopt;
     const int64_t candidate = std::min(max_workers(*k), largest == 0 ? int64_t{1} : largest * 2);
     if (candidate <= largest) return std::nullopt;
     Setting s = with(kWorkers, candidate);

@@ -79,21 +79,37 @@ int64_t LoaderCore::epoch() const {
   return epoch_;
 }
 
+std::vector<size_t> LoaderCore::epoch_order(int64_t epoch) const {
+  std::vector<size_t> order(dataset_size_);
+  std::iota(order.begin(), order.end(), size_t{0});
+  if (options_.shuffle) {
+    std::mt19937_64 rng(options_.seed + static_cast<uint64_t>(epoch));
+    std::shuffle(order.begin(), order.end(), rng);
+  }
+  return order;
+}
+
 void LoaderCore::start_epoch() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    ++generation_;
-    ++epoch_;
-    ready_.clear();
-    order_.resize(dataset_size_);
-    std::iota(order_.begin(), order_.end(), size_t{0});
-    if (options_.shuffle) {
-      std::mt19937_64 rng(options_.seed + static_cast<uint64_t>(epoch_));
-      std::shuffle(order_.begin(), order_.end(), rng);
+    const size_t per_epoch = batches_per_epoch();
+    if (started_ && next_deliver_ == base_ + per_epoch) {
+      // The last epoch was delivered in full: go on into the next, whose first batches the
+      // workers may have produced already (claims run on across the boundary).
+      ++epoch_;
+      base_ += per_epoch;
+      order_ = options_.prefetch_across_epochs ? std::move(next_order_) : epoch_order(epoch_);
+    } else {
+      // First epoch, or one abandoned part-way: drop everything in flight and start afresh.
+      ++generation_;
+      ++epoch_;
+      ready_.clear();
+      base_ = next_claim_;
+      next_deliver_ = next_claim_;
+      order_ = epoch_order(epoch_);
     }
-    num_batches_ = batches_per_epoch();
-    next_claim_ = 0;
-    next_deliver_ = 0;
+    next_order_ = options_.prefetch_across_epochs ? epoch_order(epoch_ + 1) : std::vector<size_t>();
+    started_ = true;
     epoch_active_ = true;
     ensure_workers();
   }
@@ -103,13 +119,23 @@ void LoaderCore::start_epoch() {
 bool LoaderCore::can_claim() const {
   const size_t window =
       static_cast<size_t>(std::max(1, settings_.workers)) * static_cast<size_t>(settings_.prefetch);
-  return epoch_active_ && next_claim_ < num_batches_ && next_claim_ < next_deliver_ + window;
+  // Claims may run one epoch ahead of the current one (its order is known), never further.
+  const size_t per_epoch = batches_per_epoch();
+  const size_t limit = base_ + (options_.prefetch_across_epochs ? 2 : 1) * per_epoch;
+  return started_ && next_claim_ < limit && next_claim_ < next_deliver_ + window;
 }
 
 std::vector<size_t> LoaderCore::batch_indices(size_t batch) const {
-  const size_t begin = batch * options_.batch_size;
-  const size_t end = std::min(order_.size(), begin + options_.batch_size);
-  return std::vector<size_t>(order_.begin() + begin, order_.begin() + end);
+  // Global batch numbers: the current epoch starts at base_, the next one right after it.
+  size_t local = batch - base_;
+  const std::vector<size_t>* order = &order_;
+  if (local >= batches_per_epoch()) {
+    local -= batches_per_epoch();
+    order = &next_order_;
+  }
+  const size_t begin = local * options_.batch_size;
+  const size_t end = std::min(order->size(), begin + options_.batch_size);
+  return std::vector<size_t>(order->begin() + begin, order->begin() + end);
 }
 
 LoaderCore::Result LoaderCore::run_produce(const std::vector<size_t>& indices, int worker,
@@ -187,11 +213,12 @@ LoaderCore::Batch LoaderCore::next() {
   bool blocked = false;
   std::unique_lock<std::mutex> lock(mu_);
   if (!epoch_active_) return nullptr;
-  if (next_deliver_ >= num_batches_) {
+  if (next_deliver_ >= base_ + batches_per_epoch()) {
     epoch_active_ = false;
     return nullptr;
   }
   const size_t batch = next_deliver_;
+  const size_t batch_in_epoch = batch - base_;
   auto it = ready_.find(batch);
   Result r;
   if (it != ready_.end()) {
@@ -230,9 +257,9 @@ LoaderCore::Batch LoaderCore::next() {
     std::string where = r.failed_sample ? "sample " + std::to_string(*r.failed_sample)
                                         : "a sample (none failed alone)";
     throw DataLoaderError("torchpilot loader '" + options_.name + "': the dataset threw on " +
-                              where + " (batch " + std::to_string(batch) + " of epoch " +
-                              std::to_string(epoch) + "): " + r.error,
-                          r.failed_sample, batch, epoch);
+                              where + " (batch " + std::to_string(batch_in_epoch) +
+                              " of epoch " + std::to_string(epoch) + "): " + r.error,
+                          r.failed_sample, batch_in_epoch, epoch);
   }
   return r.batch;
 }

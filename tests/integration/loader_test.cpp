@@ -226,6 +226,9 @@ TEST(TunableLoader, AutotuneAddsWorkersForASlowDataset) {
   ASSERT_TRUE(pilot.tuning_finished());
   ASSERT_EQ(recording->decisions.size(), 1u);
   const auto& d = recording->decisions[0];
+  std::string trials;
+  for (const auto& t : d.trials) trials += torchpilot::format_trial(t, false) + "\n";
+  SCOPED_TRACE(trials);
   EXPECT_EQ(d.baseline.at("loader.workers"), 0);
   EXPECT_GE(d.chosen.at("loader.workers"), 2);
   EXPECT_GT(d.chosen_throughput, d.baseline_throughput * 1.5);

@@ -355,7 +355,9 @@ TEST(LoaderCoreTest, StatsCountersInline) {
 }
 
 TEST(LoaderCoreTest, StatsCountersWithWorkers) {
-  LoaderCore loader(60, options(5, 2), echo_produce(), false, false);
+  LoaderOptions o = options(5, 2);
+  o.prefetch_across_epochs = false;
+  LoaderCore loader(60, o, echo_produce(), false, false);
   for (int epoch = 0; epoch < 2; ++epoch) {
     loader.start_epoch();
     drain(loader);
@@ -366,6 +368,38 @@ TEST(LoaderCoreTest, StatsCountersWithWorkers) {
     EXPECT_LE(s.blocked_count, s.batches);
     EXPECT_EQ(s.settings.workers, 2);
   }
+}
+
+TEST(LoaderCoreTest, WorkersRunOnIntoTheNextEpoch) {
+  LoaderOptions o = options(5, 2);  // window: 2 workers x prefetch 2 = 4 batches
+  LoaderCore loader(60, o, echo_produce(), false, false);
+  loader.start_epoch();
+  std::vector<int> first(60, 0);
+  for (const auto& b : drain(loader)) {
+    for (size_t i : b) ++first[i];
+  }
+  // The workers fill the window with the next epoch's first batches (wait for them, bounded).
+  for (int i = 0; i < 2000 && loader.stats().produce_count < 12 + 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const LoaderStats before = loader.stats();
+  ASSERT_EQ(before.produce_count, 12 + 4) << "never more than the window ahead";
+  loader.start_epoch();
+  std::vector<int> second(60, 0);
+  std::vector<Indices> batches;
+  for (int k = 0; k < 4; ++k) batches.push_back(*std::static_pointer_cast<Indices>(loader.next()));
+  EXPECT_EQ(loader.stats().blocked_count, before.blocked_count) << "made ahead: no wait";
+  for (const auto& b : drain(loader)) batches.push_back(b);
+  for (const auto& b : batches) {
+    for (size_t i : b) ++second[i];
+  }
+  EXPECT_EQ(std::count(first.begin(), first.end(), 1), 60);
+  EXPECT_EQ(std::count(second.begin(), second.end(), 1), 60);
+  EXPECT_EQ(batches.size(), 12u);
+  // The second epoch has its own order (seed + 1), not the first one's.
+  LoaderCore fresh(60, o, echo_produce(), false, false);
+  fresh.start_epoch();
+  EXPECT_NE(drain(fresh).front(), batches.front());
 }
 
 TEST(LoaderCoreTest, WaitObserverSeesEveryBlockingWait) {

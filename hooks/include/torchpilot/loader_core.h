@@ -1,6 +1,6 @@
 // The scheduling heart of TunableLoader, free of LibTorch: it owns the epoch's sample order, hands
-// batch numbers to worker threads, keeps at most `workers x prefetch` batches in flight, and
-// delivers them in order. Knobs change live: a change takes effect for the next batch claimed, and
+// batch numbers to worker threads, keeps at most `workers x prefetch` batches in flight (running
+// on into the next epoch), and delivers them in order. Knobs change live: a change takes effect for the next batch claimed, and
 // since every batch number is claimed exactly once per epoch, no sample is lost or repeated.
 //
 // Thread-safety: next(), start_epoch() and the setters are for one consumer thread (the training
@@ -39,6 +39,10 @@ struct LoaderOptions {
   bool shuffle = true;
   bool drop_last = false;
   uint64_t seed = 0;             // epoch e shuffles with seed + e
+  // Workers go on into the next epoch's batches (its order is fixed by the seed) once the current
+  // epoch is all claimed, so a new epoch does not start with an empty pipeline. Batches made
+  // ahead are dropped if the next start_epoch() comes before the epoch was delivered in full.
+  bool prefetch_across_epochs = true;
   std::string name = "tunable";
 };
 
@@ -78,7 +82,8 @@ class LoaderCore {
   LoaderCore(const LoaderCore&) = delete;
   LoaderCore& operator=(const LoaderCore&) = delete;
 
-  // Starts a new epoch (a new order); batches of an unfinished epoch are dropped.
+  // Starts the next epoch (a new order). After an epoch delivered in full, batches the workers
+  // already made for the next one are kept; after an unfinished one, everything is dropped.
   void start_epoch();
   // The next batch in order, waiting if needed; nullptr at the end of the epoch.
   Batch next();
@@ -115,7 +120,8 @@ class LoaderCore {
 
   void worker_loop(int id);
   bool can_claim() const;  // under mu_
-  std::vector<size_t> batch_indices(size_t batch) const;  // under mu_
+  std::vector<size_t> batch_indices(size_t batch) const;  // under mu_; batch is a global number
+  std::vector<size_t> epoch_order(int64_t epoch) const;
   Result run_produce(const std::vector<size_t>& indices, int worker, const LoaderSettings& s);
   void ensure_workers();  // under mu_
 
@@ -132,11 +138,14 @@ class LoaderCore {
   std::condition_variable ready_cv_;  // consumer: a batch became ready
   LoaderSettings settings_;
   bool stopping_ = false;
-  bool epoch_active_ = false;
+  bool started_ = false;       // an epoch was started: workers may claim
+  bool epoch_active_ = false;  // the current epoch has batches left to deliver
   int64_t epoch_ = -1;
-  uint64_t generation_ = 0;  // bumps at each start_epoch; stale results are dropped
-  std::vector<size_t> order_;
-  size_t num_batches_ = 0;
+  uint64_t generation_ = 0;  // bumps when in-flight batches are dropped; their results are ignored
+  // Batch numbers are global: the current epoch is [base_, base_ + batches_per_epoch()), the next
+  // one follows. order_ and next_order_ are the two epochs' sample orders.
+  size_t base_ = 0;
+  std::vector<size_t> order_, next_order_;
   size_t next_claim_ = 0;
   size_t next_deliver_ = 0;
   std::map<size_t, Result> ready_;
