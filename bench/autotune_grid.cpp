@@ -1,10 +1,15 @@
 // autotune_grid: how close does auto-tune get to the best loader setting an exhaustive grid finds?
 //
-// On the JPEG example's trainer, each round runs every grid point (workers x prefetch x
-// pinning/GPU prefetch) for a fixed number of steps and one auto-tuned run, in a shuffled order
-// (A/B interleaved in one process); figures are medians over rounds. Throughput is samples over
-// wall time of the measured steps (the first steps of each run, which fill the pipeline, are
-// skipped). The auto-tuned figure is measured after its decision, on the steps that follow.
+// On the JPEG example's trainer:
+//  1. Screen: each round runs every grid point (workers x prefetch x pinning/GPU prefetch) for a
+//     fixed number of steps, plus one auto-tuned run from LibTorch's default (workers 0), in a
+//     shuffled order (A/B interleaved in one process).
+//  2. Final: the best grid points of the screen, the default, and every setting auto-tune chose
+//     are measured again, interleaved, with longer runs and more rounds. The maximum of many noisy
+//     screen medians overstates the best (winner's curse); the final round measures the
+//     candidates and the auto-tuned settings the same way.
+// Throughput = samples / wall time of the measured steps (a run's first steps, which fill the
+// pipeline, are skipped). Figures are medians over rounds.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -13,7 +18,6 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "torchpilot/loader_core.h"
@@ -28,17 +32,19 @@ using torchpilot::LoaderSettings;
 
 struct Args {
   std::string data_dir = "data/jpeg_classifier";
-  std::string out;         // JSON results file
+  std::string out;  // JSON results file
   std::string machine = "unnamed";
   std::string commit = "unknown";
-  int rounds = 3;
-  int steps = 64;          // per grid run
-  int skip = 16;           // steps not measured at the start of each run
-  int after_decision = 64; // auto-tune steps measured after the decision
-  int max_workers = 0;     // 0: affinity CPUs
+  int screen_rounds = 2;
+  int screen_steps = 64;
+  int final_rounds = 5;
+  int final_steps = 160;
+  int top = 5;              // screen leaders re-measured in the final
+  int after_decision = 96;  // auto-tune steps measured after its decision
+  int max_workers = 0;      // 0: affinity CPUs
 };
 
-// Samples per second over records [from, to) of the pilot's history.
+// Samples per second over the history's records from `from` on.
 double throughput(const std::vector<torchpilot::StepRecord>& steps, size_t from) {
   int64_t samples = 0;
   torchpilot::Nanos ns = 0;
@@ -57,8 +63,13 @@ double median(std::vector<double> v) {
 }
 
 std::string label(const LoaderSettings& s) {
-  return "w" + std::to_string(s.workers) + " p" + std::to_string(s.prefetch) + (s.pin_memory ? " pin" : "") +
-         (s.device_prefetch ? " gpu-prefetch" : "");
+  return "w" + std::to_string(s.workers) + " p" + std::to_string(s.prefetch) +
+         (s.pin_memory ? " pin" : "") + (s.device_prefetch ? " gpu-prefetch" : "");
+}
+
+bool same(const LoaderSettings& a, const LoaderSettings& b) {
+  return a.workers == b.workers && a.prefetch == b.prefetch && a.pin_memory == b.pin_memory &&
+         a.device_prefetch == b.device_prefetch;
 }
 
 torchpilot::Config quiet(torchpilot::Mode mode) {
@@ -77,17 +88,48 @@ std::string cpu_model() {
   return "unknown";
 }
 
-}  // namespace
+// One run with a fixed setting; samples/s over its steps after the first quarter.
+double fixed_run(jpeg_example::Trainer& trainer, const LoaderSettings& s, int steps) {
+  torchpilot::Pilot pilot(quiet(torchpilot::Mode::kAdvise));
+  trainer.run(pilot, steps, s);
+  return throughput(pilot.recent_steps(), static_cast<size_t>(steps / 4));
+}
 
-int run(int argc, char** argv);
+struct AutoRun {
+  LoaderSettings chosen;
+  int64_t steps_used = 0;
+  double seconds_used = 0;
+  size_t trials = 0;
+  double trial_samples_per_s = 0;  // the chosen trial's own figure
+  double after_samples_per_s = 0;  // measured in the same run after the decision
+};
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "autotune_grid: %s\n", e.what());
-    return 1;
+AutoRun autotuned_run(jpeg_example::Trainer& trainer, int max_workers, int after) {
+  torchpilot::Config config = quiet(torchpilot::Mode::kAutotune);
+  config.autotune.max_workers = max_workers;
+  torchpilot::Pilot pilot(config);
+  auto stop = [&pilot, after] {
+    const auto& d = pilot.tuning_decision();
+    return d && pilot.steps() >= d->decided_at_step + 1 + after;
+  };
+  trainer.run(pilot, 1000000, LoaderSettings{}, stop);  // starts at LibTorch's default
+  const auto& d = pilot.tuning_decision();
+  if (!d || d->trials.empty()) throw std::runtime_error("auto-tune made no decision");
+  AutoRun r;
+  auto get = [&](const char* k) { return d->chosen.count(k) ? d->chosen.at(k) : 0; };
+  r.chosen = LoaderSettings{static_cast<int>(get("loader.workers")),
+                            static_cast<int>(get("loader.prefetch")),
+                            get("loader.pin_memory") != 0, get("loader.device_prefetch") != 0};
+  r.steps_used = d->steps_used;
+  r.trials = d->trials.size();
+  r.trial_samples_per_s = d->chosen_throughput;
+  const auto steps = pilot.recent_steps();
+  for (const auto& s : steps) {
+    if (s.step <= d->decided_at_step) r.seconds_used += static_cast<double>(s.step_ns()) / 1e9;
   }
+  // After the decision, skip a few steps while the chosen setting's pipeline fills.
+  r.after_samples_per_s = throughput(steps, static_cast<size_t>(d->decided_at_step + 1 + after / 4));
+  return r;
 }
 
 int run(int argc, char** argv) {
@@ -99,15 +141,14 @@ int run(int argc, char** argv) {
     else if (f == "--out") a.out = v;
     else if (f == "--machine") a.machine = v;
     else if (f == "--commit") a.commit = v;
-    else if (f == "--rounds") a.rounds = std::stoi(v);
-    else if (f == "--steps") a.steps = std::stoi(v);
-    else if (f == "--skip") a.skip = std::stoi(v);
+    else if (f == "--screen-rounds") a.screen_rounds = std::stoi(v);
+    else if (f == "--screen-steps") a.screen_steps = std::stoi(v);
+    else if (f == "--final-rounds") a.final_rounds = std::stoi(v);
+    else if (f == "--final-steps") a.final_steps = std::stoi(v);
+    else if (f == "--top") a.top = std::stoi(v);
     else if (f == "--after-decision") a.after_decision = std::stoi(v);
     else if (f == "--max-workers") a.max_workers = std::stoi(v);
-    else {
-      std::fprintf(stderr, "autotune_grid: unknown option %s\n", f.c_str());
-      return 2;
-    }
+    else throw std::invalid_argument("unknown option " + f);
   }
   const int cpus = torchpilot::affinity_cpu_count();
   const int max_workers = a.max_workers > 0 ? a.max_workers : cpus;
@@ -123,7 +164,9 @@ int run(int argc, char** argv) {
     if (w <= 8 || w % 2 == 0 || w == max_workers) worker_counts.push_back(w);
   }
   std::vector<std::pair<bool, bool>> transfer = {{false, false}};
-  if (torchpilot::detail::pin_memory_available()) transfer = {{false, false}, {true, false}, {true, true}};
+  if (torchpilot::detail::pin_memory_available()) {
+    transfer = {{false, false}, {true, false}, {true, true}};
+  }
   std::vector<LoaderSettings> grid;
   for (int w : worker_counts) {
     for (int p : {1, 2, 4, 8}) {
@@ -131,80 +174,136 @@ int run(int argc, char** argv) {
       for (auto [pin, dev] : transfer) grid.push_back(LoaderSettings{w, p, pin, dev});
     }
   }
-  std::printf("autotune_grid: %s, %d CPUs, device %s, %zu grid points, %d rounds\n",
-              a.machine.c_str(), cpus, trainer.device().c_str(), grid.size(), a.rounds);
+  std::printf("autotune_grid: %s, %d CPUs, device %s, %zu grid points\n", a.machine.c_str(), cpus,
+              trainer.device().c_str(), grid.size());
   std::fflush(stdout);
-
-  std::vector<std::vector<double>> grid_tp(grid.size());
-  std::vector<double> auto_tp, auto_steps;
-  json auto_runs = json::array();
-  std::mt19937 rng(12345);
   const auto started = std::chrono::steady_clock::now();
-  for (int round = 0; round < a.rounds; ++round) {
-    // Index grid.size() is the auto-tuned run; the order is shuffled every round.
+  std::mt19937 rng(12345);
+
+  // 1. Screen, with the auto-tuned runs interleaved (index grid.size()).
+  std::vector<std::vector<double>> screen(grid.size());
+  std::vector<AutoRun> autos;
+  for (int round = 0; round < a.screen_rounds; ++round) {
     std::vector<size_t> order(grid.size() + 1);
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::shuffle(order.begin(), order.end(), rng);
     for (size_t item : order) {
       if (item < grid.size()) {
-        torchpilot::Pilot pilot(quiet(torchpilot::Mode::kAdvise));
-        trainer.run(pilot, a.steps, grid[item]);
-        grid_tp[item].push_back(throughput(pilot.recent_steps(), static_cast<size_t>(a.skip)));
+        screen[item].push_back(fixed_run(trainer, grid[item], a.screen_steps));
         continue;
       }
-      torchpilot::Config config = quiet(torchpilot::Mode::kAutotune);
-      config.autotune.max_workers = max_workers;
-      torchpilot::Pilot pilot(config);
-      LoaderSettings start;  // LibTorch's default: workers 0
-      trainer.run(pilot, config.autotune.warmup_steps + a.after_decision, start);
-      const auto& d = pilot.tuning_decision();
-      if (!d) {
-        std::fprintf(stderr, "autotune_grid: auto-tune did not decide within its budget\n");
-        return 1;
-      }
-      // Measure from a few steps after the decision (the new setting's pipeline fills first).
-      const auto steps = pilot.recent_steps();
-      const size_t from = static_cast<size_t>(d->decided_at_step + 1 + config.autotune.settle_steps);
-      const double tp = throughput(steps, std::min(from, steps.size()));
-      auto_tp.push_back(tp);
-      auto_steps.push_back(static_cast<double>(d->steps_used));
-      json chosen = json::object();
-      for (const auto& [k, v] : d->chosen) chosen[k] = v;
-      auto_runs.push_back({{"round", round}, {"chosen", chosen}, {"steps_used", d->steps_used},
-                           {"trials", d->trials.size()}, {"measured_samples_per_s", tp},
-                           {"trial_samples_per_s", d->chosen_throughput}});
-      std::printf("  round %d auto-tune: chose [%s] in %lld steps, %.0f samples/s after\n", round,
-                  torchpilot::to_string(d->chosen).c_str(), static_cast<long long>(d->steps_used), tp);
+      autos.push_back(autotuned_run(trainer, max_workers, a.after_decision));
+      const AutoRun& r = autos.back();
+      std::printf("  auto-tune run %zu: chose [%s] in %lld steps (%.1f s), %zu trials; %.0f "
+                  "samples/s after the decision\n",
+                  autos.size(), label(r.chosen).c_str(), static_cast<long long>(r.steps_used),
+                  r.seconds_used, r.trials, r.after_samples_per_s);
       std::fflush(stdout);
     }
+  }
+
+  // 2. Final: screen leaders, the default and the auto-tuned settings, measured alike.
+  std::vector<size_t> by_screen(grid.size());
+  for (size_t i = 0; i < grid.size(); ++i) by_screen[i] = i;
+  std::sort(by_screen.begin(), by_screen.end(),
+            [&](size_t x, size_t y) { return median(screen[x]) > median(screen[y]); });
+  std::vector<LoaderSettings> finalists;
+  std::vector<std::string> roles;
+  auto add = [&](const LoaderSettings& s, const std::string& role) {
+    for (size_t i = 0; i < finalists.size(); ++i) {
+      if (same(finalists[i], s)) {
+        roles[i] += "+" + role;
+        return;
+      }
+    }
+    finalists.push_back(s);
+    roles.push_back(role);
+  };
+  for (int k = 0; k < a.top && k < static_cast<int>(by_screen.size()); ++k) {
+    add(grid[by_screen[static_cast<size_t>(k)]], "grid-top" + std::to_string(k + 1));
+  }
+  add(LoaderSettings{}, "default");
+  for (const auto& r : autos) add(r.chosen, "auto-tuned");
+  std::vector<std::vector<double>> final_tp(finalists.size());
+  for (int round = 0; round < a.final_rounds; ++round) {
+    std::vector<size_t> order(finalists.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), rng);
+    for (size_t i : order) final_tp[i].push_back(fixed_run(trainer, finalists[i], a.final_steps));
   }
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 
-  size_t best = 0, def = 0;
-  json points = json::array();
-  for (size_t i = 0; i < grid.size(); ++i) {
-    const double m = median(grid_tp[i]);
-    if (m > median(grid_tp[best])) best = i;
-    if (grid[i].workers == 0 && grid[i].prefetch == 2 && !grid[i].pin_memory) def = i;
-    points.push_back({{"setting", label(grid[i])}, {"median_samples_per_s", m}, {"runs", grid_tp[i]}});
+  auto final_of = [&](const LoaderSettings& s) {
+    for (size_t i = 0; i < finalists.size(); ++i) {
+      if (same(finalists[i], s)) return median(final_tp[i]);
+    }
+    return 0.0;
+  };
+  size_t best = 0;
+  for (size_t i = 0; i < finalists.size(); ++i) {
+    if (roles[i].find("grid-top") != std::string::npos &&
+        (roles[best].find("grid-top") == std::string::npos ||
+         median(final_tp[i]) > median(final_tp[best]))) {
+      best = i;
+    }
   }
-  const double best_tp = median(grid_tp[best]);
-  const double def_tp = median(grid_tp[def]);
+  const double best_tp = median(final_tp[best]);
+  const double default_tp = final_of(LoaderSettings{});
+  std::vector<double> auto_tp, auto_steps, auto_seconds, auto_after;
+  for (const auto& r : autos) {
+    auto_tp.push_back(final_of(r.chosen));
+    auto_steps.push_back(static_cast<double>(r.steps_used));
+    auto_seconds.push_back(r.seconds_used);
+    auto_after.push_back(r.after_samples_per_s);
+  }
   const double tuned_tp = median(auto_tp);
+
+  std::printf("\nfinal round (%d rounds of %d steps, medians):\n", a.final_rounds, a.final_steps);
+  for (size_t i = 0; i < finalists.size(); ++i) {
+    std::printf("  %-26s %-28s %8.0f samples/s\n", label(finalists[i]).c_str(), roles[i].c_str(),
+                median(final_tp[i]));
+  }
   std::printf("\n| figure | value |\n|---|---|\n");
-  std::printf("| best grid point | %s: %.0f samples/s |\n", label(grid[best]).c_str(), best_tp);
-  std::printf("| auto-tuned (median of %d runs) | %.0f samples/s = %.1f%% of best |\n", a.rounds,
-              tuned_tp, 100 * tuned_tp / best_tp);
-  std::printf("| warm-up steps used (median) | %.0f |\n", median(auto_steps));
-  std::printf("| LibTorch default (workers 0) | %.0f samples/s; auto-tuned is x%.2f |\n", def_tp,
-              tuned_tp / def_tp);
+  std::printf("| best grid setting (final round) | %s: %.0f samples/s |\n", label(finalists[best]).c_str(),
+              best_tp);
+  std::printf("| auto-tuned settings (median of %zu runs) | %.0f samples/s = %.1f%% of best |\n",
+              autos.size(), tuned_tp, 100 * tuned_tp / best_tp);
+  std::printf("| auto-tuned, measured in-run after the decision | %.0f samples/s |\n",
+              median(auto_after));
+  std::printf("| warm-up used (median) | %.0f steps, %.1f s |\n", median(auto_steps),
+              median(auto_seconds));
+  std::printf("| LibTorch default (workers 0) | %.0f samples/s; auto-tuned is x%.2f |\n",
+              default_tp, tuned_tp / default_tp);
   std::printf("| bench wall time | %.0f s |\n", elapsed);
 
   if (!a.out.empty()) {
     char date[32];
     std::time_t now = std::time(nullptr);
     std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    json grid_json = json::array();
+    for (size_t i = 0; i < grid.size(); ++i) {
+      grid_json.push_back({{"setting", label(grid[i])},
+                           {"screen_median_samples_per_s", median(screen[i])},
+                           {"screen_runs", screen[i]}});
+    }
+    json finals = json::array();
+    for (size_t i = 0; i < finalists.size(); ++i) {
+      finals.push_back({{"setting", label(finalists[i])},
+                        {"role", roles[i]},
+                        {"median_samples_per_s", median(final_tp[i])},
+                        {"runs", final_tp[i]}});
+    }
+    json auto_json = json::array();
+    for (const auto& r : autos) {
+      auto_json.push_back({{"chosen", label(r.chosen)},
+                           {"steps_used", r.steps_used},
+                           {"seconds_used", r.seconds_used},
+                           {"trials", r.trials},
+                           {"trial_samples_per_s", r.trial_samples_per_s},
+                           {"after_decision_samples_per_s", r.after_samples_per_s},
+                           {"final_round_samples_per_s", final_of(r.chosen)}});
+    }
     json j = {{"bench", "autotune_grid"},
               {"machine", a.machine},
               {"cpu", cpu_model()},
@@ -212,23 +311,38 @@ int run(int argc, char** argv) {
               {"device", trainer.device()},
               {"date", date},
               {"commit", a.commit},
-              {"method", "each round runs every grid point and one auto-tuned run in shuffled order; "
-                         "medians over rounds; throughput = samples / wall time of measured steps"},
-              {"rounds", a.rounds},
-              {"steps_per_grid_run", a.steps},
-              {"skipped_steps_per_run", a.skip},
+              {"method",
+               "screen: every grid point and one auto-tuned run per round, shuffled; final: screen "
+               "top points, the default and the auto-tuned settings re-measured alike, shuffled; "
+               "medians over rounds; throughput = samples / wall time of a run's steps after its "
+               "first quarter"},
               {"batch_size", options.batch_size},
-              {"best_grid", {{"setting", label(grid[best])}, {"samples_per_s", best_tp}}},
-              {"default_workers0_samples_per_s", def_tp},
+              {"screen", {{"rounds", a.screen_rounds}, {"steps", a.screen_steps}}},
+              {"final", {{"rounds", a.final_rounds}, {"steps", a.final_steps}}},
+              {"best_grid", {{"setting", label(finalists[best])}, {"samples_per_s", best_tp}}},
+              {"default_workers0_samples_per_s", default_tp},
               {"autotuned_samples_per_s", tuned_tp},
               {"autotuned_fraction_of_best", tuned_tp / best_tp},
-              {"speedup_over_default", tuned_tp / def_tp},
+              {"speedup_over_default", tuned_tp / default_tp},
               {"warmup_steps_used_median", median(auto_steps)},
-              {"autotune_runs", auto_runs},
-              {"grid", points},
+              {"warmup_seconds_used_median", median(auto_seconds)},
+              {"autotune_runs", auto_json},
+              {"final_round", finals},
+              {"grid", grid_json},
               {"wall_s", elapsed}};
     std::ofstream(a.out) << j.dump(2) << "\n";
     std::printf("autotune_grid: results in %s\n", a.out.c_str());
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "autotune_grid: %s\n", e.what());
+    return 1;
+  }
 }

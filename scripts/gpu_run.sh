@@ -18,8 +18,11 @@ DEPS=$PWD/.deps/root
 if [ -d "$DEPS" ]; then
   export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$DEPS/usr/lib/x86_64-linux-gnu"
 fi
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-[ -n "$(git status --porcelain 2>/dev/null)" ] && COMMIT="$COMMIT+dirty"
+# The device machine's copy of the tree has no .git: pass COMMIT=<sha> from the caller.
+if [ -z "${COMMIT:-}" ]; then
+  COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  [ -n "$(git status --porcelain 2>/dev/null)" ] && COMMIT="$COMMIT+dirty"
+fi
 MACHINE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ' ' '-')
 MACHINE="${MACHINE:-nogpu}-$(nproc)cpu"
 
@@ -51,13 +54,13 @@ fi
 
 if want example; then
   log "example: jpeg_classifier, autotune from workers 0"
-  ./build-gpu/examples/jpeg_classifier --steps 600 --json "$OUT/example-records.jsonl" 2>&1 \
+  ./build-gpu/examples/jpeg_classifier --json "$OUT/example-records.jsonl" 2>&1 \
     | tee "$OUT/example.log" | grep -vE "phases|autotune trial" | tail -40
 fi
 
 if want bench; then
   log "bench: auto-tune vs exhaustive grid"
-  ./build-gpu/bench/autotune_grid --rounds "${BENCH_ROUNDS:-3}" --machine "$MACHINE" --commit "$COMMIT" \
+  ./build-gpu/bench/autotune_grid --machine "$MACHINE" --commit "$COMMIT" \
     --out "$OUT/autotune-grid-$MACHINE.json" 2>&1 | tee "$OUT/bench.log" | tail -15
 fi
 log done

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <string>
 
 #include "torchpilot/config.h"
@@ -24,7 +25,9 @@ void usage() {
                "                       [--prefetch P] [--mode off|advise|autotune]\n"
                "                       [--config FILE] [--json FILE]\n"
                "                       [--classes C] [--images-per-class K]\n"
-               "Defaults: data/jpeg_classifier (generated if absent), 400 steps, batch 32,\n"
+               "Defaults: data/jpeg_classifier (generated if absent); --steps 0 (auto): in\n"
+               "autotune mode until two epochs after the tuning decision (at least 400 steps),\n"
+               "else 400 steps; batch 32,\n"
                "workers 0, prefetch 2, mode autotune (unless the config file or\n"
                "TORCHPILOT_MODE says otherwise); a generated folder has 10 classes x 160\n"
                "images.\n");
@@ -45,7 +48,7 @@ long parse_long(const char* flag, const char* text, long min) {
 int main(int argc, char** argv) {
   jpeg_example::TrainOptions options;
   torchpilot::LoaderSettings settings;  // LibTorch's defaults: workers 0
-  long steps = 400;
+  long steps = 0;  // 0: auto
   std::string mode, config_path, json_path;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -59,7 +62,7 @@ int main(int argc, char** argv) {
     }
     const char* value = argv[++i];
     if (flag == "--data") options.data_dir = value;
-    else if (flag == "--steps") steps = parse_long("--steps", value, 1);
+    else if (flag == "--steps") steps = parse_long("--steps", value, 0);
     else if (flag == "--batch") options.batch_size = static_cast<int>(parse_long("--batch", value, 1));
     else if (flag == "--workers") settings.workers = static_cast<int>(parse_long("--workers", value, 0));
     else if (flag == "--prefetch") settings.prefetch = static_cast<int>(parse_long("--prefetch", value, 1));
@@ -101,7 +104,19 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
 
     torchpilot::Pilot pilot(config);
-    jpeg_example::RunResult r = trainer.run(pilot, steps, settings);
+    std::function<bool()> stop;
+    if (steps == 0) {
+      // Auto: long enough to see the tuned setting run for two whole epochs.
+      steps = config.mode == torchpilot::Mode::kAutotune ? 1000000 : 400;
+      const int64_t after = 2 * trainer.steps_per_epoch();
+      stop = [&pilot, after] {
+        const auto& d = pilot.tuning_decision();
+        if (pilot.steps() < 400 || !d) return false;  // not decided yet: keep going
+        return d->trials.empty() || pilot.steps() >= d->decided_at_step + 1 + after;
+      };
+      if (config.mode != torchpilot::Mode::kAutotune) stop = nullptr;
+    }
+    jpeg_example::RunResult r = trainer.run(pilot, steps, settings, stop);
 
     std::printf("\njpeg_classifier: %lld steps in %.1f s; last epoch loss %.3f, train accuracy "
                 "%.1f%%\n",

@@ -85,7 +85,8 @@ int64_t Trainer::steps_per_epoch() const {
 }
 
 RunResult Trainer::run(torchpilot::Pilot& pilot, int64_t steps,
-                       const torchpilot::LoaderSettings& settings) {
+                       const torchpilot::LoaderSettings& settings,
+                       const std::function<bool()>& stop) {
   torchpilot::LoaderOptions lo;
   lo.batch_size = static_cast<size_t>(impl_->options.batch_size);
   lo.workers = settings.workers;
@@ -109,7 +110,8 @@ RunResult Trainer::run(torchpilot::Pilot& pilot, int64_t steps,
   RunResult result;
   torch::Tensor loss_sum, correct;
   int64_t seen = 0;
-  while (result.steps < steps) {
+  bool stopped = false;
+  while (result.steps < steps && !stopped) {
     // Per-epoch running sums stay on the device: reading them every step would sync the GPU.
     loss_sum = torch::zeros({}, torch::TensorOptions().device(impl_->device));
     correct = torch::zeros({}, torch::TensorOptions().device(impl_->device).dtype(torch::kInt64));
@@ -136,7 +138,10 @@ RunResult Trainer::run(torchpilot::Pilot& pilot, int64_t steps,
       }
       loss_sum += loss.detach();
       seen += batch.data.size(0);
-      if (++result.steps >= steps) break;
+      if (++result.steps >= steps || (stop && stop())) {
+        stopped = true;
+        break;
+      }
     }
   }
   pilot.end_epoch();  // the last, partial epoch (a no-op if the loader just ended one)

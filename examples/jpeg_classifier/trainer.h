@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -35,9 +36,11 @@ class Trainer {
   explicit Trainer(TrainOptions options);  // finds or generates the data, builds the model
   ~Trainer();
 
-  // Trains `steps` steps (across epochs) with a new TunableLoader using `settings`, attached to
-  // `pilot`. Ends the pilot's epoch at the end, also for a partial epoch.
-  RunResult run(torchpilot::Pilot& pilot, int64_t steps, const torchpilot::LoaderSettings& settings);
+  // Trains up to `steps` steps (across epochs) with a new TunableLoader using `settings`, attached
+  // to `pilot`, stopping early when `stop` (checked after each step) says so. Ends the pilot's
+  // epoch at the end, also for a partial epoch.
+  RunResult run(torchpilot::Pilot& pilot, int64_t steps, const torchpilot::LoaderSettings& settings,
+                const std::function<bool()>& stop = {});
 
   std::string device() const;       // "cpu" or "cuda:0 (NVIDIA H100 ...)"
   int64_t dataset_size() const;

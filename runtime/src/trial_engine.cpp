@@ -16,6 +16,8 @@ void TrialEngine::on_step(const StepRecord& record) {
   if (!started_) {
     started_ = true;
     first_step_ = record.step;
+    first_begin_ns_ = record.begin_ns;
+    last_end_ns_ = record.end_ns;
     if (knobs_.knobs().empty()) {
       last_step_ = record.step;
       conclude("no tunable knobs registered");
@@ -30,6 +32,7 @@ void TrialEngine::on_step(const StepRecord& record) {
     return;
   }
   last_step_ = record.step;
+  last_end_ns_ = record.end_ns;
   samples_reported_ = samples_reported_ || record.samples > 0;
   if (settle_left_ > 0) {
     if (--settle_left_ == 0) begin_window();
@@ -38,7 +41,27 @@ void TrialEngine::on_step(const StepRecord& record) {
   window_ns_.push_back(record.step_ns());
   window_wait_ns_ += record.data_wait_ns;
   window_samples_.push_back(record.samples);
-  if (static_cast<int>(window_ns_.size()) >= config_.measure_steps) finish_trial();
+  window_total_ns_ += record.step_ns();
+  // A window needs both enough steps and enough time: a few fast steps are mostly jitter.
+  if (static_cast<int>(window_ns_.size()) >= config_.measure_steps &&
+      window_total_ns_ >= static_cast<Nanos>(config_.min_window_ms * 1e6)) {
+    finish_trial();
+  }
+}
+
+bool TrialEngine::budget_allows_another_trial() const {
+  const int64_t used_steps = last_step_ - first_step_ + 1;
+  const Nanos used_ns = last_end_ns_ - first_begin_ns_;
+  const TrialResult& last = trials_.back();
+  // The next trial costs about what the last one did: settle + window, in steps and in time.
+  const double step_ns = std::max<double>(1.0, static_cast<double>(last.mean_step_ns));
+  const double window_steps =
+      std::max<double>(config_.measure_steps, config_.min_window_ms * 1e6 / step_ns);
+  const double need_steps = config_.settle_steps + window_steps;
+  const double need_ns = need_steps * step_ns;
+  // Whichever budget is larger applies: steps for slow steps, seconds for fast ones.
+  return used_steps + need_steps <= config_.warmup_steps ||
+         used_ns + need_ns <= config_.warmup_seconds * 1e9;
 }
 
 void TrialEngine::begin_settling() {
@@ -97,6 +120,7 @@ void TrialEngine::finish_trial() {
   window_ns_.clear();
   window_samples_.clear();
   window_wait_ns_ = 0;
+  window_total_ns_ = 0;
 
   const size_t index = trials_.size() - 1;
   bool kept = index == 0;
@@ -106,11 +130,9 @@ void TrialEngine::finish_trial() {
   }
   if (on_trial) on_trial(t, kept);
 
-  // Budget: a trial needs settle + measure steps; stop when the next would not fit.
-  const int64_t used = last_step_ - first_step_ + 1;
-  const int64_t need = config_.settle_steps + config_.measure_steps;
-  if (used + need > config_.warmup_steps) {
-    conclude("warm-up budget of " + std::to_string(config_.warmup_steps) + " steps reached");
+  if (!budget_allows_another_trial()) {
+    conclude("warm-up budget reached (" + std::to_string(config_.warmup_steps) + " steps or " +
+             std::to_string(static_cast<int>(config_.warmup_seconds)) + " s, whichever is larger)");
     return;
   }
   std::optional<Setting> next = policy_->propose(trials_, incumbent_, knobs_);

@@ -207,6 +207,8 @@ TEST(TunableLoader, AutotuneAddsWorkersForASlowDataset) {
   config.autotune.settle_steps = 2;
   config.autotune.measure_steps = 5;
   config.autotune.max_workers = 4;
+  config.autotune.warmup_seconds = 0;  // budget and windows in steps only
+  config.autotune.min_window_ms = 0;
   auto recording = std::make_shared<torchpilot::RecordingSink>();
   torchpilot::PilotOptions po;
   po.sinks.push_back(recording);

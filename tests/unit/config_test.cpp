@@ -37,6 +37,8 @@ void expect_config_eq(const Config& a, const Config& b) {
   EXPECT_EQ(a.data_starvation.threshold, b.data_starvation.threshold);
   EXPECT_EQ(a.data_starvation.high_severity, b.data_starvation.high_severity);
   EXPECT_EQ(a.autotune.warmup_steps, b.autotune.warmup_steps);
+  EXPECT_EQ(a.autotune.warmup_seconds, b.autotune.warmup_seconds);
+  EXPECT_EQ(a.autotune.min_window_ms, b.autotune.min_window_ms);
   EXPECT_EQ(a.autotune.settle_steps, b.autotune.settle_steps);
   EXPECT_EQ(a.autotune.measure_steps, b.autotune.measure_steps);
   EXPECT_EQ(a.autotune.noise_margin, b.autotune.noise_margin);
@@ -143,8 +145,10 @@ TEST(ConfigTest, Defaults) {
   EXPECT_DOUBLE_EQ(c.data_starvation.threshold, 0.05);
   EXPECT_DOUBLE_EQ(c.data_starvation.high_severity, 0.25);
   EXPECT_EQ(c.autotune.warmup_steps, 200);
+  EXPECT_DOUBLE_EQ(c.autotune.warmup_seconds, 10);
   EXPECT_EQ(c.autotune.settle_steps, 3);
   EXPECT_EQ(c.autotune.measure_steps, 10);
+  EXPECT_DOUBLE_EQ(c.autotune.min_window_ms, 250);
   EXPECT_DOUBLE_EQ(c.autotune.noise_margin, 0.03);
   EXPECT_EQ(c.autotune.max_workers, 0);
   EXPECT_EQ(c.autotune.prefetch_choices, (std::vector<int>{1, 2, 4, 8}));

@@ -511,6 +511,8 @@ TEST(PilotTest, AutotuneWithAttachedLoader) {
   FakeLoader loader;
   Config config;
   config.mode = Mode::kAutotune;
+  config.autotune.min_window_ms = 0;  // windows and budget in steps only
+  config.autotune.warmup_seconds = 0;
   auto pilot = std::make_unique<Pilot>(config, h.options());
   pilot->attach_loader(&loader, loader.knobs());
   EXPECT_EQ(pilot->knobs().knobs().size(), 3u);
@@ -564,6 +566,8 @@ TEST(PilotTest, AutotuneWithoutKnobsWarnsOnce) {
   Harness h;
   Config config;
   config.mode = Mode::kAutotune;
+  config.autotune.min_window_ms = 0;  // windows and budget in steps only
+  config.autotune.warmup_seconds = 0;
   Pilot pilot(config, h.options());
   for (int i = 0; i < 30; ++i) run_step(pilot, *h.clock, 0, 5 * kMs);
   EXPECT_TRUE(pilot.tuning_finished());
@@ -596,6 +600,8 @@ TEST(PilotTest, JsonLinesRecordsAreValidJsonWithDocumentedTypes) {
   FakeLoader loader;
   Config config;
   config.mode = Mode::kAutotune;
+  config.autotune.min_window_ms = 0;  // windows and budget in steps only
+  config.autotune.warmup_seconds = 0;
   config.json_path = path;
   int64_t steps = 0;
   size_t trials = 0;

@@ -115,6 +115,8 @@ AutotuneConfig default_autotune() {
   AutotuneConfig c;  // warm-up 200, margin 3%, prefetch {1, 2, 4, 8}
   c.settle_steps = 4;  // fixed here: step arithmetic below counts on 4 + 10 per trial
   c.measure_steps = 10;
+  c.min_window_ms = 0;    // windows and budget in steps only
+  c.warmup_seconds = 0;
   return c;
 }
 
@@ -571,6 +573,37 @@ TEST(TrialEngineTest, TooLittleProductionIsNotACap) {
   ASSERT_TRUE(engine.finished());
   EXPECT_FALSE(engine.decision()->trials[0].supply_limited);
   EXPECT_EQ(engine.decision()->trials[0].supply_capacity, 0.0);
+}
+
+// Fast steps: windows last min_window_ms, and the budget in seconds outlasts the one in steps.
+TEST(TrialEngineTest, FastStepsGetTimeFloorsForWindowsAndBudget) {
+  int64_t workers = 0;
+  KnobRegistry knobs;
+  knobs.add({"loader.workers", range(0, 4), [&] { return workers; }, [&](int64_t v) { workers = v; }});
+  AutotuneConfig config = default_autotune();
+  config.settle_steps = 1;
+  config.measure_steps = 3;
+  config.min_window_ms = 20;     // 20 one-millisecond steps per window
+  config.warmup_steps = 10;      // would allow no trial at all ...
+  config.warmup_seconds = 0.5;   // ... but half a second allows several
+  TrialEngine engine(knobs, make_loader_policy(config), config);
+  Nanos now = 0;
+  for (int64_t i = 0; i < 2000 && !engine.finished(); ++i) {
+    StepRecord r;
+    r.step = i;
+    r.begin_ns = now;
+    now += 1000000 / (1 + workers);  // more workers, faster steps
+    r.end_ns = now;
+    engine.on_step(r);
+  }
+  ASSERT_TRUE(engine.finished());
+  const TuningDecision& d = *engine.decision();
+  ASSERT_GE(d.trials.size(), 3u);
+  for (const auto& t : d.trials) {
+    EXPECT_GE((t.last_step - t.first_step + 1) * t.mean_step_ns, 20 * 1000000 - t.mean_step_ns);
+  }
+  EXPECT_GT(d.steps_used, config.warmup_steps);
+  EXPECT_EQ(d.chosen.at("loader.workers"), 4);
 }
 
 }  // namespace

@@ -24,9 +24,11 @@ struct DataStarvationConfig {
 };
 
 struct AutotuneConfig {
-  int warmup_steps = 200;        // step budget for all trials, counted from the first step
+  int warmup_steps = 200;        // budget for all trials, counted from the first step, ...
+  double warmup_seconds = 10;    // ... or this long, whichever is larger (fast steps)
   int settle_steps = 3;          // steps ignored after a change (queues refill)
-  int measure_steps = 10;        // steps measured per trial
+  int measure_steps = 10;        // steps measured per trial, at least ...
+  double min_window_ms = 250;    // ... and at least this long
   double noise_margin = 0.03;    // a candidate must beat the incumbent by this fraction
   int max_workers = 0;           // 0: the number of CPUs in this process's affinity mask
   std::vector<int> prefetch_choices = {1, 2, 4, 8};  // batches in flight per worker

@@ -1,9 +1,11 @@
 // Auto-tune: the trial engine runs the warm-up protocol of DESIGN.md over registered knobs.
-// Each trial applies a setting at a step boundary, lets it settle, measures a window of steps and
+// Each trial applies a setting at a step boundary, lets it settle, measures a window of steps
+// (at least measure_steps and min_window_ms) and
 // compares its throughput (samples over the window's time) with the incumbent's; the candidate
 // must win by noise_margin, raised to the windows' combined relative standard error (capped at
 // 10%) when the steps vary more. When the policy
-// has nothing more to try, or the warm-up budget would be exceeded, the best setting is applied
+// has nothing more to try, or the next trial would exceed the warm-up budget (warmup_steps or
+// warmup_seconds, whichever is larger), the best setting is applied
 // and the decision recorded.
 // Thread-safety: training thread only (it calls knob setters between steps).
 // Failure behaviour: a knob setter that throws fails that trial; the incumbent is restored.
@@ -88,6 +90,7 @@ class TrialEngine {
  private:
   void start_trial(const Setting& setting);
   void begin_settling();
+  bool budget_allows_another_trial() const;
   void begin_window();
   void finish_trial();
   void conclude(const std::string& reason);
@@ -106,6 +109,9 @@ class TrialEngine {
   int settle_left_ = 0;
   std::vector<Nanos> window_ns_;
   Nanos window_wait_ns_ = 0;
+  Nanos window_total_ns_ = 0;
+  Nanos first_begin_ns_ = 0;
+  Nanos last_end_ns_ = 0;
   std::optional<SupplySample> window_supply_start_;
   std::vector<int64_t> window_samples_;
   Setting current_;
