@@ -1,4 +1,8 @@
 #include <algorithm>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "torchpilot/advisors.h"
 
@@ -18,6 +22,8 @@ constexpr const char* kDevicePrefetch = "loader.device_prefetch";
 //            so they come before the finer worker search);
 //   prefetch deeper depths, on through a depth that did not win, ending at a clear decline;
 //   bisect   worker counts between the best and its nearest tried neighbours, above first.
+// If the best changed during pin..bisect, those stages run again from the new best (at most three
+// passes): the knobs interact, e.g. pinning pays off only once there are enough workers.
 class LoaderPolicy final : public TuningPolicy {
  public:
   explicit LoaderPolicy(AutotuneConfig config) : config_(std::move(config)) {}
@@ -26,7 +32,14 @@ class LoaderPolicy final : public TuningPolicy {
   std::optional<Setting> propose(const std::vector<TrialResult>& trials, size_t incumbent,
                                  const KnobRegistry& knobs) override {
     const Setting& best = trials[incumbent].setting;
+    // A knob value whose setter threw (out of memory, refused) is not tried again elsewhere.
+    for (size_t i = 1; i < trials.size() && i - 1 < changes_.size(); ++i) {
+      if (trials[i].failed) failed_values_.insert(changes_[i - 1]);
+    }
     auto tried = [&](const Setting& s) {
+      for (const auto& [knob, value] : s) {
+        if (failed_values_.count({knob, value})) return true;
+      }
       return std::any_of(trials.begin(), trials.end(),
                          [&](const TrialResult& t) { return t.setting == s; });
     };
@@ -51,8 +64,21 @@ class LoaderPolicy final : public TuningPolicy {
         case kStageBisect: next = propose_bisect(trials, incumbent, knobs, tried, with); break;
         default: break;
       }
-      if (next) return next;
+      if (next) {
+        for (const auto& [knob, value] : *next) {
+          auto it = best.find(knob);
+          if (it == best.end() || it->second != value) changes_.emplace_back(knob, value);
+        }
+        return next;
+      }
       stage_ = static_cast<Stage>(stage_ + 1);
+      if (stage_ == kStagePin && passes_ == 0) pass_start_ = best;
+      if (stage_ == kDone && best != pass_start_ && ++passes_ < kMaxPasses) {
+        // The best moved during this pass (knobs interact: pinning pays off only with enough
+        // workers): go round the other knobs again from the new best.
+        pass_start_ = best;
+        stage_ = kStagePin;
+      }
     }
     return std::nullopt;
   }
@@ -130,6 +156,8 @@ class LoaderPolicy final : public TuningPolicy {
     for (int c : choices) {
       if (c <= current) continue;
       if (std::find(k->domain.begin(), k->domain.end(), c) == k->domain.end()) continue;
+      // A depth that failed to apply ends the stage: deeper ones need more memory still.
+      if (failed_values_.count({kPrefetch, c})) return std::nullopt;
       Setting s = with(kPrefetch, c);
       if (!tried(s)) return s;
       for (const auto& t : trials) {
@@ -152,8 +180,14 @@ class LoaderPolicy final : public TuningPolicy {
 
   static constexpr double kDecline = 0.85;  // a trial this far below the best ends a sweep
 
+  static constexpr int kMaxPasses = 3;
+
   AutotuneConfig config_;
   Stage stage_ = kStageSweep;
+  Setting pass_start_;  // the best when the current pass over pin..bisect began
+  int passes_ = 0;
+  std::vector<std::pair<std::string, int64_t>> changes_;  // per proposal: the knob it changed
+  std::set<std::pair<std::string, int64_t>> failed_values_;
 };
 
 }  // namespace
