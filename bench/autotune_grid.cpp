@@ -35,10 +35,10 @@ struct Args {
   std::string out;  // JSON results file
   std::string machine = "unnamed";
   std::string commit = "unknown";
-  int screen_rounds = 2;
+  int screen_rounds = 3;   // each also runs auto-tune once
   int screen_steps = 64;
   int final_rounds = 5;
-  int final_steps = 160;
+  int final_steps = 480;
   int top = 5;              // screen leaders re-measured in the final
   int after_decision = 96;  // auto-tune steps measured after its decision
   int max_workers = 0;      // 0: affinity CPUs

@@ -1,4 +1,5 @@
 // Config: defaults, configs/default.yaml, YAML errors (key, file and line), environment overrides.
+#include "temp_dir.h"
 #include "torchpilot/config.h"
 #include "torchpilot/pilot.h"
 
@@ -113,28 +114,7 @@ class ScopedEnv {
   bool had_ = false;
 };
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() /
-            ("torchpilot_config_test_" + std::to_string(getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    const std::string p = (path_ / name).string();
-    std::ofstream(p) << text;
-    return p;
-  }
-
- private:
-  fs::path path_;
-};
+using torchpilot_test::TempDir;
 
 TEST(ConfigTest, Defaults) {
   const Config c;

@@ -1,5 +1,6 @@
 // Pilot: step boundaries, phases, epochs, the advisory log, sinks, the ring buffer, mode off,
 // JSON-lines records and autotune through an attached (fake) loader. Time is a ManualClock.
+#include "temp_dir.h"
 #include "torchpilot/pilot.h"
 
 #include <gtest/gtest.h>
@@ -487,24 +488,7 @@ void run_model_step(Pilot& pilot, ManualClock& clock, FakeLoader& loader) {
   loader.wait_ns += step - compute;
 }
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() /
-            ("torchpilot_pilot_test_" + std::to_string(getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using torchpilot_test::TempDir;
 
 TEST(PilotTest, AutotuneWithAttachedLoader) {
   Harness h;
