@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <string>
 #include <utility>
@@ -19,7 +20,9 @@ constexpr const char* kDevicePrefetch = "loader.device_prefetch";
 //            (one worker often gains nothing over none when there is little compute to overlap),
 //            ending at a clear decline;
 //   pin, device prefetch   each toggled (they change how much the training thread pays per batch,
-//            so they come before the finer worker search);
+//            so they come before the finer worker search); a toggle that lost because the
+//            workers could not keep up (they do the pinning) is tried once more with the workers
+//            its measured consumer rate and worker capacity call for;
 //   prefetch deeper depths, on through a depth that did not win, ending at a clear decline;
 //   bisect   worker counts between the best and its nearest tried neighbours, above first.
 // If the best changed during pin..bisect, those stages run again from the new best (at most three
@@ -34,7 +37,8 @@ class LoaderPolicy final : public TuningPolicy {
     const Setting& best = trials[incumbent].setting;
     // A knob value whose setter threw (out of memory, refused) is not tried again elsewhere.
     for (size_t i = 1; i < trials.size() && i - 1 < changes_.size(); ++i) {
-      if (trials[i].failed) failed_values_.insert(changes_[i - 1]);
+      // Only a one-knob change pins the failure on a value.
+      if (trials[i].failed && changes_[i - 1].size() == 1) failed_values_.insert(changes_[i - 1][0]);
     }
     auto tried = [&](const Setting& s) {
       for (const auto& [knob, value] : s) {
@@ -54,20 +58,21 @@ class LoaderPolicy final : public TuningPolicy {
       switch (stage_) {
         case kStageSweep: next = propose_sweep(trials, incumbent, knobs, tried, with); break;
         case kStagePin:
-          next = propose_toggle(kPin, config_.tune_pin_memory, knobs, best, tried, with);
+          next = propose_toggle(kPin, config_.tune_pin_memory, trials, knobs, best, tried, with);
           break;
         case kStageDevicePrefetch:
-          next = propose_toggle(kDevicePrefetch, config_.tune_device_prefetch, knobs, best, tried,
-                                with);
+          next = propose_toggle(kDevicePrefetch, config_.tune_device_prefetch, trials, knobs, best,
+                                tried, with);
           break;
         case kStagePrefetch: next = propose_prefetch(trials, incumbent, knobs, tried, with); break;
         case kStageBisect: next = propose_bisect(trials, incumbent, knobs, tried, with); break;
         default: break;
       }
       if (next) {
+        auto& changed = changes_.emplace_back();
         for (const auto& [knob, value] : *next) {
           auto it = best.find(knob);
-          if (it == best.end() || it->second != value) changes_.emplace_back(knob, value);
+          if (it == best.end() || it->second != value) changed.emplace_back(knob, value);
         }
         return next;
       }
@@ -168,17 +173,37 @@ class LoaderPolicy final : public TuningPolicy {
   }
 
   template <typename Tried, typename With>
-  std::optional<Setting> propose_toggle(const char* knob, bool enabled, const KnobRegistry& knobs,
-                                        const Setting& best, Tried tried, With with) {
+  std::optional<Setting> propose_toggle(const char* knob, bool enabled,
+                                        const std::vector<TrialResult>& trials,
+                                        const KnobRegistry& knobs, const Setting& best, Tried tried,
+                                        With with) {
     const Knob* k = knobs.find(knob);
     if (!enabled || k == nullptr || k->domain.size() < 2) return std::nullopt;
     const int64_t current = best.count(knob) ? best.at(knob) : k->get();
     Setting s = with(knob, current == 0 ? 1 : 0);
-    if (tried(s)) return std::nullopt;
-    return s;
+    if (!tried(s)) return s;
+    // Pinning and GPU prefetch move work from the training thread to the workers. If the toggle
+    // lost because the workers could not keep up, try it once more with the workers it needs.
+    const Knob* w = knobs.find(kWorkers);
+    for (const auto& t : trials) {
+      if (t.setting != s || t.failed || w == nullptr) continue;
+      if (!t.supply_limited && t.data_wait_fraction < kProducerBoundWait) return std::nullopt;
+      const int64_t workers = workers_of(t, *w);
+      // The consumer's own rate (without waiting) over the producers' capacity.
+      const double consumer = t.throughput / std::max(0.05, 1.0 - t.data_wait_fraction);
+      const double ratio = t.supply_capacity > 0 ? std::max(t.demand, consumer) / t.supply_capacity
+                                                 : 1.5;
+      const auto needed = static_cast<int64_t>(std::ceil(workers * ratio * kWorkerHeadroom));
+      Setting rescue = s;
+      rescue[kWorkers] = std::min(max_workers(*w), std::max(workers + 1, needed));
+      if (rescue[kWorkers] > workers && !tried(rescue)) return rescue;
+    }
+    return std::nullopt;
   }
 
   static constexpr double kDecline = 0.85;  // a trial this far below the best ends a sweep
+  static constexpr double kProducerBoundWait = 0.02;  // data wait share that marks starved steps
+  static constexpr double kWorkerHeadroom = 1.25;     // workers beyond the bare estimate
 
   static constexpr int kMaxPasses = 3;
 
@@ -186,7 +211,8 @@ class LoaderPolicy final : public TuningPolicy {
   Stage stage_ = kStageSweep;
   Setting pass_start_;  // the best when the current pass over pin..bisect began
   int passes_ = 0;
-  std::vector<std::pair<std::string, int64_t>> changes_;  // per proposal: the knob it changed
+  // Per proposal (trial 1, 2, ...): the knob values it changed from the best of its time.
+  std::vector<std::vector<std::pair<std::string, int64_t>>> changes_;
   std::set<std::pair<std::string, int64_t>> failed_values_;
 };
 

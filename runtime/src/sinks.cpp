@@ -85,6 +85,7 @@ json trial_object(const TrialResult& t) {
           {"data_wait_fraction", t.data_wait_fraction},
           {"supply_capacity", t.supply_capacity},
           {"supply_limited", t.supply_limited},
+          {"demand", t.demand},
           {"failed", t.failed},
           {"note", t.note}};
 }

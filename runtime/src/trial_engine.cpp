@@ -98,6 +98,7 @@ void TrialEngine::finish_trial() {
   t.unit = samples_reported_ ? "samples/s" : "steps/s";
   const double units = samples_reported_ ? static_cast<double>(total_samples) : steps;
   t.throughput = total_ns > 0 ? units * 1e9 / static_cast<double>(total_ns) : 0;
+  t.demand = t.throughput;
   // Steps fed from a backlog built under an earlier setting look faster than the setting can
   // sustain. Capacity = parallel producers / mean time per unit, from the window's production;
   // it does not depend on how full the queue was (nor on an epoch's end, when nothing is left

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "torchpilot/advisors.h"
+#include "torchpilot/sink.h"
 
 namespace torchpilot {
 namespace {
@@ -604,6 +605,56 @@ TEST(TrialEngineTest, FastStepsGetTimeFloorsForWindowsAndBudget) {
   }
   EXPECT_GT(d.steps_used, config.warmup_steps);
   EXPECT_EQ(d.chosen.at("loader.workers"), 4);
+}
+
+// Pinning moves the host-to-device copy's cost from the training thread to the workers: it
+// raises the consumer's ceiling but lowers the workers' capacity. At the worker count that is
+// best without pinning, pinning loses for lack of workers; the policy must try it again with more.
+TEST(TrialEngineTest, PinningThatStarvesTheWorkersIsRetriedWithMoreWorkers) {
+  int64_t workers = 0, pin = 0;
+  KnobRegistry knobs;
+  knobs.add({"loader.workers", range(0, 16), [&] { return workers; }, [&](int64_t v) { workers = v; }});
+  knobs.add({"loader.pin_memory", {0, 1}, [&] { return pin; }, [&](int64_t v) { pin = v; }});
+  AutotuneConfig config = default_autotune();
+  config.warmup_steps = 2000;
+  TrialEngine engine(knobs, make_loader_policy(config), config);
+  // Steady state: a step takes max(consumer, batch production / workers).
+  auto model = [&](int64_t w, int64_t p, double* wait_ms) {
+    const double consumer = p ? 2.0 : 2.5;   // ms: the pageable copy costs the training thread
+    const double produce = p ? 14.0 : 10.0;  // ms per batch on one worker: pinning costs it
+    const double step = w == 0 ? consumer + produce : std::max(consumer, produce / w);
+    *wait_ms = step - consumer;
+    return step;
+  };
+  TrialEngine::SupplySample supply;
+  engine.supply_probe = [&] {
+    TrialEngine::SupplySample s = supply;
+    s.parallelism = static_cast<int>(workers);
+    return s;
+  };
+  Nanos now = 0;
+  for (int64_t i = 0; i < 5000 && !engine.finished(); ++i) {
+    double wait_ms = 0;
+    const double step_ms = model(workers, pin, &wait_ms);
+    StepRecord r;
+    r.step = i;
+    r.samples = 32;
+    r.begin_ns = now;
+    now += static_cast<Nanos>(step_ms * 1e6);
+    r.end_ns = now;
+    r.data_wait_ns = static_cast<Nanos>(wait_ms * 1e6);
+    supply.units += 1;  // one batch per step, each taking `produce` on its worker
+    supply.busy_ns += static_cast<Nanos>((pin ? 14.0 : 10.0) * 1e6);
+    engine.on_step(r);
+  }
+  ASSERT_TRUE(engine.finished());
+  const TuningDecision& d = *engine.decision();
+  std::string trials;
+  for (const auto& t : d.trials) trials += format_trial(t, false) + "\n";
+  SCOPED_TRACE(trials);
+  EXPECT_EQ(d.chosen.at("loader.pin_memory"), 1);
+  double wait = 0;
+  EXPECT_NEAR(model(d.chosen.at("loader.workers"), 1, &wait), 2.0, 1e-9);  // the pinned ceiling
 }
 
 }  // namespace

@@ -38,6 +38,7 @@ struct TrialResult {
   // so the throughput is capped at this capacity.
   double supply_capacity = 0;
   bool supply_limited = false;  // the cap applied
+  double demand = 0;            // the window's throughput before the cap
   bool failed = false;
   std::string note;            // why it failed
 };
