@@ -35,7 +35,7 @@ struct Args {
   std::string out;  // JSON results file
   std::string machine = "unnamed";
   std::string commit = "unknown";
-  int screen_rounds = 3;   // each also runs auto-tune once
+  int screen_rounds = 3;  // each also runs auto-tune once
   int screen_steps = 64;
   int final_rounds = 5;
   int final_steps = 480;
@@ -118,8 +118,8 @@ AutoRun autotuned_run(jpeg_example::Trainer& trainer, int max_workers, int after
   AutoRun r;
   auto get = [&](const char* k) { return d->chosen.count(k) ? d->chosen.at(k) : 0; };
   r.chosen = LoaderSettings{static_cast<int>(get("loader.workers")),
-                            static_cast<int>(get("loader.prefetch")),
-                            get("loader.pin_memory") != 0, get("loader.device_prefetch") != 0};
+                            static_cast<int>(get("loader.prefetch")), get("loader.pin_memory") != 0,
+                            get("loader.device_prefetch") != 0};
   r.steps_used = d->steps_used;
   r.trials = d->trials.size();
   r.trial_samples_per_s = d->chosen_throughput;
@@ -128,7 +128,8 @@ AutoRun autotuned_run(jpeg_example::Trainer& trainer, int max_workers, int after
     if (s.step <= d->decided_at_step) r.seconds_used += static_cast<double>(s.step_ns()) / 1e9;
   }
   // After the decision, skip a few steps while the chosen setting's pipeline fills.
-  r.after_samples_per_s = throughput(steps, static_cast<size_t>(d->decided_at_step + 1 + after / 4));
+  r.after_samples_per_s =
+      throughput(steps, static_cast<size_t>(d->decided_at_step + 1 + after / 4));
   return r;
 }
 
@@ -137,18 +138,30 @@ int run(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i];
     const std::string v = argv[i + 1];
-    if (f == "--data") a.data_dir = v;
-    else if (f == "--out") a.out = v;
-    else if (f == "--machine") a.machine = v;
-    else if (f == "--commit") a.commit = v;
-    else if (f == "--screen-rounds") a.screen_rounds = std::stoi(v);
-    else if (f == "--screen-steps") a.screen_steps = std::stoi(v);
-    else if (f == "--final-rounds") a.final_rounds = std::stoi(v);
-    else if (f == "--final-steps") a.final_steps = std::stoi(v);
-    else if (f == "--top") a.top = std::stoi(v);
-    else if (f == "--after-decision") a.after_decision = std::stoi(v);
-    else if (f == "--max-workers") a.max_workers = std::stoi(v);
-    else throw std::invalid_argument("unknown option " + f);
+    if (f == "--data")
+      a.data_dir = v;
+    else if (f == "--out")
+      a.out = v;
+    else if (f == "--machine")
+      a.machine = v;
+    else if (f == "--commit")
+      a.commit = v;
+    else if (f == "--screen-rounds")
+      a.screen_rounds = std::stoi(v);
+    else if (f == "--screen-steps")
+      a.screen_steps = std::stoi(v);
+    else if (f == "--final-rounds")
+      a.final_rounds = std::stoi(v);
+    else if (f == "--final-steps")
+      a.final_steps = std::stoi(v);
+    else if (f == "--top")
+      a.top = std::stoi(v);
+    else if (f == "--after-decision")
+      a.after_decision = std::stoi(v);
+    else if (f == "--max-workers")
+      a.max_workers = std::stoi(v);
+    else
+      throw std::invalid_argument("unknown option " + f);
   }
   const int cpus = torchpilot::affinity_cpu_count();
   const int max_workers = a.max_workers > 0 ? a.max_workers : cpus;
@@ -194,10 +207,11 @@ int run(int argc, char** argv) {
       }
       autos.push_back(autotuned_run(trainer, max_workers, a.after_decision));
       const AutoRun& r = autos.back();
-      std::printf("  auto-tune run %zu: chose [%s] in %lld steps (%.1f s), %zu trials; %.0f "
-                  "samples/s after the decision\n",
-                  autos.size(), label(r.chosen).c_str(), static_cast<long long>(r.steps_used),
-                  r.seconds_used, r.trials, r.after_samples_per_s);
+      std::printf(
+          "  auto-tune run %zu: chose [%s] in %lld steps (%.1f s), %zu trials; %.0f "
+          "samples/s after the decision\n",
+          autos.size(), label(r.chosen).c_str(), static_cast<long long>(r.steps_used),
+          r.seconds_used, r.trials, r.after_samples_per_s);
       std::fflush(stdout);
     }
   }
@@ -265,8 +279,8 @@ int run(int argc, char** argv) {
                 median(final_tp[i]));
   }
   std::printf("\n| figure | value |\n|---|---|\n");
-  std::printf("| best grid setting (final round) | %s: %.0f samples/s |\n", label(finalists[best]).c_str(),
-              best_tp);
+  std::printf("| best grid setting (final round) | %s: %.0f samples/s |\n",
+              label(finalists[best]).c_str(), best_tp);
   std::printf("| auto-tuned settings (median of %zu runs) | %.0f samples/s = %.1f%% of best |\n",
               autos.size(), tuned_tp, 100 * tuned_tp / best_tp);
   std::printf("| auto-tuned, measured in-run after the decision | %.0f samples/s |\n",

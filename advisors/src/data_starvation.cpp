@@ -31,8 +31,8 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s,
   const double step_ms = static_cast<double>(s.wall_ns) / 1e6 / s.steps;
   const double compute_ms = std::max(1e-6, step_ms - wait_ms);  // step time without the wait
   a.finding = "the training thread waited for data " + num(100 * f) + "% of step time (" +
-              num(wait_ms, "%.2f") + " ms of a " + num(step_ms, "%.2f") +
-              " ms step; threshold " + num(100 * config.threshold) + "%)";
+              num(wait_ms, "%.2f") + " ms of a " + num(step_ms, "%.2f") + " ms step; threshold " +
+              num(100 * config.threshold) + "%)";
   a.evidence = {{"data_wait_fraction", f, "fraction"},
                 {"data_wait_per_step", wait_ms, "ms"},
                 {"step_time", step_ms, "ms"},
@@ -64,7 +64,7 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s,
   a.evidence.push_back({"workers_needed_estimate", static_cast<double>(needed), "threads"});
   a.evidence.push_back({"cpus_available", static_cast<double>(cpus), "cpus"});
   const std::string tune_hint =
-      s.tuned    ? " (auto-tune already chose the loader settings: what remains needs more than them)"
+      s.tuned ? " (auto-tune already chose the loader settings: what remains needs more than them)"
       : l.tunable ? " (mode: autotune picks this during warm-up)"
                   : " (torchpilot::TunableLoader with mode: autotune picks this during warm-up)";
   // CPU-bound loading cannot go faster than all CPUs producing; I/O-bound loading can use more
@@ -82,7 +82,8 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s,
               " workers would be needed but only " + std::to_string(cpus) + " CPUs are available";
     a.action = "use " + std::to_string(cpus) +
                " workers and make loading cheaper: decode at lower resolution, cache decoded "
-               "samples, or move augmentation to the GPU" + tune_hint;
+               "samples, or move augmentation to the GPU" +
+               tune_hint;
   } else if (needed > workers) {
     a.cause = "too few workers: " + production + ", so " + std::to_string(workers) +
               " workers deliver one every " + num(batch_ms / workers, "%.2f") +
@@ -91,9 +92,9 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s,
                (cpu_bound ? "" : " (loading mostly waits, so more workers than CPUs can help)") +
                tune_hint;
   } else {
-    a.cause = "workers keep up on average (" + std::to_string(workers) +
-              " deliver a batch every " + num(batch_ms / workers, "%.2f") +
-              " ms) but the queue still runs dry: prefetch " + std::to_string(l.settings.prefetch) +
+    a.cause = "workers keep up on average (" + std::to_string(workers) + " deliver a batch every " +
+              num(batch_ms / workers, "%.2f") + " ms) but the queue still runs dry: prefetch " +
+              std::to_string(l.settings.prefetch) +
               " batches per worker is too shallow for the variation in batch time";
     a.action = "prefetch deeper (e.g. " + std::to_string(l.settings.prefetch * 2) +
                " batches per worker)" + tune_hint;

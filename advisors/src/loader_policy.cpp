@@ -38,7 +38,8 @@ class LoaderPolicy final : public TuningPolicy {
     // A knob value whose setter threw (out of memory, refused) is not tried again elsewhere.
     for (size_t i = 1; i < trials.size() && i - 1 < changes_.size(); ++i) {
       // Only a one-knob change pins the failure on a value.
-      if (trials[i].failed && changes_[i - 1].size() == 1) failed_values_.insert(changes_[i - 1][0]);
+      if (trials[i].failed && changes_[i - 1].size() == 1)
+        failed_values_.insert(changes_[i - 1][0]);
     }
     auto tried = [&](const Setting& s) {
       for (const auto& [knob, value] : s) {
@@ -56,7 +57,9 @@ class LoaderPolicy final : public TuningPolicy {
     while (stage_ < kDone) {
       std::optional<Setting> next;
       switch (stage_) {
-        case kStageSweep: next = propose_sweep(trials, incumbent, knobs, tried, with); break;
+        case kStageSweep:
+          next = propose_sweep(trials, incumbent, knobs, tried, with);
+          break;
         case kStagePin:
           next = propose_toggle(kPin, config_.tune_pin_memory, trials, knobs, best, tried, with);
           break;
@@ -64,9 +67,14 @@ class LoaderPolicy final : public TuningPolicy {
           next = propose_toggle(kDevicePrefetch, config_.tune_device_prefetch, trials, knobs, best,
                                 tried, with);
           break;
-        case kStagePrefetch: next = propose_prefetch(trials, incumbent, knobs, tried, with); break;
-        case kStageBisect: next = propose_bisect(trials, incumbent, knobs, tried, with); break;
-        default: break;
+        case kStagePrefetch:
+          next = propose_prefetch(trials, incumbent, knobs, tried, with);
+          break;
+        case kStageBisect:
+          next = propose_bisect(trials, incumbent, knobs, tried, with);
+          break;
+        default:
+          break;
       }
       if (next) {
         auto& changed = changes_.emplace_back();
@@ -144,9 +152,8 @@ class LoaderPolicy final : public TuningPolicy {
   }
 
   template <typename Tried, typename With>
-  std::optional<Setting> propose_prefetch(const std::vector<TrialResult>& trials,
-                                          size_t incumbent, const KnobRegistry& knobs, Tried tried,
-                                          With with) {
+  std::optional<Setting> propose_prefetch(const std::vector<TrialResult>& trials, size_t incumbent,
+                                          const KnobRegistry& knobs, Tried tried, With with) {
     const Knob* k = knobs.find(kPrefetch);
     if (k == nullptr) return std::nullopt;
     const Setting& best = trials[incumbent].setting;
@@ -191,8 +198,8 @@ class LoaderPolicy final : public TuningPolicy {
       const int64_t workers = workers_of(t, *w);
       // The consumer's own rate (without waiting) over the producers' capacity.
       const double consumer = t.throughput / std::max(0.05, 1.0 - t.data_wait_fraction);
-      const double ratio = t.supply_capacity > 0 ? std::max(t.demand, consumer) / t.supply_capacity
-                                                 : 1.5;
+      const double ratio =
+          t.supply_capacity > 0 ? std::max(t.demand, consumer) / t.supply_capacity : 1.5;
       const auto needed = static_cast<int64_t>(std::ceil(workers * ratio * kWorkerHeadroom));
       Setting rescue = s;
       rescue[kWorkers] = std::min(max_workers(*w), std::max(workers + 1, needed));

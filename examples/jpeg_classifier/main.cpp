@@ -37,7 +37,8 @@ long parse_long(const char* flag, const char* text, long min) {
   char* end = nullptr;
   long v = std::strtol(text, &end, 10);
   if (*text == '\0' || *end != '\0' || v < min) {
-    std::fprintf(stderr, "jpeg_classifier: %s needs an integer >= %ld, got '%s'\n", flag, min, text);
+    std::fprintf(stderr, "jpeg_classifier: %s needs an integer >= %ld, got '%s'\n", flag, min,
+                 text);
     std::exit(2);
   }
   return v;
@@ -48,7 +49,7 @@ long parse_long(const char* flag, const char* text, long min) {
 int main(int argc, char** argv) {
   jpeg_example::TrainOptions options;
   torchpilot::LoaderSettings settings;  // LibTorch's defaults: workers 0
-  long steps = 0;  // 0: auto
+  long steps = 0;                       // 0: auto
   std::string mode, config_path, json_path;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -61,15 +62,24 @@ int main(int argc, char** argv) {
       return 2;
     }
     const char* value = argv[++i];
-    if (flag == "--data") options.data_dir = value;
-    else if (flag == "--steps") steps = parse_long("--steps", value, 0);
-    else if (flag == "--batch") options.batch_size = static_cast<int>(parse_long("--batch", value, 1));
-    else if (flag == "--workers") settings.workers = static_cast<int>(parse_long("--workers", value, 0));
-    else if (flag == "--prefetch") settings.prefetch = static_cast<int>(parse_long("--prefetch", value, 1));
-    else if (flag == "--mode") mode = value;
-    else if (flag == "--config") config_path = value;
-    else if (flag == "--json") json_path = value;
-    else if (flag == "--classes") options.classes = static_cast<int>(parse_long(flag.c_str(), value, 2));
+    if (flag == "--data")
+      options.data_dir = value;
+    else if (flag == "--steps")
+      steps = parse_long("--steps", value, 0);
+    else if (flag == "--batch")
+      options.batch_size = static_cast<int>(parse_long("--batch", value, 1));
+    else if (flag == "--workers")
+      settings.workers = static_cast<int>(parse_long("--workers", value, 0));
+    else if (flag == "--prefetch")
+      settings.prefetch = static_cast<int>(parse_long("--prefetch", value, 1));
+    else if (flag == "--mode")
+      mode = value;
+    else if (flag == "--config")
+      config_path = value;
+    else if (flag == "--json")
+      json_path = value;
+    else if (flag == "--classes")
+      options.classes = static_cast<int>(parse_long(flag.c_str(), value, 2));
     else if (flag == "--images-per-class")
       options.images_per_class = static_cast<int>(parse_long(flag.c_str(), value, 1));
     else {
@@ -80,8 +90,9 @@ int main(int argc, char** argv) {
   }
 
   try {
-    torchpilot::Config config = config_path.empty() ? torchpilot::Config::load()
-                                                    : torchpilot::Config::from_yaml_file(config_path);
+    torchpilot::Config config = config_path.empty()
+                                    ? torchpilot::Config::load()
+                                    : torchpilot::Config::from_yaml_file(config_path);
     // The example's own default is autotune; a config file or TORCHPILOT_MODE may say otherwise.
     if (config_path.empty() && std::getenv("TORCHPILOT_MODE") == nullptr &&
         std::getenv("TORCHPILOT_CONFIG") == nullptr) {
@@ -95,12 +106,13 @@ int main(int argc, char** argv) {
     std::printf("jpeg_classifier: preparing data in %s\n", options.data_dir.c_str());
     std::fflush(stdout);
     jpeg_example::Trainer trainer(options);
-    std::printf("jpeg_classifier: %lld images, %lld steps per epoch, batch %d, device %s, "
-                "mode %s, starting with workers %d prefetch %d\n",
-                static_cast<long long>(trainer.dataset_size()),
-                static_cast<long long>(trainer.steps_per_epoch()), options.batch_size,
-                trainer.device().c_str(), torchpilot::to_string(config.mode), settings.workers,
-                settings.prefetch);
+    std::printf(
+        "jpeg_classifier: %lld images, %lld steps per epoch, batch %d, device %s, "
+        "mode %s, starting with workers %d prefetch %d\n",
+        static_cast<long long>(trainer.dataset_size()),
+        static_cast<long long>(trainer.steps_per_epoch()), options.batch_size,
+        trainer.device().c_str(), torchpilot::to_string(config.mode), settings.workers,
+        settings.prefetch);
     std::fflush(stdout);
 
     torchpilot::Pilot pilot(config);
@@ -118,9 +130,10 @@ int main(int argc, char** argv) {
     }
     jpeg_example::RunResult r = trainer.run(pilot, steps, settings, stop);
 
-    std::printf("\njpeg_classifier: %lld steps in %.1f s; last epoch loss %.3f, train accuracy "
-                "%.1f%%\n",
-                static_cast<long long>(r.steps), r.wall_s, r.last_loss, 100 * r.last_accuracy);
+    std::printf(
+        "\njpeg_classifier: %lld steps in %.1f s; last epoch loss %.3f, train accuracy "
+        "%.1f%%\n",
+        static_cast<long long>(r.steps), r.wall_s, r.last_loss, 100 * r.last_accuracy);
     const auto& epochs = pilot.epoch_summaries();
     if (!epochs.empty()) {
       const auto& first = epochs.front();
@@ -138,13 +151,14 @@ int main(int argc, char** argv) {
       for (const auto& t : d->trials) {
         if (t.setting == d->chosen && !t.failed) chosen = &t;
       }
-      std::printf("jpeg_classifier: auto-tune, measured in warm-up trials:\n"
-                  "  start [%s]: %.0f %s, data wait %.1f%% of step time\n"
-                  "  tuned [%s]: %.0f %s, data wait %.1f%% of step time (x%.2f)\n",
-                  torchpilot::to_string(base.setting).c_str(), base.throughput, base.unit.c_str(),
-                  100 * base.data_wait_fraction, torchpilot::to_string(chosen->setting).c_str(),
-                  chosen->throughput, chosen->unit.c_str(), 100 * chosen->data_wait_fraction,
-                  base.throughput > 0 ? chosen->throughput / base.throughput : 0);
+      std::printf(
+          "jpeg_classifier: auto-tune, measured in warm-up trials:\n"
+          "  start [%s]: %.0f %s, data wait %.1f%% of step time\n"
+          "  tuned [%s]: %.0f %s, data wait %.1f%% of step time (x%.2f)\n",
+          torchpilot::to_string(base.setting).c_str(), base.throughput, base.unit.c_str(),
+          100 * base.data_wait_fraction, torchpilot::to_string(chosen->setting).c_str(),
+          chosen->throughput, chosen->unit.c_str(), 100 * chosen->data_wait_fraction,
+          base.throughput > 0 ? chosen->throughput / base.throughput : 0);
     }
   } catch (const torchpilot::ConfigError& e) {
     std::fprintf(stderr, "%s\n", e.what());

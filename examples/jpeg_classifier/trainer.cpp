@@ -39,7 +39,8 @@ struct NetImpl : torch::nn::Module {
   explicit NetImpl(int classes)
       : c1(register_module("c1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).padding(1)))),
         c2(register_module("c2", torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 16, 3).padding(1)))),
-        c3(register_module("c3", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)))),
+        c3(register_module("c3",
+                           torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)))),
         fc(register_module("fc", torch::nn::Linear(32, classes))) {}
 
   torch::Tensor forward(torch::Tensor x) {
@@ -65,9 +66,9 @@ struct Trainer::Impl {
 
 Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->options = options;
-  impl_->index = std::make_shared<DatasetIndex>(
-      generate_dataset(options.data_dir, options.classes, options.images_per_class,
-                       options.image_size, options.seed));
+  impl_->index = std::make_shared<DatasetIndex>(generate_dataset(options.data_dir, options.classes,
+                                                                 options.images_per_class,
+                                                                 options.image_size, options.seed));
   if (torch::cuda::is_available()) impl_->device = torch::Device(torch::kCUDA, 0);
   torch::manual_seed(static_cast<uint64_t>(options.seed));
   impl_->net = Net(impl_->index->num_classes);
@@ -80,9 +81,7 @@ Trainer::~Trainer() = default;
 
 std::string Trainer::device() const { return impl_->device.str(); }
 int64_t Trainer::dataset_size() const { return static_cast<int64_t>(impl_->index->files.size()); }
-int64_t Trainer::steps_per_epoch() const {
-  return dataset_size() / impl_->options.batch_size;
-}
+int64_t Trainer::steps_per_epoch() const { return dataset_size() / impl_->options.batch_size; }
 
 RunResult Trainer::run(torchpilot::Pilot& pilot, int64_t steps,
                        const torchpilot::LoaderSettings& settings,

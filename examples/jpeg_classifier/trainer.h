@@ -16,10 +16,10 @@ namespace jpeg_example {
 
 struct TrainOptions {
   std::string data_dir = "data/jpeg_classifier";  // generated on first use if it has no images
-  int classes = 10;             // for generation
-  int images_per_class = 160;   // for generation
-  int image_size = 256;         // stored JPEG size, for generation
-  int crop = 64;                // network input after random-resized crop
+  int classes = 10;                               // for generation
+  int images_per_class = 160;                     // for generation
+  int image_size = 256;                           // stored JPEG size, for generation
+  int crop = 64;                                  // network input after random-resized crop
   int batch_size = 32;
   uint64_t seed = 1;
 };
@@ -42,7 +42,7 @@ class Trainer {
   RunResult run(torchpilot::Pilot& pilot, int64_t steps, const torchpilot::LoaderSettings& settings,
                 const std::function<bool()>& stop = {});
 
-  std::string device() const;       // "cpu" or "cuda:0 (NVIDIA H100 ...)"
+  std::string device() const;  // "cpu" or "cuda:0 (NVIDIA H100 ...)"
   int64_t dataset_size() const;
   int64_t steps_per_epoch() const;
 

@@ -1,8 +1,8 @@
 #include "torchpilot/loader_core.h"
 
 #include <sched.h>
-#include <time.h>
 #include <spdlog/spdlog.h>
+#include <time.h>
 
 #include <algorithm>
 #include <numeric>
@@ -43,7 +43,8 @@ LoaderCore::LoaderCore(size_t dataset_size, LoaderOptions options, Produce produ
     throw std::invalid_argument("torchpilot loader: workers must be in [0, " +
                                 std::to_string(kMaxWorkers) + "]");
   }
-  if (options_.prefetch < 1) throw std::invalid_argument("torchpilot loader: prefetch must be >= 1");
+  if (options_.prefetch < 1)
+    throw std::invalid_argument("torchpilot loader: prefetch must be >= 1");
   slots_.resize(kMaxWorkers);
   settings_.workers = options_.workers;
   settings_.prefetch = options_.prefetch;
@@ -257,8 +258,8 @@ LoaderCore::Batch LoaderCore::next() {
     std::string where = r.failed_sample ? "sample " + std::to_string(*r.failed_sample)
                                         : "a sample (none failed alone)";
     throw DataLoaderError("torchpilot loader '" + options_.name + "': the dataset threw on " +
-                              where + " (batch " + std::to_string(batch_in_epoch) +
-                              " of epoch " + std::to_string(epoch) + "): " + r.error,
+                              where + " (batch " + std::to_string(batch_in_epoch) + " of epoch " +
+                              std::to_string(epoch) + "): " + r.error,
                           r.failed_sample, batch_in_epoch, epoch);
   }
   return r.batch;

@@ -69,9 +69,7 @@ void wait_for_copy(const std::shared_ptr<void>& event, const std::vector<at::Ten
 
 #else
 
-std::shared_ptr<void> copy_to_device_async(const std::vector<at::Tensor*>&, int) {
-  return nullptr;
-}
+std::shared_ptr<void> copy_to_device_async(const std::vector<at::Tensor*>&, int) { return nullptr; }
 
 void wait_for_copy(const std::shared_ptr<void>&, const std::vector<at::Tensor*>&, int) {}
 

@@ -31,7 +31,7 @@ struct KeySpec {
   Type type;
   double min;  // numeric range (ints, doubles, list elements)
   double max;
-  std::vector<std::string> choices;  // strings: allowed values; empty = any
+  std::vector<std::string> choices;   // strings: allowed values; empty = any
   std::string (*get)(const Config&);  // the value as text, so code-built configs are checked too
   void (*set)(Config&, const Value&);
 };
@@ -50,56 +50,120 @@ std::string text(const std::vector<int>& list) {
 
 const std::vector<KeySpec>& schema() {
   static const std::vector<KeySpec> table = {
-      {"mode", Type::kString, 0, 0, {"off", "advise", "autotune"},
+      {"mode",
+       Type::kString,
+       0,
+       0,
+       {"off", "advise", "autotune"},
        [](const Config& c) -> std::string { return to_string(c.mode); },
        [](Config& c, const Value& v) {
          c.mode = v.s == "off" ? Mode::kOff : v.s == "advise" ? Mode::kAdvise : Mode::kAutotune;
        }},
-      {"log.level", Type::kString, 0, 0, {"trace", "debug", "info", "warn", "error", "off"},
+      {"log.level",
+       Type::kString,
+       0,
+       0,
+       {"trace", "debug", "info", "warn", "error", "off"},
        [](const Config& c) -> std::string { return c.log_level; },
        [](Config& c, const Value& v) { c.log_level = v.s; }},
-      {"log.json_path", Type::kString, 0, 0, {},
+      {"log.json_path",
+       Type::kString,
+       0,
+       0,
+       {},
        [](const Config& c) -> std::string { return c.json_path; },
        [](Config& c, const Value& v) { c.json_path = v.s; }},
-      {"records.step_history", Type::kInt, 16, 1 << 24, {},
+      {"records.step_history",
+       Type::kInt,
+       16,
+       1 << 24,
+       {},
        [](const Config& c) -> std::string { return std::to_string(c.step_history); },
        [](Config& c, const Value& v) { c.step_history = static_cast<int>(v.i); }},
-      {"advisors.data_starvation.threshold", Type::kDouble, 0.0, 1.0, {},
+      {"advisors.data_starvation.threshold",
+       Type::kDouble,
+       0.0,
+       1.0,
+       {},
        [](const Config& c) -> std::string { return text(c.data_starvation.threshold); },
        [](Config& c, const Value& v) { c.data_starvation.threshold = v.d; }},
-      {"advisors.data_starvation.high_severity", Type::kDouble, 0.0, 1.0, {},
+      {"advisors.data_starvation.high_severity",
+       Type::kDouble,
+       0.0,
+       1.0,
+       {},
        [](const Config& c) -> std::string { return text(c.data_starvation.high_severity); },
        [](Config& c, const Value& v) { c.data_starvation.high_severity = v.d; }},
-      {"autotune.warmup_steps", Type::kInt, 0, 1e9, {},
+      {"autotune.warmup_steps",
+       Type::kInt,
+       0,
+       1e9,
+       {},
        [](const Config& c) -> std::string { return std::to_string(c.autotune.warmup_steps); },
        [](Config& c, const Value& v) { c.autotune.warmup_steps = static_cast<int>(v.i); }},
-      {"autotune.warmup_seconds", Type::kDouble, 0.0, 86400.0, {},
+      {"autotune.warmup_seconds",
+       Type::kDouble,
+       0.0,
+       86400.0,
+       {},
        [](const Config& c) -> std::string { return text(c.autotune.warmup_seconds); },
        [](Config& c, const Value& v) { c.autotune.warmup_seconds = v.d; }},
-      {"autotune.settle_steps", Type::kInt, 0, 10000, {},
+      {"autotune.settle_steps",
+       Type::kInt,
+       0,
+       10000,
+       {},
        [](const Config& c) -> std::string { return std::to_string(c.autotune.settle_steps); },
        [](Config& c, const Value& v) { c.autotune.settle_steps = static_cast<int>(v.i); }},
-      {"autotune.measure_steps", Type::kInt, 3, 10000, {},
+      {"autotune.measure_steps",
+       Type::kInt,
+       3,
+       10000,
+       {},
        [](const Config& c) -> std::string { return std::to_string(c.autotune.measure_steps); },
        [](Config& c, const Value& v) { c.autotune.measure_steps = static_cast<int>(v.i); }},
-      {"autotune.min_window_ms", Type::kDouble, 0.0, 600000.0, {},
+      {"autotune.min_window_ms",
+       Type::kDouble,
+       0.0,
+       600000.0,
+       {},
        [](const Config& c) -> std::string { return text(c.autotune.min_window_ms); },
        [](Config& c, const Value& v) { c.autotune.min_window_ms = v.d; }},
-      {"autotune.noise_margin", Type::kDouble, 0.0, 0.5, {},
+      {"autotune.noise_margin",
+       Type::kDouble,
+       0.0,
+       0.5,
+       {},
        [](const Config& c) -> std::string { return text(c.autotune.noise_margin); },
        [](Config& c, const Value& v) { c.autotune.noise_margin = v.d; }},
-      {"autotune.max_workers", Type::kInt, 0, 1024, {},
+      {"autotune.max_workers",
+       Type::kInt,
+       0,
+       1024,
+       {},
        [](const Config& c) -> std::string { return std::to_string(c.autotune.max_workers); },
        [](Config& c, const Value& v) { c.autotune.max_workers = static_cast<int>(v.i); }},
-      {"autotune.prefetch_choices", Type::kIntList, 1, 64, {},
+      {"autotune.prefetch_choices",
+       Type::kIntList,
+       1,
+       64,
+       {},
        [](const Config& c) -> std::string { return text(c.autotune.prefetch_choices); },
        [](Config& c, const Value& v) {
          c.autotune.prefetch_choices.assign(v.list.begin(), v.list.end());
        }},
-      {"autotune.tune_pin_memory", Type::kBool, 0, 0, {},
+      {"autotune.tune_pin_memory",
+       Type::kBool,
+       0,
+       0,
+       {},
        [](const Config& c) -> std::string { return text(c.autotune.tune_pin_memory); },
        [](Config& c, const Value& v) { c.autotune.tune_pin_memory = v.b; }},
-      {"autotune.tune_device_prefetch", Type::kBool, 0, 0, {},
+      {"autotune.tune_device_prefetch",
+       Type::kBool,
+       0,
+       0,
+       {},
        [](const Config& c) -> std::string { return text(c.autotune.tune_device_prefetch); },
        [](Config& c, const Value& v) { c.autotune.tune_device_prefetch = v.b; }},
   };
@@ -125,7 +189,8 @@ int64_t parse_int(const std::string& text, const KeySpec& spec, Fail fail) {
   errno = 0;
   char* end = nullptr;
   long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno == ERANGE) fail("expected an integer, got '" + text + "'");
+  if (text.empty() || *end != '\0' || errno == ERANGE)
+    fail("expected an integer, got '" + text + "'");
   if (v < spec.min || v > spec.max) {
     fail("value " + text + " is out of range " + describe_range(spec));
   }
@@ -249,9 +314,12 @@ const char* const kConfigPathVariable = "TORCHPILOT_CONFIG";
 
 const char* to_string(Mode mode) {
   switch (mode) {
-    case Mode::kOff: return "off";
-    case Mode::kAdvise: return "advise";
-    case Mode::kAutotune: return "autotune";
+    case Mode::kOff:
+      return "off";
+    case Mode::kAdvise:
+      return "advise";
+    case Mode::kAutotune:
+      return "autotune";
   }
   return "?";
 }

@@ -45,7 +45,7 @@ LoaderStats loader_delta(const LoaderStats& later, const LoaderStats& earlier) {
 }
 
 namespace {
-constexpr double kMinNs = 1000.0;   // bucket 0 holds everything up to 1 µs
+constexpr double kMinNs = 1000.0;  // bucket 0 holds everything up to 1 µs
 constexpr double kGrowth = 1.04;
 const double kLogGrowth = std::log(kGrowth);
 }  // namespace

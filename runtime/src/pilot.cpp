@@ -25,8 +25,7 @@ std::shared_ptr<spdlog::logger> torchpilot_logger() {
 
 // --- scopes ---------------------------------------------------------------------------------
 
-StepScope::StepScope(StepScope&& other) noexcept
-    : pilot_(other.pilot_), step_(other.step_) {
+StepScope::StepScope(StepScope&& other) noexcept : pilot_(other.pilot_), step_(other.step_) {
   other.pilot_ = nullptr;
 }
 

@@ -1,5 +1,4 @@
 #include <spdlog/spdlog.h>
-
 #include <unistd.h>
 
 #include <cmath>
@@ -147,9 +146,12 @@ class JsonLinesSink final : public Sink {
 
 const char* to_string(Severity severity) {
   switch (severity) {
-    case Severity::kInfo: return "info";
-    case Severity::kWarning: return "warning";
-    case Severity::kHigh: return "high";
+    case Severity::kInfo:
+      return "info";
+    case Severity::kWarning:
+      return "warning";
+    case Severity::kHigh:
+      return "high";
   }
   return "?";
 }
@@ -276,8 +278,8 @@ std::vector<std::string> format_epoch(const EpochSummary& s, const std::vector<A
 std::string format_trial(const TrialResult& t, bool kept) {
   if (t.failed) return "autotune trial [" + to_string(t.setting) + "] failed: " + t.note;
   return "autotune trial [" + to_string(t.setting) + "]: " + fmt_num(t.throughput) + " " + t.unit +
-         " (mean step " + fmt_ms(t.mean_step_ns) + " +-" + fmt_pct(t.relative_error) + ", data wait " +
-         fmt_pct(t.data_wait_fraction) +
+         " (mean step " + fmt_ms(t.mean_step_ns) + " +-" + fmt_pct(t.relative_error) +
+         ", data wait " + fmt_pct(t.data_wait_fraction) +
          (t.supply_limited ? ", capped at the loader's capacity (steps ran on a backlog)" : "") +
          ", steps " + std::to_string(t.first_step) + "-" + std::to_string(t.last_step) + ")" +
          (kept ? " -> best so far" : "");
@@ -291,11 +293,10 @@ std::string format_decision(const TuningDecision& d) {
            fmt_pct(d.chosen_throughput / d.baseline_throughput - 1.0) + ", measured)";
   }
   return "autotune decision: [" + to_string(d.chosen) + "] " + fmt_num(d.chosen_throughput) + " " +
-         d.unit + " vs baseline [" + to_string(d.baseline) + "] " +
-         fmt_num(d.baseline_throughput) + " " + d.unit + gain + "; " +
-         std::to_string(d.trials.size()) + " trials in " + std::to_string(d.steps_used) +
-         " warm-up steps, decided at step " + std::to_string(d.decided_at_step) + " (" + d.reason +
-         ")";
+         d.unit + " vs baseline [" + to_string(d.baseline) + "] " + fmt_num(d.baseline_throughput) +
+         " " + d.unit + gain + "; " + std::to_string(d.trials.size()) + " trials in " +
+         std::to_string(d.steps_used) + " warm-up steps, decided at step " +
+         std::to_string(d.decided_at_step) + " (" + d.reason + ")";
 }
 
 }  // namespace torchpilot

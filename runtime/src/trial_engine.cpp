@@ -109,7 +109,8 @@ void TrialEngine::finish_trial() {
     const Nanos busy = end.busy_ns - window_supply_start_->busy_ns;
     if (end.parallelism > 0 && units >= kMinSupplyUnits && busy > 0) {
       const double units_per_s = end.parallelism * static_cast<double>(units) * 1e9 / busy;
-      const double units_per_step = samples_reported_ ? static_cast<double>(total_samples) / steps : 1.0;
+      const double units_per_step =
+          samples_reported_ ? static_cast<double>(total_samples) / steps : 1.0;
       t.supply_capacity = units_per_s * units_per_step;
       if (t.supply_capacity < t.throughput) {
         t.throughput = t.supply_capacity;

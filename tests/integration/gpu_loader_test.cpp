@@ -33,7 +33,8 @@ TEST(GpuLoader, DevicePrefetchDeliversCorrectCudaBatchesExactlyOnce) {
   options.workers = 4;
   options.pin_memory = true;
   options.device_prefetch = true;
-  torchpilot::TunableLoader<Stacked> loader(IndexDataset(kSize).map(torch::data::transforms::Stack<>()), options);
+  torchpilot::TunableLoader<Stacked> loader(
+      IndexDataset(kSize).map(torch::data::transforms::Stack<>()), options);
   std::mt19937 rng(3);
   for (int epoch = 0; epoch < 3; ++epoch) {
     std::vector<int> seen(kSize, 0);
@@ -61,7 +62,8 @@ TEST(GpuLoader, BatchesArriveWhereTheSettingsSay) {
   options.batch_size = 8;
   options.workers = 2;
   options.pin_memory = true;
-  torchpilot::TunableLoader<Stacked> loader(IndexDataset(64).map(torch::data::transforms::Stack<>()), options);
+  torchpilot::TunableLoader<Stacked> loader(
+      IndexDataset(64).map(torch::data::transforms::Stack<>()), options);
   loader.start_epoch();
   auto pinned = loader.next();
   ASSERT_TRUE(pinned.has_value());

@@ -73,7 +73,8 @@ TEST(TunableLoader, ExactlyOnceUnderRandomLiveRetunes) {
       }
     }
     EXPECT_EQ(batches, (kSize + 6) / 7);
-    for (size_t i = 0; i < kSize; ++i) ASSERT_EQ(seen[i], 1) << "sample " << i << " epoch " << epoch;
+    for (size_t i = 0; i < kSize; ++i)
+      ASSERT_EQ(seen[i], 1) << "sample " << i << " epoch " << epoch;
   }
   EXPECT_GT(retunes, 300);
 }
@@ -86,10 +87,12 @@ TEST(TunableLoader, EpochOrderIsShuffledAndReproducible) {
   TunableLoader<Stacked> a(stacked(100), options), b(stacked(100), options);
   std::vector<int64_t> first, second;
   for (auto& batch : a) {
-    for (int64_t k = 0; k < batch.target.size(0); ++k) first.push_back(batch.target[k].item<int64_t>());
+    for (int64_t k = 0; k < batch.target.size(0); ++k)
+      first.push_back(batch.target[k].item<int64_t>());
   }
   for (auto& batch : b) {
-    for (int64_t k = 0; k < batch.target.size(0); ++k) second.push_back(batch.target[k].item<int64_t>());
+    for (int64_t k = 0; k < batch.target.size(0); ++k)
+      second.push_back(batch.target[k].item<int64_t>());
   }
   EXPECT_EQ(first, second);
   std::vector<int64_t> sorted = first;

@@ -1,7 +1,5 @@
 // Config: defaults, configs/default.yaml, YAML errors (key, file and line), environment overrides.
-#include "temp_dir.h"
 #include "torchpilot/config.h"
-#include "torchpilot/pilot.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,6 +13,9 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "temp_dir.h"
+#include "torchpilot/pilot.h"
 
 namespace torchpilot {
 namespace {

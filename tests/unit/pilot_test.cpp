@@ -1,6 +1,5 @@
 // Pilot: step boundaries, phases, epochs, the advisory log, sinks, the ring buffer, mode off,
 // JSON-lines records and autotune through an attached (fake) loader. Time is a ManualClock.
-#include "temp_dir.h"
 #include "torchpilot/pilot.h"
 
 #include <gtest/gtest.h>
@@ -21,6 +20,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "temp_dir.h"
 
 namespace torchpilot {
 namespace {

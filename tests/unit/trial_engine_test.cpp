@@ -113,10 +113,10 @@ struct Recorded {
 };
 
 AutotuneConfig default_autotune() {
-  AutotuneConfig c;  // warm-up 200, margin 3%, prefetch {1, 2, 4, 8}
+  AutotuneConfig c;    // warm-up 200, margin 3%, prefetch {1, 2, 4, 8}
   c.settle_steps = 4;  // fixed here: step arithmetic below counts on 4 + 10 per trial
   c.measure_steps = 10;
-  c.min_window_ms = 0;    // windows and budget in steps only
+  c.min_window_ms = 0;  // windows and budget in steps only
   c.warmup_seconds = 0;
   return c;
 }
@@ -512,10 +512,11 @@ TEST(TrialEngineTest, StepsWithoutSamplesUseStepsPerSecond) {
 TEST(TrialEngineTest, SupplyCapacityCapsATrialFedFromABacklog) {
   int64_t workers = 0;
   KnobRegistry knobs;
-  knobs.add({"loader.workers", range(0, 4), [&] { return workers; }, [&](int64_t v) { workers = v; }});
+  knobs.add(
+      {"loader.workers", range(0, 4), [&] { return workers; }, [&](int64_t v) { workers = v; }});
   AutotuneConfig config = default_autotune();
   config.settle_steps = 1;
-  config.measure_steps = 12;         // three batches produced at one per 4 steps
+  config.measure_steps = 12;          // three batches produced at one per 4 steps
   config.warmup_steps = 1 + 13 + 13;  // the baseline and one trial (workers 1)
   TrialEngine engine(knobs, make_loader_policy(config), config);
   // The producer: with one worker it makes a batch every 40 ms (capacity 25 batches/s), and
@@ -543,7 +544,7 @@ TEST(TrialEngineTest, SupplyCapacityCapsATrialFedFromABacklog) {
   ASSERT_TRUE(engine.finished());
   const auto& trials = engine.decision()->trials;
   ASSERT_EQ(trials.size(), 2u);
-  EXPECT_FALSE(trials[0].supply_limited);        // workers 0: not measurable, not capped
+  EXPECT_FALSE(trials[0].supply_limited);           // workers 0: not measurable, not capped
   EXPECT_NEAR(trials[0].throughput, 1000.0, 1e-6);  // 10 samples per 10 ms
   ASSERT_TRUE(trials[1].supply_limited) << trials[1].supply_capacity;
   EXPECT_NEAR(trials[1].supply_capacity, 250.0, 1e-6);  // 25 batches/s x 10 samples
@@ -554,7 +555,8 @@ TEST(TrialEngineTest, SupplyCapacityCapsATrialFedFromABacklog) {
 TEST(TrialEngineTest, TooLittleProductionIsNotACap) {
   int64_t workers = 2;
   KnobRegistry knobs;
-  knobs.add({"loader.workers", range(0, 2), [&] { return workers; }, [&](int64_t v) { workers = v; }});
+  knobs.add(
+      {"loader.workers", range(0, 2), [&] { return workers; }, [&](int64_t v) { workers = v; }});
   AutotuneConfig config = default_autotune();
   config.settle_steps = 0;
   config.measure_steps = 5;
@@ -580,13 +582,14 @@ TEST(TrialEngineTest, TooLittleProductionIsNotACap) {
 TEST(TrialEngineTest, FastStepsGetTimeFloorsForWindowsAndBudget) {
   int64_t workers = 0;
   KnobRegistry knobs;
-  knobs.add({"loader.workers", range(0, 4), [&] { return workers; }, [&](int64_t v) { workers = v; }});
+  knobs.add(
+      {"loader.workers", range(0, 4), [&] { return workers; }, [&](int64_t v) { workers = v; }});
   AutotuneConfig config = default_autotune();
   config.settle_steps = 1;
   config.measure_steps = 3;
-  config.min_window_ms = 20;     // 20 one-millisecond steps per window
-  config.warmup_steps = 10;      // would allow no trial at all ...
-  config.warmup_seconds = 0.5;   // ... but half a second allows several
+  config.min_window_ms = 20;    // 20 one-millisecond steps per window
+  config.warmup_steps = 10;     // would allow no trial at all ...
+  config.warmup_seconds = 0.5;  // ... but half a second allows several
   TrialEngine engine(knobs, make_loader_policy(config), config);
   Nanos now = 0;
   for (int64_t i = 0; i < 2000 && !engine.finished(); ++i) {
@@ -613,7 +616,8 @@ TEST(TrialEngineTest, FastStepsGetTimeFloorsForWindowsAndBudget) {
 TEST(TrialEngineTest, PinningThatStarvesTheWorkersIsRetriedWithMoreWorkers) {
   int64_t workers = 0, pin = 0;
   KnobRegistry knobs;
-  knobs.add({"loader.workers", range(0, 16), [&] { return workers; }, [&](int64_t v) { workers = v; }});
+  knobs.add(
+      {"loader.workers", range(0, 16), [&] { return workers; }, [&](int64_t v) { workers = v; }});
   knobs.add({"loader.pin_memory", {0, 1}, [&] { return pin; }, [&](int64_t v) { pin = v; }});
   AutotuneConfig config = default_autotune();
   config.warmup_steps = 2000;

@@ -1,7 +1,8 @@
 // The scheduling heart of TunableLoader, free of LibTorch: it owns the epoch's sample order, hands
 // batch numbers to worker threads, keeps at most `workers x prefetch` batches in flight (running
-// on into the next epoch), and delivers them in order. Knobs change live: a change takes effect for the next batch claimed, and
-// since every batch number is claimed exactly once per epoch, no sample is lost or repeated.
+// on into the next epoch), and delivers them in order. Knobs change live: a change takes effect for
+// the next batch claimed, and since every batch number is claimed exactly once per epoch, no sample
+// is lost or repeated.
 //
 // Thread-safety: next(), start_epoch() and the setters are for one consumer thread (the training
 // loop); settings() and stats() may be read from any thread. Worker threads are internal.
@@ -38,7 +39,7 @@ struct LoaderOptions {
   int device_index = 0;          // the GPU for device_prefetch
   bool shuffle = true;
   bool drop_last = false;
-  uint64_t seed = 0;             // epoch e shuffles with seed + e
+  uint64_t seed = 0;  // epoch e shuffles with seed + e
   // Workers go on into the next epoch's batches (its order is fixed by the seed) once the current
   // epoch is all claimed, so a new epoch does not start with an empty pipeline. Batches made
   // ahead are dropped if the next start_epoch() comes before the epoch was delivered in full.
@@ -76,8 +77,8 @@ class LoaderCore {
 
   static constexpr int kMaxWorkers = 256;
 
-  LoaderCore(size_t dataset_size, LoaderOptions options, Produce produce,
-             bool pin_memory_available, bool device_prefetch_available);
+  LoaderCore(size_t dataset_size, LoaderOptions options, Produce produce, bool pin_memory_available,
+             bool device_prefetch_available);
   ~LoaderCore();
   LoaderCore(const LoaderCore&) = delete;
   LoaderCore& operator=(const LoaderCore&) = delete;
@@ -119,7 +120,7 @@ class LoaderCore {
   };
 
   void worker_loop(int id);
-  bool can_claim() const;  // under mu_
+  bool can_claim() const;                                 // under mu_
   std::vector<size_t> batch_indices(size_t batch) const;  // under mu_; batch is a global number
   std::vector<size_t> epoch_order(int64_t epoch) const;
   Result run_produce(const std::vector<size_t>& indices, int worker, const LoaderSettings& s);

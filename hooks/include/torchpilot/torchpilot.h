@@ -1,5 +1,6 @@
 // torchpilot: in-process training performance advisor and auto-tuner for LibTorch programs.
-// Include this header and link torchpilot::torchpilot. README.md shows the few lines a trainer adds.
+// Include this header and link torchpilot::torchpilot. README.md shows the few lines a trainer
+// adds.
 #pragma once
 
 #include "torchpilot/advice.h"

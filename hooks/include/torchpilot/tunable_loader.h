@@ -68,8 +68,8 @@ namespace detail {
 template <typename T, typename = void>
 struct has_tensors : std::false_type {};
 template <typename T>
-struct has_tensors<T, std::void_t<decltype(collect_tensors(std::declval<T&>(),
-                                                           std::declval<std::vector<at::Tensor*>&>()))>>
+struct has_tensors<T, std::void_t<decltype(collect_tensors(
+                          std::declval<T&>(), std::declval<std::vector<at::Tensor*>&>()))>>
     : std::true_type {};
 }  // namespace detail
 
@@ -85,12 +85,13 @@ class TunableLoader final : public LoaderProbe {
         inline_dataset_(prototype_),
         worker_datasets_(LoaderCore::kMaxWorkers),
         device_index_(options.device_index),
-        core_(dataset_size(prototype_), std::move(options),
-              [this](const std::vector<size_t>& indices, int worker, const LoaderSettings& s) {
-                return produce(indices, worker, s);
-              },
-              kMovable && detail::pin_memory_available(),
-              kMovable && detail::device_prefetch_available()) {}
+        core_(
+            dataset_size(prototype_), std::move(options),
+            [this](const std::vector<size_t>& indices, int worker, const LoaderSettings& s) {
+              return produce(indices, worker, s);
+            },
+            kMovable && detail::pin_memory_available(),
+            kMovable && detail::device_prefetch_available()) {}
 
   ~TunableLoader() override {
     if (pilot_ != nullptr) pilot_->detach_loader(this);
@@ -198,7 +199,8 @@ class TunableLoader final : public LoaderProbe {
         std::vector<at::Tensor*> tensors;
         collect_tensors(staged->value, tensors);
         if (s.pin_memory) detail::pin_tensors(tensors);
-        if (s.device_prefetch) staged->copy_event = detail::copy_to_device_async(tensors, device_index_);
+        if (s.device_prefetch)
+          staged->copy_event = detail::copy_to_device_async(tensors, device_index_);
       }
     }
     return staged;
@@ -206,12 +208,16 @@ class TunableLoader final : public LoaderProbe {
 
   std::vector<Knob> make_knobs() {
     std::vector<Knob> knobs;
-    Knob workers{"loader.workers", {}, [this] { return int64_t{core_.settings().workers}; },
+    Knob workers{"loader.workers",
+                 {},
+                 [this] { return int64_t{core_.settings().workers}; },
                  [this](int64_t v) { core_.set_workers(static_cast<int>(v)); }};
     const int max = std::max(core_.max_workers(), core_.settings().workers);
     for (int w = 0; w <= max; ++w) workers.domain.push_back(w);
     knobs.push_back(std::move(workers));
-    Knob prefetch{"loader.prefetch", {}, [this] { return int64_t{core_.settings().prefetch}; },
+    Knob prefetch{"loader.prefetch",
+                  {},
+                  [this] { return int64_t{core_.settings().prefetch}; },
                   [this](int64_t v) { core_.set_prefetch(static_cast<int>(v)); }};
     for (int p = 1; p <= 64; ++p) prefetch.domain.push_back(p);
     knobs.push_back(std::move(prefetch));

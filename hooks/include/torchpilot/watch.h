@@ -42,9 +42,7 @@ class WatchedLoader final : public LoaderProbe {
       });
       return *this;
     }
-    bool operator!=(const Iterator& other) const {
-      return !(inner_ == other.inner_);
-    }
+    bool operator!=(const Iterator& other) const { return !(inner_ == other.inner_); }
     bool operator==(const Iterator& other) const { return inner_ == other.inner_; }
 
    private:

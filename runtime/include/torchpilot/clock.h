@@ -1,5 +1,6 @@
 // Time source for everything torchpilot measures. Injected so tests can drive time by hand.
-// Thread-safety: both clocks may be read from any thread. ManualClock may be advanced from any thread.
+// Thread-safety: both clocks may be read from any thread. ManualClock may be advanced from any
+// thread.
 #pragma once
 
 #include <atomic>

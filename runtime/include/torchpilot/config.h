@@ -8,9 +8,9 @@
 #pragma once
 
 #include <cstdint>
-#include <utility>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace torchpilot {
@@ -19,28 +19,28 @@ enum class Mode { kOff, kAdvise, kAutotune };
 const char* to_string(Mode mode);
 
 struct DataStarvationConfig {
-  double threshold = 0.05;       // data-wait fraction above which advice is given
-  double high_severity = 0.25;   // ... and above which it is high severity
+  double threshold = 0.05;      // data-wait fraction above which advice is given
+  double high_severity = 0.25;  // ... and above which it is high severity
 };
 
 struct AutotuneConfig {
-  int warmup_steps = 200;        // budget for all trials, counted from the first step, ...
-  double warmup_seconds = 10;    // ... or this long, whichever is larger (fast steps)
-  int settle_steps = 3;          // steps ignored after a change (queues refill)
-  int measure_steps = 10;        // steps measured per trial, at least ...
-  double min_window_ms = 250;    // ... and at least this long
-  double noise_margin = 0.03;    // a candidate must beat the incumbent by this fraction
-  int max_workers = 0;           // 0: the number of CPUs in this process's affinity mask
+  int warmup_steps = 200;      // budget for all trials, counted from the first step, ...
+  double warmup_seconds = 10;  // ... or this long, whichever is larger (fast steps)
+  int settle_steps = 3;        // steps ignored after a change (queues refill)
+  int measure_steps = 10;      // steps measured per trial, at least ...
+  double min_window_ms = 250;  // ... and at least this long
+  double noise_margin = 0.03;  // a candidate must beat the incumbent by this fraction
+  int max_workers = 0;         // 0: the number of CPUs in this process's affinity mask
   std::vector<int> prefetch_choices = {1, 2, 4, 8};  // batches in flight per worker
-  bool tune_pin_memory = true;      // only where LibTorch has CUDA
-  bool tune_device_prefetch = true; // only where LibTorch has CUDA
+  bool tune_pin_memory = true;                       // only where LibTorch has CUDA
+  bool tune_device_prefetch = true;                  // only where LibTorch has CUDA
 };
 
 struct Config {
   Mode mode = Mode::kAdvise;
-  std::string log_level = "info";    // trace | debug | info | warn | error | off
-  std::string json_path;             // JSON-lines records; empty: none
-  int step_history = 4096;           // per-step records kept in memory (ring buffer)
+  std::string log_level = "info";  // trace | debug | info | warn | error | off
+  std::string json_path;           // JSON-lines records; empty: none
+  int step_history = 4096;         // per-step records kept in memory (ring buffer)
   DataStarvationConfig data_starvation;
   AutotuneConfig autotune;
 
@@ -67,9 +67,9 @@ class ConfigError : public std::runtime_error {
 using Environment = std::vector<std::pair<std::string, std::string>>;
 Environment process_environment();
 
-// Applies TORCHPILOT_<KEY> overrides: key "autotune.warmup_steps" is TORCHPILOT_AUTOTUNE_WARMUP_STEPS.
-// Lists are comma-separated ("1,2,4"). An unknown TORCHPILOT_* variable is an error, except the
-// ones torchpilot reads elsewhere (TORCHPILOT_CONFIG).
+// Applies TORCHPILOT_<KEY> overrides: key "autotune.warmup_steps" is
+// TORCHPILOT_AUTOTUNE_WARMUP_STEPS. Lists are comma-separated ("1,2,4"). An unknown TORCHPILOT_*
+// variable is an error, except the ones torchpilot reads elsewhere (TORCHPILOT_CONFIG).
 void apply_env_overrides(Config& config, const Environment& env);
 
 // Checks every key of a Config (built in code or loaded) against the same ranges and rules as

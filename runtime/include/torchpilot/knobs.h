@@ -17,8 +17,8 @@ using Setting = std::map<std::string, int64_t>;
 std::string to_string(const Setting& setting);  // "loader.workers=4 loader.prefetch=2"
 
 struct Knob {
-  std::string name;              // "component.knob"
-  std::vector<int64_t> domain;   // allowed values, ascending; booleans are {0, 1}
+  std::string name;             // "component.knob"
+  std::vector<int64_t> domain;  // allowed values, ascending; booleans are {0, 1}
   std::function<int64_t()> get;
   std::function<void(int64_t)> set;  // may throw; the trial engine treats that as a failed trial
 };

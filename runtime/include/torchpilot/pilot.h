@@ -6,7 +6,8 @@
 //     auto step = pilot.step(batch_size);         // step boundary when `step` goes out of scope
 //     { auto p = pilot.phase("forward"); ... }
 //   }
-//   pilot.end_epoch();                            // summary + advice (attached loaders call it too)
+//   pilot.end_epoch();                            // summary + advice (attached loaders call it
+//   too)
 //
 // Step time is boundary to boundary: a step runs from the previous step's end to its own end, so
 // the wait for its batch (before the scope opens) belongs to it.

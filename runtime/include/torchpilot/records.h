@@ -17,7 +17,7 @@ namespace torchpilot {
 constexpr int kMaxPhases = 16;
 
 struct StepRecord {
-  int64_t step = 0;           // global step number, from 0
+  int64_t step = 0;  // global step number, from 0
   int64_t epoch = 0;
   int64_t step_in_epoch = 0;  // from 0
   Nanos begin_ns = 0;         // previous step boundary (or the first wait of the epoch)
@@ -30,26 +30,26 @@ struct StepRecord {
 
 // Knob values of a data loader at one moment.
 struct LoaderSettings {
-  int workers = 0;              // worker threads; 0 = the training thread loads
-  int prefetch = 2;             // batches in flight per worker (at least 1 when workers = 0)
-  bool pin_memory = false;      // batches copied to page-locked memory by the workers
-  bool device_prefetch = false; // batches copied to the GPU on a side stream ahead of use
+  int workers = 0;               // worker threads; 0 = the training thread loads
+  int prefetch = 2;              // batches in flight per worker (at least 1 when workers = 0)
+  bool pin_memory = false;       // batches copied to page-locked memory by the workers
+  bool device_prefetch = false;  // batches copied to the GPU on a side stream ahead of use
 };
 
 // Cumulative counters of a data loader; epoch figures are differences of two snapshots.
 struct LoaderStats {
-  std::string name;                 // "tunable" or "watched"
+  std::string name;  // "tunable" or "watched"
   bool tunable = false;
   LoaderSettings settings;
-  int max_workers = 0;              // CPUs this process may use
+  int max_workers = 0;  // CPUs this process may use
   bool pin_memory_available = false;
   bool device_prefetch_available = false;
-  int64_t batches = 0;              // batches handed to the training loop
-  int64_t produce_count = 0;        // batches produced (by workers or inline)
-  Nanos produce_ns = 0;             // wall time spent producing them, summed over threads
-  Nanos produce_cpu_ns = 0;         // CPU time of the producing threads meanwhile (I/O waits not)
-  int64_t blocked_count = 0;        // next() calls that had to wait
-  Nanos wait_ns = 0;                // total time next() blocked
+  int64_t batches = 0;        // batches handed to the training loop
+  int64_t produce_count = 0;  // batches produced (by workers or inline)
+  Nanos produce_ns = 0;       // wall time spent producing them, summed over threads
+  Nanos produce_cpu_ns = 0;   // CPU time of the producing threads meanwhile (I/O waits not)
+  int64_t blocked_count = 0;  // next() calls that had to wait
+  Nanos wait_ns = 0;          // total time next() blocked
 };
 
 struct PhaseTotal {
@@ -62,16 +62,16 @@ struct EpochSummary {
   int64_t steps = 0;
   int64_t first_step = 0;
   int64_t samples = 0;
-  Nanos wall_ns = 0;            // sum of step times
+  Nanos wall_ns = 0;  // sum of step times
   Nanos data_wait_ns = 0;
-  double data_wait_fraction = 0; // data_wait_ns / wall_ns
+  double data_wait_fraction = 0;  // data_wait_ns / wall_ns
   Nanos step_p50_ns = 0;
   Nanos step_p90_ns = 0;
   double steps_per_s = 0;
-  double samples_per_s = 0;      // 0 when samples are not reported
+  double samples_per_s = 0;  // 0 when samples are not reported
   std::vector<PhaseTotal> phases;
-  int64_t tuning_steps = 0;      // steps of this epoch run under auto-tune trials (mixed settings)
-  bool tuned = false;            // auto-tune has decided the knob settings (before this epoch ended)
+  int64_t tuning_steps = 0;  // steps of this epoch run under auto-tune trials (mixed settings)
+  bool tuned = false;        // auto-tune has decided the knob settings (before this epoch ended)
   std::optional<LoaderStats> loader;  // this epoch's loader counters (differences)
 };
 

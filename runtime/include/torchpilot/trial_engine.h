@@ -25,12 +25,12 @@ namespace torchpilot {
 
 struct TrialResult {
   Setting setting;
-  int64_t first_step = 0;      // first measured step
+  int64_t first_step = 0;  // first measured step
   int64_t last_step = 0;
-  Nanos mean_step_ns = 0;      // mean of the measured steps (bursty arrivals make medians lie)
-  double relative_error = 0;   // standard error of that mean, relative
-  double throughput = 0;       // samples / time over the window (steps/s without samples)
-  std::string unit;            // "samples/s" or "steps/s"
+  Nanos mean_step_ns = 0;         // mean of the measured steps (bursty arrivals make medians lie)
+  double relative_error = 0;      // standard error of that mean, relative
+  double throughput = 0;          // samples / time over the window (steps/s without samples)
+  std::string unit;               // "samples/s" or "steps/s"
   double data_wait_fraction = 0;  // data wait / time over the window
   // What the producer (the loader's workers) can sustain in the same unit, measured in the window:
   // parallelism / mean production time per unit; 0 when not measurable. A window whose steps are
@@ -40,19 +40,19 @@ struct TrialResult {
   bool supply_limited = false;  // the cap applied
   double demand = 0;            // the window's throughput before the cap
   bool failed = false;
-  std::string note;            // why it failed
+  std::string note;  // why it failed
 };
 
 struct TuningDecision {
   std::string policy;
-  Setting baseline;            // what the run started with
-  Setting chosen;              // what it runs with now
+  Setting baseline;  // what the run started with
+  Setting chosen;    // what it runs with now
   double baseline_throughput = 0;
   double chosen_throughput = 0;
-  std::string unit;            // "samples/s" or "steps/s"
+  std::string unit;  // "samples/s" or "steps/s"
   int64_t decided_at_step = 0;
-  int64_t steps_used = 0;      // steps from the first trial step to the decision
-  std::string reason;          // why the search ended
+  int64_t steps_used = 0;           // steps from the first trial step to the decision
+  std::string reason;               // why the search ended
   std::vector<TrialResult> trials;  // trials[0] is the baseline
 };
 
@@ -82,8 +82,8 @@ class TrialEngine {
   // Optional: the producer's cumulative counters (a loader's batches), read at the start and end
   // of each measured window to measure its capacity (TrialResult::supply_capacity).
   struct SupplySample {
-    int64_t units = 0;  // work units produced (one per step)
-    Nanos busy_ns = 0;  // producing time summed over producers
+    int64_t units = 0;    // work units produced (one per step)
+    Nanos busy_ns = 0;    // producing time summed over producers
     int parallelism = 0;  // producers running in parallel (0: the training thread produces)
   };
   std::function<SupplySample()> supply_probe;
