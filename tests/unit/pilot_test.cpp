@@ -657,3 +657,53 @@ TEST(PilotTest, RecordFormattersAreSingleLineJson) {
 
 }  // namespace
 }  // namespace torchpilot
+
+namespace torchpilot {
+namespace {
+
+// Resident set size of this process, from /proc (Linux).
+long resident_kib() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
+}
+
+// DESIGN.md's memory budget: a million steps do not grow resident memory. The step history is a
+// ring buffer and epoch statistics are fixed-size histograms.
+TEST(PilotSoak, AMillionStepsKeepMemoryBounded) {
+  auto clock = std::make_shared<ManualClock>(0);
+  Config config;
+  config.log_level = "off";
+  PilotOptions options;
+  options.clock = clock;
+  Pilot pilot(config, options);
+  const int forward = pilot.phase_id("forward");
+  auto run = [&](int steps) {
+    for (int i = 0; i < steps; ++i) {
+      pilot.record_data_wait(100);
+      auto step = pilot.step(32);
+      {
+        auto p = pilot.phase(forward);
+        clock->advance(1000);
+      }
+      clock->advance(500);
+    }
+  };
+  run(100000);  // reach the ring buffer's capacity and the allocator's steady state
+  const long before = resident_kib();
+  ASSERT_GT(before, 0);
+  for (int epoch = 0; epoch < 9; ++epoch) {
+    run(100000);
+    if (epoch % 3 == 2) pilot.end_epoch();
+  }
+  const long after = resident_kib();
+  EXPECT_EQ(pilot.steps(), 1000000);
+  EXPECT_EQ(pilot.recent_steps().size(), static_cast<size_t>(config.step_history));
+  EXPECT_LT(after - before, 1024) << "resident memory grew by " << (after - before) << " KiB";
+}
+
+}  // namespace
+}  // namespace torchpilot
