@@ -10,6 +10,9 @@ namespace {
 
 // Production that spends at least this share of its time on the CPU counts as CPU-bound.
 constexpr double kCpuBoundShare = 0.5;
+// Below this share of the step spent computing, the compute time is too small to size from.
+constexpr double kMinComputeShare = 0.01;
+constexpr double kMaxWorkersEstimate = 1e6;
 
 std::string num(double v, const char* format = "%.1f") {
   char buf[48];
@@ -29,7 +32,10 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s,
   a.severity = f >= config.high_severity ? Severity::kHigh : Severity::kWarning;
   const double wait_ms = static_cast<double>(s.data_wait_ns) / 1e6 / s.steps;
   const double step_ms = static_cast<double>(s.wall_ns) / 1e6 / s.steps;
-  const double compute_ms = std::max(1e-6, step_ms - wait_ms);  // step time without the wait
+  // Step time without the wait. When (nearly) all of a step is waiting, the compute time is not
+  // known well enough to size workers or a gain from it.
+  const double compute_ms = std::max(0.0, step_ms - wait_ms);
+  const bool compute_known = compute_ms > kMinComputeShare * step_ms;
   a.finding = "the training thread waited for data " + num(100 * f) + "% of step time (" +
               num(wait_ms, "%.2f") + " ms of a " + num(step_ms, "%.2f") + " ms step; threshold " +
               num(100 * config.threshold) + "%)";
@@ -38,7 +44,7 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s,
                 {"step_time", step_ms, "ms"},
                 {"threshold", config.threshold, "fraction"}};
   // Removing the wait entirely turns a step of `step` into one of `compute`.
-  a.expected_gain = f / std::max(1e-9, 1.0 - f);
+  a.expected_gain = compute_known ? f / (1.0 - f) : 0.0;
   a.gain_estimated = true;
 
   if (!s.loader || s.loader->produce_count == 0) {
@@ -54,8 +60,9 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s,
   const double cpu_share = fraction(l.produce_cpu_ns, l.produce_ns);
   const bool cpu_bound = cpu_share >= kCpuBoundShare;
   const int cpus = std::max(1, l.max_workers);
-  // Workers needed so that a batch is ready every compute_ms.
-  const int needed = static_cast<int>(std::ceil(batch_ms / compute_ms));
+  // Workers needed so that a batch is ready every compute_ms (all CPUs when that is unknown).
+  const double ratio = compute_known ? batch_ms / compute_ms : std::max(1, l.max_workers);
+  const int needed = static_cast<int>(std::ceil(std::min(ratio, kMaxWorkersEstimate)));
   const int workers = l.settings.workers;
   a.evidence.push_back({"batch_produce_time", batch_ms, "ms"});
   a.evidence.push_back({"batch_produce_cpu_share", cpu_share, "fraction"});
@@ -102,7 +109,7 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s,
   if (cpu_bound && needed > cpus) {
     // With every CPU loading, a step can be no shorter than batch_ms / cpus.
     const double best_step = std::max(compute_ms, batch_ms / cpus);
-    a.expected_gain = std::max(0.0, step_ms / best_step - 1.0);
+    a.expected_gain = best_step > 0 ? std::max(0.0, step_ms / best_step - 1.0) : 0.0;
     if (workers == 0) a.action += "; even then loading is CPU-bound: make it cheaper";
   }
   if (l.pin_memory_available && !l.settings.pin_memory) {

@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
       config.mode = torchpilot::Mode::kAutotune;
     }
     if (!mode.empty()) {
-      config = torchpilot::Config::from_yaml_string("mode: " + mode, "--mode");
+      config.mode = torchpilot::Config::from_yaml_string("mode: " + mode, "--mode").mode;
     }
     if (!json_path.empty()) config.json_path = json_path;
 

@@ -86,6 +86,11 @@ int64_t Trainer::steps_per_epoch() const { return dataset_size() / impl_->option
 RunResult Trainer::run(torchpilot::Pilot& pilot, int64_t steps,
                        const torchpilot::LoaderSettings& settings,
                        const std::function<bool()>& stop) {
+  if (steps_per_epoch() == 0) {
+    throw std::invalid_argument("batch size " + std::to_string(impl_->options.batch_size) +
+                                " is larger than the dataset (" + std::to_string(dataset_size()) +
+                                " images)");
+  }
   torchpilot::LoaderOptions lo;
   lo.batch_size = static_cast<size_t>(impl_->options.batch_size);
   lo.workers = settings.workers;

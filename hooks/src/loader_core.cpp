@@ -37,7 +37,8 @@ LoaderCore::LoaderCore(size_t dataset_size, LoaderOptions options, Produce produ
       pin_available_(pin_memory_available),
       device_prefetch_available_(device_prefetch_available),
       max_workers_(affinity_cpu_count()),
-      clock_(default_clock()) {
+      clock_(default_clock()),
+      wait_clock_(clock_) {
   if (options_.batch_size == 0) throw std::invalid_argument("torchpilot loader: batch_size is 0");
   if (options_.workers < 0 || options_.workers > kMaxWorkers) {
     throw std::invalid_argument("torchpilot loader: workers must be in [0, " +
@@ -112,7 +113,13 @@ void LoaderCore::start_epoch() {
     next_order_ = options_.prefetch_across_epochs ? epoch_order(epoch_ + 1) : std::vector<size_t>();
     started_ = true;
     epoch_active_ = true;
-    ensure_workers();
+    try {
+      ensure_workers();
+    } catch (const std::exception& e) {
+      // Fewer workers than asked for (settings_ says how many): load with those, say so once.
+      torchpilot_logger()->warn("loader '{}': only {} worker threads could be started: {}",
+                                options_.name, settings_.workers, e.what());
+    }
   }
   work_cv_.notify_all();
 }
@@ -179,8 +186,16 @@ void LoaderCore::ensure_workers() {
     if (slot.running) continue;
     // A slot not running has left worker_loop (it clears `running` under mu_ as its last act).
     if (slot.thread.joinable()) slot.thread.join();
-    slot.running = true;
-    slot.thread = std::thread(&LoaderCore::worker_loop, this, id);
+    // Create first: if the system refuses a thread, the slot stays free (and the caller sees
+    // std::system_error) instead of counting a worker that does not exist.
+    try {
+      std::thread thread(&LoaderCore::worker_loop, this, id);
+      slot.running = true;
+      slot.thread = std::move(thread);
+    } catch (...) {
+      settings_.workers = id;  // the workers that do exist
+      throw;
+    }
   }
 }
 
@@ -210,7 +225,7 @@ void LoaderCore::worker_loop(int id) {
 }
 
 LoaderCore::Batch LoaderCore::next() {
-  const Nanos start = clock_->now_ns();
+  const Nanos start = wait_clock_->now_ns();
   bool blocked = false;
   std::unique_lock<std::mutex> lock(mu_);
   if (!epoch_active_) return nullptr;
@@ -249,7 +264,7 @@ LoaderCore::Batch LoaderCore::next() {
 
   batches_.fetch_add(1, std::memory_order_relaxed);
   if (blocked) {
-    const Nanos waited = clock_->now_ns() - start;
+    const Nanos waited = wait_clock_->now_ns() - start;
     blocked_count_.fetch_add(1, std::memory_order_relaxed);
     wait_ns_.fetch_add(waited, std::memory_order_relaxed);
     if (observer) observer(waited);
@@ -316,9 +331,11 @@ LoaderStats LoaderCore::stats() const {
   return s;
 }
 
-void LoaderCore::set_wait_observer(std::function<void(Nanos)> observer) {
+void LoaderCore::set_wait_observer(std::function<void(Nanos)> observer,
+                                   std::shared_ptr<Clock> clock) {
   std::lock_guard<std::mutex> lock(mu_);
   wait_observer_ = std::move(observer);
+  wait_clock_ = clock ? std::move(clock) : clock_;
 }
 
 }  // namespace torchpilot

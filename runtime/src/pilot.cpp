@@ -59,6 +59,7 @@ void PhaseScope::end() {
 
 Pilot::Pilot(Config config, PilotOptions options)
     : config_(std::move(config)),
+      enabled_(config_.mode != Mode::kOff),
       clock_(options.clock ? options.clock : default_clock()),
       logger_(options.logger ? options.logger : torchpilot_logger()) {
   validate(config_);  // a Config built in code gets the same checks as a file
@@ -75,7 +76,7 @@ Pilot::Pilot(Config config, PilotOptions options)
 }
 
 Pilot::~Pilot() {
-  if (loader_ != nullptr) loader_->pilot_destroyed();
+  if (loader_ != nullptr) loader_->forget_pilot();
   flush();
 }
 
@@ -160,6 +161,11 @@ void Pilot::end_step() {
     engine_->on_step(r);
   } catch (const std::exception& e) {
     logger_->error("autotune stopped after an internal error: {}", e.what());
+    try {
+      engine_->abandon(std::string("internal error: ") + e.what());  // applies the best so far
+    } catch (const std::exception& again) {
+      logger_->error("autotune could not restore the best setting: {}", again.what());
+    }
     engine_.reset();
     config_.mode = Mode::kAdvise;
     return;
@@ -235,11 +241,24 @@ void Pilot::for_each_sink(const char* what, Fn&& fn) {
 void Pilot::attach_loader(LoaderProbe* probe, std::vector<Knob> knobs) {
   if (loader_ != nullptr && loader_ != probe) {
     logger_->info("a new loader was attached; the previous one is no longer reported or tuned");
-    detach_loader(loader_);
+    LoaderProbe* old = loader_;
+    detach_loader(old);
+    old->forget_pilot();
   }
   loader_ = probe;
   loader_at_epoch_start_ = probe->stats();
   for (auto& k : knobs) knobs_.add(std::move(k));
+  if (!engine_) return;
+  if (!engine_->finished()) {
+    engine_.reset();  // a search over another loader's knobs means nothing now: start afresh
+  } else if (engine_->decision() && !engine_->decision()->trials.empty()) {
+    // Tuning is over: the new loader gets the decided setting.
+    try {
+      knobs_.apply(engine_->decision()->chosen);
+    } catch (const std::exception& e) {
+      logger_->warn("could not apply the tuned loader setting to the new loader: {}", e.what());
+    }
+  }
 }
 
 void Pilot::detach_loader(LoaderProbe* probe) {

@@ -17,6 +17,10 @@ using nlohmann::json;
 
 constexpr int kSchemaVersion = 1;
 
+// One line of JSON; invalid UTF-8 (a Latin-1 path in an error message, say) is replaced rather
+// than thrown, which would disable the sink for the rest of the run.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 double ms(Nanos ns) { return static_cast<double>(ns) / 1e6; }
 
 std::string fmt_ms(Nanos ns) {
@@ -113,11 +117,10 @@ class JsonLinesSink final : public Sink {
   explicit JsonLinesSink(const std::string& path) : path_(path), out_(path, std::ios::app) {
     if (!out_) throw std::runtime_error("torchpilot: cannot open JSON-lines file '" + path + "'");
     // The file is appended to: a run record tells one run's records from the next.
-    write(json({{"type", "run"},
-                {"v", kSchemaVersion},
-                {"pid", static_cast<int64_t>(getpid())},
-                {"unix_time_s", static_cast<int64_t>(std::time(nullptr))}})
-              .dump());
+    write(dump(json{{"type", "run"},
+                    {"v", kSchemaVersion},
+                    {"pid", static_cast<int64_t>(getpid())},
+                    {"unix_time_s", static_cast<int64_t>(std::time(nullptr))}}));
   }
   std::string name() const override { return "json-lines " + path_; }
   void on_step(const StepRecord& r, const std::vector<std::string>& names) override {
@@ -177,7 +180,7 @@ std::string step_json(const StepRecord& r, const std::vector<std::string>& names
             {"data_wait_ms", ms(r.data_wait_ns)},
             {"samples", r.samples},
             {"phases_ms", phases}};
-  return j.dump();
+  return dump(j);
 }
 
 std::string epoch_json(const EpochSummary& s, const std::vector<Advice>& advice) {
@@ -203,7 +206,7 @@ std::string epoch_json(const EpochSummary& s, const std::vector<Advice>& advice)
             {"tuned", s.tuned},
             {"loader", s.loader ? loader_json(*s.loader) : json(nullptr)},
             {"advice", list}};
-  return j.dump();
+  return dump(j);
 }
 
 std::string trial_json(const TrialResult& t, bool kept) {
@@ -211,7 +214,7 @@ std::string trial_json(const TrialResult& t, bool kept) {
   j["type"] = "tuning_trial";
   j["v"] = kSchemaVersion;
   j["kept"] = kept;
-  return j.dump();
+  return dump(j);
 }
 
 std::string decision_json(const TuningDecision& d) {
@@ -229,7 +232,7 @@ std::string decision_json(const TuningDecision& d) {
             {"steps_used", d.steps_used},
             {"reason", d.reason},
             {"trials", trials}};
-  return j.dump();
+  return dump(j);
 }
 
 std::vector<std::string> format_epoch(const EpochSummary& s, const std::vector<Advice>& advice) {

@@ -14,15 +14,18 @@ TrialEngine::TrialEngine(KnobRegistry& knobs, std::unique_ptr<TuningPolicy> poli
 void TrialEngine::on_step(const StepRecord& record) {
   if (finished()) return;
   if (!started_) {
+    if (knobs_.knobs().empty()) {
+      // A loader may be attached after a few steps: wait for knobs as long as a warm-up lasts.
+      last_step_ = record.step;
+      if (++steps_without_knobs_ >= std::max(1, config_.warmup_steps)) {
+        conclude("no tunable knobs registered");
+      }
+      return;
+    }
     started_ = true;
     first_step_ = record.step;
     first_begin_ns_ = record.begin_ns;
     last_end_ns_ = record.end_ns;
-    if (knobs_.knobs().empty()) {
-      last_step_ = record.step;
-      conclude("no tunable knobs registered");
-      return;
-    }
     // The step that just ended ran with the baseline; measurement starts after settling.
     current_ = knobs_.snapshot();
     begin_settling();

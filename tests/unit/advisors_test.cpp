@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <optional>
+#include <regex>
 #include <string>
 
 #include "torchpilot/metrics.h"
@@ -274,6 +275,23 @@ TEST(SeverityTest, Names) {
   EXPECT_STREQ(to_string(Severity::kInfo), "info");
   EXPECT_STREQ(to_string(Severity::kWarning), "warning");
   EXPECT_STREQ(to_string(Severity::kHigh), "high");
+}
+
+// Steps that are all waiting (or a wait measured past the step): no overflowing worker count, no
+// absurd gain.
+TEST(DataStarvationTest, AllWaitingStepsGiveBoundedAdvice) {
+  DataStarvationConfig config;
+  for (double wait : {10.0, 12.0}) {
+    EpochSummary s = make_summary(10, 10.0, wait);
+    s.loader = make_loader(0, 5000.0, 8);  // five seconds a batch
+    auto a = advise_data_starvation(s, config);
+    ASSERT_TRUE(a.has_value());
+    EXPECT_EQ(a->expected_gain, 0.0) << "unknown compute time: no gain is claimed";
+    const double needed = evidence(*a, "workers_needed_estimate").value();
+    EXPECT_GE(needed, 1.0);
+    EXPECT_LE(needed, 8.0);  // all the CPUs, not an overflowed int
+    EXPECT_FALSE(std::regex_search(a->action, std::regex("-[0-9]"))) << a->action;
+  }
 }
 
 }  // namespace

@@ -407,12 +407,14 @@ TEST(LoaderCoreTest, WaitObserverSeesEveryBlockingWait) {
   std::mutex mu;
   int calls = 0;
   Nanos total = 0;
-  loader.set_wait_observer([&](Nanos ns) {
-    std::lock_guard<std::mutex> lock(mu);
-    ++calls;
-    total += ns;
-    EXPECT_GE(ns, 0);
-  });
+  loader.set_wait_observer(
+      [&](Nanos ns) {
+        std::lock_guard<std::mutex> lock(mu);
+        ++calls;
+        total += ns;
+        EXPECT_GE(ns, 0);
+      },
+      nullptr);
   loader.start_epoch();
   drain(loader);
   const LoaderStats s = loader.stats();

@@ -449,7 +449,7 @@ class FakeLoader : public LoaderProbe {
     s.wait_ns = wait_ns;
     return s;
   }
-  void pilot_destroyed() override { pilot_gone = true; }
+  void forget_pilot() override { pilot_gone = true; }
   std::vector<Knob> knobs() {
     std::vector<int64_t> workers, prefetch;
     for (int64_t w = 0; w <= 8; ++w) workers.push_back(w);
@@ -553,11 +553,23 @@ TEST(PilotTest, AutotuneWithoutKnobsWarnsOnce) {
   config.mode = Mode::kAutotune;
   config.autotune.min_window_ms = 0;  // windows and budget in steps only
   config.autotune.warmup_seconds = 0;
+  config.autotune.warmup_steps = 20;  // how long it waits for a loader to be attached
   Pilot pilot(config, h.options());
   for (int i = 0; i < 30; ++i) run_step(pilot, *h.clock, 0, 5 * kMs);
   EXPECT_TRUE(pilot.tuning_finished());
   EXPECT_TRUE(h.recording->decisions.empty());
   EXPECT_EQ(count_of(h.log(), "nothing to tune"), 1u) << h.log();
+}
+
+TEST(PilotTest, AttachingAnotherLoaderMakesTheFirstForgetThePilot) {
+  Harness h;
+  FakeLoader first, second;
+  Pilot pilot(advise_config(), h.options());
+  pilot.attach_loader(&first, first.knobs());
+  pilot.attach_loader(&second, second.knobs());
+  EXPECT_TRUE(first.pilot_gone);  // it must no longer report or detach itself from this pilot
+  EXPECT_FALSE(second.pilot_gone);
+  EXPECT_EQ(pilot.knobs().knobs().size(), 3u);  // the second loader's knobs only
 }
 
 TEST(PilotTest, DetachLoaderRemovesItsKnobs) {
@@ -638,6 +650,19 @@ TEST(PilotTest, JsonLinesRecordsAreValidJsonWithDocumentedTypes) {
   EXPECT_EQ(counts["tuning_decision"], 1);
   EXPECT_EQ(counts["run"], 1);
   EXPECT_EQ(counts.size(), 5u) << "only the documented record types";
+}
+
+TEST(PilotTest, InvalidUtf8InRecordsIsReplacedNotThrown) {
+  StepRecord r;
+  r.end_ns = kMs;
+  const std::vector<std::string> names = {"fwd\xff\xfe"};  // not UTF-8
+  std::string line;
+  ASSERT_NO_THROW(line = step_json(r, names));
+  EXPECT_NO_THROW((void)nlohmann::json::parse(line));
+  TrialResult t;
+  t.failed = true;
+  t.note = "cannot open /data/caf\xe9.bin";  // a Latin-1 path in an error message
+  EXPECT_NO_THROW((void)nlohmann::json::parse(trial_json(t, false)));
 }
 
 TEST(PilotTest, RecordFormattersAreSingleLineJson) {

@@ -415,26 +415,56 @@ TEST(TrialEngineTest, EverySetterThrowingKeepsTheBaseline) {
   EXPECT_EQ(d.decided_at_step, d.trials[0].last_step);
 }
 
-TEST(TrialEngineTest, EmptyRegistryConcludesAtOnce) {
+TEST(TrialEngineTest, EmptyRegistryConcludesAfterAWarmUpWithoutKnobs) {
   KnobRegistry knobs;
-  const AutotuneConfig config = default_autotune();
+  AutotuneConfig config = default_autotune();
+  config.warmup_steps = 3;  // a loader may still be attached within this many steps
   TrialEngine engine(knobs, make_loader_policy(config), config);
-  EXPECT_FALSE(engine.finished());
   StepRecord r;
-  r.step = 7;
-  r.end_ns = 1000000;
+  for (int64_t step = 7; step < 9; ++step) {
+    r.step = step;
+    engine.on_step(r);
+    EXPECT_FALSE(engine.finished());
+  }
+  r.step = 9;
   engine.on_step(r);
   ASSERT_TRUE(engine.finished());
   const TuningDecision& d = *engine.decision();
   EXPECT_NE(d.reason.find("no tunable knobs"), std::string::npos) << d.reason;
   EXPECT_TRUE(d.trials.empty());
-  EXPECT_EQ(d.decided_at_step, 7);
-  EXPECT_EQ(d.steps_used, 1);
+  EXPECT_EQ(d.decided_at_step, 9);
+  EXPECT_EQ(d.steps_used, 0);
   EXPECT_TRUE(d.chosen.empty());
   // Further steps change nothing.
-  r.step = 8;
+  r.step = 10;
   engine.on_step(r);
-  EXPECT_EQ(engine.decision()->decided_at_step, 7);
+  EXPECT_EQ(engine.decision()->decided_at_step, 9);
+}
+
+TEST(TrialEngineTest, KnobsRegisteredAfterTheFirstStepsAreTuned) {
+  KnobRegistry knobs;
+  AutotuneConfig config = default_autotune();
+  TrialEngine engine(knobs, make_loader_policy(config), config);
+  StepRecord r;
+  for (int64_t step = 0; step < 5; ++step) {  // steps before the loader is attached
+    r.step = step;
+    engine.on_step(r);
+  }
+  ASSERT_FALSE(engine.finished());
+  int64_t workers = 0;
+  knobs.add(
+      {"loader.workers", range(0, 2), [&] { return workers; }, [&](int64_t v) { workers = v; }});
+  Nanos now = 0;
+  for (int64_t step = 5; step < 500 && !engine.finished(); ++step) {
+    r.step = step;
+    r.begin_ns = now;
+    now += 10000000 / (1 + workers);
+    r.end_ns = now;
+    engine.on_step(r);
+  }
+  ASSERT_TRUE(engine.finished());
+  EXPECT_EQ(engine.decision()->chosen.at("loader.workers"), 2);
+  EXPECT_EQ(engine.decision()->trials.front().first_step, 5 + config.settle_steps + 1);
 }
 
 TEST(TrialEngineTest, BudgetStopsTheSearchAndAppliesTheIncumbent) {

@@ -9,7 +9,8 @@
 // Failure behaviour: an exception thrown while producing a batch is caught in the worker, the
 // failing sample is located by producing the batch's samples one at a time, and next() throws
 // DataLoaderError for that batch in its turn; the epoch can go on with the following batches.
-// Destruction waits for batches in production (at most one per worker) and joins every thread.
+// Destruction waits for batches in production (one per worker, plus the sample-by-sample retry
+// of a batch whose dataset call failed) and joins every thread.
 #pragma once
 
 #include <atomic>
@@ -94,6 +95,8 @@ class LoaderCore {
   int64_t epoch() const;
 
   // Live knobs. Values are clamped to their range; unavailable features stay off (false return).
+  // set_workers throws std::system_error if a thread cannot be created; the workers that could be
+  // started keep working and settings() says how many.
   void set_workers(int workers);
   void set_prefetch(int prefetch);
   bool set_pin_memory(bool on);
@@ -105,8 +108,9 @@ class LoaderCore {
   bool pin_memory_available() const { return pin_available_; }
   bool device_prefetch_available() const { return device_prefetch_available_; }
 
-  // Called with each blocking wait of next() (the Pilot's record_data_wait).
-  void set_wait_observer(std::function<void(Nanos)> observer);
+  // Called with each blocking wait of next() (the Pilot's record_data_wait), timed with `clock`
+  // (the Pilot's; null: the steady clock). Consumer thread only.
+  void set_wait_observer(std::function<void(Nanos)> observer, std::shared_ptr<Clock> clock);
 
  private:
   struct Result {
@@ -132,7 +136,8 @@ class LoaderCore {
   const bool pin_available_;
   const bool device_prefetch_available_;
   const int max_workers_;
-  std::shared_ptr<Clock> clock_;
+  std::shared_ptr<Clock> clock_;       // production timing (worker threads)
+  std::shared_ptr<Clock> wait_clock_;  // next()'s waits (consumer thread)
 
   mutable std::mutex mu_;
   std::condition_variable work_cv_;   // workers: work may be claimable, or they should exit

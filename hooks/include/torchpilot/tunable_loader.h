@@ -101,9 +101,12 @@ class TunableLoader final : public LoaderProbe {
 
   // Reports waits to the pilot, registers the loader.* knobs, and ends the pilot's epoch when an
   // epoch of this loader is exhausted.
+  // Attaching to another pilot detaches from the previous one.
   void attach(Pilot& pilot) {
+    if (pilot_ != nullptr && pilot_ != &pilot) pilot_->detach_loader(this);
     pilot_ = &pilot;
-    core_.set_wait_observer([p = &pilot](Nanos ns) { p->record_data_wait(ns); });
+    core_.set_wait_observer([p = &pilot](Nanos ns) { p->record_data_wait(ns); },
+                            pilot.shared_clock());
     pilot.attach_loader(this, make_knobs());
   }
 
@@ -212,7 +215,8 @@ class TunableLoader final : public LoaderProbe {
                  {},
                  [this] { return int64_t{core_.settings().workers}; },
                  [this](int64_t v) { core_.set_workers(static_cast<int>(v)); }};
-    const int max = std::max(core_.max_workers(), core_.settings().workers);
+    const int max =
+        std::min(LoaderCore::kMaxWorkers, std::max(core_.max_workers(), core_.settings().workers));
     for (int w = 0; w <= max; ++w) workers.domain.push_back(w);
     knobs.push_back(std::move(workers));
     Knob prefetch{"loader.prefetch",
@@ -233,9 +237,9 @@ class TunableLoader final : public LoaderProbe {
     return knobs;
   }
 
-  void pilot_destroyed() override {
+  void forget_pilot() override {
     pilot_ = nullptr;
-    core_.set_wait_observer(nullptr);
+    core_.set_wait_observer(nullptr, nullptr);
   }
 
   Dataset prototype_;

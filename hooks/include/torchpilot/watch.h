@@ -72,7 +72,7 @@ class WatchedLoader final : public LoaderProbe {
     s.wait_ns = wait_ns_.load(std::memory_order_relaxed);
     return s;
   }
-  void pilot_destroyed() override { pilot_ = nullptr; }
+  void forget_pilot() override { pilot_ = nullptr; }
 
  private:
   // Runs one fetch, reports its wait, and ends the pilot's epoch when the loader is exhausted.

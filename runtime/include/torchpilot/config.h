@@ -1,5 +1,5 @@
 // torchpilot configuration: defaults, YAML files and TORCHPILOT_* environment overrides.
-// configs/default.yaml documents every key; docs/config.md explains precedence.
+// configs/default.yaml documents every key; docs/configuration.md explains precedence.
 //
 // Failure behaviour: every loader here validates the whole input and throws ConfigError naming the
 // source (file or environment variable), the key and the reason. That happens at start-up, before

@@ -77,13 +77,15 @@ class PhaseScope {
   Nanos begin_;
 };
 
-// What a data loader shows the Pilot. The loader detaches itself when destroyed; a Pilot destroyed
-// first calls pilot_destroyed() so the loader forgets it.
+// What a data loader shows the Pilot. One loader is attached at a time: it is measured (waits,
+// epoch counters) and, in autotune mode, tuned. The loader detaches itself when destroyed. The
+// Pilot calls forget_pilot() when it is destroyed first or when another loader replaces this one;
+// the loader must then stop reporting to it.
 class LoaderProbe {
  public:
   virtual ~LoaderProbe() = default;
   virtual LoaderStats stats() const = 0;
-  virtual void pilot_destroyed() = 0;
+  virtual void forget_pilot() = 0;
 };
 
 struct PilotOptions {
@@ -117,13 +119,14 @@ class Pilot {
 
   // --- for hooks -------------------------------------------------------------------------------
   void record_data_wait(Nanos ns) {
-    if (config_.mode != Mode::kOff) pending_wait_ns_.fetch_add(ns, std::memory_order_relaxed);
+    if (enabled_) pending_wait_ns_.fetch_add(ns, std::memory_order_relaxed);
   }
   // The loader's knobs join the registry (autotune tunes them); its stats go into epoch summaries.
   void attach_loader(LoaderProbe* probe, std::vector<Knob> knobs);
   void detach_loader(LoaderProbe* probe);
   KnobRegistry& knobs() { return knobs_; }
   Clock& clock() { return *clock_; }
+  const std::shared_ptr<Clock>& shared_clock() const { return clock_; }
   spdlog::logger& logger() { return *logger_; }
 
   // --- results, for programs and tests -----------------------------------------------------------
@@ -146,6 +149,7 @@ class Pilot {
   void for_each_sink(const char* what, Fn&& fn);
 
   Config config_;
+  const bool enabled_;  // mode != off, fixed at construction (read from any thread)
   std::shared_ptr<Clock> clock_;
   std::shared_ptr<spdlog::logger> logger_;
   std::vector<std::shared_ptr<Sink>> sinks_;

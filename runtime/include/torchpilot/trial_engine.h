@@ -74,6 +74,10 @@ class TrialEngine {
   void on_step(const StepRecord& record);
 
   bool finished() const { return decision_.has_value(); }
+  // Ends the search now with the best setting so far applied (used after an internal error).
+  void abandon(const std::string& reason) {
+    if (!finished()) conclude(reason);
+  }
   const std::optional<TuningDecision>& decision() const { return decision_; }
   const std::vector<TrialResult>& trials() const { return trials_; }
 
@@ -104,6 +108,7 @@ class TrialEngine {
   std::unique_ptr<TuningPolicy> policy_;
   AutotuneConfig config_;
   bool started_ = false;
+  int64_t steps_without_knobs_ = 0;
   bool samples_reported_ = false;
   int64_t first_step_ = 0;
   int64_t last_step_ = 0;
