@@ -658,11 +658,11 @@ TEST(PilotTest, InvalidUtf8InRecordsIsReplacedNotThrown) {
   const std::vector<std::string> names = {"fwd\xff\xfe"};  // not UTF-8
   std::string line;
   ASSERT_NO_THROW(line = step_json(r, names));
-  EXPECT_NO_THROW((void)nlohmann::json::parse(line));
+  EXPECT_TRUE(nlohmann::json::accept(line));
   TrialResult t;
   t.failed = true;
   t.note = "cannot open /data/caf\xe9.bin";  // a Latin-1 path in an error message
-  EXPECT_NO_THROW((void)nlohmann::json::parse(trial_json(t, false)));
+  EXPECT_TRUE(nlohmann::json::accept(trial_json(t, false)));
 }
 
 TEST(PilotTest, RecordFormattersAreSingleLineJson) {
