@@ -50,8 +50,8 @@ class WatchedLoader final : public LoaderProbe {
     Iterator(WatchedLoader* owner, Inner inner, Inner end)
         : owner_(owner), inner_(std::move(inner)), end_(std::move(end)) {}
     WatchedLoader* owner_;
-    mutable Inner inner_;
-    mutable Inner end_;
+    Inner inner_;
+    Inner end_;
   };
 
   Iterator begin() {
