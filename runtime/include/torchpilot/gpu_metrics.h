@@ -1,0 +1,48 @@
+// GPU-side metric math over vendor-neutral kernel intervals (docs/metrics.md, "GPU"). Pure
+// functions: the CUPTI collectors of the GPU capability (issue 3) feed them; tests feed
+// hand-made timelines.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "torchpilot/clock.h"
+
+namespace torchpilot {
+
+struct Interval {
+  Nanos begin = 0;
+  Nanos end = 0;  // exclusive; an interval with end <= begin is empty
+};
+
+// Length of the union of `intervals` inside `window`.
+Nanos union_length(std::vector<Interval> intervals, Interval window);
+
+// Length of (union of a) ∩ (union of b) inside `window`.
+Nanos intersection_length(std::vector<Interval> a, std::vector<Interval> b, Interval window);
+
+struct KernelEvent {
+  Nanos begin = 0;
+  Nanos end = 0;
+  int64_t blocks = 0;          // grid size in blocks
+  bool communication = false;  // a collective (NCCL) kernel rather than compute
+};
+
+struct GpuWindowMetrics {
+  Nanos window_ns = 0;
+  // Union of all kernel intervals / window: what nvidia-smi calls utilization.
+  double gpu_utilization = 0;
+  // Estimated SM efficiency (no counters): each kernel contributes min(1, blocks / SMs) while it
+  // runs, overlapping kernels add up, the sum is clamped at 1, averaged over the window.
+  double estimated_sm_efficiency = 0;
+  Nanos comm_ns = 0;             // union of communication kernels
+  Nanos comm_overlapped_ns = 0;  // ... that overlaps compute kernels
+  Nanos exposed_comm_ns = 0;     // comm_ns - comm_overlapped_ns
+  double comm_overlap = 0;       // comm_overlapped_ns / comm_ns (0 without communication)
+};
+
+// Metrics of the kernels inside `window` on a GPU with `sm_count` SMs (> 0).
+GpuWindowMetrics gpu_window_metrics(const std::vector<KernelEvent>& kernels, Interval window,
+                                    int sm_count);
+
+}  // namespace torchpilot

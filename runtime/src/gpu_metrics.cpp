@@ -1,0 +1,105 @@
+#include "torchpilot/gpu_metrics.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "torchpilot/metrics.h"
+
+namespace torchpilot {
+namespace {
+
+// Clips to the window and drops empty intervals.
+std::vector<Interval> clipped(std::vector<Interval> intervals, Interval window) {
+  std::vector<Interval> out;
+  out.reserve(intervals.size());
+  for (Interval i : intervals) {
+    i.begin = std::max(i.begin, window.begin);
+    i.end = std::min(i.end, window.end);
+    if (i.end > i.begin) out.push_back(i);
+  }
+  return out;
+}
+
+// Sorted, disjoint union of the intervals.
+std::vector<Interval> merged(std::vector<Interval> intervals) {
+  std::sort(intervals.begin(), intervals.end(),
+            [](const Interval& x, const Interval& y) { return x.begin < y.begin; });
+  std::vector<Interval> out;
+  for (const Interval& i : intervals) {
+    if (!out.empty() && i.begin <= out.back().end) {
+      out.back().end = std::max(out.back().end, i.end);
+    } else {
+      out.push_back(i);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Nanos union_length(std::vector<Interval> intervals, Interval window) {
+  Nanos total = 0;
+  for (const Interval& i : merged(clipped(std::move(intervals), window))) total += i.end - i.begin;
+  return total;
+}
+
+Nanos intersection_length(std::vector<Interval> a, std::vector<Interval> b, Interval window) {
+  const std::vector<Interval> x = merged(clipped(std::move(a), window));
+  const std::vector<Interval> y = merged(clipped(std::move(b), window));
+  // Two sorted disjoint lists: walk both.
+  Nanos total = 0;
+  size_t i = 0, j = 0;
+  while (i < x.size() && j < y.size()) {
+    const Nanos lo = std::max(x[i].begin, y[j].begin);
+    const Nanos hi = std::min(x[i].end, y[j].end);
+    if (hi > lo) total += hi - lo;
+    if (x[i].end < y[j].end) {
+      ++i;
+    } else {
+      ++j;
+    }
+  }
+  return total;
+}
+
+GpuWindowMetrics gpu_window_metrics(const std::vector<KernelEvent>& kernels, Interval window,
+                                    int sm_count) {
+  GpuWindowMetrics m;
+  m.window_ns = std::max<Nanos>(0, window.end - window.begin);
+  if (m.window_ns == 0 || sm_count <= 0) return m;
+
+  std::vector<Interval> all, comm, compute;
+  // Sweep events: +share at a kernel's start, -share at its end (clipped to the window).
+  std::vector<std::pair<Nanos, double>> edges;
+  for (const KernelEvent& k : kernels) {
+    const Interval i{std::max(k.begin, window.begin), std::min(k.end, window.end)};
+    if (i.end <= i.begin) continue;
+    all.push_back(i);
+    (k.communication ? comm : compute).push_back(i);
+    const double share =
+        std::min(1.0, static_cast<double>(std::max<int64_t>(0, k.blocks)) / sm_count);
+    edges.emplace_back(i.begin, share);
+    edges.emplace_back(i.end, -share);
+  }
+  m.gpu_utilization = fraction(union_length(all, window), m.window_ns);
+
+  std::sort(edges.begin(), edges.end());
+  double active = 0;  // summed shares of the kernels running now
+  double busy_sm_ns = 0;
+  for (size_t e = 0; e < edges.size(); ++e) {
+    active += edges[e].second;
+    if (e + 1 < edges.size()) {
+      const Nanos span = edges[e + 1].first - edges[e].first;
+      busy_sm_ns += std::min(1.0, std::max(0.0, active)) * static_cast<double>(span);
+    }
+  }
+  m.estimated_sm_efficiency = std::min(1.0, busy_sm_ns / static_cast<double>(m.window_ns));
+
+  m.comm_ns = union_length(comm, window);
+  m.comm_overlapped_ns = intersection_length(comm, compute, window);
+  m.exposed_comm_ns = m.comm_ns - m.comm_overlapped_ns;
+  m.comm_overlap = fraction(m.comm_overlapped_ns, m.comm_ns);
+  return m;
+}
+
+}  // namespace torchpilot

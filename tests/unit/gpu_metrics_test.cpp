@@ -1,0 +1,82 @@
+// GPU metric math on hand-made kernel timelines with known answers.
+#include "torchpilot/gpu_metrics.h"
+
+#include <gtest/gtest.h>
+
+namespace torchpilot {
+namespace {
+
+constexpr Nanos kMs = 1000000;
+constexpr int kSms = 132;  // H100 / H200
+
+TEST(IntervalMath, UnionMergesOverlapsAndClipsToTheWindow) {
+  const Interval window{0, 100};
+  EXPECT_EQ(union_length({}, window), 0);
+  EXPECT_EQ(union_length({{10, 20}, {15, 30}, {40, 50}}, window), 30);  // [10,30) + [40,50)
+  EXPECT_EQ(union_length({{-50, 10}, {90, 500}}, window), 20);          // clipped at both ends
+  EXPECT_EQ(union_length({{20, 10}, {30, 30}}, window), 0);             // empty intervals
+  EXPECT_EQ(union_length({{0, 50}, {50, 100}}, window), 100);           // touching
+  EXPECT_EQ(union_length({{10, 90}, {20, 30}}, window), 80);            // nested
+}
+
+TEST(IntervalMath, IntersectionOfTwoUnions) {
+  const Interval window{0, 100};
+  EXPECT_EQ(intersection_length({{0, 10}}, {{5, 20}}, window), 5);
+  EXPECT_EQ(intersection_length({{0, 10}, {20, 30}}, {{5, 25}}, window), 10);  // 5 + 5
+  EXPECT_EQ(intersection_length({{0, 10}, {5, 15}}, {{0, 100}}, window), 15);  // a overlaps itself
+  EXPECT_EQ(intersection_length({{0, 10}}, {{10, 20}}, window), 0);            // touching only
+  EXPECT_EQ(intersection_length({{90, 200}}, {{95, 300}}, window), 5);         // clipped
+}
+
+// The classic: one block on one SM, running all the time. nvidia-smi says 100%.
+TEST(GpuWindowMetrics, OneBlockKernelIsBusyButNearlyIdle) {
+  const auto m = gpu_window_metrics({{0, 1000 * kMs, 1, false}}, {0, 1000 * kMs}, kSms);
+  EXPECT_DOUBLE_EQ(m.gpu_utilization, 1.0);
+  EXPECT_NEAR(m.estimated_sm_efficiency, 1.0 / kSms, 1e-12);  // 0.76%
+  EXPECT_EQ(m.comm_ns, 0);
+  EXPECT_EQ(m.comm_overlap, 0.0);
+}
+
+TEST(GpuWindowMetrics, OverlappingKernelsAddUpAndClampAtOne) {
+  // [0,10): 66 blocks (0.5). [5,15): 100 blocks (~0.758) -> [5,10) sums past 1: clamped.
+  // [15,20): idle. Window 20.
+  const std::vector<KernelEvent> k = {{0, 10, 66, false}, {5, 15, 100, false}};
+  const auto m = gpu_window_metrics(k, {0, 20}, kSms);
+  EXPECT_DOUBLE_EQ(m.gpu_utilization, 15.0 / 20.0);
+  const double expected = (5 * 0.5 + 5 * 1.0 + 5 * (100.0 / kSms)) / 20.0;
+  EXPECT_NEAR(m.estimated_sm_efficiency, expected, 1e-12);
+}
+
+TEST(GpuWindowMetrics, LargeGridsCountAsAFullGpu) {
+  const auto m = gpu_window_metrics({{0, 10, 100000, false}}, {0, 40}, kSms);
+  EXPECT_DOUBLE_EQ(m.gpu_utilization, 0.25);
+  EXPECT_DOUBLE_EQ(m.estimated_sm_efficiency, 0.25);
+}
+
+TEST(GpuWindowMetrics, KernelsOutsideTheWindowAreClipped) {
+  const std::vector<KernelEvent> k = {
+      {-10, 5, kSms, false}, {95, 130, kSms, false}, {200, 300, kSms, false}};
+  const auto m = gpu_window_metrics(k, {0, 100}, kSms);
+  EXPECT_DOUBLE_EQ(m.gpu_utilization, 0.10);
+  EXPECT_DOUBLE_EQ(m.estimated_sm_efficiency, 0.10);
+}
+
+TEST(GpuWindowMetrics, CommunicationOverlapAndExposedTime) {
+  // All-reduce [0,10) and [30,40); compute [5,35).
+  const std::vector<KernelEvent> k = {{0, 10, 8, true}, {30, 40, 8, true}, {5, 35, kSms, false}};
+  const auto m = gpu_window_metrics(k, {0, 50}, kSms);
+  EXPECT_EQ(m.comm_ns, 20);
+  EXPECT_EQ(m.comm_overlapped_ns, 10);
+  EXPECT_EQ(m.exposed_comm_ns, 10);
+  EXPECT_DOUBLE_EQ(m.comm_overlap, 0.5);
+  EXPECT_DOUBLE_EQ(m.gpu_utilization, 40.0 / 50.0);
+}
+
+TEST(GpuWindowMetrics, EmptyInputsAreZero) {
+  EXPECT_EQ(gpu_window_metrics({}, {0, 100}, kSms).gpu_utilization, 0.0);
+  EXPECT_EQ(gpu_window_metrics({{0, 10, 1, false}}, {10, 10}, kSms).window_ns, 0);
+  EXPECT_EQ(gpu_window_metrics({{0, 10, 1, false}}, {0, 10}, 0).gpu_utilization, 0.0);
+}
+
+}  // namespace
+}  // namespace torchpilot
