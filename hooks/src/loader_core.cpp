@@ -95,6 +95,7 @@ void LoaderCore::start_epoch() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     const size_t per_epoch = batches_per_epoch();
+    partial_ = nullptr;  // a failed batch's remainder belongs to the epoch being left
     if (started_ && next_deliver_ == base_ + per_epoch) {
       // The last epoch was delivered in full: go on into the next, whose first batches the
       // workers may have produced already (claims run on across the boundary).
@@ -162,19 +163,30 @@ LoaderCore::Result LoaderCore::run_produce(const std::vector<size_t>& indices, i
   produce_cpu_ns_.fetch_add(thread_cpu_ns() - cpu_start, std::memory_order_relaxed);
   produce_count_.fetch_add(1, std::memory_order_relaxed);
   if (r.error.empty()) return r;
-  // Find the culprit: produce the samples one by one, without pinning or copies.
-  LoaderSettings plain = s;
-  plain.pin_memory = plain.device_prefetch = false;
   if (indices.size() == 1) {
     r.failed_sample = indices.front();
+    r.failed_count = 1;
     return r;
   }
+  // Find the culprits: produce the samples one by one, without pinning or copies. The others
+  // are then delivered as a smaller batch, so only the failing samples are skipped.
+  LoaderSettings plain = s;
+  plain.pin_memory = plain.device_prefetch = false;
+  std::vector<size_t> good;
   for (size_t index : indices) {
     try {
       produce_({index}, worker, plain);
+      good.push_back(index);
     } catch (...) {
-      r.failed_sample = index;
-      break;
+      if (!r.failed_sample) r.failed_sample = index;
+      ++r.failed_count;
+    }
+  }
+  if (!good.empty() && good.size() < indices.size()) {
+    try {
+      r.batch = produce_(good, worker, s);
+    } catch (...) {
+      r.batch = nullptr;  // the samples fail only together: nothing to deliver
     }
   }
   return r;
@@ -228,6 +240,11 @@ LoaderCore::Batch LoaderCore::next() {
   const Nanos start = wait_clock_->now_ns();
   bool blocked = false;
   std::unique_lock<std::mutex> lock(mu_);
+  if (partial_) {
+    // What was left of a batch whose dataset call failed (see the error thrown just before).
+    batches_.fetch_add(1, std::memory_order_relaxed);
+    return std::move(partial_);
+  }
   if (!epoch_active_) return nullptr;
   if (next_deliver_ >= base_ + batches_per_epoch()) {
     epoch_active_ = false;
@@ -258,6 +275,7 @@ LoaderCore::Batch LoaderCore::next() {
   }
   ++next_deliver_;
   const int64_t epoch = epoch_;
+  const uint64_t generation_at_delivery = generation_;
   auto observer = wait_observer_;
   lock.unlock();
   work_cv_.notify_all();  // the window moved on
@@ -270,8 +288,14 @@ LoaderCore::Batch LoaderCore::next() {
     if (observer) observer(waited);
   }
   if (!r.error.empty()) {
+    // The batch's other samples, if any, come with the next call.
+    {
+      std::lock_guard<std::mutex> relock(mu_);
+      if (generation_ == generation_at_delivery) partial_ = std::move(r.batch);
+    }
     std::string where = r.failed_sample ? "sample " + std::to_string(*r.failed_sample)
                                         : "a sample (none failed alone)";
+    if (r.failed_count > 1) where += " and " + std::to_string(r.failed_count - 1) + " more";
     throw DataLoaderError("torchpilot loader '" + options_.name + "': the dataset threw on " +
                               where + " (batch " + std::to_string(batch_in_epoch) + " of epoch " +
                               std::to_string(epoch) + "): " + r.error,

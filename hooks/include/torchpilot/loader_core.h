@@ -7,8 +7,9 @@
 // Thread-safety: next(), start_epoch() and the setters are for one consumer thread (the training
 // loop); settings() and stats() may be read from any thread. Worker threads are internal.
 // Failure behaviour: an exception thrown while producing a batch is caught in the worker, the
-// failing sample is located by producing the batch's samples one at a time, and next() throws
-// DataLoaderError for that batch in its turn; the epoch can go on with the following batches.
+// failing samples are located by producing the batch's samples one at a time, and next() throws
+// DataLoaderError for that batch in its turn. The next call delivers the batch's other samples as
+// a smaller batch, then the epoch goes on: only the failing samples are skipped.
 // Destruction waits for batches in production (one per worker, plus the sample-by-sample retry
 // of a batch whose dataset call failed) and joins every thread.
 #pragma once
@@ -54,7 +55,8 @@ class DataLoaderError : public std::runtime_error {
   DataLoaderError(const std::string& message, std::optional<size_t> sample, size_t batch,
                   int64_t epoch)
       : std::runtime_error(message), sample_(sample), batch_(batch), epoch_(epoch) {}
-  // The first sample of the batch whose production throws on its own (if one does).
+  // The first sample of the batch whose production throws on its own (if one does); the batch's
+  // other samples come as a smaller batch from the next call to next().
   std::optional<size_t> sample_index() const { return sample_; }
   size_t batch_index() const { return batch_; }
   int64_t epoch() const { return epoch_; }
@@ -114,9 +116,10 @@ class LoaderCore {
 
  private:
   struct Result {
-    Batch batch;
+    Batch batch;        // with an error: the batch without its failing samples (or null)
     std::string error;  // non-empty: production failed
-    std::optional<size_t> failed_sample;
+    std::optional<size_t> failed_sample;  // the first sample that fails on its own
+    size_t failed_count = 0;
   };
   struct WorkerSlot {
     std::thread thread;
@@ -155,6 +158,7 @@ class LoaderCore {
   size_t next_claim_ = 0;
   size_t next_deliver_ = 0;
   std::map<size_t, Result> ready_;
+  Batch partial_;  // the rest of a failed batch, delivered by the next next()
   std::vector<WorkerSlot> slots_;
   std::function<void(Nanos)> wait_observer_;
 

@@ -18,7 +18,10 @@
 //
 // Thread-safety: iterate, call next() and the setters from one thread. Failure behaviour: a
 // dataset exception reaches the caller of next() (or the loop's ++) as DataLoaderError, naming
-// the sample; to go on after one, use `while (auto b = loader.next())` inside try/catch.
+// the sample; the next call delivers the batch's other samples as a smaller batch, so only the
+// failing samples are skipped. To go on after one, use `while (auto b = loader.next())` inside
+// try/catch (an exception from the loop's ++ ends a range-for, and the next begin() starts a new
+// epoch).
 // Destroying the loader mid-epoch finishes batches in production and joins all threads.
 #pragma once
 
