@@ -276,7 +276,6 @@ LoaderCore::Batch LoaderCore::next() {
   ++next_deliver_;
   const int64_t epoch = epoch_;
   const uint64_t generation_at_delivery = generation_;
-  auto observer = wait_observer_;
   lock.unlock();
   work_cv_.notify_all();  // the window moved on
 
@@ -285,7 +284,8 @@ LoaderCore::Batch LoaderCore::next() {
     const Nanos waited = wait_clock_->now_ns() - start;
     blocked_count_.fetch_add(1, std::memory_order_relaxed);
     wait_ns_.fetch_add(waited, std::memory_order_relaxed);
-    if (observer) observer(waited);
+    // wait_observer_ is set on this (the consumer) thread only: no copy or lock needed.
+    if (wait_observer_) wait_observer_(waited);
   }
   if (!r.error.empty()) {
     // The batch's other samples, if any, come with the next call.
@@ -357,7 +357,7 @@ LoaderStats LoaderCore::stats() const {
 
 void LoaderCore::set_wait_observer(std::function<void(Nanos)> observer,
                                    std::shared_ptr<Clock> clock) {
-  std::lock_guard<std::mutex> lock(mu_);
+  // Consumer thread only, like next(), which reads both without the lock.
   wait_observer_ = std::move(observer);
   wait_clock_ = clock ? std::move(clock) : clock_;
 }

@@ -91,9 +91,8 @@ void TrialEngine::finish_trial() {
   TrialResult& t = trials_.back();
   t.first_step = last_step_ - static_cast<int64_t>(window_ns_.size()) + 1;
   t.last_step = last_step_;
-  Nanos total_ns = 0;
+  const Nanos total_ns = window_total_ns_;  // summed as the steps came in
   int64_t total_samples = 0;
-  for (Nanos ns : window_ns_) total_ns += ns;
   for (int64_t n : window_samples_) total_samples += n;
   const auto steps = static_cast<int64_t>(window_ns_.size());
   t.mean_step_ns = total_ns / steps;
