@@ -48,6 +48,24 @@ std::string text(const std::vector<int>& list) {
   return out;
 }
 
+// Rows for plain fields: TP_INT("key", min, max, field) etc.
+#define TP_INT(key, lo, hi, field)                                                       \
+  {key, Type::kInt, lo, hi, {},                                                          \
+   [](const Config& c) -> std::string { return std::to_string(c.field); },               \
+   [](Config& c, const Value& v) { c.field = static_cast<decltype(c.field)>(v.i); }}
+#define TP_DOUBLE(key, lo, hi, field)                                       \
+  {key, Type::kDouble, lo, hi, {},                                          \
+   [](const Config& c) -> std::string { return text(c.field); }, \
+   [](Config& c, const Value& v) { c.field = v.d; }}
+#define TP_BOOL(key, field)                                                 \
+  {key, Type::kBool, 0, 0, {},                                              \
+   [](const Config& c) -> std::string { return text(c.field); }, \
+   [](Config& c, const Value& v) { c.field = v.b; }}
+#define TP_STRING(key, field)                                               \
+  {key, Type::kString, 0, 0, {},                                            \
+   [](const Config& c) -> std::string { return c.field; },                  \
+   [](Config& c, const Value& v) { c.field = v.s; }}
+
 const std::vector<KeySpec>& schema() {
   static const std::vector<KeySpec> table = {
       {"mode",
@@ -94,6 +112,17 @@ const std::vector<KeySpec>& schema() {
        {},
        [](const Config& c) -> std::string { return text(c.data_starvation.high_severity); },
        [](Config& c, const Value& v) { c.data_starvation.high_severity = v.d; }},
+      TP_DOUBLE("advisors.busy_inefficient.utilization", 0.0, 1.0, gpu_advisors.busy_utilization),
+      TP_DOUBLE("advisors.busy_inefficient.sm_efficiency", 0.0, 1.0,
+                gpu_advisors.inefficient_sm_efficiency),
+      TP_DOUBLE("advisors.host_sync.threshold", 0.0, 1.0, gpu_advisors.host_sync_threshold),
+      TP_DOUBLE("advisors.pageable_copies.threshold", 0.0, 1.0, gpu_advisors.pageable_threshold),
+      TP_DOUBLE("advisors.launch_bound.threshold", 0.0, 1.0, gpu_advisors.launch_bound_threshold),
+      TP_DOUBLE("advisors.precision.fp32_matmul_threshold", 0.0, 1.0,
+                gpu_advisors.fp32_matmul_threshold),
+      TP_DOUBLE("advisors.attention.unfused_threshold", 0.0, 1.0,
+                gpu_advisors.unfused_attention_threshold),
+      TP_DOUBLE("advisors.low_mfu.threshold", 0.0, 1.0, gpu_advisors.low_mfu_threshold),
       {"autotune.warmup_steps",
        Type::kInt,
        0,
@@ -166,6 +195,25 @@ const std::vector<KeySpec>& schema() {
        {},
        [](const Config& c) -> std::string { return text(c.autotune.tune_device_prefetch); },
        [](Config& c, const Value& v) { c.autotune.tune_device_prefetch = v.b; }},
+      TP_BOOL("gpu.enabled", gpu.enabled),
+      TP_INT("gpu.device", 0, 1023, gpu.device),
+      TP_BOOL("gpu.pm_sampling", gpu.pm_sampling),
+      TP_DOUBLE("gpu.pm_interval_ms", 0.1, 1000.0, gpu.pm_interval_ms),
+      TP_BOOL("gpu.nvml", gpu.nvml),
+      TP_DOUBLE("gpu.nvml_interval_ms", 10.0, 60000.0, gpu.nvml_interval_ms),
+      TP_BOOL("gpu.nvtx", gpu.nvtx),
+      TP_BOOL("gpu.activity", gpu.activity),
+      TP_INT("gpu.trace_first_step", 0, 1e9, gpu.trace_first_step),
+      TP_INT("gpu.trace_steps", 1, 100000, gpu.trace_steps),
+      TP_INT("gpu.trace_every_epochs", 0, 1000000, gpu.trace_every_epochs),
+      TP_DOUBLE("gpu.trace_anomaly_factor", 0.0, 1000.0, gpu.trace_anomaly_factor),
+      TP_INT("gpu.trace_buffer_mb", 1, 4096, gpu.trace_buffer_mb),
+      TP_STRING("gpu.cupti_path", gpu.cupti_path),
+      TP_DOUBLE("flops.peak_tflops", 0.0, 1e6, flops.peak_tflops),
+      TP_INT("flops.skip_steps", 0, 1000000, flops.skip_steps),
+      TP_INT("flops.count_steps", 1, 10000, flops.count_steps),
+      TP_INT("flops.recount_every_steps", 0, 1e9, flops.recount_every_steps),
+      TP_BOOL("flops.allow_tf32", flops.allow_tf32),
   };
   return table;
 }
@@ -394,6 +442,12 @@ void validate(const Config& config) {
     parse_scalar(spec.get(config), spec, fail);
   }
   check_cross_keys(config, "Config");
+}
+
+std::vector<std::pair<std::string, std::string>> config_values(const Config& config) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& spec : schema()) out.emplace_back(spec.key, spec.get(config));
+  return out;
 }
 
 std::vector<std::string> config_keys() {

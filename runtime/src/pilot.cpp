@@ -3,9 +3,12 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "torchpilot/advisors.h"
+#include "torchpilot/gpu_backend.h"
+#include "torchpilot/gpu_monitor.h"
 #include "torchpilot/logging.h"
 
 namespace torchpilot {
@@ -73,11 +76,79 @@ Pilot::Pilot(Config config, PilotOptions options)
   sink_failed_.assign(sinks_.size(), false);
   logger_->info("mode {}{}", to_string(config_.mode),
                 config_.json_path.empty() ? "" : ", records to " + config_.json_path);
+  if (config_.gpu.enabled) start_gpu(std::move(options.gpu_backend));
+}
+
+void Pilot::start_gpu(std::shared_ptr<GpuBackend> backend) {
+  try {
+    if (!backend) backend = make_gpu_backend(config_.gpu, *logger_);
+    const GpuDeviceInfo device = backend->device();
+    if (device.sm_count <= 0) {
+      std::string why;
+      for (const auto& s : backend->status()) {
+        if (!s.active && !s.reason.empty()) {
+          why = s.reason;
+          break;
+        }
+      }
+      logger_->info("GPU collectors off: {}", why.empty() ? "no GPU" : why);
+      return;
+    }
+    gpu_monitor_ = std::make_unique<GpuMonitor>(
+        config_.gpu, std::move(backend), [this](const GpuStepRecord& r) { publish(r); },
+        [this]() { return config_.mode != Mode::kAutotune || tuning_finished(); });
+    std::string off;
+    for (const auto& s : gpu_monitor_->status()) {
+      if (s.active) continue;
+      logger_->info("GPU collector {} off: {}", s.name, s.reason);
+    }
+    logger_->info("GPU {} ({} SMs) observed", device.name, device.sm_count);
+    observers_.insert(observers_.begin(), gpu_monitor_.get());
+  } catch (const std::exception& e) {
+    gpu_monitor_.reset();
+    logger_->warn("GPU collectors off: {}", e.what());
+  }
 }
 
 Pilot::~Pilot() {
   if (loader_ != nullptr) loader_->forget_pilot();
+  for (StepObserver* o : observers_) {
+    if (o != gpu_monitor_.get()) o->forget_pilot();
+  }
+  observers_.clear();
   flush();
+}
+
+void Pilot::add_observer(StepObserver* observer) {
+  if (observer == nullptr || !enabled_) return;
+  if (std::find(observers_.begin(), observers_.end(), observer) == observers_.end()) {
+    observers_.push_back(observer);
+  }
+}
+
+void Pilot::remove_observer(StepObserver* observer) {
+  observers_.erase(std::remove(observers_.begin(), observers_.end(), observer), observers_.end());
+}
+
+void Pilot::publish(const GpuStepRecord& record) {
+  for_each_sink("on_gpu_step", [&](Sink& s) { s.on_gpu_step(record); });
+}
+
+template <typename Fn>
+void Pilot::for_each_observer(const char* what, Fn&& fn) {
+  for (size_t i = 0; i < observers_.size();) {
+    StepObserver* o = observers_[i];
+    try {
+      fn(*o);
+      ++i;
+    } catch (const std::exception& e) {
+      logger_->error("observer '{}' failed in {} and is removed: {}", o->name(), what, e.what());
+      observers_.erase(observers_.begin() + static_cast<std::ptrdiff_t>(i));
+    } catch (...) {
+      logger_->error("observer '{}' failed in {} and is removed", o->name(), what);
+      observers_.erase(observers_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
 }
 
 StepScope Pilot::step(int64_t samples) {
@@ -89,6 +160,11 @@ StepScope Pilot::step(int64_t samples) {
   step_open_ = true;
   open_step_samples_ = samples;
   step_begin_ns_ = clock_->now_ns();
+  if (!observers_.empty()) {
+    const int64_t n = next_step_;
+    const Nanos t = step_begin_ns_;
+    for_each_observer("on_step_begin", [&](StepObserver& o) { o.on_step_begin(n, t); });
+  }
   return StepScope(this, next_step_);
 }
 
@@ -108,10 +184,21 @@ PhaseScope Pilot::phase(std::string_view name) {
 
 PhaseScope Pilot::phase(int id) {
   if (config_.mode == Mode::kOff || id < 0 || id >= kMaxPhases) return PhaseScope(nullptr, -1, 0);
+  if (!observers_.empty()) {
+    static const std::string unnamed = "phase";
+    const std::string& name =
+        static_cast<size_t>(id) < phase_names_.size() ? phase_names_[static_cast<size_t>(id)] : unnamed;
+    for_each_observer("on_phase_begin", [&](StepObserver& o) { o.on_phase_begin(id, name); });
+  }
   return PhaseScope(this, id, clock_->now_ns());
 }
 
-void Pilot::end_phase(int id, Nanos begin) { phase_ns_[id] += clock_->now_ns() - begin; }
+void Pilot::end_phase(int id, Nanos begin) {
+  phase_ns_[id] += clock_->now_ns() - begin;
+  if (!observers_.empty()) {
+    for_each_observer("on_phase_end", [&](StepObserver& o) { o.on_phase_end(id); });
+  }
+}
 
 void Pilot::end_step() {
   const int64_t samples = open_step_samples_;
@@ -137,6 +224,7 @@ void Pilot::end_step() {
     history_[history_next_] = r;
     history_next_ = (history_next_ + 1) % history_.size();
   }
+  if (!observers_.empty()) for_each_observer("on_step_end", [&](StepObserver& o) { o.on_step_end(r); });
   accumulator_.add(r);
   for_each_sink("on_step", [&](Sink& s) { s.on_step(r, phase_names_); });
 
@@ -194,6 +282,7 @@ void Pilot::end_epoch() {
     summary.loader = loader_delta(now, loader_at_epoch_start_);
     loader_at_epoch_start_ = now;
   }
+  for_each_observer("on_epoch_end", [&](StepObserver& o) { o.on_epoch_end(summary); });
   std::vector<Advice> advice;
   try {
     advice = run_advisors(summary, config_);

@@ -32,22 +32,7 @@ std::string read_file(const std::string& path) {
 }
 
 void expect_config_eq(const Config& a, const Config& b) {
-  EXPECT_EQ(a.mode, b.mode);
-  EXPECT_EQ(a.log_level, b.log_level);
-  EXPECT_EQ(a.json_path, b.json_path);
-  EXPECT_EQ(a.step_history, b.step_history);
-  EXPECT_EQ(a.data_starvation.threshold, b.data_starvation.threshold);
-  EXPECT_EQ(a.data_starvation.high_severity, b.data_starvation.high_severity);
-  EXPECT_EQ(a.autotune.warmup_steps, b.autotune.warmup_steps);
-  EXPECT_EQ(a.autotune.warmup_seconds, b.autotune.warmup_seconds);
-  EXPECT_EQ(a.autotune.min_window_ms, b.autotune.min_window_ms);
-  EXPECT_EQ(a.autotune.settle_steps, b.autotune.settle_steps);
-  EXPECT_EQ(a.autotune.measure_steps, b.autotune.measure_steps);
-  EXPECT_EQ(a.autotune.noise_margin, b.autotune.noise_margin);
-  EXPECT_EQ(a.autotune.max_workers, b.autotune.max_workers);
-  EXPECT_EQ(a.autotune.prefetch_choices, b.autotune.prefetch_choices);
-  EXPECT_EQ(a.autotune.tune_pin_memory, b.autotune.tune_pin_memory);
-  EXPECT_EQ(a.autotune.tune_device_prefetch, b.autotune.tune_device_prefetch);
+  EXPECT_EQ(config_values(a), config_values(b));
 }
 
 // Runs `fn`, which must throw ConfigError, and returns the error.

@@ -36,6 +36,45 @@ struct AutotuneConfig {
   bool tune_device_prefetch = true;                  // only where LibTorch has CUDA
 };
 
+// GPU collectors (hooks/: CUPTI PM sampling and activity, NVML, NVTX); docs/metrics.md, "GPU".
+struct GpuConfig {
+  bool enabled = true;            // observe the GPU when one is present
+  int device = 0;                 // CUDA device index observed
+  bool pm_sampling = true;        // always-on hardware counters (SM, tensor pipe, DRAM, PCIe)
+  double pm_interval_ms = 2;      // PM sampling interval
+  bool nvml = true;               // NVML utilization.gpu beside the truth
+  double nvml_interval_ms = 100;  // NVML polling interval
+  bool nvtx = true;               // NVTX ranges for steps and phases ("torchpilot" domain)
+  bool activity = true;           // CUPTI activity trace in detailed windows
+  int trace_first_step = 20;      // first window: from this step, or once auto-tune is done
+  int trace_steps = 10;           // steps per detailed window
+  int trace_every_epochs = 1;     // a window every N epochs (0: the first window only)
+  double trace_anomaly_factor = 2.0;  // a step slower than this x the median opens one (0: off)
+  int trace_buffer_mb = 32;       // most memory for activity buffers
+  std::string cupti_path;         // libcupti to load; empty: LibTorch's, then the default search
+};
+
+// FLOP counting and MFU (hooks/flop_counter); docs/metrics.md, "MFU".
+struct FlopConfig {
+  double peak_tflops = 0;       // dense peak for MFU; 0: from the device table
+  int skip_steps = 2;           // steps before counting (first-iteration effects)
+  int count_steps = 3;          // steps per counting window
+  int recount_every_steps = 0;  // also recount every N steps (0: only when shapes change)
+  bool allow_tf32 = false;      // opt-in: turn on TF32 for fp32 matmuls (changes numerics)
+};
+
+// Thresholds of the GPU, precision and fusion advisors (docs/advice.md).
+struct GpuAdvisorConfig {
+  double busy_utilization = 0.8;         // busy but inefficient: GPU utilization at least ...
+  double inefficient_sm_efficiency = 0.5;  // ... and SM efficiency below this
+  double host_sync_threshold = 0.05;     // host-sync stall: share of step time
+  double pageable_threshold = 0.02;      // pageable copies: share of step time
+  double launch_bound_threshold = 0.2;   // launch-bound: share of step time in launch gaps
+  double fp32_matmul_threshold = 0.2;    // share of matmul FLOPs in plain fp32
+  double unfused_attention_threshold = 0.02;  // share of model FLOPs in unfused attention
+  double low_mfu_threshold = 0.3;        // MFU below this gets a breakdown
+};
+
 struct Config {
   Mode mode = Mode::kAdvise;
   std::string log_level = "info";  // trace | debug | info | warn | error | off
@@ -43,6 +82,9 @@ struct Config {
   int step_history = 4096;         // per-step records kept in memory (ring buffer)
   DataStarvationConfig data_starvation;
   AutotuneConfig autotune;
+  GpuConfig gpu;
+  FlopConfig flops;
+  GpuAdvisorConfig gpu_advisors;
 
   // Defaults, then TORCHPILOT_CONFIG's file if that variable is set, then TORCHPILOT_* overrides.
   static Config load();
@@ -78,5 +120,8 @@ void validate(const Config& config);
 
 // Every key as "section.name", in file order; docs and tests use it.
 std::vector<std::string> config_keys();
+
+// Every key with its value as text (lists comma-separated), in file order.
+std::vector<std::pair<std::string, std::string>> config_values(const Config& config);
 
 }  // namespace torchpilot

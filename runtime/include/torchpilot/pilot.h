@@ -31,6 +31,7 @@
 #include "torchpilot/config.h"
 #include "torchpilot/knobs.h"
 #include "torchpilot/metrics.h"
+#include "torchpilot/observer.h"
 #include "torchpilot/records.h"
 #include "torchpilot/sink.h"
 #include "torchpilot/trial_engine.h"
@@ -88,10 +89,16 @@ class LoaderProbe {
   virtual void forget_pilot() = 0;
 };
 
+class GpuBackend;
+class GpuMonitor;
+
 struct PilotOptions {
   std::shared_ptr<spdlog::logger> logger;    // advisory log; default: "torchpilot" on stderr
   std::shared_ptr<Clock> clock;              // default: the steady clock
   std::vector<std::shared_ptr<Sink>> sinks;  // in addition to the log and the JSON-lines file
+  // Replaces this build's GPU backend (make_gpu_backend); tests pass a fake. Used when
+  // gpu.enabled and the mode is not off.
+  std::shared_ptr<GpuBackend> gpu_backend;
 };
 
 class Pilot {
@@ -125,6 +132,15 @@ class Pilot {
   void attach_loader(LoaderProbe* probe, std::vector<Knob> knobs);
   void detach_loader(LoaderProbe* probe);
   KnobRegistry& knobs() { return knobs_; }
+  // Observers (the FLOP counter; the GPU monitor is added by the Pilot itself) see every step
+  // and epoch. An observer removes itself before it is destroyed; the Pilot calls forget_pilot()
+  // on the ones left when it is destroyed.
+  void add_observer(StepObserver* observer);
+  void remove_observer(StepObserver* observer);
+  // Per-step GPU figures, published late (after the step's samples arrived) to the sinks.
+  void publish(const GpuStepRecord& record);
+  // The GPU monitor, or null (mode off, gpu.enabled false, no GPU).
+  GpuMonitor* gpu() { return gpu_monitor_.get(); }
   Clock& clock() { return *clock_; }
   const std::shared_ptr<Clock>& shared_clock() const { return clock_; }
   spdlog::logger& logger() { return *logger_; }
@@ -143,6 +159,7 @@ class Pilot {
   friend class StepScope;
   friend class PhaseScope;
   void end_step();
+  void start_gpu(std::shared_ptr<GpuBackend> backend);
   bool owns_open_step(int64_t step) const { return step_open_ && next_step_ == step; }
   void end_phase(int id, Nanos begin);
   template <typename Fn>
@@ -173,6 +190,11 @@ class Pilot {
   EpochAccumulator accumulator_;
   std::vector<EpochSummary> epoch_summaries_;
   std::vector<Advice> last_advice_;
+
+  std::vector<StepObserver*> observers_;
+  std::unique_ptr<GpuMonitor> gpu_monitor_;
+  template <typename Fn>
+  void for_each_observer(const char* what, Fn&& fn);
 
   KnobRegistry knobs_;
   LoaderProbe* loader_ = nullptr;

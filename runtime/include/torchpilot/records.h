@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "torchpilot/clock.h"
+#include "torchpilot/flop_records.h"
+#include "torchpilot/gpu_records.h"
 
 namespace torchpilot {
 
@@ -25,6 +27,12 @@ struct StepRecord {
   Nanos data_wait_ns = 0;     // training thread blocked on the next batch, within [begin, end]
   int64_t samples = 0;        // samples in the step's batch, 0 if not reported
   std::array<Nanos, kMaxPhases> phase_ns{};  // time in each phase, by phase id
+  // FLOPs of the step (FLOP counter attached; NaN otherwise): counted in counting windows, the
+  // cached count of the same shapes elsewhere. MFU/HFU need a known peak.
+  double model_flops = kNotMeasured;
+  double hardware_flops = kNotMeasured;
+  double mfu = kNotMeasured;
+  double hfu = kNotMeasured;
   Nanos step_ns() const { return end_ns - begin_ns; }
 };
 
@@ -73,6 +81,8 @@ struct EpochSummary {
   int64_t tuning_steps = 0;  // steps of this epoch run under auto-tune trials (mixed settings)
   bool tuned = false;        // auto-tune has decided the knob settings (before this epoch ended)
   std::optional<LoaderStats> loader;  // this epoch's loader counters (differences)
+  std::optional<GpuEpochStats> gpu;    // GPU collectors' figures (GPU present and enabled)
+  std::optional<FlopEpochStats> flops;  // FLOP counter's figures (counter attached)
 };
 
 }  // namespace torchpilot

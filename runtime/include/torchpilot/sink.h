@@ -25,6 +25,8 @@ class Sink {
   virtual void on_epoch(const EpochSummary& summary, const std::vector<Advice>& advice) {}
   virtual void on_trial(const TrialResult& trial, bool kept) {}
   virtual void on_decision(const TuningDecision& decision) {}
+  // A step's GPU figures, after the step (late: samples and trace records arrive asynchronously).
+  virtual void on_gpu_step(const GpuStepRecord& record) {}
   virtual void flush() {}
 };
 
@@ -48,12 +50,14 @@ class RecordingSink : public Sink {
   }
   void on_trial(const TrialResult& trial, bool kept) override { trials.push_back({trial, kept}); }
   void on_decision(const TuningDecision& decision) override { decisions.push_back(decision); }
+  void on_gpu_step(const GpuStepRecord& record) override { gpu_steps.push_back(record); }
 
   std::vector<StepRecord> steps;
   std::vector<EpochSummary> epochs;
   std::vector<std::vector<Advice>> advice;  // per epoch
   std::vector<std::pair<TrialResult, bool>> trials;
   std::vector<TuningDecision> decisions;
+  std::vector<GpuStepRecord> gpu_steps;
 };
 
 // JSON text of each record kind, as the JSON-lines sink writes them (one line, no newline).
@@ -61,6 +65,7 @@ std::string step_json(const StepRecord& record, const std::vector<std::string>& 
 std::string epoch_json(const EpochSummary& summary, const std::vector<Advice>& advice);
 std::string trial_json(const TrialResult& trial, bool kept);
 std::string decision_json(const TuningDecision& decision);
+std::string gpu_step_json(const GpuStepRecord& record);
 
 // Human-readable lines of the advisory log.
 std::vector<std::string> format_epoch(const EpochSummary& summary,

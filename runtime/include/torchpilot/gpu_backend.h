@@ -1,0 +1,128 @@
+// The GPU backend: the one interface between the vendor-free runtime and the GPU collectors in
+// hooks/ (CUPTI PM sampling and activity, NVML, NVTX). The runtime's GpuMonitor drives it; tests
+// drive the monitor with a fake backend (tests/unit/gpu_monitor_test.cpp).
+//
+// Events are vendor-neutral and carry times on the steady clock (the Pilot's default clock), in ns.
+// Failure behaviour: nothing here throws. A collector that cannot run reports why in status() and
+// the rest keep working. Thread-safety: the monitor calls every method from the training thread;
+// backends collect on their own threads and hand events over in drain().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "torchpilot/clock.h"
+#include "torchpilot/gpu_records.h"
+
+namespace spdlog {
+class logger;
+}
+
+namespace torchpilot {
+
+struct GpuDeviceInfo {
+  int index = 0;
+  std::string name;  // e.g. "NVIDIA H200"
+  std::string chip;  // e.g. "GH100" (CUPTI's chip name)
+  int sm_count = 0;
+};
+
+// A kernel execution (activity trace).
+struct KernelRecord {
+  Nanos begin = 0, end = 0;
+  int64_t blocks = 0;      // grid size in blocks
+  int32_t block_threads = 0;
+  uint32_t stream = 0;
+  bool communication = false;  // an NCCL kernel
+  std::string name;
+};
+
+enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice, kOther };
+const char* to_string(CopyKind kind);
+
+// A memcpy or memset (activity trace).
+struct CopyRecord {
+  Nanos begin = 0, end = 0;
+  int64_t bytes = 0;
+  CopyKind kind = CopyKind::kOther;
+  bool pageable = false;  // the host side is pageable memory (staged by the driver, blocking)
+  bool memset = false;
+};
+
+// The host blocked in a synchronizing call (device/stream/event synchronize; activity trace).
+struct SyncRecord {
+  Nanos begin = 0, end = 0;
+};
+
+// One PM-sampling interval (always on). Fractions in [0, 1]; NaN where the counter is missing.
+struct PmSample {
+  Nanos begin = 0, end = 0;
+  double gr_active = kNotMeasured;      // gr__cycles_active.avg.pct_of_peak_sustained_elapsed
+  double sm_active = kNotMeasured;      // sm__cycles_active.avg.pct_of_peak_sustained_elapsed
+  double tensor_active = kNotMeasured;  // sm__pipe_tensor_cycles_active.avg.pct_of_peak...
+  double dram_throughput = kNotMeasured;  // dram__throughput.avg.pct_of_peak_sustained_elapsed
+  double warps_active = kNotMeasured;  // sm__warps_active.avg.pct_of_peak_sustained_elapsed
+  double pcie_read_bytes = kNotMeasured;   // pcie__read_bytes.sum in the interval
+  double pcie_write_bytes = kNotMeasured;  // pcie__write_bytes.sum
+};
+
+// One NVML utilization.gpu reading (always on).
+struct UtilSample {
+  Nanos time = 0;
+  double utilization = 0;  // fraction
+};
+
+struct GpuEventBatch {
+  std::vector<KernelRecord> kernels;
+  std::vector<CopyRecord> copies;
+  std::vector<SyncRecord> syncs;
+  std::vector<PmSample> pm;
+  std::vector<UtilSample> nvml;
+  int64_t dropped = 0;  // records lost to full buffers since the last drain
+  void clear() {
+    kernels.clear();
+    copies.clear();
+    syncs.clear();
+    pm.clear();
+    nvml.clear();
+    dropped = 0;
+  }
+};
+
+class GpuBackend {
+ public:
+  virtual ~GpuBackend() = default;
+  // Device found; sm_count == 0 when there is none (then nothing else does anything).
+  virtual GpuDeviceInfo device() const = 0;
+  // One entry per collector (pm_sampling, activity, nvml, nvtx): active or the reason it is off.
+  virtual std::vector<CollectorStatus> status() const = 0;
+  // Starts the always-on collectors (PM sampling, NVML).
+  virtual void start() = 0;
+  // Detailed window: starts/stops the activity trace. start_trace() returns false when tracing
+  // is unavailable.
+  virtual bool start_trace() = 0;
+  virtual void stop_trace() = 0;
+  // Makes what has completed so far available to drain(): flushes CUPTI's activity buffers and
+  // decodes pending PM samples. May take a few milliseconds; called at window and epoch ends.
+  virtual void flush() = 0;
+  // Moves the events that arrived since the last call into `out` (appends).
+  virtual void drain(GpuEventBatch& out) = 0;
+  // Stops everything; drain() still returns what was collected.
+  virtual void stop() = 0;
+  // NVTX ranges in the "torchpilot" domain (no-ops without a tool such as Nsight Systems).
+  virtual void range_push(const char* name) = 0;
+  virtual void range_pop() = 0;
+};
+
+struct GpuConfig;
+
+// The backend of this build: CUPTI/NVML/NVTX when the CUDA toolkit was found at configure time,
+// otherwise one that reports "built without the CUDA toolkit". Defined in hooks/.
+std::unique_ptr<GpuBackend> make_gpu_backend(const GpuConfig& config, spdlog::logger& logger);
+
+// A backend with no device whose status() gives `reason` for every collector.
+std::unique_ptr<GpuBackend> make_unavailable_gpu_backend(std::string reason);
+
+}  // namespace torchpilot

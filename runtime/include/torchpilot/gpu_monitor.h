@@ -1,0 +1,104 @@
+// The GPU monitor: turns the GPU backend's events into per-step and per-epoch GPU figures
+// (docs/metrics.md, "GPU"). Vendor-free: hooks/ supply the backend, tests a fake one.
+//
+// Always on: PM-sampling counters and NVML readings, averaged over each step by time overlap, and
+// NVTX ranges for steps and phases. Detailed windows (CUPTI activity trace): trace_steps steps
+// from gpu.trace_first_step (or once auto-tune is done), again every gpu.trace_every_epochs
+// epochs, after a step slower than gpu.trace_anomaly_factor x the median, and on request.
+// A step's figures are published (Sink::on_gpu_step) once samples covering its end arrived; the
+// epoch's figures go into EpochSummary::gpu at end_epoch (after a flush of the collectors).
+//
+// Thread-safety: training thread only (it is a StepObserver of the Pilot).
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "torchpilot/config.h"
+#include "torchpilot/gpu_backend.h"
+#include "torchpilot/gpu_metrics.h"
+#include "torchpilot/observer.h"
+
+namespace torchpilot {
+
+// The GPU figures of one span (a step) from the events that overlap it: PM samples and NVML
+// readings time-weighted; with `traced`, kernel, copy and sync records too, and the idle time
+// split by cause (`data_wait`: when the training thread waited for its batch). Pure; tested on
+// hand-made timelines.
+GpuStats gpu_step_stats(const GpuEventBatch& events, Interval span, Interval data_wait,
+                        bool traced, int sm_count, Nanos nvml_interval_ns);
+
+class GpuMonitor : public StepObserver {
+ public:
+  // `publish` receives each finished step's record; `warmup_done` says whether auto-tune is over.
+  GpuMonitor(const GpuConfig& config, std::shared_ptr<GpuBackend> backend,
+             std::function<void(const GpuStepRecord&)> publish,
+             std::function<bool()> warmup_done);
+  ~GpuMonitor() override;
+
+  std::string name() const override { return "gpu"; }
+  void on_step_begin(int64_t step, Nanos now) override;
+  void on_phase_begin(int phase_id, const std::string& phase_name) override;
+  void on_phase_end(int phase_id) override;
+  void on_step_end(StepRecord& record) override;
+  void on_epoch_end(EpochSummary& summary) override;
+
+  // Opens a detailed window of `steps` steps at the next step boundary (ignored while one runs).
+  void request_window(int steps);
+  bool tracing() const { return window_left_ > 0; }
+  const GpuDeviceInfo& device() const { return device_; }
+  std::vector<CollectorStatus> status() const { return backend_->status(); }
+
+ private:
+  struct PendingStep {
+    int64_t step = 0, epoch = 0;
+    Interval span;       // [begin, end] of the step
+    Interval data_wait;  // the part the training thread waited for its batch
+    bool traced = false;
+  };
+  void drain();
+  void finish_ready_steps(bool all);
+  void finish(const PendingStep& step);
+  void start_window(int steps);
+  void end_window(Nanos cutoff);
+  void prune_events();
+
+  GpuConfig config_;
+  std::shared_ptr<GpuBackend> backend_;
+  std::function<void(const GpuStepRecord&)> publish_;
+  std::function<bool()> warmup_done_;
+  GpuDeviceInfo device_;
+
+  // Events not yet consumed, in arrival order (bounded by pruning once steps are finished).
+  GpuEventBatch events_;
+  GpuEventBatch incoming_;
+  Nanos pm_watermark_ = 0;  // end of the latest PM sample received
+  bool pm_active_ = false;
+  std::deque<PendingStep> pending_;
+
+  // Detailed windows. After a window closes, its steps wait `trace_tail_` more step ends (with a
+  // flush each) for the records of kernels still running when the trace stopped.
+  int window_left_ = 0;  // steps left in the open window
+  int requested_window_ = 0;
+  bool first_window_done_ = false;
+  int64_t epochs_since_window_ = 0;
+  int64_t window_step_in_epoch_ = -1;  // where the first window started, for repeats
+  bool anomaly_window_used_ = false;   // one anomaly window per epoch
+  std::vector<Nanos> recent_step_ns_;  // for the anomaly trigger (bounded ring)
+  size_t recent_next_ = 0;
+  bool trace_failed_ = false;
+  int trace_tail_ = 0;         // step ends left before the closed window's steps are final
+  Nanos trace_cutoff_ = -1;    // traced steps ending at or before this are final after the tail
+  Nanos pruned_before_ = 0;
+  int open_ranges_ = 0;  // NVTX ranges pushed for the open step and its phases
+
+  // Epoch accumulation.
+  struct EpochAcc;
+  std::unique_ptr<EpochAcc> epoch_;
+  int64_t steps_seen_ = 0;
+};
+
+}  // namespace torchpilot

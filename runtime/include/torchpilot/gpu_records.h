@@ -1,0 +1,83 @@
+// Vendor-neutral GPU records (docs/metrics.md, "GPU"; docs/records.md): what the GPU collectors
+// (hooks/, CUPTI PM sampling and activity, NVML) measured over a step or an epoch. Plain values.
+// A figure that was not measured is NaN (JSON: null); `estimated` flags say when a figure comes
+// from a model rather than a counter.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "torchpilot/clock.h"
+
+namespace torchpilot {
+
+constexpr double kNotMeasured = std::numeric_limits<double>::quiet_NaN();
+inline bool measured(double v) { return !std::isnan(v); }
+
+// GPU figures over a span of wall time (one step, or an epoch).
+struct GpuStats {
+  Nanos wall_ns = 0;  // the span these figures cover
+  // Always-on (hardware counters and NVML), time-weighted over the span.
+  double counter_utilization = kNotMeasured;  // gr__cycles_active: the GPU's busy fraction
+  double sm_efficiency = kNotMeasured;        // sm__cycles_active: mean fraction of SMs busy
+  double tensor_activity = kNotMeasured;      // sm__pipe_tensor_cycles_active, % of peak / 100
+  double dram_throughput = kNotMeasured;      // dram__throughput, % of peak / 100
+  double achieved_occupancy = kNotMeasured;   // sm__warps_active, % of peak sustained / 100
+  double pcie_read_bytes = kNotMeasured;      // pcie__read_bytes.sum over the span
+  double pcie_write_bytes = kNotMeasured;
+  double nvml_utilization = kNotMeasured;  // NVML utilization.gpu (what nvidia-smi shows)
+  // Detailed windows only (CUPTI activity trace); traced_ns is the part of the span traced.
+  Nanos traced_ns = 0;
+  double gpu_utilization = kNotMeasured;            // kernel-interval union / traced time
+  double estimated_sm_efficiency = kNotMeasured;    // from launch shapes (gpu_metrics.h)
+  int64_t kernels = 0;
+  Nanos host_sync_ns = 0;  // host blocked in synchronizing calls
+  int64_t host_syncs = 0;
+  int64_t h2d_bytes = 0;           // host-to-device copies
+  int64_t h2d_pageable_bytes = 0;  // ... of which from pageable (not pinned) memory
+  Nanos h2d_pageable_ns = 0;
+  // Idle time (no kernel running) split by cause; the four add up to traced idle time.
+  Nanos idle_data_wait_ns = 0;   // the training thread was waiting for a batch
+  Nanos idle_host_sync_ns = 0;   // ... was in a synchronizing call
+  Nanos idle_launch_gap_ns = 0;  // between two kernels of the step, neither of the above
+  Nanos idle_other_ns = 0;       // before the first or after the last kernel, neither of the above
+};
+
+// One kernel name's share of the traced time in an epoch's detailed windows.
+struct KernelSummary {
+  std::string name;  // demangled where CUPTI gives a mangled name
+  int64_t launches = 0;
+  Nanos total_ns = 0;
+  double mean_blocks_per_sm = 0;      // grid blocks / SMs, duration-weighted
+  double estimated_sm_efficiency = 0;  // min(1, blocks / SMs), duration-weighted
+};
+
+// Why a collector is off, reported once.
+struct CollectorStatus {
+  std::string name;  // "pm_sampling", "activity", "nvml", "nvtx"
+  bool active = false;
+  std::string reason;  // empty when active
+};
+
+struct GpuEpochStats {
+  std::string device;  // e.g. "NVIDIA H200"
+  int sm_count = 0;
+  GpuStats stats;
+  int64_t traced_steps = 0;  // steps inside detailed windows
+  std::vector<KernelSummary> top_kernels;  // by traced time, longest first
+  std::vector<CollectorStatus> collectors;
+  int64_t dropped_records = 0;  // activity records lost to full buffers (figures understate)
+};
+
+// GPU figures of one step; published after the step, once its samples and trace records arrived.
+struct GpuStepRecord {
+  int64_t step = 0;
+  int64_t epoch = 0;
+  bool traced = false;  // inside a detailed window
+  GpuStats stats;
+};
+
+}  // namespace torchpilot

@@ -1,0 +1,480 @@
+#include "torchpilot/gpu_monitor.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+#include "torchpilot/metrics.h"
+
+namespace torchpilot {
+namespace {
+
+constexpr size_t kMaxPendingSteps = 1024;  // PM samples stalled: finish steps without them
+constexpr size_t kAnomalyHistory = 64;     // step times the anomaly trigger's median is over
+constexpr int kTraceTailSteps = 2;         // step ends to wait for a closed window's records
+constexpr size_t kTopKernels = 10;
+
+Nanos overlap(Interval a, Interval b) {
+  return std::max<Nanos>(0, std::min(a.end, b.end) - std::max(a.begin, b.begin));
+}
+
+// Time-weighted mean of one PM field over the span; NaN when no sample has it.
+template <typename Field>
+double weighted(const std::vector<PmSample>& pm, Interval span, Field field) {
+  double sum = 0, weight = 0;
+  for (const PmSample& s : pm) {
+    const double v = field(s);
+    if (!measured(v)) continue;
+    const double w = static_cast<double>(overlap({s.begin, s.end}, span));
+    sum += v * w;
+    weight += w;
+  }
+  return weight > 0 ? sum / weight : kNotMeasured;
+}
+
+// A sum-type PM field (bytes in a sample) prorated by the part of each sample inside the span.
+template <typename Field>
+double prorated(const std::vector<PmSample>& pm, Interval span, Field field) {
+  double sum = 0;
+  bool any = false;
+  for (const PmSample& s : pm) {
+    const double v = field(s);
+    const Nanos len = s.end - s.begin;
+    if (!measured(v) || len <= 0) continue;
+    const Nanos o = overlap({s.begin, s.end}, span);
+    if (o <= 0) continue;
+    sum += v * static_cast<double>(o) / static_cast<double>(len);
+    any = true;
+  }
+  return any ? sum : kNotMeasured;
+}
+
+}  // namespace
+
+GpuStats gpu_step_stats(const GpuEventBatch& events, Interval span, Interval data_wait,
+                        bool traced, int sm_count, Nanos nvml_interval_ns) {
+  GpuStats g;
+  g.wall_ns = std::max<Nanos>(0, span.end - span.begin);
+  if (g.wall_ns == 0) return g;
+
+  const auto& pm = events.pm;
+  g.counter_utilization = weighted(pm, span, [](const PmSample& s) { return s.gr_active; });
+  g.sm_efficiency = weighted(pm, span, [](const PmSample& s) { return s.sm_active; });
+  g.tensor_activity = weighted(pm, span, [](const PmSample& s) { return s.tensor_active; });
+  g.dram_throughput = weighted(pm, span, [](const PmSample& s) { return s.dram_throughput; });
+  g.achieved_occupancy = weighted(pm, span, [](const PmSample& s) { return s.warps_active; });
+  g.pcie_read_bytes = prorated(pm, span, [](const PmSample& s) { return s.pcie_read_bytes; });
+  g.pcie_write_bytes = prorated(pm, span, [](const PmSample& s) { return s.pcie_write_bytes; });
+
+  // NVML's utilization.gpu is already an average over its own period: the readings inside the
+  // step, or else the latest one taken within an interval after the step ended.
+  double nv_sum = 0;
+  int nv_n = 0;
+  const UtilSample* latest = nullptr;
+  for (const UtilSample& u : events.nvml) {
+    if (u.time >= span.begin && u.time <= span.end) {
+      nv_sum += u.utilization;
+      ++nv_n;
+    } else if (u.time > span.end && u.time <= span.end + nvml_interval_ns &&
+               (latest == nullptr || u.time < latest->time)) {
+      latest = &u;
+    }
+  }
+  if (nv_n > 0) {
+    g.nvml_utilization = nv_sum / nv_n;
+  } else if (latest != nullptr) {
+    g.nvml_utilization = latest->utilization;
+  }
+
+  if (!traced) return g;
+  g.traced_ns = g.wall_ns;
+  std::vector<KernelEvent> kernels;
+  std::vector<Interval> busy;
+  Nanos first_kernel = span.end, last_kernel = span.begin;
+  for (const KernelRecord& k : events.kernels) {
+    const Interval i{std::max(k.begin, span.begin), std::min(k.end, span.end)};
+    if (i.end <= i.begin) continue;
+    kernels.push_back({k.begin, k.end, k.blocks, k.communication});
+    busy.push_back(i);
+    first_kernel = std::min(first_kernel, i.begin);
+    last_kernel = std::max(last_kernel, i.end);
+    if (k.begin >= span.begin) ++g.kernels;  // counted in the step it started in
+  }
+  const GpuWindowMetrics m = gpu_window_metrics(kernels, span, std::max(1, sm_count));
+  g.gpu_utilization = m.gpu_utilization;
+  g.estimated_sm_efficiency = m.estimated_sm_efficiency;
+
+  std::vector<Interval> syncs;
+  for (const SyncRecord& s : events.syncs) {
+    if (overlap({s.begin, s.end}, span) <= 0) continue;
+    syncs.push_back({s.begin, s.end});
+    if (s.begin >= span.begin) ++g.host_syncs;
+  }
+  g.host_sync_ns = union_length(syncs, span);
+  for (const CopyRecord& c : events.copies) {
+    if (c.memset || c.kind != CopyKind::kHostToDevice) continue;
+    if (c.begin < span.begin || c.begin >= span.end) continue;
+    g.h2d_bytes += c.bytes;
+    if (c.pageable) {
+      g.h2d_pageable_bytes += c.bytes;
+      g.h2d_pageable_ns += c.end - c.begin;
+    }
+  }
+
+  // Idle = the span minus the kernel union; each idle gap is split by cause, data wait first.
+  std::sort(busy.begin(), busy.end(),
+            [](const Interval& a, const Interval& b) { return a.begin < b.begin; });
+  std::vector<Interval> gaps;
+  Nanos cursor = span.begin;
+  for (const Interval& b : busy) {
+    if (b.begin > cursor) gaps.push_back({cursor, b.begin});
+    cursor = std::max(cursor, b.end);
+  }
+  if (span.end > cursor) gaps.push_back({cursor, span.end});
+  const std::vector<Interval> wait{data_wait};
+  for (const Interval& gap : gaps) {
+    const std::vector<Interval> one{gap};
+    const Nanos len = gap.end - gap.begin;
+    const Nanos dw = intersection_length(one, wait, span);
+    const Nanos sync_all = intersection_length(one, syncs, span);
+    const Nanos sync_in_wait = intersection_length(wait, syncs, gap);
+    const Nanos sync = std::max<Nanos>(0, sync_all - sync_in_wait);
+    const Nanos rest = std::max<Nanos>(0, len - dw - sync);
+    g.idle_data_wait_ns += dw;
+    g.idle_host_sync_ns += sync;
+    if (!kernels.empty() && gap.begin >= first_kernel && gap.end <= last_kernel) {
+      g.idle_launch_gap_ns += rest;
+    } else {
+      g.idle_other_ns += rest;
+    }
+  }
+  return g;
+}
+
+// --- epoch accumulation ----------------------------------------------------------------------
+
+// Sums of value x weight for the time-weighted epoch means; a field counts only where measured.
+struct GpuMonitor::EpochAcc {
+  struct Mean {
+    double sum = 0, weight = 0;
+    void add(double v, double w) {
+      if (measured(v) && w > 0) {
+        sum += v * w;
+        weight += w;
+      }
+    }
+    double get() const { return weight > 0 ? sum / weight : kNotMeasured; }
+  };
+  struct Sum {
+    double sum = 0;
+    bool any = false;
+    void add(double v) {
+      if (measured(v)) {
+        sum += v;
+        any = true;
+      }
+    }
+    double get() const { return any ? sum : kNotMeasured; }
+  };
+  struct Kernel {
+    int64_t launches = 0;
+    Nanos ns = 0;
+    double blocks_ns = 0, eff_ns = 0;
+  };
+  Nanos wall_ns = 0;
+  Mean counter_utilization, sm_efficiency, tensor, dram, occupancy, nvml, gpu_utilization,
+      estimated_sm;
+  Sum pcie_read, pcie_write;
+  GpuStats traced;  // integer sums over traced steps
+  int64_t traced_steps = 0;
+  std::map<std::string, Kernel> kernels;
+
+  void add(const GpuStats& g) {
+    const double w = static_cast<double>(g.wall_ns);
+    wall_ns += g.wall_ns;
+    counter_utilization.add(g.counter_utilization, w);
+    sm_efficiency.add(g.sm_efficiency, w);
+    tensor.add(g.tensor_activity, w);
+    dram.add(g.dram_throughput, w);
+    occupancy.add(g.achieved_occupancy, w);
+    nvml.add(g.nvml_utilization, w);
+    pcie_read.add(g.pcie_read_bytes);
+    pcie_write.add(g.pcie_write_bytes);
+    if (g.traced_ns <= 0) return;
+    ++traced_steps;
+    gpu_utilization.add(g.gpu_utilization, static_cast<double>(g.traced_ns));
+    estimated_sm.add(g.estimated_sm_efficiency, static_cast<double>(g.traced_ns));
+    traced.traced_ns += g.traced_ns;
+    traced.kernels += g.kernels;
+    traced.host_sync_ns += g.host_sync_ns;
+    traced.host_syncs += g.host_syncs;
+    traced.h2d_bytes += g.h2d_bytes;
+    traced.h2d_pageable_bytes += g.h2d_pageable_bytes;
+    traced.h2d_pageable_ns += g.h2d_pageable_ns;
+    traced.idle_data_wait_ns += g.idle_data_wait_ns;
+    traced.idle_host_sync_ns += g.idle_host_sync_ns;
+    traced.idle_launch_gap_ns += g.idle_launch_gap_ns;
+    traced.idle_other_ns += g.idle_other_ns;
+  }
+
+  void add_kernels(const std::vector<KernelRecord>& records, Interval span, int sm_count) {
+    for (const KernelRecord& k : records) {
+      const Nanos ns = overlap({k.begin, k.end}, span);
+      if (ns <= 0) continue;
+      Kernel& s = kernels[k.name];
+      if (k.begin >= span.begin) ++s.launches;
+      s.ns += ns;
+      const double per_sm = static_cast<double>(k.blocks) / std::max(1, sm_count);
+      s.blocks_ns += per_sm * static_cast<double>(ns);
+      s.eff_ns += std::min(1.0, per_sm) * static_cast<double>(ns);
+    }
+  }
+
+  GpuStats stats() const {
+    GpuStats g = traced;
+    g.wall_ns = wall_ns;
+    g.counter_utilization = counter_utilization.get();
+    g.sm_efficiency = sm_efficiency.get();
+    g.tensor_activity = tensor.get();
+    g.dram_throughput = dram.get();
+    g.achieved_occupancy = occupancy.get();
+    g.nvml_utilization = nvml.get();
+    g.pcie_read_bytes = pcie_read.get();
+    g.pcie_write_bytes = pcie_write.get();
+    g.gpu_utilization = gpu_utilization.get();
+    g.estimated_sm_efficiency = estimated_sm.get();
+    return g;
+  }
+
+  std::vector<KernelSummary> top_kernels() const {
+    std::vector<KernelSummary> out;
+    for (const auto& [name, k] : kernels) {
+      const double ns = static_cast<double>(std::max<Nanos>(1, k.ns));
+      out.push_back({name, k.launches, k.ns, k.blocks_ns / ns, k.eff_ns / ns});
+    }
+    std::sort(out.begin(), out.end(), [](const KernelSummary& a, const KernelSummary& b) {
+      return a.total_ns > b.total_ns;
+    });
+    if (out.size() > kTopKernels) out.resize(kTopKernels);
+    return out;
+  }
+};
+
+// --- GpuMonitor ------------------------------------------------------------------------------
+
+GpuMonitor::GpuMonitor(const GpuConfig& config, std::shared_ptr<GpuBackend> backend,
+                       std::function<void(const GpuStepRecord&)> publish,
+                       std::function<bool()> warmup_done)
+    : config_(config),
+      backend_(std::move(backend)),
+      publish_(std::move(publish)),
+      warmup_done_(std::move(warmup_done)),
+      device_(backend_->device()),
+      epoch_(std::make_unique<EpochAcc>()) {
+  backend_->start();
+  for (const auto& s : backend_->status()) {
+    if (s.name == "pm_sampling") pm_active_ = s.active;
+    if (s.name == "activity" && !s.active) trace_failed_ = true;
+  }
+  if (!config_.activity) trace_failed_ = true;
+  recent_step_ns_.reserve(kAnomalyHistory);
+}
+
+GpuMonitor::~GpuMonitor() {
+  if (window_left_ > 0) backend_->stop_trace();
+  backend_->stop();
+}
+
+void GpuMonitor::on_step_begin(int64_t step, Nanos) {
+  if (!config_.nvtx) return;
+  char name[32];
+  std::snprintf(name, sizeof name, "step %lld", static_cast<long long>(step));
+  backend_->range_push(name);
+  ++open_ranges_;
+}
+
+void GpuMonitor::on_phase_begin(int, const std::string& phase_name) {
+  if (!config_.nvtx) return;
+  backend_->range_push(phase_name.c_str());
+  ++open_ranges_;
+}
+
+void GpuMonitor::on_phase_end(int) {
+  if (!config_.nvtx || open_ranges_ == 0) return;
+  backend_->range_pop();
+  --open_ranges_;
+}
+
+void GpuMonitor::request_window(int steps) {
+  if (steps > 0 && window_left_ == 0) requested_window_ = steps;
+}
+
+void GpuMonitor::start_window(int steps) {
+  if (trace_failed_ || trace_tail_ > 0) return;  // one window's records at a time
+  if (!backend_->start_trace()) {
+    trace_failed_ = true;  // the backend's status() says why; reported at start-up
+    return;
+  }
+  window_left_ = steps;
+  epochs_since_window_ = 0;
+}
+
+void GpuMonitor::end_window(Nanos cutoff) {
+  backend_->stop_trace();
+  window_left_ = 0;
+  trace_cutoff_ = cutoff;
+  trace_tail_ = kTraceTailSteps;
+}
+
+void GpuMonitor::on_step_end(StepRecord& r) {
+  // The step's NVTX range (phases left open by the program are closed with it).
+  while (config_.nvtx && open_ranges_ > 0) {
+    backend_->range_pop();
+    --open_ranges_;
+  }
+  PendingStep p;
+  p.step = r.step;
+  p.epoch = r.epoch;
+  p.span = {r.begin_ns, r.end_ns};
+  p.data_wait = {r.begin_ns, r.begin_ns + r.data_wait_ns};
+  p.traced = window_left_ > 0;
+  pending_.push_back(p);
+  ++steps_seen_;
+
+  if (window_left_ > 0 && --window_left_ == 0) end_window(r.end_ns);
+
+  // Anomaly trigger: a step much slower than the recent median (not while tracing: the trace
+  // itself slows steps).
+  const bool tracing_now = p.traced;
+  if (!tracing_now && config_.trace_anomaly_factor > 0 &&
+      recent_step_ns_.size() == kAnomalyHistory && !anomaly_window_used_) {
+    const double med = static_cast<double>(median(recent_step_ns_));
+    if (med > 0 && static_cast<double>(r.step_ns()) > config_.trace_anomaly_factor * med) {
+      anomaly_window_used_ = true;
+      if (requested_window_ == 0) requested_window_ = config_.trace_steps;
+    }
+  }
+  if (!tracing_now) {
+    if (recent_step_ns_.size() < kAnomalyHistory) {
+      recent_step_ns_.push_back(r.step_ns());
+    } else {
+      recent_step_ns_[recent_next_] = r.step_ns();
+      recent_next_ = (recent_next_ + 1) % kAnomalyHistory;
+    }
+  }
+
+  // Does the next step open a window? (Started here so the whole next step, batch wait
+  // included, is traced.)
+  if (window_left_ == 0 && !trace_failed_ && trace_tail_ == 0) {
+    if (requested_window_ > 0) {
+      start_window(requested_window_);
+      requested_window_ = 0;
+    } else if (!first_window_done_ && r.step + 1 >= config_.trace_first_step && warmup_done_()) {
+      first_window_done_ = true;
+      window_step_in_epoch_ = r.step_in_epoch + 1;
+      start_window(config_.trace_steps);
+    } else if (first_window_done_ && config_.trace_every_epochs > 0 &&
+               epochs_since_window_ >= config_.trace_every_epochs &&
+               r.step_in_epoch + 1 >= window_step_in_epoch_) {
+      start_window(config_.trace_steps);
+    }
+  }
+
+  if (trace_tail_ > 0) {
+    backend_->flush();  // the closed window's last kernels
+    --trace_tail_;
+  }
+  drain();
+  finish_ready_steps(false);
+}
+
+void GpuMonitor::drain() {
+  incoming_.clear();
+  backend_->drain(incoming_);
+  auto append = [](auto& to, auto& from) {
+    to.insert(to.end(), std::make_move_iterator(from.begin()), std::make_move_iterator(from.end()));
+  };
+  for (const PmSample& s : incoming_.pm) pm_watermark_ = std::max(pm_watermark_, s.end);
+  append(events_.pm, incoming_.pm);
+  append(events_.nvml, incoming_.nvml);
+  append(events_.kernels, incoming_.kernels);
+  append(events_.copies, incoming_.copies);
+  append(events_.syncs, incoming_.syncs);
+  events_.dropped += incoming_.dropped;
+}
+
+void GpuMonitor::finish(const PendingStep& step) {
+  GpuStepRecord rec;
+  rec.step = step.step;
+  rec.epoch = step.epoch;
+  rec.traced = step.traced;
+  const auto nvml_ns = static_cast<Nanos>(config_.nvml_interval_ms * 1e6);
+  rec.stats =
+      gpu_step_stats(events_, step.span, step.data_wait, step.traced, device_.sm_count, nvml_ns);
+  epoch_->add(rec.stats);
+  if (step.traced) epoch_->add_kernels(events_.kernels, step.span, device_.sm_count);
+  publish_(rec);
+}
+
+void GpuMonitor::finish_ready_steps(bool all) {
+  while (!pending_.empty()) {
+    const PendingStep& p = pending_.front();
+    bool ready = all || pending_.size() > kMaxPendingSteps;
+    if (!ready) {
+      const bool pm_ready = !pm_active_ || pm_watermark_ >= p.span.end;
+      const bool trace_ready = !p.traced || (trace_tail_ == 0 && trace_cutoff_ >= p.span.end);
+      ready = pm_ready && trace_ready;
+    }
+    if (!ready) break;  // steps finish in order
+    finish(p);
+    pending_.pop_front();
+  }
+  prune_events();
+}
+
+void GpuMonitor::prune_events() {
+  // Events ending before the oldest unfinished step are not needed any more.
+  const Nanos keep_from = pending_.empty() ? std::max<Nanos>(0, pm_watermark_ - 1)
+                                           : pending_.front().span.begin;
+  if (keep_from <= pruned_before_) return;
+  pruned_before_ = keep_from;
+  auto prune = [keep_from](auto& v, auto end_of) {
+    v.erase(std::remove_if(v.begin(), v.end(), [&](const auto& e) { return end_of(e) < keep_from; }),
+            v.end());
+  };
+  prune(events_.pm, [](const PmSample& s) { return s.end; });
+  // NVML readings stand for the interval before them: keep the last one before the boundary.
+  prune(events_.nvml, [this](const UtilSample& u) {
+    return u.time + static_cast<Nanos>(config_.nvml_interval_ms * 1e6);
+  });
+  prune(events_.kernels, [](const KernelRecord& k) { return k.end; });
+  prune(events_.copies, [](const CopyRecord& c) { return c.end; });
+  prune(events_.syncs, [](const SyncRecord& s) { return s.end; });
+}
+
+void GpuMonitor::on_epoch_end(EpochSummary& summary) {
+  if (window_left_ > 0) {
+    // A window does not run across epochs: close it with the epoch.
+    end_window(pending_.empty() ? 0 : pending_.back().span.end);
+  }
+  backend_->flush();
+  trace_tail_ = 0;
+  drain();
+  finish_ready_steps(true);
+
+  GpuEpochStats e;
+  e.device = device_.name;
+  e.sm_count = device_.sm_count;
+  e.stats = epoch_->stats();
+  e.traced_steps = epoch_->traced_steps;
+  e.top_kernels = epoch_->top_kernels();
+  e.collectors = backend_->status();
+  e.dropped_records = events_.dropped;
+  events_.dropped = 0;
+  summary.gpu = std::move(e);
+  epoch_ = std::make_unique<EpochAcc>();
+  ++epochs_since_window_;
+  anomaly_window_used_ = false;
+}
+
+}  // namespace torchpilot
