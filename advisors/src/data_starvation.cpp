@@ -122,6 +122,10 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s,
 std::vector<Advice> run_advisors(const EpochSummary& summary, const Config& config) {
   std::vector<Advice> out;
   if (auto a = advise_data_starvation(summary, config.data_starvation)) out.push_back(*a);
+  if (auto a = advise_busy_inefficient(summary, config.gpu_advisors)) out.push_back(*a);
+  if (auto a = advise_host_sync(summary, config.gpu_advisors)) out.push_back(*a);
+  if (auto a = advise_pageable_copies(summary, config.gpu_advisors)) out.push_back(*a);
+  if (auto a = advise_launch_bound(summary, config.gpu_advisors)) out.push_back(*a);
   return out;
 }
 

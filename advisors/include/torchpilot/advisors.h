@@ -21,6 +21,20 @@ std::vector<Advice> run_advisors(const EpochSummary& summary, const Config& conf
 std::optional<Advice> advise_data_starvation(const EpochSummary& summary,
                                              const DataStarvationConfig& config);
 
+// GPU advisors (advisors/src/gpu_advisors.cpp; need EpochSummary::gpu):
+// busy but inefficient: GPU utilization high while SM efficiency is low; names the kernels with
+// fewer blocks than SMs.
+std::optional<Advice> advise_busy_inefficient(const EpochSummary& summary,
+                                              const GpuAdvisorConfig& config);
+// Host-sync stall: the host blocked in synchronizing calls (detailed windows).
+std::optional<Advice> advise_host_sync(const EpochSummary& summary, const GpuAdvisorConfig& config);
+// Host-to-device copies from pageable memory (detailed windows).
+std::optional<Advice> advise_pageable_copies(const EpochSummary& summary,
+                                             const GpuAdvisorConfig& config);
+// Launch-bound: the GPU idles between the step's kernels (detailed windows).
+std::optional<Advice> advise_launch_bound(const EpochSummary& summary,
+                                          const GpuAdvisorConfig& config);
+
 // Coordinate search over the loader knobs (loader.workers, loader.prefetch, loader.pin_memory,
 // loader.device_prefetch): a doubling sweep of workers, then pinning and GPU prefetch toggled, then
 // deeper prefetch, then bisection of workers around the best (loader_policy.cpp has the details).

@@ -1,0 +1,450 @@
+// The GPU monitor and GPU advisors on hand-made timelines, through a fake GPU backend (the CUPTI
+// backend's own tests are in gpu_backend_test.cpp).
+#include "torchpilot/gpu_monitor.h"
+
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <sstream>
+
+#include "torchpilot/advisors.h"
+#include "torchpilot/pilot.h"
+
+namespace torchpilot {
+namespace {
+
+constexpr Nanos kMs = 1000000;
+
+// Hands out whatever the test queued; records what the monitor asked for.
+class FakeBackend : public GpuBackend {
+ public:
+  GpuDeviceInfo info{0, "Fake GPU", "FAKE", 100};
+  std::vector<CollectorStatus> statuses{{"pm_sampling", true, ""},
+                                        {"activity", true, ""},
+                                        {"nvml", true, ""},
+                                        {"nvtx", true, ""}};
+  GpuEventBatch queued;
+  bool tracing = false;
+  int starts = 0, stops = 0, trace_starts = 0, trace_stops = 0, flushes = 0;
+  std::vector<std::string> ranges;  // "+name" / "-"
+  int depth = 0;
+
+  GpuDeviceInfo device() const override { return info; }
+  std::vector<CollectorStatus> status() const override { return statuses; }
+  void start() override { ++starts; }
+  bool start_trace() override {
+    for (const auto& s : statuses) {
+      if (s.name == "activity" && !s.active) return false;
+    }
+    ++trace_starts;
+    tracing = true;
+    return true;
+  }
+  void stop_trace() override {
+    ++trace_stops;
+    tracing = false;
+  }
+  void flush() override { ++flushes; }
+  void drain(GpuEventBatch& out) override {
+    auto move = [](auto& to, auto& from) {
+      to.insert(to.end(), from.begin(), from.end());
+      from.clear();
+    };
+    move(out.kernels, queued.kernels);
+    move(out.copies, queued.copies);
+    move(out.syncs, queued.syncs);
+    move(out.pm, queued.pm);
+    move(out.nvml, queued.nvml);
+    out.dropped += queued.dropped;
+    queued.dropped = 0;
+  }
+  void stop() override { ++stops; }
+  void range_push(const char* name) override {
+    ranges.push_back(std::string("+") + name);
+    ++depth;
+  }
+  void range_pop() override {
+    ranges.push_back("-");
+    --depth;
+  }
+};
+
+PmSample pm(Nanos b, Nanos e, double sm, double gr = 1.0) {
+  PmSample s;
+  s.begin = b;
+  s.end = e;
+  s.sm_active = sm;
+  s.gr_active = gr;
+  s.tensor_active = 0.0;
+  s.dram_throughput = 0.01;
+  s.warps_active = sm / 2;
+  s.pcie_read_bytes = 1000;
+  return s;
+}
+
+KernelRecord kernel(Nanos b, Nanos e, int64_t blocks, std::string name = "k") {
+  KernelRecord k;
+  k.begin = b;
+  k.end = e;
+  k.blocks = blocks;
+  k.name = std::move(name);
+  return k;
+}
+
+TEST(GpuStepStatsTest, PmSamplesAreTimeWeightedOverTheStep) {
+  GpuEventBatch ev;
+  ev.pm = {pm(0, 10, 0.2), pm(10, 20, 0.6)};
+  const GpuStats g = gpu_step_stats(ev, {5, 15}, {5, 5}, false, 100, 100);
+  EXPECT_DOUBLE_EQ(g.sm_efficiency, 0.4);
+  EXPECT_DOUBLE_EQ(g.counter_utilization, 1.0);
+  EXPECT_DOUBLE_EQ(g.achieved_occupancy, 0.2);
+  EXPECT_DOUBLE_EQ(g.pcie_read_bytes, 1000.0);  // half of each 1000-byte sample
+  EXPECT_FALSE(measured(g.pcie_write_bytes));
+  EXPECT_FALSE(measured(g.gpu_utilization));  // not traced
+  EXPECT_EQ(g.traced_ns, 0);
+}
+
+TEST(GpuStepStatsTest, NvmlReadingsInsideTheStepOrTheNextOne) {
+  GpuEventBatch ev;
+  ev.nvml = {{3, 0.5}, {7, 1.0}, {30, 0.2}};
+  EXPECT_DOUBLE_EQ(gpu_step_stats(ev, {0, 10}, {0, 0}, false, 100, 100).nvml_utilization, 0.75);
+  // No reading inside: the first one within an interval after the step.
+  EXPECT_DOUBLE_EQ(gpu_step_stats(ev, {20, 25}, {20, 20}, false, 100, 10).nvml_utilization, 0.2);
+  EXPECT_FALSE(measured(gpu_step_stats(ev, {40, 50}, {40, 40}, false, 100, 5).nvml_utilization));
+}
+
+TEST(GpuStepStatsTest, TracedStepSplitsIdleTimeByCause) {
+  // Step [0, 10]: data wait [0, 1]; kernels [2, 4] and [6, 8] (50 blocks on 100 SMs); a
+  // synchronize [8, 9.5]; a pageable H2D copy at 1.
+  GpuEventBatch ev;
+  ev.kernels = {kernel(2, 4, 50), kernel(6, 8, 50)};
+  ev.syncs = {{8, 9}};
+  CopyRecord c;
+  c.begin = 1;
+  c.end = 2;
+  c.bytes = 4096;
+  c.kind = CopyKind::kHostToDevice;
+  c.pageable = true;
+  ev.copies = {c};
+  const GpuStats g = gpu_step_stats(ev, {0, 10}, {0, 1}, true, 100, 100);
+  EXPECT_EQ(g.traced_ns, 10);
+  EXPECT_DOUBLE_EQ(g.gpu_utilization, 0.4);
+  EXPECT_DOUBLE_EQ(g.estimated_sm_efficiency, 0.2);
+  EXPECT_EQ(g.kernels, 2);
+  EXPECT_EQ(g.host_syncs, 1);
+  EXPECT_EQ(g.host_sync_ns, 1);
+  EXPECT_EQ(g.h2d_bytes, 4096);
+  EXPECT_EQ(g.h2d_pageable_bytes, 4096);
+  EXPECT_EQ(g.idle_data_wait_ns, 1);   // [0, 1]
+  EXPECT_EQ(g.idle_host_sync_ns, 1);   // [8, 9]
+  EXPECT_EQ(g.idle_launch_gap_ns, 2);  // [4, 6], between kernels
+  EXPECT_EQ(g.idle_other_ns, 2);       // [1, 2] before the first kernel, [9, 10] after the last
+  EXPECT_EQ(g.idle_data_wait_ns + g.idle_host_sync_ns + g.idle_launch_gap_ns + g.idle_other_ns,
+            g.traced_ns - 4);
+}
+
+TEST(GpuStepStatsTest, KernelsAreClippedToTheStep) {
+  GpuEventBatch ev;
+  ev.kernels = {kernel(-5, 5, 200), kernel(8, 20, 1)};
+  const GpuStats g = gpu_step_stats(ev, {0, 10}, {0, 0}, true, 100, 100);
+  EXPECT_DOUBLE_EQ(g.gpu_utilization, 0.7);
+  EXPECT_DOUBLE_EQ(g.estimated_sm_efficiency, (5 * 1.0 + 2 * 0.01) / 10);
+  EXPECT_EQ(g.kernels, 1);  // the first started in the previous step
+}
+
+// --- the monitor inside a Pilot ---------------------------------------------------------------
+
+struct Rig {
+  std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>();
+  std::shared_ptr<FakeBackend> backend = std::make_shared<FakeBackend>();
+  std::shared_ptr<RecordingSink> sink = std::make_shared<RecordingSink>();
+  std::ostringstream log;
+  std::unique_ptr<Pilot> pilot;
+
+  explicit Rig(Config c = base_config(), bool start = true) {
+    if (start) make(std::move(c));
+  }
+  static Config base_config() {
+    Config c;
+    c.gpu.trace_first_step = 1000000;  // windows only where a test asks for them
+    c.gpu.trace_anomaly_factor = 0;
+    return c;
+  }
+  void make(Config c) {
+    PilotOptions o;
+    auto logger = std::make_shared<spdlog::logger>(
+        "gpu-test", std::make_shared<spdlog::sinks::ostream_sink_st>(log));
+    o.logger = logger;
+    o.clock = clock;
+    o.sinks = {sink};
+    o.gpu_backend = backend;
+    pilot = std::make_unique<Pilot>(std::move(c), o);
+  }
+  // One step of `ms` ms during which a kernel of `blocks` blocks runs the whole time, sampled.
+  void step(Nanos ms, int64_t blocks, double sm) {
+    const Nanos b = clock->now_ns();
+    auto s = pilot->step(1);
+    clock->advance(ms * kMs);
+    const Nanos e = clock->now_ns();
+    backend->queued.pm.push_back(pm(b, e, sm));
+    backend->queued.nvml.push_back({e - 1, 1.0});
+    if (backend->tracing) backend->queued.kernels.push_back(kernel(b, e, blocks, "spin_kernel"));
+  }
+};
+
+TEST(GpuMonitorTest, OneSmKernelIsBusyButInefficientInTheAdvisoryLog) {
+  Config c = Rig::base_config();
+  c.gpu.trace_first_step = 3;
+  c.gpu.trace_steps = 4;
+  Rig rig(c);
+  ASSERT_NE(rig.pilot->gpu(), nullptr);
+  for (int i = 0; i < 12; ++i) rig.step(100, 1, 0.01);
+  rig.pilot->end_epoch();
+
+  ASSERT_EQ(rig.sink->epochs.size(), 1u);
+  const EpochSummary& s = rig.sink->epochs[0];
+  ASSERT_TRUE(s.gpu);
+  EXPECT_EQ(s.gpu->device, "Fake GPU");
+  EXPECT_EQ(s.gpu->traced_steps, 4);
+  EXPECT_NEAR(s.gpu->stats.counter_utilization, 1.0, 1e-9);
+  EXPECT_NEAR(s.gpu->stats.sm_efficiency, 0.01, 1e-9);
+  EXPECT_NEAR(s.gpu->stats.gpu_utilization, 1.0, 1e-9);
+  EXPECT_NEAR(s.gpu->stats.estimated_sm_efficiency, 0.01, 1e-9);
+  ASSERT_FALSE(s.gpu->top_kernels.empty());
+  EXPECT_EQ(s.gpu->top_kernels[0].name, "spin_kernel");
+  EXPECT_NEAR(s.gpu->top_kernels[0].mean_blocks_per_sm, 0.01, 1e-9);
+
+  const auto& advice = rig.sink->advice[0];
+  auto it = std::find_if(advice.begin(), advice.end(),
+                         [](const Advice& a) { return a.id == "busy_inefficient"; });
+  ASSERT_NE(it, advice.end());
+  EXPECT_EQ(it->severity, Severity::kHigh);
+  EXPECT_NE(it->cause.find("spin_kernel"), std::string::npos) << it->cause;
+  // Every step's record was published, the traced ones flagged.
+  ASSERT_EQ(rig.sink->gpu_steps.size(), 12u);
+  int traced = 0;
+  for (const auto& r : rig.sink->gpu_steps) traced += r.traced ? 1 : 0;
+  EXPECT_EQ(traced, 4);
+  EXPECT_TRUE(rig.sink->gpu_steps[3].traced);
+  EXPECT_FALSE(rig.sink->gpu_steps[2].traced);
+  // The log shows nvidia-smi's number next to the truth.
+  EXPECT_NE(rig.log.str().find("utilization 100.0% (NVML 100.0%), SM efficiency 1.0%"),
+            std::string::npos)
+      << rig.log.str();
+}
+
+TEST(GpuMonitorTest, StepsArePublishedOnceSamplesCoverThem) {
+  Rig rig;
+  auto s = rig.pilot->step(1);
+  rig.clock->advance(10 * kMs);
+  s.end();
+  EXPECT_TRUE(rig.sink->gpu_steps.empty());  // no PM sample has reached the step's end yet
+  rig.backend->queued.pm.push_back(pm(0, 20 * kMs, 0.5));
+  auto s2 = rig.pilot->step(1);
+  rig.clock->advance(30 * kMs);
+  s2.end();
+  ASSERT_EQ(rig.sink->gpu_steps.size(), 1u);  // step 0 only; step 1 ends after the sample
+  EXPECT_DOUBLE_EQ(rig.sink->gpu_steps[0].stats.sm_efficiency, 0.5);
+  rig.pilot->end_epoch();  // the epoch end finishes the rest with what arrived
+  EXPECT_EQ(rig.sink->gpu_steps.size(), 2u);
+}
+
+TEST(GpuMonitorTest, WindowsOpenAtTheFirstStepAgainEachEpochAndOnRequest) {
+  Config c = Rig::base_config();
+  c.gpu.trace_first_step = 2;
+  c.gpu.trace_steps = 3;
+  c.gpu.trace_every_epochs = 1;
+  Rig rig(c);
+  for (int i = 0; i < 10; ++i) rig.step(10, 200, 1.0);
+  EXPECT_EQ(rig.backend->trace_starts, 1);
+  EXPECT_EQ(rig.backend->trace_stops, 1);
+  EXPECT_GE(rig.backend->flushes, 2);  // the tail waits for the window's last records
+  rig.pilot->end_epoch();
+  EXPECT_EQ(rig.sink->epochs[0].gpu->traced_steps, 3);
+  for (int i = 0; i < 10; ++i) rig.step(10, 200, 1.0);
+  rig.pilot->end_epoch();
+  EXPECT_EQ(rig.backend->trace_starts, 2);
+  EXPECT_EQ(rig.sink->epochs[1].gpu->traced_steps, 3);
+
+  rig.pilot->gpu()->request_window(2);
+  for (int i = 0; i < 4; ++i) rig.step(10, 200, 1.0);
+  rig.pilot->end_epoch();
+  EXPECT_EQ(rig.backend->trace_starts, 3);
+  EXPECT_EQ(rig.sink->epochs[2].gpu->traced_steps, 2);
+  EXPECT_FALSE(rig.backend->tracing);
+}
+
+TEST(GpuMonitorTest, FirstWindowWaitsForAutotune) {
+  Config c = Rig::base_config();
+  c.mode = Mode::kAutotune;  // no loader: auto-tune waits out its budget, then has nothing to do
+  c.autotune.warmup_steps = 4;
+  c.autotune.warmup_seconds = 0;
+  c.gpu.trace_first_step = 0;
+  c.gpu.trace_steps = 2;
+  Rig rig(c);
+  for (int i = 0; i < 10; ++i) rig.step(10, 200, 1.0);
+  rig.pilot->end_epoch();
+  EXPECT_TRUE(rig.pilot->tuning_finished());
+  EXPECT_EQ(rig.backend->trace_starts, 1);
+  EXPECT_EQ(rig.sink->epochs[0].gpu->traced_steps, 2);
+  for (const auto& r : rig.sink->gpu_steps) {
+    if (r.traced) EXPECT_GE(r.step, 4) << "traced during the warm-up";
+  }
+}
+
+TEST(GpuMonitorTest, SlowStepOpensAnAnomalyWindow) {
+  Config c = Rig::base_config();
+  c.gpu.trace_anomaly_factor = 3;
+  c.gpu.trace_steps = 2;
+  Rig rig(c);
+  for (int i = 0; i < 70; ++i) rig.step(10, 200, 1.0);
+  EXPECT_EQ(rig.backend->trace_starts, 0);
+  rig.step(50, 200, 1.0);  // 5x the median
+  EXPECT_EQ(rig.backend->trace_starts, 1);
+  for (int i = 0; i < 5; ++i) rig.step(10, 200, 1.0);
+  rig.pilot->end_epoch();
+  EXPECT_EQ(rig.sink->epochs[0].gpu->traced_steps, 2);
+}
+
+TEST(GpuMonitorTest, NvtxRangesAreBalanced) {
+  Rig rig;
+  {
+    auto s = rig.pilot->step(1);
+    { auto p = rig.pilot->phase("forward"); }
+    auto left_open = rig.pilot->phase("backward");
+    rig.clock->advance(kMs);
+    s.end();  // the phase scope outlives the step: its range closes with the step
+  }
+  EXPECT_EQ(rig.backend->depth, 0);
+  ASSERT_GE(rig.backend->ranges.size(), 4u);
+  EXPECT_EQ(rig.backend->ranges[0], "+step 0");
+  EXPECT_EQ(rig.backend->ranges[1], "+forward");
+}
+
+TEST(GpuMonitorTest, NoDeviceMeansNoMonitorAndOneLogLine) {
+  Rig rig(Rig::base_config(), false);
+  rig.backend->info.sm_count = 0;
+  rig.backend->statuses = {{"pm_sampling", false, "no GPU driver (libcuda.so.1 not found)"}};
+  rig.make(Rig::base_config());
+  EXPECT_EQ(rig.pilot->gpu(), nullptr);
+  EXPECT_NE(rig.log.str().find("GPU collectors off: no GPU driver"), std::string::npos);
+  rig.step(10, 1, 0.0);
+  rig.pilot->end_epoch();
+  EXPECT_FALSE(rig.sink->epochs[0].gpu);
+}
+
+TEST(GpuMonitorTest, WithoutActivityTheCountersStillWork) {
+  Config c = Rig::base_config();
+  c.gpu.trace_first_step = 1;
+  Rig rig(c, false);
+  rig.backend->statuses[1] = {"activity", false, "another CUPTI client is attached"};
+  rig.make(c);
+  ASSERT_NE(rig.pilot->gpu(), nullptr);
+  EXPECT_NE(rig.log.str().find("another CUPTI client"), std::string::npos);
+  for (int i = 0; i < 5; ++i) rig.step(10, 1, 0.02);
+  rig.pilot->end_epoch();
+  EXPECT_EQ(rig.backend->trace_starts, 0);
+  const auto& g = *rig.sink->epochs[0].gpu;
+  EXPECT_EQ(g.traced_steps, 0);
+  EXPECT_NEAR(g.stats.sm_efficiency, 0.02, 1e-9);
+  EXPECT_FALSE(measured(g.stats.gpu_utilization));
+}
+
+TEST(GpuMonitorTest, ThrowingObserverIsRemovedAndTrainingGoesOn) {
+  struct Bad : StepObserver {
+    std::string name() const override { return "bad"; }
+    void on_step_end(StepRecord&) override { throw std::runtime_error("boom"); }
+  } bad;
+  Rig rig;
+  rig.pilot->add_observer(&bad);
+  rig.step(10, 1, 0.5);
+  rig.step(10, 1, 0.5);
+  EXPECT_NE(rig.log.str().find("observer 'bad' failed in on_step_end and is removed: boom"),
+            std::string::npos);
+  EXPECT_EQ(rig.sink->steps.size(), 2u);
+}
+
+// --- GPU advisors on planted summaries --------------------------------------------------------
+
+EpochSummary traced_summary() {
+  EpochSummary s;
+  s.steps = 10;
+  s.wall_ns = 1000 * kMs;
+  GpuEpochStats e;
+  e.device = "Fake GPU";
+  e.sm_count = 132;
+  e.traced_steps = 10;
+  e.stats.wall_ns = s.wall_ns;
+  e.stats.traced_ns = s.wall_ns;
+  e.stats.counter_utilization = 0.95;
+  e.stats.sm_efficiency = 0.9;
+  e.stats.gpu_utilization = 0.95;
+  e.stats.kernels = 1000;
+  e.stats.idle_other_ns = 50 * kMs;
+  s.gpu = e;
+  return s;
+}
+
+TEST(GpuAdvisorsTest, HealthyRunGetsNoGpuAdvice) {
+  const EpochSummary s = traced_summary();
+  const GpuAdvisorConfig c;
+  EXPECT_FALSE(advise_busy_inefficient(s, c));
+  EXPECT_FALSE(advise_host_sync(s, c));
+  EXPECT_FALSE(advise_pageable_copies(s, c));
+  EXPECT_FALSE(advise_launch_bound(s, c));
+  EpochSummary cpu;  // no GPU section at all
+  cpu.steps = 3;
+  EXPECT_FALSE(advise_busy_inefficient(cpu, c));
+  EXPECT_FALSE(advise_host_sync(cpu, c));
+}
+
+TEST(GpuAdvisorsTest, HostSyncStallIsFound) {
+  EpochSummary s = traced_summary();
+  s.gpu->stats.host_sync_ns = 200 * kMs;
+  s.gpu->stats.idle_host_sync_ns = 150 * kMs;
+  s.gpu->stats.host_syncs = 10;
+  const auto a = advise_host_sync(s, GpuAdvisorConfig{});
+  ASSERT_TRUE(a);
+  EXPECT_NEAR(a->expected_gain, 0.15 / 0.85, 1e-9);
+  EXPECT_NE(a->finding.find("1.0 per step"), std::string::npos) << a->finding;
+}
+
+TEST(GpuAdvisorsTest, PageableCopiesAreFound) {
+  EpochSummary s = traced_summary();
+  s.gpu->stats.h2d_bytes = 100000000;
+  s.gpu->stats.h2d_pageable_bytes = 100000000;
+  s.gpu->stats.h2d_pageable_ns = 100 * kMs;
+  const auto a = advise_pageable_copies(s, GpuAdvisorConfig{});
+  ASSERT_TRUE(a);
+  EXPECT_NE(a->action.find("pin"), std::string::npos);
+  s.gpu->stats.h2d_pageable_ns = 1 * kMs;  // 0.1% of the time: below the threshold
+  EXPECT_FALSE(advise_pageable_copies(s, GpuAdvisorConfig{}));
+}
+
+TEST(GpuAdvisorsTest, LaunchBoundStepsAreFound) {
+  EpochSummary s = traced_summary();
+  s.gpu->stats.gpu_utilization = 0.4;
+  s.gpu->stats.idle_launch_gap_ns = 500 * kMs;
+  const auto a = advise_launch_bound(s, GpuAdvisorConfig{});
+  ASSERT_TRUE(a);
+  EXPECT_NEAR(a->expected_gain, 1.0, 1e-9);
+  EXPECT_NE(a->finding.find("100 kernels per step"), std::string::npos) << a->finding;
+}
+
+TEST(GpuAdvisorsTest, BusyInefficientUsesTheEstimateWithoutCounters) {
+  EpochSummary s = traced_summary();
+  s.gpu->stats.sm_efficiency = kNotMeasured;
+  s.gpu->stats.counter_utilization = kNotMeasured;
+  s.gpu->stats.estimated_sm_efficiency = 0.2;
+  s.gpu->top_kernels = {{"softmax_warp_forward", 100, 600 * kMs, 0.1, 0.1}};
+  const auto a = advise_busy_inefficient(s, GpuAdvisorConfig{});
+  ASSERT_TRUE(a);
+  EXPECT_NE(a->finding.find("estimated"), std::string::npos);
+  EXPECT_NE(a->cause.find("softmax_warp_forward"), std::string::npos);
+  EXPECT_NE(a->action.find("scaled_dot_product_attention"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace torchpilot
