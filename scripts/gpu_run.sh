@@ -2,7 +2,9 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default ./gpu-out).
-#   scripts/gpu_run.sh [all|build|test|example|bench]...     (default: all)
+#   scripts/gpu_run.sh [all|build|test|gputest|example|bench|gpt|overhead]...   (default: all)
+# gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs);
+# overhead: bench/gpt_overhead (torchpilot off vs advise vs a detailed window).
 # Dependencies the machine lacks (libjpeg, ...) may be carried as Debian packages unpacked into
 # .deps/root (scripts/fetch_gpu_deps.sh); the machine's own installs are preferred.
 set -uo pipefail
@@ -50,6 +52,30 @@ fi
 if want test; then
   log "tests (all labels, gpu included)"
   (cd build-gpu && ctest --output-on-failure -j 4 2>&1) | tee "$OUT/ctest.log" | tail -25
+fi
+
+if want gputest; then
+  log "gpu-labelled tests, verbose"
+  (cd build-gpu && ctest -L gpu --output-on-failure -V 2>&1) | tee "$OUT/ctest-gpu.log" \
+    | grep -E "^\[|collector|torch profiler|traced steps|Passed|Failed|Skipped|tests passed|SKIP" | tail -60
+fi
+
+if want gpt; then
+  GPT=./build-gpu/examples/gpt_trainer
+  log "gpt: d=1024 L=12 T=1024 batch 8, bf16, fused attention (the issue's reference config)"
+  $GPT --d-model 1024 --layers 12 --heads 16 --seq 1024 --batch 8 --precision bf16 \
+    --attention fused --steps ${GPT_STEPS:-60} --epochs 3 --json "$OUT/gpt-bf16-fused.jsonl" 2>&1 \
+    | tee "$OUT/gpt-bf16-fused.log" | grep -vE "^\s*$" | tail -40
+  log "gpt planted: fp32 matmuls and unfused attention (d=1024 L=4 T=1024 batch 4)"
+  $GPT --d-model 1024 --layers 4 --heads 16 --seq 1024 --batch 4 --precision fp32 \
+    --attention unfused --steps 30 --epochs 2 --json "$OUT/gpt-fp32-unfused.jsonl" 2>&1 \
+    | tee "$OUT/gpt-fp32-unfused.log" | grep -vE "^\s*$" | tail -40
+fi
+
+if want overhead; then
+  log "bench: GPT overhead, off vs advise vs detailed window, interleaved"
+  ./build-gpu/bench/gpt_overhead --machine "$MACHINE" --commit "$COMMIT" ${OVERHEAD_ARGS:-} \
+    --out "$OUT/gpt-overhead-$MACHINE.json" 2>&1 | tee "$OUT/overhead.log" | tail -25
 fi
 
 if want example; then
