@@ -13,6 +13,7 @@ constexpr size_t kMaxPendingSteps = 1024;  // PM samples stalled: finish steps w
 constexpr size_t kAnomalyHistory = 64;     // step times the anomaly trigger's median is over
 constexpr int kTraceTailSteps = 2;         // step ends to wait for a closed window's records
 constexpr size_t kTopKernels = 10;
+constexpr size_t kMaxEvents = 1 << 20;  // per kind; a window of huge steps loses its oldest
 
 Nanos overlap(Interval a, Interval b) {
   return std::max<Nanos>(0, std::min(a.end, b.end) - std::max(a.begin, b.begin));
@@ -411,6 +412,7 @@ void GpuMonitor::finish(const PendingStep& step) {
   const auto nvml_ns = static_cast<Nanos>(config_.nvml_interval_ms * 1e6);
   rec.stats =
       gpu_step_stats(events_, step.span, step.data_wait, step.traced, device_.sm_count, nvml_ns);
+  last_finished_end_ = std::max(last_finished_end_, step.span.end);
   epoch_->add(rec.stats);
   if (step.traced) epoch_->add_kernels(events_.kernels, step.span, device_.sm_count);
   publish_(rec);
@@ -433,8 +435,17 @@ void GpuMonitor::finish_ready_steps(bool all) {
 }
 
 void GpuMonitor::prune_events() {
+  // A bound whatever the clocks do: the oldest events go first.
+  auto cap = [](auto& v) {
+    if (v.size() > kMaxEvents) v.erase(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() - kMaxEvents));
+  };
+  cap(events_.pm);
+  cap(events_.nvml);
+  cap(events_.kernels);
+  cap(events_.copies);
+  cap(events_.syncs);
   // Events ending before the oldest unfinished step are not needed any more.
-  const Nanos keep_from = pending_.empty() ? std::max<Nanos>(0, pm_watermark_ - 1)
+  const Nanos keep_from = pending_.empty() ? std::max<Nanos>(0, last_finished_end_)
                                            : pending_.front().span.begin;
   if (keep_from <= pruned_before_) return;
   pruned_before_ = keep_from;

@@ -76,7 +76,15 @@ Pilot::Pilot(Config config, PilotOptions options)
   sink_failed_.assign(sinks_.size(), false);
   logger_->info("mode {}{}", to_string(config_.mode),
                 config_.json_path.empty() ? "" : ", records to " + config_.json_path);
-  if (config_.gpu.enabled) start_gpu(std::move(options.gpu_backend));
+  if (!config_.gpu.enabled) return;
+  // GPU events carry steady-clock times: with another clock (a test's, a simulation's) they
+  // cannot be placed in steps, unless the caller brings a backend that speaks that clock.
+  if (!options.gpu_backend && dynamic_cast<SteadyClock*>(clock_.get()) == nullptr) {
+    logger_->info("GPU collectors off: the Pilot runs on a custom clock, GPU events use the "
+                  "steady clock");
+    return;
+  }
+  start_gpu(std::move(options.gpu_backend));
 }
 
 void Pilot::start_gpu(std::shared_ptr<GpuBackend> backend) {

@@ -93,6 +93,7 @@ class GpuMonitor : public StepObserver {
   int trace_tail_ = 0;         // step ends left before the closed window's steps are final
   Nanos trace_cutoff_ = -1;    // traced steps ending at or before this are final after the tail
   Nanos pruned_before_ = 0;
+  Nanos last_finished_end_ = 0;
   int open_ranges_ = 0;  // NVTX ranges pushed for the open step and its phases
 
   // Epoch accumulation.
