@@ -127,6 +127,23 @@ Pilot::~Pilot() {
   flush();
 }
 
+void Pilot::log(LogLevel level, const std::string& message) {
+  switch (level) {
+    case LogLevel::kDebug:
+      logger_->debug("{}", message);
+      break;
+    case LogLevel::kInfo:
+      logger_->info("{}", message);
+      break;
+    case LogLevel::kWarn:
+      logger_->warn("{}", message);
+      break;
+    case LogLevel::kError:
+      logger_->error("{}", message);
+      break;
+  }
+}
+
 void Pilot::add_observer(StepObserver* observer) {
   if (observer == nullptr || !enabled_) return;
   if (std::find(observers_.begin(), observers_.end(), observer) == observers_.end()) {

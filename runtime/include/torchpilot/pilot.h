@@ -144,6 +144,10 @@ class Pilot {
   Clock& clock() { return *clock_; }
   const std::shared_ptr<Clock>& shared_clock() const { return clock_; }
   spdlog::logger& logger() { return *logger_; }
+  // The advisory log without spdlog's headers: LibTorch translation units must not include them
+  // (the PyTorch wheel ships its own fmt, which shadows the one spdlog was built with).
+  enum class LogLevel { kDebug, kInfo, kWarn, kError };
+  void log(LogLevel level, const std::string& message);
 
   // --- results, for programs and tests -----------------------------------------------------------
   int64_t steps() const { return next_step_; }
