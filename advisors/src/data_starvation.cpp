@@ -126,6 +126,9 @@ std::vector<Advice> run_advisors(const EpochSummary& summary, const Config& conf
   if (auto a = advise_host_sync(summary, config.gpu_advisors)) out.push_back(*a);
   if (auto a = advise_pageable_copies(summary, config.gpu_advisors)) out.push_back(*a);
   if (auto a = advise_launch_bound(summary, config.gpu_advisors)) out.push_back(*a);
+  if (auto a = advise_fp32_matmul(summary, config.gpu_advisors)) out.push_back(*a);
+  if (auto a = advise_unfused_attention(summary, config.gpu_advisors)) out.push_back(*a);
+  if (auto a = advise_low_mfu(summary, config.gpu_advisors)) out.push_back(*a);
   return out;
 }
 

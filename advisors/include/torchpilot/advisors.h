@@ -35,6 +35,25 @@ std::optional<Advice> advise_pageable_copies(const EpochSummary& summary,
 std::optional<Advice> advise_launch_bound(const EpochSummary& summary,
                                           const GpuAdvisorConfig& config);
 
+// Precision and fusion (advisors/src/precision_advisors.cpp; they read EpochSummary::flops and,
+// when present, EpochSummary::gpu). Quiet without FLOP counts; the MFU-based ones quiet without a
+// peak (CPU, unknown GPU).
+// fp32 matmuls on a tensor-core GPU: the share of counted FLOPs in plain fp32 is above
+// fp32_matmul_threshold and the device table's bf16 peak is at least 4x its fp32 peak. Suggests
+// bf16 autocast or TF32 (flops.allow_tf32); the gain is estimated from the peak ratio and the
+// fp32 work's share of the step at the datasheet peaks.
+std::optional<Advice> advise_fp32_matmul(const EpochSummary& summary,
+                                         const GpuAdvisorConfig& config);
+// Unfused attention (matmul + softmax + matmul) above unfused_attention_threshold of model FLOPs:
+// suggests at::scaled_dot_product_attention (or, for its math fallback, inputs a fused kernel
+// takes); the time saved comes from the traced softmax kernels, else from the score matrices'
+// estimated traffic at the device's DRAM bandwidth (estimated either way).
+std::optional<Advice> advise_unfused_attention(const EpochSummary& summary,
+                                               const GpuAdvisorConfig& config);
+// MFU below low_mfu_threshold: where the step time goes (counted FLOPs at peak, data wait, GPU
+// idle, the rest) and what to change for the largest loss. Info or warning, never high.
+std::optional<Advice> advise_low_mfu(const EpochSummary& summary, const GpuAdvisorConfig& config);
+
 // Coordinate search over the loader knobs (loader.workers, loader.prefetch, loader.pin_memory,
 // loader.device_prefetch): a doubling sweep of workers, then pinning and GPU prefetch toggled, then
 // deeper prefetch, then bisection of workers around the best (loader_policy.cpp has the details).

@@ -7,6 +7,7 @@
 #include "torchpilot/advisors.h"
 #include "torchpilot/clock.h"
 #include "torchpilot/config.h"
+#include "torchpilot/flop_counter.h"
 #include "torchpilot/knobs.h"
 #include "torchpilot/loader_core.h"
 #include "torchpilot/pilot.h"

@@ -44,6 +44,25 @@ struct FlopEpochStats {
   int64_t unfused_attention_per_step = 0;
   double fused_attention_flops_per_step = 0;
   std::vector<OpFlops> top_ops;  // by FLOPs, largest first
+  // --- added with the FLOP counter (runtime/include/torchpilot/flops.h) ---
+  int64_t steps_with_count = 0;  // steps of the epoch that had a FLOP count (the rest: NaN)
+  double hardware_flops_by_precision[kMathPrecisions] = {};
+  // Peaks per precision (FLOP/s): what MFU used (flops.peak_tflops sets them all), and the
+  // device table's datasheet figures (NaN: unknown device or precision). DRAM: bytes/s.
+  double peak_flops_by_precision[kMathPrecisions] = {kNotMeasured, kNotMeasured, kNotMeasured,
+                                                    kNotMeasured, kNotMeasured, kNotMeasured,
+                                                    kNotMeasured};
+  double datasheet_flops_by_precision[kMathPrecisions] = {kNotMeasured, kNotMeasured,
+                                                          kNotMeasured, kNotMeasured,
+                                                          kNotMeasured, kNotMeasured,
+                                                          kNotMeasured};
+  double dram_bytes_per_s = kNotMeasured;
+  // Unfused attentions found inside scaled_dot_product_attention (its math fallback), per step.
+  double sdpa_math_fallback_per_step = 0;
+  // Estimated DRAM traffic of the unfused attentions' score matrices per step (bytes): what a
+  // fused kernel would not move (flops.h, AttentionDetector).
+  double unfused_attention_traffic_bytes_per_step = 0;
+  int64_t unparsed_calls = 0;  // calls of counted ops whose arguments could not be read
 };
 
 }  // namespace torchpilot

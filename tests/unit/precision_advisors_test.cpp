@@ -1,0 +1,347 @@
+// Precision and fusion advisors: planted fp32 matmuls, unfused attention and low MFU are found
+// with their numbers; healthy runs (bf16, fused attention, MFU above threshold) and CPU runs get
+// nothing from the MFU-based advisors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <optional>
+#include <string>
+
+#include "torchpilot/advisors.h"
+#include "torchpilot/flops.h"
+#include "torchpilot/metrics.h"
+
+namespace torchpilot {
+namespace {
+
+constexpr Nanos kMs = 1000 * 1000;
+constexpr size_t P(MathPrecision p) { return static_cast<size_t>(p); }
+
+std::optional<double> evidence(const Advice& a, const std::string& name) {
+  for (const auto& e : a.evidence) {
+    if (e.name == name) return e.value;
+  }
+  return std::nullopt;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// FLOP figures of an epoch on `device` ("" = CPU): `flops` per step by precision, MFU as given.
+FlopEpochStats make_flops(const std::string& device,
+                          std::initializer_list<std::pair<MathPrecision, double>> by_precision,
+                          double mfu) {
+  const DevicePeak peak = resolve_peak(device, 0);
+  FlopEpochStats f;
+  f.device = device;
+  f.counted_steps = 3;
+  f.steps_with_count = 100;
+  for (const auto& [p, v] : by_precision) {
+    f.model_flops_by_precision[P(p)] = v;
+    f.hardware_flops_by_precision[P(p)] = v;
+    f.model_flops_per_step += v;
+  }
+  f.hardware_flops_per_step = f.model_flops_per_step;
+  for (int i = 0; i < kMathPrecisions; ++i) {
+    f.peak_flops_by_precision[i] = peak.flops_per_s[static_cast<size_t>(i)];
+    f.datasheet_flops_by_precision[i] = peak.datasheet_flops_per_s[static_cast<size_t>(i)];
+  }
+  f.dram_bytes_per_s = peak.dram_bytes_per_s;
+  PrecisionArray arr{};
+  for (int i = 0; i < kMathPrecisions; ++i)
+    arr[static_cast<size_t>(i)] = f.model_flops_by_precision[i];
+  f.dominant_precision = dominant_precision(arr);
+  f.peak_flops_per_s = peak.flops_per_s[P(f.dominant_precision)];
+  f.peak_source = peak.any() ? peak.source + " " + to_string(f.dominant_precision) + " dense" : "";
+  f.mfu = mfu;
+  f.hfu = mfu;
+  return f;
+}
+
+// An epoch of 100 steps of `step_ms`, waiting `wait_ms` for data, with `flops`.
+EpochSummary make_summary(double step_ms, double wait_ms, FlopEpochStats flops) {
+  EpochSummary s;
+  s.steps = 100;
+  s.wall_ns = static_cast<Nanos>(std::llround(100 * step_ms * kMs));
+  s.data_wait_ns = static_cast<Nanos>(std::llround(100 * wait_ms * kMs));
+  s.data_wait_fraction = fraction(s.data_wait_ns, s.wall_ns);
+  s.flops = std::move(flops);
+  return s;
+}
+
+const GpuAdvisorConfig kConfig;  // fp32 0.2, unfused attention 0.02, low MFU 0.3
+const std::string kH100 = "NVIDIA H100 80GB HBM3";
+
+// ---- fp32 matmuls
+// --------------------------------------------------------------------------------
+
+TEST(PrecisionAdvisorTest, PlantedFp32MatmulsAreFound) {
+  const double F = 1e12;
+  const EpochSummary s = make_summary(
+      100, 0,
+      make_flops(kH100, {{MathPrecision::kFp32, 0.8 * F}, {MathPrecision::kBf16, 0.2 * F}}, 0.1));
+  const auto a = advise_fp32_matmul(s, kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->id, "fp32_matmul");
+  EXPECT_NEAR(*evidence(*a, "fp32_flops_share"), 0.8, 1e-12);
+  EXPECT_NEAR(*evidence(*a, "fp32_peak"), 67, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "bf16_peak"), 989.5, 1e-9);
+  // The fp32 work's share of the math time at the datasheet peaks (no wait, no GPU figures: the
+  // whole step counts as busy): (0.8/67) / (0.8/67 + 0.2/989.5).
+  const double t32 = 0.8 / 67, t16 = 0.2 / 989.5;
+  const double share = t32 / (t32 + t16);
+  EXPECT_NEAR(*evidence(*a, "fp32_time_share_estimate"), share, 1e-12);
+  // Moving it to bf16 makes that share 989.5/67 times faster (Amdahl).
+  EXPECT_NEAR(a->expected_gain, 1 / (1 - share + share * 67 / 989.5) - 1, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "expected_gain_tf32"), 1 / (1 - share + share * 67 / 494.5) - 1, 1e-9);
+  EXPECT_TRUE(a->gain_estimated);
+  EXPECT_EQ(a->severity, Severity::kHigh) << "fp32 takes most of the step";
+  EXPECT_TRUE(contains(a->finding, "80.0%")) << a->finding;
+  EXPECT_TRUE(contains(a->finding, kH100)) << a->finding;
+  EXPECT_TRUE(contains(a->action, "bf16")) << a->action;
+  EXPECT_TRUE(contains(a->action, "flops.allow_tf32: true")) << a->action;
+}
+
+TEST(PrecisionAdvisorTest, Fp32GainShrinksWithDataWait) {
+  const double F = 1e12;
+  const auto flops = make_flops(kH100, {{MathPrecision::kFp32, F}}, 0.1);
+  const auto busy = advise_fp32_matmul(make_summary(100, 0, flops), kConfig);
+  const auto waiting = advise_fp32_matmul(make_summary(100, 60, flops), kConfig);
+  ASSERT_TRUE(busy && waiting);
+  EXPECT_NEAR(*evidence(*waiting, "fp32_time_share_estimate"), 0.4, 1e-9);
+  EXPECT_LT(waiting->expected_gain, busy->expected_gain);
+  EXPECT_EQ(waiting->severity, Severity::kWarning);
+}
+
+TEST(PrecisionAdvisorTest, Fp32QuietWhenHealthyOrNoTensorCores) {
+  const double F = 1e12;
+  // bf16 model: nothing.
+  EXPECT_FALSE(advise_fp32_matmul(
+      make_summary(100, 0, make_flops(kH100, {{MathPrecision::kBf16, F}}, 0.5)), kConfig));
+  // TF32 is not plain fp32.
+  EXPECT_FALSE(advise_fp32_matmul(
+      make_summary(100, 0, make_flops(kH100, {{MathPrecision::kTf32, F}}, 0.5)), kConfig));
+  // At the threshold (20%): nothing; just above: advice.
+  EXPECT_FALSE(advise_fp32_matmul(
+      make_summary(
+          100, 0,
+          make_flops(kH100, {{MathPrecision::kFp32, 0.25 * F}, {MathPrecision::kBf16, 1.0 * F}},
+                     0.5)),
+      kConfig));
+  EXPECT_TRUE(advise_fp32_matmul(
+      make_summary(
+          100, 0,
+          make_flops(kH100, {{MathPrecision::kFp32, 0.26 * F}, {MathPrecision::kBf16, 1.0 * F}},
+                     0.5)),
+      kConfig));
+  // CPU, or a GPU not in the table: no tensor-core peak known.
+  EXPECT_FALSE(advise_fp32_matmul(
+      make_summary(100, 0, make_flops("", {{MathPrecision::kFp32, F}}, kNotMeasured)), kConfig));
+  EXPECT_FALSE(advise_fp32_matmul(
+      make_summary(100, 0, make_flops("Tesla T4", {{MathPrecision::kFp32, F}}, kNotMeasured)),
+      kConfig));
+  // No FLOP counter, no steps, no FLOPs.
+  EpochSummary none = make_summary(100, 0, make_flops(kH100, {}, 0));
+  EXPECT_FALSE(advise_fp32_matmul(none, kConfig));
+  none.flops.reset();
+  EXPECT_FALSE(advise_fp32_matmul(none, kConfig));
+  EXPECT_FALSE(advise_fp32_matmul(EpochSummary{}, kConfig));
+}
+
+// ---- unfused attention
+// ------------------------------------------------------------------------------
+
+FlopEpochStats with_unfused(FlopEpochStats f, double unfused, double traffic_bytes,
+                            double fallback = 0) {
+  f.unfused_attention_flops_per_step = unfused;
+  f.unfused_attention_per_step = 12;
+  f.unfused_attention_traffic_bytes_per_step = traffic_bytes;
+  f.sdpa_math_fallback_per_step = fallback;
+  return f;
+}
+
+TEST(PrecisionAdvisorTest, PlantedUnfusedAttentionWithSoftmaxKernelTime) {
+  const double F = 1e12;
+  EpochSummary s = make_summary(
+      10, 0,
+      with_unfused(make_flops("NVIDIA H200", {{MathPrecision::kBf16, F}}, 0.4), 0.2 * F, 1e9));
+  GpuEpochStats g;
+  g.device = "NVIDIA H200";
+  g.traced_steps = 10;
+  g.top_kernels = {
+      {"ampere_bf16_s16816gemm", 100, 30 * kMs, 4, 1},
+      {"void at::native::(anonymous namespace)::cunn_SoftMaxForward<8>", 10, 7 * kMs, 1, 1},
+      {"softmax_warp_backward", 10, 3 * kMs, 1, 1}};
+  s.gpu = g;
+  const auto a = advise_unfused_attention(s, kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->id, "unfused_attention");
+  EXPECT_NEAR(*evidence(*a, "unfused_attention_share"), 0.2, 1e-12);
+  EXPECT_NEAR(*evidence(*a, "unfused_attentions_per_step"), 12, 1e-12);
+  // Softmax kernels: 10 ms over 10 traced steps = 1 ms of a 10 ms step: +11.1%.
+  EXPECT_NEAR(*evidence(*a, "estimated_time_saved"), 1.0, 1e-9);
+  EXPECT_NEAR(a->expected_gain, 10.0 / 9.0 - 1.0, 1e-9);
+  EXPECT_EQ(a->severity, Severity::kWarning);
+  EXPECT_TRUE(contains(a->action, "scaled_dot_product_attention")) << a->action;
+  EXPECT_TRUE(contains(a->action, "softmax kernels")) << a->action;
+  EXPECT_TRUE(contains(a->finding, "12 attentions")) << a->finding;
+}
+
+TEST(PrecisionAdvisorTest, UnfusedAttentionEstimatedFromTrafficWithoutTrace) {
+  const double F = 1e12;
+  // 4.8 GB of score-matrix traffic per step at the H200's 4.8 TB/s: 1 ms of a 4 ms step.
+  const EpochSummary s = make_summary(
+      4, 0,
+      with_unfused(make_flops("NVIDIA H200", {{MathPrecision::kBf16, F}}, 0.4), 0.3 * F, 4.8e9));
+  const auto a = advise_unfused_attention(s, kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_NEAR(*evidence(*a, "estimated_time_saved"), 1.0, 1e-9);
+  EXPECT_NEAR(a->expected_gain, 4.0 / 3.0 - 1.0, 1e-9);
+  EXPECT_EQ(a->severity, Severity::kHigh);
+  EXPECT_TRUE(contains(a->action, "4800 GB/s")) << a->action;
+}
+
+TEST(PrecisionAdvisorTest, UnfusedAttentionOnCpuIsInfoWithoutGain) {
+  const EpochSummary s = make_summary(
+      50, 0, with_unfused(make_flops("", {{MathPrecision::kFp32, 1e9}}, kNotMeasured), 5e8, 1e6));
+  const auto a = advise_unfused_attention(s, kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->severity, Severity::kInfo);
+  EXPECT_EQ(a->expected_gain, 0);
+  EXPECT_FALSE(evidence(*a, "estimated_time_saved").has_value());
+}
+
+TEST(PrecisionAdvisorTest, SdpaMathFallbackGetsItsOwnAction) {
+  const EpochSummary s = make_summary(
+      10, 0, with_unfused(make_flops(kH100, {{MathPrecision::kFp32, 1e12}}, 0.05), 5e11, 1e9, 12));
+  const auto a = advise_unfused_attention(s, kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_TRUE(contains(a->cause, "math path")) << a->cause;
+  EXPECT_TRUE(contains(a->action, "bf16 or fp16")) << a->action;
+  EXPECT_NEAR(*evidence(*a, "sdpa_math_fallback_per_step"), 12, 1e-12);
+}
+
+TEST(PrecisionAdvisorTest, FusedOrSmallAttentionIsQuiet) {
+  const double F = 1e12;
+  FlopEpochStats fused = make_flops(kH100, {{MathPrecision::kBf16, F}}, 0.5);
+  fused.fused_attention_flops_per_step = 0.3 * F;
+  EXPECT_FALSE(advise_unfused_attention(make_summary(10, 0, fused), kConfig));
+  // 2% exactly: at the threshold.
+  EXPECT_FALSE(advise_unfused_attention(
+      make_summary(
+          10, 0, with_unfused(make_flops(kH100, {{MathPrecision::kBf16, F}}, 0.5), 0.02 * F, 1e6)),
+      kConfig));
+  EXPECT_FALSE(advise_unfused_attention(EpochSummary{}, kConfig));
+}
+
+// ---- low MFU
+// -------------------------------------------------------------------------------------------
+
+TEST(PrecisionAdvisorTest, LowMfuBreakdownNamesTheDataWait) {
+  const EpochSummary s =
+      make_summary(100, 60, make_flops(kH100, {{MathPrecision::kBf16, 1e13}}, 0.1));
+  const auto a = advise_low_mfu(s, kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->id, "low_mfu");
+  EXPECT_EQ(a->severity, Severity::kWarning) << "MFU below half the threshold";
+  EXPECT_NEAR(*evidence(*a, "mfu"), 0.1, 1e-12);
+  EXPECT_NEAR(*evidence(*a, "data_wait_fraction"), 0.6, 1e-12);
+  EXPECT_NEAR(*evidence(*a, "below_peak_fraction"), 0.3, 1e-12);
+  EXPECT_TRUE(contains(a->finding, "MFU is 10.0%")) << a->finding;
+  EXPECT_TRUE(contains(a->finding, "GPU idle time not measured")) << a->finding;
+  EXPECT_TRUE(contains(a->finding, "table: NVIDIA H100 SXM bf16 dense")) << a->finding;
+  EXPECT_TRUE(contains(a->cause, "wait for data")) << a->cause;
+  EXPECT_NEAR(a->expected_gain, 0.6 / 0.4, 1e-9);
+}
+
+TEST(PrecisionAdvisorTest, LowMfuBreakdownNamesGpuIdle) {
+  EpochSummary s = make_summary(100, 5, make_flops(kH100, {{MathPrecision::kBf16, 1e13}}, 0.2));
+  GpuEpochStats g;
+  g.stats.gpu_utilization = 0.45;  // idle 55%, 50% of it outside the data wait
+  s.gpu = g;
+  const auto a = advise_low_mfu(s, kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->severity, Severity::kInfo) << "MFU above half the threshold";
+  EXPECT_NEAR(*evidence(*a, "gpu_idle_outside_data_wait"), 0.5, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "below_peak_fraction"), 0.25, 1e-9);
+  EXPECT_TRUE(contains(a->cause, "idling between kernels")) << a->cause;
+  EXPECT_NEAR(a->expected_gain, 1.0, 1e-9);
+}
+
+TEST(PrecisionAdvisorTest, LowMfuBelowPeakNamesKernelsOrPrecision) {
+  EpochSummary s = make_summary(100, 0, make_flops(kH100, {{MathPrecision::kBf16, 1e13}}, 0.2));
+  GpuEpochStats g;
+  g.stats.gpu_utilization = 0.95;
+  g.stats.traced_ns = 100 * kMs;
+  g.top_kernels = {{"elementwise_kernel", 1000, 40 * kMs, 2, 1},
+                   {"layer_norm_kernel", 100, 20 * kMs, 2, 1}};
+  s.gpu = g;
+  auto a = advise_low_mfu(s, kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_TRUE(contains(a->cause, "other than the counted matmuls")) << a->cause;
+  EXPECT_TRUE(contains(a->action, "elementwise_kernel 40.0%")) << a->action;
+  EXPECT_EQ(a->expected_gain, 0);
+  // Mostly fp32: points at precision.
+  s.flops = make_flops(kH100, {{MathPrecision::kFp32, 1e12}}, 0.1);
+  a = advise_low_mfu(s, kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_TRUE(contains(a->action, "fp32_matmul")) << a->action;
+}
+
+TEST(PrecisionAdvisorTest, LowMfuQuietWhenHealthyOrUnmeasured) {
+  EXPECT_FALSE(advise_low_mfu(
+      make_summary(100, 0, make_flops(kH100, {{MathPrecision::kBf16, 1e13}}, 0.45)), kConfig));
+  EXPECT_FALSE(advise_low_mfu(
+      make_summary(100, 0, make_flops(kH100, {{MathPrecision::kBf16, 1e13}}, 0.3)), kConfig))
+      << "at the threshold";
+  EXPECT_FALSE(advise_low_mfu(
+      make_summary(100, 0, make_flops("", {{MathPrecision::kFp32, 1e9}}, kNotMeasured)), kConfig))
+      << "CPU: no MFU";
+  EXPECT_FALSE(advise_low_mfu(make_summary(100, 0, make_flops(kH100, {}, 0.0)), kConfig))
+      << "nothing counted";
+  EXPECT_FALSE(advise_low_mfu(EpochSummary{}, kConfig));
+}
+
+// ---- all together
+// --------------------------------------------------------------------------------------
+
+TEST(PrecisionAdvisorTest, HealthyRunGetsNoPrecisionAdviceAndNothingHigh) {
+  Config config;
+  FlopEpochStats f = make_flops(kH100, {{MathPrecision::kBf16, 1e13}}, 0.45);
+  f.fused_attention_flops_per_step = 3e12;
+  const std::vector<Advice> advice = run_advisors(make_summary(100, 1, f), config);
+  for (const Advice& a : advice) {
+    EXPECT_NE(a.id, "fp32_matmul");
+    EXPECT_NE(a.id, "unfused_attention");
+    EXPECT_NE(a.id, "low_mfu");
+    EXPECT_NE(a.severity, Severity::kHigh) << a.id;
+  }
+  // CPU run with fp32 and no peak: nothing from the precision/MFU advisors.
+  const std::vector<Advice> cpu = run_advisors(
+      make_summary(100, 1, make_flops("", {{MathPrecision::kFp32, 1e9}}, kNotMeasured)), config);
+  for (const Advice& a : cpu) {
+    EXPECT_NE(a.id, "fp32_matmul");
+    EXPECT_NE(a.id, "low_mfu");
+  }
+}
+
+TEST(PrecisionAdvisorTest, RunAdvisorsIncludesPlantedOnes) {
+  Config config;
+  const double F = 1e12;
+  const EpochSummary s = make_summary(
+      10, 0, with_unfused(make_flops(kH100, {{MathPrecision::kFp32, F}}, 0.05), 0.2 * F, 1e9));
+  const std::vector<Advice> advice = run_advisors(s, config);
+  bool fp32 = false, unfused = false, low = false;
+  for (const Advice& a : advice) {
+    fp32 |= a.id == "fp32_matmul";
+    unfused |= a.id == "unfused_attention";
+    low |= a.id == "low_mfu";
+  }
+  EXPECT_TRUE(fp32);
+  EXPECT_TRUE(unfused);
+  EXPECT_TRUE(low);
+}
+
+}  // namespace
+}  // namespace torchpilot
