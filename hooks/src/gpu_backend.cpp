@@ -40,6 +40,7 @@ class UnavailableBackend : public GpuBackend {
   void start() override {}
   bool start_trace() override { return false; }
   void stop_trace() override {}
+  void release_trace() override {}
   void flush() override {}
   void drain(GpuEventBatch&) override {}
   void stop() override {}

@@ -283,6 +283,7 @@ GpuMonitor::GpuMonitor(const GpuConfig& config, std::shared_ptr<GpuBackend> back
 
 GpuMonitor::~GpuMonitor() {
   if (window_left_ > 0) backend_->stop_trace();
+  if (window_left_ > 0 || trace_tail_ > 0) backend_->release_trace();
   backend_->stop();
 }
 
@@ -346,7 +347,8 @@ void GpuMonitor::on_step_end(StepRecord& r) {
 
   // Anomaly trigger: a step much slower than the recent median (not while tracing: the trace
   // itself slows steps).
-  const bool tracing_now = p.traced;
+  const bool tracing_now = p.traced || trace_tail_ > 0 || anomaly_quiet_steps_ > 0;
+  if (anomaly_quiet_steps_ > 0) --anomaly_quiet_steps_;
   if (!tracing_now && config_.trace_anomaly_factor > 0 &&
       recent_step_ns_.size() == kAnomalyHistory && !anomaly_window_used_) {
     const double med = static_cast<double>(median(recent_step_ns_));
@@ -383,7 +385,10 @@ void GpuMonitor::on_step_end(StepRecord& r) {
 
   if (trace_tail_ > 0) {
     backend_->flush();  // the closed window's last kernels
-    --trace_tail_;
+    if (--trace_tail_ == 0) {
+      backend_->release_trace();  // its final flush is drained below
+      anomaly_quiet_steps_ = kTraceTailSteps + 1;  // the release itself makes a slow step
+    }
   }
   drain();
   finish_ready_steps(false);
@@ -469,7 +474,10 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
     end_window(pending_.empty() ? 0 : pending_.back().span.end);
   }
   backend_->flush();
-  trace_tail_ = 0;
+  if (trace_tail_ > 0) {
+    backend_->release_trace();
+    trace_tail_ = 0;
+  }
   drain();
   finish_ready_steps(true);
 

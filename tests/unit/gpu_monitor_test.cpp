@@ -27,7 +27,7 @@ class FakeBackend : public GpuBackend {
                                         {"nvtx", true, ""}};
   GpuEventBatch queued;
   bool tracing = false;
-  int starts = 0, stops = 0, trace_starts = 0, trace_stops = 0, flushes = 0;
+  int starts = 0, stops = 0, trace_starts = 0, trace_stops = 0, flushes = 0, releases = 0;
   std::vector<std::string> ranges;  // "+name" / "-"
   int depth = 0;
 
@@ -46,6 +46,7 @@ class FakeBackend : public GpuBackend {
     ++trace_stops;
     tracing = false;
   }
+  void release_trace() override { ++releases; }
   void flush() override { ++flushes; }
   void drain(GpuEventBatch& out) override {
     auto move = [](auto& to, auto& from) {
@@ -261,6 +262,7 @@ TEST(GpuMonitorTest, WindowsOpenAtTheFirstStepAgainEachEpochAndOnRequest) {
   EXPECT_EQ(rig.backend->trace_starts, 1);
   EXPECT_EQ(rig.backend->trace_stops, 1);
   EXPECT_GE(rig.backend->flushes, 2);  // the tail waits for the window's last records
+  EXPECT_EQ(rig.backend->releases, 1);  // then CUPTI is detached
   rig.pilot->end_epoch();
   EXPECT_EQ(rig.sink->epochs[0].gpu->traced_steps, 3);
   for (int i = 0; i < 10; ++i) rig.step(10, 200, 1.0);

@@ -87,6 +87,7 @@ class GpuMonitor : public StepObserver {
   int64_t epochs_since_window_ = 0;
   int64_t window_step_in_epoch_ = -1;  // where the first window started, for repeats
   bool anomaly_window_used_ = false;   // one anomaly window per epoch
+  int anomaly_quiet_steps_ = 0;        // steps after a window that neither trigger nor count
   std::vector<Nanos> recent_step_ns_;  // for the anomaly trigger (bounded ring)
   size_t recent_next_ = 0;
   bool trace_failed_ = false;

@@ -1,0 +1,140 @@
+// load_cuda_driver(): libcuda.so.1 through dlopen; probe_device().
+#include "cuda_driver.h"
+
+#include <dlfcn.h>
+
+namespace torchpilot {
+namespace detail {
+
+namespace {
+
+class DlopenCudaDriver final : public CudaDriverApi {
+ public:
+  explicit DlopenCudaDriver(void* handle) {
+    resolve(handle, init_, "cuInit");
+    resolve(handle, device_get_count_, "cuDeviceGetCount");
+    resolve(handle, device_get_, "cuDeviceGet");
+    resolve(handle, device_get_name_, "cuDeviceGetName");
+    resolve(handle, device_get_attribute_, "cuDeviceGetAttribute");
+    resolve(handle, device_get_pci_bus_id_, "cuDeviceGetPCIBusId");
+    resolve(handle, get_error_name_, "cuGetErrorName");
+    resolve(handle, get_error_string_, "cuGetErrorString");
+  }
+  // The handle is never closed (LibTorch shares the driver; closing it gains nothing).
+
+  CUresult init(unsigned flags) override { return call(init_, flags); }
+  CUresult device_get_count(int* count) override { return call(device_get_count_, count); }
+  CUresult device_get(CUdevice* d, int ordinal) override { return call(device_get_, d, ordinal); }
+  CUresult device_get_name(char* name, int len, CUdevice d) override {
+    return call(device_get_name_, name, len, d);
+  }
+  CUresult device_get_attribute(int* v, CUdevice_attribute a, CUdevice d) override {
+    return call(device_get_attribute_, v, a, d);
+  }
+  CUresult device_get_pci_bus_id(char* id, int len, CUdevice d) override {
+    return call(device_get_pci_bus_id_, id, len, d);
+  }
+  CUresult get_error_name(CUresult e, const char** s) override {
+    return call(get_error_name_, e, s);
+  }
+  CUresult get_error_string(CUresult e, const char** s) override {
+    return call(get_error_string_, e, s);
+  }
+
+ private:
+  template <class F>
+  static void resolve(void* handle, F& fn, const char* name) {
+    fn = reinterpret_cast<F>(dlsym(handle, name));
+  }
+  template <class F, class... Args>
+  static CUresult call(F fn, Args... args) {
+    if (fn == nullptr) return CUDA_ERROR_NOT_FOUND;
+    return fn(args...);
+  }
+
+  decltype(&::cuInit) init_ = nullptr;
+  decltype(&::cuDeviceGetCount) device_get_count_ = nullptr;
+  decltype(&::cuDeviceGet) device_get_ = nullptr;
+  decltype(&::cuDeviceGetName) device_get_name_ = nullptr;
+  decltype(&::cuDeviceGetAttribute) device_get_attribute_ = nullptr;
+  decltype(&::cuDeviceGetPCIBusId) device_get_pci_bus_id_ = nullptr;
+  decltype(&::cuGetErrorName) get_error_name_ = nullptr;
+  decltype(&::cuGetErrorString) get_error_string_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<CudaDriverApi> load_cuda_driver(std::string* error) {
+  void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (handle == nullptr) handle = dlopen("libcuda.so.1", RTLD_NOW);
+  if (handle == nullptr) {
+    if (error != nullptr) *error = "no GPU driver (libcuda.so.1 not found)";
+    return nullptr;
+  }
+  return std::make_unique<DlopenCudaDriver>(handle);
+}
+
+std::string cuda_error_text(CudaDriverApi& api, CUresult result) {
+  const char* name = nullptr;
+  const char* text = nullptr;
+  std::string s;
+  if (api.get_error_name(result, &name) == CUDA_SUCCESS && name != nullptr) {
+    s = name;
+  } else {
+    s = "CUDA error";
+  }
+  s += " (" + std::to_string(static_cast<int>(result)) + ")";
+  if (api.get_error_string(result, &text) == CUDA_SUCCESS && text != nullptr) {
+    s += ": " + std::string(text);
+  }
+  return s;
+}
+
+ProbedDevice probe_device(CudaDriverApi& api, int index) {
+  ProbedDevice p;
+  p.info.index = index;
+  CUresult r = api.init(0);
+  if (r != CUDA_SUCCESS) {
+    p.error = "cuInit failed: " + cuda_error_text(api, r);
+    return p;
+  }
+  int count = 0;
+  r = api.device_get_count(&count);
+  if (r != CUDA_SUCCESS) {
+    p.error = "cuDeviceGetCount failed: " + cuda_error_text(api, r);
+    return p;
+  }
+  if (index < 0 || index >= count) {
+    p.error = "no CUDA device " + std::to_string(index) + " (this process sees " +
+              std::to_string(count) + (count == 1 ? " device" : " devices") +
+              "; gpu.device and CUDA_VISIBLE_DEVICES choose it)";
+    return p;
+  }
+  CUdevice dev = 0;
+  r = api.device_get(&dev, index);
+  if (r != CUDA_SUCCESS) {
+    p.error = "cuDeviceGet(" + std::to_string(index) + ") failed: " + cuda_error_text(api, r);
+    return p;
+  }
+  char name[256] = {0};
+  if (api.device_get_name(name, sizeof name - 1, dev) == CUDA_SUCCESS) p.info.name = name;
+  int sms = 0;
+  r = api.device_get_attribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+  if (r != CUDA_SUCCESS) {
+    p.error = "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT) failed: " + cuda_error_text(api, r);
+    return p;
+  }
+  if (sms <= 0) {
+    p.error = "CUDA device " + std::to_string(index) + " reports no SMs";
+    return p;
+  }
+  p.info.sm_count = sms;
+  api.device_get_attribute(&p.cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+  api.device_get_attribute(&p.cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+  char bus[64] = {0};
+  if (api.device_get_pci_bus_id(bus, sizeof bus - 1, dev) == CUDA_SUCCESS) p.pci_bus_id = bus;
+  return p;
+}
+
+}  // namespace detail
+}  // namespace torchpilot

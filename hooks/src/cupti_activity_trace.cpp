@@ -1,0 +1,470 @@
+// CUPTI activity records -> vendor-neutral events; the activity buffer collector.
+#include "cupti_activity_trace.h"
+
+#include <cxxabi.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cstdlib>
+#include <cstring>
+#include <shared_mutex>
+#include <unordered_map>
+
+namespace torchpilot {
+namespace detail {
+
+// --- Pure converters ---------------------------------------------------------------------------
+
+std::string demangle(const char* name) {
+  if (name == nullptr) return "<unknown>";
+  if (std::strncmp(name, "_Z", 2) != 0) return name;
+  int status = 0;
+  char* out = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+  if (status != 0 || out == nullptr) {
+    std::free(out);
+    return name;
+  }
+  std::string result(out);
+  std::free(out);
+  return result;
+}
+
+bool is_communication_kernel(const std::string& name) {
+  static constexpr char kNeedle[] = "nccl";
+  const auto it = std::search(name.begin(), name.end(), kNeedle, kNeedle + 4, [](char a, char b) {
+    return std::tolower(static_cast<unsigned char>(a)) == b;
+  });
+  return it != name.end();
+}
+
+CopyKind to_copy_kind(uint8_t kind) {
+  switch (kind) {
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD:
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOA:
+      return CopyKind::kHostToDevice;
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH:
+    case CUPTI_ACTIVITY_MEMCPY_KIND_ATOH:
+      return CopyKind::kDeviceToHost;
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD:
+    case CUPTI_ACTIVITY_MEMCPY_KIND_ATOD:
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOA:
+    case CUPTI_ACTIVITY_MEMCPY_KIND_ATOA:
+    case CUPTI_ACTIVITY_MEMCPY_KIND_PTOP:
+      return CopyKind::kDeviceToDevice;
+    default:
+      return CopyKind::kOther;
+  }
+}
+
+std::string DemangleCache::get(const char* mangled) {
+  if (mangled == nullptr) return "<unknown>";
+  std::string key(mangled);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = names_.find(key);
+    if (it != names_.end()) return it->second;
+  }
+  std::string name = demangle(mangled);  // outside the lock: it can take microseconds
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (names_.size() >= capacity_) names_.clear();
+  names_.emplace(std::move(key), name);
+  return name;
+}
+
+namespace {
+
+bool valid_interval(uint64_t start, uint64_t end) { return start != 0 && end != 0 && end >= start; }
+
+}  // namespace
+
+std::optional<KernelRecord> to_kernel(const CUpti_ActivityKernel10& r, const TimeBase& tb,
+                                      DemangleCache* names) {
+  if (!valid_interval(r.start, r.end)) return std::nullopt;
+  KernelRecord k;
+  k.begin = tb.to_steady(r.start);
+  k.end = tb.to_steady(r.end);
+  k.blocks = static_cast<int64_t>(r.gridX) * r.gridY * r.gridZ;
+  k.block_threads = r.blockX * r.blockY * r.blockZ;
+  k.stream = r.streamId;
+  k.name = names != nullptr ? names->get(r.name) : demangle(r.name);
+  k.communication = is_communication_kernel(k.name);
+  return k;
+}
+
+std::optional<CopyRecord> to_copy(const CUpti_ActivityMemcpy6& r, const TimeBase& tb) {
+  if (!valid_interval(r.start, r.end)) return std::nullopt;
+  CopyRecord c;
+  c.begin = tb.to_steady(r.start);
+  c.end = tb.to_steady(r.end);
+  c.bytes = static_cast<int64_t>(r.bytes);
+  c.kind = to_copy_kind(r.copyKind);
+  const bool src_pageable = r.srcKind == CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE;
+  const bool dst_pageable = r.dstKind == CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE;
+  switch (c.kind) {
+    case CopyKind::kHostToDevice:
+      c.pageable = src_pageable;
+      break;
+    case CopyKind::kDeviceToHost:
+      c.pageable = dst_pageable;
+      break;
+    default:
+      c.pageable = src_pageable || dst_pageable;
+      break;
+  }
+  c.memset = false;
+  return c;
+}
+
+std::optional<CopyRecord> to_memset(const CUpti_ActivityMemset4& r, const TimeBase& tb) {
+  if (!valid_interval(r.start, r.end)) return std::nullopt;
+  CopyRecord c;
+  c.begin = tb.to_steady(r.start);
+  c.end = tb.to_steady(r.end);
+  c.bytes = static_cast<int64_t>(r.bytes);
+  c.kind = CopyKind::kOther;
+  c.pageable = false;
+  c.memset = true;
+  return c;
+}
+
+std::optional<SyncRecord> to_sync(const CUpti_ActivitySynchronization2& r, const TimeBase& tb) {
+  if (r.type == CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT) return std::nullopt;
+  if (!valid_interval(r.start, r.end)) return std::nullopt;
+  return SyncRecord{tb.to_steady(r.start), tb.to_steady(r.end)};
+}
+
+bool convert_record(const CUpti_Activity& record, const TimeBase& tb, GpuEventBatch& out,
+                    DemangleCache* names) {
+  switch (record.kind) {
+    case CUPTI_ACTIVITY_KIND_KERNEL:
+    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
+      if (auto k = to_kernel(reinterpret_cast<const CUpti_ActivityKernel10&>(record), tb, names)) {
+        out.kernels.push_back(std::move(*k));
+        return true;
+      }
+      return false;
+    case CUPTI_ACTIVITY_KIND_MEMCPY:
+      if (auto c = to_copy(reinterpret_cast<const CUpti_ActivityMemcpy6&>(record), tb)) {
+        out.copies.push_back(*c);
+        return true;
+      }
+      return false;
+    case CUPTI_ACTIVITY_KIND_MEMSET:
+      if (auto c = to_memset(reinterpret_cast<const CUpti_ActivityMemset4&>(record), tb)) {
+        out.copies.push_back(*c);
+        return true;
+      }
+      return false;
+    case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION:
+      if (auto s = to_sync(reinterpret_cast<const CUpti_ActivitySynchronization2&>(record), tb)) {
+        out.syncs.push_back(*s);
+        return true;
+      }
+      return false;
+    default:
+      return false;
+  }
+}
+
+// --- Process-wide routing of CUPTI's buffer callbacks -------------------------------------------
+//
+// CUPTI's buffer callbacks carry no user data, so they reach the collector through a process-wide
+// pointer. Every buffer torchpilot hands to CUPTI is registered with its owner's id, so a buffer
+// that comes back after its collector is gone (or to another collector) is freed, and a buffer that
+// is not ours is never touched.
+
+namespace {
+
+std::shared_mutex& route_mutex() {
+  static std::shared_mutex m;
+  return m;
+}
+ActivityCollector*& route() {
+  static ActivityCollector* collector = nullptr;
+  return collector;
+}
+
+struct BufferRegistry {
+  std::mutex mutex;
+  std::unordered_map<uint8_t*, uint64_t> owner;  // buffer -> collector id
+};
+BufferRegistry& registry() {
+  static BufferRegistry r;
+  return r;
+}
+std::atomic<uint64_t> next_collector_id{1};
+
+uint8_t* allocate_buffer(size_t bytes, uint64_t owner) {
+  // CUPTI wants 8-byte alignment (ACTIVITY_RECORD_ALIGNMENT); malloc gives 16.
+  auto* buffer = static_cast<uint8_t*>(std::malloc(bytes));
+  if (buffer == nullptr) return nullptr;
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  registry().owner[buffer] = owner;
+  return buffer;
+}
+
+// 0 when the buffer is not one of ours.
+uint64_t owner_of(uint8_t* buffer) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  const auto it = registry().owner.find(buffer);
+  return it == registry().owner.end() ? 0 : it->second;
+}
+
+void free_buffer(uint8_t* buffer) {
+  {
+    std::lock_guard<std::mutex> lock(registry().mutex);
+    if (registry().owner.erase(buffer) == 0) return;  // not ours: leave it alone
+  }
+  std::free(buffer);
+}
+
+void CUPTIAPI on_buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  std::shared_lock<std::shared_mutex> lock(route_mutex());
+  if (route() != nullptr) {
+    route()->buffer_requested(buffer, size, max_records);
+    return;
+  }
+  *buffer = nullptr;
+  *size = 0;
+  *max_records = 0;
+}
+
+void CUPTIAPI on_buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t size,
+                                  size_t valid_size) {
+  std::shared_lock<std::shared_mutex> lock(route_mutex());
+  if (route() != nullptr) {
+    route()->buffer_completed(buffer, size, valid_size);
+    return;
+  }
+  free_buffer(buffer);
+}
+
+void CUPTIAPI on_callback(void*, CUpti_CallbackDomain, CUpti_CallbackId, const void*) {}
+
+const char* kind_name(CUpti_ActivityKind kind) {
+  switch (kind) {
+    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
+      return "CONCURRENT_KERNEL";
+    case CUPTI_ACTIVITY_KIND_MEMCPY:
+      return "MEMCPY";
+    case CUPTI_ACTIVITY_KIND_MEMSET:
+      return "MEMSET";
+    case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION:
+      return "SYNCHRONIZATION";
+    default:
+      return "?";
+  }
+}
+
+}  // namespace
+
+// --- ActivityCollector -------------------------------------------------------------------------
+
+ActivityOptions activity_options(int trace_buffer_mb) {
+  ActivityOptions o;
+  const size_t total = static_cast<size_t>(std::max(1, trace_buffer_mb)) << 20;
+  o.buffer_bytes = std::min<size_t>(4u << 20, total);
+  o.max_buffers = std::max<size_t>(1, total / o.buffer_bytes);
+  return o;
+}
+
+ActivityCollector::ActivityCollector(CuptiApi& api, const CuptiClock& clock, spdlog::logger& logger,
+                                     ActivityOptions options)
+    : api_(api),
+      clock_(clock),
+      logger_(logger),
+      options_(options),
+      id_(next_collector_id.fetch_add(1)) {}
+
+ActivityCollector::~ActivityCollector() {
+  shutdown();
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (uint8_t* b : free_buffers_) free_buffer(b);
+  free_buffers_.clear();
+}
+
+std::string ActivityCollector::init() {
+  CUpti_SubscriberParams params{};
+  params.structSize = CUpti_SubscriberParams_STRUCT_SIZE;
+  params.subscriberName = "torchpilot";
+  char other[CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN + 1] = {0};
+  params.oldSubscriberName = other;
+  params.oldSubscriberSize = sizeof other - 1;
+  const CUptiResult r = api_.subscribe(&subscriber_, on_callback, nullptr, &params);
+  if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
+    std::string reason =
+        "another CUPTI client (Nsight Systems, PyTorch's profiler) is attached: activity tracing "
+        "off";
+    // Kineto subscribes without a name ("CUPTI for <not provided>"): only a real name is shown.
+    const std::string name(other);
+    if (!name.empty() && name.find("not provided") == std::string::npos) {
+      reason += " (CUPTI names it: " + name + ")";
+    }
+    return reason;
+  }
+  if (r != CUPTI_SUCCESS) return "cuptiSubscribe failed: " + cupti_error_name(api_, r);
+  subscribed_ = true;
+  {
+    std::unique_lock<std::shared_mutex> lock(route_mutex());
+    if (route() != nullptr && route() != this) {
+      logger_.warn("CUPTI activity: a second GPU backend takes over the activity callbacks");
+    }
+    route() = this;
+    routed_ = true;
+  }
+  const CUptiResult rr = api_.activity_register_callbacks(on_buffer_requested, on_buffer_completed);
+  if (rr != CUPTI_SUCCESS) {
+    shutdown();
+    return "cuptiActivityRegisterCallbacks failed: " + cupti_error_name(api_, rr);
+  }
+  logger_.debug("CUPTI activity: {} buffers of {} KiB at most", options_.max_buffers,
+                options_.buffer_bytes >> 10);
+  return {};
+}
+
+std::string ActivityCollector::enable() {
+  if (enabled_) return {};
+  if (!routed_) return "activity tracing is not initialized";
+  const CUpti_ActivityKind kinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
+                                      CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
+                                      CUPTI_ACTIVITY_KIND_SYNCHRONIZATION};
+  for (const auto kind : kinds) {
+    const CUptiResult r = api_.activity_enable(kind);
+    if (r == CUPTI_SUCCESS) {
+      enabled_kinds_.push_back(kind);
+      continue;
+    }
+    const std::string why = std::string("cuptiActivityEnable(") + kind_name(kind) +
+                            ") failed: " + cupti_error_name(api_, r);
+    if (kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) return why;
+    logger_.warn("CUPTI activity: {}; traced without it", why);
+  }
+  enabled_ = true;
+  return {};
+}
+
+void ActivityCollector::disable() {
+  for (const auto kind : enabled_kinds_) api_.activity_disable(kind);
+  enabled_kinds_.clear();
+  enabled_ = false;
+}
+
+void ActivityCollector::flush(bool forced) {
+  if (!routed_) return;
+  // No lock held: CUPTI calls buffer_completed on this thread before returning.
+  const CUptiResult r = api_.activity_flush_all(forced ? CUPTI_ACTIVITY_FLAG_FLUSH_FORCED : 0);
+  if (r != CUPTI_SUCCESS) logger_.debug("cuptiActivityFlushAll: {}", cupti_error_name(api_, r));
+  size_t dropped = 0;
+  if (api_.activity_get_num_dropped_records(nullptr, 0, &dropped) == CUPTI_SUCCESS && dropped > 0) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_.dropped += static_cast<int64_t>(dropped);
+  }
+}
+
+void ActivityCollector::drain(GpuEventBatch& out) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto append = [](auto& to, auto& from) {
+    if (to.empty()) {
+      to.swap(from);
+    } else {
+      to.insert(to.end(), std::make_move_iterator(from.begin()),
+                std::make_move_iterator(from.end()));
+    }
+    from.clear();
+  };
+  append(out.kernels, pending_.kernels);
+  append(out.copies, pending_.copies);
+  append(out.syncs, pending_.syncs);
+  out.dropped += pending_.dropped;
+  pending_.dropped = 0;
+  pending_records_ = 0;
+}
+
+void ActivityCollector::shutdown() {
+  if (enabled_) disable();
+  if (routed_) {
+    flush(true);  // our buffers back from CUPTI while still routed here
+    std::unique_lock<std::shared_mutex> lock(route_mutex());
+    if (route() == this) route() = nullptr;
+    routed_ = false;
+  }
+  if (subscribed_) {
+    api_.unsubscribe(subscriber_);
+    subscribed_ = false;
+    subscriber_ = nullptr;
+  }
+}
+
+void ActivityCollector::buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *buffer = nullptr;
+  *size = 0;
+  *max_records = 0;  // as many as fit
+  bool log_refusal = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!free_buffers_.empty()) {
+      *buffer = free_buffers_.back();
+      free_buffers_.pop_back();
+    } else if (allocated_buffers_ < options_.max_buffers) {
+      *buffer = allocate_buffer(options_.buffer_bytes, id_);
+      if (*buffer != nullptr) ++allocated_buffers_;
+    }
+    if (*buffer == nullptr) {
+      ++refused_;
+      log_refusal = !refusal_logged_;
+      refusal_logged_ = true;
+    }
+  }
+  if (*buffer != nullptr) {
+    *size = options_.buffer_bytes;
+  } else if (log_refusal) {
+    logger_.warn(
+        "CUPTI activity: all {} trace buffers ({} MiB) are in use; CUPTI drops records until one "
+        "comes back (gpu.trace_buffer_mb raises the limit)",
+        options_.max_buffers, (options_.max_buffers * options_.buffer_bytes) >> 20);
+  }
+}
+
+void ActivityCollector::buffer_completed(uint8_t* buffer, size_t, size_t valid_size) {
+  if (buffer == nullptr) return;
+  const uint64_t owner = owner_of(buffer);
+  if (owner != id_) {
+    free_buffer(buffer);  // another (former) collector's: freed; not ours at all: untouched
+    return;
+  }
+  GpuEventBatch batch;
+  const TimeBase tb = clock_.get();
+  CUpti_Activity* record = nullptr;
+  size_t converted = 0;
+  while (api_.activity_get_next_record(buffer, valid_size, &record) == CUPTI_SUCCESS &&
+         record != nullptr) {
+    if (convert_record(*record, tb, batch, &names_)) ++converted;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  const size_t room = options_.max_pending_records > pending_records_
+                          ? options_.max_pending_records - pending_records_
+                          : 0;
+  if (converted <= room) {
+    auto append = [](auto& to, auto& from) {
+      to.insert(to.end(), std::make_move_iterator(from.begin()),
+                std::make_move_iterator(from.end()));
+    };
+    append(pending_.kernels, batch.kernels);
+    append(pending_.copies, batch.copies);
+    append(pending_.syncs, batch.syncs);
+    pending_records_ += converted;
+  } else {
+    pending_.dropped += static_cast<int64_t>(converted);  // nobody drains: keep memory bounded
+  }
+  free_buffers_.push_back(buffer);
+}
+
+int64_t ActivityCollector::refused_requests() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return refused_;
+}
+
+}  // namespace detail
+}  // namespace torchpilot

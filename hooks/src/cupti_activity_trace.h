@@ -1,0 +1,137 @@
+// CUPTI activity tracing (detailed windows): pure converters from CUPTI activity records to the
+// vendor-neutral records of gpu_backend.h, and ActivityCollector, which owns the activity buffers
+// CUPTI fills and turns completed buffers into events. Internal to hooks/.
+//
+// Buffers: fixed size, at most `max_buffers` allocated at a time (gpu.trace_buffer_mb in all).
+// When they are all in CUPTI's hands, bufferRequested answers with no buffer and CUPTI drops and
+// counts the records (cuptiActivityGetNumDroppedRecords, read in flush() and reported as
+// GpuEventBatch::dropped).
+//
+// Thread-safety: init/enable/disable/flush/drain/shutdown from one thread (the training thread).
+// buffer_requested/buffer_completed run on whatever thread CUPTI calls them from (a launching
+// thread, CUPTI's worker, or the thread inside cuptiActivityFlushAll). No lock of ours is held
+// while calling into CUPTI, and the callbacks call nothing in CUPTI but cuptiActivityGetNextRecord
+// (kineto's ABBA deadlock: a mutex held across cuptiActivityFlushAll, which runs bufferCompleted
+// synchronously).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cupti_api.h"
+#include "torchpilot/gpu_backend.h"
+
+namespace spdlog {
+class logger;
+}
+
+namespace torchpilot {
+namespace detail {
+
+// --- Pure converters ---------------------------------------------------------------------------
+
+// abi::__cxa_demangle for "_Z..." names; anything else (or a failure) comes back unchanged.
+std::string demangle(const char* name);
+// An NCCL kernel: the name contains "nccl", case-insensitive.
+bool is_communication_kernel(const std::string& name);
+// CUpti_ActivityMemcpyKind -> CopyKind (array copies count as their host/device side).
+CopyKind to_copy_kind(uint8_t cupti_copy_kind);
+
+// Demangled names by mangled name (bounded: cleared when it reaches `capacity`). Thread-safe.
+class DemangleCache {
+ public:
+  explicit DemangleCache(size_t capacity = 4096) : capacity_(capacity) {}
+  std::string get(const char* mangled);
+
+ private:
+  size_t capacity_;
+  std::mutex mutex_;
+  std::unordered_map<std::string, std::string> names_;
+};
+
+// Records without timestamps (CUPTI leaves 0 when it ran out of device memory) or with end <
+// start give nullopt. Times are converted to the steady clock with `tb`.
+std::optional<KernelRecord> to_kernel(const CUpti_ActivityKernel10& r, const TimeBase& tb,
+                                      DemangleCache* names = nullptr);
+std::optional<CopyRecord> to_copy(const CUpti_ActivityMemcpy6& r, const TimeBase& tb);
+std::optional<CopyRecord> to_memset(const CUpti_ActivityMemset4& r, const TimeBase& tb);
+// Host-blocking synchronizations only: cudaStreamWaitEvent (STREAM_WAIT_EVENT) makes the GPU wait,
+// not the host, and gives nullopt.
+std::optional<SyncRecord> to_sync(const CUpti_ActivitySynchronization2& r, const TimeBase& tb);
+
+// Converts one record by its kind into `out` (KERNEL and CONCURRENT_KERNEL: Kernel10, MEMCPY:
+// Memcpy6, MEMSET: Memset4, SYNCHRONIZATION: Synchronization2). False for other kinds and
+// records without timestamps.
+bool convert_record(const CUpti_Activity& record, const TimeBase& tb, GpuEventBatch& out,
+                    DemangleCache* names = nullptr);
+
+// --- The collector -----------------------------------------------------------------------------
+
+struct ActivityOptions {
+  size_t buffer_bytes = 4u << 20;         // one activity buffer
+  size_t max_buffers = 8;                 // allocated at a time (in CUPTI's hands or free)
+  size_t max_pending_records = 1u << 20;  // converted, not yet drained; beyond: counted dropped
+};
+// 4 MiB buffers, trace_buffer_mb in all (at least one buffer; smaller buffers below 4 MiB).
+ActivityOptions activity_options(int trace_buffer_mb);
+
+class ActivityCollector {
+ public:
+  ActivityCollector(CuptiApi& api, const CuptiClock& clock, spdlog::logger& logger,
+                    ActivityOptions options);
+  ~ActivityCollector();  // shutdown()
+  ActivityCollector(const ActivityCollector&) = delete;
+  ActivityCollector& operator=(const ActivityCollector&) = delete;
+
+  // Subscribes (no-op callback) to learn whether another CUPTI client is attached, then registers
+  // the buffer callbacks and routes CUPTI's callbacks here. Returns the reason tracing is
+  // unavailable, empty when it is available.
+  std::string init();
+  // Enables CONCURRENT_KERNEL, MEMCPY, MEMSET and SYNCHRONIZATION. Returns the reason on failure
+  // (kernel tracing is required; the other kinds are logged and skipped when refused).
+  std::string enable();
+  void disable();
+  bool enabled() const { return enabled_; }
+  // cuptiActivityFlushAll (flag 0, or FLUSH_FORCED), then reads CUPTI's dropped-record count.
+  // Holds no lock while CUPTI runs buffer_completed on this thread.
+  void flush(bool forced);
+  // Appends the kernels, copies and syncs converted since the last call; adds `dropped`.
+  void drain(GpuEventBatch& out);
+  // Disables tracing, forces a flush, unsubscribes, unroutes the callbacks. Idempotent.
+  void shutdown();
+
+  // CUPTI's buffer callbacks (through process-wide trampolines: they carry no user data).
+  void buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records);
+  void buffer_completed(uint8_t* buffer, size_t size, size_t valid_size);
+
+  // Requests answered with no buffer (all in use) since construction.
+  int64_t refused_requests() const;
+
+ private:
+  CuptiApi& api_;
+  const CuptiClock& clock_;
+  spdlog::logger& logger_;
+  ActivityOptions options_;
+  uint64_t id_;  // owner tag of the buffers this collector allocates
+  DemangleCache names_;
+  bool subscribed_ = false;
+  CUpti_SubscriberHandle subscriber_ = nullptr;
+  bool routed_ = false;
+  bool enabled_ = false;
+  std::vector<CUpti_ActivityKind> enabled_kinds_;
+
+  mutable std::mutex mutex_;  // guards what follows
+  GpuEventBatch pending_;     // kernels, copies, syncs, dropped
+  size_t pending_records_ = 0;
+  std::vector<uint8_t*> free_buffers_;
+  size_t allocated_buffers_ = 0;
+  int64_t refused_ = 0;
+  bool refusal_logged_ = false;
+};
+
+}  // namespace detail
+}  // namespace torchpilot

@@ -1,0 +1,495 @@
+// CuptiBackend: device probe, the collectors' lifecycles and their degrade paths, NVTX ranges.
+#include "cupti_backend.h"
+
+#include <spdlog/spdlog.h>
+
+#include <exception>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "cuda_driver.h"
+#include "cupti_activity_trace.h"
+#include "cupti_api.h"
+#include "cupti_pm_sampling.h"
+#include "nvml_sampler.h"
+#include "torchpilot/config.h"
+
+#if TORCHPILOT_HAVE_NVTX
+#include <nvtx3/nvToolsExt.h>
+#endif
+
+namespace torchpilot {
+namespace detail {
+
+namespace {
+
+constexpr size_t kMaxPendingSamples = 1u << 18;   // per kind, when nobody drains
+constexpr uint32_t kMinCuptiApiVersion = 130000;  // CUDA 13's records (Kernel10, Memcpy6, ...)
+
+std::string off_in_config(const char* key) {
+  return std::string("off in the configuration (") + key + ": false)";
+}
+
+class CuptiBackend final : public GpuBackend {
+ public:
+  CuptiBackend(const GpuConfig& config, spdlog::logger& logger, GpuVendorLoaders loaders)
+      : config_(config), logger_(logger) {
+    pm_status_ = {"pm_sampling", false, ""};
+    activity_status_ = {"activity", false, ""};
+    nvml_status_ = {"nvml", false, ""};
+    nvtx_status_ = {"nvtx", false, ""};
+    guard("initialization", [&] { probe(loaders); });
+  }
+
+  ~CuptiBackend() override {
+    guard("stop", [&] { stop_all(); });
+    // Destroy the collectors (joined and unrouted in stop_all) before the vendor interfaces.
+    activity_.reset();
+    pm_.reset();
+    nvml_sampler_.reset();
+#if TORCHPILOT_HAVE_NVTX
+    if (domain_ != nullptr) nvtxDomainDestroy(domain_);
+#endif
+  }
+
+  GpuDeviceInfo device() const override { return device_; }
+
+  std::vector<CollectorStatus> status() const override {
+    std::vector<CollectorStatus> s{pm_status_, activity_status_, nvml_status_, nvtx_status_};
+    if (s[0].active && pm_ != nullptr) {
+      std::string why = pm_->reason();
+      if (!why.empty()) s[0] = {"pm_sampling", false, std::move(why)};
+    }
+    if (s[2].active && nvml_sampler_ != nullptr) {
+      std::string why = nvml_sampler_->reason();
+      if (!why.empty()) s[2] = {"nvml", false, std::move(why)};
+    }
+    return s;
+  }
+
+  void start() override {
+    guard("start", [&] {
+      if (started_ || device_.sm_count <= 0) return;
+      started_ = true;
+      if (pm_ != nullptr && pm_status_.active) {
+        const std::string why = pm_->start();
+        if (!why.empty()) set_off(pm_status_, why);
+      }
+      if (nvml_sampler_ != nullptr && nvml_status_.active) {
+        const std::string why = nvml_sampler_->start(config_.nvml_interval_ms,
+                                                     [this](const UtilSample& u) { on_nvml(u); });
+        if (!why.empty()) set_off(nvml_status_, why);
+      }
+    });
+  }
+
+  bool start_trace() override {
+    bool ok = false;
+    guard("start_trace", [&] {
+      if (activity_ == nullptr || !activity_status_.active || stopped_) return;
+      // CUPTI's clock is CLOCK_REALTIME: re-measure the offset at each window (NTP steps).
+      measure_clock();
+      if (!activity_attached_) {
+        const std::string why = activity_->init();
+        if (!why.empty()) {
+          set_off(activity_status_, why);
+          logger_.warn("GPU collector activity off: {}", why);
+          return;
+        }
+        activity_attached_ = true;
+      }
+      const std::string why = activity_->enable();
+      if (!why.empty()) {
+        set_off(activity_status_, why);
+        return;
+      }
+      ok = true;
+    });
+    return ok;
+  }
+
+  void stop_trace() override {
+    guard("stop_trace", [&] {
+      if (activity_ != nullptr) activity_->disable();
+    });
+  }
+
+  void release_trace() override {
+    guard("release_trace", [&] {
+      if (activity_ == nullptr || !activity_attached_ || stopped_) return;
+      activity_->shutdown();  // disable, forced flush, unsubscribe
+      activity_attached_ = false;
+      detach_cupti(/*resume_pm=*/true);
+    });
+  }
+
+  void flush() override {
+    guard("flush", [&] {
+      const Nanos t0 = steady_now_ns();
+      if (activity_ != nullptr && activity_status_.active) activity_->flush(false);
+      const Nanos t1 = steady_now_ns();
+      if (pm_ != nullptr) pm_->decode_now();
+      const Nanos t2 = steady_now_ns();
+      logger_.debug("GPU flush: activity {:.3f} ms, PM decode {:.3f} ms", (t1 - t0) / 1e6,
+                    (t2 - t1) / 1e6);
+    });
+  }
+
+  void drain(GpuEventBatch& out) override {
+    guard("drain", [&] {
+      if (activity_ != nullptr) activity_->drain(out);
+      std::lock_guard<std::mutex> lock(events_mutex_);
+      out.pm.insert(out.pm.end(), pending_pm_.begin(), pending_pm_.end());
+      out.nvml.insert(out.nvml.end(), pending_nvml_.begin(), pending_nvml_.end());
+      out.dropped += pending_dropped_;
+      pending_pm_.clear();
+      pending_nvml_.clear();
+      pending_dropped_ = 0;
+    });
+  }
+
+  void stop() override {
+    guard("stop", [&] { stop_all(); });
+  }
+
+  void range_push(const char* name) override {
+#if TORCHPILOT_HAVE_NVTX
+    if (domain_ == nullptr || name == nullptr) return;
+    nvtxEventAttributes_t a{};
+    a.version = NVTX_VERSION;
+    a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+    a.messageType = NVTX_MESSAGE_TYPE_ASCII;
+    a.message.ascii = name;
+    nvtxDomainRangePushEx(domain_, &a);
+#else
+    (void)name;
+#endif
+  }
+
+  void range_pop() override {
+#if TORCHPILOT_HAVE_NVTX
+    if (domain_ != nullptr) nvtxDomainRangePop(domain_);
+#endif
+  }
+
+ private:
+  // Runs `fn`; an exception is logged (once per call site) and swallowed.
+  template <class F>
+  void guard(const char* what, F&& fn) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      logger_.error("GPU backend {}: {}", what, e.what());
+    } catch (...) {
+      logger_.error("GPU backend {}: unknown exception", what);
+    }
+  }
+
+  static void set_off(CollectorStatus& s, std::string reason) {
+    s.active = false;
+    s.reason = std::move(reason);
+  }
+  void set_all_off(const std::string& reason) {
+    for (auto* s : {&pm_status_, &activity_status_, &nvml_status_, &nvtx_status_}) {
+      set_off(*s, reason);
+    }
+  }
+
+  void probe(GpuVendorLoaders& loaders) {
+    device_.index = config_.device;
+    if (!config_.enabled) {
+      set_all_off(off_in_config("gpu.enabled"));
+      return;
+    }
+    std::string error;
+    driver_ = loaders.driver ? loaders.driver(&error) : nullptr;
+    if (driver_ == nullptr) {
+      set_all_off(error.empty() ? "no GPU driver (libcuda.so.1 not found)" : error);
+      return;
+    }
+    ProbedDevice probed = probe_device(*driver_, config_.device);
+    if (!probed.error.empty()) {
+      set_all_off(probed.error);
+      return;
+    }
+    device_ = probed.info;
+    logger_.debug("GPU {}: {}, {} SMs, compute capability {}.{}, PCI {}", device_.index,
+                  device_.name, device_.sm_count, probed.cc_major, probed.cc_minor,
+                  probed.pci_bus_id.empty() ? "?" : probed.pci_bus_id);
+
+    probe_nvtx();
+    probe_nvml(loaders, probed);
+    probe_cupti(loaders, probed);
+  }
+
+  void probe_nvtx() {
+    if (!config_.nvtx) {
+      set_off(nvtx_status_, off_in_config("gpu.nvtx"));
+      return;
+    }
+#if TORCHPILOT_HAVE_NVTX
+    // NVTX is always callable (header-only; without a tool such as Nsight Systems the calls do
+    // nothing). Whether a tool listens cannot be known from here, so "active" means "emitting".
+    domain_ = nvtxDomainCreateA("torchpilot");
+    nvtx_status_.active = true;
+#else
+    set_off(nvtx_status_, "this build has no NVTX headers (nvtx3/nvToolsExt.h)");
+#endif
+  }
+
+  void probe_nvml(GpuVendorLoaders& loaders, const ProbedDevice& probed) {
+    if (!config_.nvml) {
+      set_off(nvml_status_, off_in_config("gpu.nvml"));
+      return;
+    }
+    std::string error;
+    nvml_ = loaders.nvml ? loaders.nvml(&error) : nullptr;
+    if (nvml_ == nullptr) {
+      set_off(nvml_status_, error.empty() ? "NVML not found (libnvidia-ml.so.1)" : error);
+      return;
+    }
+    nvml_sampler_ = std::make_unique<NvmlSampler>(*nvml_);
+    const std::string why = nvml_sampler_->open(device_.index, probed.pci_bus_id);
+    if (!why.empty()) {
+      set_off(nvml_status_, why);
+      nvml_sampler_->stop();
+      nvml_sampler_.reset();
+      return;
+    }
+    nvml_status_.active = true;
+  }
+
+  void probe_cupti(GpuVendorLoaders& loaders, const ProbedDevice& probed) {
+    if (!config_.pm_sampling) set_off(pm_status_, off_in_config("gpu.pm_sampling"));
+    if (!config_.activity) set_off(activity_status_, off_in_config("gpu.activity"));
+    std::string error;
+    cupti_ = loaders.cupti ? loaders.cupti(&error) : nullptr;
+    if (cupti_ == nullptr) {
+      const std::string why = error.empty() ? "libcupti not found" : error;
+      if (config_.pm_sampling) set_off(pm_status_, why);
+      if (config_.activity) set_off(activity_status_, why);
+      return;
+    }
+    uint32_t version = 0;
+    cupti_->get_version(&version);
+    logger_.debug("CUPTI: {} (API version {}, built against {})", cupti_->origin(), version,
+                  CUPTI_API_VERSION);
+    if (version < kMinCuptiApiVersion) {
+      const std::string why = "libcupti " + cupti_->origin() + " has CUPTI API version " +
+                              std::to_string(version) +
+                              "; this build reads CUDA 13's records (API version 130000 or newer)";
+      if (config_.pm_sampling) set_off(pm_status_, why);
+      if (config_.activity) set_off(activity_status_, why);
+      return;
+    }
+    if (version / 10000 > CUPTI_API_VERSION / 10000) {
+      logger_.warn(
+          "CUPTI {} is newer than the headers this build used ({}); records are read "
+          "with the older layouts",
+          version, CUPTI_API_VERSION);
+    }
+    measure_clock();
+
+    // The profiler API: the chip name, and PM sampling.
+    CUpti_Profiler_Initialize_Params init{};
+    init.structSize = CUpti_Profiler_Initialize_Params_STRUCT_SIZE;
+    CUptiResult r = cupti_->profiler_initialize(&init);
+    std::string profiler_error;
+    if (r == CUPTI_SUCCESS) {
+      profiler_initialized_ = true;
+      CUpti_Device_GetChipName_Params chip{};
+      chip.structSize = CUpti_Device_GetChipName_Params_STRUCT_SIZE;
+      chip.deviceIndex = static_cast<size_t>(device_.index);
+      r = cupti_->device_get_chip_name(&chip);
+      if (r == CUPTI_SUCCESS && chip.pChipName != nullptr) {
+        device_.chip = chip.pChipName;
+      } else {
+        profiler_error = pm_sampling_error_reason(*cupti_, "cuptiDeviceGetChipName", r);
+      }
+    } else {
+      profiler_error = pm_sampling_error_reason(*cupti_, "cuptiProfilerInitialize", r);
+    }
+
+    if (config_.activity) {
+      activity_ = std::make_unique<ActivityCollector>(*cupti_, clock_, logger_,
+                                                      activity_options(config_.trace_buffer_mb));
+      // Subscribing tells whether another client holds CUPTI; the subscription is released
+      // at once and taken again only for detailed windows (release_trace() says why).
+      const std::string why = activity_->init();
+      if (why.empty()) {
+        activity_->shutdown();
+        activity_status_.active = true;
+      } else {
+        set_off(activity_status_, why);
+        activity_.reset();
+      }
+    }
+
+    if (config_.pm_sampling) {
+      if (!profiler_error.empty()) {
+        set_off(pm_status_, profiler_error);
+      } else if (probed.cc_major > 0 && probed.cc_major * 10 + probed.cc_minor < 86) {
+        set_off(pm_status_,
+                "PM sampling needs compute capability 8.6 or newer (its GPU-time "
+                "trigger); this GPU is " +
+                    std::to_string(probed.cc_major) + "." + std::to_string(probed.cc_minor));
+      } else {
+        const std::string why = make_pm();
+        if (why.empty()) {
+          pm_status_.active = true;
+        } else {
+          set_off(pm_status_, why);
+        }
+      }
+    }
+  }
+
+  // Creates, configures and starts (once start() ran) the PM sampler. Returns the reason on
+  // failure.
+  std::string make_pm() {
+    PmOptions o;
+    o.device = device_.index;
+    o.chip = device_.chip;
+    o.interval_ms = config_.pm_interval_ms;
+    pm_ = std::make_unique<PmSampler>(*cupti_, clock_, logger_, o,
+                                      [this](std::vector<PmSample>&& s) { on_pm(s); });
+    std::string why = pm_->configure();
+    if (why.empty() && started_) why = pm_->start();
+    if (!why.empty()) pm_.reset();
+    return why;
+  }
+
+  // cuptiFinalize, as kineto does after a trace: CUPTI's launch instrumentation goes away with
+  // it. PM sampling goes down with CUPTI and, with `resume_pm`, comes back (a gap of a few ms).
+  void detach_cupti(bool resume_pm) {
+    const bool pm_running = pm_ != nullptr && pm_status_.active;
+    const Nanos t0 = steady_now_ns();
+    if (pm_ != nullptr) pm_->stop();
+    pm_.reset();
+    if (profiler_initialized_) {
+      CUpti_Profiler_DeInitialize_Params p{};
+      p.structSize = CUpti_Profiler_DeInitialize_Params_STRUCT_SIZE;
+      cupti_->profiler_deinitialize(&p);
+      profiler_initialized_ = false;
+    }
+    const CUptiResult r = cupti_->finalize();
+    if (r != CUPTI_SUCCESS) logger_.debug("cuptiFinalize: {}", cupti_error_name(*cupti_, r));
+    if (!resume_pm || !pm_running) return;
+    CUpti_Profiler_Initialize_Params init{};
+    init.structSize = CUpti_Profiler_Initialize_Params_STRUCT_SIZE;
+    const CUptiResult ri = cupti_->profiler_initialize(&init);
+    std::string why;
+    if (ri == CUPTI_SUCCESS) {
+      profiler_initialized_ = true;
+      why = make_pm();
+    } else {
+      why = pm_sampling_error_reason(*cupti_, "cuptiProfilerInitialize", ri);
+    }
+    if (!why.empty()) {
+      set_off(pm_status_, "after releasing the trace: " + why);
+      logger_.warn("GPU collector pm_sampling off after releasing the trace: {}", why);
+    }
+    logger_.debug("CUPTI detached after a trace window in {:.1f} ms", (steady_now_ns() - t0) / 1e6);
+  }
+
+  void measure_clock() {
+    Nanos latency = 0;
+    if (cupti_ != nullptr && clock_.measure(*cupti_, &latency)) {
+      logger_.debug("CUPTI clock: offset to the steady clock {} ns (paired-read latency {} ns)",
+                    clock_.get().offset_ns, latency);
+    }
+  }
+
+  void on_pm(std::vector<PmSample>& samples) {
+    std::lock_guard<std::mutex> lock(events_mutex_);
+    for (auto& s : samples) {
+      if (pending_pm_.size() >= kMaxPendingSamples) {
+        ++pending_dropped_;
+      } else {
+        pending_pm_.push_back(s);
+      }
+    }
+  }
+
+  void on_nvml(const UtilSample& u) {
+    std::lock_guard<std::mutex> lock(events_mutex_);
+    if (pending_nvml_.size() >= kMaxPendingSamples) {
+      ++pending_dropped_;
+    } else {
+      pending_nvml_.push_back(u);
+    }
+  }
+
+  void stop_all() {
+    if (stopped_) return;
+    stopped_ = true;
+    if (activity_ != nullptr) activity_->shutdown();  // disable, forced flush, unsubscribe
+    if (pm_ != nullptr) pm_->stop();
+    if (nvml_sampler_ != nullptr) nvml_sampler_->stop();
+    if (profiler_initialized_ && cupti_ != nullptr) {
+      CUpti_Profiler_DeInitialize_Params p{};
+      p.structSize = CUpti_Profiler_DeInitialize_Params_STRUCT_SIZE;
+      cupti_->profiler_deinitialize(&p);
+      profiler_initialized_ = false;
+    }
+    if (activity_attached_ && cupti_ != nullptr) {
+      activity_attached_ = false;
+      detach_cupti(/*resume_pm=*/false);  // the process goes on without CUPTI's overhead
+    }
+  }
+
+  GpuConfig config_;
+  spdlog::logger& logger_;
+  GpuDeviceInfo device_;
+  CollectorStatus pm_status_, activity_status_, nvml_status_, nvtx_status_;
+  bool started_ = false;
+  bool stopped_ = false;
+  bool profiler_initialized_ = false;
+  bool activity_attached_ = false;  // subscribed with callbacks routed (inside a window)
+
+  // Vendor interfaces first: the collectors below refer to them.
+  std::unique_ptr<CudaDriverApi> driver_;
+  std::unique_ptr<CuptiApi> cupti_;
+  std::unique_ptr<NvmlApi> nvml_;
+  CuptiClock clock_;
+  std::unique_ptr<ActivityCollector> activity_;
+  std::unique_ptr<PmSampler> pm_;
+  std::unique_ptr<NvmlSampler> nvml_sampler_;
+#if TORCHPILOT_HAVE_NVTX
+  nvtxDomainHandle_t domain_ = nullptr;
+#endif
+
+  std::mutex events_mutex_;
+  std::vector<PmSample> pending_pm_;
+  std::vector<UtilSample> pending_nvml_;
+  int64_t pending_dropped_ = 0;
+};
+
+}  // namespace
+
+GpuVendorLoaders dlopen_vendor_loaders(const GpuConfig& config) {
+  GpuVendorLoaders l;
+  l.driver = [](std::string* error) { return load_cuda_driver(error); };
+  const std::string path = config.cupti_path;
+  l.cupti = [path](std::string* error) { return load_cupti(path, error); };
+  l.nvml = [](std::string* error) { return load_nvml(error); };
+  return l;
+}
+
+std::unique_ptr<GpuBackend> make_cupti_backend(const GpuConfig& config, spdlog::logger& logger,
+                                               GpuVendorLoaders loaders) {
+  return std::make_unique<CuptiBackend>(config, logger, std::move(loaders));
+}
+
+}  // namespace detail
+
+std::unique_ptr<GpuBackend> make_cupti_backend(const GpuConfig& config, spdlog::logger& logger) {
+  try {
+    return detail::make_cupti_backend(config, logger, detail::dlopen_vendor_loaders(config));
+  } catch (const std::exception& e) {
+    return make_unavailable_gpu_backend(std::string("GPU backend failed to start: ") + e.what());
+  }
+}
+
+}  // namespace torchpilot

@@ -1,0 +1,1335 @@
+// The CUPTI/NVML/NVTX backend on the CPU: fakes of the CUDA driver, CUPTI and NVML drive it
+// through its degrade paths (no driver, cuInit failure, no device, no libcupti, permissions,
+// counters busy, MIG, a second CUPTI subscriber, no NVML), PM sampling (sequence, first sample
+// discarded, metric fallbacks, clock offset), the activity trace (buffers, conversion, drops), and
+// the real dlopen path on this machine.
+#include "torchpilot/gpu_backend.h"
+
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "cuda_driver.h"
+#include "cupti_activity_trace.h"
+#include "cupti_api.h"
+#include "cupti_backend.h"
+#include "cupti_pm_sampling.h"
+#include "nvml_sampler.h"
+#include "torchpilot/config.h"
+
+namespace torchpilot {
+namespace detail {
+namespace {
+
+// --- Fakes -------------------------------------------------------------------------------------
+
+class FakeDriver final : public CudaDriverApi {
+ public:
+  CUresult init_result = CUDA_SUCCESS;
+  int count = 1;
+  std::string name = "NVIDIA H200";
+  int sms = 132;
+  int cc_major = 9, cc_minor = 0;
+  std::string pci = "0000:3B:00.0";
+
+  CUresult init(unsigned) override { return init_result; }
+  CUresult device_get_count(int* c) override {
+    *c = count;
+    return CUDA_SUCCESS;
+  }
+  CUresult device_get(CUdevice* d, int ordinal) override {
+    if (ordinal >= count) return CUDA_ERROR_INVALID_DEVICE;
+    *d = ordinal;
+    return CUDA_SUCCESS;
+  }
+  CUresult device_get_name(char* out, int len, CUdevice) override {
+    std::strncpy(out, name.c_str(), static_cast<size_t>(len));
+    return CUDA_SUCCESS;
+  }
+  CUresult device_get_attribute(int* v, CUdevice_attribute a, CUdevice) override {
+    switch (a) {
+      case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+        *v = sms;
+        return CUDA_SUCCESS;
+      case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+        *v = cc_major;
+        return CUDA_SUCCESS;
+      case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+        *v = cc_minor;
+        return CUDA_SUCCESS;
+      default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  CUresult device_get_pci_bus_id(char* out, int len, CUdevice) override {
+    std::strncpy(out, pci.c_str(), static_cast<size_t>(len));
+    return CUDA_SUCCESS;
+  }
+  CUresult get_error_name(CUresult e, const char** s) override {
+    *s = e == CUDA_ERROR_NO_DEVICE ? "CUDA_ERROR_NO_DEVICE" : "CUDA_ERROR_UNKNOWN";
+    return CUDA_SUCCESS;
+  }
+  CUresult get_error_string(CUresult e, const char** s) override {
+    *s = e == CUDA_ERROR_NO_DEVICE ? "no CUDA-capable device is detected" : "unknown error";
+    return CUDA_SUCCESS;
+  }
+};
+
+class FakeNvml final : public NvmlApi {
+ public:
+  NvmlReturn init_result = kNvmlSuccess;
+  NvmlReturn utilization_result = kNvmlSuccess;
+  unsigned gpu_percent = 87;
+  std::atomic<int> reads{0};
+  std::atomic<int> shutdowns{0};
+  std::string pci_asked;
+
+  NvmlReturn init() override { return init_result; }
+  NvmlReturn shutdown() override {
+    ++shutdowns;
+    return kNvmlSuccess;
+  }
+  NvmlReturn device_get_handle_by_index(unsigned, NvmlDevice* d) override {
+    *d = reinterpret_cast<NvmlDevice>(this);
+    return kNvmlSuccess;
+  }
+  NvmlReturn device_get_handle_by_pci_bus_id(const char* bus, NvmlDevice* d) override {
+    pci_asked = bus;
+    *d = reinterpret_cast<NvmlDevice>(this);
+    return kNvmlSuccess;
+  }
+  NvmlReturn device_get_utilization_rates(NvmlDevice, NvmlUtilization* u) override {
+    ++reads;
+    if (utilization_result != kNvmlSuccess) return utilization_result;
+    u->gpu = gpu_percent;
+    u->memory = 10;
+    return kNvmlSuccess;
+  }
+  std::string error_string(NvmlReturn r) override { return "NVML error " + std::to_string(r); }
+};
+
+struct FakeSample {
+  uint64_t start = 0, end = 0;
+  std::map<std::string, double> values;  // by metric name
+};
+
+// CUPTI as the collectors see it: checks each params struct's structSize, records the calls,
+// holds activity buffers like CUPTI does (records written by produce(), returned by flush or when
+// full) and a "hardware buffer" of PM samples (push_sample) decoded into the counter data image.
+class FakeCupti final : public CuptiApi {
+ public:
+  // Knobs.
+  uint32_t version = CUPTI_API_VERSION;
+  CUptiResult subscribe_result = CUPTI_SUCCESS;
+  std::string other_subscriber;
+  std::map<std::string, CUptiResult> fail;  // entry point -> result
+  std::set<std::string> rejected_metrics;   // ConfigAddMetrics refuses sets containing these
+  size_t max_metrics_per_pass = 64;         // more -> 2 passes
+  int64_t clock_offset_ns = 1'700'000'000'000'000'000;  // CUPTI clock = steady + this
+  std::string chip = "GH100";
+
+  // Recorded.
+  mutable std::mutex m;
+  int subscribes = 0, unsubscribes = 0, finalizes = 0;
+  std::set<int> enabled_kinds;
+  int disables = 0;
+  CUpti_BuffersCallbackRequestFunc requested = nullptr;
+  CUpti_BuffersCallbackCompleteFunc completed = nullptr;
+  std::vector<std::string> bad_struct_sizes;
+  std::vector<std::string> calls;
+  std::vector<std::string> metrics;  // of the last ConfigAddMetrics
+  int host_inits = 0, host_deinits = 0;
+  bool profiler_initialized = false, pm_enabled = false, pm_started = false;
+  uint64_t interval_ns = 0;
+  int trigger_mode = -1;
+  size_t hw_buffer_bytes = 0;
+  std::deque<FakeSample> hardware;
+  std::vector<FakeSample> image;
+  size_t dropped = 0;  // records CUPTI dropped for want of a buffer
+  int flushes = 0;
+  int image_inits = 0;
+  static constexpr size_t kImageSamples = 4;
+
+  // --- Test helpers ---
+  uint64_t cupti_now() const { return static_cast<uint64_t>(steady_now_ns() + clock_offset_ns); }
+  void push_sample(FakeSample s) {
+    std::lock_guard<std::mutex> lock(m);
+    hardware.push_back(std::move(s));
+  }
+  // Writes a record as CUPTI would: into the current buffer, asking for a new one when it is
+  // full; no buffer -> the record is dropped and counted.
+  template <class R>
+  void produce(const R& record) {
+    if (cur_ == nullptr || cur_used_ + sizeof(R) > cur_size_) {
+      if (cur_ != nullptr) full_.push_back({cur_, cur_used_});
+      cur_ = nullptr;
+      uint8_t* b = nullptr;
+      size_t size = 0, max_records = 0;
+      requested(&b, &size, &max_records);  // no lock: the collector may call back
+      if (b == nullptr || size < sizeof(R)) {
+        std::lock_guard<std::mutex> lock(m);
+        ++dropped;
+        return;
+      }
+      cur_ = b;
+      cur_size_ = size;
+      cur_used_ = 0;
+    }
+    std::memcpy(cur_ + cur_used_, &record, sizeof(R));
+    cur_used_ += sizeof(R);
+  }
+  // CUPTI's worker thread returning the full buffers.
+  void complete_full() {
+    auto full = std::move(full_);
+    full_.clear();
+    if (completed == nullptr) return;
+    for (auto& [b, used] : full) completed(nullptr, 0, b, used, used);
+  }
+
+  // --- CuptiApi ---
+  std::string origin() const override { return "fake"; }
+  CUptiResult get_version(uint32_t* v) override {
+    *v = version;
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult get_result_string(CUptiResult r, const char** s) override {
+    static const std::map<int, const char*> names = {
+        {CUPTI_ERROR_INSUFFICIENT_PRIVILEGES, "CUPTI_ERROR_INSUFFICIENT_PRIVILEGES"},
+        {CUPTI_ERROR_HARDWARE_BUSY, "CUPTI_ERROR_HARDWARE_BUSY"},
+        {CUPTI_ERROR_INVALID_METRIC_NAME, "CUPTI_ERROR_INVALID_METRIC_NAME"},
+        {CUPTI_ERROR_UNKNOWN, "CUPTI_ERROR_UNKNOWN"}};
+    auto it = names.find(r);
+    *s = it == names.end() ? "CUPTI_ERROR_OTHER" : it->second;
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult get_timestamp(uint64_t* t) override {
+    *t = cupti_now();
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult subscribe(CUpti_SubscriberHandle* s, CUpti_CallbackFunc cb, void*,
+                        CUpti_SubscriberParams* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    if (p != nullptr && p->structSize != CUpti_SubscriberParams_STRUCT_SIZE) {
+      bad_struct_sizes.push_back("CUpti_SubscriberParams");
+    }
+    if (cb == nullptr) return CUPTI_ERROR_INVALID_PARAMETER;
+    if (subscribe_result != CUPTI_SUCCESS) {
+      if (p != nullptr && p->oldSubscriberName != nullptr && !other_subscriber.empty()) {
+        std::strncpy(p->oldSubscriberName, other_subscriber.c_str(), p->oldSubscriberSize);
+      }
+      return subscribe_result;
+    }
+    ++subscribes;
+    *s = reinterpret_cast<CUpti_SubscriberHandle>(this);
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult unsubscribe(CUpti_SubscriberHandle) override {
+    std::lock_guard<std::mutex> lock(m);
+    ++unsubscribes;
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult activity_register_callbacks(CUpti_BuffersCallbackRequestFunc req,
+                                          CUpti_BuffersCallbackCompleteFunc done) override {
+    std::lock_guard<std::mutex> lock(m);
+    requested = req;
+    completed = done;
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult activity_enable(CUpti_ActivityKind k) override {
+    std::lock_guard<std::mutex> lock(m);
+    if (auto r = failure("cuptiActivityEnable"); r != CUPTI_SUCCESS) return r;
+    enabled_kinds.insert(k);
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult activity_disable(CUpti_ActivityKind k) override {
+    std::lock_guard<std::mutex> lock(m);
+    enabled_kinds.erase(k);
+    ++disables;
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult activity_flush_all(uint32_t) override {
+    {
+      std::lock_guard<std::mutex> lock(m);
+      ++flushes;
+    }
+    if (cur_ != nullptr) full_.push_back({cur_, cur_used_});
+    cur_ = nullptr;
+    complete_full();  // synchronously, on the caller's thread, as CUPTI does
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult activity_get_next_record(uint8_t* buffer, size_t valid,
+                                       CUpti_Activity** record) override {
+    size_t offset = 0;
+    if (*record != nullptr) {
+      offset = static_cast<size_t>(reinterpret_cast<uint8_t*>(*record) - buffer) +
+               record_size((*record)->kind);
+    }
+    if (offset >= valid) return CUPTI_ERROR_MAX_LIMIT_REACHED;
+    *record = reinterpret_cast<CUpti_Activity*>(buffer + offset);
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult activity_get_num_dropped_records(CUcontext, uint32_t, size_t* d) override {
+    std::lock_guard<std::mutex> lock(m);
+    *d = dropped;
+    dropped = 0;
+    return CUPTI_SUCCESS;
+  }
+
+  CUptiResult profiler_initialize(CUpti_Profiler_Initialize_Params* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    check("CUpti_Profiler_Initialize_Params", p->structSize,
+          CUpti_Profiler_Initialize_Params_STRUCT_SIZE);
+    if (auto r = failure("cuptiProfilerInitialize"); r != CUPTI_SUCCESS) return r;
+    profiler_initialized = true;
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult finalize() override {
+    std::lock_guard<std::mutex> lock(m);
+    ++finalizes;
+    profiler_initialized = false;
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult profiler_deinitialize(CUpti_Profiler_DeInitialize_Params* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    check("CUpti_Profiler_DeInitialize_Params", p->structSize,
+          CUpti_Profiler_DeInitialize_Params_STRUCT_SIZE);
+    profiler_initialized = false;
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult device_get_chip_name(CUpti_Device_GetChipName_Params* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    check("CUpti_Device_GetChipName_Params", p->structSize,
+          CUpti_Device_GetChipName_Params_STRUCT_SIZE);
+    if (!profiler_initialized) return CUPTI_ERROR_NOT_INITIALIZED;
+    p->pChipName = chip.c_str();
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult pm_sampling_get_counter_availability(
+      CUpti_PmSampling_GetCounterAvailability_Params* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    calls.push_back("GetCounterAvailability");
+    check("CUpti_PmSampling_GetCounterAvailability_Params", p->structSize,
+          CUpti_PmSampling_GetCounterAvailability_Params_STRUCT_SIZE);
+    if (auto r = failure("cuptiPmSamplingGetCounterAvailability"); r != CUPTI_SUCCESS) return r;
+    if (p->pCounterAvailabilityImage == nullptr) {
+      p->counterAvailabilityImageSize = 24;
+    } else {
+      std::memset(p->pCounterAvailabilityImage, 0xab, p->counterAvailabilityImageSize);
+    }
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult profiler_host_initialize(CUpti_Profiler_Host_Initialize_Params* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    calls.push_back("HostInitialize");
+    check("CUpti_Profiler_Host_Initialize_Params", p->structSize,
+          CUpti_Profiler_Host_Initialize_Params_STRUCT_SIZE);
+    if (p->profilerType != CUPTI_PROFILER_TYPE_PM_SAMPLING || p->pChipName == nullptr ||
+        chip != p->pChipName || p->pCounterAvailabilityImage == nullptr ||
+        p->pCounterAvailabilityImage[0] != 0xab) {
+      return CUPTI_ERROR_INVALID_PARAMETER;
+    }
+    ++host_inits;
+    p->pHostObject = reinterpret_cast<CUpti_Profiler_Host_Object*>(&host_inits);
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult profiler_host_deinitialize(CUpti_Profiler_Host_Deinitialize_Params* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    calls.push_back("HostDeinitialize");
+    check("CUpti_Profiler_Host_Deinitialize_Params", p->structSize,
+          CUpti_Profiler_Host_Deinitialize_Params_STRUCT_SIZE);
+    ++host_deinits;
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult profiler_host_config_add_metrics(
+      CUpti_Profiler_Host_ConfigAddMetrics_Params* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    calls.push_back("ConfigAddMetrics");
+    check("CUpti_Profiler_Host_ConfigAddMetrics_Params", p->structSize,
+          CUpti_Profiler_Host_ConfigAddMetrics_Params_STRUCT_SIZE);
+    metrics.assign(p->ppMetricNames, p->ppMetricNames + p->numMetrics);
+    for (const auto& name : metrics) {
+      if (rejected_metrics.count(name) != 0) return CUPTI_ERROR_INVALID_METRIC_NAME;
+    }
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult profiler_host_get_config_image_size(
+      CUpti_Profiler_Host_GetConfigImageSize_Params* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    check("CUpti_Profiler_Host_GetConfigImageSize_Params", p->structSize,
+          CUpti_Profiler_Host_GetConfigImageSize_Params_STRUCT_SIZE);
+    p->configImageSize = 64;
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult profiler_host_get_config_image(
+      CUpti_Profiler_Host_GetConfigImage_Params* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    check("CUpti_Profiler_Host_GetConfigImage_Params", p->structSize,
+          CUpti_Profiler_Host_GetConfigImage_Params_STRUCT_SIZE);
+    if (p->configImageSize != 64 || p->pConfigImage == nullptr) {
+      return CUPTI_ERROR_INVALID_PARAMETER;
+    }
+    std::memset(p->pConfigImage, static_cast<int>(metrics.size()), 64);
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult profiler_host_get_num_of_passes(
+      CUpti_Profiler_Host_GetNumOfPasses_Params* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    check("CUpti_Profiler_Host_GetNumOfPasses_Params", p->structSize,
+          CUpti_Profiler_Host_GetNumOfPasses_Params_STRUCT_SIZE);
+    const size_t n = p->pConfigImage != nullptr ? p->pConfigImage[0] : 0;
+    p->numOfPasses = n > max_metrics_per_pass ? 2 : 1;
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult profiler_host_evaluate_to_gpu_values(
+      CUpti_Profiler_Host_EvaluateToGpuValues_Params* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    check("CUpti_Profiler_Host_EvaluateToGpuValues_Params", p->structSize,
+          CUpti_Profiler_Host_EvaluateToGpuValues_Params_STRUCT_SIZE);
+    if (p->rangeIndex >= image.size()) return CUPTI_ERROR_INVALID_PARAMETER;
+    const auto& s = image[p->rangeIndex];
+    for (size_t i = 0; i < p->numMetrics; ++i) {
+      auto it = s.values.find(p->ppMetricNames[i]);
+      p->pMetricValues[i] = it == s.values.end() ? std::nan("") : it->second;
+    }
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult pm_sampling_enable(CUpti_PmSampling_Enable_Params* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    calls.push_back("Enable");
+    check("CUpti_PmSampling_Enable_Params", p->structSize,
+          CUpti_PmSampling_Enable_Params_STRUCT_SIZE);
+    if (auto r = failure("cuptiPmSamplingEnable"); r != CUPTI_SUCCESS) return r;
+    pm_enabled = true;
+    p->pPmSamplingObject = reinterpret_cast<CUpti_PmSampling_Object*>(&pm_enabled);
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult pm_sampling_disable(CUpti_PmSampling_Disable_Params* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    calls.push_back("Disable");
+    check("CUpti_PmSampling_Disable_Params", p->structSize,
+          CUpti_PmSampling_Disable_Params_STRUCT_SIZE);
+    pm_enabled = false;
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult pm_sampling_set_config(CUpti_PmSampling_SetConfig_Params* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    calls.push_back("SetConfig");
+    check("CUpti_PmSampling_SetConfig_Params", p->structSize,
+          CUpti_PmSampling_SetConfig_Params_STRUCT_SIZE);
+    if (auto r = failure("cuptiPmSamplingSetConfig"); r != CUPTI_SUCCESS) return r;
+    interval_ns = p->samplingInterval;
+    trigger_mode = p->triggerMode;
+    hw_buffer_bytes = p->hardwareBufferSize;
+    return p->pConfig != nullptr && p->configSize == 64 ? CUPTI_SUCCESS
+                                                        : CUPTI_ERROR_INVALID_PARAMETER;
+  }
+  CUptiResult pm_sampling_start(CUpti_PmSampling_Start_Params* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    calls.push_back("Start");
+    check("CUpti_PmSampling_Start_Params", p->structSize,
+          CUpti_PmSampling_Start_Params_STRUCT_SIZE);
+    if (auto r = failure("cuptiPmSamplingStart"); r != CUPTI_SUCCESS) return r;
+    pm_started = true;
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult pm_sampling_stop(CUpti_PmSampling_Stop_Params* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    calls.push_back("Stop");
+    check("CUpti_PmSampling_Stop_Params", p->structSize, CUpti_PmSampling_Stop_Params_STRUCT_SIZE);
+    pm_started = false;
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult pm_sampling_decode_data(CUpti_PmSampling_DecodeData_Params* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    check("CUpti_PmSampling_DecodeData_Params", p->structSize,
+          CUpti_PmSampling_DecodeData_Params_STRUCT_SIZE);
+    if (auto r = failure("cuptiPmSamplingDecodeData"); r != CUPTI_SUCCESS) return r;
+    // Appends to what the image holds (until re-initialized); a small image exercises
+    // COUNTER_DATA_FULL.
+    while (!hardware.empty() && image.size() < kImageSamples) {
+      image.push_back(hardware.front());
+      hardware.pop_front();
+    }
+    p->decodeStopReason = hardware.empty() ? CUPTI_PM_SAMPLING_DECODE_STOP_REASON_END_OF_RECORDS
+                                           : CUPTI_PM_SAMPLING_DECODE_STOP_REASON_COUNTER_DATA_FULL;
+    p->overflow = 0;
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult pm_sampling_get_counter_data_size(
+      CUpti_PmSampling_GetCounterDataSize_Params* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    calls.push_back("GetCounterDataSize");
+    check("CUpti_PmSampling_GetCounterDataSize_Params", p->structSize,
+          CUpti_PmSampling_GetCounterDataSize_Params_STRUCT_SIZE);
+    p->counterDataSize = 128 + 16 * p->maxSamples;
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult pm_sampling_counter_data_image_initialize(
+      CUpti_PmSampling_CounterDataImage_Initialize_Params* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    check("CUpti_PmSampling_CounterDataImage_Initialize_Params", p->structSize,
+          CUpti_PmSampling_CounterDataImage_Initialize_Params_STRUCT_SIZE);
+    image.clear();
+    ++image_inits;
+    return p->pCounterData != nullptr ? CUPTI_SUCCESS : CUPTI_ERROR_INVALID_PARAMETER;
+  }
+  CUptiResult pm_sampling_get_counter_data_info(
+      CUpti_PmSampling_GetCounterDataInfo_Params* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    check("CUpti_PmSampling_GetCounterDataInfo_Params", p->structSize,
+          CUpti_PmSampling_GetCounterDataInfo_Params_STRUCT_SIZE);
+    p->numTotalSamples = kImageSamples;
+    p->numPopulatedSamples = image.size();
+    p->numCompletedSamples = image.size();
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult pm_sampling_counter_data_get_sample_info(
+      CUpti_PmSampling_CounterData_GetSampleInfo_Params* p) override {
+    std::lock_guard<std::mutex> lock(m);
+    check("CUpti_PmSampling_CounterData_GetSampleInfo_Params", p->structSize,
+          CUpti_PmSampling_CounterData_GetSampleInfo_Params_STRUCT_SIZE);
+    if (p->sampleIndex >= image.size()) return CUPTI_ERROR_INVALID_PARAMETER;
+    p->startTimestamp = image[p->sampleIndex].start;
+    p->endTimestamp = image[p->sampleIndex].end;
+    return CUPTI_SUCCESS;
+  }
+
+ private:
+  static size_t record_size(CUpti_ActivityKind kind) {
+    switch (kind) {
+      case CUPTI_ACTIVITY_KIND_KERNEL:
+      case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
+        return sizeof(CUpti_ActivityKernel10);
+      case CUPTI_ACTIVITY_KIND_MEMCPY:
+        return sizeof(CUpti_ActivityMemcpy6);
+      case CUPTI_ACTIVITY_KIND_MEMSET:
+        return sizeof(CUpti_ActivityMemset4);
+      case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION:
+        return sizeof(CUpti_ActivitySynchronization2);
+      default:
+        return 8;
+    }
+  }
+  // m held.
+  void check(const char* what, size_t got, size_t want) {
+    if (got != want) bad_struct_sizes.push_back(what);
+  }
+  CUptiResult failure(const std::string& entry_point) const {
+    auto it = fail.find(entry_point);
+    return it == fail.end() ? CUPTI_SUCCESS : it->second;
+  }
+
+  // Activity buffers in CUPTI's hands (touched by the test thread only).
+  uint8_t* cur_ = nullptr;
+  size_t cur_size_ = 0, cur_used_ = 0;
+  std::vector<std::pair<uint8_t*, size_t>> full_;
+};
+
+// --- Rig: fakes handed to the backend through its loaders ---------------------------------------
+
+struct Rig {
+  std::unique_ptr<FakeDriver> driver_owned = std::make_unique<FakeDriver>();
+  std::unique_ptr<FakeCupti> cupti_owned = std::make_unique<FakeCupti>();
+  std::unique_ptr<FakeNvml> nvml_owned = std::make_unique<FakeNvml>();
+  FakeDriver* driver = driver_owned.get();
+  FakeCupti* cupti = cupti_owned.get();
+  FakeNvml* nvml = nvml_owned.get();
+  bool driver_missing = false, cupti_missing = false, nvml_missing = false;
+  int cupti_loads = 0, nvml_loads = 0;
+
+  std::ostringstream log_text;
+  std::shared_ptr<spdlog::logger> logger;
+  GpuConfig config;
+
+  Rig() {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log_text);
+    logger = std::make_shared<spdlog::logger>("gpu_backend_test", sink);
+    logger->set_level(spdlog::level::debug);
+    config.pm_interval_ms = 2;
+    config.nvml_interval_ms = 2;
+  }
+
+  GpuVendorLoaders loaders() {
+    GpuVendorLoaders l;
+    l.driver = [this](std::string* error) -> std::unique_ptr<CudaDriverApi> {
+      if (driver_missing) {
+        *error = "no GPU driver (libcuda.so.1 not found)";
+        return nullptr;
+      }
+      return std::move(driver_owned);
+    };
+    l.cupti = [this](std::string* error) -> std::unique_ptr<CuptiApi> {
+      ++cupti_loads;
+      if (cupti_missing) {
+        *error = "libcupti not found (test)";
+        return nullptr;
+      }
+      return std::move(cupti_owned);
+    };
+    l.nvml = [this](std::string* error) -> std::unique_ptr<NvmlApi> {
+      ++nvml_loads;
+      if (nvml_missing) {
+        *error = "NVML not found (libnvidia-ml.so.1): NVML utilization off";
+        return nullptr;
+      }
+      return std::move(nvml_owned);
+    };
+    return l;
+  }
+
+  std::unique_ptr<GpuBackend> make() { return make_cupti_backend(config, *logger, loaders()); }
+  std::string log() {
+    logger->flush();
+    return log_text.str();
+  }
+};
+
+CollectorStatus status_of(const GpuBackend& b, const std::string& name) {
+  for (const auto& s : b.status()) {
+    if (s.name == name) return s;
+  }
+  ADD_FAILURE() << "no status entry " << name;
+  return {};
+}
+
+// Polls until `pred` holds (at most 3 s).
+template <class Pred>
+bool eventually(Pred pred) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return pred();
+}
+
+const char* kKernelName = "_Z9my_kernelILi4EN2at4HalfEEvPT0_i";
+
+CUpti_ActivityKernel10 kernel_at(uint64_t start, uint64_t end, const char* name = kKernelName) {
+  CUpti_ActivityKernel10 k;
+  std::memset(&k, 0, sizeof k);
+  k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+  k.start = start;
+  k.end = end;
+  k.gridX = 132;
+  k.gridY = k.gridZ = 1;
+  k.blockX = 256;
+  k.blockY = k.blockZ = 1;
+  k.name = name;
+  return k;
+}
+
+FakeSample sample(uint64_t start, uint64_t end, double sm_pct) {
+  FakeSample s;
+  s.start = start;
+  s.end = end;
+  s.values = {{pm_metric_name(PmMetric::kGrActive), sm_pct + 1},
+              {pm_metric_name(PmMetric::kSmActive), sm_pct},
+              {pm_metric_name(PmMetric::kTensorActive), 30.0},
+              {pm_metric_name(PmMetric::kDramThroughput), 60.0},
+              {pm_metric_name(PmMetric::kWarpsActive), 40.0},
+              {pm_metric_name(PmMetric::kPcieReadBytes), 1000.0},
+              {pm_metric_name(PmMetric::kPcieWriteBytes), 2000.0}};
+  return s;
+}
+
+// --- Happy path --------------------------------------------------------------------------------
+
+TEST(GpuBackend, EverythingWorksWithHealthyFakes) {
+  Rig rig;
+  auto b = rig.make();
+  const GpuDeviceInfo d = b->device();
+  EXPECT_EQ(d.name, "NVIDIA H200");
+  EXPECT_EQ(d.sm_count, 132);
+  EXPECT_EQ(d.chip, "GH100");
+  for (const auto& s : b->status()) EXPECT_TRUE(s.active) << s.name << ": " << s.reason;
+  ASSERT_EQ(b->status().size(), 4u);
+  EXPECT_EQ(rig.nvml->pci_asked, "0000:3B:00.0");  // NVML found by PCI bus id, not by index
+  EXPECT_EQ(rig.cupti->subscribes, 1);
+  EXPECT_NE(rig.cupti->requested, nullptr);
+
+  // PM sampling follows the documented sequence; interval in ns, GPU-time trigger, 64 MiB.
+  EXPECT_EQ(rig.cupti->calls,
+            (std::vector<std::string>{"GetCounterAvailability", "GetCounterAvailability",
+                                      "HostInitialize", "ConfigAddMetrics", "Enable", "SetConfig",
+                                      "GetCounterDataSize"}));
+  EXPECT_EQ(rig.cupti->metrics.size(), 7u);
+  EXPECT_EQ(rig.cupti->interval_ns, 2'000'000u);
+  EXPECT_EQ(rig.cupti->trigger_mode, CUPTI_PM_SAMPLING_TRIGGER_MODE_GPU_TIME_INTERVAL);
+  EXPECT_EQ(rig.cupti->hw_buffer_bytes, 64u << 20);
+
+  b->start();
+  EXPECT_TRUE(rig.cupti->pm_started);
+  // Six samples: the first is discarded; the image holds four, so decoding takes two rounds.
+  const uint64_t t0 = rig.cupti->cupti_now();
+  for (int i = 0; i < 6; ++i) {
+    rig.cupti->push_sample(sample(t0 + i * 2'000'000, t0 + (i + 1) * 2'000'000, 10.0 * i));
+  }
+  GpuEventBatch batch;
+  ASSERT_TRUE(eventually([&] {
+    b->flush();
+    b->drain(batch);
+    return batch.pm.size() >= 5 && batch.nvml.size() >= 2;
+  }));
+  ASSERT_EQ(batch.pm.size(), 5u);
+  EXPECT_DOUBLE_EQ(batch.pm[0].sm_active, 0.10);  // sample 1; sample 0 was discarded
+  EXPECT_DOUBLE_EQ(batch.pm[0].gr_active, 0.11);
+  EXPECT_DOUBLE_EQ(batch.pm[4].sm_active, 0.50);
+  EXPECT_DOUBLE_EQ(batch.pm[0].pcie_write_bytes, 2000.0);
+  // On the steady clock: CUPTI's offset removed (within the paired-read latency).
+  const Nanos steady_t0 = static_cast<Nanos>(t0) - rig.cupti->clock_offset_ns;
+  EXPECT_NEAR(static_cast<double>(batch.pm[0].begin - steady_t0), 2e6, 1e5);
+  EXPECT_EQ(batch.pm[0].end - batch.pm[0].begin, 2'000'000);
+  EXPECT_DOUBLE_EQ(batch.nvml[0].utilization, 0.87);
+  EXPECT_NEAR(static_cast<double>(batch.nvml[0].time), static_cast<double>(steady_now_ns()), 5e9);
+
+  // A detailed window.
+  ASSERT_TRUE(b->start_trace());
+  EXPECT_EQ(rig.cupti->enabled_kinds,
+            (std::set<int>{CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+                           CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_SYNCHRONIZATION}));
+  const uint64_t k0 = rig.cupti->cupti_now();
+  rig.cupti->produce(kernel_at(k0 + 1000, k0 + 9000));
+  CUpti_ActivityMemcpy6 copy;
+  std::memset(&copy, 0, sizeof copy);
+  copy.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
+  copy.copyKind = CUPTI_ACTIVITY_MEMCPY_KIND_HTOD;
+  copy.srcKind = CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE;
+  copy.bytes = 4096;
+  copy.start = k0 + 10;
+  copy.end = k0 + 500;
+  rig.cupti->produce(copy);
+  b->stop_trace();
+  EXPECT_TRUE(rig.cupti->enabled_kinds.empty());
+  batch.clear();
+  b->drain(batch);
+  EXPECT_TRUE(batch.kernels.empty());  // still in CUPTI's buffer until a flush
+  b->flush();
+  b->drain(batch);
+  ASSERT_EQ(batch.kernels.size(), 1u);
+  EXPECT_EQ(batch.kernels[0].name, "void my_kernel<4, at::Half>(at::Half*, int)");
+  EXPECT_EQ(batch.kernels[0].blocks, 132);
+  EXPECT_EQ(batch.kernels[0].end - batch.kernels[0].begin, 8000);
+  const Nanos steady_k0 = static_cast<Nanos>(k0) - rig.cupti->clock_offset_ns;
+  EXPECT_NEAR(static_cast<double>(batch.kernels[0].begin - steady_k0), 1000, 1e5);
+  ASSERT_EQ(batch.copies.size(), 1u);
+  EXPECT_TRUE(batch.copies[0].pageable);
+  EXPECT_EQ(batch.dropped, 0);
+
+  // A second window works the same.
+  ASSERT_TRUE(b->start_trace());
+  rig.cupti->produce(kernel_at(k0 + 20000, k0 + 21000));
+  b->stop_trace();
+  b->flush();
+  batch.clear();
+  b->drain(batch);
+  EXPECT_EQ(batch.kernels.size(), 1u);
+
+  b->range_push("step 1");
+  b->range_pop();
+
+  b->stop();
+  EXPECT_FALSE(rig.cupti->pm_started);
+  EXPECT_FALSE(rig.cupti->pm_enabled);
+  EXPECT_EQ(rig.cupti->host_inits, rig.cupti->host_deinits);
+  EXPECT_FALSE(rig.cupti->profiler_initialized);
+  // Subscribed at construction only to detect another client, then for the windows; stop()
+  // unsubscribes and detaches CUPTI (cuptiFinalize) because a window had attached it.
+  EXPECT_EQ(rig.cupti->subscribes, 2);
+  EXPECT_EQ(rig.cupti->unsubscribes, 2);
+  EXPECT_EQ(rig.cupti->finalizes, 1);
+  EXPECT_GE(rig.nvml->shutdowns.load(), 1);
+  const int reads = rig.nvml->reads.load();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(rig.nvml->reads.load(), reads);  // the sampler thread is gone
+  b->stop();                                 // idempotent
+  EXPECT_EQ(rig.cupti->unsubscribes, 2);
+  EXPECT_EQ(rig.cupti->finalizes, 1);
+  EXPECT_TRUE(rig.cupti->bad_struct_sizes.empty())
+      << "structSize wrong in " << rig.cupti->bad_struct_sizes.front();
+  // The clock check the lead reads on the GPU machine.
+  const std::string log = rig.log();
+  EXPECT_NE(log.find("PM sampling clock check (first sample, discarded)"), std::string::npos);
+  EXPECT_NE(log.find("CUPTI clock: offset to the steady clock"), std::string::npos);
+  EXPECT_EQ(log.find("PM sampling: sample times are"), std::string::npos);
+}
+
+TEST(GpuBackend, ReleasingTheTraceDetachesCuptiAndPmSamplingComesBack) {
+  Rig rig;
+  auto b = rig.make();
+  b->start();
+  EXPECT_EQ(rig.cupti->subscribes, 1);  // the probe at construction ...
+  EXPECT_EQ(rig.cupti->unsubscribes, 1);  // ... released at once: PyTorch's profiler may subscribe
+  ASSERT_TRUE(b->start_trace());
+  EXPECT_EQ(rig.cupti->subscribes, 2);
+  const uint64_t k0 = rig.cupti->cupti_now();
+  rig.cupti->produce(kernel_at(k0 + 1000, k0 + 9000));
+  b->stop_trace();
+  b->release_trace();
+  EXPECT_EQ(rig.cupti->unsubscribes, 2);
+  EXPECT_EQ(rig.cupti->finalizes, 1);
+  EXPECT_TRUE(rig.cupti->profiler_initialized);  // re-initialized for PM sampling
+  EXPECT_TRUE(rig.cupti->pm_started);
+  GpuEventBatch batch;
+  b->drain(batch);
+  EXPECT_EQ(batch.kernels.size(), 1u);  // the forced flush of the release delivered it
+  for (const auto& st : b->status()) EXPECT_TRUE(st.active) << st.name << ": " << st.reason;
+  // The next window attaches again.
+  ASSERT_TRUE(b->start_trace());
+  EXPECT_EQ(rig.cupti->subscribes, 3);
+  b->stop_trace();
+  b->release_trace();
+  EXPECT_EQ(rig.cupti->finalizes, 2);
+  b->stop();
+  EXPECT_EQ(rig.cupti->finalizes, 2);  // nothing attached any more
+  EXPECT_FALSE(rig.cupti->pm_started);
+}
+
+TEST(GpuBackend, FlushDecodesPendingSamplesSynchronously) {
+  Rig rig;
+  auto b = rig.make();
+  b->start();
+  const uint64_t t0 = rig.cupti->cupti_now();
+  rig.cupti->push_sample(sample(t0, t0 + 1, 1));  // discarded
+  GpuEventBatch batch;
+  ASSERT_TRUE(eventually([&] {
+    std::lock_guard<std::mutex> lock(rig.cupti->m);
+    return rig.cupti->hardware.empty();
+  }));
+  for (int i = 0; i < 3; ++i) rig.cupti->push_sample(sample(t0 + 10 + i, t0 + 11 + i, 20));
+  b->flush();  // whatever the decode thread has not taken yet, flush decodes now
+  {
+    std::lock_guard<std::mutex> lock(rig.cupti->m);
+    EXPECT_TRUE(rig.cupti->hardware.empty());
+  }
+  b->drain(batch);
+  EXPECT_EQ(batch.pm.size(), 3u);
+  b->stop();
+}
+
+TEST(GpuBackend, ImageIsReinitializedOnlyWhenFull) {
+  Rig rig;
+  auto b = rig.make();
+  ASSERT_EQ(rig.cupti->image_inits, 1);  // at configuration
+  b->start();
+  const uint64_t t0 = rig.cupti->cupti_now();
+  GpuEventBatch batch;
+  auto decoded = [&](size_t n) {
+    return eventually([&] {
+      b->flush();
+      b->drain(batch);
+      return batch.pm.size() >= n;
+    });
+  };
+  rig.cupti->push_sample(sample(t0, t0 + 1, 1));  // discarded
+  rig.cupti->push_sample(sample(t0 + 1, t0 + 2, 10));
+  ASSERT_TRUE(decoded(1));
+  EXPECT_EQ(rig.cupti->image_inits, 1);  // two of four slots used: kept
+  rig.cupti->push_sample(sample(t0 + 2, t0 + 3, 20));
+  ASSERT_TRUE(decoded(2));
+  EXPECT_EQ(rig.cupti->image_inits, 1);
+  rig.cupti->push_sample(sample(t0 + 3, t0 + 4, 30));  // fills the image
+  ASSERT_TRUE(decoded(3));
+  EXPECT_EQ(rig.cupti->image_inits, 2);
+  for (int i = 4; i < 11; ++i) rig.cupti->push_sample(sample(t0 + i, t0 + i + 1, 10.0 * i));
+  ASSERT_TRUE(decoded(10));
+  b->stop();
+  b->drain(batch);
+  ASSERT_EQ(batch.pm.size(), 10u);  // each sample once, in order
+  for (size_t i = 0; i < batch.pm.size(); ++i) {
+    EXPECT_DOUBLE_EQ(batch.pm[i].sm_active, 0.1 * static_cast<double>(i + 1)) << i;
+  }
+}
+
+TEST(GpuBackend, StopDecodesWhatIsLeftAndDrainStillReturnsIt) {
+  Rig rig;
+  auto b = rig.make();
+  b->start();
+  const uint64_t t0 = rig.cupti->cupti_now();
+  for (int i = 0; i < 3; ++i) rig.cupti->push_sample(sample(t0 + i, t0 + i + 1, 50));
+  b->stop();
+  GpuEventBatch batch;
+  b->drain(batch);
+  EXPECT_EQ(batch.pm.size(), 2u);  // three minus the discarded first
+  const auto& calls = rig.cupti->calls;
+  ASSERT_GE(calls.size(), 3u);
+  EXPECT_EQ(calls[calls.size() - 3], "Stop");
+  EXPECT_EQ(calls[calls.size() - 2], "Disable");
+  EXPECT_EQ(calls[calls.size() - 1], "HostDeinitialize");
+}
+
+// --- Device degrade paths ------------------------------------------------------------------------
+
+TEST(GpuBackend, NoLibcudaMeansNoDeviceAndNoOtherLibraryLoaded) {
+  Rig rig;
+  rig.driver_missing = true;
+  auto b = rig.make();
+  EXPECT_EQ(b->device().sm_count, 0);
+  for (const auto& s : b->status()) {
+    EXPECT_FALSE(s.active);
+    EXPECT_EQ(s.reason, "no GPU driver (libcuda.so.1 not found)") << s.name;
+  }
+  EXPECT_EQ(rig.cupti_loads, 0);
+  EXPECT_EQ(rig.nvml_loads, 0);
+  b->start();
+  EXPECT_FALSE(b->start_trace());
+  b->flush();
+  GpuEventBatch batch;
+  b->drain(batch);
+  EXPECT_TRUE(batch.pm.empty());
+  b->range_push("x");
+  b->range_pop();
+  b->stop();
+}
+
+TEST(GpuBackend, CuInitFailureIsTheReason) {
+  Rig rig;
+  rig.driver->init_result = CUDA_ERROR_NO_DEVICE;
+  auto b = rig.make();
+  EXPECT_EQ(b->device().sm_count, 0);
+  EXPECT_EQ(status_of(*b, "pm_sampling").reason,
+            "cuInit failed: CUDA_ERROR_NO_DEVICE (100): no CUDA-capable device is detected");
+  EXPECT_EQ(status_of(*b, "nvml").reason, status_of(*b, "pm_sampling").reason);
+  EXPECT_EQ(rig.cupti_loads, 0);
+}
+
+TEST(GpuBackend, NoDeviceAtTheConfiguredIndex) {
+  Rig rig;
+  rig.config.device = 2;
+  auto b = rig.make();
+  EXPECT_EQ(b->device().sm_count, 0);
+  EXPECT_EQ(b->device().index, 2);
+  const auto s = status_of(*b, "activity");
+  EXPECT_FALSE(s.active);
+  EXPECT_EQ(s.reason.rfind("no CUDA device 2 (this process sees 1 device", 0), 0u) << s.reason;
+}
+
+TEST(GpuBackend, DisabledInTheConfiguration) {
+  Rig rig;
+  rig.config.enabled = false;
+  auto b = rig.make();
+  EXPECT_EQ(b->device().sm_count, 0);
+  EXPECT_EQ(status_of(*b, "nvtx").reason, "off in the configuration (gpu.enabled: false)");
+}
+
+TEST(GpuBackend, CollectorsOffInTheConfiguration) {
+  Rig rig;
+  rig.config.pm_sampling = false;
+  rig.config.activity = false;
+  rig.config.nvml = false;
+  rig.config.nvtx = false;
+  auto b = rig.make();
+  EXPECT_EQ(b->device().sm_count, 132);
+  EXPECT_EQ(b->device().chip, "GH100");  // the chip name still comes from CUPTI
+  EXPECT_EQ(status_of(*b, "pm_sampling").reason,
+            "off in the configuration (gpu.pm_sampling: false)");
+  EXPECT_EQ(status_of(*b, "activity").reason, "off in the configuration (gpu.activity: false)");
+  EXPECT_EQ(status_of(*b, "nvml").reason, "off in the configuration (gpu.nvml: false)");
+  EXPECT_EQ(status_of(*b, "nvtx").reason, "off in the configuration (gpu.nvtx: false)");
+  EXPECT_EQ(rig.cupti->subscribes, 0);  // no subscriber: PyTorch's profiler stays usable
+  EXPECT_EQ(rig.nvml_loads, 0);
+  b->start();
+  EXPECT_FALSE(b->start_trace());
+  b->range_push("x");  // no-op
+  b->range_pop();
+  b->stop();
+  EXPECT_FALSE(rig.cupti->profiler_initialized);
+}
+
+// --- CUPTI degrade paths -------------------------------------------------------------------------
+
+TEST(GpuBackend, NoLibcuptiLeavesNvmlAndNvtx) {
+  Rig rig;
+  rig.cupti_missing = true;
+  auto b = rig.make();
+  EXPECT_EQ(b->device().sm_count, 132);
+  EXPECT_EQ(b->device().chip, "");
+  EXPECT_EQ(status_of(*b, "pm_sampling").reason, "libcupti not found (test)");
+  EXPECT_EQ(status_of(*b, "activity").reason, "libcupti not found (test)");
+  EXPECT_TRUE(status_of(*b, "nvml").active);
+  EXPECT_TRUE(status_of(*b, "nvtx").active);
+  b->start();
+  EXPECT_FALSE(b->start_trace());
+  GpuEventBatch batch;
+  ASSERT_TRUE(eventually([&] {
+    b->drain(batch);
+    return !batch.nvml.empty();
+  }));
+  b->stop();
+}
+
+TEST(GpuBackend, OldLibcuptiIsRefused) {
+  Rig rig;
+  rig.cupti->version = 26;  // CUDA 12.8's CUPTI: older record layouts
+  auto b = rig.make();
+  EXPECT_NE(status_of(*b, "activity").reason.find("has CUPTI API version 26"), std::string::npos);
+  EXPECT_FALSE(status_of(*b, "pm_sampling").active);
+  EXPECT_EQ(rig.cupti->subscribes, 0);
+}
+
+TEST(GpuBackend, InsufficientPrivilegesTurnsOffPmSamplingOnly) {
+  Rig rig;
+  rig.cupti->fail["cuptiPmSamplingGetCounterAvailability"] = CUPTI_ERROR_INSUFFICIENT_PRIVILEGES;
+  auto b = rig.make();
+  const auto pm = status_of(*b, "pm_sampling");
+  EXPECT_FALSE(pm.active);
+  EXPECT_EQ(pm.reason,
+            "no permission for GPU performance counters (needs root, CAP_SYS_ADMIN or "
+            "NVreg_RestrictProfilingToAdminUsers=0)");
+  EXPECT_TRUE(status_of(*b, "activity").active);
+  EXPECT_TRUE(status_of(*b, "nvml").active);
+  b->start();
+  ASSERT_TRUE(b->start_trace());
+  const uint64_t k0 = rig.cupti->cupti_now();
+  rig.cupti->produce(kernel_at(k0, k0 + 100));
+  b->stop_trace();
+  b->flush();
+  GpuEventBatch batch;
+  b->drain(batch);
+  EXPECT_EQ(batch.kernels.size(), 1u);
+  EXPECT_TRUE(batch.pm.empty());
+  b->stop();
+  EXPECT_FALSE(rig.cupti->profiler_initialized);
+}
+
+TEST(GpuBackend, PrivilegesRefusedAtEnable) {
+  Rig rig;
+  rig.cupti->fail["cuptiPmSamplingEnable"] = CUPTI_ERROR_INSUFFICIENT_PRIVILEGES;
+  auto b = rig.make();
+  EXPECT_EQ(status_of(*b, "pm_sampling").reason.rfind("no permission for GPU performance", 0), 0u);
+  EXPECT_EQ(rig.cupti->host_inits, rig.cupti->host_deinits);  // the host object was released
+}
+
+TEST(GpuBackend, HardwareBusy) {
+  Rig rig;
+  rig.cupti->fail["cuptiPmSamplingEnable"] = CUPTI_ERROR_HARDWARE_BUSY;
+  auto b = rig.make();
+  EXPECT_EQ(status_of(*b, "pm_sampling").reason,
+            "counters held by another client (DCGM or Nsight)");
+  EXPECT_TRUE(status_of(*b, "activity").active);
+}
+
+TEST(GpuBackend, HardwareBusyAtStart) {
+  Rig rig;
+  rig.cupti->fail["cuptiPmSamplingStart"] = CUPTI_ERROR_HARDWARE_BUSY;
+  auto b = rig.make();
+  EXPECT_TRUE(status_of(*b, "pm_sampling").active);
+  b->start();
+  EXPECT_EQ(status_of(*b, "pm_sampling").reason,
+            "counters held by another client (DCGM or Nsight)");
+  EXPECT_TRUE(status_of(*b, "nvml").active);
+  b->stop();
+  EXPECT_FALSE(rig.cupti->pm_enabled);
+}
+
+TEST(GpuBackend, MigInstance) {
+  Rig rig;
+  rig.cupti->fail["cuptiPmSamplingGetCounterAvailability"] = CUPTI_ERROR_MIG_DEVICE_NOT_SUPPORTED;
+  auto b = rig.make();
+  const auto reason = status_of(*b, "pm_sampling").reason;
+  EXPECT_NE(reason.find("MIG"), std::string::npos) << reason;
+  Rig rig2;
+  rig2.cupti->fail["cuptiPmSamplingEnable"] = CUPTI_ERROR_NOT_SUPPORTED;
+  auto b2 = rig2.make();
+  EXPECT_NE(status_of(*b2, "pm_sampling").reason.find("MIG"), std::string::npos);
+}
+
+TEST(GpuBackend, ComputeCapabilityBelow86HasNoTimeTrigger) {
+  Rig rig;
+  rig.driver->cc_major = 8;
+  rig.driver->cc_minor = 0;  // A100
+  auto b = rig.make();
+  EXPECT_EQ(status_of(*b, "pm_sampling").reason,
+            "PM sampling needs compute capability 8.6 or newer (its GPU-time trigger); this GPU "
+            "is 8.0");
+  EXPECT_TRUE(status_of(*b, "activity").active);
+}
+
+TEST(GpuBackend, SecondSubscriberTurnsOffActivityOnly) {
+  Rig rig;
+  rig.cupti->subscribe_result = CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
+  rig.cupti->other_subscriber = "CUPTI for Nsight Systems";
+  auto b = rig.make();
+  const auto a = status_of(*b, "activity");
+  EXPECT_FALSE(a.active);
+  EXPECT_EQ(a.reason.rfind("another CUPTI client (Nsight Systems, PyTorch's profiler) is attached: "
+                           "activity tracing off",
+                           0),
+            0u)
+      << a.reason;
+  EXPECT_NE(a.reason.find("CUPTI for Nsight Systems"), std::string::npos);
+  EXPECT_EQ(rig.cupti->requested, nullptr);  // no buffer callbacks registered
+  EXPECT_TRUE(status_of(*b, "pm_sampling").active);
+  b->start();
+  EXPECT_FALSE(b->start_trace());
+  EXPECT_TRUE(rig.cupti->enabled_kinds.empty());
+  const uint64_t t0 = rig.cupti->cupti_now();
+  for (int i = 0; i < 3; ++i) rig.cupti->push_sample(sample(t0 + i, t0 + i + 1, 70));
+  GpuEventBatch batch;
+  ASSERT_TRUE(eventually([&] {
+    b->flush();
+    b->drain(batch);
+    return batch.pm.size() >= 2;
+  }));
+  EXPECT_DOUBLE_EQ(batch.pm[0].sm_active, 0.7);
+  b->stop();
+  EXPECT_EQ(rig.cupti->unsubscribes, 0);
+}
+
+TEST(GpuBackend, ActivityEnableFailureIsReported) {
+  Rig rig;
+  rig.cupti->fail["cuptiActivityEnable"] = CUPTI_ERROR_UNKNOWN;
+  auto b = rig.make();
+  EXPECT_TRUE(status_of(*b, "activity").active);
+  EXPECT_FALSE(b->start_trace());
+  EXPECT_EQ(status_of(*b, "activity").reason,
+            "cuptiActivityEnable(CONCURRENT_KERNEL) failed: CUPTI_ERROR_UNKNOWN (999)");
+  EXPECT_TRUE(status_of(*b, "pm_sampling").active);
+}
+
+// --- PM metric fallbacks -------------------------------------------------------------------------
+
+TEST(GpuBackend, PcieMetricsRejectedFallsBackToFive) {
+  Rig rig;
+  rig.cupti->rejected_metrics = {"pcie__read_bytes.sum"};
+  auto b = rig.make();
+  ASSERT_TRUE(status_of(*b, "pm_sampling").active);
+  EXPECT_EQ(rig.cupti->metrics.size(), 5u);
+  EXPECT_EQ(rig.cupti->host_inits, 2);
+  b->start();
+  const uint64_t t0 = rig.cupti->cupti_now();
+  for (int i = 0; i < 2; ++i) rig.cupti->push_sample(sample(t0 + i, t0 + i + 1, 33));
+  GpuEventBatch batch;
+  ASSERT_TRUE(eventually([&] {
+    b->flush();
+    b->drain(batch);
+    return !batch.pm.empty();
+  }));
+  EXPECT_DOUBLE_EQ(batch.pm[0].tensor_active, 0.30);
+  EXPECT_TRUE(std::isnan(batch.pm[0].pcie_read_bytes));
+  b->stop();
+  const std::string log = rig.log();
+  EXPECT_NE(log.find("PM sampling without pcie__read_bytes.sum, pcie__write_bytes.sum"),
+            std::string::npos)
+      << log;
+}
+
+TEST(GpuBackend, MultiPassSetsFallBackToSmAndGr) {
+  Rig rig;
+  rig.cupti->max_metrics_per_pass = 2;
+  auto b = rig.make();
+  ASSERT_TRUE(status_of(*b, "pm_sampling").active);
+  EXPECT_EQ(rig.cupti->metrics, (std::vector<std::string>{pm_metric_name(PmMetric::kGrActive),
+                                                          pm_metric_name(PmMetric::kSmActive)}));
+  EXPECT_EQ(rig.cupti->host_inits, 3);
+  EXPECT_EQ(rig.cupti->host_deinits, 2);
+  EXPECT_NE(rig.log().find("the set needs 2 passes"), std::string::npos);
+}
+
+TEST(GpuBackend, NoSinglePassSetTurnsPmSamplingOff) {
+  Rig rig;
+  rig.cupti->rejected_metrics = {pm_metric_name(PmMetric::kSmActive)};
+  auto b = rig.make();
+  const auto pm = status_of(*b, "pm_sampling");
+  EXPECT_FALSE(pm.active);
+  EXPECT_EQ(pm.reason.rfind("PM sampling has no single-pass metric set on this GPU", 0), 0u);
+  EXPECT_EQ(rig.cupti->host_inits, rig.cupti->host_deinits);
+  EXPECT_FALSE(rig.cupti->pm_enabled);
+}
+
+TEST(GpuBackend, DecodeFailureStopsPmSamplingWithAReason) {
+  Rig rig;
+  auto b = rig.make();
+  b->start();
+  {
+    std::lock_guard<std::mutex> lock(rig.cupti->m);
+    rig.cupti->fail["cuptiPmSamplingDecodeData"] = CUPTI_ERROR_UNKNOWN;
+  }
+  ASSERT_TRUE(eventually([&] { return !status_of(*b, "pm_sampling").active; }));
+  EXPECT_EQ(status_of(*b, "pm_sampling").reason,
+            "cuptiPmSamplingDecodeData failed: CUPTI_ERROR_UNKNOWN (999)");
+  b->stop();
+  EXPECT_FALSE(rig.cupti->pm_enabled);
+}
+
+// --- NVML ----------------------------------------------------------------------------------------
+
+TEST(GpuBackend, NvmlMissing) {
+  Rig rig;
+  rig.nvml_missing = true;
+  auto b = rig.make();
+  EXPECT_EQ(status_of(*b, "nvml").reason,
+            "NVML not found (libnvidia-ml.so.1): NVML utilization off");
+  EXPECT_TRUE(status_of(*b, "pm_sampling").active);
+  EXPECT_TRUE(status_of(*b, "activity").active);
+  b->start();
+  b->stop();
+}
+
+TEST(GpuBackend, NvmlReadFailureAtStart) {
+  Rig rig;
+  rig.nvml->utilization_result = 3;  // NVML_ERROR_NOT_SUPPORTED (MIG, vGPU)
+  auto b = rig.make();
+  EXPECT_TRUE(status_of(*b, "nvml").active);
+  b->start();
+  EXPECT_EQ(status_of(*b, "nvml").reason, "nvmlDeviceGetUtilizationRates failed: NVML error 3");
+  b->stop();
+}
+
+TEST(GpuBackend, NvmlInitFailure) {
+  Rig rig;
+  rig.nvml->init_result = 9;  // NVML_ERROR_DRIVER_NOT_LOADED
+  auto b = rig.make();
+  EXPECT_EQ(status_of(*b, "nvml").reason, "nvmlInit failed: NVML error 9");
+}
+
+// --- Activity buffers ----------------------------------------------------------------------------
+
+TEST(GpuBackend, ExhaustedBuffersAreCountedAsDropped) {
+  Rig rig;
+  rig.config.trace_buffer_mb = 1;  // one 1 MiB buffer
+  auto b = rig.make();
+  b->start();
+  ASSERT_TRUE(b->start_trace());
+  const size_t fit = (1u << 20) / sizeof(CUpti_ActivityKernel10);
+  const size_t total = fit + 500;
+  const uint64_t k0 = rig.cupti->cupti_now();
+  for (size_t i = 0; i < total; ++i) rig.cupti->produce(kernel_at(k0 + i * 10, k0 + i * 10 + 5));
+  b->stop_trace();
+  b->flush();
+  GpuEventBatch batch;
+  b->drain(batch);
+  EXPECT_EQ(batch.kernels.size(), fit);
+  EXPECT_EQ(batch.dropped, 500);
+  EXPECT_NE(rig.log().find("all 1 trace buffers (1 MiB) are in use"), std::string::npos);
+
+  // The buffer came back: the next window records again.
+  ASSERT_TRUE(b->start_trace());
+  rig.cupti->produce(kernel_at(k0, k0 + 5));
+  b->stop_trace();
+  b->flush();
+  batch.clear();
+  b->drain(batch);
+  EXPECT_EQ(batch.kernels.size(), 1u);
+  EXPECT_EQ(batch.dropped, 0);
+  b->stop();
+}
+
+TEST(GpuBackend, FullBuffersDeliveredByCuptisThread) {
+  Rig rig;
+  rig.config.trace_buffer_mb = 2;  // one 2 MiB buffer
+  auto b = rig.make();
+  ASSERT_TRUE(b->start_trace());
+  const size_t fit = (2u << 20) / sizeof(CUpti_ActivityKernel10);
+  const uint64_t k0 = rig.cupti->cupti_now();
+  for (size_t i = 0; i < fit + 1; ++i) rig.cupti->produce(kernel_at(k0 + i, k0 + i + 1));
+  // The first buffer filled up; CUPTI's worker hands it back from another thread.
+  std::thread worker([&] { rig.cupti->complete_full(); });
+  worker.join();
+  GpuEventBatch batch;
+  b->drain(batch);
+  EXPECT_EQ(batch.kernels.size(), fit);
+  b->stop();  // forced flush; the record after the full buffer found no buffer: dropped
+  b->drain(batch);
+  EXPECT_EQ(batch.dropped, 1);
+  EXPECT_EQ(batch.kernels.size() + static_cast<size_t>(batch.dropped), fit + 1);
+}
+
+TEST(GpuBackend, BufferOfAReplacedBackendIsFreedNotConverted) {
+  Rig rig1;
+  auto b1 = rig1.make();
+  ASSERT_TRUE(b1->start_trace());
+  const uint64_t k0 = rig1.cupti->cupti_now();
+  rig1.cupti->produce(kernel_at(k0, k0 + 1));
+  // The buffer is still in "CUPTI's" hands when a second backend takes over the callbacks.
+  Rig rig2;
+  auto b2 = rig2.make();
+  rig1.cupti->complete_full();
+  rig1.cupti->activity_flush_all(0);  // delivered to b2's routing: not b2's buffer
+  GpuEventBatch batch;
+  b2->drain(batch);
+  EXPECT_TRUE(batch.kernels.empty());
+  b2->stop();
+  b1->stop();
+}
+
+// --- Failure reasons ---------------------------------------------------------------------------
+
+TEST(PmSamplingReasons, ExactStrings) {
+  FakeCupti api;
+  EXPECT_EQ(pm_sampling_error_reason(api, "x", CUPTI_ERROR_INSUFFICIENT_PRIVILEGES),
+            "no permission for GPU performance counters (needs root, CAP_SYS_ADMIN or "
+            "NVreg_RestrictProfilingToAdminUsers=0)");
+  EXPECT_EQ(pm_sampling_error_reason(api, "x", CUPTI_ERROR_HARDWARE_BUSY),
+            "counters held by another client (DCGM or Nsight)");
+  EXPECT_NE(pm_sampling_error_reason(api, "x", CUPTI_ERROR_MIG_DEVICE_NOT_SUPPORTED).find("MIG"),
+            std::string::npos);
+  EXPECT_EQ(pm_sampling_error_reason(api, "cuptiPmSamplingStart", CUPTI_ERROR_UNKNOWN),
+            "cuptiPmSamplingStart failed: CUPTI_ERROR_UNKNOWN (999)");
+}
+
+// --- The real thing on this machine
+// ----------------------------------------------------------------
+
+TEST(GpuBackendReal, DlopenPathWithoutADriver) {
+  void* libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (libcuda == nullptr) libcuda = dlopen("libcuda.so.1", RTLD_NOW);
+  if (libcuda != nullptr) GTEST_SKIP() << "a GPU driver is installed here";
+  std::ostringstream text;
+  auto logger = std::make_shared<spdlog::logger>(
+      "real", std::make_shared<spdlog::sinks::ostream_sink_mt>(text));
+  GpuConfig config;
+  auto b = make_gpu_backend(config, *logger);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->device().sm_count, 0);
+  const auto status = b->status();
+  ASSERT_EQ(status.size(), 4u);
+  for (const auto& s : status) {
+    EXPECT_FALSE(s.active);
+    EXPECT_EQ(s.reason, "no GPU driver (libcuda.so.1 not found)") << s.name;
+  }
+  b->start();
+  EXPECT_FALSE(b->start_trace());
+  b->stop_trace();
+  b->flush();
+  GpuEventBatch batch;
+  b->drain(batch);
+  EXPECT_TRUE(batch.kernels.empty());
+  b->range_push("x");
+  b->range_pop();
+  b->stop();
+  std::string error;
+  EXPECT_EQ(load_cuda_driver(&error), nullptr);
+  EXPECT_EQ(error, "no GPU driver (libcuda.so.1 not found)");
+}
+
+TEST(GpuBackendReal, LibcuptiLoadsWithoutADriver) {
+  // This machine has the toolkit's libcupti: it loads (dlopen only; nothing is called that needs
+  // a driver) and reports a CUDA 13 API version.
+  std::string error;
+  auto api = load_cupti("", &error);
+  if (api == nullptr) GTEST_SKIP() << error;
+  uint32_t version = 0;
+  EXPECT_EQ(api->get_version(&version), CUPTI_SUCCESS);
+  EXPECT_GE(version, 130000u);
+  EXPECT_NE(api->origin().find("libcupti"), std::string::npos) << api->origin();
+  // A configured path that does not exist is skipped, with the search going on.
+  auto again = load_cupti("/nonexistent/libcupti.so.13", &error);
+  EXPECT_NE(again, nullptr);
+}
+
+}  // namespace
+}  // namespace detail
+}  // namespace torchpilot
