@@ -11,6 +11,7 @@
 #if !TORCHPILOT_TORCH_AT_LEAST(2, 0)
 #include <c10/util/Optional.h>
 #endif
+#include <ATen/autocast_mode.h>
 
 namespace torchpilot::compat {
 
@@ -28,5 +29,20 @@ std::optional<T> to_std(const optional<T>& value) {
   if (value.has_value()) return *value;
   return std::nullopt;
 }
+
+// CUDA autocast for the calling thread (as `with torch.autocast("cuda", dtype)` without the
+// nesting count): 2.4+ takes the device type, 1.x-2.3 have CUDA-only calls.
+inline void set_cuda_autocast(bool enabled, at::ScalarType dtype = at::kBFloat16) {
+#if TORCHPILOT_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_dtype(at::kCUDA, dtype);
+  at::autocast::set_autocast_enabled(at::kCUDA, enabled);
+#else
+  at::autocast::set_autocast_gpu_dtype(dtype);
+  at::autocast::set_enabled(enabled);
+#endif
+}
+// Drops autocast's cached low-precision copies of the weights (PyTorch does it when the
+// outermost autocast region exits; a trainer that keeps autocast on calls it after each step).
+inline void clear_autocast_cache() { at::autocast::clear_cache(); }
 
 }  // namespace torchpilot::compat

@@ -1,0 +1,423 @@
+// gpt_overhead: what torchpilot costs a GPT-style trainer, as step-time ratios measured in one
+// process on one model (DESIGN.md, "Budgets": advise <= 1%, detailed windows <= 10%).
+//
+// Configurations, each with a fresh Pilot (a Pilot's mode is fixed at construction):
+//   off      - mode off, GPU collectors disabled, no FLOP counter: the baseline.
+//   advise   - mode advise with everything always-on (step/phase scopes, GPU monitor: PM sampling,
+//              NVML, NVTX), a FlopCounter whose counting window lies in the round's warm-up steps
+//              (the measured steps show its after-window cost); detailed windows only on request.
+//   window   - advise, plus a detailed window (CUPTI activity trace) over exactly the measured
+//              steps (pilot.gpu()->request_window in the last warm-up step: a requested window
+//              starts at the end of that step). Without a GPU monitor it is advise.
+//   counting - advise, with the FLOP counter's counting window over the measured steps.
+// Rounds: every configuration once per round, the order rotated by one each round (A B C D,
+// B C D A, ...). In a round a configuration runs `warmup` steps, then `steps` measured steps with
+// the device synchronized before each clock read at the window's edges; its figure is the mean
+// step time of the window. Reported: per configuration the median over rounds, and per
+// configuration X the ratio X/off - 1 of the medians with the spread (min/max) of the per-round
+// ratios. The JSON file has every round's numbers; nothing else is written.
+#include <torch/version.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gpt_flops.h"
+#include "gpt_trainer.h"
+#include "torchpilot/config.h"
+#include "torchpilot/flop_counter.h"
+#include "torchpilot/gpu_monitor.h"
+#include "torchpilot/pilot.h"
+
+namespace {
+
+using nlohmann::json;
+
+struct Args {
+  gpt_example::TrainOptions train;
+  int rounds = 7;
+  int steps = 100;  // measured steps per round and configuration
+  int warmup = 10;  // steps before the measured ones, per round and configuration
+  int prime = 10;   // untimed steps before the first round (allocator, cuBLAS, autotuning)
+  std::string machine = "unnamed";
+  std::string commit = "unknown";
+  std::string out;
+  std::vector<int> setups;  // configurations measured, off first (--configs)
+};
+
+enum Setup { kOff, kAdvise, kWindow, kCounting, kSetups };
+const char* kNames[kSetups] = {"off", "advise", "window", "counting"};
+
+struct RoundResult {
+  int round = 0;
+  int position = 0;  // place in the round's order
+  double step_ms = 0;
+  bool gpu_monitor = false;
+  int64_t traced_steps = 0;   // steps inside detailed windows (epoch summary)
+  int64_t counted_steps = 0;  // steps whose ops the FLOP counter counted
+  double counted_flops_per_step = std::nan("");
+  double mfu = std::nan("");
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+torchpilot::Config config_for(Setup setup, const Args& a) {
+  torchpilot::Config c;  // defaults, not the environment: the bench controls every key
+  c.log_level = "warn";
+  if (setup == kOff) {
+    c.mode = torchpilot::Mode::kOff;
+    c.gpu.enabled = false;
+    return c;
+  }
+  c.mode = torchpilot::Mode::kAdvise;
+  // Detailed windows only on request: no first window, no repeats, no anomaly trigger.
+  c.gpu.trace_first_step = 1000000000;
+  c.gpu.trace_every_epochs = 0;
+  c.gpu.trace_anomaly_factor = 0;
+  if (setup == kCounting) {
+    c.flops.skip_steps = a.warmup;  // the counting window is the measured steps
+    c.flops.count_steps = a.steps;
+  } else {
+    // The counting window inside the warm-up, finished a step before the measured steps.
+    c.flops.count_steps = std::min(c.flops.count_steps, std::max(1, a.warmup - 2));
+    c.flops.skip_steps = std::min(c.flops.skip_steps, a.warmup - 1 - c.flops.count_steps);
+  }
+  c.flops.recount_every_steps = 0;
+  return c;
+}
+
+RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, json& collectors) {
+  RoundResult r;
+  torchpilot::Pilot pilot(config_for(setup, a));
+  std::optional<torchpilot::FlopCounter> counter;
+  if (setup != kOff) counter.emplace(pilot);
+  r.gpu_monitor = pilot.gpu() != nullptr;
+  if (r.gpu_monitor && collectors.is_null()) {
+    collectors = json::array();
+    for (const auto& s : pilot.gpu()->status()) {
+      collectors.push_back({{"name", s.name}, {"active", s.active}, {"reason", s.reason}});
+    }
+  }
+  // A requested window starts at the end of the step it was requested in: request it in the last
+  // warm-up step so that it covers exactly the measured steps. Every configuration runs the same.
+  trainer.train(pilot, a.warmup - 1);
+  if (setup == kWindow && pilot.gpu() != nullptr) pilot.gpu()->request_window(a.steps);
+  trainer.train(pilot, 1);
+  trainer.synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  trainer.train(pilot, a.steps);
+  trainer.synchronize();
+  const auto t1 = std::chrono::steady_clock::now();
+  r.step_ms = std::chrono::duration<double, std::milli>(t1 - t0).count() / a.steps;
+  pilot.end_epoch();  // outside the measurement: flushes the collectors, fills the summary
+  if (!pilot.epoch_summaries().empty()) {
+    const torchpilot::EpochSummary& s = pilot.epoch_summaries().back();
+    if (s.gpu) r.traced_steps = s.gpu->traced_steps;
+    if (s.flops) {
+      r.counted_steps = s.flops->counted_steps;
+      if (s.flops->counted_steps > 0) r.counted_flops_per_step = s.flops->model_flops_per_step;
+      r.mfu = s.flops->mfu;
+    }
+  }
+  trainer.take_mean_loss();  // keeps the running sum small; outside the measurement
+  return r;
+}
+
+int parse_int(const std::string& flag, const std::string& v, int min) {
+  size_t used = 0;
+  const long n = std::stol(v, &used);
+  if (used != v.size() || n < min) {
+    throw std::invalid_argument(flag + " needs an integer >= " + std::to_string(min));
+  }
+  return static_cast<int>(n);
+}
+
+// "off,advise,window,counting" (any subset; off is always measured, first).
+std::vector<int> parse_setups(const std::string& list) {
+  std::vector<int> setups = {kOff};
+  size_t from = 0;
+  while (from <= list.size()) {
+    const size_t comma = std::min(list.find(',', from), list.size());
+    const std::string name = list.substr(from, comma - from);
+    const auto* it = std::find(std::begin(kNames), std::end(kNames), name);
+    if (it == std::end(kNames)) throw std::invalid_argument("--configs: unknown '" + name + "'");
+    const int s = static_cast<int>(it - std::begin(kNames));
+    if (std::find(setups.begin(), setups.end(), s) == setups.end()) setups.push_back(s);
+    from = comma + 1;
+  }
+  return setups;
+}
+
+bool has(const std::vector<int>& setups, int s) {
+  return std::find(setups.begin(), setups.end(), s) != setups.end();
+}
+
+int run(int argc, char** argv) {
+  Args a;
+  a.train.d_model = 1024;
+  a.train.layers = 12;
+  a.train.heads = 16;
+  a.train.seq = 1024;
+  a.train.batch = 8;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (f == "-h" || f == "--help") {
+      std::printf(
+          "usage: gpt_overhead [--d-model 1024] [--layers 12] [--heads 16] [--seq 1024]\n"
+          "                    [--batch 8] [--precision bf16|fp32] [--attention fused|unfused]\n"
+          "                    [--device cuda|cpu] [--rounds 7] [--steps-per-round 100]\n"
+          "                    [--warmup 10] [--prime 10] [--machine NAME] [--commit SHA]\n"
+          "                    [--configs off,advise,window,counting] [--out FILE.json]\n");
+      return 0;
+    }
+    if (i + 1 >= argc) throw std::invalid_argument(f + " needs a value");
+    const std::string v = argv[++i];
+    if (f == "--d-model")
+      a.train.d_model = parse_int(f, v, 1);
+    else if (f == "--layers")
+      a.train.layers = parse_int(f, v, 1);
+    else if (f == "--heads")
+      a.train.heads = parse_int(f, v, 1);
+    else if (f == "--seq")
+      a.train.seq = parse_int(f, v, 1);
+    else if (f == "--batch")
+      a.train.batch = parse_int(f, v, 1);
+    else if (f == "--precision" && (v == "bf16" || v == "fp32"))
+      a.train.precision =
+          v == "bf16" ? gpt_example::Precision::kBf16 : gpt_example::Precision::kFp32;
+    else if (f == "--attention" && (v == "fused" || v == "unfused"))
+      a.train.fused_attention = v == "fused";
+    else if (f == "--device")
+      a.train.device = v;
+    else if (f == "--rounds")
+      a.rounds = parse_int(f, v, 1);
+    else if (f == "--steps-per-round")
+      a.steps = parse_int(f, v, 1);
+    else if (f == "--warmup")
+      a.warmup = parse_int(f, v, 3);
+    else if (f == "--prime")
+      a.prime = parse_int(f, v, 0);
+    else if (f == "--machine")
+      a.machine = v;
+    else if (f == "--commit")
+      a.commit = v;
+    else if (f == "--out")
+      a.out = v;
+    else if (f == "--configs")
+      a.setups = parse_setups(v);
+    else
+      throw std::invalid_argument("unknown option or value: " + f + " " + v);
+  }
+
+  if (a.setups.empty()) a.setups = {kOff, kAdvise, kWindow, kCounting};
+  const int n_setups = static_cast<int>(a.setups.size());
+  gpt_example::Trainer trainer(a.train);
+  const gpt_example::GptShape shape = trainer.shape();
+  const double analytic = gpt_example::model_flops_per_step(shape);
+  std::printf(
+      "gpt_overhead: %s; d %lld, %lld layers, %lld heads, T %lld, batch %lld, %s attention, %s, "
+      "device %s; %d rounds x %d configurations x (%d warm-up + %d measured steps)\n",
+      a.machine.c_str(), static_cast<long long>(shape.d_model),
+      static_cast<long long>(shape.layers), static_cast<long long>(a.train.heads),
+      static_cast<long long>(shape.seq), static_cast<long long>(shape.batch),
+      trainer.fused_attention() ? "fused" : "unfused", gpt_example::to_string(trainer.precision()),
+      trainer.device().c_str(), a.rounds, n_setups, a.warmup, a.steps);
+  std::fflush(stdout);
+  const auto started = std::chrono::steady_clock::now();
+  {
+    torchpilot::Config off = config_for(kOff, a);
+    torchpilot::Pilot pilot(off);
+    trainer.train(pilot, a.prime);
+    trainer.synchronize();
+    trainer.take_mean_loss();
+  }
+
+  std::vector<std::vector<RoundResult>> results(kSetups);
+  json collectors;  // the GPU collectors' status, from the first Pilot that had a GPU monitor
+  for (int round = 0; round < a.rounds; ++round) {
+    std::printf("  round %d:", round + 1);
+    for (int k = 0; k < n_setups; ++k) {
+      const Setup setup = static_cast<Setup>(a.setups[static_cast<size_t>((k + round) % n_setups)]);
+      RoundResult r = run_one(trainer, setup, a, collectors);
+      r.round = round;
+      r.position = k;
+      std::printf(" %s %.3f ms", kNames[setup], r.step_ms);
+      std::fflush(stdout);
+      results[setup].push_back(r);
+    }
+    std::printf("\n");
+  }
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+
+  std::vector<double> medians(kSetups);
+  for (int s = 0; s < kSetups; ++s) {
+    std::vector<double> v;
+    for (const auto& r : results[s]) v.push_back(r.step_ms);
+    medians[s] = median(v);
+  }
+  struct Ratio {
+    double of_medians, lo, hi, median_of_rounds;
+    std::vector<double> per_round;
+  };
+  auto ratio = [&](Setup s) {
+    Ratio q;
+    for (int i = 0; i < a.rounds; ++i) {
+      q.per_round.push_back(results[s][i].step_ms / results[kOff][i].step_ms - 1);
+    }
+    q.of_medians = medians[s] / medians[kOff] - 1;
+    q.lo = *std::min_element(q.per_round.begin(), q.per_round.end());
+    q.hi = *std::max_element(q.per_round.begin(), q.per_round.end());
+    q.median_of_rounds = median(q.per_round);
+    return q;
+  };
+
+  const bool window_traced = !results[kWindow].empty() && results[kWindow][0].traced_steps > 0;
+  const RoundResult none;
+  std::printf(
+      "\n| configuration | median step (ms) | vs off (ratio of medians) | per-round min .. max "
+      "|\n");
+  std::printf("|---|---|---|---|\n");
+  std::printf("| off | %.3f | | |\n", medians[kOff]);
+  std::vector<Ratio> ratios(kSetups);
+  for (int s = kAdvise; s < kSetups; ++s) {
+    if (!has(a.setups, s)) continue;
+    ratios[s] = ratio(static_cast<Setup>(s));
+    std::printf("| %s | %.3f | %+.2f%% | %+.2f%% .. %+.2f%% |\n", kNames[s], medians[s],
+                100 * ratios[s].of_medians, 100 * ratios[s].lo, 100 * ratios[s].hi);
+  }
+  const RoundResult& counted = results[kCounting].empty() ? none : results[kCounting].front();
+  const RoundResult& advised = results[kAdvise].empty() ? none : results[kAdvise].front();
+  const RoundResult& windowed = results[kWindow].empty() ? none : results[kWindow].front();
+  std::printf(
+      "GPU monitor: %s; window rounds traced %lld steps (first round); counting rounds "
+      "counted %lld steps\n",
+      advised.gpu_monitor || windowed.gpu_monitor || counted.gpu_monitor
+          ? "on"
+          : "absent (no GPU: advise = scopes + "
+            "FLOP counter only, window = advise)",
+      static_cast<long long>(windowed.traced_steps), static_cast<long long>(counted.counted_steps));
+  if (std::isfinite(counted.counted_flops_per_step)) {
+    std::printf("FLOPs/step: counted %.4g, analytic %.4g (counted/analytic %.4f)\n",
+                counted.counted_flops_per_step, analytic,
+                counted.counted_flops_per_step / analytic);
+  }
+  std::printf("bench wall time %.0f s\n", elapsed);
+
+  if (!a.out.empty()) {
+    char date[32];
+    std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    json per_config = json::object();
+    for (int s = 0; s < kSetups; ++s) {
+      if (!has(a.setups, s)) continue;
+      json rounds = json::array();
+      for (const auto& r : results[s]) {
+        rounds.push_back({{"round", r.round},
+                          {"position", r.position},
+                          {"step_ms", r.step_ms},
+                          {"gpu_monitor", r.gpu_monitor},
+                          {"traced_steps", r.traced_steps},
+                          {"counted_steps", r.counted_steps},
+                          {"counted_model_flops_per_step", number(r.counted_flops_per_step)},
+                          {"mfu", number(r.mfu)}});
+      }
+      per_config[kNames[s]] = {{"median_step_ms", number(medians[s])}, {"rounds", rounds}};
+    }
+    json ratio_json = json::object();
+    for (int s = kAdvise; s < kSetups; ++s) {
+      if (!has(a.setups, s)) continue;
+      ratio_json[std::string(kNames[s]) + "_vs_off"] = {
+          {"ratio_of_medians_minus_1", ratios[s].of_medians},
+          {"per_round_min", ratios[s].lo},
+          {"per_round_max", ratios[s].hi},
+          {"per_round_median", ratios[s].median_of_rounds},
+          {"per_round", ratios[s].per_round}};
+    }
+    json j = {
+        {"bench", "gpt_overhead"},
+        {"machine", a.machine},
+        {"date", date},
+        {"commit", a.commit},
+        {"device", trainer.device()},
+        {"libtorch", TORCH_VERSION},
+        {"method",
+         "one process, one model; per round every configuration once, order rotated by one per "
+         "round; each a fresh Pilot, warm-up steps then measured steps with the device "
+         "synchronized at the window edges; figure = mean step time of the window; medians over "
+         "rounds; ratios vs off"},
+        {"config",
+         {{"d_model", shape.d_model},
+          {"layers", shape.layers},
+          {"heads", a.train.heads},
+          {"seq", shape.seq},
+          {"batch", shape.batch},
+          {"vocab", shape.vocab},
+          {"attention", trainer.fused_attention() ? "fused" : "unfused"},
+          {"precision", gpt_example::to_string(trainer.precision())},
+          {"parameters", trainer.parameter_count()},
+          {"analytic_model_flops_per_step", analytic},
+          {"rounds", a.rounds},
+          {"warmup_steps", a.warmup},
+          {"measured_steps", a.steps},
+          {"prime_steps", a.prime},
+          {"configurations_measured",
+           [&] {
+             json names = json::array();
+             for (int x : a.setups) names.push_back(kNames[x]);
+             return names;
+           }()}}},
+        {"configurations",
+         {{"off", "mode off, gpu.enabled false, no FLOP counter"},
+          {"advise",
+           "mode advise, GPU monitor always-on collectors, FLOP counter (counting "
+           "window in the warm-up), no detailed window"},
+          {"window", "advise + a detailed window (CUPTI activity) over the measured steps"},
+          {"counting", "advise + the FLOP counter's counting window over the measured steps"}}},
+        {"gpu_collectors", collectors},
+        {"flops_check",
+         {{"analytic_model_flops_per_step", analytic},
+          {"counted_model_flops_per_step", number(counted.counted_flops_per_step)},
+          {"counted_over_analytic", number(counted.counted_flops_per_step / analytic)}}},
+        {"window_traced", window_traced},
+        {"median_step_ms",
+         {{"off", number(medians[kOff])},
+          {"advise", number(medians[kAdvise])},
+          {"window", number(medians[kWindow])},
+          {"counting", number(medians[kCounting])}}},
+        {"ratios", ratio_json},
+        {"per_config", per_config},
+        {"wall_s", elapsed}};
+    std::ofstream out(a.out);
+    out << j.dump(2) << "\n";
+    if (!out) throw std::runtime_error("cannot write " + a.out);
+    std::printf("gpt_overhead: results in %s\n", a.out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt_overhead: %s\n", e.what());
+    return 1;
+  }
+}

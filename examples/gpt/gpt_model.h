@@ -1,0 +1,83 @@
+// A GPT-style decoder-only language model (GPT-2 layout, as nanoGPT): token + learned position
+// embeddings, `layers` pre-LayerNorm blocks (causal self-attention with a fused QKV Linear and an
+// output projection; an MLP d -> 4d -> d with GELU), a final LayerNorm and an LM head. The LM
+// head is a separate V x d Linear without bias, NOT tied to the token embedding (gpt_flops.h
+// counts it among the matmul weights N). Dropout is 0 (none).
+//
+// Attention:
+//  - kFused:   at::scaled_dot_product_attention(q, k, v, is_causal=true) (LibTorch >= 2.0; on
+//              CUDA a flash / memory-efficient kernel).
+//  - kUnfused: softmax(mask(q k^T / sqrt(d_head))) v as two batched matmuls around a
+//              materialised T x T score matrix: the pattern the fusion advisor looks for.
+// On LibTorch 1.x, kFused is not available: the model runs the unfused path
+// (fused_attention_available() says so; the trainer logs it once).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+namespace gpt_example {
+
+enum class Attention { kFused, kUnfused };
+const char* to_string(Attention attention);
+// Whether this LibTorch has at::scaled_dot_product_attention.
+bool fused_attention_available();
+
+struct GptConfig {
+  int64_t vocab = 256;
+  int64_t d_model = 256;
+  int64_t layers = 4;
+  int64_t heads = 4;  // must divide d_model
+  int64_t seq = 256;  // longest sequence (position embeddings)
+  Attention attention = Attention::kFused;
+};
+
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  CausalSelfAttentionImpl(const GptConfig& config, bool fused);
+  torch::Tensor forward(const torch::Tensor& x);  // [B, T, d] -> [B, T, d]
+
+  torch::nn::Linear qkv{nullptr}, proj{nullptr};
+
+ private:
+  int64_t heads_, d_model_;
+  bool fused_;
+  torch::Tensor causal_mask_;  // [seq, seq] bool, true above the diagonal (unfused path)
+};
+TORCH_MODULE(CausalSelfAttention);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  BlockImpl(const GptConfig& config, bool fused);
+  torch::Tensor forward(torch::Tensor x);
+
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  CausalSelfAttention attn{nullptr};
+  torch::nn::Linear fc{nullptr}, fc_out{nullptr};
+};
+TORCH_MODULE(Block);
+
+class GptImpl : public torch::nn::Module {
+ public:
+  explicit GptImpl(const GptConfig& config);
+  // tokens [B, T] int64 (T <= seq) -> logits [B, T, vocab].
+  torch::Tensor forward(const torch::Tensor& tokens);
+
+  const GptConfig& config() const { return config_; }
+  // The attention path actually run (kUnfused when kFused is not available).
+  Attention attention() const { return attention_; }
+  int64_t parameter_count() const;  // all parameters
+
+  torch::nn::Embedding tok{nullptr}, pos{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::Linear head{nullptr};
+
+ private:
+  GptConfig config_;
+  Attention attention_;
+};
+TORCH_MODULE(Gpt);
+
+}  // namespace gpt_example

@@ -1,0 +1,184 @@
+#include "gpt_trainer.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <stdexcept>
+
+#include "gpt_data.h"
+#include "gpt_model.h"
+#include "torchpilot/compat.h"
+
+namespace gpt_example {
+
+const char* to_string(Precision precision) {
+  return precision == Precision::kBf16 ? "bf16" : "fp32";
+}
+
+bool cuda_available() { return torch::cuda::is_available(); }
+
+struct Trainer::Impl {
+  TrainOptions options;
+  torch::Device device{torch::kCPU};
+  Gpt model{nullptr};
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+  Precision precision = Precision::kFp32;
+  torch::Tensor corpus;    // [n] uint8 on the device
+  torch::Tensor window;    // [1, T+1] int64: 0..T, on the device
+  torch::Tensor loss_sum;  // running sum on the device (no sync per step)
+  int64_t loss_steps = 0;
+  int64_t corpus_tokens = 0;
+};
+
+Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.options = options;
+  if (options.batch <= 0) throw std::invalid_argument("batch must be positive");
+  if (options.device.empty()) {
+    m.device = torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::kCPU;
+  } else {
+    m.device = torch::Device(options.device);
+    if (m.device.is_cuda() && !torch::cuda::is_available()) {
+      throw std::runtime_error("device " + options.device +
+                               " requested but this LibTorch has no CUDA device");
+    }
+    if (m.device.is_cuda() && !m.device.has_index()) m.device = torch::Device(torch::kCUDA, 0);
+  }
+  m.precision = m.device.is_cuda() ? options.precision : Precision::kFp32;
+  if (options.precision == Precision::kBf16 && !m.device.is_cuda()) {
+    std::printf("gpt: bf16 autocast is for CUDA; running fp32 on the CPU\n");
+  }
+  if (options.fused_attention && !fused_attention_available()) {
+    std::printf(
+        "gpt: fused attention (at::scaled_dot_product_attention) needs LibTorch >= 2.0, this is "
+        "%d.%d: running the unfused path\n",
+        TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR);
+  }
+
+  // Data: byte tokens on the device, once.
+  std::vector<uint8_t> bytes = options.text_path.empty()
+                                   ? generate_corpus(options.corpus_bytes, options.seed)
+                                   : load_text_corpus(options.text_path);
+  if (static_cast<int64_t>(bytes.size()) < options.seq + 2) {
+    throw std::runtime_error("the text has " + std::to_string(bytes.size()) +
+                             " bytes; a window needs seq + 1 = " + std::to_string(options.seq + 1) +
+                             " and more");
+  }
+  m.corpus_tokens = static_cast<int64_t>(bytes.size());
+  m.corpus = torch::from_blob(bytes.data(), {m.corpus_tokens}, torch::kUInt8)
+                 .to(m.device, torch::kUInt8, /*non_blocking=*/false, /*copy=*/true);
+  m.window = torch::arange(options.seq + 1, torch::TensorOptions().dtype(torch::kLong))
+                 .unsqueeze(0)
+                 .to(m.device);
+
+  torch::manual_seed(options.seed);
+  GptConfig config;
+  config.d_model = options.d_model;
+  config.layers = options.layers;
+  config.heads = options.heads;
+  config.seq = options.seq;
+  config.attention = options.fused_attention ? Attention::kFused : Attention::kUnfused;
+  m.model = Gpt(config);
+  m.model->to(m.device);
+  m.model->train();
+
+  // AdamW as nanoGPT configures it: decay matrices and embeddings, not biases and LayerNorm gains.
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& p : m.model->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  auto group_options = [&](double wd) {
+    auto o = std::make_unique<torch::optim::AdamWOptions>(options.lr);
+    o->betas({0.9, 0.95}).weight_decay(wd);
+    return o;
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, group_options(options.weight_decay));
+  groups.emplace_back(no_decay, group_options(0.0));
+  m.optimizer = std::make_unique<torch::optim::AdamW>(
+      std::move(groups), torch::optim::AdamWOptions(options.lr).betas({0.9, 0.95}));
+  m.loss_sum = torch::zeros({}, torch::TensorOptions().device(m.device));
+  if (m.device.is_cuda()) torch::cuda::synchronize();
+}
+
+Trainer::~Trainer() {
+  if (impl_ && impl_->precision == Precision::kBf16) {
+    torchpilot::compat::set_cuda_autocast(false);
+    torchpilot::compat::clear_autocast_cache();
+  }
+}
+
+void Trainer::train(torchpilot::Pilot& pilot, int64_t steps) {
+  Impl& m = *impl_;
+  const int64_t b = m.options.batch, t = m.options.seq, vocab = m.model->config().vocab;
+  const bool autocast = m.precision == Precision::kBf16;
+  const int forward = pilot.phase_id("forward");
+  const int backward = pilot.phase_id("backward");
+  const int optimizer = pilot.phase_id("optimizer");
+  const auto long_on_device = torch::TensorOptions().dtype(torch::kLong).device(m.device);
+  namespace I = torch::indexing;
+  for (int64_t i = 0; i < steps; ++i) {
+    auto step = pilot.step(b * t);  // samples = tokens
+    // The batch, on the device: B random window starts, windows of T+1 tokens.
+    torch::Tensor starts = torch::randint(m.corpus_tokens - t - 1, {b, 1}, long_on_device);
+    torch::Tensor tokens = torch::take(m.corpus, starts + m.window).to(torch::kLong);
+    torch::Tensor input = tokens.index({I::Slice(), I::Slice(0, t)});
+    torch::Tensor target = tokens.index({I::Slice(), I::Slice(1, t + 1)});
+    torch::Tensor loss;
+    {
+      auto p = pilot.phase(forward);
+      if (autocast) torchpilot::compat::set_cuda_autocast(true);
+      torch::Tensor logits = m.model->forward(input);
+      loss = torch::nn::functional::cross_entropy(logits.reshape({b * t, vocab}),
+                                                  target.reshape({b * t}));
+      // Backward outside the autocast region, as `with torch.autocast(...)` scopes it.
+      if (autocast) torchpilot::compat::set_cuda_autocast(false);
+    }
+    {
+      auto p = pilot.phase(backward);
+      m.optimizer->zero_grad();
+      loss.backward();
+    }
+    {
+      auto p = pilot.phase(optimizer);
+      m.optimizer->step();
+    }
+    m.loss_sum += loss.detach().to(torch::kFloat);
+    ++m.loss_steps;
+    if (autocast) torchpilot::compat::clear_autocast_cache();
+  }
+}
+
+double Trainer::take_mean_loss() {
+  Impl& m = *impl_;
+  if (m.loss_steps == 0) return std::numeric_limits<double>::quiet_NaN();
+  const double mean = m.loss_sum.item<double>() / static_cast<double>(m.loss_steps);
+  m.loss_sum.zero_();
+  m.loss_steps = 0;
+  return mean;
+}
+
+void Trainer::synchronize() {
+  if (impl_->device.is_cuda()) torch::cuda::synchronize(impl_->device.index());
+}
+
+const TrainOptions& Trainer::options() const { return impl_->options; }
+
+GptShape Trainer::shape() const {
+  GptShape s;
+  s.vocab = impl_->model->config().vocab;
+  s.d_model = impl_->options.d_model;
+  s.layers = impl_->options.layers;
+  s.seq = impl_->options.seq;
+  s.batch = impl_->options.batch;
+  return s;
+}
+
+std::string Trainer::device() const { return impl_->device.str(); }
+bool Trainer::on_cuda() const { return impl_->device.is_cuda(); }
+bool Trainer::fused_attention() const { return impl_->model->attention() == Attention::kFused; }
+Precision Trainer::precision() const { return impl_->precision; }
+int64_t Trainer::parameter_count() const { return impl_->model->parameter_count(); }
+int64_t Trainer::corpus_size() const { return impl_->corpus_tokens; }
+
+}  // namespace gpt_example

@@ -1,0 +1,79 @@
+// The GPT trainer shared by the example program (gpt_trainer) and the overhead benchmark
+// (bench/gpt_overhead): a GPT-style model (gpt_model.h) trained on byte-level text
+// (gpt_data.h) with AdamW, measured by a torchpilot Pilot: one step per batch with
+// samples = tokens (batch x sequence), phases forward / backward / optimizer.
+// This header is free of LibTorch so its users compile fast.
+//
+// Batches: the corpus is copied to the device once; each step draws `batch` random window
+// starts on the device (torch::randint, seeded) and gathers windows of T+1 tokens there
+// (input = the first T, target = the last T). No host copy and no host sync per step.
+// Precision: kBf16 enables CUDA autocast to bf16 for forward and loss (backward follows it, as in
+// PyTorch); the autocast weight-cast cache is cleared at the end of every step. On the CPU the
+// trainer runs fp32 and says so once.
+// Thread-safety: one thread. Failure behaviour: the constructor throws std::invalid_argument /
+// std::runtime_error on bad sizes or an unreadable text file; train() lets LibTorch's errors
+// (out of memory, ...) through.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "gpt_flops.h"
+#include "torchpilot/pilot.h"
+
+namespace gpt_example {
+
+enum class Precision { kBf16, kFp32 };
+const char* to_string(Precision precision);
+// Whether LibTorch sees a CUDA device.
+bool cuda_available();
+
+struct TrainOptions {
+  int64_t d_model = 256;
+  int64_t layers = 4;
+  int64_t heads = 4;
+  int64_t seq = 256;
+  int64_t batch = 16;
+  bool fused_attention = true;  // false: the unfused path (plants the fusion advisor)
+  Precision precision = Precision::kBf16;
+  std::string device;  // "cuda", "cuda:N" or "cpu"; empty: cuda when available, else cpu
+  double lr = 3e-4;
+  double weight_decay = 0.1;  // on matrices and embeddings, not on biases and LayerNorm gains
+  std::string text_path;      // empty: the generated corpus
+  size_t corpus_bytes = size_t{4} << 20;  // size of the generated corpus
+  uint64_t seed = 1;
+};
+
+class Trainer {
+ public:
+  // Builds the corpus, the model (on the device) and the optimizer. Notes (fused attention not
+  // available, fp32 on the CPU) are printed once to stdout.
+  explicit Trainer(TrainOptions options);
+  ~Trainer();
+
+  // Runs `steps` training steps measured by `pilot` (which may be in mode off). Does not end the
+  // pilot's epoch and does not synchronize the device.
+  void train(torchpilot::Pilot& pilot, int64_t steps);
+  // The mean loss of the steps since the last call (reads it from the device: synchronizes);
+  // NaN if none.
+  double take_mean_loss();
+  // Waits for all work queued on the device (no-op on the CPU).
+  void synchronize();
+
+  const TrainOptions& options() const;
+  GptShape shape() const;
+  std::string device() const;  // "cpu" or "cuda:0"
+  bool on_cuda() const;
+  bool fused_attention() const;  // the path run (false when requested but not available)
+  Precision precision() const;   // the precision run (kFp32 on the CPU)
+  int64_t parameter_count() const;
+  int64_t corpus_size() const;  // tokens
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpt_example
