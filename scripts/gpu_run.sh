@@ -70,6 +70,8 @@ if want gpt; then
   $GPT --d-model 1024 --layers 4 --heads 16 --seq 1024 --batch 4 --precision fp32 \
     --attention unfused --steps 30 --epochs 2 --json "$OUT/gpt-fp32-unfused.jsonl" 2>&1 \
     | tee "$OUT/gpt-fp32-unfused.log" | grep -vE "^\s*$" | tail -40
+  log "the same GPT in Python PyTorch (MFU reference on this GPU)"
+  python3 scripts/gpt_reference.py --out "$OUT/gpt-python-reference.json" 2>&1 | tail -3
 fi
 
 if want overhead; then
