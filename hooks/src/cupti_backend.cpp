@@ -378,7 +378,24 @@ class CuptiBackend final : public GpuBackend {
     if (!resume_pm || !pm_running) return;
     CUpti_Profiler_Initialize_Params init{};
     init.structSize = CUpti_Profiler_Initialize_Params_STRUCT_SIZE;
-    const CUptiResult ri = cupti_->profiler_initialize(&init);
+    CUptiResult ri = cupti_->profiler_initialize(&init);
+    if (ri == CUPTI_ERROR_NOT_INITIALIZED) {
+      // Measured on the H200: after cuptiFinalize the profiler API answers NOT_INITIALIZED until
+      // CUPTI is attached again; a subscription (no callbacks enabled) attaches it.
+      CUpti_SubscriberHandle handle = nullptr;
+      CUpti_SubscriberParams params{};
+      params.structSize = CUpti_SubscriberParams_STRUCT_SIZE;
+      params.subscriberName = "torchpilot";
+      if (cupti_->subscribe(&handle, reattach_callback, nullptr, &params) == CUPTI_SUCCESS) {
+        cupti_->unsubscribe(handle);
+      }
+      ri = cupti_->profiler_initialize(&init);
+      if (!reattach_logged_) {
+        reattach_logged_ = true;
+        logger_.info("CUPTI re-attached for PM sampling after a trace window: {}",
+                     ri == CUPTI_SUCCESS ? "ok" : cupti_error_name(*cupti_, ri));
+      }
+    }
     std::string why;
     if (ri == CUPTI_SUCCESS) {
       profiler_initialized_ = true;
@@ -447,6 +464,9 @@ class CuptiBackend final : public GpuBackend {
   bool stopped_ = false;
   bool profiler_initialized_ = false;
   bool activity_attached_ = false;  // subscribed with callbacks routed (inside a window)
+  bool reattach_logged_ = false;
+  static void CUPTIAPI reattach_callback(void*, CUpti_CallbackDomain, CUpti_CallbackId,
+                                         const void*) {}
 
   // Vendor interfaces first: the collectors below refer to them.
   std::unique_ptr<CudaDriverApi> driver_;

@@ -30,10 +30,10 @@ Config gpu_config() {
   return c;
 }
 
-struct Run {
+struct PilotRun {
   std::shared_ptr<RecordingSink> sink = std::make_shared<RecordingSink>();
   std::unique_ptr<Pilot> pilot;
-  explicit Run(Config c) {
+  explicit PilotRun(Config c) {
     PilotOptions o;
     o.sinks = {sink};
     pilot = std::make_unique<Pilot>(std::move(c), o);
@@ -60,7 +60,7 @@ TEST(GpuProfilerTest, RunsCleanlyWhilePyTorchProfilerHoldsCupti) {
   prof::enableProfiler(config, activities);
   auto a = torch::randn({2048, 2048}, torch::kCUDA);
   {
-    Run run(gpu_config());
+    PilotRun run(gpu_config());
     ASSERT_NE(run.pilot->gpu(), nullptr);
     for (int i = 0; i < 6; ++i) {
       auto step = run.pilot->step(1);

@@ -88,10 +88,10 @@ Config gpu_config(int trace_first_step, int trace_steps) {
   return c;
 }
 
-struct Run {
+struct PilotRun {
   std::shared_ptr<RecordingSink> sink = std::make_shared<RecordingSink>();
   std::unique_ptr<Pilot> pilot;
-  explicit Run(Config c) {
+  explicit PilotRun(Config c) {
     PilotOptions o;
     o.sinks = {sink};
     pilot = std::make_unique<Pilot>(std::move(c), o);
@@ -124,7 +124,7 @@ class GpuTruthTest : public ::testing::Test {
     if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   }
   // The collectors this test needs, or a skip that says why (e.g. no counter permission).
-  void require(Run& run, std::initializer_list<const char*> collectors) {
+  void require(PilotRun& run, std::initializer_list<const char*> collectors) {
     ASSERT_NE(run.pilot->gpu(), nullptr) << "a GPU is present but the GPU monitor is off";
     for (const char* name : collectors) {
       if (!run.collector_active(name)) {
@@ -140,7 +140,7 @@ class GpuTruthTest : public ::testing::Test {
 TEST_F(GpuTruthTest, OneSmKernelIsBusyButNotEfficient) {
   SpinKernel spin;
   ASSERT_TRUE(spin.ok()) << "could not load the spin kernel through the driver API";
-  Run run(gpu_config(1, 3));
+  PilotRun run(gpu_config(1, 3));
   require(run, {"pm_sampling", "activity"});
   for (int i = 0; i < 6; ++i) {
     auto step = run.pilot->step(1);
@@ -171,7 +171,7 @@ TEST_F(GpuTruthTest, Bf16GemmLoopIsEfficient) {
   auto b = torch::randn({8192, 8192}, torch::dtype(torch::kBFloat16).device(torch::kCUDA));
   auto c = torch::mm(a, b);  // cuBLAS warm-up before measuring
   torch::cuda::synchronize();
-  Run run(gpu_config(1000000, 1));
+  PilotRun run(gpu_config(1000000, 1));
   require(run, {"pm_sampling"});
   for (int i = 0; i < 8; ++i) {
     auto step = run.pilot->step(1);
@@ -196,7 +196,7 @@ TEST_F(GpuTruthTest, PmSmActivityAgreesWithTraceBusyTime) {
   auto x = torch::randn({64, 1 << 20}, torch::kCUDA);
   auto c = torch::mm(a, a);
   torch::cuda::synchronize();
-  Run run(gpu_config(0, 12));
+  PilotRun run(gpu_config(0, 12));
   require(run, {"pm_sampling", "activity"});
   for (int i = 0; i < 12; ++i) {
     auto step = run.pilot->step(1);

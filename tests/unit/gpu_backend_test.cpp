@@ -143,6 +143,8 @@ class FakeCupti final : public CuptiApi {
   // Recorded.
   mutable std::mutex m;
   int subscribes = 0, unsubscribes = 0, finalizes = 0;
+  bool detached = false;                 // cuptiFinalize ran, nothing attached since
+  bool profiler_needs_reattach = true;
   std::set<int> enabled_kinds;
   int disables = 0;
   CUpti_BuffersCallbackRequestFunc requested = nullptr;
@@ -232,6 +234,7 @@ class FakeCupti final : public CuptiApi {
       return subscribe_result;
     }
     ++subscribes;
+    detached = false;  // any subscription attaches CUPTI again
     *s = reinterpret_cast<CUpti_SubscriberHandle>(this);
     return CUPTI_SUCCESS;
   }
@@ -292,6 +295,8 @@ class FakeCupti final : public CuptiApi {
     check("CUpti_Profiler_Initialize_Params", p->structSize,
           CUpti_Profiler_Initialize_Params_STRUCT_SIZE);
     if (auto r = failure("cuptiProfilerInitialize"); r != CUPTI_SUCCESS) return r;
+    // As on the H200: after cuptiFinalize the profiler API needs CUPTI attached again first.
+    if (detached && profiler_needs_reattach) return CUPTI_ERROR_NOT_INITIALIZED;
     profiler_initialized = true;
     return CUPTI_SUCCESS;
   }
@@ -299,6 +304,7 @@ class FakeCupti final : public CuptiApi {
     std::lock_guard<std::mutex> lock(m);
     ++finalizes;
     profiler_initialized = false;
+    detached = true;
     return CUPTI_SUCCESS;
   }
   CUptiResult profiler_deinitialize(CUpti_Profiler_DeInitialize_Params* p) override {
@@ -778,9 +784,14 @@ TEST(GpuBackend, ReleasingTheTraceDetachesCuptiAndPmSamplingComesBack) {
   rig.cupti->produce(kernel_at(k0 + 1000, k0 + 9000));
   b->stop_trace();
   b->release_trace();
-  EXPECT_EQ(rig.cupti->unsubscribes, 2);
+  // Unsubscribed and finalized; then a brief subscription re-attaches CUPTI so the profiler API
+  // initializes again for PM sampling.
+  EXPECT_EQ(rig.cupti->subscribes, 3);
+  EXPECT_EQ(rig.cupti->unsubscribes, 3);
   EXPECT_EQ(rig.cupti->finalizes, 1);
-  EXPECT_TRUE(rig.cupti->profiler_initialized);  // re-initialized for PM sampling
+  EXPECT_TRUE(rig.cupti->profiler_initialized);
+  EXPECT_NE(rig.log().find("CUPTI re-attached for PM sampling after a trace window: ok"),
+            std::string::npos);
   EXPECT_TRUE(rig.cupti->pm_started);
   GpuEventBatch batch;
   b->drain(batch);
@@ -788,7 +799,7 @@ TEST(GpuBackend, ReleasingTheTraceDetachesCuptiAndPmSamplingComesBack) {
   for (const auto& st : b->status()) EXPECT_TRUE(st.active) << st.name << ": " << st.reason;
   // The next window attaches again.
   ASSERT_TRUE(b->start_trace());
-  EXPECT_EQ(rig.cupti->subscribes, 3);
+  EXPECT_EQ(rig.cupti->subscribes, 4);
   b->stop_trace();
   b->release_trace();
   EXPECT_EQ(rig.cupti->finalizes, 2);
