@@ -129,16 +129,18 @@ std::optional<Advice> advise_busy_inefficient(const EpochSummary& s,
 std::optional<Advice> advise_host_sync(const EpochSummary& s, const GpuAdvisorConfig& config) {
   if (!s.gpu || s.gpu->traced_steps == 0) return std::nullopt;
   const GpuStats& g = s.gpu->stats;
+  // What a sync costs is the GPU idling because of it; a host blocked while the GPU stays busy
+  // loses nothing.
   const double f = traced_share(g, g.host_sync_ns);
-  if (f <= config.host_sync_threshold) return std::nullopt;
   const double idle = traced_share(g, g.idle_host_sync_ns);
+  if (idle <= config.host_sync_threshold) return std::nullopt;
   const double per_step = static_cast<double>(g.host_syncs) / s.gpu->traced_steps;
   Advice a;
   a.id = "host_sync";
   a.severity = idle > 0.25 ? Severity::kHigh : Severity::kWarning;
-  a.finding = "the host spent " + pct(f) + " of step time blocked in synchronizing calls (" +
-              num(per_step, "%.1f") + " per step); the GPU sat idle for " + pct(idle) +
-              " of step time meanwhile";
+  a.finding = "the GPU sat idle for " + pct(idle) +
+              " of step time after draining while the host was blocked in synchronizing calls (" +
+              num(per_step, "%.1f") + " per step, " + pct(f) + " of step time in them)";
   a.evidence = {{"host_sync_fraction", f, "fraction"},
                 {"host_syncs_per_step", per_step, "calls"},
                 {"gpu_idle_in_sync_fraction", idle, "fraction"},

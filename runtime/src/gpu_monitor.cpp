@@ -132,14 +132,20 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, Interval span, Interval dat
     cursor = std::max(cursor, b.end);
   }
   if (span.end > cursor) gaps.push_back({cursor, span.end});
+  // A gap that starts while the host is blocked in a synchronizing call is the sync's doing: the
+  // GPU drained while the host waited, and stays idle until the host launches again.
   const std::vector<Interval> wait{data_wait};
+  auto starts_in_sync = [&](Nanos t) {
+    for (const Interval& s : syncs) {
+      if (t >= s.begin && t <= s.end) return true;
+    }
+    return false;
+  };
   for (const Interval& gap : gaps) {
     const std::vector<Interval> one{gap};
     const Nanos len = gap.end - gap.begin;
     const Nanos dw = intersection_length(one, wait, span);
-    const Nanos sync_all = intersection_length(one, syncs, span);
-    const Nanos sync_in_wait = intersection_length(wait, syncs, gap);
-    const Nanos sync = std::max<Nanos>(0, sync_all - sync_in_wait);
+    const Nanos sync = starts_in_sync(gap.begin) ? len - dw : 0;
     const Nanos rest = std::max<Nanos>(0, len - dw - sync);
     g.idle_data_wait_ns += dw;
     g.idle_host_sync_ns += sync;
