@@ -1,0 +1,122 @@
+// Diagnostic (GPU machine): what CUPTI leaves behind after an activity-trace window, and which way
+// of bringing the profiler API back (for PM sampling) after cuptiFinalize keeps kernel launches
+// fast. One variant per process (cuptiFinalize is process-wide):
+//   cupti_reattach_probe baseline | probe | nofinalize | finalize | reattach-subscribe |
+//                        reattach-timestamp | reattach-profiler
+// Prints the median time of a launch-bound step (2000 tiny kernels + synchronize) before the
+// window, during it, and after it. Not part of the library; results in bench/results/.
+#include <cupti_activity.h>
+#include <cupti_callbacks.h>
+#include <cupti_profiler_target.h>
+#include <dlfcn.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace {
+
+template <typename F>
+F sym(void* lib, const char* name) {
+  return reinterpret_cast<F>(dlsym(lib, name));
+}
+
+void CUPTIAPI requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *size = 8u << 20;
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, *size));
+  *max_records = 0;
+}
+void CUPTIAPI completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t) { std::free(buffer); }
+void CUPTIAPI no_op(void*, CUpti_CallbackDomain, CUpti_CallbackId, const void*) {}
+
+double step_ms(torch::Tensor& y, int steps) {
+  std::vector<double> t;
+  for (int s = 0; s < steps; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 2000; ++i) y.add_(1.0);
+    torch::cuda::synchronize();
+    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                    .count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string variant = argc > 1 ? argv[1] : "baseline";
+  auto y = torch::zeros({1}, torch::kCUDA);
+  step_ms(y, 10);
+  const double before = step_ms(y, 30);
+  void* lib = dlopen("libcupti.so.13", RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) lib = dlopen("libcupti.so.13", RTLD_NOW);
+  if (lib == nullptr) {
+    std::printf("{\"variant\": \"%s\", \"error\": \"no libcupti\"}\n", variant.c_str());
+    return 1;
+  }
+  auto subscribe = sym<decltype(&cuptiSubscribe)>(lib, "cuptiSubscribe");
+  auto unsubscribe = sym<decltype(&cuptiUnsubscribe)>(lib, "cuptiUnsubscribe");
+  auto reg = sym<decltype(&cuptiActivityRegisterCallbacks)>(lib, "cuptiActivityRegisterCallbacks");
+  auto enable = sym<decltype(&cuptiActivityEnable)>(lib, "cuptiActivityEnable");
+  auto disable = sym<decltype(&cuptiActivityDisable)>(lib, "cuptiActivityDisable");
+  auto flush = sym<decltype(&cuptiActivityFlushAll)>(lib, "cuptiActivityFlushAll");
+  auto finalize = sym<decltype(&cuptiFinalize)>(lib, "cuptiFinalize");
+  auto timestamp = sym<decltype(&cuptiGetTimestamp)>(lib, "cuptiGetTimestamp");
+  auto prof_init = sym<decltype(&cuptiProfilerInitialize)>(lib, "cuptiProfilerInitialize");
+  auto prof_deinit = sym<decltype(&cuptiProfilerDeInitialize)>(lib, "cuptiProfilerDeInitialize");
+  auto init_profiler = [&]() {
+    CUpti_Profiler_Initialize_Params p{};
+    p.structSize = CUpti_Profiler_Initialize_Params_STRUCT_SIZE;
+    return static_cast<int>(prof_init(&p));
+  };
+  int init_before = init_profiler();  // as the backend does at construction
+  CUpti_SubscriberHandle h = nullptr;
+  subscribe(&h, no_op, nullptr);  // the construction-time probe
+  unsubscribe(h);
+  double during = -1, after = -1;
+  int init_after = -1, init_after2 = -1;
+  if (variant != "baseline" && variant != "probe") {
+    subscribe(&h, no_op, nullptr);
+    reg(requested, completed);
+    enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    enable(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION);
+    during = step_ms(y, 20);
+    disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    disable(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION);
+    flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    unsubscribe(h);
+    if (variant != "nofinalize") {
+      CUpti_Profiler_DeInitialize_Params d{};
+      d.structSize = CUpti_Profiler_DeInitialize_Params_STRUCT_SIZE;
+      prof_deinit(&d);
+      finalize();
+      if (variant == "reattach-subscribe") {
+        subscribe(&h, no_op, nullptr);
+        unsubscribe(h);
+        init_after = init_profiler();
+      } else if (variant == "reattach-timestamp") {
+        uint64_t t = 0;
+        timestamp(&t);
+        init_after = init_profiler();
+      } else if (variant == "reattach-profiler") {
+        init_after = init_profiler();
+        torch::cuda::synchronize();
+        init_after2 = init_profiler();
+      }
+    }
+  }
+  step_ms(y, 5);
+  after = step_ms(y, 30);
+  std::printf(
+      "{\"variant\": \"%s\", \"before_ms\": %.3f, \"during_ms\": %.3f, \"after_ms\": %.3f, "
+      "\"after_vs_before\": %.4f, \"profiler_init_at_start\": %d, \"profiler_init_after\": %d, "
+      "\"profiler_init_after_retry\": %d}\n",
+      variant.c_str(), before, during, after, after / before - 1, init_before, init_after,
+      init_after2);
+  return 0;
+}
