@@ -2,14 +2,20 @@
 // of bringing the profiler API back (for PM sampling) after cuptiFinalize keeps kernel launches
 // fast. One variant per process (cuptiFinalize is process-wide):
 //   cupti_reattach_probe baseline | probe | nofinalize | finalize | reattach-subscribe |
-//                        reattach-timestamp | reattach-profiler
+//                        reattach-timestamp | reattach-profiler | backend-pm | backend-nopm
+// (backend-*: torchpilot's own GPU backend, PM sampling on or off, a window, release_trace().)
 // Prints the median time of a launch-bound step (2000 tiny kernels + synchronize) before the
 // window, during it, and after it. Not part of the library; results in bench/results/.
+#include <torch/torch.h>
+
+#include "torchpilot/config.h"
+#include "torchpilot/gpu_backend.h"
+#include "torchpilot/logging.h"  // no spdlog header next to LibTorch's (the wheel's own fmt)
+
 #include <cupti_activity.h>
 #include <cupti_callbacks.h>
 #include <cupti_profiler_target.h>
 #include <dlfcn.h>
-#include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
@@ -53,6 +59,33 @@ int main(int argc, char** argv) {
   auto y = torch::zeros({1}, torch::kCUDA);
   step_ms(y, 10);
   const double before = step_ms(y, 30);
+  if (variant.rfind("backend", 0) == 0) {
+    auto logger = torchpilot::torchpilot_logger();
+    torchpilot::GpuConfig c;
+    c.nvml = false;
+    c.pm_sampling = variant == "backend-pm";
+    auto b = torchpilot::make_gpu_backend(c, *logger);
+    b->start();
+    const double pm_only = step_ms(y, 30);
+    b->start_trace();
+    const double during = step_ms(y, 20);
+    b->stop_trace();
+    b->flush();
+    b->release_trace();
+    step_ms(y, 5);
+    const double after = step_ms(y, 30);
+    torchpilot::GpuEventBatch batch;
+    b->drain(batch);
+    std::string status;
+    for (const auto& st : b->status()) status += st.name + (st.active ? "=on " : "=off ");
+    std::printf(
+        "{\"variant\": \"%s\", \"before_ms\": %.3f, \"collectors_started_ms\": %.3f, "
+        "\"during_ms\": %.3f, \"after_ms\": %.3f, \"after_vs_before\": %.4f, \"kernels\": %zu, "
+        "\"pm_samples\": %zu, \"status\": \"%s\"}\n",
+        variant.c_str(), before, pm_only, during, after, after / before - 1, batch.kernels.size(),
+        batch.pm.size(), status.c_str());
+    return 0;
+  }
   void* lib = dlopen("libcupti.so.13", RTLD_NOW | RTLD_NOLOAD);
   if (lib == nullptr) lib = dlopen("libcupti.so.13", RTLD_NOW);
   if (lib == nullptr) {
