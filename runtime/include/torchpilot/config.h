@@ -48,8 +48,8 @@ struct GpuConfig {
   bool activity = true;           // CUPTI activity trace in detailed windows
   int trace_first_step = 20;      // first window: from this step, or once auto-tune is done
   int trace_steps = 10;           // steps per detailed window
-  int trace_every_epochs = 1;     // a window every N epochs (0: the first window only)
-  double trace_anomaly_factor = 2.0;  // a step slower than this x the median opens one (0: off)
+  int trace_every_epochs = 0;     // a window every N epochs (0: the first window only)
+  double trace_anomaly_factor = 3.0;  // a step slower than this x the median opens one (0: off)
   int trace_buffer_mb = 32;       // most memory for activity buffers
   std::string cupti_path;         // libcupti to load; empty: LibTorch's, then the default search
 };
