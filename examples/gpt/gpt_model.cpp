@@ -6,6 +6,7 @@
 #include <string>
 
 #include "torchpilot/compat.h"
+#include "torchpilot/flop_counter.h"
 
 namespace gpt_example {
 
@@ -49,7 +50,8 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   return proj->forward(y.transpose(1, 2).contiguous().view({b, t, d_model_}));
 }
 
-BlockImpl::BlockImpl(const GptConfig& c, bool fused) {
+BlockImpl::BlockImpl(const GptConfig& c, bool fused, const std::string& name)
+    : attn_name_(name + ".attn"), mlp_name_(name + ".mlp") {
   ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
   attn = register_module("attn", CausalSelfAttention(c, fused));
   ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
@@ -58,7 +60,12 @@ BlockImpl::BlockImpl(const GptConfig& c, bool fused) {
 }
 
 torch::Tensor BlockImpl::forward(torch::Tensor x) {
-  x = x + attn->forward(ln1->forward(x));
+  // Named for torchpilot's per-module FLOP attribution (a string push/pop per call).
+  {
+    torchpilot::ModuleScope m(attn_name_);
+    x = x + attn->forward(ln1->forward(x));
+  }
+  torchpilot::ModuleScope m(mlp_name_);
   return x + fc_out->forward(torch::gelu(fc->forward(ln2->forward(x))));
 }
 
@@ -78,7 +85,9 @@ GptImpl::GptImpl(const GptConfig& c)
   tok = register_module("tok", torch::nn::Embedding(c.vocab, c.d_model));
   pos = register_module("pos", torch::nn::Embedding(c.seq, c.d_model));
   blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.layers; ++i) blocks->push_back(Block(c, fused));
+  for (int64_t i = 0; i < c.layers; ++i) {
+    blocks->push_back(Block(c, fused, "blocks." + std::to_string(i)));
+  }
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
   head = register_module(
       "head", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, c.vocab).bias(false)));
@@ -109,6 +118,7 @@ torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
       torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
   torch::Tensor x = tok->forward(tokens) + pos->forward(positions);
   for (const auto& block : *blocks) x = block->as<Block>()->forward(x);
+  torchpilot::ModuleScope m("lm_head");
   return head->forward(ln_f->forward(x));
 }
 

@@ -16,6 +16,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
 
 namespace gpt_example {
 
@@ -49,12 +50,16 @@ TORCH_MODULE(CausalSelfAttention);
 
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(const GptConfig& config, bool fused);
+  // `name` ("blocks.3") names the block's attention and MLP for FLOP attribution.
+  BlockImpl(const GptConfig& config, bool fused, const std::string& name = "block");
   torch::Tensor forward(torch::Tensor x);
 
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   CausalSelfAttention attn{nullptr};
   torch::nn::Linear fc{nullptr}, fc_out{nullptr};
+
+ private:
+  std::string attn_name_, mlp_name_;
 };
 TORCH_MODULE(Block);
 

@@ -11,6 +11,8 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "torchpilot/compat.h"
 
@@ -29,6 +31,8 @@ struct Shared {
   std::atomic<uint64_t> generation{1};   // bumped when a window opens: threads reset
   std::atomic<bool> tf32_matmul{false};  // read at the window's start
   std::atomic<bool> tf32_conv{false};
+  // Forward op's autograd sequence number -> the module it ran in (guarded by mu; per window).
+  std::unordered_map<int64_t, std::string> seq_module;
 };
 
 Shared& shared() {
@@ -39,6 +43,7 @@ Shared& shared() {
 std::atomic<FlopCounter*> g_owner{nullptr};
 
 thread_local int t_recompute_depth = 0;
+thread_local std::vector<std::string> t_modules;  // open ModuleScopes on this thread
 
 // A tracked op in flight on a thread (the RecordFunction owns it between start and end).
 struct Frame final : at::ObserverContext {
@@ -48,6 +53,7 @@ struct Frame final : at::ObserverContext {
   bool has_child = false;  // a tracked op of the same class ran inside: this one is no leaf
   bool recompute = false;
   bool inside_sdpa = false;
+  bool module_marker = false;  // a backward function whose forward op ran in a named module
   double flops = 0;  // NaN: the arguments could not be read
   double recompute_flops = 0;  // recomputed inside the op (fused attention backward)
   MathPrecision precision = MathPrecision::kOther;
@@ -61,6 +67,7 @@ struct ThreadState {
   Frame* top = nullptr;  // innermost tracked op open on this thread
   int sdpa_depth = 0;    // open aten::scaled_dot_product_attention (composite) calls
   AttentionDetector detector;
+  std::vector<std::string> backward_modules;  // modules of the backward functions open here
 };
 
 ThreadState& thread_state() {
@@ -71,6 +78,7 @@ ThreadState& thread_state() {
     t.top = nullptr;
     t.sdpa_depth = 0;
     t.detector.reset();
+    t.backward_modules.clear();
   }
   return t;
 }
@@ -117,6 +125,25 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   try {
     const char* name = fn.name();
     if (name == nullptr) return nullptr;
+    if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+      // A backward node runs: its ops count for the module its forward op ran in.
+      const int64_t seq = fn.seqNr();
+      if (seq < 0) return nullptr;
+      std::string module;
+      {
+        Shared& s = shared();
+        std::lock_guard<std::mutex> lock(s.mu);
+        const auto it = s.seq_module.find(seq);
+        if (it == s.seq_module.end()) return nullptr;
+        module = it->second;
+      }
+      ThreadState& ts = thread_state();
+      auto frame = std::make_unique<Frame>();
+      frame->generation = ts.generation;
+      frame->module_marker = true;
+      ts.backward_modules.push_back(std::move(module));
+      return frame;
+    }
     const OpKind kind = op_kind(name);
     if (kind == OpKind::kUntracked) return nullptr;
     ThreadState& ts = thread_state();
@@ -129,6 +156,12 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     }
     frame->recompute = t_recompute_depth > 0;
     frame->inside_sdpa = ts.sdpa_depth > 0;
+    if (!t_modules.empty() && fn.scope() == at::RecordScope::FUNCTION && fn.seqNr() >= 0) {
+      // The autograd node this op makes carries this sequence number into the backward pass.
+      Shared& s = shared();
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.seq_module[fn.seqNr()] = t_modules.back();
+    }
     OpArgs args;
     try {
       const auto inputs = fn.inputs();
@@ -163,6 +196,10 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
     Frame* f = static_cast<Frame*>(ctx);
     ThreadState& ts = thread_state();
     if (f->generation != ts.generation) return;  // started before the window opened
+    if (f->module_marker) {
+      if (!ts.backward_modules.empty()) ts.backward_modules.pop_back();
+      return;
+    }
     if (f->kind == OpKind::kAttentionComposite) {
       if (ts.sdpa_depth > 0) --ts.sdpa_depth;
       return;
@@ -179,7 +216,13 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
       if (std::isnan(f->flops)) {
         s.tally.add_unparsed();
       } else {
-        s.tally.add(fn.name(), f->kind, f->precision, f->flops, f->recompute);
+        std::string_view module;  // the backward node's module, else the open ModuleScope
+        if (!ts.backward_modules.empty()) {
+          module = ts.backward_modules.back();
+        } else if (!t_modules.empty()) {
+          module = t_modules.back();
+        }
+        s.tally.add(fn.name(), f->kind, f->precision, f->flops, f->recompute, module);
         if (f->recompute_flops > 0) {
           s.tally.add(fn.name(), f->kind, f->precision, f->recompute_flops, /*recompute=*/true);
         }
@@ -231,6 +274,15 @@ std::string gflops(double f) {
 }
 
 }  // namespace
+
+// ---- ModuleScope
+// ----------------------------------------------------------------------------------
+
+ModuleScope::ModuleScope(std::string name) { t_modules.push_back(std::move(name)); }
+
+ModuleScope::~ModuleScope() {
+  if (!t_modules.empty()) t_modules.pop_back();
+}
 
 // ---- RecomputeScope
 // -------------------------------------------------------------------------------
@@ -322,6 +374,7 @@ void FlopCounter::open_window() {
   {
     std::lock_guard<std::mutex> lock(s.mu);
     s.tally.clear();
+    s.seq_module.clear();
   }
   s.generation.fetch_add(1, std::memory_order_acq_rel);
   at::reenableCallback(handle_);

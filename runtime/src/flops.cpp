@@ -676,11 +676,15 @@ void AttentionDetector::reset() {
 // ---- tallies ------------------------------------------------------------------------------------
 
 void FlopTally::add(std::string_view op, OpKind kind, MathPrecision precision, double flops,
-                    bool recompute) {
+                    bool recompute, std::string_view module) {
   if (!(flops >= 0)) return;
   hardware_[idx(precision)] += flops;
   if (recompute) return;
   model_[idx(precision)] += flops;
+  auto m = modules_.find(module);
+  if (m == modules_.end()) m = modules_.emplace(std::string(module), Sum{}).first;
+  m->second.model += flops;
+  m->second.calls += 1;
   Sum& s = ops_[{std::string(op), precision}];
   s.model += flops;
   s.calls += 1;
@@ -708,6 +712,12 @@ StepFlops FlopTally::per_step(int64_t steps) const {
   for (const auto& [key, sum] : ops_) {
     s.ops.push_back({key.first, key.second, sum.model / n, sum.calls / n});
   }
+  for (const auto& [name, sum] : modules_) {
+    s.modules.push_back({name, MathPrecision::kOther, sum.model / n, sum.calls / n});
+  }
+  std::stable_sort(s.modules.begin(), s.modules.end(), [](const OpFlops& a, const OpFlops& b) {
+    return a.flops_per_step > b.flops_per_step;
+  });
   std::stable_sort(s.ops.begin(), s.ops.end(), [](const OpFlops& a, const OpFlops& b) {
     return a.flops_per_step > b.flops_per_step;
   });
@@ -741,6 +751,12 @@ void StepFlopsSum::add(const StepFlops& s) {
     t.flops_per_step += o.flops_per_step;
     t.calls_per_step += o.calls_per_step;
   }
+  for (const OpFlops& o : s.modules) {
+    OpFlops& t = modules_[o.op];
+    t.op = o.op;
+    t.flops_per_step += o.flops_per_step;
+    t.calls_per_step += o.calls_per_step;
+  }
 }
 
 StepFlops StepFlopsSum::mean() const {
@@ -763,6 +779,12 @@ StepFlops StepFlopsSum::mean() const {
     m.ops.push_back({o.op, o.precision, o.flops_per_step / n, o.calls_per_step / n});
   }
   std::stable_sort(m.ops.begin(), m.ops.end(), [](const OpFlops& a, const OpFlops& b) {
+    return a.flops_per_step > b.flops_per_step;
+  });
+  for (const auto& [name, o] : modules_) {
+    m.modules.push_back({o.op, MathPrecision::kOther, o.flops_per_step / n, o.calls_per_step / n});
+  }
+  std::stable_sort(m.modules.begin(), m.modules.end(), [](const OpFlops& a, const OpFlops& b) {
     return a.flops_per_step > b.flops_per_step;
   });
   return m;
@@ -908,6 +930,11 @@ FlopEpochStats FlopEpochAccumulator::summarize(const DevicePeak& peak) const {
   f.unparsed_calls = m.unparsed_calls;
   f.top_ops.assign(m.ops.begin(),
                    m.ops.begin() + static_cast<std::ptrdiff_t>(std::min(m.ops.size(), kTopOps)));
+  // Module attribution only where the model named modules (not just the unnamed rest).
+  if (!(m.modules.size() == 1 && m.modules.front().op.empty())) {
+    f.modules.assign(m.modules.begin(), m.modules.begin() + static_cast<std::ptrdiff_t>(std::min(
+                                                                m.modules.size(), kTopModules)));
+  }
   return f;
 }
 

@@ -103,6 +103,10 @@ json flops_json(const FlopEpochStats& f) {
                    {"flops_per_step", o.flops_per_step},
                    {"calls_per_step", o.calls_per_step}});
   }
+  json modules = json::array();
+  for (const auto& m : f.modules) {
+    modules.push_back({{"module", m.op}, {"flops_per_step", m.flops_per_step}});
+  }
   json by = json::object();
   for (int i = 0; i < kMathPrecisions; ++i) {
     if (f.model_flops_by_precision[i] > 0) {
@@ -123,7 +127,8 @@ json flops_json(const FlopEpochStats& f) {
           {"unfused_attention_flops_per_step", f.unfused_attention_flops_per_step},
           {"unfused_attention_per_step", f.unfused_attention_per_step},
           {"fused_attention_flops_per_step", f.fused_attention_flops_per_step},
-          {"top_ops", ops}};
+          {"top_ops", ops},
+          {"modules", modules}};
 }
 
 json setting_json(const Setting& s) {
@@ -414,6 +419,17 @@ std::vector<std::string> format_epoch(const EpochSummary& s, const std::vector<A
                          ? " of " + fmt_num(f.peak_flops_per_s / 1e12) + " peak (" +
                                f.peak_source + ")"
                          : std::string(" (no peak known for this device)")));
+    if (!f.modules.empty() && f.model_flops_per_step > 0) {
+      constexpr size_t kShown = 8;
+      std::string line = "  FLOPs by module:";
+      for (size_t i = 0; i < f.modules.size() && i < kShown; ++i) {
+        line += std::string(i == 0 ? " " : ", ") +
+                (f.modules[i].op.empty() ? std::string("(unnamed)") : f.modules[i].op) + " " +
+                fmt_pct(f.modules[i].flops_per_step / f.model_flops_per_step);
+      }
+      if (f.modules.size() > kShown) line += ", ...";
+      lines.push_back(line);
+    }
   }
   if (advice.empty()) lines.push_back("  no advice: nothing above its threshold");
   for (const auto& a : advice) {

@@ -5,6 +5,8 @@
 
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
+
+#include <map>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -70,6 +72,52 @@ std::function<void()> linear_step(torch::nn::Linear& lin, int64_t batch) {
     auto x = torch::randn({batch, kIn}).requires_grad_(true);
     lin->forward(x).sum().backward();
   };
+}
+
+// Two named layers: each layer's forward and backward FLOPs count for its module, the backward
+// ones matched through autograd's sequence numbers on the autograd thread; the loss outside any
+// scope. enc: 6·B·64·32 (its input requires grad); dec: 32 -> 8, 6·B·32·8.
+TEST(FlopCounterTest, ModuleScopesAttributeForwardAndBackward) {
+  torch::manual_seed(0);
+  Harness h(flop_config(0, 1));
+  torch::nn::Linear enc(kIn, kOut), dec(kOut, 8);
+  const int64_t batch = 16;
+  auto body = [&] {
+    auto x = torch::randn({batch, kIn}).requires_grad_(true);
+    torch::Tensor y;
+    {
+      ModuleScope m("enc");
+      y = enc->forward(x);
+    }
+    {
+      ModuleScope m("dec");
+      y = dec->forward(y);
+    }
+    torch::mm(y.t(), y).sum().backward();  // 2·8·B·8 forward, outside any module
+  };
+  h.step(batch, body);
+  h.step(batch, body);
+  const EpochSummary& e = h.end_epoch();
+  ASSERT_TRUE(e.flops.has_value());
+  std::map<std::string, double> by;
+  for (const OpFlops& m : e.flops->modules) by[m.op] = m.flops_per_step;
+  EXPECT_DOUBLE_EQ(by["enc"], 6.0 * batch * kIn * kOut);
+  EXPECT_DOUBLE_EQ(by["dec"], 6.0 * batch * kOut * 8);
+  // The unnamed rest: the loss's mm forward and its backward (two mms of the same size).
+  EXPECT_DOUBLE_EQ(by[""], 3 * 2.0 * 8 * batch * 8);
+  EXPECT_DOUBLE_EQ(by["enc"] + by["dec"] + by[""], e.flops->model_flops_per_step);
+  ASSERT_FALSE(e.flops->modules.empty());
+  EXPECT_EQ(e.flops->modules.front().op, "enc");  // largest first
+}
+
+TEST(FlopCounterTest, WithoutModuleScopesThereIsNoModuleBreakdown) {
+  torch::manual_seed(0);
+  Harness h(flop_config(0, 1));
+  torch::nn::Linear lin(kIn, kOut);
+  h.step(4, linear_step(lin, 4));
+  const EpochSummary& e = h.end_epoch();
+  ASSERT_TRUE(e.flops.has_value());
+  EXPECT_TRUE(e.flops->modules.empty());
 }
 
 TEST(FlopCounterTest, LinearForwardBackwardIsSixBatchInOut) {

@@ -50,6 +50,19 @@
 
 namespace torchpilot {
 
+// Names a module for FLOP attribution: the ops that run on this thread while the scope lives
+// count for `name` (the innermost scope wins), and their backward ops, which run on autograd's
+// threads, count for it too (matched by autograd's sequence numbers). Costs a string push/pop;
+// nothing is looked up outside counting windows.
+//   { torchpilot::ModuleScope m("blocks.3.attn"); y = attn->forward(x); }
+class ModuleScope {
+ public:
+  explicit ModuleScope(std::string name);
+  ~ModuleScope();
+  ModuleScope(const ModuleScope&) = delete;
+  ModuleScope& operator=(const ModuleScope&) = delete;
+};
+
 class FlopCounter : public StepObserver {
  public:
   explicit FlopCounter(Pilot& pilot);

@@ -44,6 +44,9 @@ struct FlopEpochStats {
   int64_t unfused_attention_per_step = 0;
   double fused_attention_flops_per_step = 0;
   std::vector<OpFlops> top_ops;  // by FLOPs, largest first
+  // Model FLOPs by named module (torchpilot::ModuleScope; `op` holds the name, "" = outside any
+  // named module), largest first. Backward ops count for the module whose forward op made them.
+  std::vector<OpFlops> modules;
   // --- added with the FLOP counter (runtime/include/torchpilot/flops.h) ---
   int64_t steps_with_count = 0;  // steps of the epoch that had a FLOP count (the rest: NaN)
   double hardware_flops_by_precision[kMathPrecisions] = {};

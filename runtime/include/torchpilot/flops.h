@@ -180,6 +180,7 @@ struct StepFlops {
   PrecisionArray model_by_precision{};
   PrecisionArray hardware_by_precision{};
   std::vector<OpFlops> ops;  // model FLOPs by (op, precision), largest first
+  std::vector<OpFlops> modules;  // model FLOPs by module name (`op`), largest first
   double unfused_attention_flops = 0;
   double unfused_attention = 0;  // forward instances
   double sdpa_math_fallback = 0;
@@ -245,7 +246,9 @@ class AttentionDetector {
 // Sums of the ops counted in a window (the hook serializes calls).
 class FlopTally {
  public:
-  void add(std::string_view op, OpKind kind, MathPrecision precision, double flops, bool recompute);
+  // `module`: the innermost named module the op ran in ("" for none).
+  void add(std::string_view op, OpKind kind, MathPrecision precision, double flops, bool recompute,
+           std::string_view module = {});
   void add_attention(const AttentionDelta& delta);
   void add_unparsed() { ++unparsed_; }
   void clear();
@@ -258,6 +261,7 @@ class FlopTally {
     double model = 0, calls = 0;
   };
   std::map<std::pair<std::string, MathPrecision>, Sum> ops_;
+  std::map<std::string, Sum, std::less<>> modules_;
   PrecisionArray model_{}, hardware_{};
   double fused_ = 0;
   AttentionDelta attention_;
@@ -276,6 +280,7 @@ class StepFlopsSum {
   int64_t steps_ = 0;
   StepFlops sum_;
   std::map<std::pair<std::string, MathPrecision>, OpFlops> ops_;
+  std::map<std::string, OpFlops> modules_;
 };
 
 // When to count. The first window opens after `skip_steps` steps and counts `count_steps` steps;
@@ -325,6 +330,7 @@ class FlopEpochAccumulator {
   void clear() { *this = FlopEpochAccumulator(); }
 
   static constexpr size_t kTopOps = 10;
+  static constexpr size_t kTopModules = 32;
 
  private:
   int64_t counted_steps_ = 0;
