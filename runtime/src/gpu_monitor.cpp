@@ -394,10 +394,18 @@ void GpuMonitor::on_step_end(StepRecord& r) {
     if (--trace_tail_ == 0) {
       backend_->release_trace();  // its final flush is drained below
       anomaly_quiet_steps_ = kTraceTailSteps + 1;  // the release itself makes a slow step
+      refresh_pm_status();  // PM sampling may not have come back
     }
   }
   drain();
   finish_ready_steps(false);
+}
+
+void GpuMonitor::refresh_pm_status() {
+  // Steps wait for PM samples only while sampling runs; once it stopped they finish without.
+  for (const auto& s : backend_->status()) {
+    if (s.name == "pm_sampling") pm_active_ = s.active;
+  }
 }
 
 void GpuMonitor::drain() {
@@ -483,6 +491,7 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   if (trace_tail_ > 0) {
     backend_->release_trace();
     trace_tail_ = 0;
+    refresh_pm_status();
   }
   drain();
   finish_ready_steps(true);

@@ -278,6 +278,27 @@ TEST(GpuMonitorTest, WindowsOpenAtTheFirstStepAgainEachEpochAndOnRequest) {
   EXPECT_FALSE(rig.backend->tracing);
 }
 
+TEST(GpuMonitorTest, StepsDoNotWaitForPmSamplingThatStoppedAfterAWindow) {
+  Config c = Rig::base_config();
+  c.gpu.trace_first_step = 1;
+  c.gpu.trace_steps = 1;
+  Rig rig(c);
+  rig.step(10, 200, 1.0);
+  rig.step(10, 200, 1.0);  // traced
+  rig.backend->statuses[0] = {"pm_sampling", false, "after releasing the trace: failed"};
+  auto s = rig.pilot->step(1);  // no PM samples from here on
+  rig.clock->advance(10 * kMs);
+  s.end();
+  auto s2 = rig.pilot->step(1);  // the release happens at this step's end (tail of 2)
+  rig.clock->advance(10 * kMs);
+  s2.end();
+  auto s3 = rig.pilot->step(1);
+  rig.clock->advance(10 * kMs);
+  s3.end();
+  EXPECT_EQ(rig.backend->releases, 1);
+  EXPECT_EQ(rig.sink->gpu_steps.size(), 5u) << "every step published without waiting for samples";
+}
+
 TEST(GpuMonitorTest, FirstWindowWaitsForAutotune) {
   Config c = Rig::base_config();
   c.mode = Mode::kAutotune;  // no loader: auto-tune waits out its budget, then has nothing to do

@@ -60,6 +60,7 @@ class GpuMonitor : public StepObserver {
     bool traced = false;
   };
   void drain();
+  void refresh_pm_status();
   void finish_ready_steps(bool all);
   void finish(const PendingStep& step);
   void start_window(int steps);
