@@ -86,8 +86,14 @@ std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const GpuAdvisor
     if (!(flops > 0)) continue;
     ideal += flops / (ds[i] > 0 ? ds[i] : pbf);
   }
+  // The fp32 work's share of the step: its time at the fp32 peak over the step time (a floor:
+  // it runs no faster than the peak), within the GPU's busy share; without a step time, its share
+  // of the ideal math time times the busy share. Capped: other work remains in any step.
   const double fp32_math_share = ideal > 0 ? (fp32 / p32) / ideal : 0;
-  const double fp32_step_share = fp32_math_share * busy_fraction(s);
+  const double seconds = step_seconds(s);
+  const double busy = busy_fraction(s);
+  const double fp32_step_share = std::min(
+      kMaxSavedShare, seconds > 0 ? std::min(busy, fp32 / p32 / seconds) : fp32_math_share * busy);
   const double gain_bf16 = amdahl_gain(fp32_step_share, pbf / p32);
   const double gain_tf32 = ptf > 0 ? amdahl_gain(fp32_step_share, ptf / p32) : 0;
 

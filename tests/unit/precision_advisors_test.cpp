@@ -79,7 +79,7 @@ const std::string kH100 = "NVIDIA H100 80GB HBM3";
 TEST(PrecisionAdvisorTest, PlantedFp32MatmulsAreFound) {
   const double F = 1e12;
   const EpochSummary s = make_summary(
-      100, 0,
+      15, 0,
       make_flops(kH100, {{MathPrecision::kFp32, 0.8 * F}, {MathPrecision::kBf16, 0.2 * F}}, 0.1));
   const auto a = advise_fp32_matmul(s, kConfig);
   ASSERT_TRUE(a.has_value());
@@ -87,10 +87,9 @@ TEST(PrecisionAdvisorTest, PlantedFp32MatmulsAreFound) {
   EXPECT_NEAR(*evidence(*a, "fp32_flops_share"), 0.8, 1e-12);
   EXPECT_NEAR(*evidence(*a, "fp32_peak"), 67, 1e-9);
   EXPECT_NEAR(*evidence(*a, "bf16_peak"), 989.5, 1e-9);
-  // The fp32 work's share of the math time at the datasheet peaks (no wait, no GPU figures: the
-  // whole step counts as busy): (0.8/67) / (0.8/67 + 0.2/989.5).
-  const double t32 = 0.8 / 67, t16 = 0.2 / 989.5;
-  const double share = t32 / (t32 + t16);
+  // The fp32 work's time at the fp32 datasheet peak over the step time (no wait, no GPU figures:
+  // the whole step counts as busy): 0.8 TFLOP at 67 TFLOP/s = 11.9 ms of a 15 ms step.
+  const double share = 0.8 / 67 / 0.015;
   EXPECT_NEAR(*evidence(*a, "fp32_time_share_estimate"), share, 1e-12);
   // Moving it to bf16 makes that share 989.5/67 times faster (Amdahl).
   EXPECT_NEAR(a->expected_gain, 1 / (1 - share + share * 67 / 989.5) - 1, 1e-9);
@@ -106,8 +105,10 @@ TEST(PrecisionAdvisorTest, PlantedFp32MatmulsAreFound) {
 TEST(PrecisionAdvisorTest, Fp32GainShrinksWithDataWait) {
   const double F = 1e12;
   const auto flops = make_flops(kH100, {{MathPrecision::kFp32, F}}, 0.1);
-  const auto busy = advise_fp32_matmul(make_summary(100, 0, flops), kConfig);
-  const auto waiting = advise_fp32_matmul(make_summary(100, 60, flops), kConfig);
+  // 1 TFLOP at 67 TFLOP/s = 14.9 ms of a 20 ms step; with 60% of the step waiting for data the
+  // GPU is busy 40% of it, and that bounds the share.
+  const auto busy = advise_fp32_matmul(make_summary(20, 0, flops), kConfig);
+  const auto waiting = advise_fp32_matmul(make_summary(20, 12, flops), kConfig);
   ASSERT_TRUE(busy && waiting);
   EXPECT_NEAR(*evidence(*waiting, "fp32_time_share_estimate"), 0.4, 1e-9);
   EXPECT_LT(waiting->expected_gain, busy->expected_gain);
