@@ -146,7 +146,13 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
   if (s.gpu && s.gpu->traced_steps > 0) {
     Nanos softmax_ns = 0;
     for (const KernelSummary& k : s.gpu->top_kernels) {
-      if (lower(k.name).find("softmax") != std::string::npos) softmax_ns += k.total_ns;
+      // Attention's softmax, not the loss's log_softmax (cross-entropy).
+      const std::string name = lower(k.name);
+      if (name.find("softmax") != std::string::npos &&
+          name.find("log_softmax") == std::string::npos &&
+          name.find("logsoftmax") == std::string::npos) {
+        softmax_ns += k.total_ns;
+      }
     }
     if (softmax_ns > 0) {
       saved_s = static_cast<double>(softmax_ns) / 1e9 / static_cast<double>(s.gpu->traced_steps);

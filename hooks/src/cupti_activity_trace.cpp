@@ -223,8 +223,11 @@ void free_buffer(uint8_t* buffer) {
 void CUPTIAPI on_buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   std::shared_lock<std::shared_mutex> lock(route_mutex());
   if (route() != nullptr) {
-    route()->buffer_requested(buffer, size, max_records);
-    return;
+    try {  // CUPTI's thread, through C frames: nothing may unwind out of here
+      route()->buffer_requested(buffer, size, max_records);
+      return;
+    } catch (...) {
+    }
   }
   *buffer = nullptr;
   *size = 0;
@@ -235,7 +238,11 @@ void CUPTIAPI on_buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t s
                                   size_t valid_size) {
   std::shared_lock<std::shared_mutex> lock(route_mutex());
   if (route() != nullptr) {
-    route()->buffer_completed(buffer, size, valid_size);
+    try {
+      route()->buffer_completed(buffer, size, valid_size);
+    } catch (...) {
+      // The records are lost; the buffer may already be back in the pool.
+    }
     return;
   }
   free_buffer(buffer);

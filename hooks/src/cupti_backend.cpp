@@ -102,6 +102,11 @@ class CuptiBackend final : public GpuBackend {
       const std::string why = activity_->enable();
       if (!why.empty()) {
         set_off(activity_status_, why);
+        logger_.warn("GPU collector activity off: {}", why);
+        // Attached for nothing: detach, or launches stay slower and other clients locked out.
+        activity_->shutdown();
+        activity_attached_ = false;
+        detach_cupti(/*resume_pm=*/true);
         return;
       }
       ok = true;

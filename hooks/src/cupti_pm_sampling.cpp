@@ -375,10 +375,14 @@ void PmSampler::run() {
   std::unique_lock<std::mutex> state(state_mutex_);
   while (!wake_.wait_for(state, period, [this] { return stop_requested_; })) {
     state.unlock();
-    bool ok;
-    {
+    bool ok = false;
+    try {  // nothing may escape a collector thread (std::terminate would end the training)
       std::lock_guard<std::mutex> lock(decode_mutex_);
       ok = !failed_ && decode_locked();
+    } catch (const std::exception& e) {
+      fail_on_exception(e.what());
+    } catch (...) {
+      fail_on_exception("unknown exception");
     }
     state.lock();
     if (!ok) return;  // reason_ says why; stop() still releases CUPTI's objects
@@ -388,7 +392,24 @@ void PmSampler::run() {
 void PmSampler::decode_now() {
   if (!started_) return;
   std::lock_guard<std::mutex> lock(decode_mutex_);
-  if (!failed_) decode_locked();
+  try {
+    if (!failed_) decode_locked();
+  } catch (const std::exception& e) {
+    failed_ = true;
+    std::lock_guard<std::mutex> state(state_mutex_);  // decode_mutex_ -> state_mutex_, as elsewhere
+    reason_ = std::string("PM sampling stopped: ") + e.what();
+  } catch (...) {
+    failed_ = true;
+    std::lock_guard<std::mutex> state(state_mutex_);
+    reason_ = "PM sampling stopped: unknown exception";
+  }
+}
+
+void PmSampler::fail_on_exception(const char* what) {
+  std::lock_guard<std::mutex> lock(decode_mutex_);
+  failed_ = true;
+  std::lock_guard<std::mutex> state(state_mutex_);
+  reason_ = std::string("PM sampling stopped: ") + what;
 }
 
 bool PmSampler::decode_locked() {

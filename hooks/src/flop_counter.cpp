@@ -357,7 +357,17 @@ FlopCounter::~FlopCounter() {
   g_owner.store(nullptr);
 }
 
-void FlopCounter::forget_pilot() { pilot_ = nullptr; }
+void FlopCounter::forget_pilot() {
+  pilot_ = nullptr;
+  // No more steps will come: a counting window left open would box every op from now on.
+  if (active_ && window_open_) {
+    try {
+      at::disableCallback(handle_);
+    } catch (...) {
+    }
+    window_open_ = false;
+  }
+}
 
 void FlopCounter::recount() {
   if (active_) planner_.recount();

@@ -135,7 +135,10 @@ void NvmlSampler::run(std::chrono::nanoseconds interval) {
     const bool ok = read(&s, &error);
     if (ok) {
       failures = 0;
-      sink_(s);
+      try {  // nothing may escape a collector thread; a reading lost is a reading lost
+        sink_(s);
+      } catch (...) {
+      }
     }
     lock.lock();
     if (!ok && ++failures >= kMaxConsecutiveFailures) {

@@ -53,7 +53,7 @@ double prorated(const std::vector<PmSample>& pm, Interval span, Field field) {
 }  // namespace
 
 GpuStats gpu_step_stats(const GpuEventBatch& events, Interval span, Interval data_wait,
-                        bool traced, int sm_count, Nanos nvml_interval_ns) {
+                        bool traced, int sm_count, Nanos nvml_interval_ns, Nanos trace_from) {
   GpuStats g;
   g.wall_ns = std::max<Nanos>(0, span.end - span.begin);
   if (g.wall_ns == 0) return g;
@@ -88,7 +88,10 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, Interval span, Interval dat
   }
 
   if (!traced) return g;
-  g.traced_ns = g.wall_ns;
+  // The trace covers the step from `trace_from` on (a window's first step: from its scope's start).
+  span.begin = std::max(span.begin, trace_from);
+  if (span.end <= span.begin) return g;
+  g.traced_ns = span.end - span.begin;
   std::vector<KernelEvent> kernels;
   std::vector<Interval> busy;
   Nanos first_kernel = span.end, last_kernel = span.begin;
@@ -293,7 +296,18 @@ GpuMonitor::~GpuMonitor() {
   backend_->stop();
 }
 
-void GpuMonitor::on_step_begin(int64_t step, Nanos) {
+void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
+  window_first_step_ = false;
+  if (armed_steps_ > 0 && window_left_ == 0 && trace_tail_ == 0) {
+    // Started when a step actually begins: a window armed at an epoch's last step opens in the
+    // next epoch instead of tracing nothing.
+    start_window(armed_steps_);
+    armed_steps_ = 0;
+    if (window_left_ > 0) {
+      window_first_step_ = true;
+      trace_from_ = now;
+    }
+  }
   if (!config_.nvtx) return;
   char name[32];
   std::snprintf(name, sizeof name, "step %lld", static_cast<long long>(step));
@@ -346,6 +360,8 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   p.span = {r.begin_ns, r.end_ns};
   p.data_wait = {r.begin_ns, r.begin_ns + r.data_wait_ns};
   p.traced = window_left_ > 0;
+  p.trace_from = window_first_step_ ? trace_from_ : p.span.begin;
+  window_first_step_ = false;
   pending_.push_back(p);
   ++steps_seen_;
 
@@ -355,7 +371,8 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   // itself slows steps).
   const bool tracing_now = p.traced || trace_tail_ > 0 || anomaly_quiet_steps_ > 0;
   if (anomaly_quiet_steps_ > 0) --anomaly_quiet_steps_;
-  if (!tracing_now && config_.trace_anomaly_factor > 0 &&
+  const bool warm = warmup_done_();  // no window inside auto-tune's trials
+  if (!tracing_now && warm && config_.trace_anomaly_factor > 0 &&
       recent_step_ns_.size() == kAnomalyHistory && !anomaly_window_used_) {
     const double med = static_cast<double>(median(recent_step_ns_));
     if (med > 0 && static_cast<double>(r.step_ns()) > config_.trace_anomaly_factor * med) {
@@ -372,21 +389,25 @@ void GpuMonitor::on_step_end(StepRecord& r) {
     }
   }
 
-  // Does the next step open a window? (Started here so the whole next step, batch wait
-  // included, is traced.)
-  if (window_left_ == 0 && !trace_failed_ && trace_tail_ == 0) {
+  // Does the next step open a window? Armed here, started when that step begins.
+  if (window_left_ == 0 && armed_steps_ == 0 && !trace_failed_ && trace_tail_ == 0 && warm) {
     if (requested_window_ > 0) {
-      start_window(requested_window_);
+      arm_window(requested_window_);
       requested_window_ = 0;
-    } else if (!first_window_done_ && r.step + 1 >= config_.trace_first_step && warmup_done_()) {
+    } else if (!first_window_done_ && r.step + 1 >= config_.trace_first_step) {
       first_window_done_ = true;
       window_step_in_epoch_ = r.step_in_epoch + 1;
-      start_window(config_.trace_steps);
+      arm_window(config_.trace_steps);
     } else if (first_window_done_ && config_.trace_every_epochs > 0 &&
                epochs_since_window_ >= config_.trace_every_epochs &&
                r.step_in_epoch + 1 >= window_step_in_epoch_) {
-      start_window(config_.trace_steps);
+      arm_window(config_.trace_steps);
     }
+  }
+  // Samples that stopped coming (the decode thread failed) must not hold steps back.
+  if (++steps_since_status_ >= 16) {
+    steps_since_status_ = 0;
+    refresh_pm_status();
   }
 
   if (trace_tail_ > 0) {
@@ -399,6 +420,11 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   }
   drain();
   finish_ready_steps(false);
+}
+
+void GpuMonitor::arm_window(int steps) {
+  armed_steps_ = steps;
+  epochs_since_window_ = 0;
 }
 
 void GpuMonitor::refresh_pm_status() {
@@ -429,8 +455,8 @@ void GpuMonitor::finish(const PendingStep& step) {
   rec.epoch = step.epoch;
   rec.traced = step.traced;
   const auto nvml_ns = static_cast<Nanos>(config_.nvml_interval_ms * 1e6);
-  rec.stats =
-      gpu_step_stats(events_, step.span, step.data_wait, step.traced, device_.sm_count, nvml_ns);
+  rec.stats = gpu_step_stats(events_, step.span, step.data_wait, step.traced, device_.sm_count,
+                             nvml_ns, step.trace_from);
   last_finished_end_ = std::max(last_finished_end_, step.span.end);
   epoch_->add(rec.stats);
   if (step.traced) epoch_->add_kernels(events_.kernels, step.span, device_.sm_count);

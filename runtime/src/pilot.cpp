@@ -159,6 +159,18 @@ void Pilot::publish(const GpuStepRecord& record) {
   for_each_sink("on_gpu_step", [&](Sink& s) { s.on_gpu_step(record); });
 }
 
+void Pilot::drop_observer(size_t i) {
+  StepObserver* o = observers_[i];
+  observers_.erase(observers_.begin() + static_cast<std::ptrdiff_t>(i));
+  // It must not reach back into this Pilot later (its destructor would, after ours).
+  if (o != gpu_monitor_.get()) {
+    try {
+      o->forget_pilot();
+    } catch (...) {
+    }
+  }
+}
+
 template <typename Fn>
 void Pilot::for_each_observer(const char* what, Fn&& fn) {
   for (size_t i = 0; i < observers_.size();) {
@@ -168,10 +180,10 @@ void Pilot::for_each_observer(const char* what, Fn&& fn) {
       ++i;
     } catch (const std::exception& e) {
       logger_->error("observer '{}' failed in {} and is removed: {}", o->name(), what, e.what());
-      observers_.erase(observers_.begin() + static_cast<std::ptrdiff_t>(i));
+      drop_observer(i);
     } catch (...) {
       logger_->error("observer '{}' failed in {} and is removed", o->name(), what);
-      observers_.erase(observers_.begin() + static_cast<std::ptrdiff_t>(i));
+      drop_observer(i);
     }
   }
 }

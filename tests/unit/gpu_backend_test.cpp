@@ -808,6 +808,24 @@ TEST(GpuBackend, ReleasingTheTraceDetachesCuptiAndPmSamplingComesBack) {
   EXPECT_FALSE(rig.cupti->pm_started);
 }
 
+TEST(GpuBackend, AFailedTraceStartDetachesCuptiAgain) {
+  Rig rig;
+  rig.cupti->fail["cuptiActivityEnable"] = CUPTI_ERROR_NOT_SUPPORTED;
+  auto b = rig.make();
+  b->start();
+  EXPECT_FALSE(b->start_trace());
+  // Subscribed for the attempt, then unsubscribed and finalized; PM sampling came back.
+  EXPECT_EQ(rig.cupti->subscribes, rig.cupti->unsubscribes);
+  EXPECT_EQ(rig.cupti->finalizes, 1);
+  EXPECT_TRUE(rig.cupti->pm_started);
+  for (const auto& st : b->status()) {
+    if (st.name == "activity") EXPECT_FALSE(st.active);
+    if (st.name == "pm_sampling") EXPECT_TRUE(st.active) << st.reason;
+  }
+  b->stop();
+  EXPECT_EQ(rig.cupti->finalizes, 1);
+}
+
 TEST(GpuBackend, FlushDecodesPendingSamplesSynchronously) {
   Rig rig;
   auto b = rig.make();

@@ -299,6 +299,61 @@ TEST(GpuMonitorTest, StepsDoNotWaitForPmSamplingThatStoppedAfterAWindow) {
   EXPECT_EQ(rig.sink->gpu_steps.size(), 5u) << "every step published without waiting for samples";
 }
 
+TEST(GpuMonitorTest, AWindowArmedAtAnEpochsLastStepOpensInTheNext) {
+  Config c = Rig::base_config();
+  c.gpu.trace_first_step = 4;  // armed at the end of step 3, the epoch's last
+  c.gpu.trace_steps = 2;
+  Rig rig(c);
+  for (int i = 0; i < 4; ++i) rig.step(10, 200, 1.0);
+  rig.pilot->end_epoch();
+  EXPECT_EQ(rig.backend->trace_starts, 0) << "nothing to trace in this epoch";
+  EXPECT_EQ(rig.sink->epochs[0].gpu->traced_steps, 0);
+  for (int i = 0; i < 4; ++i) rig.step(10, 200, 1.0);
+  rig.pilot->end_epoch();
+  EXPECT_EQ(rig.backend->trace_starts, 1);
+  EXPECT_EQ(rig.sink->epochs[1].gpu->traced_steps, 2);
+}
+
+TEST(GpuMonitorTest, AWindowsFirstStepIsTracedFromItsScope) {
+  Config c = Rig::base_config();
+  c.gpu.trace_first_step = 1;
+  c.gpu.trace_steps = 1;
+  Rig rig(c);
+  rig.step(10, 200, 1.0);
+  rig.clock->advance(5 * kMs);  // between the boundary and the scope: not traced
+  rig.step(10, 200, 1.0);
+  rig.pilot->end_epoch();
+  const auto& g = *rig.sink->epochs[0].gpu;
+  EXPECT_EQ(g.traced_steps, 1);
+  EXPECT_EQ(g.stats.traced_ns, 10 * kMs);
+  EXPECT_NEAR(g.stats.gpu_utilization, 1.0, 1e-9);
+}
+
+TEST(GpuMonitorTest, NoAnomalyWindowDuringAutotune) {
+  Config c = Rig::base_config();
+  c.mode = Mode::kAutotune;  // no loader: auto-tune waits out its budget of 1000 steps
+  c.autotune.warmup_steps = 1000;
+  c.autotune.warmup_seconds = 0;
+  c.gpu.trace_anomaly_factor = 3;
+  Rig rig(c);
+  for (int i = 0; i < 70; ++i) rig.step(10, 200, 1.0);
+  rig.step(50, 200, 1.0);
+  rig.step(10, 200, 1.0);
+  EXPECT_FALSE(rig.pilot->tuning_finished());
+  EXPECT_EQ(rig.backend->trace_starts, 0);
+}
+
+TEST(GpuMonitorTest, StepsStopWaitingForPmSamplesThatStoppedMidEpoch) {
+  Rig rig;
+  rig.step(10, 200, 1.0);
+  rig.backend->statuses[0] = {"pm_sampling", false, "PM sampling stopped: decode failed"};
+  for (int i = 0; i < 40; ++i) {
+    auto s = rig.pilot->step(1);
+    rig.clock->advance(10 * kMs);
+  }
+  EXPECT_GE(rig.sink->gpu_steps.size(), 30u);
+}
+
 TEST(GpuMonitorTest, FirstWindowWaitsForAutotune) {
   Config c = Rig::base_config();
   c.mode = Mode::kAutotune;  // no loader: auto-tune waits out its budget, then has nothing to do
@@ -324,9 +379,11 @@ TEST(GpuMonitorTest, SlowStepOpensAnAnomalyWindow) {
   Rig rig(c);
   for (int i = 0; i < 70; ++i) rig.step(10, 200, 1.0);
   EXPECT_EQ(rig.backend->trace_starts, 0);
-  rig.step(50, 200, 1.0);  // 5x the median
+  rig.step(50, 200, 1.0);  // 5x the median: a window is armed ...
+  EXPECT_EQ(rig.backend->trace_starts, 0);
+  rig.step(10, 200, 1.0);  // ... and opens when the next step begins
   EXPECT_EQ(rig.backend->trace_starts, 1);
-  for (int i = 0; i < 5; ++i) rig.step(10, 200, 1.0);
+  for (int i = 0; i < 4; ++i) rig.step(10, 200, 1.0);
   rig.pilot->end_epoch();
   EXPECT_EQ(rig.sink->epochs[0].gpu->traced_steps, 2);
 }
@@ -379,6 +436,8 @@ TEST(GpuMonitorTest, ThrowingObserverIsRemovedAndTrainingGoesOn) {
   struct Bad : StepObserver {
     std::string name() const override { return "bad"; }
     void on_step_end(StepRecord&) override { throw std::runtime_error("boom"); }
+    void forget_pilot() override { forgotten = true; }
+    bool forgotten = false;
   } bad;
   Rig rig;
   rig.pilot->add_observer(&bad);
@@ -387,6 +446,7 @@ TEST(GpuMonitorTest, ThrowingObserverIsRemovedAndTrainingGoesOn) {
   EXPECT_NE(rig.log.str().find("observer 'bad' failed in on_step_end and is removed: boom"),
             std::string::npos);
   EXPECT_EQ(rig.sink->steps.size(), 2u);
+  EXPECT_TRUE(bad.forgotten) << "a dropped observer must not reach back into the Pilot later";
 }
 
 // --- GPU advisors on planted summaries --------------------------------------------------------

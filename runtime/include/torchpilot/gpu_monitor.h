@@ -13,6 +13,7 @@
 
 #include <deque>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,8 +29,10 @@ namespace torchpilot {
 // readings time-weighted; with `traced`, kernel, copy and sync records too, and the idle time
 // split by cause (`data_wait`: when the training thread waited for its batch). Pure; tested on
 // hand-made timelines.
+// With `traced`, the trace figures cover [max(span.begin, trace_from), span.end].
 GpuStats gpu_step_stats(const GpuEventBatch& events, Interval span, Interval data_wait,
-                        bool traced, int sm_count, Nanos nvml_interval_ns);
+                        bool traced, int sm_count, Nanos nvml_interval_ns,
+                        Nanos trace_from = std::numeric_limits<Nanos>::min());
 
 class GpuMonitor : public StepObserver {
  public:
@@ -58,9 +61,11 @@ class GpuMonitor : public StepObserver {
     Interval span;       // [begin, end] of the step
     Interval data_wait;  // the part the training thread waited for its batch
     bool traced = false;
+    Nanos trace_from = 0;  // traced from here (a window's first step starts at its scope)
   };
   void drain();
   void refresh_pm_status();
+  void arm_window(int steps);
   void finish_ready_steps(bool all);
   void finish(const PendingStep& step);
   void start_window(int steps);
@@ -83,6 +88,9 @@ class GpuMonitor : public StepObserver {
   // Detailed windows. After a window closes, its steps wait `trace_tail_` more step ends (with a
   // flush each) for the records of kernels still running when the trace stopped.
   int window_left_ = 0;  // steps left in the open window
+  int armed_steps_ = 0;  // a window opens when the next step begins (not at an epoch's end)
+  Nanos trace_from_ = 0;
+  bool window_first_step_ = false;  // the open step is a window's first
   int requested_window_ = 0;
   bool first_window_done_ = false;
   int64_t epochs_since_window_ = 0;
@@ -97,6 +105,7 @@ class GpuMonitor : public StepObserver {
   Nanos pruned_before_ = 0;
   Nanos last_finished_end_ = 0;
   int open_ranges_ = 0;  // NVTX ranges pushed for the open step and its phases
+  int steps_since_status_ = 0;
 
   // Epoch accumulation.
   struct EpochAcc;

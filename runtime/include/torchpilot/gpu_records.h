@@ -69,7 +69,7 @@ struct GpuEpochStats {
   int64_t traced_steps = 0;  // steps inside detailed windows
   std::vector<KernelSummary> top_kernels;  // by traced time, longest first
   std::vector<CollectorStatus> collectors;
-  int64_t dropped_records = 0;  // activity records lost to full buffers (figures understate)
+  int64_t dropped_records = 0;  // trace records lost to full buffers, samples never drained
 };
 
 // GPU figures of one step; published after the step, once its samples and trace records arrived.

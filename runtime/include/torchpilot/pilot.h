@@ -199,6 +199,7 @@ class Pilot {
   std::unique_ptr<GpuMonitor> gpu_monitor_;
   template <typename Fn>
   void for_each_observer(const char* what, Fn&& fn);
+  void drop_observer(size_t index);
 
   KnobRegistry knobs_;
   LoaderProbe* loader_ = nullptr;
