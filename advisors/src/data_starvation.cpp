@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "advice_text.h"
 #include "torchpilot/advisors.h"
 #include "torchpilot/metrics.h"
 
@@ -14,11 +15,7 @@ constexpr double kCpuBoundShare = 0.5;
 constexpr double kMinComputeShare = 0.01;
 constexpr double kMaxWorkersEstimate = 1e6;
 
-std::string num(double v, const char* format = "%.1f") {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, format, v);
-  return buf;
-}
+using detail::num;
 
 }  // namespace
 

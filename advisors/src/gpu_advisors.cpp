@@ -4,29 +4,17 @@
 #include <cstdio>
 #include <string>
 
+#include "advice_text.h"
 #include "torchpilot/advisors.h"
 #include "torchpilot/metrics.h"
 
 namespace torchpilot {
 namespace {
 
-std::string pct(double fraction) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f%%", 100 * fraction);
-  return buf;
-}
-
-std::string num(double v, const char* format = "%.2f") {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, format, v);
-  return buf;
-}
-
-// Gain from removing `fraction` of the step time: a step of 1 becomes 1 - fraction.
-double gain_from_removing(double fraction) {
-  fraction = std::clamp(fraction, 0.0, 0.99);
-  return fraction / (1.0 - fraction);
-}
+using detail::gain_from_removing;
+using detail::lower;
+using detail::num;
+using detail::pct;
 
 // The traced share of time (detailed windows) a GPU figure refers to.
 double traced_share(const GpuStats& g, Nanos ns) {
@@ -34,10 +22,7 @@ double traced_share(const GpuStats& g, Nanos ns) {
 }
 
 bool contains(const std::string& text, const char* word) {
-  std::string lower = text;
-  std::transform(lower.begin(), lower.end(), lower.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return lower.find(word) != std::string::npos;
+  return lower(text).find(word) != std::string::npos;
 }
 
 std::string short_name(const std::string& name) {
@@ -66,13 +51,13 @@ std::optional<Advice> advise_busy_inefficient(const EpochSummary& s,
   Advice a;
   a.id = "busy_inefficient";
   a.severity = sm < 0.1 ? Severity::kHigh : Severity::kWarning;
-  a.finding = "the GPU reads " + pct(busy) + " busy" +
-              (measured(g.nvml_utilization) ? " (NVML utilization.gpu " +
-                                                  pct(g.nvml_utilization) + ")"
-                                            : "") +
-              " but only " + pct(sm) + " of its SMs are at work" +
-              (hardware ? " (hardware counter sm__cycles_active)"
-                        : " (estimated from launch shapes: no counters)");
+  a.finding =
+      "the GPU reads " + pct(busy) + " busy" +
+      (measured(g.nvml_utilization) ? " (NVML utilization.gpu " + pct(g.nvml_utilization) + ")"
+                                    : "") +
+      " but only " + pct(sm) + " of its SMs are at work" +
+      (hardware ? " (hardware counter sm__cycles_active)"
+                : " (estimated from launch shapes: no counters)");
   if (measured(g.tensor_activity)) a.finding += "; tensor pipes " + pct(g.tensor_activity);
   if (measured(g.dram_throughput)) a.finding += ", DRAM " + pct(g.dram_throughput);
   a.evidence = {{"gpu_utilization", busy, "fraction"},
@@ -102,22 +87,27 @@ std::optional<Advice> advise_busy_inefficient(const EpochSummary& s,
     softmax = softmax || contains(k.name, "softmax");
   }
   if (!kernels.empty()) {
-    a.cause = "kernels launch fewer blocks than the GPU has SMs, so most SMs idle while they "
-              "run: " + kernels;
+    a.cause =
+        "kernels launch fewer blocks than the GPU has SMs, so most SMs idle while they "
+        "run: " +
+        kernels;
   } else if (!e.top_kernels.empty()) {
     a.cause = "the time goes to kernels that keep few SMs busy, longest first: " +
               short_name(e.top_kernels.front().name);
     softmax = contains(e.top_kernels.front().name, "softmax");
   } else {
-    a.cause = "kernels keep few SMs busy (no detailed trace window this epoch names them; see "
-              "gpu.trace_* settings)";
+    a.cause =
+        "kernels keep few SMs busy (no detailed trace window this epoch names them; see "
+        "gpu.trace_* settings)";
   }
-  a.action = "give each kernel enough parallel work to fill the GPU: batch the small operations "
-             "(larger batch or fused/batched ops instead of loops over tensors), and use fused "
-             "kernels";
+  a.action =
+      "give each kernel enough parallel work to fill the GPU: batch the small operations "
+      "(larger batch or fused/batched ops instead of loops over tensors), and use fused "
+      "kernels";
   if (softmax) {
-    a.action += "; attention built from matmul + softmax + matmul runs as several small or "
-                "memory-bound kernels: use torch::scaled_dot_product_attention";
+    a.action +=
+        "; attention built from matmul + softmax + matmul runs as several small or "
+        "memory-bound kernels: use torch::scaled_dot_product_attention";
   }
   // If the busy time ran with every SM at work it would take sm/busy of the time: an upper bound.
   a.expected_gain = gain_from_removing(busy - sm);
@@ -145,12 +135,14 @@ std::optional<Advice> advise_host_sync(const EpochSummary& s, const GpuAdvisorCo
                 {"host_syncs_per_step", per_step, "calls"},
                 {"gpu_idle_in_sync_fraction", idle, "fraction"},
                 {"threshold", config.host_sync_threshold, "fraction"}};
-  a.cause = "the training loop waits for the GPU every step (e.g. loss.item(), .cpu(), printing a "
-            "tensor, a blocking copy, or torch::cuda::synchronize), so the host stops queuing "
-            "work and the GPU drains";
-  a.action = "keep values on the GPU and read them every N steps (accumulate the loss in a "
-             "tensor), use non_blocking copies, and remove explicit synchronizations from the "
-             "step";
+  a.cause =
+      "the training loop waits for the GPU every step (e.g. loss.item(), .cpu(), printing a "
+      "tensor, a blocking copy, or torch::cuda::synchronize), so the host stops queuing "
+      "work and the GPU drains";
+  a.action =
+      "keep values on the GPU and read them every N steps (accumulate the loss in a "
+      "tensor), use non_blocking copies, and remove explicit synchronizations from the "
+      "step";
   a.expected_gain = gain_from_removing(idle);
   a.gain_estimated = true;
   return a;
@@ -163,22 +155,24 @@ std::optional<Advice> advise_pageable_copies(const EpochSummary& s,
   if (g.h2d_pageable_bytes == 0) return std::nullopt;
   const double f = traced_share(g, g.h2d_pageable_ns);
   if (f <= config.pageable_threshold) return std::nullopt;
-  const double share = static_cast<double>(g.h2d_pageable_bytes) / std::max<int64_t>(1, g.h2d_bytes);
+  const double share =
+      static_cast<double>(g.h2d_pageable_bytes) / std::max<int64_t>(1, g.h2d_bytes);
   const double mb = static_cast<double>(g.h2d_pageable_bytes) / 1e6 / s.gpu->traced_steps;
   Advice a;
   a.id = "pageable_copies";
   a.severity = f > 0.2 ? Severity::kHigh : Severity::kWarning;
   a.finding = pct(share) + " of host-to-device bytes (" + num(mb, "%.1f") +
-              " MB per step) came from pageable memory, copying for " + pct(f) +
-              " of step time";
+              " MB per step) came from pageable memory, copying for " + pct(f) + " of step time";
   a.evidence = {{"pageable_copy_fraction", f, "fraction"},
                 {"pageable_bytes_share", share, "fraction"},
                 {"pageable_mb_per_step", mb, "MB"},
                 {"threshold", config.pageable_threshold, "fraction"}};
-  a.cause = "pageable copies are staged through a driver buffer and block the host; they cannot "
-            "overlap compute";
-  a.action = "pin the batches (TunableLoader pin_memory, or tensor.pin_memory()) and copy with "
-             "non_blocking=true; with mode: autotune the loader tries this itself";
+  a.cause =
+      "pageable copies are staged through a driver buffer and block the host; they cannot "
+      "overlap compute";
+  a.action =
+      "pin the batches (TunableLoader pin_memory, or tensor.pin_memory()) and copy with "
+      "non_blocking=true; with mode: autotune the loader tries this itself";
   a.expected_gain = gain_from_removing(f);
   a.gain_estimated = true;
   return a;
@@ -190,9 +184,8 @@ std::optional<Advice> advise_launch_bound(const EpochSummary& s, const GpuAdviso
   const double f = traced_share(g, g.idle_launch_gap_ns);
   if (f <= config.launch_bound_threshold || g.kernels == 0) return std::nullopt;
   const double per_step = static_cast<double>(g.kernels) / s.gpu->traced_steps;
-  const double busy_ns = measured(g.gpu_utilization)
-                             ? g.gpu_utilization * static_cast<double>(g.traced_ns)
-                             : 0.0;
+  const double busy_ns =
+      measured(g.gpu_utilization) ? g.gpu_utilization * static_cast<double>(g.traced_ns) : 0.0;
   const double mean_us = busy_ns / static_cast<double>(g.kernels) / 1e3;
   Advice a;
   a.id = "launch_bound";
@@ -204,11 +197,13 @@ std::optional<Advice> advise_launch_bound(const EpochSummary& s, const GpuAdviso
                 {"kernels_per_step", per_step, "kernels"},
                 {"mean_kernel_time", mean_us, "us"},
                 {"threshold", config.launch_bound_threshold, "fraction"}};
-  a.cause = "kernels are too short for the host to keep the GPU fed: launch overhead and host "
-            "work between launches dominate";
-  a.action = "give each launch more work (larger batch, with gradient accumulation to keep the "
-             "global batch), use fused or batched ops instead of many small ones, or capture the "
-             "step in a CUDA graph";
+  a.cause =
+      "kernels are too short for the host to keep the GPU fed: launch overhead and host "
+      "work between launches dominate";
+  a.action =
+      "give each launch more work (larger batch, with gradient accumulation to keep the "
+      "global batch), use fused or batched ops instead of many small ones, or capture the "
+      "step in a CUDA graph";
   a.expected_gain = gain_from_removing(f);
   a.gain_estimated = true;
   return a;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <string>
 
+#include "advice_text.h"
 #include "torchpilot/advisors.h"
 
 namespace torchpilot {
@@ -19,13 +20,9 @@ constexpr int kTopKernelsNamed = 3;
 
 constexpr size_t P(MathPrecision p) { return static_cast<size_t>(p); }
 
-std::string num(double v, const char* format = "%.1f") {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, v);
-  return buf;
-}
-
-std::string pct(double fraction) { return num(100 * fraction) + "%"; }
+using detail::lower;
+using detail::num;
+using detail::pct;
 
 double clamp01(double v) { return std::isnan(v) ? 0.0 : std::min(1.0, std::max(0.0, v)); }
 
@@ -56,11 +53,6 @@ double amdahl_gain(double share, double speedup) {
 
 std::string device_name(const FlopEpochStats& f) {
   return f.device.empty() ? "this GPU" : f.device;
-}
-
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
 }
 
 }  // namespace

@@ -102,8 +102,8 @@ class PmSampler {
 
  private:
   std::string configure_metrics(const std::vector<uint8_t>& availability);
-  void release();        // Disable + HostDeinitialize where held
-  bool decode_locked();  // decode_mutex_ held; false on error (reason set)
+  void release();                            // Disable + HostDeinitialize where held
+  bool decode_locked();                      // decode_mutex_ held; false on error (reason set)
   void fail_on_exception(const char* what);  // takes decode_mutex_ then state_mutex_
   bool reinit_image();
   void run();

@@ -54,7 +54,7 @@ struct Frame final : at::ObserverContext {
   bool recompute = false;
   bool inside_sdpa = false;
   bool module_marker = false;  // a backward function whose forward op ran in a named module
-  double flops = 0;  // NaN: the arguments could not be read
+  double flops = 0;            // NaN: the arguments could not be read
   double recompute_flops = 0;  // recomputed inside the op (fused attention backward)
   MathPrecision precision = MathPrecision::kOther;
   std::optional<MatmulShapes> matmul;

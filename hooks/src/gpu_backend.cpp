@@ -10,20 +10,6 @@
 
 namespace torchpilot {
 
-const char* to_string(CopyKind kind) {
-  switch (kind) {
-    case CopyKind::kHostToDevice:
-      return "h2d";
-    case CopyKind::kDeviceToHost:
-      return "d2h";
-    case CopyKind::kDeviceToDevice:
-      return "d2d";
-    case CopyKind::kOther:
-      break;
-  }
-  return "other";
-}
-
 namespace {
 
 // No GPU collectors: device() has no SMs, status() gives the reason.

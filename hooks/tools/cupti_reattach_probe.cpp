@@ -6,16 +6,11 @@
 // (backend-*: torchpilot's own GPU backend, PM sampling on or off, a window, release_trace().)
 // Prints the median time of a launch-bound step (2000 tiny kernels + synchronize) before the
 // window, during it, and after it. Not part of the library; results in bench/results/.
-#include <torch/torch.h>
-
-#include "torchpilot/config.h"
-#include "torchpilot/gpu_backend.h"
-#include "torchpilot/logging.h"  // no spdlog header next to LibTorch's (the wheel's own fmt)
-
 #include <cupti_activity.h>
 #include <cupti_callbacks.h>
 #include <cupti_profiler_target.h>
 #include <dlfcn.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
@@ -23,6 +18,10 @@
 #include <cstdlib>
 #include <string>
 #include <vector>
+
+#include "torchpilot/config.h"
+#include "torchpilot/gpu_backend.h"
+#include "torchpilot/logging.h"  // no spdlog header next to LibTorch's (the wheel's own fmt)
 
 namespace {
 
@@ -45,8 +44,8 @@ double step_ms(torch::Tensor& y, int steps) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < 2000; ++i) y.add_(1.0);
     torch::cuda::synchronize();
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                    .count());
+    t.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];

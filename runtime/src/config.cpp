@@ -50,21 +50,26 @@ std::string text(const std::vector<int>& list) {
 
 // Rows for plain fields: TP_INT("key", min, max, field) etc.
 #define TP_INT(key, lo, hi, field)                                                       \
-  {key, Type::kInt, lo, hi, {},                                                          \
-   [](const Config& c) -> std::string { return std::to_string(c.field); },               \
-   [](Config& c, const Value& v) { c.field = static_cast<decltype(c.field)>(v.i); }}
-#define TP_DOUBLE(key, lo, hi, field)                                       \
-  {key, Type::kDouble, lo, hi, {},                                          \
-   [](const Config& c) -> std::string { return text(c.field); }, \
-   [](Config& c, const Value& v) { c.field = v.d; }}
-#define TP_BOOL(key, field)                                                 \
-  {key, Type::kBool, 0, 0, {},                                              \
-   [](const Config& c) -> std::string { return text(c.field); }, \
-   [](Config& c, const Value& v) { c.field = v.b; }}
-#define TP_STRING(key, field)                                               \
-  {key, Type::kString, 0, 0, {},                                            \
-   [](const Config& c) -> std::string { return c.field; },                  \
-   [](Config& c, const Value& v) { c.field = v.s; }}
+  {                                                                                      \
+    key, Type::kInt, lo, hi, {},                                                         \
+        [](const Config& c) -> std::string { return std::to_string(c.field); },          \
+        [](Config& c, const Value& v) { c.field = static_cast<decltype(c.field)>(v.i); } \
+  }
+#define TP_DOUBLE(key, lo, hi, field)                                                             \
+  {                                                                                               \
+    key, Type::kDouble, lo, hi, {}, [](const Config& c) -> std::string { return text(c.field); }, \
+        [](Config& c, const Value& v) { c.field = v.d; }                                          \
+  }
+#define TP_BOOL(key, field)                                                                   \
+  {                                                                                           \
+    key, Type::kBool, 0, 0, {}, [](const Config& c) -> std::string { return text(c.field); }, \
+        [](Config& c, const Value& v) { c.field = v.b; }                                      \
+  }
+#define TP_STRING(key, field)                                                             \
+  {                                                                                       \
+    key, Type::kString, 0, 0, {}, [](const Config& c) -> std::string { return c.field; }, \
+        [](Config& c, const Value& v) { c.field = v.s; }                                  \
+  }
 
 const std::vector<KeySpec>& schema() {
   static const std::vector<KeySpec> table = {
@@ -84,34 +89,10 @@ const std::vector<KeySpec>& schema() {
        {"trace", "debug", "info", "warn", "error", "off"},
        [](const Config& c) -> std::string { return c.log_level; },
        [](Config& c, const Value& v) { c.log_level = v.s; }},
-      {"log.json_path",
-       Type::kString,
-       0,
-       0,
-       {},
-       [](const Config& c) -> std::string { return c.json_path; },
-       [](Config& c, const Value& v) { c.json_path = v.s; }},
-      {"records.step_history",
-       Type::kInt,
-       16,
-       1 << 24,
-       {},
-       [](const Config& c) -> std::string { return std::to_string(c.step_history); },
-       [](Config& c, const Value& v) { c.step_history = static_cast<int>(v.i); }},
-      {"advisors.data_starvation.threshold",
-       Type::kDouble,
-       0.0,
-       1.0,
-       {},
-       [](const Config& c) -> std::string { return text(c.data_starvation.threshold); },
-       [](Config& c, const Value& v) { c.data_starvation.threshold = v.d; }},
-      {"advisors.data_starvation.high_severity",
-       Type::kDouble,
-       0.0,
-       1.0,
-       {},
-       [](const Config& c) -> std::string { return text(c.data_starvation.high_severity); },
-       [](Config& c, const Value& v) { c.data_starvation.high_severity = v.d; }},
+      TP_STRING("log.json_path", json_path),
+      TP_INT("records.step_history", 16, 1 << 24, step_history),
+      TP_DOUBLE("advisors.data_starvation.threshold", 0.0, 1.0, data_starvation.threshold),
+      TP_DOUBLE("advisors.data_starvation.high_severity", 0.0, 1.0, data_starvation.high_severity),
       TP_DOUBLE("advisors.busy_inefficient.utilization", 0.0, 1.0, gpu_advisors.busy_utilization),
       TP_DOUBLE("advisors.busy_inefficient.sm_efficiency", 0.0, 1.0,
                 gpu_advisors.inefficient_sm_efficiency),
@@ -123,55 +104,13 @@ const std::vector<KeySpec>& schema() {
       TP_DOUBLE("advisors.attention.unfused_threshold", 0.0, 1.0,
                 gpu_advisors.unfused_attention_threshold),
       TP_DOUBLE("advisors.low_mfu.threshold", 0.0, 1.0, gpu_advisors.low_mfu_threshold),
-      {"autotune.warmup_steps",
-       Type::kInt,
-       0,
-       1e9,
-       {},
-       [](const Config& c) -> std::string { return std::to_string(c.autotune.warmup_steps); },
-       [](Config& c, const Value& v) { c.autotune.warmup_steps = static_cast<int>(v.i); }},
-      {"autotune.warmup_seconds",
-       Type::kDouble,
-       0.0,
-       86400.0,
-       {},
-       [](const Config& c) -> std::string { return text(c.autotune.warmup_seconds); },
-       [](Config& c, const Value& v) { c.autotune.warmup_seconds = v.d; }},
-      {"autotune.settle_steps",
-       Type::kInt,
-       0,
-       10000,
-       {},
-       [](const Config& c) -> std::string { return std::to_string(c.autotune.settle_steps); },
-       [](Config& c, const Value& v) { c.autotune.settle_steps = static_cast<int>(v.i); }},
-      {"autotune.measure_steps",
-       Type::kInt,
-       3,
-       10000,
-       {},
-       [](const Config& c) -> std::string { return std::to_string(c.autotune.measure_steps); },
-       [](Config& c, const Value& v) { c.autotune.measure_steps = static_cast<int>(v.i); }},
-      {"autotune.min_window_ms",
-       Type::kDouble,
-       0.0,
-       600000.0,
-       {},
-       [](const Config& c) -> std::string { return text(c.autotune.min_window_ms); },
-       [](Config& c, const Value& v) { c.autotune.min_window_ms = v.d; }},
-      {"autotune.noise_margin",
-       Type::kDouble,
-       0.0,
-       0.5,
-       {},
-       [](const Config& c) -> std::string { return text(c.autotune.noise_margin); },
-       [](Config& c, const Value& v) { c.autotune.noise_margin = v.d; }},
-      {"autotune.max_workers",
-       Type::kInt,
-       0,
-       1024,
-       {},
-       [](const Config& c) -> std::string { return std::to_string(c.autotune.max_workers); },
-       [](Config& c, const Value& v) { c.autotune.max_workers = static_cast<int>(v.i); }},
+      TP_INT("autotune.warmup_steps", 0, 1e9, autotune.warmup_steps),
+      TP_DOUBLE("autotune.warmup_seconds", 0.0, 86400.0, autotune.warmup_seconds),
+      TP_INT("autotune.settle_steps", 0, 10000, autotune.settle_steps),
+      TP_INT("autotune.measure_steps", 3, 10000, autotune.measure_steps),
+      TP_DOUBLE("autotune.min_window_ms", 0.0, 600000.0, autotune.min_window_ms),
+      TP_DOUBLE("autotune.noise_margin", 0.0, 0.5, autotune.noise_margin),
+      TP_INT("autotune.max_workers", 0, 1024, autotune.max_workers),
       {"autotune.prefetch_choices",
        Type::kIntList,
        1,
@@ -181,20 +120,8 @@ const std::vector<KeySpec>& schema() {
        [](Config& c, const Value& v) {
          c.autotune.prefetch_choices.assign(v.list.begin(), v.list.end());
        }},
-      {"autotune.tune_pin_memory",
-       Type::kBool,
-       0,
-       0,
-       {},
-       [](const Config& c) -> std::string { return text(c.autotune.tune_pin_memory); },
-       [](Config& c, const Value& v) { c.autotune.tune_pin_memory = v.b; }},
-      {"autotune.tune_device_prefetch",
-       Type::kBool,
-       0,
-       0,
-       {},
-       [](const Config& c) -> std::string { return text(c.autotune.tune_device_prefetch); },
-       [](Config& c, const Value& v) { c.autotune.tune_device_prefetch = v.b; }},
+      TP_BOOL("autotune.tune_pin_memory", autotune.tune_pin_memory),
+      TP_BOOL("autotune.tune_device_prefetch", autotune.tune_device_prefetch),
       TP_BOOL("gpu.enabled", gpu.enabled),
       TP_INT("gpu.device", 0, 1023, gpu.device),
       TP_BOOL("gpu.pm_sampling", gpu.pm_sampling),
@@ -217,6 +144,11 @@ const std::vector<KeySpec>& schema() {
   };
   return table;
 }
+
+#undef TP_INT
+#undef TP_DOUBLE
+#undef TP_BOOL
+#undef TP_STRING
 
 const KeySpec* find_key(const std::string& key) {
   for (const auto& spec : schema()) {

@@ -9,9 +9,10 @@
 namespace torchpilot {
 namespace {
 
-constexpr size_t kMaxPendingSteps = 1024;  // PM samples stalled: finish steps without them
-constexpr size_t kAnomalyHistory = 64;     // step times the anomaly trigger's median is over
-constexpr int kTraceTailSteps = 2;         // step ends to wait for a closed window's records
+constexpr size_t kMaxPendingSteps = 1024;   // PM samples stalled: finish steps without them
+constexpr size_t kAnomalyHistory = 64;      // step times the anomaly trigger's median is over
+constexpr size_t kMedianRefreshSteps = 16;  // ... recomputed every this many steps
+constexpr int kTraceTailSteps = 2;          // step ends to wait for a closed window's records
 constexpr size_t kTopKernels = 10;
 constexpr size_t kMaxEvents = 1 << 20;  // per kind; a window of huge steps loses its oldest
 
@@ -52,8 +53,8 @@ double prorated(const std::vector<PmSample>& pm, Interval span, Field field) {
 
 }  // namespace
 
-GpuStats gpu_step_stats(const GpuEventBatch& events, Interval span, Interval data_wait,
-                        bool traced, int sm_count, Nanos nvml_interval_ns, Nanos trace_from) {
+GpuStats gpu_step_stats(const GpuEventBatch& events, Interval span, Interval data_wait, bool traced,
+                        int sm_count, Nanos nvml_interval_ns, Nanos trace_from) {
   GpuStats g;
   g.wall_ns = std::max<Nanos>(0, span.end - span.begin);
   if (g.wall_ns == 0) return g;
@@ -363,7 +364,6 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   p.trace_from = window_first_step_ ? trace_from_ : p.span.begin;
   window_first_step_ = false;
   pending_.push_back(p);
-  ++steps_seen_;
 
   if (window_left_ > 0 && --window_left_ == 0) end_window(r.end_ns);
 
@@ -374,7 +374,7 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   const bool warm = warmup_done_();  // no window inside auto-tune's trials
   if (!tracing_now && warm && config_.trace_anomaly_factor > 0 &&
       recent_step_ns_.size() == kAnomalyHistory && !anomaly_window_used_) {
-    const double med = static_cast<double>(median(recent_step_ns_));
+    const double med = static_cast<double>(recent_median_ns_);
     if (med > 0 && static_cast<double>(r.step_ns()) > config_.trace_anomaly_factor * med) {
       anomaly_window_used_ = true;
       if (requested_window_ == 0) requested_window_ = config_.trace_steps;
@@ -386,6 +386,10 @@ void GpuMonitor::on_step_end(StepRecord& r) {
     } else {
       recent_step_ns_[recent_next_] = r.step_ns();
       recent_next_ = (recent_next_ + 1) % kAnomalyHistory;
+    }
+    // The median moves slowly: sorting the history every step would only cost the step.
+    if (recent_step_ns_.size() == kAnomalyHistory && recent_next_ % kMedianRefreshSteps == 0) {
+      recent_median_ns_ = median(recent_step_ns_);
     }
   }
 
@@ -413,9 +417,9 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   if (trace_tail_ > 0) {
     backend_->flush();  // the closed window's last kernels
     if (--trace_tail_ == 0) {
-      backend_->release_trace();  // its final flush is drained below
+      backend_->release_trace();                   // its final flush is drained below
       anomaly_quiet_steps_ = kTraceTailSteps + 1;  // the release itself makes a slow step
-      refresh_pm_status();  // PM sampling may not have come back
+      refresh_pm_status();                         // PM sampling may not have come back
     }
   }
   drain();
@@ -482,7 +486,8 @@ void GpuMonitor::finish_ready_steps(bool all) {
 void GpuMonitor::prune_events() {
   // A bound whatever the clocks do: the oldest events go first.
   auto cap = [](auto& v) {
-    if (v.size() > kMaxEvents) v.erase(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() - kMaxEvents));
+    if (v.size() > kMaxEvents)
+      v.erase(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() - kMaxEvents));
   };
   cap(events_.pm);
   cap(events_.nvml);
@@ -490,13 +495,14 @@ void GpuMonitor::prune_events() {
   cap(events_.copies);
   cap(events_.syncs);
   // Events ending before the oldest unfinished step are not needed any more.
-  const Nanos keep_from = pending_.empty() ? std::max<Nanos>(0, last_finished_end_)
-                                           : pending_.front().span.begin;
+  const Nanos keep_from =
+      pending_.empty() ? std::max<Nanos>(0, last_finished_end_) : pending_.front().span.begin;
   if (keep_from <= pruned_before_) return;
   pruned_before_ = keep_from;
   auto prune = [keep_from](auto& v, auto end_of) {
-    v.erase(std::remove_if(v.begin(), v.end(), [&](const auto& e) { return end_of(e) < keep_from; }),
-            v.end());
+    v.erase(
+        std::remove_if(v.begin(), v.end(), [&](const auto& e) { return end_of(e) < keep_from; }),
+        v.end());
   };
   prune(events_.pm, [](const PmSample& s) { return s.end; });
   // NVML readings stand for the interval before them: keep the last one before the boundary.

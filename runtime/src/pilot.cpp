@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 
 #include "torchpilot/advisors.h"
 #include "torchpilot/gpu_backend.h"
@@ -80,8 +81,9 @@ Pilot::Pilot(Config config, PilotOptions options)
   // GPU events carry steady-clock times: with another clock (a test's, a simulation's) they
   // cannot be placed in steps, unless the caller brings a backend that speaks that clock.
   if (!options.gpu_backend && dynamic_cast<SteadyClock*>(clock_.get()) == nullptr) {
-    logger_->info("GPU collectors off: the Pilot runs on a custom clock, GPU events use the "
-                  "steady clock");
+    logger_->info(
+        "GPU collectors off: the Pilot runs on a custom clock, GPU events use the "
+        "steady clock");
     return;
   }
   start_gpu(std::move(options.gpu_backend));
@@ -105,7 +107,6 @@ void Pilot::start_gpu(std::shared_ptr<GpuBackend> backend) {
     gpu_monitor_ = std::make_unique<GpuMonitor>(
         config_.gpu, std::move(backend), [this](const GpuStepRecord& r) { publish(r); },
         [this]() { return config_.mode != Mode::kAutotune || tuning_finished(); });
-    std::string off;
     for (const auto& s : gpu_monitor_->status()) {
       if (s.active) continue;
       logger_->info("GPU collector {} off: {}", s.name, s.reason);
@@ -171,19 +172,37 @@ void Pilot::drop_observer(size_t i) {
   }
 }
 
+namespace {
+
+// Runs `fn`; what it threw, as text ("" for a non-standard exception), or nothing.
+template <typename Fn>
+std::optional<std::string> failure_of(Fn&& fn) {
+  try {
+    fn();
+    return std::nullopt;
+  } catch (const std::exception& e) {
+    return std::string(e.what());
+  } catch (...) {
+    return std::string();
+  }
+}
+
+std::string reason_suffix(const std::string& reason) {
+  return reason.empty() ? std::string() : ": " + reason;
+}
+
+}  // namespace
+
 template <typename Fn>
 void Pilot::for_each_observer(const char* what, Fn&& fn) {
   for (size_t i = 0; i < observers_.size();) {
     StepObserver* o = observers_[i];
-    try {
-      fn(*o);
+    if (const auto failed = failure_of([&] { fn(*o); })) {
+      logger_->error("observer '{}' failed in {} and is removed{}", o->name(), what,
+                     reason_suffix(*failed));
+      drop_observer(i);
+    } else {
       ++i;
-    } catch (const std::exception& e) {
-      logger_->error("observer '{}' failed in {} and is removed: {}", o->name(), what, e.what());
-      drop_observer(i);
-    } catch (...) {
-      logger_->error("observer '{}' failed in {} and is removed", o->name(), what);
-      drop_observer(i);
     }
   }
 }
@@ -223,8 +242,9 @@ PhaseScope Pilot::phase(int id) {
   if (config_.mode == Mode::kOff || id < 0 || id >= kMaxPhases) return PhaseScope(nullptr, -1, 0);
   if (!observers_.empty()) {
     static const std::string unnamed = "phase";
-    const std::string& name =
-        static_cast<size_t>(id) < phase_names_.size() ? phase_names_[static_cast<size_t>(id)] : unnamed;
+    const std::string& name = static_cast<size_t>(id) < phase_names_.size()
+                                  ? phase_names_[static_cast<size_t>(id)]
+                                  : unnamed;
     for_each_observer("on_phase_begin", [&](StepObserver& o) { o.on_phase_begin(id, name); });
   }
   return PhaseScope(this, id, clock_->now_ns());
@@ -261,7 +281,7 @@ void Pilot::end_step() {
     history_[history_next_] = r;
     history_next_ = (history_next_ + 1) % history_.size();
   }
-  if (!observers_.empty()) for_each_observer("on_step_end", [&](StepObserver& o) { o.on_step_end(r); });
+  for_each_observer("on_step_end", [&](StepObserver& o) { o.on_step_end(r); });
   accumulator_.add(r);
   for_each_sink("on_step", [&](Sink& s) { s.on_step(r, phase_names_); });
 
@@ -351,15 +371,10 @@ template <typename Fn>
 void Pilot::for_each_sink(const char* what, Fn&& fn) {
   for (size_t i = 0; i < sinks_.size(); ++i) {
     if (sink_failed_[i]) continue;
-    try {
-      fn(*sinks_[i]);
-    } catch (const std::exception& e) {
+    if (const auto failed = failure_of([&] { fn(*sinks_[i]); })) {
       sink_failed_[i] = true;
-      logger_->error("sink '{}' failed in {} and is disabled: {}", sinks_[i]->name(), what,
-                     e.what());
-    } catch (...) {
-      sink_failed_[i] = true;
-      logger_->error("sink '{}' failed in {} and is disabled", sinks_[i]->name(), what);
+      logger_->error("sink '{}' failed in {} and is disabled{}", sinks_[i]->name(), what,
+                     reason_suffix(*failed));
     }
   }
 }

@@ -279,7 +279,10 @@ std::string step_json(const StepRecord& r, const std::vector<std::string>& names
 }
 
 std::string gpu_step_json(const GpuStepRecord& r) {
-  json j = {{"type", "gpu_step"}, {"v", kSchemaVersion}, {"step", r.step}, {"epoch", r.epoch},
+  json j = {{"type", "gpu_step"},
+            {"v", kSchemaVersion},
+            {"step", r.step},
+            {"epoch", r.epoch},
             {"traced", r.traced}};
   j.update(gpu_stats_json(r.stats));
   return dump(j);
@@ -373,15 +376,14 @@ std::vector<std::string> format_epoch(const EpochSummary& s, const std::vector<A
     std::string line = "  GPU";
     if (s.gpu) {
       const GpuStats& g = s.gpu->stats;
-      const double util = measured(g.counter_utilization) ? g.counter_utilization
-                                                          : g.gpu_utilization;
+      const double util =
+          measured(g.counter_utilization) ? g.counter_utilization : g.gpu_utilization;
       line += " " + s.gpu->device + ": utilization " + fmt_opt_pct(util) + " (NVML " +
               fmt_opt_pct(g.nvml_utilization) + "), SM efficiency " +
-              (measured(g.sm_efficiency)
-                   ? fmt_pct(g.sm_efficiency)
-                   : measured(g.estimated_sm_efficiency)
-                         ? fmt_pct(g.estimated_sm_efficiency) + " (estimated)"
-                         : std::string("n/a")) +
+              (measured(g.sm_efficiency) ? fmt_pct(g.sm_efficiency)
+               : measured(g.estimated_sm_efficiency)
+                   ? fmt_pct(g.estimated_sm_efficiency) + " (estimated)"
+                   : std::string("n/a")) +
               ", tensor " + fmt_opt_pct(g.tensor_activity) + ", DRAM " +
               fmt_opt_pct(g.dram_throughput) + ", occupancy " + fmt_opt_pct(g.achieved_occupancy);
     }
@@ -411,14 +413,13 @@ std::vector<std::string> format_epoch(const EpochSummary& s, const std::vector<A
   }
   if (s.flops && s.flops->counted_steps > 0) {
     const FlopEpochStats& f = *s.flops;
-    lines.push_back("  FLOPs: " + fmt_num(f.model_flops_per_step / 1e12) +
-                    " TFLOP/step model, " + fmt_num(f.hardware_flops_per_step / 1e12) +
-                    " hardware; achieved " + fmt_num(f.achieved_flops_per_s / 1e12) +
-                    " TFLOP/s" +
-                    (measured(f.peak_flops_per_s)
-                         ? " of " + fmt_num(f.peak_flops_per_s / 1e12) + " peak (" +
-                               f.peak_source + ")"
-                         : std::string(" (no peak known for this device)")));
+    lines.push_back(
+        "  FLOPs: " + fmt_num(f.model_flops_per_step / 1e12) + " TFLOP/step model, " +
+        fmt_num(f.hardware_flops_per_step / 1e12) + " hardware; achieved " +
+        fmt_num(f.achieved_flops_per_s / 1e12) + " TFLOP/s" +
+        (measured(f.peak_flops_per_s)
+             ? " of " + fmt_num(f.peak_flops_per_s / 1e12) + " peak (" + f.peak_source + ")"
+             : std::string(" (no peak known for this device)")));
     if (!f.modules.empty() && f.model_flops_per_step > 0) {
       constexpr size_t kShown = 8;
       std::string line = "  FLOPs by module:";

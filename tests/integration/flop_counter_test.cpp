@@ -5,12 +5,11 @@
 
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
-
-#include <map>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <thread>
 #include <vector>

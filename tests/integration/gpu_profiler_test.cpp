@@ -8,6 +8,7 @@
 #include <memory>
 #include <set>
 
+#include "gpu_test_support.h"
 #include "torchpilot/gpu_monitor.h"
 #include "torchpilot/torchpilot.h"
 
@@ -21,32 +22,8 @@ namespace {
 
 #if TORCHPILOT_PROFILER_TEST
 
-Config gpu_config() {
-  Config c;
-  c.mode = Mode::kAdvise;
-  c.gpu.trace_first_step = 0;
-  c.gpu.trace_steps = 4;
-  c.gpu.trace_anomaly_factor = 0;
-  return c;
-}
-
-struct PilotRun {
-  std::shared_ptr<RecordingSink> sink = std::make_shared<RecordingSink>();
-  std::unique_ptr<Pilot> pilot;
-  explicit PilotRun(Config c) {
-    PilotOptions o;
-    o.sinks = {sink};
-    pilot = std::make_unique<Pilot>(std::move(c), o);
-  }
-  bool collector_active(const std::string& name) const {
-    if (pilot->gpu() == nullptr) return false;
-    for (const auto& s : pilot->gpu()->status()) {
-      if (s.name == name) return s.active;
-    }
-    return false;
-  }
-  const EpochSummary& epoch() const { return sink->epochs.back(); }
-};
+using testing_support::gpu_config;
+using testing_support::PilotRun;
 
 TEST(GpuProfilerTest, RunsCleanlyWhilePyTorchProfilerHoldsCupti) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
@@ -60,7 +37,7 @@ TEST(GpuProfilerTest, RunsCleanlyWhilePyTorchProfilerHoldsCupti) {
   prof::enableProfiler(config, activities);
   auto a = torch::randn({2048, 2048}, torch::kCUDA);
   {
-    PilotRun run(gpu_config());
+    PilotRun run(gpu_config(0, 4));
     ASSERT_NE(run.pilot->gpu(), nullptr);
     for (int i = 0; i < 6; ++i) {
       auto step = run.pilot->step(1);

@@ -10,6 +10,7 @@
 #include <memory>
 #include <thread>
 
+#include "gpu_test_support.h"
 #include "torchpilot/gpu_monitor.h"
 #include "torchpilot/torchpilot.h"
 
@@ -78,33 +79,8 @@ class SpinKernel {
   void* fn_ = nullptr;
 };
 
-Config gpu_config(int trace_first_step, int trace_steps) {
-  Config c;
-  c.mode = Mode::kAdvise;
-  c.gpu.trace_first_step = trace_first_step;
-  c.gpu.trace_steps = trace_steps;
-  c.gpu.trace_anomaly_factor = 0;
-  c.gpu.pm_interval_ms = 2;
-  return c;
-}
-
-struct PilotRun {
-  std::shared_ptr<RecordingSink> sink = std::make_shared<RecordingSink>();
-  std::unique_ptr<Pilot> pilot;
-  explicit PilotRun(Config c) {
-    PilotOptions o;
-    o.sinks = {sink};
-    pilot = std::make_unique<Pilot>(std::move(c), o);
-  }
-  bool collector_active(const std::string& name) const {
-    if (pilot->gpu() == nullptr) return false;
-    for (const auto& s : pilot->gpu()->status()) {
-      if (s.name == name) return s.active;
-    }
-    return false;
-  }
-  const EpochSummary& epoch() const { return sink->epochs.back(); }
-};
+using testing_support::gpu_config;
+using testing_support::PilotRun;
 
 void print_gpu(const char* what, const EpochSummary& s) {
   if (!s.gpu) return;

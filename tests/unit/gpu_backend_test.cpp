@@ -143,7 +143,7 @@ class FakeCupti final : public CuptiApi {
   // Recorded.
   mutable std::mutex m;
   int subscribes = 0, unsubscribes = 0, finalizes = 0;
-  bool detached = false;                 // cuptiFinalize ran, nothing attached since
+  bool detached = false;  // cuptiFinalize ran, nothing attached since
   bool profiler_needs_reattach = true;
   std::set<int> enabled_kinds;
   int disables = 0;
@@ -776,7 +776,7 @@ TEST(GpuBackend, ReleasingTheTraceDetachesCuptiAndPmSamplingComesBack) {
   Rig rig;
   auto b = rig.make();
   b->start();
-  EXPECT_EQ(rig.cupti->subscribes, 1);  // the probe at construction ...
+  EXPECT_EQ(rig.cupti->subscribes, 1);    // the probe at construction ...
   EXPECT_EQ(rig.cupti->unsubscribes, 1);  // ... released at once: PyTorch's profiler may subscribe
   ASSERT_TRUE(b->start_trace());
   EXPECT_EQ(rig.cupti->subscribes, 2);

@@ -3,10 +3,10 @@
 #include "torchpilot/gpu_monitor.h"
 
 #include <gtest/gtest.h>
-
-#include <deque>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
+
+#include <deque>
 #include <sstream>
 
 #include "torchpilot/advisors.h"
@@ -21,10 +21,8 @@ constexpr Nanos kMs = 1000000;
 class FakeBackend : public GpuBackend {
  public:
   GpuDeviceInfo info{0, "Fake GPU", "FAKE", 100};
-  std::vector<CollectorStatus> statuses{{"pm_sampling", true, ""},
-                                        {"activity", true, ""},
-                                        {"nvml", true, ""},
-                                        {"nvtx", true, ""}};
+  std::vector<CollectorStatus> statuses{
+      {"pm_sampling", true, ""}, {"activity", true, ""}, {"nvml", true, ""}, {"nvtx", true, ""}};
   GpuEventBatch queued;
   bool tracing = false;
   int starts = 0, stops = 0, trace_starts = 0, trace_stops = 0, flushes = 0, releases = 0;
@@ -261,7 +259,7 @@ TEST(GpuMonitorTest, WindowsOpenAtTheFirstStepAgainEachEpochAndOnRequest) {
   for (int i = 0; i < 10; ++i) rig.step(10, 200, 1.0);
   EXPECT_EQ(rig.backend->trace_starts, 1);
   EXPECT_EQ(rig.backend->trace_stops, 1);
-  EXPECT_GE(rig.backend->flushes, 2);  // the tail waits for the window's last records
+  EXPECT_GE(rig.backend->flushes, 2);   // the tail waits for the window's last records
   EXPECT_EQ(rig.backend->releases, 1);  // then CUPTI is detached
   rig.pilot->end_epoch();
   EXPECT_EQ(rig.sink->epochs[0].gpu->traced_steps, 3);

@@ -38,20 +38,20 @@ struct AutotuneConfig {
 
 // GPU collectors (hooks/: CUPTI PM sampling and activity, NVML, NVTX); docs/metrics.md, "GPU".
 struct GpuConfig {
-  bool enabled = true;            // observe the GPU when one is present
-  int device = 0;                 // CUDA device index observed
-  bool pm_sampling = true;        // always-on hardware counters (SM, tensor pipe, DRAM, PCIe)
-  double pm_interval_ms = 2;      // PM sampling interval
-  bool nvml = true;               // NVML utilization.gpu beside the truth
-  double nvml_interval_ms = 100;  // NVML polling interval
-  bool nvtx = true;               // NVTX ranges for steps and phases ("torchpilot" domain)
-  bool activity = true;           // CUPTI activity trace in detailed windows
-  int trace_first_step = 20;      // first window: from this step, or once auto-tune is done
-  int trace_steps = 10;           // steps per detailed window
-  int trace_every_epochs = 0;     // a window every N epochs (0: the first window only)
+  bool enabled = true;                // observe the GPU when one is present
+  int device = 0;                     // CUDA device index observed
+  bool pm_sampling = true;            // always-on hardware counters (SM, tensor pipe, DRAM, PCIe)
+  double pm_interval_ms = 2;          // PM sampling interval
+  bool nvml = true;                   // NVML utilization.gpu beside the truth
+  double nvml_interval_ms = 100;      // NVML polling interval
+  bool nvtx = true;                   // NVTX ranges for steps and phases ("torchpilot" domain)
+  bool activity = true;               // CUPTI activity trace in detailed windows
+  int trace_first_step = 20;          // first window: from this step, or once auto-tune is done
+  int trace_steps = 10;               // steps per detailed window
+  int trace_every_epochs = 0;         // a window every N epochs (0: the first window only)
   double trace_anomaly_factor = 3.0;  // a step slower than this x the median opens one (0: off)
-  int trace_buffer_mb = 32;       // most memory for activity buffers
-  std::string cupti_path;         // libcupti to load; empty: LibTorch's, then the default search
+  int trace_buffer_mb = 32;           // most memory for activity buffers
+  std::string cupti_path;  // libcupti to load; empty: LibTorch's, then the default search
 };
 
 // FLOP counting and MFU (hooks/flop_counter); docs/metrics.md, "MFU".
@@ -65,14 +65,14 @@ struct FlopConfig {
 
 // Thresholds of the GPU, precision and fusion advisors (docs/advice.md).
 struct GpuAdvisorConfig {
-  double busy_utilization = 0.8;         // busy but inefficient: GPU utilization at least ...
-  double inefficient_sm_efficiency = 0.5;  // ... and SM efficiency below this
-  double host_sync_threshold = 0.05;     // host-sync stall: share of step time
-  double pageable_threshold = 0.02;      // pageable copies: share of step time
-  double launch_bound_threshold = 0.2;   // launch-bound: share of step time in launch gaps
-  double fp32_matmul_threshold = 0.2;    // share of matmul FLOPs in plain fp32
+  double busy_utilization = 0.8;              // busy but inefficient: GPU utilization at least ...
+  double inefficient_sm_efficiency = 0.5;     // ... and SM efficiency below this
+  double host_sync_threshold = 0.05;          // host-sync stall: share of step time
+  double pageable_threshold = 0.02;           // pageable copies: share of step time
+  double launch_bound_threshold = 0.2;        // launch-bound: share of step time in launch gaps
+  double fp32_matmul_threshold = 0.2;         // share of matmul FLOPs in plain fp32
   double unfused_attention_threshold = 0.02;  // share of model FLOPs in unfused attention
-  double low_mfu_threshold = 0.3;        // MFU below this gets a breakdown
+  double low_mfu_threshold = 0.3;             // MFU below this gets a breakdown
 };
 
 struct Config {

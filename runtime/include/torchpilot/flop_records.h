@@ -24,7 +24,7 @@ struct OpFlops {
 };
 
 struct FlopEpochStats {
-  std::string device;       // the GPU the peak is for; empty on CPU
+  std::string device;         // the GPU the peak is for; empty on CPU
   int64_t counted_steps = 0;  // steps whose ops were counted (the counting windows)
   // Per step, from the counting windows (mean). model: recomputation excluded; hardware: included.
   double model_flops_per_step = 0;
@@ -53,11 +53,10 @@ struct FlopEpochStats {
   // Peaks per precision (FLOP/s): what MFU used (flops.peak_tflops sets them all), and the
   // device table's datasheet figures (NaN: unknown device or precision). DRAM: bytes/s.
   double peak_flops_by_precision[kMathPrecisions] = {kNotMeasured, kNotMeasured, kNotMeasured,
-                                                    kNotMeasured, kNotMeasured, kNotMeasured,
-                                                    kNotMeasured};
-  double datasheet_flops_by_precision[kMathPrecisions] = {kNotMeasured, kNotMeasured,
-                                                          kNotMeasured, kNotMeasured,
-                                                          kNotMeasured, kNotMeasured,
+                                                     kNotMeasured, kNotMeasured, kNotMeasured,
+                                                     kNotMeasured};
+  double datasheet_flops_by_precision[kMathPrecisions] = {kNotMeasured, kNotMeasured, kNotMeasured,
+                                                          kNotMeasured, kNotMeasured, kNotMeasured,
                                                           kNotMeasured};
   double dram_bytes_per_s = kNotMeasured;
   // Unfused attentions found inside scaled_dot_product_attention (its math fallback), per step.

@@ -179,7 +179,7 @@ struct StepFlops {
   double hardware_flops = 0;  // recomputation included
   PrecisionArray model_by_precision{};
   PrecisionArray hardware_by_precision{};
-  std::vector<OpFlops> ops;  // model FLOPs by (op, precision), largest first
+  std::vector<OpFlops> ops;      // model FLOPs by (op, precision), largest first
   std::vector<OpFlops> modules;  // model FLOPs by module name (`op`), largest first
   double unfused_attention_flops = 0;
   double unfused_attention = 0;  // forward instances

@@ -32,7 +32,7 @@ struct GpuDeviceInfo {
 // A kernel execution (activity trace).
 struct KernelRecord {
   Nanos begin = 0, end = 0;
-  int64_t blocks = 0;      // grid size in blocks
+  int64_t blocks = 0;  // grid size in blocks
   int32_t block_threads = 0;
   uint32_t stream = 0;
   bool communication = false;  // an NCCL kernel
@@ -40,7 +40,6 @@ struct KernelRecord {
 };
 
 enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice, kOther };
-const char* to_string(CopyKind kind);
 
 // A memcpy or memset (activity trace).
 struct CopyRecord {
@@ -59,11 +58,11 @@ struct SyncRecord {
 // One PM-sampling interval (always on). Fractions in [0, 1]; NaN where the counter is missing.
 struct PmSample {
   Nanos begin = 0, end = 0;
-  double gr_active = kNotMeasured;      // gr__cycles_active.avg.pct_of_peak_sustained_elapsed
-  double sm_active = kNotMeasured;      // sm__cycles_active.avg.pct_of_peak_sustained_elapsed
-  double tensor_active = kNotMeasured;  // sm__pipe_tensor_cycles_active.avg.pct_of_peak...
-  double dram_throughput = kNotMeasured;  // dram__throughput.avg.pct_of_peak_sustained_elapsed
-  double warps_active = kNotMeasured;  // sm__warps_active.avg.pct_of_peak_sustained_elapsed
+  double gr_active = kNotMeasured;         // gr__cycles_active.avg.pct_of_peak_sustained_elapsed
+  double sm_active = kNotMeasured;         // sm__cycles_active.avg.pct_of_peak_sustained_elapsed
+  double tensor_active = kNotMeasured;     // sm__pipe_tensor_cycles_active.avg.pct_of_peak...
+  double dram_throughput = kNotMeasured;   // dram__throughput.avg.pct_of_peak_sustained_elapsed
+  double warps_active = kNotMeasured;      // sm__warps_active.avg.pct_of_peak_sustained_elapsed
   double pcie_read_bytes = kNotMeasured;   // pcie__read_bytes.sum in the interval
   double pcie_write_bytes = kNotMeasured;  // pcie__write_bytes.sum
 };

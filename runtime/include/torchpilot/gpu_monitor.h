@@ -30,16 +30,15 @@ namespace torchpilot {
 // split by cause (`data_wait`: when the training thread waited for its batch). Pure; tested on
 // hand-made timelines.
 // With `traced`, the trace figures cover [max(span.begin, trace_from), span.end].
-GpuStats gpu_step_stats(const GpuEventBatch& events, Interval span, Interval data_wait,
-                        bool traced, int sm_count, Nanos nvml_interval_ns,
+GpuStats gpu_step_stats(const GpuEventBatch& events, Interval span, Interval data_wait, bool traced,
+                        int sm_count, Nanos nvml_interval_ns,
                         Nanos trace_from = std::numeric_limits<Nanos>::min());
 
 class GpuMonitor : public StepObserver {
  public:
   // `publish` receives each finished step's record; `warmup_done` says whether auto-tune is over.
   GpuMonitor(const GpuConfig& config, std::shared_ptr<GpuBackend> backend,
-             std::function<void(const GpuStepRecord&)> publish,
-             std::function<bool()> warmup_done);
+             std::function<void(const GpuStepRecord&)> publish, std::function<bool()> warmup_done);
   ~GpuMonitor() override;
 
   std::string name() const override { return "gpu"; }
@@ -99,9 +98,10 @@ class GpuMonitor : public StepObserver {
   int anomaly_quiet_steps_ = 0;        // steps after a window that neither trigger nor count
   std::vector<Nanos> recent_step_ns_;  // for the anomaly trigger (bounded ring)
   size_t recent_next_ = 0;
+  Nanos recent_median_ns_ = 0;  // of recent_step_ns_, refreshed every few steps
   bool trace_failed_ = false;
-  int trace_tail_ = 0;         // step ends left before the closed window's steps are final
-  Nanos trace_cutoff_ = -1;    // traced steps ending at or before this are final after the tail
+  int trace_tail_ = 0;       // step ends left before the closed window's steps are final
+  Nanos trace_cutoff_ = -1;  // traced steps ending at or before this are final after the tail
   Nanos pruned_before_ = 0;
   Nanos last_finished_end_ = 0;
   int open_ranges_ = 0;  // NVTX ranges pushed for the open step and its phases
@@ -110,7 +110,6 @@ class GpuMonitor : public StepObserver {
   // Epoch accumulation.
   struct EpochAcc;
   std::unique_ptr<EpochAcc> epoch_;
-  int64_t steps_seen_ = 0;
 };
 
 }  // namespace torchpilot

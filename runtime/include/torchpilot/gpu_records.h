@@ -31,8 +31,8 @@ struct GpuStats {
   double nvml_utilization = kNotMeasured;  // NVML utilization.gpu (what nvidia-smi shows)
   // Detailed windows only (CUPTI activity trace); traced_ns is the part of the span traced.
   Nanos traced_ns = 0;
-  double gpu_utilization = kNotMeasured;            // kernel-interval union / traced time
-  double estimated_sm_efficiency = kNotMeasured;    // from launch shapes (gpu_metrics.h)
+  double gpu_utilization = kNotMeasured;          // kernel-interval union / traced time
+  double estimated_sm_efficiency = kNotMeasured;  // from launch shapes (gpu_metrics.h)
   int64_t kernels = 0;
   Nanos host_sync_ns = 0;  // host blocked in synchronizing calls
   int64_t host_syncs = 0;
@@ -51,7 +51,7 @@ struct KernelSummary {
   std::string name;  // demangled where CUPTI gives a mangled name
   int64_t launches = 0;
   Nanos total_ns = 0;
-  double mean_blocks_per_sm = 0;      // grid blocks / SMs, duration-weighted
+  double mean_blocks_per_sm = 0;       // grid blocks / SMs, duration-weighted
   double estimated_sm_efficiency = 0;  // min(1, blocks / SMs), duration-weighted
 };
 
@@ -66,7 +66,7 @@ struct GpuEpochStats {
   std::string device;  // e.g. "NVIDIA H200"
   int sm_count = 0;
   GpuStats stats;
-  int64_t traced_steps = 0;  // steps inside detailed windows
+  int64_t traced_steps = 0;                // steps inside detailed windows
   std::vector<KernelSummary> top_kernels;  // by traced time, longest first
   std::vector<CollectorStatus> collectors;
   int64_t dropped_records = 0;  // trace records lost to full buffers, samples never drained

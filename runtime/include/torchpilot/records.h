@@ -80,8 +80,8 @@ struct EpochSummary {
   std::vector<PhaseTotal> phases;
   int64_t tuning_steps = 0;  // steps of this epoch run under auto-tune trials (mixed settings)
   bool tuned = false;        // auto-tune has decided the knob settings (before this epoch ended)
-  std::optional<LoaderStats> loader;  // this epoch's loader counters (differences)
-  std::optional<GpuEpochStats> gpu;    // GPU collectors' figures (GPU present and enabled)
+  std::optional<LoaderStats> loader;    // this epoch's loader counters (differences)
+  std::optional<GpuEpochStats> gpu;     // GPU collectors' figures (GPU present and enabled)
   std::optional<FlopEpochStats> flops;  // FLOP counter's figures (counter attached)
 };
 

@@ -1,0 +1,43 @@
+// What the GPU tests share: a GPU config with a detailed window where the test wants it, and a
+// Pilot with a recording sink.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "torchpilot/gpu_monitor.h"
+#include "torchpilot/pilot.h"
+
+namespace torchpilot::testing_support {
+
+// Advise mode; a window of `trace_steps` steps armed after step `trace_first_step`; no anomaly
+// windows; PM samples every 2 ms.
+inline Config gpu_config(int trace_first_step, int trace_steps) {
+  Config c;
+  c.mode = Mode::kAdvise;
+  c.gpu.trace_first_step = trace_first_step;
+  c.gpu.trace_steps = trace_steps;
+  c.gpu.trace_anomaly_factor = 0;
+  c.gpu.pm_interval_ms = 2;
+  return c;
+}
+
+struct PilotRun {
+  std::shared_ptr<RecordingSink> sink = std::make_shared<RecordingSink>();
+  std::unique_ptr<Pilot> pilot;
+  explicit PilotRun(Config c) {
+    PilotOptions o;
+    o.sinks = {sink};
+    pilot = std::make_unique<Pilot>(std::move(c), o);
+  }
+  bool collector_active(const std::string& name) const {
+    if (pilot->gpu() == nullptr) return false;
+    for (const auto& s : pilot->gpu()->status()) {
+      if (s.name == name) return s.active;
+    }
+    return false;
+  }
+  const EpochSummary& epoch() const { return sink->epochs.back(); }
+};
+
+}  // namespace torchpilot::testing_support
