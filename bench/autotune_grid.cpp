@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "torchpilot/loader_core.h"
-#include "torchpilot/pilot.h"
-#include "torchpilot/torch_transfer.h"
+#include "torchpilot/runtime/loader_core.h"
+#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/hooks/torch_transfer.h"
 #include "trainer.h"
 
 namespace {

@@ -32,10 +32,10 @@
 
 #include "gpt_flops.h"
 #include "gpt_trainer.h"
-#include "torchpilot/config.h"
-#include "torchpilot/flop_counter.h"
-#include "torchpilot/gpu_monitor.h"
-#include "torchpilot/pilot.h"
+#include "torchpilot/runtime/config.h"
+#include "torchpilot/hooks/flop_counter.h"
+#include "torchpilot/runtime/gpu_monitor.h"
+#include "torchpilot/runtime/pilot.h"
 
 namespace {
 

@@ -3,8 +3,8 @@
 #include <cstdio>
 
 #include "advice_text.h"
-#include "torchpilot/advisors.h"
-#include "torchpilot/metrics.h"
+#include "torchpilot/advisors/advisors.h"
+#include "torchpilot/runtime/metrics.h"
 
 namespace torchpilot {
 namespace {
@@ -116,17 +116,5 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s,
   return a;
 }
 
-std::vector<Advice> run_advisors(const EpochSummary& summary, const Config& config) {
-  std::vector<Advice> out;
-  if (auto a = advise_data_starvation(summary, config.data_starvation)) out.push_back(*a);
-  if (auto a = advise_busy_inefficient(summary, config.gpu_advisors)) out.push_back(*a);
-  if (auto a = advise_host_sync(summary, config.gpu_advisors)) out.push_back(*a);
-  if (auto a = advise_pageable_copies(summary, config.gpu_advisors)) out.push_back(*a);
-  if (auto a = advise_launch_bound(summary, config.gpu_advisors)) out.push_back(*a);
-  if (auto a = advise_fp32_matmul(summary, config.gpu_advisors)) out.push_back(*a);
-  if (auto a = advise_unfused_attention(summary, config.gpu_advisors)) out.push_back(*a);
-  if (auto a = advise_low_mfu(summary, config.gpu_advisors)) out.push_back(*a);
-  return out;
-}
 
 }  // namespace torchpilot

@@ -5,8 +5,8 @@
 #include <string>
 
 #include "advice_text.h"
-#include "torchpilot/advisors.h"
-#include "torchpilot/metrics.h"
+#include "torchpilot/advisors/advisors.h"
+#include "torchpilot/runtime/metrics.h"
 
 namespace torchpilot {
 namespace {

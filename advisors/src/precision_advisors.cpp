@@ -7,7 +7,7 @@
 #include <string>
 
 #include "advice_text.h"
-#include "torchpilot/advisors.h"
+#include "torchpilot/advisors/advisors.h"
 
 namespace torchpilot {
 namespace {

@@ -5,8 +5,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "torchpilot/compat.h"
-#include "torchpilot/flop_counter.h"
+#include "torchpilot/hooks/compat.h"
+#include "torchpilot/hooks/flop_counter.h"
 
 namespace gpt_example {
 

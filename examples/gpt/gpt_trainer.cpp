@@ -9,7 +9,7 @@
 
 #include "gpt_data.h"
 #include "gpt_model.h"
-#include "torchpilot/compat.h"
+#include "torchpilot/hooks/compat.h"
 
 namespace gpt_example {
 

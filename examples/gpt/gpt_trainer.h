@@ -21,7 +21,7 @@
 #include <string>
 
 #include "gpt_flops.h"
-#include "torchpilot/pilot.h"
+#include "torchpilot/runtime/pilot.h"
 
 namespace gpt_example {
 

@@ -13,8 +13,8 @@
 #include <functional>
 #include <string>
 
-#include "torchpilot/config.h"
-#include "torchpilot/pilot.h"
+#include "torchpilot/runtime/config.h"
+#include "torchpilot/runtime/pilot.h"
 #include "trainer.h"
 
 namespace {

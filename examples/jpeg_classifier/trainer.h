@@ -9,8 +9,8 @@
 #include <memory>
 #include <string>
 
-#include "torchpilot/pilot.h"
-#include "torchpilot/records.h"
+#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/runtime/records.h"
 
 namespace jpeg_example {
 

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "cupti_api.h"
-#include "torchpilot/gpu_backend.h"
+#include "torchpilot/runtime/gpu_backend.h"
 
 namespace spdlog {
 class logger;

@@ -26,7 +26,7 @@
 #include <memory>
 #include <string>
 
-#include "torchpilot/clock.h"
+#include "torchpilot/runtime/clock.h"
 
 namespace torchpilot {
 namespace detail {

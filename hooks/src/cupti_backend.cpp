@@ -13,7 +13,7 @@
 #include "cupti_api.h"
 #include "cupti_pm_sampling.h"
 #include "nvml_sampler.h"
-#include "torchpilot/config.h"
+#include "torchpilot/runtime/config.h"
 
 #if TORCHPILOT_HAVE_NVTX
 #include <nvtx3/nvToolsExt.h>

@@ -21,7 +21,7 @@
 #include <memory>
 #include <string>
 
-#include "torchpilot/gpu_backend.h"
+#include "torchpilot/runtime/gpu_backend.h"
 
 namespace torchpilot {
 

@@ -1,5 +1,5 @@
 // FlopCounter: RecordFunction callbacks -> FlopTally (flops.h) in counting windows.
-#include "torchpilot/flop_counter.h"
+#include "torchpilot/hooks/flop_counter.h"
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
@@ -14,7 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "torchpilot/compat.h"
+#include "torchpilot/hooks/compat.h"
 
 #if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
 #include <ATen/cuda/CUDAContext.h>

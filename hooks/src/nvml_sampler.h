@@ -15,7 +15,7 @@
 #include <string>
 #include <thread>
 
-#include "torchpilot/gpu_backend.h"
+#include "torchpilot/runtime/gpu_backend.h"
 
 namespace torchpilot {
 namespace detail {

@@ -1,4 +1,4 @@
-#include "torchpilot/torch_transfer.h"
+#include "torchpilot/hooks/torch_transfer.h"
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>

@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "torchpilot/config.h"
-#include "torchpilot/gpu_backend.h"
-#include "torchpilot/logging.h"  // no spdlog header next to LibTorch's (the wheel's own fmt)
+#include "torchpilot/runtime/config.h"
+#include "torchpilot/runtime/gpu_backend.h"
+#include "torchpilot/runtime/logging.h"  // no spdlog header next to LibTorch's (the wheel's own fmt)
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "torchpilot/clock.h"
+#include "torchpilot/runtime/clock.h"
 
 #include <chrono>
 

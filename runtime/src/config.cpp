@@ -1,4 +1,4 @@
-#include "torchpilot/config.h"
+#include "torchpilot/runtime/config.h"
 
 #include <yaml-cpp/yaml.h>
 

@@ -1,4 +1,4 @@
-#include "torchpilot/flop_records.h"
+#include "torchpilot/runtime/flop_records.h"
 
 namespace torchpilot {
 

@@ -1,5 +1,5 @@
 // FLOP formulas, precision, device peaks, MFU and the FLOP accumulators (flops.h).
-#include "torchpilot/flops.h"
+#include "torchpilot/runtime/flops.h"
 
 #include <spdlog/spdlog.h>
 

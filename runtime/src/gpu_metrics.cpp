@@ -1,9 +1,9 @@
-#include "torchpilot/gpu_metrics.h"
+#include "torchpilot/runtime/gpu_metrics.h"
 
 #include <algorithm>
 #include <utility>
 
-#include "torchpilot/metrics.h"
+#include "torchpilot/runtime/metrics.h"
 
 namespace torchpilot {
 namespace {

@@ -1,10 +1,10 @@
-#include "torchpilot/gpu_monitor.h"
+#include "torchpilot/runtime/gpu_monitor.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <map>
 
-#include "torchpilot/metrics.h"
+#include "torchpilot/runtime/metrics.h"
 
 namespace torchpilot {
 namespace {

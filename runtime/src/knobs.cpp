@@ -1,4 +1,4 @@
-#include "torchpilot/knobs.h"
+#include "torchpilot/runtime/knobs.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "torchpilot/metrics.h"
+#include "torchpilot/runtime/metrics.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "torchpilot/pilot.h"
+#include "torchpilot/runtime/pilot.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -7,10 +7,12 @@
 #include <mutex>
 #include <optional>
 
-#include "torchpilot/advisors.h"
-#include "torchpilot/gpu_backend.h"
-#include "torchpilot/gpu_monitor.h"
-#include "torchpilot/logging.h"
+#include "torchpilot/advisors/advisors.h"
+#include "torchpilot/runtime/gpu_backend.h"
+#include "torchpilot/runtime/loader_policy.h"
+#include "torchpilot/runtime/trial_engine.h"
+#include "torchpilot/runtime/gpu_monitor.h"
+#include "torchpilot/runtime/logging.h"
 
 namespace torchpilot {
 

@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "torchpilot/metrics.h"
-#include "torchpilot/sink.h"
+#include "torchpilot/runtime/metrics.h"
+#include "torchpilot/runtime/sink.h"
 
 namespace torchpilot {
 namespace {

@@ -1,9 +1,9 @@
-#include "torchpilot/trial_engine.h"
+#include "torchpilot/runtime/trial_engine.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "torchpilot/metrics.h"
+#include "torchpilot/runtime/metrics.h"
 
 namespace torchpilot {
 

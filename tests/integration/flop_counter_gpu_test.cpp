@@ -8,9 +8,9 @@
 #include <functional>
 #include <memory>
 
-#include "torchpilot/compat.h"
-#include "torchpilot/flop_counter.h"
-#include "torchpilot/sink.h"
+#include "torchpilot/hooks/compat.h"
+#include "torchpilot/hooks/flop_counter.h"
+#include "torchpilot/runtime/sink.h"
 
 namespace torchpilot {
 namespace {

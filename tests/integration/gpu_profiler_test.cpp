@@ -9,7 +9,7 @@
 #include <set>
 
 #include "gpu_test_support.h"
-#include "torchpilot/gpu_monitor.h"
+#include "torchpilot/runtime/gpu_monitor.h"
 #include "torchpilot/torchpilot.h"
 
 #if TORCHPILOT_TORCH_CUDA && TORCHPILOT_TORCH_AT_LEAST(2, 0)

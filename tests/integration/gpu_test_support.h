@@ -5,8 +5,8 @@
 #include <memory>
 #include <string>
 
-#include "torchpilot/gpu_monitor.h"
-#include "torchpilot/pilot.h"
+#include "torchpilot/runtime/gpu_monitor.h"
+#include "torchpilot/runtime/pilot.h"
 
 namespace torchpilot::testing_support {
 

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "gpu_test_support.h"
-#include "torchpilot/gpu_monitor.h"
+#include "torchpilot/runtime/gpu_monitor.h"
 #include "torchpilot/torchpilot.h"
 
 #if TORCHPILOT_TORCH_CUDA

@@ -1,5 +1,5 @@
 // The data-starvation advisor: planted starvation, healthy runs, thresholds, and each cause branch.
-#include "torchpilot/advisors.h"
+#include "torchpilot/advisors/advisors.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <regex>
 #include <string>
 
-#include "torchpilot/metrics.h"
+#include "torchpilot/runtime/metrics.h"
 
 namespace torchpilot {
 namespace {

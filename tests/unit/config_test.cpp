@@ -1,5 +1,5 @@
 // Config: defaults, configs/default.yaml, YAML errors (key, file and line), environment overrides.
-#include "torchpilot/config.h"
+#include "torchpilot/runtime/config.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "temp_dir.h"
-#include "torchpilot/pilot.h"
+#include "torchpilot/runtime/pilot.h"
 
 namespace torchpilot {
 namespace {

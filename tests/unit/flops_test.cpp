@@ -1,6 +1,6 @@
 // FLOP formulas against hand-computed values, precision, the peak table, MFU/HFU math, the
 // attention detector, the window planner and the accumulators (runtime/src/flops.cpp).
-#include "torchpilot/flops.h"
+#include "torchpilot/runtime/flops.h"
 
 #include <gtest/gtest.h>
 

@@ -3,7 +3,7 @@
 // counters busy, MIG, a second CUPTI subscriber, no NVML), PM sampling (sequence, first sample
 // discarded, metric fallbacks, clock offset), the activity trace (buffers, conversion, drops), and
 // the real dlopen path on this machine.
-#include "torchpilot/gpu_backend.h"
+#include "torchpilot/runtime/gpu_backend.h"
 
 #include <dlfcn.h>
 #include <gtest/gtest.h>
@@ -27,7 +27,7 @@
 #include "cupti_backend.h"
 #include "cupti_pm_sampling.h"
 #include "nvml_sampler.h"
-#include "torchpilot/config.h"
+#include "torchpilot/runtime/config.h"
 
 namespace torchpilot {
 namespace detail {

@@ -1,6 +1,6 @@
 // The GPU monitor and GPU advisors on hand-made timelines, through a fake GPU backend (the CUPTI
 // backend's own tests are in gpu_backend_test.cpp).
-#include "torchpilot/gpu_monitor.h"
+#include "torchpilot/runtime/gpu_monitor.h"
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
@@ -9,8 +9,8 @@
 #include <deque>
 #include <sstream>
 
-#include "torchpilot/advisors.h"
-#include "torchpilot/pilot.h"
+#include "torchpilot/advisors/advisors.h"
+#include "torchpilot/runtime/pilot.h"
 
 namespace torchpilot {
 namespace {

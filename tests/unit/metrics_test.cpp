@@ -1,6 +1,6 @@
 // Metrics: fraction, median, relative standard error, the duration histogram, epoch summaries,
 // loader deltas.
-#include "torchpilot/metrics.h"
+#include "torchpilot/runtime/metrics.h"
 
 #include <gtest/gtest.h>
 

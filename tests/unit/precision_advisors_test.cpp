@@ -7,9 +7,9 @@
 #include <optional>
 #include <string>
 
-#include "torchpilot/advisors.h"
-#include "torchpilot/flops.h"
-#include "torchpilot/metrics.h"
+#include "torchpilot/advisors/advisors.h"
+#include "torchpilot/runtime/flops.h"
+#include "torchpilot/runtime/metrics.h"
 
 namespace torchpilot {
 namespace {

@@ -1,6 +1,6 @@
 // TrialEngine + the loader policy against a simulated loader whose step time is a known function
 // of its knobs, so the true best setting is known by exhaustive evaluation.
-#include "torchpilot/trial_engine.h"
+#include "torchpilot/runtime/trial_engine.h"
 
 #include <gtest/gtest.h>
 
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "torchpilot/advisors.h"
-#include "torchpilot/sink.h"
+#include "torchpilot/runtime/loader_policy.h"
+#include "torchpilot/runtime/sink.h"
 
 namespace torchpilot {
 namespace {

@@ -18,10 +18,10 @@
 #include <string>
 #include <vector>
 
-#include "torchpilot/config.h"
-#include "torchpilot/gpu_backend.h"
-#include "torchpilot/gpu_metrics.h"
-#include "torchpilot/observer.h"
+#include "torchpilot/runtime/config.h"
+#include "torchpilot/runtime/gpu_backend.h"
+#include "torchpilot/runtime/gpu_metrics.h"
+#include "torchpilot/runtime/observer.h"
 
 namespace torchpilot {
 

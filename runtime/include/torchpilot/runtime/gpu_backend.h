@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "torchpilot/clock.h"
-#include "torchpilot/gpu_records.h"
+#include "torchpilot/runtime/clock.h"
+#include "torchpilot/runtime/gpu_records.h"
 
 namespace spdlog {
 class logger;
@@ -122,8 +122,14 @@ class GpuBackend {
 
 struct GpuConfig;
 
-// The backend of this build: CUPTI/NVML/NVTX when the CUDA toolkit was found at configure time,
-// otherwise one that reports "built without the CUDA toolkit". Defined in hooks/.
+// How hooks/ supplies the backend: the GPU collectors library (CUPTI, NVML, NVTX) registers its
+// factory when it is linked in (torchpilot::torchpilot links it); the runtime never calls into
+// hooks/ otherwise. A program with no registered factory gets the unavailable backend.
+using GpuBackendFactory = std::unique_ptr<GpuBackend> (*)(const GpuConfig& config,
+                                                          spdlog::logger& logger);
+void register_gpu_backend_factory(GpuBackendFactory factory);
+
+// The registered backend, or one that reports why there is none.
 std::unique_ptr<GpuBackend> make_gpu_backend(const GpuConfig& config, spdlog::logger& logger);
 
 // A backend with no device whose status() gives `reason` for every collector.

@@ -1,4 +1,4 @@
-#include "torchpilot/loader_core.h"
+#include "torchpilot/runtime/loader_core.h"
 
 #include <sched.h>
 #include <spdlog/spdlog.h>
@@ -8,7 +8,7 @@
 #include <numeric>
 #include <random>
 
-#include "torchpilot/logging.h"
+#include "torchpilot/runtime/logging.h"
 
 namespace torchpilot {
 namespace {

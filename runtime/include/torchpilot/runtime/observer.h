@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <string>
 
-#include "torchpilot/clock.h"
-#include "torchpilot/records.h"
+#include "torchpilot/runtime/clock.h"
+#include "torchpilot/runtime/records.h"
 
 namespace torchpilot {
 

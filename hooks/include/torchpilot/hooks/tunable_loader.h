@@ -32,10 +32,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "torchpilot/compat.h"
-#include "torchpilot/loader_core.h"
-#include "torchpilot/pilot.h"
-#include "torchpilot/torch_transfer.h"
+#include "torchpilot/hooks/compat.h"
+#include "torchpilot/runtime/loader_core.h"
+#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/hooks/torch_transfer.h"
 
 namespace torchpilot {
 

@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "torchpilot/advisors.h"
+#include "torchpilot/runtime/loader_policy.h"
 
 namespace torchpilot {
 namespace {

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "torchpilot/advice.h"
-#include "torchpilot/records.h"
-#include "torchpilot/trial_engine.h"
+#include "torchpilot/runtime/advice.h"
+#include "torchpilot/runtime/records.h"
+#include "torchpilot/runtime/tuning.h"
 
 namespace spdlog {
 class logger;

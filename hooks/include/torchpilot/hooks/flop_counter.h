@@ -44,9 +44,9 @@
 #include <memory>
 #include <string>
 
-#include "torchpilot/flops.h"
-#include "torchpilot/observer.h"
-#include "torchpilot/pilot.h"
+#include "torchpilot/runtime/flops.h"
+#include "torchpilot/runtime/observer.h"
+#include "torchpilot/runtime/pilot.h"
 
 namespace torchpilot {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "torchpilot/records.h"
+#include "torchpilot/runtime/records.h"
 
 namespace torchpilot {
 

@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "torchpilot/clock.h"
-#include "torchpilot/flop_records.h"
-#include "torchpilot/gpu_records.h"
+#include "torchpilot/runtime/clock.h"
+#include "torchpilot/runtime/flop_records.h"
+#include "torchpilot/runtime/gpu_records.h"
 
 namespace torchpilot {
 

@@ -26,15 +26,15 @@
 #include <string_view>
 #include <vector>
 
-#include "torchpilot/advice.h"
-#include "torchpilot/clock.h"
-#include "torchpilot/config.h"
-#include "torchpilot/knobs.h"
-#include "torchpilot/metrics.h"
-#include "torchpilot/observer.h"
-#include "torchpilot/records.h"
-#include "torchpilot/sink.h"
-#include "torchpilot/trial_engine.h"
+#include "torchpilot/runtime/advice.h"
+#include "torchpilot/runtime/clock.h"
+#include "torchpilot/runtime/config.h"
+#include "torchpilot/runtime/knobs.h"
+#include "torchpilot/runtime/metrics.h"
+#include "torchpilot/runtime/observer.h"
+#include "torchpilot/runtime/records.h"
+#include "torchpilot/runtime/sink.h"
+#include "torchpilot/runtime/tuning.h"
 
 namespace spdlog {
 class logger;
@@ -90,6 +90,7 @@ class LoaderProbe {
 };
 
 class GpuBackend;
+class TrialEngine;
 class GpuMonitor;
 
 struct PilotOptions {

@@ -22,9 +22,9 @@
 #include <utility>
 #include <vector>
 
-#include "torchpilot/config.h"
-#include "torchpilot/flop_records.h"
-#include "torchpilot/records.h"
+#include "torchpilot/runtime/config.h"
+#include "torchpilot/runtime/flop_records.h"
+#include "torchpilot/runtime/records.h"
 
 namespace spdlog {
 class logger;

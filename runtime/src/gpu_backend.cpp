@@ -1,12 +1,10 @@
-// make_gpu_backend(): the CUPTI/NVML/NVTX backend when this build has the CUDA toolkit's headers,
-// otherwise a backend that only says why there is no GPU data.
-#include "torchpilot/gpu_backend.h"
+// The GPU backend factory hooks/ registers, and the backend that only says why there is no GPU
+// data.
+#include "torchpilot/runtime/gpu_backend.h"
 
-#include "torchpilot/config.h"
+#include <atomic>
 
-#if TORCHPILOT_HAVE_CUPTI
-#include "cupti_backend.h"
-#endif
+#include "torchpilot/runtime/config.h"
 
 namespace torchpilot {
 
@@ -43,16 +41,19 @@ std::unique_ptr<GpuBackend> make_unavailable_gpu_backend(std::string reason) {
   return std::make_unique<UnavailableBackend>(std::move(reason));
 }
 
+namespace {
+std::atomic<GpuBackendFactory>& registered_factory() {
+  static std::atomic<GpuBackendFactory> factory{nullptr};
+  return factory;
+}
+}  // namespace
+
+void register_gpu_backend_factory(GpuBackendFactory factory) { registered_factory() = factory; }
+
 std::unique_ptr<GpuBackend> make_gpu_backend(const GpuConfig& config, spdlog::logger& logger) {
-#if TORCHPILOT_HAVE_CUPTI
-  return make_cupti_backend(config, logger);
-#else
-  (void)config;
-  (void)logger;
+  if (GpuBackendFactory factory = registered_factory().load()) return factory(config, logger);
   return make_unavailable_gpu_backend(
-      "this build has no GPU collectors (the CUDA toolkit's CUPTI headers were not found at "
-      "configure time)");
-#endif
+      "no GPU collectors in this program (link torchpilot::torchpilot, which brings them)");
 }
 
 }  // namespace torchpilot

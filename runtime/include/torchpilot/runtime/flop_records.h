@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "torchpilot/gpu_records.h"
+#include "torchpilot/runtime/gpu_records.h"
 
 namespace torchpilot {
 

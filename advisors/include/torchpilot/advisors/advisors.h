@@ -1,20 +1,31 @@
-// Advisors: pure functions from an epoch's metrics to advice, with thresholds from the config;
-// and tuning policies, which propose knob settings to the trial engine.
+// Advisors: pure rules from an epoch's summary to advice, with thresholds from the config. The
+// registry (advisor_registry) lists every rule once, in catalog order; the Pilot runs them at each
+// epoch's end. Adding an advisor: write the rule in its own file here, add one registry row
+// (advisors/src/registry.cpp), a config section for its thresholds and a docs/advice.md entry.
 #pragma once
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
-#include "torchpilot/advice.h"
-#include "torchpilot/config.h"
-#include "torchpilot/records.h"
-#include "torchpilot/trial_engine.h"
+#include "torchpilot/runtime/advice.h"
+#include "torchpilot/runtime/config.h"
+#include "torchpilot/runtime/records.h"
 
 namespace torchpilot {
 
+// One rule of the catalog: its advice id and the rule, which reads its thresholds from `config`.
+struct AdvisorEntry {
+  const char* id;
+  std::optional<Advice> (*rule)(const EpochSummary& summary, const Config& config);
+};
 // Every advisor, in catalog order.
-std::vector<Advice> run_advisors(const EpochSummary& summary, const Config& config);
+const std::vector<AdvisorEntry>& advisor_registry();
+// Runs the registry's rules in order. A rule that throws is skipped; its id and error are appended
+// to `errors` (when given) and the others still run.
+std::vector<Advice> run_advisors(const EpochSummary& summary, const Config& config,
+                                 std::vector<std::string>* errors = nullptr);
 
 // Data starvation: the training thread waited for batches more than `threshold` of step time.
 // Names the likely cause from the loader's counters and estimates the gain of removing the wait.
@@ -54,10 +65,5 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& summary,
 // idle, the rest) and what to change for the largest loss. Info or warning, never high.
 std::optional<Advice> advise_low_mfu(const EpochSummary& summary, const GpuAdvisorConfig& config);
 
-// Coordinate search over the loader knobs (loader.workers, loader.prefetch, loader.pin_memory,
-// loader.device_prefetch): a doubling sweep of workers, then pinning and GPU prefetch toggled, then
-// deeper prefetch, then bisection of workers around the best (loader_policy.cpp has the details).
-// Knobs that are not registered, or not available on this machine, are skipped.
-std::unique_ptr<TuningPolicy> make_loader_policy(const AutotuneConfig& config);
 
 }  // namespace torchpilot

@@ -27,8 +27,8 @@
 #include <thread>
 #include <vector>
 
-#include "torchpilot/clock.h"
-#include "torchpilot/records.h"
+#include "torchpilot/runtime/clock.h"
+#include "torchpilot/runtime/records.h"
 
 namespace torchpilot {
 

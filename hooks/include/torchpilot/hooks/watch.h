@@ -12,7 +12,7 @@
 
 #include <atomic>
 
-#include "torchpilot/pilot.h"
+#include "torchpilot/runtime/pilot.h"
 
 namespace torchpilot {
 

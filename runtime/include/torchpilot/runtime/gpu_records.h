@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "torchpilot/clock.h"
+#include "torchpilot/runtime/clock.h"
 
 namespace torchpilot {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "torchpilot/clock.h"
+#include "torchpilot/runtime/clock.h"
 
 namespace torchpilot {
 

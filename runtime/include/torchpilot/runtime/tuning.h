@@ -1,0 +1,59 @@
+// Auto-tune's vocabulary: what a trial measured, what the search decided, and the policy that
+// proposes settings. Plain values shared by the trial engine, the policies, advisors and sinks
+// (none of which needs the engine itself).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "torchpilot/runtime/clock.h"
+#include "torchpilot/runtime/knobs.h"
+
+namespace torchpilot {
+
+struct TrialResult {
+  Setting setting;
+  int64_t first_step = 0;  // first measured step
+  int64_t last_step = 0;
+  Nanos mean_step_ns = 0;         // mean of the measured steps (bursty arrivals make medians lie)
+  double relative_error = 0;      // standard error of that mean, relative
+  double throughput = 0;          // samples / time over the window (steps/s without samples)
+  std::string unit;               // "samples/s" or "steps/s"
+  double data_wait_fraction = 0;  // data wait / time over the window
+  // What the producer (the loader's workers) can sustain in the same unit, measured in the window:
+  // parallelism / mean production time per unit; 0 when not measurable. A window whose steps are
+  // fed from a backlog built under an earlier setting looks faster than the setting can sustain,
+  // so the throughput is capped at this capacity.
+  double supply_capacity = 0;
+  bool supply_limited = false;  // the cap applied
+  double demand = 0;            // the window's throughput before the cap
+  bool failed = false;
+  std::string note;  // why it failed
+};
+
+struct TuningDecision {
+  std::string policy;
+  Setting baseline;  // what the run started with
+  Setting chosen;    // what it runs with now
+  double baseline_throughput = 0;
+  double chosen_throughput = 0;
+  std::string unit;  // "samples/s" or "steps/s"
+  int64_t decided_at_step = 0;
+  int64_t steps_used = 0;           // steps from the first trial step to the decision
+  std::string reason;               // why the search ended
+  std::vector<TrialResult> trials;  // trials[0] is the baseline
+};
+
+class TuningPolicy {
+ public:
+  virtual ~TuningPolicy() = default;
+  virtual std::string name() const = 0;
+  // The next setting to try, given every trial so far (trials[0] is the baseline) and which one is
+  // the incumbent; nullopt ends the search.
+  virtual std::optional<Setting> propose(const std::vector<TrialResult>& trials, size_t incumbent,
+                                         const KnobRegistry& knobs) = 0;
+};
+
+}  // namespace torchpilot
