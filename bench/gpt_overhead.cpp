@@ -7,8 +7,9 @@
 //              NVML, NVTX), a FlopCounter whose counting window lies in the round's warm-up steps
 //              (the measured steps show its after-window cost); detailed windows only on request.
 //   window   - advise, plus a detailed window (CUPTI activity trace) over exactly the measured
-//              steps (pilot.gpu()->request_window in the last warm-up step: a requested window
-//              starts at the end of that step). Without a GPU monitor it is advise.
+//              steps (pilot.collector<torchpilot::GpuMonitor>()->request_window in the last warm-up
+//              step: a requested window starts at the end of that step). Without a GPU monitor it
+//              is advise.
 //   counting - advise, with the FLOP counter's counting window over the measured steps.
 // Rounds: every configuration once per round, the order rotated by one each round (A B C D,
 // B C D A, ...). In a round a configuration runs `warmup` steps, then `steps` measured steps with
@@ -32,8 +33,8 @@
 
 #include "gpt_flops.h"
 #include "gpt_trainer.h"
-#include "torchpilot/runtime/config.h"
 #include "torchpilot/hooks/flop_counter.h"
+#include "torchpilot/runtime/config.h"
 #include "torchpilot/runtime/gpu_monitor.h"
 #include "torchpilot/runtime/pilot.h"
 
@@ -106,17 +107,18 @@ RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, j
   torchpilot::Pilot pilot(config_for(setup, a));
   std::optional<torchpilot::FlopCounter> counter;
   if (setup != kOff) counter.emplace(pilot);
-  r.gpu_monitor = pilot.gpu() != nullptr;
+  r.gpu_monitor = pilot.collector<torchpilot::GpuMonitor>() != nullptr;
   if (r.gpu_monitor && collectors.is_null()) {
     collectors = json::array();
-    for (const auto& s : pilot.gpu()->status()) {
+    for (const auto& s : pilot.collector<torchpilot::GpuMonitor>()->status()) {
       collectors.push_back({{"name", s.name}, {"active", s.active}, {"reason", s.reason}});
     }
   }
   // A requested window starts at the end of the step it was requested in: request it in the last
   // warm-up step so that it covers exactly the measured steps. Every configuration runs the same.
   trainer.train(pilot, a.warmup - 1);
-  if (setup == kWindow && pilot.gpu() != nullptr) pilot.gpu()->request_window(a.steps);
+  if (setup == kWindow && pilot.collector<torchpilot::GpuMonitor>() != nullptr)
+    pilot.request_window(a.steps);
   trainer.train(pilot, 1);
   trainer.synchronize();
   const auto t0 = std::chrono::steady_clock::now();
@@ -127,11 +129,14 @@ RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, j
   pilot.end_epoch();  // outside the measurement: flushes the collectors, fills the summary
   if (!pilot.epoch_summaries().empty()) {
     const torchpilot::EpochSummary& s = pilot.epoch_summaries().back();
-    if (s.gpu) r.traced_steps = s.gpu->traced_steps;
-    if (s.flops) {
-      r.counted_steps = s.flops->counted_steps;
-      if (s.flops->counted_steps > 0) r.counted_flops_per_step = s.flops->model_flops_per_step;
-      r.mfu = s.flops->mfu;
+    if (s.sections.get<torchpilot::GpuEpochStats>())
+      r.traced_steps = s.sections.get<torchpilot::GpuEpochStats>()->traced_steps;
+    if (s.sections.get<torchpilot::FlopEpochStats>()) {
+      r.counted_steps = s.sections.get<torchpilot::FlopEpochStats>()->counted_steps;
+      if (s.sections.get<torchpilot::FlopEpochStats>()->counted_steps > 0)
+        r.counted_flops_per_step =
+            s.sections.get<torchpilot::FlopEpochStats>()->model_flops_per_step;
+      r.mfu = s.sections.get<torchpilot::FlopEpochStats>()->mfu;
     }
   }
   trainer.take_mean_loss();  // keeps the running sum small; outside the measurement

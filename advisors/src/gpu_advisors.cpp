@@ -34,8 +34,8 @@ std::string short_name(const std::string& name) {
 
 std::optional<Advice> advise_busy_inefficient(const EpochSummary& s,
                                               const GpuAdvisorConfig& config) {
-  if (!s.gpu || s.steps == 0) return std::nullopt;
-  const GpuEpochStats& e = *s.gpu;
+  if (!s.sections.get<GpuEpochStats>() || s.steps == 0) return std::nullopt;
+  const GpuEpochStats& e = *s.sections.get<GpuEpochStats>();
   const GpuStats& g = e.stats;
   // Busy: the kernel union (traced) or the counters' busy figure, else NVML's.
   const double busy = measured(g.gpu_utilization)       ? g.gpu_utilization
@@ -117,14 +117,16 @@ std::optional<Advice> advise_busy_inefficient(const EpochSummary& s,
 }
 
 std::optional<Advice> advise_host_sync(const EpochSummary& s, const GpuAdvisorConfig& config) {
-  if (!s.gpu || s.gpu->traced_steps == 0) return std::nullopt;
-  const GpuStats& g = s.gpu->stats;
+  if (!s.sections.get<GpuEpochStats>() || s.sections.get<GpuEpochStats>()->traced_steps == 0)
+    return std::nullopt;
+  const GpuStats& g = s.sections.get<GpuEpochStats>()->stats;
   // What a sync costs is the GPU idling because of it; a host blocked while the GPU stays busy
   // loses nothing.
   const double f = traced_share(g, g.host_sync_ns);
   const double idle = traced_share(g, g.idle_host_sync_ns);
   if (idle <= config.host_sync_threshold) return std::nullopt;
-  const double per_step = static_cast<double>(g.host_syncs) / s.gpu->traced_steps;
+  const double per_step =
+      static_cast<double>(g.host_syncs) / s.sections.get<GpuEpochStats>()->traced_steps;
   Advice a;
   a.id = "host_sync";
   a.severity = idle > 0.25 ? Severity::kHigh : Severity::kWarning;
@@ -150,14 +152,16 @@ std::optional<Advice> advise_host_sync(const EpochSummary& s, const GpuAdvisorCo
 
 std::optional<Advice> advise_pageable_copies(const EpochSummary& s,
                                              const GpuAdvisorConfig& config) {
-  if (!s.gpu || s.gpu->traced_steps == 0) return std::nullopt;
-  const GpuStats& g = s.gpu->stats;
+  if (!s.sections.get<GpuEpochStats>() || s.sections.get<GpuEpochStats>()->traced_steps == 0)
+    return std::nullopt;
+  const GpuStats& g = s.sections.get<GpuEpochStats>()->stats;
   if (g.h2d_pageable_bytes == 0) return std::nullopt;
   const double f = traced_share(g, g.h2d_pageable_ns);
   if (f <= config.pageable_threshold) return std::nullopt;
   const double share =
       static_cast<double>(g.h2d_pageable_bytes) / std::max<int64_t>(1, g.h2d_bytes);
-  const double mb = static_cast<double>(g.h2d_pageable_bytes) / 1e6 / s.gpu->traced_steps;
+  const double mb = static_cast<double>(g.h2d_pageable_bytes) / 1e6 /
+                    s.sections.get<GpuEpochStats>()->traced_steps;
   Advice a;
   a.id = "pageable_copies";
   a.severity = f > 0.2 ? Severity::kHigh : Severity::kWarning;
@@ -179,11 +183,13 @@ std::optional<Advice> advise_pageable_copies(const EpochSummary& s,
 }
 
 std::optional<Advice> advise_launch_bound(const EpochSummary& s, const GpuAdvisorConfig& config) {
-  if (!s.gpu || s.gpu->traced_steps == 0) return std::nullopt;
-  const GpuStats& g = s.gpu->stats;
+  if (!s.sections.get<GpuEpochStats>() || s.sections.get<GpuEpochStats>()->traced_steps == 0)
+    return std::nullopt;
+  const GpuStats& g = s.sections.get<GpuEpochStats>()->stats;
   const double f = traced_share(g, g.idle_launch_gap_ns);
   if (f <= config.launch_bound_threshold || g.kernels == 0) return std::nullopt;
-  const double per_step = static_cast<double>(g.kernels) / s.gpu->traced_steps;
+  const double per_step =
+      static_cast<double>(g.kernels) / s.sections.get<GpuEpochStats>()->traced_steps;
   const double busy_ns =
       measured(g.gpu_utilization) ? g.gpu_utilization * static_cast<double>(g.traced_ns) : 0.0;
   const double mean_us = busy_ns / static_cast<double>(g.kernels) / 1e3;

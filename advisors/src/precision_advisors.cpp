@@ -34,8 +34,8 @@ double step_seconds(const EpochSummary& s) {
 // the busy counter, else everything but the data wait.
 double busy_fraction(const EpochSummary& s) {
   double busy = 1.0 - clamp01(s.data_wait_fraction);
-  if (s.gpu) {
-    const GpuStats& g = s.gpu->stats;
+  if (s.sections.get<GpuEpochStats>()) {
+    const GpuStats& g = s.sections.get<GpuEpochStats>()->stats;
     if (measured(g.gpu_utilization)) {
       busy = std::min(busy, g.gpu_utilization);
     } else if (measured(g.counter_utilization)) {
@@ -58,8 +58,8 @@ std::string device_name(const FlopEpochStats& f) {
 }  // namespace
 
 std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const GpuAdvisorConfig& config) {
-  if (!s.flops || s.steps == 0) return std::nullopt;
-  const FlopEpochStats& f = *s.flops;
+  if (!s.sections.get<FlopEpochStats>() || s.steps == 0) return std::nullopt;
+  const FlopEpochStats& f = *s.sections.get<FlopEpochStats>();
   if (!(f.model_flops_per_step > 0)) return std::nullopt;
   const double fp32 = f.model_flops_by_precision[P(MathPrecision::kFp32)];
   const double share = fp32 / f.model_flops_per_step;
@@ -124,8 +124,8 @@ std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const GpuAdvisor
 
 std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
                                                const GpuAdvisorConfig& config) {
-  if (!s.flops || s.steps == 0) return std::nullopt;
-  const FlopEpochStats& f = *s.flops;
+  if (!s.sections.get<FlopEpochStats>() || s.steps == 0) return std::nullopt;
+  const FlopEpochStats& f = *s.sections.get<FlopEpochStats>();
   if (!(f.model_flops_per_step > 0)) return std::nullopt;
   const double unfused = f.unfused_attention_flops_per_step;
   const double share = unfused / f.model_flops_per_step;
@@ -135,9 +135,9 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
   const double traffic = f.unfused_attention_traffic_bytes_per_step;
   double saved_s = kNotMeasured;
   std::string how;
-  if (s.gpu && s.gpu->traced_steps > 0) {
+  if (s.sections.get<GpuEpochStats>() && s.sections.get<GpuEpochStats>()->traced_steps > 0) {
     Nanos softmax_ns = 0;
-    for (const KernelSummary& k : s.gpu->top_kernels) {
+    for (const KernelSummary& k : s.sections.get<GpuEpochStats>()->top_kernels) {
       // Attention's softmax, not the loss's log_softmax (cross-entropy).
       const std::string name = lower(k.name);
       if (name.find("softmax") != std::string::npos &&
@@ -147,7 +147,8 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
       }
     }
     if (softmax_ns > 0) {
-      saved_s = static_cast<double>(softmax_ns) / 1e9 / static_cast<double>(s.gpu->traced_steps);
+      saved_s = static_cast<double>(softmax_ns) / 1e9 /
+                static_cast<double>(s.sections.get<GpuEpochStats>()->traced_steps);
       how = "the traced softmax kernels' time";
     }
   }
@@ -213,16 +214,16 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
 }
 
 std::optional<Advice> advise_low_mfu(const EpochSummary& s, const GpuAdvisorConfig& config) {
-  if (!s.flops || s.steps == 0) return std::nullopt;
-  const FlopEpochStats& f = *s.flops;
+  if (!s.sections.get<FlopEpochStats>() || s.steps == 0) return std::nullopt;
+  const FlopEpochStats& f = *s.sections.get<FlopEpochStats>();
   if (!measured(f.mfu) || !(f.model_flops_per_step > 0)) return std::nullopt;
   if (f.mfu >= config.low_mfu_threshold) return std::nullopt;
 
   const double step_s = step_seconds(s);
   const double wait = clamp01(s.data_wait_fraction);
   double idle = kNotMeasured;
-  if (s.gpu) {
-    const GpuStats& g = s.gpu->stats;
+  if (s.sections.get<GpuEpochStats>()) {
+    const GpuStats& g = s.sections.get<GpuEpochStats>()->stats;
     if (measured(g.gpu_utilization)) {
       idle = 1.0 - clamp01(g.gpu_utilization);
     } else if (measured(g.counter_utilization)) {
@@ -294,12 +295,15 @@ std::optional<Advice> advise_low_mfu(const EpochSummary& s, const GpuAdvisorConf
           "raise the micro-batch or model width, fuse elementwise work, use "
           "at::scaled_dot_product_attention for attention";
     }
-    if (s.gpu && !s.gpu->top_kernels.empty() && s.gpu->stats.traced_ns > 0) {
+    if (s.sections.get<GpuEpochStats>() && !s.sections.get<GpuEpochStats>()->top_kernels.empty() &&
+        s.sections.get<GpuEpochStats>()->stats.traced_ns > 0) {
       std::string names;
-      const double traced = static_cast<double>(s.gpu->stats.traced_ns);
-      for (int i = 0; i < kTopKernelsNamed && i < static_cast<int>(s.gpu->top_kernels.size());
+      const double traced = static_cast<double>(s.sections.get<GpuEpochStats>()->stats.traced_ns);
+      for (int i = 0; i < kTopKernelsNamed &&
+                      i < static_cast<int>(s.sections.get<GpuEpochStats>()->top_kernels.size());
            ++i) {
-        const KernelSummary& k = s.gpu->top_kernels[static_cast<size_t>(i)];
+        const KernelSummary& k =
+            s.sections.get<GpuEpochStats>()->top_kernels[static_cast<size_t>(i)];
         if (!names.empty()) names += ", ";
         names += k.name + " " + pct(static_cast<double>(k.total_ns) / traced);
       }

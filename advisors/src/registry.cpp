@@ -21,14 +21,10 @@ const std::vector<AdvisorEntry>& advisor_registry() {
        [](const EpochSummary& s, const Config& c) {
          return advise_pageable_copies(s, c.gpu_advisors);
        }},
-      {"launch_bound",
-       [](const EpochSummary& s, const Config& c) {
-         return advise_launch_bound(s, c.gpu_advisors);
-       }},
-      {"fp32_matmul",
-       [](const EpochSummary& s, const Config& c) {
-         return advise_fp32_matmul(s, c.gpu_advisors);
-       }},
+      {"launch_bound", [](const EpochSummary& s,
+                          const Config& c) { return advise_launch_bound(s, c.gpu_advisors); }},
+      {"fp32_matmul", [](const EpochSummary& s,
+                         const Config& c) { return advise_fp32_matmul(s, c.gpu_advisors); }},
       {"unfused_attention",
        [](const EpochSummary& s, const Config& c) {
          return advise_unfused_attention(s, c.gpu_advisors);

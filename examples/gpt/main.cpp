@@ -13,8 +13,8 @@
 
 #include "gpt_flops.h"
 #include "gpt_trainer.h"
-#include "torchpilot/runtime/config.h"
 #include "torchpilot/hooks/flop_counter.h"
+#include "torchpilot/runtime/config.h"
 #include "torchpilot/runtime/pilot.h"
 
 namespace {
@@ -206,8 +206,10 @@ int main(int argc, char** argv) {
           "%.2f TFLOP/s\n",
           e, steps, last_loss, tokens / seconds, 1e3 * seconds / static_cast<double>(steps),
           analytic * static_cast<double>(steps) / seconds / 1e12);
-      if (!pilot.epoch_summaries().empty() && pilot.epoch_summaries().back().flops) {
-        const torchpilot::FlopEpochStats& f = *pilot.epoch_summaries().back().flops;
+      if (!pilot.epoch_summaries().empty() &&
+          pilot.epoch_summaries().back().sections.get<torchpilot::FlopEpochStats>()) {
+        const torchpilot::FlopEpochStats& f =
+            *pilot.epoch_summaries().back().sections.get<torchpilot::FlopEpochStats>();
         // steps_with_count: steps carrying a count (from a counting window in this epoch or,
         // for the same tokens per step, an earlier one); counted_steps: this epoch's window.
         if (f.steps_with_count > 0 && f.model_flops_per_step > 0) {

@@ -304,9 +304,8 @@ FlopCounter::RecomputeScope::RecomputeScope(RecomputeScope&& other) noexcept
 FlopCounter::FlopCounter(Pilot& pilot) : pilot_(&pilot), planner_(pilot.config().flops) {
   const Config& config = pilot.config();
   if (config.mode == Mode::kOff) return;
-  spdlog::logger& log = pilot.logger();
-  const auto info = [&log](const std::string& m) { flop_log(log, FlopLogLevel::kInfo, m); };
-  const auto warn = [&log](const std::string& m) { flop_log(log, FlopLogLevel::kWarn, m); };
+  const auto info = [&pilot](const std::string& m) { pilot.log(LogLevel::kInfo, m); };
+  const auto warn = [&pilot](const std::string& m) { pilot.log(LogLevel::kWarn, m); };
   const std::string device = cuda_device_name(config.gpu.device);
   peak_ = resolve_peak(device, config.flops.peak_tflops);
   if (config.flops.allow_tf32) {
@@ -334,7 +333,7 @@ FlopCounter::FlopCounter(Pilot& pilot) : pilot_(&pilot), planner_(pilot.config()
     return;
   }
   active_ = true;
-  pilot.add_observer(this);
+  pilot.add_collector(this);
   if (peak_.any()) {
     info("FLOP counter: device '" + (device.empty() ? std::string("cpu") : device) +
          "', peak from " + peak_.source);
@@ -347,7 +346,7 @@ FlopCounter::FlopCounter(Pilot& pilot) : pilot_(&pilot), planner_(pilot.config()
 }
 
 FlopCounter::~FlopCounter() {
-  if (pilot_ != nullptr) pilot_->remove_observer(this);
+  if (pilot_ != nullptr) pilot_->remove_collector(this);
   if (!active_) return;
   try {
     at::disableCallback(handle_);
@@ -357,7 +356,8 @@ FlopCounter::~FlopCounter() {
   g_owner.store(nullptr);
 }
 
-void FlopCounter::forget_pilot() {
+void FlopCounter::attach(CollectorHost* host) {
+  if (host != nullptr) return;  // added by the constructor: pilot_ is the host
   pilot_ = nullptr;
   // No more steps will come: a counting window left open would box every op from now on.
   if (active_ && window_open_) {
@@ -410,8 +410,7 @@ void FlopCounter::on_step_begin(int64_t step, Nanos now) {
     active_ = false;
     window_open_ = false;
     if (pilot_ != nullptr) {
-      flop_log(pilot_->logger(), FlopLogLevel::kError,
-               std::string("FLOP counter stopped: ") + e.what());
+      pilot_->log(LogLevel::kError, std::string("FLOP counter stopped: ") + e.what());
     }
   }
 }
@@ -433,8 +432,8 @@ void FlopCounter::on_step_end(StepRecord& record) {
   } catch (const std::exception& e) {
     if (!warned_ && pilot_ != nullptr) {
       warned_ = true;
-      flop_log(pilot_->logger(), FlopLogLevel::kError,
-               "FLOP counter: step " + std::to_string(record.step) + " not counted: " + e.what());
+      pilot_->log(LogLevel::kError, "FLOP counter: step " + std::to_string(record.step) +
+                                        " not counted: " + e.what());
     }
   }
 }
@@ -442,12 +441,11 @@ void FlopCounter::on_step_end(StepRecord& record) {
 void FlopCounter::on_epoch_end(EpochSummary& summary) {
   if (!active_) return;
   try {
-    summary.flops = epoch_.summarize(peak_);
+    summary.sections.set(epoch_.summarize(peak_));
     epoch_.clear();
   } catch (const std::exception& e) {
     if (pilot_ != nullptr) {
-      flop_log(pilot_->logger(), FlopLogLevel::kError,
-               std::string("FLOP counter: epoch summary: ") + e.what());
+      pilot_->log(LogLevel::kError, std::string("FLOP counter: epoch summary: ") + e.what());
     }
   }
 }
@@ -465,7 +463,7 @@ void FlopCounter::log_window(const StepFlops& c, int64_t samples) {
     precisions += buf;
   }
   const std::string top = c.ops.empty() ? "none" : c.ops.front().op;
-  const FlopLogLevel level = planner_.windows() == 1 ? FlopLogLevel::kInfo : FlopLogLevel::kDebug;
+  const LogLevel level = planner_.windows() == 1 ? LogLevel::kInfo : LogLevel::kDebug;
   std::string line = "FLOPs per step (" + std::to_string(samples) +
                      " samples): " + gflops(c.model_flops) + " GFLOP model, " +
                      gflops(c.hardware_flops) + " GFLOP hardware (" +
@@ -473,7 +471,7 @@ void FlopCounter::log_window(const StepFlops& c, int64_t samples) {
                      "; unfused attention " + gflops(c.unfused_attention_flops) + " GFLOP, fused " +
                      gflops(c.fused_attention_flops) + " GFLOP";
   if (c.unparsed_calls > 0) line += "; " + std::to_string(c.unparsed_calls) + " calls unreadable";
-  flop_log(pilot_->logger(), level, line);
+  pilot_->log(level, line);
 }
 
 }  // namespace torchpilot

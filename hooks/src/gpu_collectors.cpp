@@ -1,9 +1,14 @@
-// Registers this build's GPU backend with the runtime: CUPTI/NVML/NVTX when the CUDA toolkit's
-// headers were found at configure time, otherwise one that says why there is no GPU data.
+// The GPU collector of every Pilot: a GpuMonitor over this build's backend (CUPTI/NVML/NVTX when
+// the CUDA toolkit's headers were found at configure time), registered with the runtime as a
+// default collector. Each reason the GPU is not observed is logged once.
 // The registration runs at static initialization; the anchor below is named on the link line
 // (CMake, torchpilot_gpu_collectors) so that a static library does not drop this object.
+#include <spdlog/spdlog.h>
+
+#include "torchpilot/runtime/collector.h"
 #include "torchpilot/runtime/config.h"
 #include "torchpilot/runtime/gpu_backend.h"
+#include "torchpilot/runtime/gpu_monitor.h"
 
 #if TORCHPILOT_HAVE_CUPTI
 #include "cupti_backend.h"
@@ -24,8 +29,22 @@ std::unique_ptr<GpuBackend> make_build_backend(const GpuConfig& config, spdlog::
 #endif
 }
 
+std::unique_ptr<Collector> make_gpu_collector(CollectorHost& host) {
+  const Config& config = host.config();
+  if (!config.gpu.enabled) return nullptr;
+  spdlog::logger& log = host.logger();
+  // GPU events carry steady-clock times: with another clock (a test's, a simulation's) they
+  // cannot be placed in steps. A program can still add a GpuMonitor over a backend of its own.
+  if (!host.steady_clock()) {
+    log.info(
+        "GPU collectors off: the Pilot runs on a custom clock, GPU events use the steady clock");
+    return nullptr;
+  }
+  return make_gpu_monitor(config.gpu, make_build_backend(config.gpu, log), log);
+}
+
 const bool registered = [] {
-  register_gpu_backend_factory(&make_build_backend);
+  register_default_collector(&make_gpu_collector);
   return true;
 }();
 

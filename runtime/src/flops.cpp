@@ -939,15 +939,18 @@ FlopEpochStats FlopEpochAccumulator::summarize(const DevicePeak& peak) const {
 }
 
 void fill_step_flops(StepRecord& record, const StepFlops* count, const DevicePeak& peak) {
+  StepMetrics& m = record.metrics;
   if (count == nullptr) {
-    record.model_flops = record.hardware_flops = record.mfu = record.hfu = kNotMeasured;
+    for (const char* name : {"model_flops", "hardware_flops", "mfu", "hfu"}) {
+      m.set("flops", name, kNotMeasured);
+    }
     return;
   }
   const double seconds = static_cast<double>(record.step_ns()) / 1e9;
-  record.model_flops = count->model_flops;
-  record.hardware_flops = count->hardware_flops;
-  record.mfu = utilization(count->model_by_precision, peak, seconds);
-  record.hfu = utilization(count->hardware_by_precision, peak, seconds);
+  m.set("flops", "model_flops", count->model_flops);
+  m.set("flops", "hardware_flops", count->hardware_flops);
+  m.set("flops", "mfu", utilization(count->model_by_precision, peak, seconds));
+  m.set("flops", "hfu", utilization(count->hardware_by_precision, peak, seconds));
 }
 
 void flop_log(spdlog::logger& logger, FlopLogLevel level, const std::string& message) {

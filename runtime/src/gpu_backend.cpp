@@ -1,8 +1,5 @@
-// The GPU backend factory hooks/ registers, and the backend that only says why there is no GPU
-// data.
+// The backend that only says why there is no GPU data.
 #include "torchpilot/runtime/gpu_backend.h"
-
-#include <atomic>
 
 #include "torchpilot/runtime/config.h"
 
@@ -16,10 +13,10 @@ class UnavailableBackend : public GpuBackend {
   explicit UnavailableBackend(std::string reason) : reason_(std::move(reason)) {}
   GpuDeviceInfo device() const override { return {}; }
   std::vector<CollectorStatus> status() const override {
-    return {{"pm_sampling", false, reason_},
-            {"activity", false, reason_},
-            {"nvml", false, reason_},
-            {"nvtx", false, reason_}};
+    return {{kPmSamplingCollector, false, reason_},
+            {kActivityCollector, false, reason_},
+            {kNvmlCollector, false, reason_},
+            {kNvtxCollector, false, reason_}};
   }
   void start() override {}
   bool start_trace() override { return false; }
@@ -39,21 +36,6 @@ class UnavailableBackend : public GpuBackend {
 
 std::unique_ptr<GpuBackend> make_unavailable_gpu_backend(std::string reason) {
   return std::make_unique<UnavailableBackend>(std::move(reason));
-}
-
-namespace {
-std::atomic<GpuBackendFactory>& registered_factory() {
-  static std::atomic<GpuBackendFactory> factory{nullptr};
-  return factory;
-}
-}  // namespace
-
-void register_gpu_backend_factory(GpuBackendFactory factory) { registered_factory() = factory; }
-
-std::unique_ptr<GpuBackend> make_gpu_backend(const GpuConfig& config, spdlog::logger& logger) {
-  if (GpuBackendFactory factory = registered_factory().load()) return factory(config, logger);
-  return make_unavailable_gpu_backend(
-      "no GPU collectors in this program (link torchpilot::torchpilot, which brings them)");
 }
 
 }  // namespace torchpilot

@@ -1,5 +1,7 @@
 #include "torchpilot/runtime/gpu_monitor.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -273,19 +275,15 @@ struct GpuMonitor::EpochAcc {
 
 // --- GpuMonitor ------------------------------------------------------------------------------
 
-GpuMonitor::GpuMonitor(const GpuConfig& config, std::shared_ptr<GpuBackend> backend,
-                       std::function<void(const GpuStepRecord&)> publish,
-                       std::function<bool()> warmup_done)
+GpuMonitor::GpuMonitor(const GpuConfig& config, std::shared_ptr<GpuBackend> backend)
     : config_(config),
       backend_(std::move(backend)),
-      publish_(std::move(publish)),
-      warmup_done_(std::move(warmup_done)),
       device_(backend_->device()),
       epoch_(std::make_unique<EpochAcc>()) {
   backend_->start();
   for (const auto& s : backend_->status()) {
-    if (s.name == "pm_sampling") pm_active_ = s.active;
-    if (s.name == "activity" && !s.active) trace_failed_ = true;
+    if (s.name == kPmSamplingCollector) pm_active_ = s.active;
+    if (s.name == kActivityCollector && !s.active) trace_failed_ = true;
   }
   if (!config_.activity) trace_failed_ = true;
   recent_step_ns_.reserve(kAnomalyHistory);
@@ -371,7 +369,7 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   // itself slows steps).
   const bool tracing_now = p.traced || trace_tail_ > 0 || anomaly_quiet_steps_ > 0;
   if (anomaly_quiet_steps_ > 0) --anomaly_quiet_steps_;
-  const bool warm = warmup_done_();  // no window inside auto-tune's trials
+  const bool warm = host_ == nullptr || !host_->tuning();  // no window inside auto-tune's trials
   if (!tracing_now && warm && config_.trace_anomaly_factor > 0 &&
       recent_step_ns_.size() == kAnomalyHistory && !anomaly_window_used_) {
     const double med = static_cast<double>(recent_median_ns_);
@@ -434,7 +432,7 @@ void GpuMonitor::arm_window(int steps) {
 void GpuMonitor::refresh_pm_status() {
   // Steps wait for PM samples only while sampling runs; once it stopped they finish without.
   for (const auto& s : backend_->status()) {
-    if (s.name == "pm_sampling") pm_active_ = s.active;
+    if (s.name == kPmSamplingCollector) pm_active_ = s.active;
   }
 }
 
@@ -464,7 +462,7 @@ void GpuMonitor::finish(const PendingStep& step) {
   last_finished_end_ = std::max(last_finished_end_, step.span.end);
   epoch_->add(rec.stats);
   if (step.traced) epoch_->add_kernels(events_.kernels, step.span, device_.sm_count);
-  publish_(rec);
+  if (host_ != nullptr) host_->publish(make_late_step(rec.step, rec.epoch, rec));
 }
 
 void GpuMonitor::finish_ready_steps(bool all) {
@@ -537,10 +535,33 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.collectors = backend_->status();
   e.dropped_records = events_.dropped;
   events_.dropped = 0;
-  summary.gpu = std::move(e);
+  summary.sections.set(std::move(e));
   epoch_ = std::make_unique<EpochAcc>();
   ++epochs_since_window_;
   anomaly_window_used_ = false;
+}
+
+std::unique_ptr<GpuMonitor> make_gpu_monitor(const GpuConfig& config,
+                                             std::shared_ptr<GpuBackend> backend,
+                                             spdlog::logger& logger) {
+  const GpuDeviceInfo device = backend->device();
+  if (device.sm_count <= 0) {
+    std::string why;
+    for (const auto& s : backend->status()) {
+      if (!s.active && !s.reason.empty()) {
+        why = s.reason;
+        break;
+      }
+    }
+    logger.info("GPU collectors off: {}", why.empty() ? "no GPU" : why);
+    return nullptr;
+  }
+  auto monitor = std::make_unique<GpuMonitor>(config, std::move(backend));
+  for (const auto& s : monitor->status()) {
+    if (!s.active) logger.info("GPU collector {} off: {}", s.name, s.reason);
+  }
+  logger.info("GPU {} ({} SMs) observed", device.name, device.sm_count);
+  return monitor;
 }
 
 }  // namespace torchpilot

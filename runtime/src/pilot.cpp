@@ -8,11 +8,9 @@
 #include <optional>
 
 #include "torchpilot/advisors/advisors.h"
-#include "torchpilot/runtime/gpu_backend.h"
 #include "torchpilot/runtime/loader_policy.h"
-#include "torchpilot/runtime/trial_engine.h"
-#include "torchpilot/runtime/gpu_monitor.h"
 #include "torchpilot/runtime/logging.h"
+#include "torchpilot/runtime/trial_engine.h"
 
 namespace torchpilot {
 
@@ -27,6 +25,83 @@ std::shared_ptr<spdlog::logger> torchpilot_logger() {
     spdlog::register_logger(logger);
   }
   return logger;
+}
+
+void log_to(spdlog::logger& logger, LogLevel level, const std::string& message) {
+  switch (level) {
+    case LogLevel::kDebug:
+      logger.debug("{}", message);
+      break;
+    case LogLevel::kInfo:
+      logger.info("{}", message);
+      break;
+    case LogLevel::kWarn:
+      logger.warn("{}", message);
+      break;
+    case LogLevel::kError:
+      logger.error("{}", message);
+      break;
+  }
+}
+
+namespace {
+
+// Runs `fn`; what it threw, as text ("" for a non-standard exception), or nothing.
+template <typename Fn>
+std::optional<std::string> failure_of(Fn&& fn) {
+  try {
+    fn();
+    return std::nullopt;
+  } catch (const std::exception& e) {
+    return std::string(e.what());
+  } catch (...) {
+    return std::string();
+  }
+}
+
+std::string reason_suffix(const std::string& reason) {
+  return reason.empty() ? std::string() : ": " + reason;
+}
+
+}  // namespace
+
+// --- default collectors ---------------------------------------------------------------------
+
+namespace {
+std::mutex& registry_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::vector<CollectorFactory>& registry() {
+  static std::vector<CollectorFactory> factories;
+  return factories;
+}
+
+// The attached loader's counters for each epoch: the difference of two snapshots.
+class LoaderCollector final : public Collector {
+ public:
+  explicit LoaderCollector(LoaderProbe* probe) : probe_(probe), at_epoch_start_(probe->stats()) {}
+  std::string name() const override { return "loader"; }
+  void on_epoch_end(EpochSummary& summary) override {
+    LoaderStats now = probe_->stats();
+    summary.sections.set(loader_delta(now, at_epoch_start_));
+    at_epoch_start_ = std::move(now);
+  }
+
+ private:
+  LoaderProbe* probe_;
+  LoaderStats at_epoch_start_;
+};
+}  // namespace
+
+void register_default_collector(CollectorFactory factory) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry().push_back(factory);
+}
+
+std::vector<CollectorFactory> default_collectors() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  return registry();
 }
 
 // --- scopes ---------------------------------------------------------------------------------
@@ -79,130 +154,102 @@ Pilot::Pilot(Config config, PilotOptions options)
   sink_failed_.assign(sinks_.size(), false);
   logger_->info("mode {}{}", to_string(config_.mode),
                 config_.json_path.empty() ? "" : ", records to " + config_.json_path);
-  if (!config_.gpu.enabled) return;
-  // GPU events carry steady-clock times: with another clock (a test's, a simulation's) they
-  // cannot be placed in steps, unless the caller brings a backend that speaks that clock.
-  if (!options.gpu_backend && dynamic_cast<SteadyClock*>(clock_.get()) == nullptr) {
-    logger_->info(
-        "GPU collectors off: the Pilot runs on a custom clock, GPU events use the "
-        "steady clock");
+  if (!options.default_collectors) {
+    for (auto& c : options.collectors) add_collector(std::move(c));
     return;
   }
-  start_gpu(std::move(options.gpu_backend));
+  add_default_collectors(std::move(options.collectors));
 }
 
-void Pilot::start_gpu(std::shared_ptr<GpuBackend> backend) {
-  try {
-    if (!backend) backend = make_gpu_backend(config_.gpu, *logger_);
-    const GpuDeviceInfo device = backend->device();
-    if (device.sm_count <= 0) {
-      std::string why;
-      for (const auto& s : backend->status()) {
-        if (!s.active && !s.reason.empty()) {
-          why = s.reason;
-          break;
-        }
-      }
-      logger_->info("GPU collectors off: {}", why.empty() ? "no GPU" : why);
-      return;
+void Pilot::add_default_collectors(std::vector<std::shared_ptr<Collector>> given) {
+  for (CollectorFactory factory : default_collectors()) {
+    std::unique_ptr<Collector> c;
+    if (const auto failed = failure_of([&] { c = factory(*this); })) {
+      logger_->warn("a default collector failed to start{}", reason_suffix(*failed));
+      continue;
     }
-    gpu_monitor_ = std::make_unique<GpuMonitor>(
-        config_.gpu, std::move(backend), [this](const GpuStepRecord& r) { publish(r); },
-        [this]() { return config_.mode != Mode::kAutotune || tuning_finished(); });
-    for (const auto& s : gpu_monitor_->status()) {
-      if (s.active) continue;
-      logger_->info("GPU collector {} off: {}", s.name, s.reason);
-    }
-    logger_->info("GPU {} ({} SMs) observed", device.name, device.sm_count);
-    observers_.insert(observers_.begin(), gpu_monitor_.get());
-  } catch (const std::exception& e) {
-    gpu_monitor_.reset();
-    logger_->warn("GPU collectors off: {}", e.what());
+    if (!c) continue;
+    const bool replaced = std::any_of(given.begin(), given.end(),
+                                      [&](const auto& g) { return g && g->name() == c->name(); });
+    if (!replaced) add_collector(std::move(c));
   }
+  for (auto& c : given) add_collector(std::move(c));
 }
 
 Pilot::~Pilot() {
   if (loader_ != nullptr) loader_->forget_pilot();
-  for (StepObserver* o : observers_) {
-    if (o != gpu_monitor_.get()) o->forget_pilot();
-  }
-  observers_.clear();
-  flush();
-}
-
-void Pilot::log(LogLevel level, const std::string& message) {
-  switch (level) {
-    case LogLevel::kDebug:
-      logger_->debug("{}", message);
-      break;
-    case LogLevel::kInfo:
-      logger_->info("{}", message);
-      break;
-    case LogLevel::kWarn:
-      logger_->warn("{}", message);
-      break;
-    case LogLevel::kError:
-      logger_->error("{}", message);
-      break;
-  }
-}
-
-void Pilot::add_observer(StepObserver* observer) {
-  if (observer == nullptr || !enabled_) return;
-  if (std::find(observers_.begin(), observers_.end(), observer) == observers_.end()) {
-    observers_.push_back(observer);
-  }
-}
-
-void Pilot::remove_observer(StepObserver* observer) {
-  observers_.erase(std::remove(observers_.begin(), observers_.end(), observer), observers_.end());
-}
-
-void Pilot::publish(const GpuStepRecord& record) {
-  for_each_sink("on_gpu_step", [&](Sink& s) { s.on_gpu_step(record); });
-}
-
-void Pilot::drop_observer(size_t i) {
-  StepObserver* o = observers_[i];
-  observers_.erase(observers_.begin() + static_cast<std::ptrdiff_t>(i));
-  // It must not reach back into this Pilot later (its destructor would, after ours).
-  if (o != gpu_monitor_.get()) {
+  for (Collector* c : collectors_) {
     try {
-      o->forget_pilot();
+      c->attach(nullptr);
     } catch (...) {
     }
   }
+  collectors_.clear();
+  loader_collector_.reset();
+  owned_collectors_.clear();  // owned ones stop here (the GPU monitor flushes its backend)
+  flush();
 }
 
-namespace {
+void Pilot::log(LogLevel level, const std::string& message) { log_to(*logger_, level, message); }
 
-// Runs `fn`; what it threw, as text ("" for a non-standard exception), or nothing.
-template <typename Fn>
-std::optional<std::string> failure_of(Fn&& fn) {
+bool Pilot::steady_clock() const { return dynamic_cast<SteadyClock*>(clock_.get()) != nullptr; }
+
+bool Pilot::tuning() const { return config_.mode == Mode::kAutotune && !tuning_finished(); }
+
+void Pilot::insert_collector(Collector* c, bool front) {
+  if (std::find(collectors_.begin(), collectors_.end(), c) != collectors_.end()) return;
+  if (const auto failed = failure_of([&] { c->attach(this); })) {
+    logger_->error("collector '{}' failed to attach and is not used{}", c->name(),
+                   reason_suffix(*failed));
+    return;
+  }
+  collectors_.insert(front ? collectors_.begin() : collectors_.end(), c);
+}
+
+void Pilot::add_collector(Collector* collector) {
+  if (collector == nullptr || !enabled_) return;
+  insert_collector(collector, false);
+}
+
+void Pilot::add_collector(std::shared_ptr<Collector> collector) {
+  if (collector == nullptr || !enabled_) return;
+  Collector* c = collector.get();
+  owned_collectors_.push_back(std::move(collector));
+  insert_collector(c, false);
+}
+
+void Pilot::remove_collector(Collector* collector) {
+  collectors_.erase(std::remove(collectors_.begin(), collectors_.end(), collector),
+                    collectors_.end());
+}
+
+void Pilot::request_window(int steps) {
+  for_each_collector("on_window_request", [&](Collector& c) { c.on_window_request(steps); });
+}
+
+void Pilot::publish(const LateStepRecord& record) {
+  for_each_sink("on_late_step", [&](Sink& s) { s.on_late_step(record); });
+}
+
+void Pilot::drop_collector(size_t i) {
+  Collector* c = collectors_[i];
+  collectors_.erase(collectors_.begin() + static_cast<std::ptrdiff_t>(i));
+  // It must not reach back into this Pilot later (its destructor would, after ours). An owned
+  // one lives on, unused, until the Pilot goes.
   try {
-    fn();
-    return std::nullopt;
-  } catch (const std::exception& e) {
-    return std::string(e.what());
+    c->attach(nullptr);
   } catch (...) {
-    return std::string();
   }
 }
 
-std::string reason_suffix(const std::string& reason) {
-  return reason.empty() ? std::string() : ": " + reason;
-}
-
-}  // namespace
-
 template <typename Fn>
-void Pilot::for_each_observer(const char* what, Fn&& fn) {
-  for (size_t i = 0; i < observers_.size();) {
-    StepObserver* o = observers_[i];
-    if (const auto failed = failure_of([&] { fn(*o); })) {
-      logger_->error("observer '{}' failed in {} and is removed{}", o->name(), what,
+void Pilot::for_each_collector(const char* what, Fn&& fn) {
+  for (size_t i = 0; i < collectors_.size();) {
+    Collector* c = collectors_[i];
+    if (const auto failed = failure_of([&] { fn(*c); })) {
+      logger_->error("collector '{}' failed in {} and is removed{}", c->name(), what,
                      reason_suffix(*failed));
-      drop_observer(i);
+      drop_collector(i);
     } else {
       ++i;
     }
@@ -218,10 +265,10 @@ StepScope Pilot::step(int64_t samples) {
   step_open_ = true;
   open_step_samples_ = samples;
   step_begin_ns_ = clock_->now_ns();
-  if (!observers_.empty()) {
+  if (!collectors_.empty()) {
     const int64_t n = next_step_;
     const Nanos t = step_begin_ns_;
-    for_each_observer("on_step_begin", [&](StepObserver& o) { o.on_step_begin(n, t); });
+    for_each_collector("on_step_begin", [&](Collector& o) { o.on_step_begin(n, t); });
   }
   return StepScope(this, next_step_);
 }
@@ -242,20 +289,20 @@ PhaseScope Pilot::phase(std::string_view name) {
 
 PhaseScope Pilot::phase(int id) {
   if (config_.mode == Mode::kOff || id < 0 || id >= kMaxPhases) return PhaseScope(nullptr, -1, 0);
-  if (!observers_.empty()) {
+  if (!collectors_.empty()) {
     static const std::string unnamed = "phase";
     const std::string& name = static_cast<size_t>(id) < phase_names_.size()
                                   ? phase_names_[static_cast<size_t>(id)]
                                   : unnamed;
-    for_each_observer("on_phase_begin", [&](StepObserver& o) { o.on_phase_begin(id, name); });
+    for_each_collector("on_phase_begin", [&](Collector& o) { o.on_phase_begin(id, name); });
   }
   return PhaseScope(this, id, clock_->now_ns());
 }
 
 void Pilot::end_phase(int id, Nanos begin) {
   phase_ns_[id] += clock_->now_ns() - begin;
-  if (!observers_.empty()) {
-    for_each_observer("on_phase_end", [&](StepObserver& o) { o.on_phase_end(id); });
+  if (!collectors_.empty()) {
+    for_each_collector("on_phase_end", [&](Collector& o) { o.on_phase_end(id); });
   }
 }
 
@@ -283,7 +330,7 @@ void Pilot::end_step() {
     history_[history_next_] = r;
     history_next_ = (history_next_ + 1) % history_.size();
   }
-  for_each_observer("on_step_end", [&](StepObserver& o) { o.on_step_end(r); });
+  for_each_collector("on_step_end", [&](Collector& o) { o.on_step_end(r); });
   accumulator_.add(r);
   for_each_sink("on_step", [&](Sink& s) { s.on_step(r, phase_names_); });
 
@@ -336,18 +383,14 @@ void Pilot::end_epoch() {
   summary.tuning_steps = epoch_tuning_steps_;
   summary.tuned = engine_ && engine_->finished() && !engine_->decision()->trials.empty();
   epoch_tuning_steps_ = 0;
-  if (loader_ != nullptr) {
-    LoaderStats now = loader_->stats();
-    summary.loader = loader_delta(now, loader_at_epoch_start_);
-    loader_at_epoch_start_ = now;
-  }
-  for_each_observer("on_epoch_end", [&](StepObserver& o) { o.on_epoch_end(summary); });
+  for_each_collector("on_epoch_end", [&](Collector& o) { o.on_epoch_end(summary); });
   std::vector<Advice> advice;
-  try {
-    advice = run_advisors(summary, config_);
-  } catch (const std::exception& e) {
-    logger_->error("advisors failed for epoch {}: {}", epoch_, e.what());
+  std::vector<std::string> advisor_errors;
+  if (const auto failed =
+          failure_of([&] { advice = run_advisors(summary, config_, &advisor_errors); })) {
+    logger_->error("advisors failed for epoch {}{}", epoch_, reason_suffix(*failed));
   }
+  for (const auto& e : advisor_errors) logger_->error("advisor failed for epoch {}: {}", epoch_, e);
   for (auto& a : advice) a.epoch = epoch_;
   for_each_sink("on_epoch", [&](Sink& s) { s.on_epoch(summary, advice); });
   epoch_summaries_.push_back(std::move(summary));
@@ -389,7 +432,8 @@ void Pilot::attach_loader(LoaderProbe* probe, std::vector<Knob> knobs) {
     old->forget_pilot();
   }
   loader_ = probe;
-  loader_at_epoch_start_ = probe->stats();
+  loader_collector_ = std::make_unique<LoaderCollector>(probe);
+  insert_collector(loader_collector_.get(), true);  // its section comes first
   for (auto& k : knobs) knobs_.add(std::move(k));
   if (!engine_) return;
   if (!engine_->finished()) {
@@ -407,6 +451,8 @@ void Pilot::attach_loader(LoaderProbe* probe, std::vector<Knob> knobs) {
 void Pilot::detach_loader(LoaderProbe* probe) {
   if (loader_ != probe) return;
   loader_ = nullptr;
+  remove_collector(loader_collector_.get());
+  loader_collector_.reset();
   knobs_.remove_prefix("loader.");
 }
 

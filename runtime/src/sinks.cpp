@@ -4,153 +4,30 @@
 #include <cmath>
 #include <ctime>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "format.h"
 #include "torchpilot/runtime/metrics.h"
 #include "torchpilot/runtime/sink.h"
 
 namespace torchpilot {
 namespace {
 
-using nlohmann::json;
+using namespace detail;
 
 constexpr int kSchemaVersion = 1;
 
-// One line of JSON; invalid UTF-8 (a Latin-1 path in an error message, say) is replaced rather
-// than thrown, which would disable the sink for the rest of the run.
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-double ms(Nanos ns) { return static_cast<double>(ns) / 1e6; }
-
-std::string fmt_ms(Nanos ns) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f ms", ms(ns));
-  return buf;
-}
-
-std::string fmt_pct(double f) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * f);
-  return buf;
-}
-
-std::string fmt_num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, v >= 100 ? "%.0f" : "%.3g", v);
-  return buf;
-}
-
-// NaN (not measured) is written as null.
-json number(double v) { return std::isnan(v) ? json(nullptr) : json(v); }
-
-std::string fmt_opt_pct(double f) { return measured(f) ? fmt_pct(f) : std::string("n/a"); }
-
-json gpu_stats_json(const GpuStats& g) {
-  return {{"wall_ms", ms(g.wall_ns)},
-          {"counter_utilization", number(g.counter_utilization)},
-          {"sm_efficiency", number(g.sm_efficiency)},
-          {"tensor_activity", number(g.tensor_activity)},
-          {"dram_throughput", number(g.dram_throughput)},
-          {"achieved_occupancy", number(g.achieved_occupancy)},
-          {"pcie_read_bytes", number(g.pcie_read_bytes)},
-          {"pcie_write_bytes", number(g.pcie_write_bytes)},
-          {"nvml_utilization", number(g.nvml_utilization)},
-          {"traced_ms", ms(g.traced_ns)},
-          {"gpu_utilization", number(g.gpu_utilization)},
-          {"estimated_sm_efficiency", number(g.estimated_sm_efficiency)},
-          {"kernels", g.kernels},
-          {"host_sync_ms", ms(g.host_sync_ns)},
-          {"host_syncs", g.host_syncs},
-          {"h2d_bytes", g.h2d_bytes},
-          {"h2d_pageable_bytes", g.h2d_pageable_bytes},
-          {"h2d_pageable_ms", ms(g.h2d_pageable_ns)},
-          {"idle_ms",
-           {{"data_wait", ms(g.idle_data_wait_ns)},
-            {"host_sync", ms(g.idle_host_sync_ns)},
-            {"launch_gap", ms(g.idle_launch_gap_ns)},
-            {"other", ms(g.idle_other_ns)}}}};
-}
-
-json gpu_epoch_json(const GpuEpochStats& e) {
-  json kernels = json::array();
-  for (const auto& k : e.top_kernels) {
-    kernels.push_back({{"name", k.name},
-                       {"launches", k.launches},
-                       {"total_ms", ms(k.total_ns)},
-                       {"mean_blocks_per_sm", k.mean_blocks_per_sm},
-                       {"estimated_sm_efficiency", k.estimated_sm_efficiency}});
+// Each section under its name, as the section wrote it.
+void add_sections(json& j, const Sections& sections) {
+  for (const auto& section : sections.all()) {
+    j[std::string(section->name())] = json::parse(section->json());
   }
-  json collectors = json::array();
-  for (const auto& c : e.collectors) {
-    collectors.push_back({{"name", c.name}, {"active", c.active}, {"reason", c.reason}});
-  }
-  json j = gpu_stats_json(e.stats);
-  j["device"] = e.device;
-  j["sm_count"] = e.sm_count;
-  j["traced_steps"] = e.traced_steps;
-  j["dropped_records"] = e.dropped_records;
-  j["top_kernels"] = kernels;
-  j["collectors"] = collectors;
-  return j;
-}
-
-json flops_json(const FlopEpochStats& f) {
-  json ops = json::array();
-  for (const auto& o : f.top_ops) {
-    ops.push_back({{"op", o.op},
-                   {"precision", to_string(o.precision)},
-                   {"flops_per_step", o.flops_per_step},
-                   {"calls_per_step", o.calls_per_step}});
-  }
-  json modules = json::array();
-  for (const auto& m : f.modules) {
-    modules.push_back({{"module", m.op}, {"flops_per_step", m.flops_per_step}});
-  }
-  json by = json::object();
-  for (int i = 0; i < kMathPrecisions; ++i) {
-    if (f.model_flops_by_precision[i] > 0) {
-      by[to_string(static_cast<MathPrecision>(i))] = f.model_flops_by_precision[i];
-    }
-  }
-  return {{"device", f.device},
-          {"counted_steps", f.counted_steps},
-          {"model_flops_per_step", f.model_flops_per_step},
-          {"hardware_flops_per_step", f.hardware_flops_per_step},
-          {"model_flops_by_precision", by},
-          {"achieved_flops_per_s", f.achieved_flops_per_s},
-          {"mfu", number(f.mfu)},
-          {"hfu", number(f.hfu)},
-          {"peak_flops_per_s", number(f.peak_flops_per_s)},
-          {"dominant_precision", to_string(f.dominant_precision)},
-          {"peak_source", f.peak_source},
-          {"unfused_attention_flops_per_step", f.unfused_attention_flops_per_step},
-          {"unfused_attention_per_step", f.unfused_attention_per_step},
-          {"fused_attention_flops_per_step", f.fused_attention_flops_per_step},
-          {"top_ops", ops},
-          {"modules", modules}};
 }
 
 json setting_json(const Setting& s) {
   json j = json::object();
   for (const auto& [k, v] : s) j[k] = v;
   return j;
-}
-
-json loader_json(const LoaderStats& l) {
-  return {{"name", l.name},
-          {"tunable", l.tunable},
-          {"workers", l.settings.workers},
-          {"prefetch", l.settings.prefetch},
-          {"pin_memory", l.settings.pin_memory},
-          {"device_prefetch", l.settings.device_prefetch},
-          {"max_workers", l.max_workers},
-          {"batches", l.batches},
-          {"produce_count", l.produce_count},
-          {"produce_ms", ms(l.produce_ns)},
-          {"produce_cpu_ms", ms(l.produce_cpu_ns)},
-          {"blocked_count", l.blocked_count},
-          {"wait_ms", ms(l.wait_ns)}};
 }
 
 json advice_json(const Advice& a) {
@@ -221,7 +98,7 @@ class JsonLinesSink final : public Sink {
   }
   void on_trial(const TrialResult& t, bool kept) override { write(trial_json(t, kept)); }
   void on_decision(const TuningDecision& d) override { write(decision_json(d)); }
-  void on_gpu_step(const GpuStepRecord& r) override { write(gpu_step_json(r)); }
+  void on_late_step(const LateStepRecord& r) override { write(late_step_json(r)); }
   void flush() override {
     out_.flush();
     if (!out_) throw std::runtime_error("write to '" + path_ + "' failed");
@@ -270,21 +147,18 @@ std::string step_json(const StepRecord& r, const std::vector<std::string>& names
             {"step_ms", ms(r.step_ns())},
             {"data_wait_ms", ms(r.data_wait_ns)},
             {"samples", r.samples},
-            {"phases_ms", phases},
-            {"model_flops", number(r.model_flops)},
-            {"hardware_flops", number(r.hardware_flops)},
-            {"mfu", number(r.mfu)},
-            {"hfu", number(r.hfu)}};
+            {"phases_ms", phases}};
+  // Collectors' figures by section: {"flops": {"model_flops": ..., "mfu": ...}}.
+  for (const StepMetrics::Metric& m : r.metrics) j[m.section][m.name] = number(m.value);
   return dump(j);
 }
 
-std::string gpu_step_json(const GpuStepRecord& r) {
-  json j = {{"type", "gpu_step"},
-            {"v", kSchemaVersion},
-            {"step", r.step},
-            {"epoch", r.epoch},
-            {"traced", r.traced}};
-  j.update(gpu_stats_json(r.stats));
+std::string late_step_json(const LateStepRecord& r) {
+  json j = json::parse(r.section->json());
+  j["type"] = std::string(r.record_type);
+  j["v"] = kSchemaVersion;
+  j["step"] = r.step;
+  j["epoch"] = r.epoch;
   return dump(j);
 }
 
@@ -309,10 +183,8 @@ std::string epoch_json(const EpochSummary& s, const std::vector<Advice>& advice)
             {"phases_ms", phases},
             {"tuning_steps", s.tuning_steps},
             {"tuned", s.tuned},
-            {"loader", s.loader ? loader_json(*s.loader) : json(nullptr)},
-            {"gpu", s.gpu ? gpu_epoch_json(*s.gpu) : json(nullptr)},
-            {"flops", s.flops ? flops_json(*s.flops) : json(nullptr)},
             {"advice", list}};
+  add_sections(j, s.sections);
   return dump(j);
 }
 
@@ -359,79 +231,7 @@ std::vector<std::string> format_epoch(const EpochSummary& s, const std::vector<A
     phases += (phases.empty() ? "" : ", ") + p.name + " " + fmt_pct(fraction(p.ns, s.wall_ns));
   }
   if (!phases.empty()) lines.push_back("  phases (share of step time): " + phases);
-  if (s.loader) {
-    const LoaderStats& l = *s.loader;
-    std::string line = "  loader (" + l.name + "): workers " + std::to_string(l.settings.workers) +
-                       ", prefetch " + std::to_string(l.settings.prefetch) + ", pinned " +
-                       (l.settings.pin_memory ? "yes" : "no") + ", device prefetch " +
-                       (l.settings.device_prefetch ? "yes" : "no");
-    if (l.produce_count > 0) {
-      line += "; " + std::to_string(l.produce_count) + " batches at " +
-              fmt_ms(l.produce_ns / l.produce_count) + " each (per thread)";
-    }
-    lines.push_back(line);
-  }
-  if (s.gpu || s.flops) {
-    // The truth side by side: what nvidia-smi says, what the SMs did, what the math units did.
-    std::string line = "  GPU";
-    if (s.gpu) {
-      const GpuStats& g = s.gpu->stats;
-      const double util =
-          measured(g.counter_utilization) ? g.counter_utilization : g.gpu_utilization;
-      line += " " + s.gpu->device + ": utilization " + fmt_opt_pct(util) + " (NVML " +
-              fmt_opt_pct(g.nvml_utilization) + "), SM efficiency " +
-              (measured(g.sm_efficiency) ? fmt_pct(g.sm_efficiency)
-               : measured(g.estimated_sm_efficiency)
-                   ? fmt_pct(g.estimated_sm_efficiency) + " (estimated)"
-                   : std::string("n/a")) +
-              ", tensor " + fmt_opt_pct(g.tensor_activity) + ", DRAM " +
-              fmt_opt_pct(g.dram_throughput) + ", occupancy " + fmt_opt_pct(g.achieved_occupancy);
-    }
-    if (s.flops) {
-      line += std::string(s.gpu ? ";" : "") + " MFU " + fmt_opt_pct(s.flops->mfu) + " (HFU " +
-              fmt_opt_pct(s.flops->hfu) + ")";
-    }
-    lines.push_back(line);
-  }
-  if (s.gpu && s.gpu->traced_steps > 0) {
-    const GpuStats& g = s.gpu->stats;
-    const double t = static_cast<double>(std::max<Nanos>(1, g.traced_ns));
-    const double steps = static_cast<double>(s.gpu->traced_steps);
-    lines.push_back(
-        "  traced " + std::to_string(s.gpu->traced_steps) + " steps: kernel busy " +
-        fmt_opt_pct(g.gpu_utilization) + ", estimated SM efficiency " +
-        fmt_opt_pct(g.estimated_sm_efficiency) + ", " + fmt_num(g.kernels / steps) +
-        " kernels/step; host sync " + fmt_pct(g.host_sync_ns / t) + " (" +
-        fmt_num(g.host_syncs / steps) + "/step); H2D " + fmt_num(g.h2d_bytes / steps / 1e6) +
-        " MB/step (" + fmt_pct(fraction(g.h2d_pageable_bytes, std::max<int64_t>(1, g.h2d_bytes))) +
-        " pageable); GPU idle: data wait " + fmt_pct(g.idle_data_wait_ns / t) + ", host sync " +
-        fmt_pct(g.idle_host_sync_ns / t) + ", launch gaps " + fmt_pct(g.idle_launch_gap_ns / t) +
-        ", other " + fmt_pct(g.idle_other_ns / t) +
-        (s.gpu->dropped_records > 0
-             ? "; " + std::to_string(s.gpu->dropped_records) + " records dropped (understated)"
-             : ""));
-  }
-  if (s.flops && s.flops->counted_steps > 0) {
-    const FlopEpochStats& f = *s.flops;
-    lines.push_back(
-        "  FLOPs: " + fmt_num(f.model_flops_per_step / 1e12) + " TFLOP/step model, " +
-        fmt_num(f.hardware_flops_per_step / 1e12) + " hardware; achieved " +
-        fmt_num(f.achieved_flops_per_s / 1e12) + " TFLOP/s" +
-        (measured(f.peak_flops_per_s)
-             ? " of " + fmt_num(f.peak_flops_per_s / 1e12) + " peak (" + f.peak_source + ")"
-             : std::string(" (no peak known for this device)")));
-    if (!f.modules.empty() && f.model_flops_per_step > 0) {
-      constexpr size_t kShown = 8;
-      std::string line = "  FLOPs by module:";
-      for (size_t i = 0; i < f.modules.size() && i < kShown; ++i) {
-        line += std::string(i == 0 ? " " : ", ") +
-                (f.modules[i].op.empty() ? std::string("(unnamed)") : f.modules[i].op) + " " +
-                fmt_pct(f.modules[i].flops_per_step / f.model_flops_per_step);
-      }
-      if (f.modules.size() > kShown) line += ", ...";
-      lines.push_back(line);
-    }
-  }
+  for (const auto& section : s.sections.all()) section->text(s, lines);
   if (advice.empty()) lines.push_back("  no advice: nothing above its threshold");
   for (const auto& a : advice) {
     lines.push_back("ADVICE [" + std::string(to_string(a.severity)) + "] " + a.id + ": " +

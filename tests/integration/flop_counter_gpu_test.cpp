@@ -45,7 +45,7 @@ struct GpuHarness {
   }
   FlopEpochStats end_epoch() {
     pilot->end_epoch();
-    return *sink->epochs.back().flops;
+    return *sink->epochs.back().sections.get<FlopEpochStats>();
   }
 };
 
@@ -61,11 +61,11 @@ TEST(FlopCounterGpu, Bf16LinearHasAPeakAndMfu) {
     auto x = torch::randn({B, in}, opts).requires_grad_(true);
     torch::mm(x, w.t()).sum().backward();
   };
-  EXPECT_DOUBLE_EQ(h.step(B, body).model_flops, 6.0 * B * in * out);
+  EXPECT_DOUBLE_EQ(h.step(B, body).metrics.get("flops", "model_flops"), 6.0 * B * in * out);
   const StepRecord& r = h.step(B, body);
-  EXPECT_DOUBLE_EQ(r.model_flops, 6.0 * B * in * out);
-  EXPECT_GT(r.mfu, 0);
-  EXPECT_LT(r.mfu, 1);
+  EXPECT_DOUBLE_EQ(r.metrics.get("flops", "model_flops"), 6.0 * B * in * out);
+  EXPECT_GT(r.metrics.get("flops", "mfu"), 0);
+  EXPECT_LT(r.metrics.get("flops", "mfu"), 1);
   const FlopEpochStats f = h.end_epoch();
   EXPECT_EQ(f.dominant_precision, MathPrecision::kBf16);
   EXPECT_DOUBLE_EQ(f.model_flops_by_precision[P(MathPrecision::kBf16)], 6.0 * B * in * out);
@@ -103,7 +103,7 @@ TEST(FlopCounterGpu, AutocastMatmulCountsAsBf16) {
     compat::set_cuda_autocast(false);
     compat::clear_autocast_cache();
   };
-  EXPECT_DOUBLE_EQ(h.step(1, body).model_flops, 2.0 * 64 * 128 * 32);
+  EXPECT_DOUBLE_EQ(h.step(1, body).metrics.get("flops", "model_flops"), 2.0 * 64 * 128 * 32);
   const FlopEpochStats f = h.end_epoch();
   EXPECT_DOUBLE_EQ(f.model_flops_by_precision[P(MathPrecision::kBf16)], 2.0 * 64 * 128 * 32);
 }
@@ -118,7 +118,8 @@ TEST(FlopCounterGpu, Conv2dOnCudnn) {
     conv->forward(x).sum().backward();
   };
   const double forward = 2.0 * 8 * 32 * 32 * 32 * 16 * 9;
-  EXPECT_DOUBLE_EQ(h.step(1, body).model_flops, 2 * forward) << "forward + grad weight";
+  EXPECT_DOUBLE_EQ(h.step(1, body).metrics.get("flops", "model_flops"), 2 * forward)
+      << "forward + grad weight";
   const FlopEpochStats f = h.end_epoch();
   EXPECT_EQ(f.unparsed_calls, 0);
   // cuDNN allows TF32 by default: fp32 convolutions count as TF32 unless it was turned off.
@@ -141,8 +142,9 @@ TEST(FlopCounterGpu, ScaledDotProductAttentionIsFused) {
   };
   const double bmm = 2.0 * B * H * L * L * D;
   const StepRecord r = h.step(1, body);
-  EXPECT_DOUBLE_EQ(r.model_flops, 6 * bmm) << "2 forward + 4 backward";
-  EXPECT_DOUBLE_EQ(r.hardware_flops, 7 * bmm) << "+ QK^T recomputed in the backward kernel";
+  EXPECT_DOUBLE_EQ(r.metrics.get("flops", "model_flops"), 6 * bmm) << "2 forward + 4 backward";
+  EXPECT_DOUBLE_EQ(r.metrics.get("flops", "hardware_flops"), 7 * bmm)
+      << "+ QK^T recomputed in the backward kernel";
   const FlopEpochStats f = h.end_epoch();
   EXPECT_DOUBLE_EQ(f.fused_attention_flops_per_step, 6 * bmm);
   EXPECT_EQ(f.unfused_attention_per_step, 0);
@@ -166,7 +168,7 @@ TEST(FlopCounterGpu, UnfusedBf16AttentionIsFound) {
     torch::matmul(p, v).sum().backward();
   };
   const double bmm = 2.0 * B * H * L * L * D;
-  EXPECT_DOUBLE_EQ(h.step(1, body).model_flops, 6 * bmm);
+  EXPECT_DOUBLE_EQ(h.step(1, body).metrics.get("flops", "model_flops"), 6 * bmm);
   const FlopEpochStats f = h.end_epoch();
   EXPECT_EQ(f.unfused_attention_per_step, 1);
   EXPECT_DOUBLE_EQ(f.unfused_attention_flops_per_step, 6 * bmm)

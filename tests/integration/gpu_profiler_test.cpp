@@ -38,7 +38,7 @@ TEST(GpuProfilerTest, RunsCleanlyWhilePyTorchProfilerHoldsCupti) {
   auto a = torch::randn({2048, 2048}, torch::kCUDA);
   {
     PilotRun run(gpu_config(0, 4));
-    ASSERT_NE(run.pilot->gpu(), nullptr);
+    ASSERT_NE(run.pilot->collector<GpuMonitor>(), nullptr);
     for (int i = 0; i < 6; ++i) {
       auto step = run.pilot->step(1);
       auto c = torch::mm(a, a);
@@ -46,20 +46,21 @@ TEST(GpuProfilerTest, RunsCleanlyWhilePyTorchProfilerHoldsCupti) {
     }
     run.pilot->end_epoch();
     const EpochSummary& s = run.epoch();
-    ASSERT_TRUE(s.gpu);
+    ASSERT_TRUE(s.sections.get<GpuEpochStats>());
     EXPECT_EQ(run.sink->steps.size(), 6u);
-    for (const auto& st : s.gpu->collectors) {
+    for (const auto& st : s.sections.get<GpuEpochStats>()->collectors) {
       std::printf("  collector %s: %s %s\n", st.name.c_str(), st.active ? "on" : "off",
                   st.reason.c_str());
     }
     std::printf("  traced steps %lld, SM efficiency %.4f\n",
-                static_cast<long long>(s.gpu->traced_steps), s.gpu->stats.sm_efficiency);
+                static_cast<long long>(s.sections.get<GpuEpochStats>()->traced_steps),
+                s.sections.get<GpuEpochStats>()->stats.sm_efficiency);
     if (!run.collector_active("activity")) {
       // Degraded: the reason names the other client, and no window was traced.
-      for (const auto& st : s.gpu->collectors) {
+      for (const auto& st : s.sections.get<GpuEpochStats>()->collectors) {
         if (st.name == "activity") EXPECT_NE(st.reason.find("CUPTI"), std::string::npos);
       }
-      EXPECT_EQ(s.gpu->traced_steps, 0);
+      EXPECT_EQ(s.sections.get<GpuEpochStats>()->traced_steps, 0);
     }
   }
   auto result = prof::disableProfiler();

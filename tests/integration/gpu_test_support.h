@@ -31,8 +31,8 @@ struct PilotRun {
     pilot = std::make_unique<Pilot>(std::move(c), o);
   }
   bool collector_active(const std::string& name) const {
-    if (pilot->gpu() == nullptr) return false;
-    for (const auto& s : pilot->gpu()->status()) {
+    if (pilot->collector<GpuMonitor>() == nullptr) return false;
+    for (const auto& s : pilot->collector<GpuMonitor>()->status()) {
       if (s.name == name) return s.active;
     }
     return false;

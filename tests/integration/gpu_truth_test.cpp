@@ -83,14 +83,15 @@ using testing_support::gpu_config;
 using testing_support::PilotRun;
 
 void print_gpu(const char* what, const EpochSummary& s) {
-  if (!s.gpu) return;
-  const GpuStats& g = s.gpu->stats;
+  if (!s.sections.get<GpuEpochStats>()) return;
+  const GpuStats& g = s.sections.get<GpuEpochStats>()->stats;
   std::printf(
       "[%s] %s: counter util %.4f, kernel util %.4f, NVML %.3f, SM eff %.4f, est SM eff %.4f, "
       "tensor %.4f, DRAM %.4f, occupancy %.4f, traced %lld steps, kernels %lld\n",
-      what, s.gpu->device.c_str(), g.counter_utilization, g.gpu_utilization, g.nvml_utilization,
-      g.sm_efficiency, g.estimated_sm_efficiency, g.tensor_activity, g.dram_throughput,
-      g.achieved_occupancy, static_cast<long long>(s.gpu->traced_steps),
+      what, s.sections.get<GpuEpochStats>()->device.c_str(), g.counter_utilization,
+      g.gpu_utilization, g.nvml_utilization, g.sm_efficiency, g.estimated_sm_efficiency,
+      g.tensor_activity, g.dram_throughput, g.achieved_occupancy,
+      static_cast<long long>(s.sections.get<GpuEpochStats>()->traced_steps),
       static_cast<long long>(g.kernels));
 }
 
@@ -101,10 +102,11 @@ class GpuTruthTest : public ::testing::Test {
   }
   // The collectors this test needs, or a skip that says why (e.g. no counter permission).
   void require(PilotRun& run, std::initializer_list<const char*> collectors) {
-    ASSERT_NE(run.pilot->gpu(), nullptr) << "a GPU is present but the GPU monitor is off";
+    ASSERT_NE(run.pilot->collector<GpuMonitor>(), nullptr)
+        << "a GPU is present but the GPU monitor is off";
     for (const char* name : collectors) {
       if (!run.collector_active(name)) {
-        for (const auto& s : run.pilot->gpu()->status()) {
+        for (const auto& s : run.pilot->collector<GpuMonitor>()->status()) {
           if (s.name == name) GTEST_SKIP() << name << " unavailable: " << s.reason;
         }
       }
@@ -126,9 +128,9 @@ TEST_F(GpuTruthTest, OneSmKernelIsBusyButNotEfficient) {
   run.pilot->end_epoch();
   const EpochSummary& s = run.epoch();
   print_gpu("one-SM", s);
-  ASSERT_TRUE(s.gpu);
-  const GpuStats& g = s.gpu->stats;
-  EXPECT_EQ(s.gpu->traced_steps, 3);
+  ASSERT_TRUE(s.sections.get<GpuEpochStats>());
+  const GpuStats& g = s.sections.get<GpuEpochStats>()->stats;
+  EXPECT_EQ(s.sections.get<GpuEpochStats>()->traced_steps, 3);
   EXPECT_GE(g.gpu_utilization, 0.95);  // kernel union: what nvidia-smi calls utilization
   EXPECT_GE(g.counter_utilization, 0.95);
   EXPECT_LE(g.sm_efficiency, 0.02);  // 1 of 132 SMs = 0.76%
@@ -157,9 +159,9 @@ TEST_F(GpuTruthTest, Bf16GemmLoopIsEfficient) {
   run.pilot->end_epoch();
   const EpochSummary& s = run.epoch();
   print_gpu("bf16 GEMM", s);
-  ASSERT_TRUE(s.gpu);
-  EXPECT_GE(s.gpu->stats.sm_efficiency, 0.90);
-  EXPECT_GE(s.gpu->stats.tensor_activity, 0.5);
+  ASSERT_TRUE(s.sections.get<GpuEpochStats>());
+  EXPECT_GE(s.sections.get<GpuEpochStats>()->stats.sm_efficiency, 0.90);
+  EXPECT_GE(s.sections.get<GpuEpochStats>()->stats.tensor_activity, 0.5);
   const auto& advice = run.sink->advice.back();
   EXPECT_TRUE(std::none_of(advice.begin(), advice.end(),
                            [](const Advice& x) { return x.id == "busy_inefficient"; }));
@@ -190,12 +192,12 @@ TEST_F(GpuTruthTest, PmSmActivityAgreesWithTraceBusyTime) {
   run.pilot->end_epoch();
   const EpochSummary& e = run.epoch();
   print_gpu("mixed", e);
-  ASSERT_TRUE(e.gpu);
-  EXPECT_EQ(e.gpu->traced_steps, kSteps);
+  ASSERT_TRUE(e.sections.get<GpuEpochStats>());
+  EXPECT_EQ(e.sections.get<GpuEpochStats>()->traced_steps, kSteps);
   // Over the traced steps (time-weighted), and per step.
   double wall = 0, busy = 0, sm = 0, gr = 0;
   int compared = 0;
-  for (const auto& r : run.sink->gpu_steps) {
+  for (const auto& r : run.sink->late<GpuStepRecord>()) {
     if (!r.traced || !measured(r.stats.sm_efficiency) || !measured(r.stats.gpu_utilization)) {
       continue;
     }

@@ -194,9 +194,9 @@ TEST(TunableLoader, ReportsWaitsToThePilotAndEndsItsEpochs) {
   const auto& e = recording->epochs[0];
   EXPECT_EQ(e.steps, 10);
   EXPECT_EQ(e.samples, 50);
-  ASSERT_TRUE(e.loader.has_value());
-  EXPECT_EQ(e.loader->batches, 10);
-  EXPECT_EQ(e.loader->settings.workers, 0);
+  ASSERT_TRUE((e.sections.get<torchpilot::LoaderStats>() != nullptr));
+  EXPECT_EQ(e.sections.get<torchpilot::LoaderStats>()->batches, 10);
+  EXPECT_EQ(e.sections.get<torchpilot::LoaderStats>()->settings.workers, 0);
   EXPECT_GT(e.data_wait_fraction, 0.5);  // nothing but loading happens in these steps
   ASSERT_FALSE(recording->advice[0].empty());
   EXPECT_EQ(recording->advice[0][0].id, "data_starvation");
@@ -259,9 +259,9 @@ TEST(Watch, MeasuresAStockDataLoader) {
   ASSERT_EQ(recording->epochs.size(), 2u);
   for (const auto& e : recording->epochs) {
     EXPECT_EQ(e.steps, 10);
-    ASSERT_TRUE(e.loader.has_value());
-    EXPECT_EQ(e.loader->name, "watched");
-    EXPECT_EQ(e.loader->batches, 10);
+    ASSERT_TRUE((e.sections.get<torchpilot::LoaderStats>() != nullptr));
+    EXPECT_EQ(e.sections.get<torchpilot::LoaderStats>()->name, "watched");
+    EXPECT_EQ(e.sections.get<torchpilot::LoaderStats>()->batches, 10);
     EXPECT_GT(e.data_wait_fraction, 0.5);
   }
   EXPECT_EQ(recording->advice[0].at(0).id, "data_starvation");

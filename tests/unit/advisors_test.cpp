@@ -87,7 +87,7 @@ TEST(DataStarvationTest, HealthyRunGivesNothing) {
   EXPECT_FALSE(advise_data_starvation(EpochSummary{}, kConfig).has_value());
   // Even a loader that looks bad (workers = 0) gives nothing when the wait is below threshold.
   EpochSummary s = make_summary(100, 100.0, 4.0);
-  s.loader = make_loader(0, 3.0);
+  s.sections.set<LoaderStats>(make_loader(0, 3.0));
   EXPECT_FALSE(advise_data_starvation(s, kConfig).has_value());
 }
 
@@ -125,7 +125,7 @@ TEST(DataStarvationTest, ThresholdsComeFromTheConfig) {
 // 100 steps of 100 ms with 60 ms of wait: the step computes for 40 ms.
 EpochSummary starved_with(const LoaderStats& loader) {
   EpochSummary s = make_summary(100, 100.0, 60.0);
-  s.loader = loader;
+  s.sections.set<LoaderStats>(loader);
   return s;
 }
 
@@ -283,7 +283,7 @@ TEST(DataStarvationTest, AllWaitingStepsGiveBoundedAdvice) {
   DataStarvationConfig config;
   for (double wait : {10.0, 12.0}) {
     EpochSummary s = make_summary(10, 10.0, wait);
-    s.loader = make_loader(0, 5000.0, 8);  // five seconds a batch
+    s.sections.set<LoaderStats>(make_loader(0, 5000.0, 8));  // five seconds a batch
     auto a = advise_data_starvation(s, config);
     ASSERT_TRUE(a.has_value());
     EXPECT_EQ(a->expected_gain, 0.0) << "unknown compute time: no gain is claimed";

@@ -813,16 +813,16 @@ TEST(FillStepFlopsTest, RecordFields) {
   t.add("aten::mm", OpKind::kMatmul, MathPrecision::kBf16, 0.25 * 989.5e12, true);
   const StepFlops c = t.per_step(1);
   fill_step_flops(r, &c, h100);
-  EXPECT_DOUBLE_EQ(r.model_flops, 0.25 * 989.5e12);
-  EXPECT_DOUBLE_EQ(r.hardware_flops, 0.5 * 989.5e12);
-  EXPECT_DOUBLE_EQ(r.mfu, 0.25);
-  EXPECT_DOUBLE_EQ(r.hfu, 0.5);
+  EXPECT_DOUBLE_EQ(r.metrics.get("flops", "model_flops"), 0.25 * 989.5e12);
+  EXPECT_DOUBLE_EQ(r.metrics.get("flops", "hardware_flops"), 0.5 * 989.5e12);
+  EXPECT_DOUBLE_EQ(r.metrics.get("flops", "mfu"), 0.25);
+  EXPECT_DOUBLE_EQ(r.metrics.get("flops", "hfu"), 0.5);
   fill_step_flops(r, nullptr, h100);
-  EXPECT_TRUE(std::isnan(r.model_flops));
-  EXPECT_TRUE(std::isnan(r.mfu));
+  EXPECT_TRUE(std::isnan(r.metrics.get("flops", "model_flops")));
+  EXPECT_TRUE(std::isnan(r.metrics.get("flops", "mfu")));
   fill_step_flops(r, &c, resolve_peak("", 0));
-  EXPECT_DOUBLE_EQ(r.model_flops, 0.25 * 989.5e12);
-  EXPECT_TRUE(std::isnan(r.mfu)) << "no peak on CPU";
+  EXPECT_DOUBLE_EQ(r.metrics.get("flops", "model_flops"), 0.25 * 989.5e12);
+  EXPECT_TRUE(std::isnan(r.metrics.get("flops", "mfu"))) << "no peak on CPU";
 }
 
 }  // namespace

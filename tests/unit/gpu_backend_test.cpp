@@ -1320,7 +1320,7 @@ TEST(GpuBackendReal, DlopenPathWithoutADriver) {
   auto logger = std::make_shared<spdlog::logger>(
       "real", std::make_shared<spdlog::sinks::ostream_sink_mt>(text));
   GpuConfig config;
-  auto b = make_gpu_backend(config, *logger);
+  auto b = make_cupti_backend(config, *logger);
   ASSERT_NE(b, nullptr);
   EXPECT_EQ(b->device().sm_count, 0);
   const auto status = b->status();

@@ -178,8 +178,8 @@ struct Rig {
     o.logger = logger;
     o.clock = clock;
     o.sinks = {sink};
-    o.gpu_backend = backend;
-    pilot = std::make_unique<Pilot>(std::move(c), o);
+    if (auto m = make_gpu_monitor(c.gpu, backend, *logger)) o.collectors.push_back(std::move(m));
+    pilot = std::make_unique<Pilot>(std::move(c), std::move(o));
   }
   // One step of `ms` ms during which a kernel of `blocks` blocks runs the whole time, sampled.
   void step(Nanos ms, int64_t blocks, double sm) {
@@ -198,22 +198,22 @@ TEST(GpuMonitorTest, OneSmKernelIsBusyButInefficientInTheAdvisoryLog) {
   c.gpu.trace_first_step = 3;
   c.gpu.trace_steps = 4;
   Rig rig(c);
-  ASSERT_NE(rig.pilot->gpu(), nullptr);
+  ASSERT_NE(rig.pilot->collector<GpuMonitor>(), nullptr);
   for (int i = 0; i < 12; ++i) rig.step(100, 1, 0.01);
   rig.pilot->end_epoch();
 
   ASSERT_EQ(rig.sink->epochs.size(), 1u);
   const EpochSummary& s = rig.sink->epochs[0];
-  ASSERT_TRUE(s.gpu);
-  EXPECT_EQ(s.gpu->device, "Fake GPU");
-  EXPECT_EQ(s.gpu->traced_steps, 4);
-  EXPECT_NEAR(s.gpu->stats.counter_utilization, 1.0, 1e-9);
-  EXPECT_NEAR(s.gpu->stats.sm_efficiency, 0.01, 1e-9);
-  EXPECT_NEAR(s.gpu->stats.gpu_utilization, 1.0, 1e-9);
-  EXPECT_NEAR(s.gpu->stats.estimated_sm_efficiency, 0.01, 1e-9);
-  ASSERT_FALSE(s.gpu->top_kernels.empty());
-  EXPECT_EQ(s.gpu->top_kernels[0].name, "spin_kernel");
-  EXPECT_NEAR(s.gpu->top_kernels[0].mean_blocks_per_sm, 0.01, 1e-9);
+  ASSERT_TRUE(s.sections.get<GpuEpochStats>());
+  EXPECT_EQ(s.sections.get<GpuEpochStats>()->device, "Fake GPU");
+  EXPECT_EQ(s.sections.get<GpuEpochStats>()->traced_steps, 4);
+  EXPECT_NEAR(s.sections.get<GpuEpochStats>()->stats.counter_utilization, 1.0, 1e-9);
+  EXPECT_NEAR(s.sections.get<GpuEpochStats>()->stats.sm_efficiency, 0.01, 1e-9);
+  EXPECT_NEAR(s.sections.get<GpuEpochStats>()->stats.gpu_utilization, 1.0, 1e-9);
+  EXPECT_NEAR(s.sections.get<GpuEpochStats>()->stats.estimated_sm_efficiency, 0.01, 1e-9);
+  ASSERT_FALSE(s.sections.get<GpuEpochStats>()->top_kernels.empty());
+  EXPECT_EQ(s.sections.get<GpuEpochStats>()->top_kernels[0].name, "spin_kernel");
+  EXPECT_NEAR(s.sections.get<GpuEpochStats>()->top_kernels[0].mean_blocks_per_sm, 0.01, 1e-9);
 
   const auto& advice = rig.sink->advice[0];
   auto it = std::find_if(advice.begin(), advice.end(),
@@ -222,12 +222,12 @@ TEST(GpuMonitorTest, OneSmKernelIsBusyButInefficientInTheAdvisoryLog) {
   EXPECT_EQ(it->severity, Severity::kHigh);
   EXPECT_NE(it->cause.find("spin_kernel"), std::string::npos) << it->cause;
   // Every step's record was published, the traced ones flagged.
-  ASSERT_EQ(rig.sink->gpu_steps.size(), 12u);
+  ASSERT_EQ(rig.sink->late<GpuStepRecord>().size(), 12u);
   int traced = 0;
-  for (const auto& r : rig.sink->gpu_steps) traced += r.traced ? 1 : 0;
+  for (const auto& r : rig.sink->late<GpuStepRecord>()) traced += r.traced ? 1 : 0;
   EXPECT_EQ(traced, 4);
-  EXPECT_TRUE(rig.sink->gpu_steps[3].traced);
-  EXPECT_FALSE(rig.sink->gpu_steps[2].traced);
+  EXPECT_TRUE(rig.sink->late<GpuStepRecord>()[3].traced);
+  EXPECT_FALSE(rig.sink->late<GpuStepRecord>()[2].traced);
   // The log shows nvidia-smi's number next to the truth.
   EXPECT_NE(rig.log.str().find("utilization 100.0% (NVML 100.0%), SM efficiency 1.0%"),
             std::string::npos)
@@ -239,15 +239,17 @@ TEST(GpuMonitorTest, StepsArePublishedOnceSamplesCoverThem) {
   auto s = rig.pilot->step(1);
   rig.clock->advance(10 * kMs);
   s.end();
-  EXPECT_TRUE(rig.sink->gpu_steps.empty());  // no PM sample has reached the step's end yet
+  EXPECT_TRUE(
+      rig.sink->late<GpuStepRecord>().empty());  // no PM sample has reached the step's end yet
   rig.backend->queued.pm.push_back(pm(0, 20 * kMs, 0.5));
   auto s2 = rig.pilot->step(1);
   rig.clock->advance(30 * kMs);
   s2.end();
-  ASSERT_EQ(rig.sink->gpu_steps.size(), 1u);  // step 0 only; step 1 ends after the sample
-  EXPECT_DOUBLE_EQ(rig.sink->gpu_steps[0].stats.sm_efficiency, 0.5);
+  ASSERT_EQ(rig.sink->late<GpuStepRecord>().size(),
+            1u);  // step 0 only; step 1 ends after the sample
+  EXPECT_DOUBLE_EQ(rig.sink->late<GpuStepRecord>()[0].stats.sm_efficiency, 0.5);
   rig.pilot->end_epoch();  // the epoch end finishes the rest with what arrived
-  EXPECT_EQ(rig.sink->gpu_steps.size(), 2u);
+  EXPECT_EQ(rig.sink->late<GpuStepRecord>().size(), 2u);
 }
 
 TEST(GpuMonitorTest, WindowsOpenAtTheFirstStepAgainEachEpochAndOnRequest) {
@@ -262,17 +264,17 @@ TEST(GpuMonitorTest, WindowsOpenAtTheFirstStepAgainEachEpochAndOnRequest) {
   EXPECT_GE(rig.backend->flushes, 2);   // the tail waits for the window's last records
   EXPECT_EQ(rig.backend->releases, 1);  // then CUPTI is detached
   rig.pilot->end_epoch();
-  EXPECT_EQ(rig.sink->epochs[0].gpu->traced_steps, 3);
+  EXPECT_EQ(rig.sink->epochs[0].sections.get<GpuEpochStats>()->traced_steps, 3);
   for (int i = 0; i < 10; ++i) rig.step(10, 200, 1.0);
   rig.pilot->end_epoch();
   EXPECT_EQ(rig.backend->trace_starts, 2);
-  EXPECT_EQ(rig.sink->epochs[1].gpu->traced_steps, 3);
+  EXPECT_EQ(rig.sink->epochs[1].sections.get<GpuEpochStats>()->traced_steps, 3);
 
-  rig.pilot->gpu()->request_window(2);
+  rig.pilot->request_window(2);
   for (int i = 0; i < 4; ++i) rig.step(10, 200, 1.0);
   rig.pilot->end_epoch();
   EXPECT_EQ(rig.backend->trace_starts, 3);
-  EXPECT_EQ(rig.sink->epochs[2].gpu->traced_steps, 2);
+  EXPECT_EQ(rig.sink->epochs[2].sections.get<GpuEpochStats>()->traced_steps, 2);
   EXPECT_FALSE(rig.backend->tracing);
 }
 
@@ -294,7 +296,8 @@ TEST(GpuMonitorTest, StepsDoNotWaitForPmSamplingThatStoppedAfterAWindow) {
   rig.clock->advance(10 * kMs);
   s3.end();
   EXPECT_EQ(rig.backend->releases, 1);
-  EXPECT_EQ(rig.sink->gpu_steps.size(), 5u) << "every step published without waiting for samples";
+  EXPECT_EQ(rig.sink->late<GpuStepRecord>().size(), 5u)
+      << "every step published without waiting for samples";
 }
 
 TEST(GpuMonitorTest, AWindowArmedAtAnEpochsLastStepOpensInTheNext) {
@@ -305,11 +308,11 @@ TEST(GpuMonitorTest, AWindowArmedAtAnEpochsLastStepOpensInTheNext) {
   for (int i = 0; i < 4; ++i) rig.step(10, 200, 1.0);
   rig.pilot->end_epoch();
   EXPECT_EQ(rig.backend->trace_starts, 0) << "nothing to trace in this epoch";
-  EXPECT_EQ(rig.sink->epochs[0].gpu->traced_steps, 0);
+  EXPECT_EQ(rig.sink->epochs[0].sections.get<GpuEpochStats>()->traced_steps, 0);
   for (int i = 0; i < 4; ++i) rig.step(10, 200, 1.0);
   rig.pilot->end_epoch();
   EXPECT_EQ(rig.backend->trace_starts, 1);
-  EXPECT_EQ(rig.sink->epochs[1].gpu->traced_steps, 2);
+  EXPECT_EQ(rig.sink->epochs[1].sections.get<GpuEpochStats>()->traced_steps, 2);
 }
 
 TEST(GpuMonitorTest, AWindowsFirstStepIsTracedFromItsScope) {
@@ -321,7 +324,7 @@ TEST(GpuMonitorTest, AWindowsFirstStepIsTracedFromItsScope) {
   rig.clock->advance(5 * kMs);  // between the boundary and the scope: not traced
   rig.step(10, 200, 1.0);
   rig.pilot->end_epoch();
-  const auto& g = *rig.sink->epochs[0].gpu;
+  const auto& g = *rig.sink->epochs[0].sections.get<GpuEpochStats>();
   EXPECT_EQ(g.traced_steps, 1);
   EXPECT_EQ(g.stats.traced_ns, 10 * kMs);
   EXPECT_NEAR(g.stats.gpu_utilization, 1.0, 1e-9);
@@ -349,7 +352,7 @@ TEST(GpuMonitorTest, StepsStopWaitingForPmSamplesThatStoppedMidEpoch) {
     auto s = rig.pilot->step(1);
     rig.clock->advance(10 * kMs);
   }
-  EXPECT_GE(rig.sink->gpu_steps.size(), 30u);
+  EXPECT_GE(rig.sink->late<GpuStepRecord>().size(), 30u);
 }
 
 TEST(GpuMonitorTest, FirstWindowWaitsForAutotune) {
@@ -364,8 +367,8 @@ TEST(GpuMonitorTest, FirstWindowWaitsForAutotune) {
   rig.pilot->end_epoch();
   EXPECT_TRUE(rig.pilot->tuning_finished());
   EXPECT_EQ(rig.backend->trace_starts, 1);
-  EXPECT_EQ(rig.sink->epochs[0].gpu->traced_steps, 2);
-  for (const auto& r : rig.sink->gpu_steps) {
+  EXPECT_EQ(rig.sink->epochs[0].sections.get<GpuEpochStats>()->traced_steps, 2);
+  for (const auto& r : rig.sink->late<GpuStepRecord>()) {
     if (r.traced) EXPECT_GE(r.step, 4) << "traced during the warm-up";
   }
 }
@@ -383,7 +386,7 @@ TEST(GpuMonitorTest, SlowStepOpensAnAnomalyWindow) {
   EXPECT_EQ(rig.backend->trace_starts, 1);
   for (int i = 0; i < 4; ++i) rig.step(10, 200, 1.0);
   rig.pilot->end_epoch();
-  EXPECT_EQ(rig.sink->epochs[0].gpu->traced_steps, 2);
+  EXPECT_EQ(rig.sink->epochs[0].sections.get<GpuEpochStats>()->traced_steps, 2);
 }
 
 TEST(GpuMonitorTest, NvtxRangesAreBalanced) {
@@ -406,11 +409,11 @@ TEST(GpuMonitorTest, NoDeviceMeansNoMonitorAndOneLogLine) {
   rig.backend->info.sm_count = 0;
   rig.backend->statuses = {{"pm_sampling", false, "no GPU driver (libcuda.so.1 not found)"}};
   rig.make(Rig::base_config());
-  EXPECT_EQ(rig.pilot->gpu(), nullptr);
+  EXPECT_EQ(rig.pilot->collector<GpuMonitor>(), nullptr);
   EXPECT_NE(rig.log.str().find("GPU collectors off: no GPU driver"), std::string::npos);
   rig.step(10, 1, 0.0);
   rig.pilot->end_epoch();
-  EXPECT_FALSE(rig.sink->epochs[0].gpu);
+  EXPECT_FALSE(rig.sink->epochs[0].sections.get<GpuEpochStats>());
 }
 
 TEST(GpuMonitorTest, WithoutActivityTheCountersStillWork) {
@@ -419,32 +422,32 @@ TEST(GpuMonitorTest, WithoutActivityTheCountersStillWork) {
   Rig rig(c, false);
   rig.backend->statuses[1] = {"activity", false, "another CUPTI client is attached"};
   rig.make(c);
-  ASSERT_NE(rig.pilot->gpu(), nullptr);
+  ASSERT_NE(rig.pilot->collector<GpuMonitor>(), nullptr);
   EXPECT_NE(rig.log.str().find("another CUPTI client"), std::string::npos);
   for (int i = 0; i < 5; ++i) rig.step(10, 1, 0.02);
   rig.pilot->end_epoch();
   EXPECT_EQ(rig.backend->trace_starts, 0);
-  const auto& g = *rig.sink->epochs[0].gpu;
+  const auto& g = *rig.sink->epochs[0].sections.get<GpuEpochStats>();
   EXPECT_EQ(g.traced_steps, 0);
   EXPECT_NEAR(g.stats.sm_efficiency, 0.02, 1e-9);
   EXPECT_FALSE(measured(g.stats.gpu_utilization));
 }
 
 TEST(GpuMonitorTest, ThrowingObserverIsRemovedAndTrainingGoesOn) {
-  struct Bad : StepObserver {
+  struct Bad : Collector {
     std::string name() const override { return "bad"; }
     void on_step_end(StepRecord&) override { throw std::runtime_error("boom"); }
-    void forget_pilot() override { forgotten = true; }
+    void attach(CollectorHost* host) override { forgotten = host == nullptr; }
     bool forgotten = false;
   } bad;
   Rig rig;
-  rig.pilot->add_observer(&bad);
+  rig.pilot->add_collector(&bad);
   rig.step(10, 1, 0.5);
   rig.step(10, 1, 0.5);
-  EXPECT_NE(rig.log.str().find("observer 'bad' failed in on_step_end and is removed: boom"),
+  EXPECT_NE(rig.log.str().find("collector 'bad' failed in on_step_end and is removed: boom"),
             std::string::npos);
   EXPECT_EQ(rig.sink->steps.size(), 2u);
-  EXPECT_TRUE(bad.forgotten) << "a dropped observer must not reach back into the Pilot later";
+  EXPECT_TRUE(bad.forgotten) << "a dropped collector must not reach back into the Pilot later";
 }
 
 // --- GPU advisors on planted summaries --------------------------------------------------------
@@ -464,7 +467,7 @@ EpochSummary traced_summary() {
   e.stats.gpu_utilization = 0.95;
   e.stats.kernels = 1000;
   e.stats.idle_other_ns = 50 * kMs;
-  s.gpu = e;
+  s.sections.set<GpuEpochStats>(e);
   return s;
 }
 
@@ -483,35 +486,36 @@ TEST(GpuAdvisorsTest, HealthyRunGetsNoGpuAdvice) {
 
 TEST(GpuAdvisorsTest, HostSyncStallIsFound) {
   EpochSummary s = traced_summary();
-  s.gpu->stats.host_sync_ns = 200 * kMs;
-  s.gpu->stats.idle_host_sync_ns = 150 * kMs;
-  s.gpu->stats.host_syncs = 10;
+  s.sections.get<GpuEpochStats>()->stats.host_sync_ns = 200 * kMs;
+  s.sections.get<GpuEpochStats>()->stats.idle_host_sync_ns = 150 * kMs;
+  s.sections.get<GpuEpochStats>()->stats.host_syncs = 10;
   const auto a = advise_host_sync(s, GpuAdvisorConfig{});
   ASSERT_TRUE(a);
   EXPECT_NEAR(a->expected_gain, 0.15 / 0.85, 1e-9);
   EXPECT_NE(a->finding.find("1.0 per step"), std::string::npos) << a->finding;
   // A host blocked while the GPU stays busy (a sync on a long kernel) costs nothing: no advice.
-  s.gpu->stats.host_sync_ns = 990 * kMs;
-  s.gpu->stats.idle_host_sync_ns = 1 * kMs;
+  s.sections.get<GpuEpochStats>()->stats.host_sync_ns = 990 * kMs;
+  s.sections.get<GpuEpochStats>()->stats.idle_host_sync_ns = 1 * kMs;
   EXPECT_FALSE(advise_host_sync(s, GpuAdvisorConfig{}));
 }
 
 TEST(GpuAdvisorsTest, PageableCopiesAreFound) {
   EpochSummary s = traced_summary();
-  s.gpu->stats.h2d_bytes = 100000000;
-  s.gpu->stats.h2d_pageable_bytes = 100000000;
-  s.gpu->stats.h2d_pageable_ns = 100 * kMs;
+  s.sections.get<GpuEpochStats>()->stats.h2d_bytes = 100000000;
+  s.sections.get<GpuEpochStats>()->stats.h2d_pageable_bytes = 100000000;
+  s.sections.get<GpuEpochStats>()->stats.h2d_pageable_ns = 100 * kMs;
   const auto a = advise_pageable_copies(s, GpuAdvisorConfig{});
   ASSERT_TRUE(a);
   EXPECT_NE(a->action.find("pin"), std::string::npos);
-  s.gpu->stats.h2d_pageable_ns = 1 * kMs;  // 0.1% of the time: below the threshold
+  s.sections.get<GpuEpochStats>()->stats.h2d_pageable_ns =
+      1 * kMs;  // 0.1% of the time: below the threshold
   EXPECT_FALSE(advise_pageable_copies(s, GpuAdvisorConfig{}));
 }
 
 TEST(GpuAdvisorsTest, LaunchBoundStepsAreFound) {
   EpochSummary s = traced_summary();
-  s.gpu->stats.gpu_utilization = 0.4;
-  s.gpu->stats.idle_launch_gap_ns = 500 * kMs;
+  s.sections.get<GpuEpochStats>()->stats.gpu_utilization = 0.4;
+  s.sections.get<GpuEpochStats>()->stats.idle_launch_gap_ns = 500 * kMs;
   const auto a = advise_launch_bound(s, GpuAdvisorConfig{});
   ASSERT_TRUE(a);
   EXPECT_NEAR(a->expected_gain, 1.0, 1e-9);
@@ -520,10 +524,11 @@ TEST(GpuAdvisorsTest, LaunchBoundStepsAreFound) {
 
 TEST(GpuAdvisorsTest, BusyInefficientUsesTheEstimateWithoutCounters) {
   EpochSummary s = traced_summary();
-  s.gpu->stats.sm_efficiency = kNotMeasured;
-  s.gpu->stats.counter_utilization = kNotMeasured;
-  s.gpu->stats.estimated_sm_efficiency = 0.2;
-  s.gpu->top_kernels = {{"softmax_warp_forward", 100, 600 * kMs, 0.1, 0.1}};
+  s.sections.get<GpuEpochStats>()->stats.sm_efficiency = kNotMeasured;
+  s.sections.get<GpuEpochStats>()->stats.counter_utilization = kNotMeasured;
+  s.sections.get<GpuEpochStats>()->stats.estimated_sm_efficiency = 0.2;
+  s.sections.get<GpuEpochStats>()->top_kernels = {
+      {"softmax_warp_forward", 100, 600 * kMs, 0.1, 0.1}};
   const auto a = advise_busy_inefficient(s, GpuAdvisorConfig{});
   ASSERT_TRUE(a);
   EXPECT_NE(a->finding.find("estimated"), std::string::npos);

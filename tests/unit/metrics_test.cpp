@@ -228,7 +228,7 @@ TEST(EpochAccumulatorTest, SummaryMath) {
   EXPECT_EQ(s.phases[1].ns, 120 * kMs);
   EXPECT_EQ(s.phases[2].name, "optimizer");
   EXPECT_EQ(s.phases[2].ns, 0);
-  EXPECT_FALSE(s.loader.has_value());
+  EXPECT_FALSE((s.sections.get<LoaderStats>() != nullptr));
 }
 
 TEST(EpochAccumulatorTest, NoSamplesNoPhaseNames) {

@@ -533,9 +533,9 @@ TEST(PilotTest, AutotuneWithAttachedLoader) {
   // The epoch summary carries the loader's counters for the epoch.
   ASSERT_EQ(pilot->epoch_summaries().size(), 1u);
   const EpochSummary& s = pilot->epoch_summaries()[0];
-  ASSERT_TRUE(s.loader.has_value());
-  EXPECT_EQ(s.loader->batches, steps + 20);
-  EXPECT_EQ(s.loader->settings.workers, loader.settings.workers);
+  ASSERT_TRUE((s.sections.get<LoaderStats>() != nullptr));
+  EXPECT_EQ(s.sections.get<LoaderStats>()->batches, steps + 20);
+  EXPECT_EQ(s.sections.get<LoaderStats>()->settings.workers, loader.settings.workers);
   EXPECT_EQ(s.steps, steps + 20);
   EXPECT_EQ(s.tuning_steps, steps);  // every step up to the decision ran under trials
   EXPECT_NE(log.find(std::to_string(steps) + " of these steps ran auto-tune trials"),
@@ -585,7 +585,7 @@ TEST(PilotTest, DetachLoaderRemovesItsKnobs) {
     EXPECT_EQ(pilot.knobs().knobs()[0].name, "other.knob");
     run_step(pilot, *h.clock, 0, kMs);
     pilot.end_epoch();
-    EXPECT_FALSE(pilot.epoch_summaries()[0].loader.has_value());
+    EXPECT_EQ(pilot.epoch_summaries()[0].sections.get<LoaderStats>(), nullptr);
   }
   EXPECT_FALSE(loader.pilot_gone);  // detached first: not told
 }

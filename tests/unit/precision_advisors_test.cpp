@@ -66,7 +66,7 @@ EpochSummary make_summary(double step_ms, double wait_ms, FlopEpochStats flops) 
   s.wall_ns = static_cast<Nanos>(std::llround(100 * step_ms * kMs));
   s.data_wait_ns = static_cast<Nanos>(std::llround(100 * wait_ms * kMs));
   s.data_wait_fraction = fraction(s.data_wait_ns, s.wall_ns);
-  s.flops = std::move(flops);
+  s.sections.set<FlopEpochStats>(std::move(flops));
   return s;
 }
 
@@ -145,7 +145,7 @@ TEST(PrecisionAdvisorTest, Fp32QuietWhenHealthyOrNoTensorCores) {
   // No FLOP counter, no steps, no FLOPs.
   EpochSummary none = make_summary(100, 0, make_flops(kH100, {}, 0));
   EXPECT_FALSE(advise_fp32_matmul(none, kConfig));
-  none.flops.reset();
+  none.sections.erase<FlopEpochStats>();
   EXPECT_FALSE(advise_fp32_matmul(none, kConfig));
   EXPECT_FALSE(advise_fp32_matmul(EpochSummary{}, kConfig));
 }
@@ -174,7 +174,7 @@ TEST(PrecisionAdvisorTest, PlantedUnfusedAttentionWithSoftmaxKernelTime) {
       {"ampere_bf16_s16816gemm", 100, 30 * kMs, 4, 1},
       {"void at::native::(anonymous namespace)::cunn_SoftMaxForward<8>", 10, 7 * kMs, 1, 1},
       {"softmax_warp_backward", 10, 3 * kMs, 1, 1}};
-  s.gpu = g;
+  s.sections.set<GpuEpochStats>(g);
   const auto a = advise_unfused_attention(s, kConfig);
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(a->id, "unfused_attention");
@@ -260,7 +260,7 @@ TEST(PrecisionAdvisorTest, LowMfuBreakdownNamesGpuIdle) {
   EpochSummary s = make_summary(100, 5, make_flops(kH100, {{MathPrecision::kBf16, 1e13}}, 0.2));
   GpuEpochStats g;
   g.stats.gpu_utilization = 0.45;  // idle 55%, 50% of it outside the data wait
-  s.gpu = g;
+  s.sections.set<GpuEpochStats>(g);
   const auto a = advise_low_mfu(s, kConfig);
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(a->severity, Severity::kInfo) << "MFU above half the threshold";
@@ -277,14 +277,14 @@ TEST(PrecisionAdvisorTest, LowMfuBelowPeakNamesKernelsOrPrecision) {
   g.stats.traced_ns = 100 * kMs;
   g.top_kernels = {{"elementwise_kernel", 1000, 40 * kMs, 2, 1},
                    {"layer_norm_kernel", 100, 20 * kMs, 2, 1}};
-  s.gpu = g;
+  s.sections.set<GpuEpochStats>(g);
   auto a = advise_low_mfu(s, kConfig);
   ASSERT_TRUE(a.has_value());
   EXPECT_TRUE(contains(a->cause, "other than the counted matmuls")) << a->cause;
   EXPECT_TRUE(contains(a->action, "elementwise_kernel 40.0%")) << a->action;
   EXPECT_EQ(a->expected_gain, 0);
   // Mostly fp32: points at precision.
-  s.flops = make_flops(kH100, {{MathPrecision::kFp32, 1e12}}, 0.1);
+  s.sections.set<FlopEpochStats>(make_flops(kH100, {{MathPrecision::kFp32, 1e12}}, 0.1));
   a = advise_low_mfu(s, kConfig);
   ASSERT_TRUE(a.has_value());
   EXPECT_TRUE(contains(a->action, "fp32_matmul")) << a->action;

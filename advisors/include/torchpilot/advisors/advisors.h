@@ -11,6 +11,9 @@
 
 #include "torchpilot/runtime/advice.h"
 #include "torchpilot/runtime/config.h"
+#include "torchpilot/runtime/flop_records.h"
+#include "torchpilot/runtime/gpu_records.h"
+#include "torchpilot/runtime/loader_records.h"
 #include "torchpilot/runtime/records.h"
 
 namespace torchpilot {
@@ -64,6 +67,5 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& summary,
 // MFU below low_mfu_threshold: where the step time goes (counted FLOPs at peak, data wait, GPU
 // idle, the rest) and what to change for the largest loss. Info or warning, never high.
 std::optional<Advice> advise_low_mfu(const EpochSummary& summary, const GpuAdvisorConfig& config);
-
 
 }  // namespace torchpilot

@@ -1,5 +1,6 @@
 // FlopCounter: counts the FLOPs a training step runs from LibTorch's RecordFunction callbacks and
-// reports them with MFU/HFU per step (StepRecord) and per epoch (EpochSummary::flops).
+// reports them with MFU/HFU per step (StepRecord::metrics, section "flops") and per epoch (the
+// summary's "flops" section, FlopEpochStats).
 // docs/metrics.md, "MFU and FLOPs", has the definitions.
 //
 //   torchpilot::Pilot pilot(config);
@@ -44,8 +45,8 @@
 #include <memory>
 #include <string>
 
+#include "torchpilot/runtime/collector.h"
 #include "torchpilot/runtime/flops.h"
-#include "torchpilot/runtime/observer.h"
 #include "torchpilot/runtime/pilot.h"
 
 namespace torchpilot {
@@ -63,7 +64,7 @@ class ModuleScope {
   ModuleScope& operator=(const ModuleScope&) = delete;
 };
 
-class FlopCounter : public StepObserver {
+class FlopCounter : public Collector {
  public:
   explicit FlopCounter(Pilot& pilot);
   ~FlopCounter() override;
@@ -99,7 +100,8 @@ class FlopCounter : public StepObserver {
   void on_step_begin(int64_t step, Nanos now) override;
   void on_step_end(StepRecord& record) override;
   void on_epoch_end(EpochSummary& summary) override;
-  void forget_pilot() override;
+  // Detached (host null): the Pilot is gone; an open counting window is closed.
+  void attach(CollectorHost* host) override;
 
  private:
   void open_window();

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "torchpilot/runtime/gpu_records.h"
+#include "torchpilot/runtime/records.h"
 
 namespace torchpilot {
 
@@ -23,7 +23,9 @@ struct OpFlops {
   double calls_per_step = 0;
 };
 
+// The epoch summary's "flops" section.
 struct FlopEpochStats {
+  static constexpr const char* kSectionName = "flops";
   std::string device;         // the GPU the peak is for; empty on CPU
   int64_t counted_steps = 0;  // steps whose ops were counted (the counting windows)
   // Per step, from the counting windows (mean). model: recomputation excluded; hardware: included.
@@ -66,5 +68,11 @@ struct FlopEpochStats {
   double unfused_attention_traffic_bytes_per_step = 0;
   int64_t unparsed_calls = 0;  // calls of counted ops whose arguments could not be read
 };
+
+std::string section_json(const FlopEpochStats& flops);
+// The FLOPs and per-module lines; the MFU goes on the GPU line when the epoch has a GPU section,
+// else on a line of its own.
+void section_text(const FlopEpochStats& flops, const EpochSummary& epoch,
+                  std::vector<std::string>& lines);
 
 }  // namespace torchpilot

@@ -122,16 +122,6 @@ class GpuBackend {
 
 struct GpuConfig;
 
-// How hooks/ supplies the backend: the GPU collectors library (CUPTI, NVML, NVTX) registers its
-// factory when it is linked in (torchpilot::torchpilot links it); the runtime never calls into
-// hooks/ otherwise. A program with no registered factory gets the unavailable backend.
-using GpuBackendFactory = std::unique_ptr<GpuBackend> (*)(const GpuConfig& config,
-                                                          spdlog::logger& logger);
-void register_gpu_backend_factory(GpuBackendFactory factory);
-
-// The registered backend, or one that reports why there is none.
-std::unique_ptr<GpuBackend> make_gpu_backend(const GpuConfig& config, spdlog::logger& logger);
-
 // A backend with no device whose status() gives `reason` for every collector.
 std::unique_ptr<GpuBackend> make_unavailable_gpu_backend(std::string reason);
 

@@ -5,10 +5,12 @@
 // NVTX ranges for steps and phases. Detailed windows (CUPTI activity trace): trace_steps steps
 // from gpu.trace_first_step (or once auto-tune is done), again every gpu.trace_every_epochs
 // epochs, after a step slower than gpu.trace_anomaly_factor x the median, and on request.
-// A step's figures are published (Sink::on_gpu_step) once samples covering its end arrived; the
-// epoch's figures go into EpochSummary::gpu at end_epoch (after a flush of the collectors).
+// A step's figures are published (Sink::on_late_step, a GpuStepRecord) once samples covering its
+// end arrived; the epoch's figures are the summary's "gpu" section (GpuEpochStats) at end_epoch
+// (after a flush of the collectors). hooks/ registers a default collector that makes one over the
+// CUPTI backend for every Pilot; tests add one over a fake backend (PilotOptions::collectors).
 //
-// Thread-safety: training thread only (it is a StepObserver of the Pilot).
+// Thread-safety: training thread only (it is a Collector of the Pilot).
 #pragma once
 
 #include <deque>
@@ -18,10 +20,14 @@
 #include <string>
 #include <vector>
 
+#include "torchpilot/runtime/collector.h"
 #include "torchpilot/runtime/config.h"
 #include "torchpilot/runtime/gpu_backend.h"
 #include "torchpilot/runtime/gpu_metrics.h"
-#include "torchpilot/runtime/observer.h"
+
+namespace spdlog {
+class logger;
+}
 
 namespace torchpilot {
 
@@ -34,14 +40,15 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, Interval span, Interval dat
                         int sm_count, Nanos nvml_interval_ns,
                         Nanos trace_from = std::numeric_limits<Nanos>::min());
 
-class GpuMonitor : public StepObserver {
+class GpuMonitor : public Collector {
  public:
-  // `publish` receives each finished step's record; `warmup_done` says whether auto-tune is over.
-  GpuMonitor(const GpuConfig& config, std::shared_ptr<GpuBackend> backend,
-             std::function<void(const GpuStepRecord&)> publish, std::function<bool()> warmup_done);
+  // Starts the backend's always-on collectors.
+  GpuMonitor(const GpuConfig& config, std::shared_ptr<GpuBackend> backend);
   ~GpuMonitor() override;
 
   std::string name() const override { return "gpu"; }
+  void attach(CollectorHost* host) override { host_ = host; }
+  void on_window_request(int steps) override { request_window(steps); }
   void on_step_begin(int64_t step, Nanos now) override;
   void on_phase_begin(int phase_id, const std::string& phase_name) override;
   void on_phase_end(int phase_id) override;
@@ -73,8 +80,7 @@ class GpuMonitor : public StepObserver {
 
   GpuConfig config_;
   std::shared_ptr<GpuBackend> backend_;
-  std::function<void(const GpuStepRecord&)> publish_;
-  std::function<bool()> warmup_done_;
+  CollectorHost* host_ = nullptr;  // steps are published to it; no windows while it tunes
   GpuDeviceInfo device_;
 
   // Events not yet consumed, in arrival order (bounded by pruning once steps are finished).
@@ -111,5 +117,11 @@ class GpuMonitor : public StepObserver {
   struct EpochAcc;
   std::unique_ptr<EpochAcc> epoch_;
 };
+
+// A monitor over `backend`, or null when the backend found no device; logs to `logger` why the
+// GPU (or each of its collectors) is not observed, and which GPU is.
+std::unique_ptr<GpuMonitor> make_gpu_monitor(const GpuConfig& config,
+                                             std::shared_ptr<GpuBackend> backend,
+                                             spdlog::logger& logger);
 
 }  // namespace torchpilot

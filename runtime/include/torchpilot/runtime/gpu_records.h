@@ -11,11 +11,9 @@
 #include <vector>
 
 #include "torchpilot/runtime/clock.h"
+#include "torchpilot/runtime/records.h"
 
 namespace torchpilot {
-
-constexpr double kNotMeasured = std::numeric_limits<double>::quiet_NaN();
-inline bool measured(double v) { return !std::isnan(v); }
 
 // GPU figures over a span of wall time (one step, or an epoch).
 struct GpuStats {
@@ -55,6 +53,12 @@ struct KernelSummary {
   double estimated_sm_efficiency = 0;  // min(1, blocks / SMs), duration-weighted
 };
 
+// The GPU backend's collectors, by the names CollectorStatus uses.
+inline constexpr const char* kPmSamplingCollector = "pm_sampling";
+inline constexpr const char* kActivityCollector = "activity";
+inline constexpr const char* kNvmlCollector = "nvml";
+inline constexpr const char* kNvtxCollector = "nvtx";
+
 // Why a collector is off, reported once.
 struct CollectorStatus {
   std::string name;  // "pm_sampling", "activity", "nvml", "nvtx"
@@ -62,7 +66,9 @@ struct CollectorStatus {
   std::string reason;  // empty when active
 };
 
+// The epoch summary's "gpu" section.
 struct GpuEpochStats {
+  static constexpr const char* kSectionName = "gpu";
   std::string device;  // e.g. "NVIDIA H200"
   int sm_count = 0;
   GpuStats stats;
@@ -74,10 +80,20 @@ struct GpuEpochStats {
 
 // GPU figures of one step; published after the step, once its samples and trace records arrived.
 struct GpuStepRecord {
+  static constexpr const char* kSectionName = "gpu";
+  static constexpr const char* kRecordType = "gpu_step";
   int64_t step = 0;
   int64_t epoch = 0;
   bool traced = false;  // inside a detailed window
   GpuStats stats;
 };
+
+std::string section_json(const GpuEpochStats& gpu);
+// The "GPU" line (utilization beside SM efficiency, tensor, DRAM, occupancy; MFU from the
+// epoch's FlopEpochStats when present) and the traced-steps line.
+void section_text(const GpuEpochStats& gpu, const EpochSummary& epoch,
+                  std::vector<std::string>& lines);
+std::string section_json(const GpuStepRecord& step);
+inline void section_text(const GpuStepRecord&, const EpochSummary&, std::vector<std::string>&) {}
 
 }  // namespace torchpilot

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "torchpilot/runtime/clock.h"
-#include "torchpilot/runtime/records.h"
+#include "torchpilot/runtime/loader_records.h"
 
 namespace torchpilot {
 

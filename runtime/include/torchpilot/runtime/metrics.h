@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "torchpilot/runtime/loader_records.h"
 #include "torchpilot/runtime/records.h"
 
 namespace torchpilot {

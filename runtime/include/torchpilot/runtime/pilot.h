@@ -28,10 +28,12 @@
 
 #include "torchpilot/runtime/advice.h"
 #include "torchpilot/runtime/clock.h"
+#include "torchpilot/runtime/collector.h"
 #include "torchpilot/runtime/config.h"
 #include "torchpilot/runtime/knobs.h"
+#include "torchpilot/runtime/loader_records.h"
+#include "torchpilot/runtime/logging.h"
 #include "torchpilot/runtime/metrics.h"
-#include "torchpilot/runtime/observer.h"
 #include "torchpilot/runtime/records.h"
 #include "torchpilot/runtime/sink.h"
 #include "torchpilot/runtime/tuning.h"
@@ -89,20 +91,21 @@ class LoaderProbe {
   virtual void forget_pilot() = 0;
 };
 
-class GpuBackend;
 class TrialEngine;
-class GpuMonitor;
 
 struct PilotOptions {
   std::shared_ptr<spdlog::logger> logger;    // advisory log; default: "torchpilot" on stderr
   std::shared_ptr<Clock> clock;              // default: the steady clock
   std::vector<std::shared_ptr<Sink>> sinks;  // in addition to the log and the JSON-lines file
-  // Replaces this build's GPU backend (make_gpu_backend); tests pass a fake. Used when
-  // gpu.enabled and the mode is not off.
-  std::shared_ptr<GpuBackend> gpu_backend;
+  // Collectors the Pilot owns, added after the default ones (tests pass a GpuMonitor over a fake
+  // backend here). A default collector whose name one of these has is not created.
+  std::vector<std::shared_ptr<Collector>> collectors;
+  // Create the collectors registered with register_default_collector (the GPU monitor when
+  // torchpilot::torchpilot is linked).
+  bool default_collectors = true;
 };
 
-class Pilot {
+class Pilot : private CollectorHost {
  public:
   explicit Pilot(Config config = Config::load(), PilotOptions options = {});
   ~Pilot();
@@ -110,7 +113,7 @@ class Pilot {
   Pilot& operator=(const Pilot&) = delete;
 
   Mode mode() const { return config_.mode; }
-  const Config& config() const { return config_; }
+  const Config& config() const override { return config_; }
 
   // Step and phase scopes. In mode off they do nothing.
   StepScope step(int64_t samples = 0);
@@ -133,22 +136,30 @@ class Pilot {
   void attach_loader(LoaderProbe* probe, std::vector<Knob> knobs);
   void detach_loader(LoaderProbe* probe);
   KnobRegistry& knobs() { return knobs_; }
-  // Observers (the FLOP counter; the GPU monitor is added by the Pilot itself) see every step
-  // and epoch. An observer removes itself before it is destroyed; the Pilot calls forget_pilot()
-  // on the ones left when it is destroyed.
-  void add_observer(StepObserver* observer);
-  void remove_observer(StepObserver* observer);
-  // Per-step GPU figures, published late (after the step's samples arrived) to the sinks.
-  void publish(const GpuStepRecord& record);
-  // The GPU monitor, or null (mode off, gpu.enabled false, no GPU).
-  GpuMonitor* gpu() { return gpu_monitor_.get(); }
-  Clock& clock() { return *clock_; }
+  // Collectors (collector.h) see every step and epoch. A collector added by pointer (the FLOP
+  // counter adds itself) is not owned: it removes itself before it is destroyed, and the Pilot
+  // detaches the ones left (attach(nullptr)) when it is destroyed. In mode off nothing is added.
+  void add_collector(Collector* collector);
+  void add_collector(std::shared_ptr<Collector> collector);
+  void remove_collector(Collector* collector);
+  // The first collector of type T (e.g. GpuMonitor), or null.
+  template <typename T>
+  T* collector() const {
+    for (Collector* c : collectors_) {
+      if (auto* t = dynamic_cast<T*>(c)) return t;
+    }
+    return nullptr;
+  }
+  // Asks every collector for a detailed window of `steps` steps from the next step (the GPU
+  // monitor traces kernels, copies and syncs).
+  void request_window(int steps);
+  Clock& clock() override { return *clock_; }
   const std::shared_ptr<Clock>& shared_clock() const { return clock_; }
-  spdlog::logger& logger() { return *logger_; }
+  spdlog::logger& logger() override { return *logger_; }
   // The advisory log without spdlog's headers: LibTorch translation units must not include them
   // (the PyTorch wheel ships its own fmt, which shadows the one spdlog was built with).
-  enum class LogLevel { kDebug, kInfo, kWarn, kError };
-  void log(LogLevel level, const std::string& message);
+  using LogLevel = torchpilot::LogLevel;
+  void log(LogLevel level, const std::string& message) override;
 
   // --- results, for programs and tests -----------------------------------------------------------
   int64_t steps() const { return next_step_; }
@@ -164,7 +175,12 @@ class Pilot {
   friend class StepScope;
   friend class PhaseScope;
   void end_step();
-  void start_gpu(std::shared_ptr<GpuBackend> backend);
+  // CollectorHost
+  bool steady_clock() const override;
+  bool tuning() const override;
+  void publish(const LateStepRecord& record) override;
+  void add_default_collectors(std::vector<std::shared_ptr<Collector>> given);
+  void insert_collector(Collector* collector, bool front);
   bool owns_open_step(int64_t step) const { return step_open_ && next_step_ == step; }
   void end_phase(int id, Nanos begin);
   template <typename Fn>
@@ -196,15 +212,15 @@ class Pilot {
   std::vector<EpochSummary> epoch_summaries_;
   std::vector<Advice> last_advice_;
 
-  std::vector<StepObserver*> observers_;
-  std::unique_ptr<GpuMonitor> gpu_monitor_;
+  std::vector<Collector*> collectors_;  // in calling order
+  std::vector<std::shared_ptr<Collector>> owned_collectors_;
+  std::unique_ptr<Collector> loader_collector_;  // the attached loader's epoch counters
   template <typename Fn>
-  void for_each_observer(const char* what, Fn&& fn);
-  void drop_observer(size_t index);
+  void for_each_collector(const char* what, Fn&& fn);
+  void drop_collector(size_t index);
 
   KnobRegistry knobs_;
   LoaderProbe* loader_ = nullptr;
-  LoaderStats loader_at_epoch_start_;
   std::unique_ptr<TrialEngine> engine_;
   bool warned_nothing_to_tune_ = false;
 };

@@ -1,19 +1,62 @@
-// Vendor-neutral records: what a step, an epoch and a data loader look like to the rest of
-// torchpilot. Hooks fill them; metrics, advisors and sinks read them. Plain values.
+// Vendor-neutral records: what a step and an epoch look like to the rest of torchpilot. The Pilot
+// fills the core fields; collectors add their figures as named step metrics and epoch sections
+// (section.h). Metrics, advisors and sinks read them. Plain values.
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
-#include <optional>
+#include <limits>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "torchpilot/runtime/clock.h"
-#include "torchpilot/runtime/flop_records.h"
-#include "torchpilot/runtime/gpu_records.h"
+#include "torchpilot/runtime/section.h"
 
 namespace torchpilot {
+
+// A figure that was not measured (JSON: null).
+constexpr double kNotMeasured = std::numeric_limits<double>::quiet_NaN();
+inline bool measured(double v) { return !std::isnan(v); }
+
+// Named per-step figures that collectors add to a step record (e.g. flops.mfu), without heap
+// allocation: names are string literals (static storage), at most kCapacity per step; more are
+// dropped. JSON: {"<section>": {"<name>": value}}.
+class StepMetrics {
+ public:
+  static constexpr int kCapacity = 16;
+  struct Metric {
+    const char* section = nullptr;
+    const char* name = nullptr;
+    double value = kNotMeasured;
+  };
+  void set(const char* section, const char* name, double value) {
+    for (int i = 0; i < size_; ++i) {
+      if (std::string_view(items_[i].section) == section &&
+          std::string_view(items_[i].name) == name) {
+        items_[i].value = value;
+        return;
+      }
+    }
+    if (size_ < kCapacity) items_[size_++] = {section, name, value};
+  }
+  // NaN when absent.
+  double get(std::string_view section, std::string_view name) const {
+    for (int i = 0; i < size_; ++i) {
+      if (section == items_[i].section && name == items_[i].name) return items_[i].value;
+    }
+    return kNotMeasured;
+  }
+  const Metric* begin() const { return items_.data(); }
+  const Metric* end() const { return items_.data() + size_; }
+  int size() const { return size_; }
+
+ private:
+  std::array<Metric, kCapacity> items_{};
+  int size_ = 0;
+};
 
 // Phases are interned to small ids (0..kMaxPhases-1) so a step record has no heap allocation.
 constexpr int kMaxPhases = 16;
@@ -27,37 +70,8 @@ struct StepRecord {
   Nanos data_wait_ns = 0;     // training thread blocked on the next batch, within [begin, end]
   int64_t samples = 0;        // samples in the step's batch, 0 if not reported
   std::array<Nanos, kMaxPhases> phase_ns{};  // time in each phase, by phase id
-  // FLOPs of the step (FLOP counter attached; NaN otherwise): counted in counting windows, the
-  // cached count of the same shapes elsewhere. MFU/HFU need a known peak.
-  double model_flops = kNotMeasured;
-  double hardware_flops = kNotMeasured;
-  double mfu = kNotMeasured;
-  double hfu = kNotMeasured;
+  StepMetrics metrics;  // collectors' figures (the FLOP counter's flops.mfu, ...)
   Nanos step_ns() const { return end_ns - begin_ns; }
-};
-
-// Knob values of a data loader at one moment.
-struct LoaderSettings {
-  int workers = 0;               // worker threads; 0 = the training thread loads
-  int prefetch = 2;              // batches in flight per worker (at least 1 when workers = 0)
-  bool pin_memory = false;       // batches copied to page-locked memory by the workers
-  bool device_prefetch = false;  // batches copied to the GPU on a side stream ahead of use
-};
-
-// Cumulative counters of a data loader; epoch figures are differences of two snapshots.
-struct LoaderStats {
-  std::string name;  // "tunable" or "watched"
-  bool tunable = false;
-  LoaderSettings settings;
-  int max_workers = 0;  // CPUs this process may use
-  bool pin_memory_available = false;
-  bool device_prefetch_available = false;
-  int64_t batches = 0;        // batches handed to the training loop
-  int64_t produce_count = 0;  // batches produced (by workers or inline)
-  Nanos produce_ns = 0;       // wall time spent producing them, summed over threads
-  Nanos produce_cpu_ns = 0;   // CPU time of the producing threads meanwhile (I/O waits not)
-  int64_t blocked_count = 0;  // next() calls that had to wait
-  Nanos wait_ns = 0;          // total time next() blocked
 };
 
 struct PhaseTotal {
@@ -80,9 +94,10 @@ struct EpochSummary {
   std::vector<PhaseTotal> phases;
   int64_t tuning_steps = 0;  // steps of this epoch run under auto-tune trials (mixed settings)
   bool tuned = false;        // auto-tune has decided the knob settings (before this epoch ended)
-  std::optional<LoaderStats> loader;    // this epoch's loader counters (differences)
-  std::optional<GpuEpochStats> gpu;     // GPU collectors' figures (GPU present and enabled)
-  std::optional<FlopEpochStats> flops;  // FLOP counter's figures (counter attached)
+  // Collectors' parts, in collector order: the loader's counters for the epoch (LoaderStats),
+  // the GPU figures (GpuEpochStats), the FLOP counts (FlopEpochStats), ... Read with
+  // sections.get<T>().
+  Sections sections;
 };
 
 }  // namespace torchpilot

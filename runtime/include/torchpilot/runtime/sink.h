@@ -9,6 +9,7 @@
 
 #include "torchpilot/runtime/advice.h"
 #include "torchpilot/runtime/records.h"
+#include "torchpilot/runtime/section.h"
 #include "torchpilot/runtime/tuning.h"
 
 namespace spdlog {
@@ -25,8 +26,9 @@ class Sink {
   virtual void on_epoch(const EpochSummary& summary, const std::vector<Advice>& advice) {}
   virtual void on_trial(const TrialResult& trial, bool kept) {}
   virtual void on_decision(const TuningDecision& decision) {}
-  // A step's GPU figures, after the step (late: samples and trace records arrive asynchronously).
-  virtual void on_gpu_step(const GpuStepRecord& record) {}
+  // A collector's figures of a step, after the step (late: e.g. GPU samples and trace records
+  // arrive asynchronously). record.get<T>() reads the typed value (GpuStepRecord, ...).
+  virtual void on_late_step(const LateStepRecord& record) {}
   virtual void flush() {}
 };
 
@@ -50,14 +52,23 @@ class RecordingSink : public Sink {
   }
   void on_trial(const TrialResult& trial, bool kept) override { trials.push_back({trial, kept}); }
   void on_decision(const TuningDecision& decision) override { decisions.push_back(decision); }
-  void on_gpu_step(const GpuStepRecord& record) override { gpu_steps.push_back(record); }
+  void on_late_step(const LateStepRecord& record) override { late_steps.push_back(record); }
+  // The late step records of one kind, e.g. late<GpuStepRecord>().
+  template <typename T>
+  std::vector<T> late() const {
+    std::vector<T> out;
+    for (const auto& r : late_steps) {
+      if (const T* v = r.get<T>()) out.push_back(*v);
+    }
+    return out;
+  }
 
   std::vector<StepRecord> steps;
   std::vector<EpochSummary> epochs;
   std::vector<std::vector<Advice>> advice;  // per epoch
   std::vector<std::pair<TrialResult, bool>> trials;
   std::vector<TuningDecision> decisions;
-  std::vector<GpuStepRecord> gpu_steps;
+  std::vector<LateStepRecord> late_steps;
 };
 
 // JSON text of each record kind, as the JSON-lines sink writes them (one line, no newline).
@@ -65,7 +76,7 @@ std::string step_json(const StepRecord& record, const std::vector<std::string>& 
 std::string epoch_json(const EpochSummary& summary, const std::vector<Advice>& advice);
 std::string trial_json(const TrialResult& trial, bool kept);
 std::string decision_json(const TuningDecision& decision);
-std::string gpu_step_json(const GpuStepRecord& record);
+std::string late_step_json(const LateStepRecord& record);
 
 // Human-readable lines of the advisory log.
 std::vector<std::string> format_epoch(const EpochSummary& summary,

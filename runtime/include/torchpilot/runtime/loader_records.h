@@ -1,0 +1,42 @@
+// What a data loader shows the rest of torchpilot: its knob values and cumulative counters. An
+// epoch's difference of two snapshots is the epoch summary's "loader" section. Plain values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "torchpilot/runtime/records.h"
+
+namespace torchpilot {
+
+// Knob values of a data loader at one moment.
+struct LoaderSettings {
+  int workers = 0;               // worker threads; 0 = the training thread loads
+  int prefetch = 2;              // batches in flight per worker (at least 1 when workers = 0)
+  bool pin_memory = false;       // batches copied to page-locked memory by the workers
+  bool device_prefetch = false;  // batches copied to the GPU on a side stream ahead of use
+};
+
+// Cumulative counters of a data loader; epoch figures are differences of two snapshots.
+struct LoaderStats {
+  static constexpr const char* kSectionName = "loader";
+  std::string name;  // "tunable" or "watched"
+  bool tunable = false;
+  LoaderSettings settings;
+  int max_workers = 0;  // CPUs this process may use
+  bool pin_memory_available = false;
+  bool device_prefetch_available = false;
+  int64_t batches = 0;        // batches handed to the training loop
+  int64_t produce_count = 0;  // batches produced (by workers or inline)
+  Nanos produce_ns = 0;       // wall time spent producing them, summed over threads
+  Nanos produce_cpu_ns = 0;   // CPU time of the producing threads meanwhile (I/O waits not)
+  int64_t blocked_count = 0;  // next() calls that had to wait
+  Nanos wait_ns = 0;          // total time next() blocked
+};
+
+std::string section_json(const LoaderStats& loader);
+void section_text(const LoaderStats& loader, const EpochSummary& epoch,
+                  std::vector<std::string>& lines);
+
+}  // namespace torchpilot

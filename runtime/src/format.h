@@ -1,0 +1,48 @@
+// Number formatting and JSON helpers shared by the sinks and the sections' writers. Internal to
+// runtime/src (nlohmann-json is a private dependency of the core).
+#pragma once
+
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "torchpilot/runtime/clock.h"
+#include "torchpilot/runtime/records.h"
+
+namespace torchpilot::detail {
+
+using nlohmann::json;
+
+// One line of JSON; invalid UTF-8 (a Latin-1 path in an error message, say) is replaced rather
+// than thrown, which would disable the sink for the rest of the run.
+inline std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+inline double ms(Nanos ns) { return static_cast<double>(ns) / 1e6; }
+
+inline std::string fmt_ms(Nanos ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f ms", ms(ns));
+  return buf;
+}
+
+inline std::string fmt_pct(double f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * f);
+  return buf;
+}
+
+inline std::string fmt_num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, v >= 100 ? "%.0f" : "%.3g", v);
+  return buf;
+}
+
+// NaN (not measured) is written as null.
+inline json number(double v) { return std::isnan(v) ? json(nullptr) : json(v); }
+
+inline std::string fmt_opt_pct(double f) { return measured(f) ? fmt_pct(f) : std::string("n/a"); }
+
+}  // namespace torchpilot::detail
