@@ -11,10 +11,7 @@
 namespace torchpilot {
 namespace {
 
-constexpr size_t kMaxPendingSteps = 1024;   // PM samples stalled: finish steps without them
-constexpr size_t kAnomalyHistory = 64;      // step times the anomaly trigger's median is over
-constexpr size_t kMedianRefreshSteps = 16;  // ... recomputed every this many steps
-constexpr int kTraceTailSteps = 2;          // step ends to wait for a closed window's records
+constexpr size_t kMaxPendingSteps = 1024;  // PM samples stalled: finish steps without them
 constexpr size_t kTopKernels = 10;
 constexpr size_t kMaxEvents = 1 << 20;  // per kind; a window of huge steps loses its oldest
 
@@ -283,30 +280,18 @@ GpuMonitor::GpuMonitor(const GpuConfig& config, std::shared_ptr<GpuBackend> back
   backend_->start();
   for (const auto& s : backend_->status()) {
     if (s.name == kPmSamplingCollector) pm_active_ = s.active;
-    if (s.name == kActivityCollector && !s.active) trace_failed_ = true;
+    if (s.name == kActivityCollector && !s.active) planner_.disable();
   }
-  if (!config_.activity) trace_failed_ = true;
-  recent_step_ns_.reserve(kAnomalyHistory);
 }
 
 GpuMonitor::~GpuMonitor() {
-  if (window_left_ > 0) backend_->stop_trace();
-  if (window_left_ > 0 || trace_tail_ > 0) backend_->release_trace();
+  if (planner_.tracing()) backend_->stop_trace();
+  if (planner_.trace_attached()) backend_->release_trace();
   backend_->stop();
 }
 
 void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
-  window_first_step_ = false;
-  if (armed_steps_ > 0 && window_left_ == 0 && trace_tail_ == 0) {
-    // Started when a step actually begins: a window armed at an epoch's last step opens in the
-    // next epoch instead of tracing nothing.
-    start_window(armed_steps_);
-    armed_steps_ = 0;
-    if (window_left_ > 0) {
-      window_first_step_ = true;
-      trace_from_ = now;
-    }
-  }
+  if (planner_.begin_step(now) > 0) planner_.trace_started(backend_->start_trace());
   if (!config_.nvtx) return;
   char name[32];
   std::snprintf(name, sizeof name, "step %lld", static_cast<long long>(step));
@@ -326,26 +311,7 @@ void GpuMonitor::on_phase_end(int) {
   --open_ranges_;
 }
 
-void GpuMonitor::request_window(int steps) {
-  if (steps > 0 && window_left_ == 0) requested_window_ = steps;
-}
-
-void GpuMonitor::start_window(int steps) {
-  if (trace_failed_ || trace_tail_ > 0) return;  // one window's records at a time
-  if (!backend_->start_trace()) {
-    trace_failed_ = true;  // the backend's status() says why; reported at start-up
-    return;
-  }
-  window_left_ = steps;
-  epochs_since_window_ = 0;
-}
-
-void GpuMonitor::end_window(Nanos cutoff) {
-  backend_->stop_trace();
-  window_left_ = 0;
-  trace_cutoff_ = cutoff;
-  trace_tail_ = kTraceTailSteps;
-}
+void GpuMonitor::request_window(int steps) { planner_.request_window(steps); }
 
 void GpuMonitor::on_step_end(StepRecord& r) {
   // The step's NVTX range (phases left open by the program are closed with it).
@@ -353,80 +319,31 @@ void GpuMonitor::on_step_end(StepRecord& r) {
     backend_->range_pop();
     --open_ranges_;
   }
+  const GpuWindowPlanner::StepEndActions a =
+      planner_.end_step(r.step, r.step_in_epoch, r.begin_ns, r.end_ns, host_ == nullptr || !host_->tuning());
   PendingStep p;
   p.step = r.step;
   p.epoch = r.epoch;
   p.span = {r.begin_ns, r.end_ns};
   p.data_wait = {r.begin_ns, r.begin_ns + r.data_wait_ns};
-  p.traced = window_left_ > 0;
-  p.trace_from = window_first_step_ ? trace_from_ : p.span.begin;
-  window_first_step_ = false;
+  p.traced = a.traced;
+  p.trace_from = a.trace_from;
   pending_.push_back(p);
+  if (a.stop_trace) backend_->stop_trace();
 
-  if (window_left_ > 0 && --window_left_ == 0) end_window(r.end_ns);
-
-  // Anomaly trigger: a step much slower than the recent median (not while tracing: the trace
-  // itself slows steps).
-  const bool tracing_now = p.traced || trace_tail_ > 0 || anomaly_quiet_steps_ > 0;
-  if (anomaly_quiet_steps_ > 0) --anomaly_quiet_steps_;
-  const bool warm = host_ == nullptr || !host_->tuning();  // no window inside auto-tune's trials
-  if (!tracing_now && warm && config_.trace_anomaly_factor > 0 &&
-      recent_step_ns_.size() == kAnomalyHistory && !anomaly_window_used_) {
-    const double med = static_cast<double>(recent_median_ns_);
-    if (med > 0 && static_cast<double>(r.step_ns()) > config_.trace_anomaly_factor * med) {
-      anomaly_window_used_ = true;
-      if (requested_window_ == 0) requested_window_ = config_.trace_steps;
-    }
-  }
-  if (!tracing_now) {
-    if (recent_step_ns_.size() < kAnomalyHistory) {
-      recent_step_ns_.push_back(r.step_ns());
-    } else {
-      recent_step_ns_[recent_next_] = r.step_ns();
-      recent_next_ = (recent_next_ + 1) % kAnomalyHistory;
-    }
-    // The median moves slowly: sorting the history every step would only cost the step.
-    if (recent_step_ns_.size() == kAnomalyHistory && recent_next_ % kMedianRefreshSteps == 0) {
-      recent_median_ns_ = median(recent_step_ns_);
-    }
-  }
-
-  // Does the next step open a window? Armed here, started when that step begins.
-  if (window_left_ == 0 && armed_steps_ == 0 && !trace_failed_ && trace_tail_ == 0 && warm) {
-    if (requested_window_ > 0) {
-      arm_window(requested_window_);
-      requested_window_ = 0;
-    } else if (!first_window_done_ && r.step + 1 >= config_.trace_first_step) {
-      first_window_done_ = true;
-      window_step_in_epoch_ = r.step_in_epoch + 1;
-      arm_window(config_.trace_steps);
-    } else if (first_window_done_ && config_.trace_every_epochs > 0 &&
-               epochs_since_window_ >= config_.trace_every_epochs &&
-               r.step_in_epoch + 1 >= window_step_in_epoch_) {
-      arm_window(config_.trace_steps);
-    }
-  }
   // Samples that stopped coming (the decode thread failed) must not hold steps back.
   if (++steps_since_status_ >= 16) {
     steps_since_status_ = 0;
     refresh_pm_status();
   }
 
-  if (trace_tail_ > 0) {
-    backend_->flush();  // the closed window's last kernels
-    if (--trace_tail_ == 0) {
-      backend_->release_trace();                   // its final flush is drained below
-      anomaly_quiet_steps_ = kTraceTailSteps + 1;  // the release itself makes a slow step
-      refresh_pm_status();                         // PM sampling may not have come back
-    }
+  if (a.flush) backend_->flush();  // the closed window's last kernels
+  if (a.release) {
+    backend_->release_trace();  // its final flush is drained below
+    refresh_pm_status();        // PM sampling may not have come back
   }
   drain();
   finish_ready_steps(false);
-}
-
-void GpuMonitor::arm_window(int steps) {
-  armed_steps_ = steps;
-  epochs_since_window_ = 0;
 }
 
 void GpuMonitor::refresh_pm_status() {
@@ -471,7 +388,7 @@ void GpuMonitor::finish_ready_steps(bool all) {
     bool ready = all || pending_.size() > kMaxPendingSteps;
     if (!ready) {
       const bool pm_ready = !pm_active_ || pm_watermark_ >= p.span.end;
-      const bool trace_ready = !p.traced || (trace_tail_ == 0 && trace_cutoff_ >= p.span.end);
+      const bool trace_ready = !p.traced || planner_.records_final(p.span.end);
       ready = pm_ready && trace_ready;
     }
     if (!ready) break;  // steps finish in order
@@ -513,14 +430,11 @@ void GpuMonitor::prune_events() {
 }
 
 void GpuMonitor::on_epoch_end(EpochSummary& summary) {
-  if (window_left_ > 0) {
-    // A window does not run across epochs: close it with the epoch.
-    end_window(pending_.empty() ? 0 : pending_.back().span.end);
-  }
+  const GpuWindowPlanner::EpochEndActions a = planner_.end_epoch();
+  if (a.stop_trace) backend_->stop_trace();  // a window does not run across epochs
   backend_->flush();
-  if (trace_tail_ > 0) {
+  if (a.release) {
     backend_->release_trace();
-    trace_tail_ = 0;
     refresh_pm_status();
   }
   drain();
@@ -537,8 +451,6 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   events_.dropped = 0;
   summary.sections.set(std::move(e));
   epoch_ = std::make_unique<EpochAcc>();
-  ++epochs_since_window_;
-  anomaly_window_used_ = false;
 }
 
 std::unique_ptr<GpuMonitor> make_gpu_monitor(const GpuConfig& config,

@@ -24,6 +24,7 @@
 #include "torchpilot/runtime/config.h"
 #include "torchpilot/runtime/gpu_backend.h"
 #include "torchpilot/runtime/gpu_metrics.h"
+#include "torchpilot/runtime/gpu_window_planner.h"
 
 namespace spdlog {
 class logger;
@@ -57,7 +58,7 @@ class GpuMonitor : public Collector {
 
   // Opens a detailed window of `steps` steps at the next step boundary (ignored while one runs).
   void request_window(int steps);
-  bool tracing() const { return window_left_ > 0; }
+  bool tracing() const { return planner_.tracing(); }
   const GpuDeviceInfo& device() const { return device_; }
   std::vector<CollectorStatus> status() const { return backend_->status(); }
 
@@ -71,11 +72,8 @@ class GpuMonitor : public Collector {
   };
   void drain();
   void refresh_pm_status();
-  void arm_window(int steps);
   void finish_ready_steps(bool all);
   void finish(const PendingStep& step);
-  void start_window(int steps);
-  void end_window(Nanos cutoff);
   void prune_events();
 
   GpuConfig config_;
@@ -90,24 +88,10 @@ class GpuMonitor : public Collector {
   bool pm_active_ = false;
   std::deque<PendingStep> pending_;
 
-  // Detailed windows. After a window closes, its steps wait `trace_tail_` more step ends (with a
-  // flush each) for the records of kernels still running when the trace stopped.
-  int window_left_ = 0;  // steps left in the open window
-  int armed_steps_ = 0;  // a window opens when the next step begins (not at an epoch's end)
-  Nanos trace_from_ = 0;
-  bool window_first_step_ = false;  // the open step is a window's first
-  int requested_window_ = 0;
-  bool first_window_done_ = false;
-  int64_t epochs_since_window_ = 0;
-  int64_t window_step_in_epoch_ = -1;  // where the first window started, for repeats
-  bool anomaly_window_used_ = false;   // one anomaly window per epoch
-  int anomaly_quiet_steps_ = 0;        // steps after a window that neither trigger nor count
-  std::vector<Nanos> recent_step_ns_;  // for the anomaly trigger (bounded ring)
-  size_t recent_next_ = 0;
-  Nanos recent_median_ns_ = 0;  // of recent_step_ns_, refreshed every few steps
-  bool trace_failed_ = false;
-  int trace_tail_ = 0;       // step ends left before the closed window's steps are final
-  Nanos trace_cutoff_ = -1;  // traced steps ending at or before this are final after the tail
+  // Detailed windows: when they open and close, which steps are traced, when their records are
+  // final. The monitor carries out its actions on the backend.
+  GpuWindowPlanner planner_{config_};
+
   Nanos pruned_before_ = 0;
   Nanos last_finished_end_ = 0;
   int open_ranges_ = 0;  // NVTX ranges pushed for the open step and its phases
