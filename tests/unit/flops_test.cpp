@@ -1,6 +1,10 @@
 // FLOP formulas against hand-computed values, precision, the peak table, MFU/HFU math, the
-// attention detector, the window planner and the accumulators (runtime/src/flops.cpp).
-#include "torchpilot/runtime/flops.h"
+// attention detector, the window planner and the accumulators (runtime/src/flop_*.cpp).
+#include "torchpilot/runtime/attention_detector.h"
+#include "torchpilot/runtime/device_peaks.h"
+#include "torchpilot/runtime/flop_accumulation.h"
+#include "torchpilot/runtime/flop_formulas.h"
+#include "torchpilot/runtime/flop_windows.h"
 
 #include <gtest/gtest.h>
 
