@@ -2,7 +2,8 @@
 // (StepFlops), the sums of the ops counted in a window (FlopTally), sums and means of counts
 // (StepFlopsSum), an epoch's steps -> FlopEpochStats (FlopEpochAccumulator), and a step record's
 // FLOP fields (fill_step_flops).
-// Internal: used by hooks/flop_counter and the tests; not part of the user API.
+// Internal: used by hooks/flop_counter (flop_counter.h includes it for its members) and the tests;
+// not part of the user API.
 //
 // Thread-safety: FlopTally, StepFlopsSum and FlopEpochAccumulator are not thread-safe; their
 // owner serializes access. fill_step_flops is a plain function.

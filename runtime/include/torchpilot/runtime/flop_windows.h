@@ -1,6 +1,7 @@
 // When to count FLOPs (docs/metrics.md, "MFU and FLOPs"): FlopWindowPlanner decides which steps
 // the counter's callbacks are on for, and which count applies to every other step.
-// Internal: used by hooks/flop_counter and the tests; not part of the user API.
+// Internal: used by hooks/flop_counter (flop_counter.h includes it for its members) and the tests;
+// not part of the user API.
 //
 // Thread-safety: FlopWindowPlanner is not thread-safe; its owner serializes access.
 // Failure behaviour: nothing here throws; a step whose samples were never counted gets no count
