@@ -1,4 +1,4 @@
-// FlopCounter: RecordFunction callbacks -> FlopTally (flops.h) in counting windows.
+// FlopCounter: RecordFunction callbacks -> FlopTally (flop_accumulation.h) in counting windows.
 #include "torchpilot/hooks/flop_counter.h"
 
 #include <ATen/ATen.h>
@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "torchpilot/hooks/compat.h"
+#include "torchpilot/runtime/attention_detector.h"
+#include "torchpilot/runtime/flop_formulas.h"
 
 #if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
 #include <ATen/cuda/CUDAContext.h>

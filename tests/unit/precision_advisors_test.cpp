@@ -8,7 +8,7 @@
 #include <string>
 
 #include "torchpilot/advisors/advisors.h"
-#include "torchpilot/runtime/flops.h"
+#include "torchpilot/runtime/device_peaks.h"
 #include "torchpilot/runtime/metrics.h"
 
 namespace torchpilot {

@@ -11,12 +11,14 @@
 //   - One global RecordFunction callback (scopes FUNCTION and BACKWARD_FUNCTION, with inputs). It
 //     is disabled outside counting windows, so steady-state steps pay nothing; boxing the inputs
 //     is what makes a counted step slower.
-//   - Windows (FlopWindowPlanner, flops.h): `flops.count_steps` steps after `flops.skip_steps`;
+//   - Windows (FlopWindowPlanner, flop_windows.h): `flops.count_steps` steps after
+//   `flops.skip_steps`;
 //     again when a step's samples (StepRecord::samples) have no count yet, every
 //     `flops.recount_every_steps` steps (if > 0), and after recount(). The mean of a window is
 //     the count of every later step with the same samples; a counted step carries its own count;
 //     a step whose samples were never counted has NaN FLOPs.
-//   - Leaf ops only: an op with a FLOP formula (flops.h, OpKind) counts only when no other such
+//   - Leaf ops only: an op with a FLOP formula (flop_formulas.h, OpKind) counts only when no other
+//   such
 //     op ran inside it (aten::matmul -> aten::mm, aten::_convolution -> aten::mkldnn_convolution,
 //     autocast's re-dispatched aten::mm with bf16 inputs inside the fp32 one: the innermost
 //     counts). Tracked per thread; backward ops arrive on autograd threads, so the per-window
@@ -24,7 +26,8 @@
 //   - Precision: the operands' dtype; fp32 on CUDA counts as TF32 when
 //     at::globalContext().allowTF32CuBLAS() (matmuls) or allowTF32CuDNN() (convolutions) is on
 //     at the window's start.
-//   - Unfused attention: the AttentionDetector heuristic of flops.h on each thread's sequence of
+//   - Unfused attention: the AttentionDetector heuristic of attention_detector.h on each thread's
+//   sequence of
 //     leaf matmuls and softmaxes (a softmax over the last dim of a rank >= 3 tensor with a matmul
 //     producing/consuming that matrix shape before it and one after it). SDPA's fused ops count
 //     as fused attention; an unfused one found while aten::scaled_dot_product_attention is open
@@ -33,20 +36,22 @@
 //     `flops.peak_tflops` > 0 overrides it. No peak (CPU, unknown GPU): FLOPs are reported, MFU
 //     and HFU are NaN. `flops.allow_tf32: true` turns TF32 on for cuBLAS at construction.
 //
-// Thread-safety: construct, destroy, recount(), counting() and the observer calls on the training
+// Thread-safety: construct, destroy, recount(), counting() and the collector calls on the training
 // thread. RecomputeScope on any thread: it marks that thread's ops. One FlopCounter per process
 // counts; a second one made while the first lives is inert (logged).
 // Failure behaviour: the constructor does not throw for a missing GPU; after construction nothing
 // throws. Callback errors are swallowed (an op whose arguments cannot be read is counted as
-// unparsed and reported in FlopEpochStats::unparsed_calls); observer errors are logged once.
+// unparsed and reported in FlopEpochStats::unparsed_calls); collector errors are logged once.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "torchpilot/runtime/device_peaks.h"
+#include "torchpilot/runtime/flop_accumulation.h"
+#include "torchpilot/runtime/flop_windows.h"
 #include "torchpilot/runtime/collector.h"
-#include "torchpilot/runtime/flops.h"
 #include "torchpilot/runtime/pilot.h"
 
 namespace torchpilot {

@@ -49,7 +49,7 @@ struct FlopEpochStats {
   // Model FLOPs by named module (torchpilot::ModuleScope; `op` holds the name, "" = outside any
   // named module), largest first. Backward ops count for the module whose forward op made them.
   std::vector<OpFlops> modules;
-  // --- added with the FLOP counter (runtime/include/torchpilot/flops.h) ---
+  // --- added with the FLOP counter (runtime/include/torchpilot/runtime/flop_*.h) ---
   int64_t steps_with_count = 0;  // steps of the epoch that had a FLOP count (the rest: NaN)
   double hardware_flops_by_precision[kMathPrecisions] = {};
   // Peaks per precision (FLOP/s): what MFU used (flops.peak_tflops sets them all), and the
@@ -64,7 +64,7 @@ struct FlopEpochStats {
   // Unfused attentions found inside scaled_dot_product_attention (its math fallback), per step.
   double sdpa_math_fallback_per_step = 0;
   // Estimated DRAM traffic of the unfused attentions' score matrices per step (bytes): what a
-  // fused kernel would not move (flops.h, AttentionDetector).
+  // fused kernel would not move (attention_detector.h).
   double unfused_attention_traffic_bytes_per_step = 0;
   int64_t unparsed_calls = 0;  // calls of counted ops whose arguments could not be read
 };
