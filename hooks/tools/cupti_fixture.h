@@ -94,7 +94,8 @@ inline std::string activity_line(const CUpti_Activity& record) {
   j["hex"] = to_hex(reinterpret_cast<const uint8_t*>(&record), size);
   if (record.kind == CUPTI_ACTIVITY_KIND_KERNEL ||
       record.kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
-    const char* name = reinterpret_cast<const CUpti_ActivityKernel10&>(record).name;
+    const char* name =
+        static_cast<const CUpti_ActivityKernel10*>(static_cast<const void*>(&record))->name;
     j["name"] = name != nullptr ? name : "";
   }
   return j.dump();
@@ -136,7 +137,7 @@ class ReplayRecord {
   // The record as its own type (T must be the layout of kind()).
   template <class T>
   const T& as() const {
-    return reinterpret_cast<const T&>(record());
+    return *static_cast<const T*>(static_cast<const void*>(&record()));
   }
 
  private:

@@ -145,7 +145,9 @@ void check_fixture(const fx::Fixture& f, double tolerance, size_t expected_failu
   for (size_t i = 0; i < e.pm.size(); ++i) {
     const PmSample& s = e.pm[i];
     EXPECT_GT(s.end, s.begin) << i;
-    if (i > 0) EXPECT_GE(s.begin, e.pm[i - 1].begin) << i;
+    if (i > 0) {
+      EXPECT_GE(s.begin, e.pm[i - 1].begin) << i;
+    }
     EXPECT_TRUE(measured(s.sm_active)) << i;
     EXPECT_TRUE(measured(s.gr_active)) << i;
     for (double v :
@@ -197,7 +199,9 @@ void check_fixture(const fx::Fixture& f, double tolerance, size_t expected_failu
     gr += g.counter_utilization * w;
   }
   EXPECT_GT(traced_steps, 0);
-  if (info.steps.size() > static_cast<size_t>(traced_steps)) EXPECT_GT(untraced_with_pm, 0);
+  if (info.steps.size() > static_cast<size_t>(traced_steps)) {
+    EXPECT_GT(untraced_with_pm, 0) << "PM samples cover untraced steps too";
+  }
   ASSERT_GT(wall, 0) << "no traced step with PM samples";
   busy /= wall;
   sm /= wall;
@@ -235,6 +239,12 @@ R zeroed() {
   return r;
 }
 
+// The activity.jsonl line of a hand-made record.
+template <class R>
+std::string line_of(const R& record) {
+  return fx::activity_line(*static_cast<const CUpti_Activity*>(static_cast<const void*>(&record)));
+}
+
 // One step [1 ms, 11 ms) on the steady clock: a 4 ms kernel, a pageable 4 KiB H2D copy, a 4-byte
 // pinned D2H copy, a memset, a stream sync; a kernel CUPTI left without timestamps and a
 // cudaStreamWaitEvent (neither converts). PM: the discarded first sample, then 80% SM active for
@@ -252,11 +262,11 @@ std::vector<std::string> synthetic_activity() {
   k.streamId = 7;
   k.name = "_Z9my_kernelILi4EN2at4HalfEEvPT0_i";
   k.pAccessPolicyWindow = reinterpret_cast<CUaccessPolicyWindow*>(0xdead0000);  // cleared
-  lines.push_back(fx::activity_line(reinterpret_cast<const CUpti_Activity&>(k)));
+  lines.push_back(line_of(k));
   auto lost = k;
   lost.kind = CUPTI_ACTIVITY_KIND_KERNEL;
   lost.start = lost.end = 0;  // out of device memory for timestamps
-  lines.push_back(fx::activity_line(reinterpret_cast<const CUpti_Activity&>(lost)));
+  lines.push_back(line_of(lost));
   auto h2d = zeroed<CUpti_ActivityMemcpy6>();
   h2d.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
   h2d.copyKind = CUPTI_ACTIVITY_MEMCPY_KIND_HTOD;
@@ -265,7 +275,7 @@ std::vector<std::string> synthetic_activity() {
   h2d.bytes = 4096;
   h2d.start = kCupti + 1'100'000;
   h2d.end = kCupti + 1'300'000;
-  lines.push_back(fx::activity_line(reinterpret_cast<const CUpti_Activity&>(h2d)));
+  lines.push_back(line_of(h2d));
   auto d2h = h2d;
   d2h.copyKind = CUPTI_ACTIVITY_MEMCPY_KIND_DTOH;
   d2h.srcKind = CUPTI_ACTIVITY_MEMORY_KIND_DEVICE;
@@ -273,22 +283,22 @@ std::vector<std::string> synthetic_activity() {
   d2h.bytes = 4;
   d2h.start = kCupti + 6'100'000;
   d2h.end = kCupti + 6'200'000;
-  lines.push_back(fx::activity_line(reinterpret_cast<const CUpti_Activity&>(d2h)));
+  lines.push_back(line_of(d2h));
   auto ms = zeroed<CUpti_ActivityMemset4>();
   ms.kind = CUPTI_ACTIVITY_KIND_MEMSET;
   ms.bytes = 256;
   ms.start = kCupti + 1'500'000;
   ms.end = kCupti + 1'600'000;
-  lines.push_back(fx::activity_line(reinterpret_cast<const CUpti_Activity&>(ms)));
+  lines.push_back(line_of(ms));
   auto sync = zeroed<CUpti_ActivitySynchronization2>();
   sync.kind = CUPTI_ACTIVITY_KIND_SYNCHRONIZATION;
   sync.type = CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_SYNCHRONIZE;
   sync.start = kCupti + 6'000'000;
   sync.end = kCupti + 6'300'000;
-  lines.push_back(fx::activity_line(reinterpret_cast<const CUpti_Activity&>(sync)));
+  lines.push_back(line_of(sync));
   auto wait = sync;
   wait.type = CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT;
-  lines.push_back(fx::activity_line(reinterpret_cast<const CUpti_Activity&>(wait)));
+  lines.push_back(line_of(wait));
   return lines;
 }
 
@@ -409,7 +419,7 @@ TEST(CuptiReplay, ParserRejectsWhatItCannotReplay) {
   std::string error;
   auto other = zeroed<CUpti_ActivityKernel10>();
   other.kind = CUPTI_ACTIVITY_KIND_DRIVER;  // not captured
-  EXPECT_EQ(fx::activity_line(reinterpret_cast<const CUpti_Activity&>(other)), "");
+  EXPECT_EQ(line_of(other), "");
   EXPECT_FALSE(
       fx::parse_activity_line("{\"kind\": 5, \"hex\": \"00\"}", &records, &error));  // RUNTIME
   EXPECT_NE(error.find("not captured"), std::string::npos) << error;

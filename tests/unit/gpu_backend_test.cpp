@@ -10,6 +10,7 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -26,6 +27,7 @@
 #include "cupti_api.h"
 #include "cupti_api_fake.h"
 #include "cupti_backend.h"
+#include "cupti_fixture.h"
 #include "cupti_pm_sampling.h"
 #include "nvml_sampler.h"
 #include "torchpilot/runtime/config.h"
@@ -444,19 +446,7 @@ class FakeCupti final : public CuptiApiFake {
 
  private:
   static size_t record_size(CUpti_ActivityKind kind) {
-    switch (kind) {
-      case CUPTI_ACTIVITY_KIND_KERNEL:
-      case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
-        return sizeof(CUpti_ActivityKernel10);
-      case CUPTI_ACTIVITY_KIND_MEMCPY:
-        return sizeof(CUpti_ActivityMemcpy6);
-      case CUPTI_ACTIVITY_KIND_MEMSET:
-        return sizeof(CUpti_ActivityMemset4);
-      case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION:
-        return sizeof(CUpti_ActivitySynchronization2);
-      default:
-        return 8;
-    }
+    return std::max<size_t>(8, cupti_fixture::activity_record_size(kind));
   }
 
   // Activity buffers in CUPTI's hands (touched by the test thread only).
