@@ -13,202 +13,70 @@ namespace detail {
 
 namespace {
 
-// CUPTI entry points, resolved by name. A missing one stays null and its method answers
-// CUPTI_ERROR_API_NOT_IMPLEMENTED.
+// CUPTI entry points, resolved by name (TORCHPILOT_CUPTI_ENTRY_POINTS). A missing one stays null
+// and its method answers CUPTI_ERROR_API_NOT_IMPLEMENTED.
 class DlopenCuptiApi final : public CuptiApi {
  public:
   DlopenCuptiApi(void* handle, std::string origin) : handle_(handle), origin_(std::move(origin)) {
-    resolve(get_version_, "cuptiGetVersion");
-    resolve(get_result_string_, "cuptiGetResultString");
-    resolve(get_timestamp_, "cuptiGetTimestamp");
-    resolve(subscribe_, "cuptiSubscribe");
-    resolve(subscribe_v2_, "cuptiSubscribe_v2");
-    resolve(unsubscribe_, "cuptiUnsubscribe");
-    resolve(finalize_, "cuptiFinalize");
-    resolve(activity_register_callbacks_, "cuptiActivityRegisterCallbacks");
-    resolve(activity_enable_, "cuptiActivityEnable");
-    resolve(activity_disable_, "cuptiActivityDisable");
-    resolve(activity_flush_all_, "cuptiActivityFlushAll");
-    resolve(activity_get_next_record_, "cuptiActivityGetNextRecord");
-    resolve(activity_get_num_dropped_records_, "cuptiActivityGetNumDroppedRecords");
-    resolve(profiler_initialize_, "cuptiProfilerInitialize");
-    resolve(profiler_deinitialize_, "cuptiProfilerDeInitialize");
-    resolve(device_get_chip_name_, "cuptiDeviceGetChipName");
-    resolve(pm_get_counter_availability_, "cuptiPmSamplingGetCounterAvailability");
-    resolve(host_initialize_, "cuptiProfilerHostInitialize");
-    resolve(host_deinitialize_, "cuptiProfilerHostDeinitialize");
-    resolve(host_config_add_metrics_, "cuptiProfilerHostConfigAddMetrics");
-    resolve(host_get_config_image_size_, "cuptiProfilerHostGetConfigImageSize");
-    resolve(host_get_config_image_, "cuptiProfilerHostGetConfigImage");
-    resolve(host_get_num_of_passes_, "cuptiProfilerHostGetNumOfPasses");
-    resolve(host_evaluate_to_gpu_values_, "cuptiProfilerHostEvaluateToGpuValues");
-    resolve(pm_enable_, "cuptiPmSamplingEnable");
-    resolve(pm_disable_, "cuptiPmSamplingDisable");
-    resolve(pm_set_config_, "cuptiPmSamplingSetConfig");
-    resolve(pm_start_, "cuptiPmSamplingStart");
-    resolve(pm_stop_, "cuptiPmSamplingStop");
-    resolve(pm_decode_data_, "cuptiPmSamplingDecodeData");
-    resolve(pm_get_counter_data_size_, "cuptiPmSamplingGetCounterDataSize");
-    resolve(pm_counter_data_image_initialize_, "cuptiPmSamplingCounterDataImageInitialize");
-    resolve(pm_get_counter_data_info_, "cuptiPmSamplingGetCounterDataInfo");
-    resolve(pm_counter_data_get_sample_info_, "cuptiPmSamplingCounterDataGetSampleInfo");
+#define TORCHPILOT_RESOLVE(method, symbol, params, args) resolve(method##_, #symbol);
+#define TORCHPILOT_RESOLVE_P(method, symbol, Params) resolve(method##_, #symbol);
+    TORCHPILOT_CUPTI_ENTRY_POINTS(TORCHPILOT_RESOLVE, TORCHPILOT_RESOLVE_P)
+#undef TORCHPILOT_RESOLVE
+#undef TORCHPILOT_RESOLVE_P
+    resolve(subscribe_v1_, "cuptiSubscribe");  // subscribe's fallback (see guard() below)
   }
   // The handle is never closed: CUPTI keeps threads and our callbacks registered for the life of
   // the process, and LibTorch may share the same copy.
 
   std::string origin() const override { return origin_; }
 
-  CUptiResult get_version(uint32_t* v) override { return call(get_version_, v); }
-  CUptiResult get_result_string(CUptiResult r, const char** s) override {
-    return call(get_result_string_, r, s);
+ private:
+  // A resolved entry point called through its own signature; null answers
+  // CUPTI_ERROR_API_NOT_IMPLEMENTED.
+  template <class... A>
+  struct Guarded {
+    CUptiResult (*fn)(A...);
+    CUptiResult operator()(A... a) const {
+      return fn == nullptr ? CUPTI_ERROR_API_NOT_IMPLEMENTED : fn(a...);
+    }
+  };
+  template <class... A>
+  static Guarded<A...> guard(CUptiResult (*fn)(A...)) {
+    return {fn};
   }
-  CUptiResult get_timestamp(uint64_t* t) override { return call(get_timestamp_, t); }
-  CUptiResult subscribe(CUpti_SubscriberHandle* s, CUpti_CallbackFunc cb, void* user,
-                        CUpti_SubscriberParams* params) override {
-    if (subscribe_v2_ != nullptr) return subscribe_v2_(s, cb, user, params);
-    return call(subscribe_, s, cb, user);
-  }
-  CUptiResult unsubscribe(CUpti_SubscriberHandle s) override { return call(unsubscribe_, s); }
-
-  CUptiResult activity_register_callbacks(CUpti_BuffersCallbackRequestFunc req,
-                                          CUpti_BuffersCallbackCompleteFunc done) override {
-    return call(activity_register_callbacks_, req, done);
-  }
-  CUptiResult activity_enable(CUpti_ActivityKind k) override { return call(activity_enable_, k); }
-  CUptiResult activity_disable(CUpti_ActivityKind k) override { return call(activity_disable_, k); }
-  CUptiResult activity_flush_all(uint32_t flag) override { return call(activity_flush_all_, flag); }
-  CUptiResult activity_get_next_record(uint8_t* buffer, size_t valid,
-                                       CUpti_Activity** record) override {
-    return call(activity_get_next_record_, buffer, valid, record);
-  }
-  CUptiResult activity_get_num_dropped_records(CUcontext ctx, uint32_t stream,
-                                               size_t* dropped) override {
-    return call(activity_get_num_dropped_records_, ctx, stream, dropped);
+  // subscribe: cuptiSubscribe_v2 where the library has it, else cuptiSubscribe (params ignored).
+  // Chosen over the template for cuptiSubscribe_v2's type (an exact non-template match).
+  auto guard(decltype(&::cuptiSubscribe_v2) v2) const {
+    return [v2, v1 = subscribe_v1_](CUpti_SubscriberHandle* s, CUpti_CallbackFunc cb, void* user,
+                                    CUpti_SubscriberParams* params) -> CUptiResult {
+      if (v2 != nullptr) return v2(s, cb, user, params);
+      return v1 != nullptr ? v1(s, cb, user) : CUPTI_ERROR_API_NOT_IMPLEMENTED;
+    };
   }
 
-  CUptiResult finalize() override { return call(finalize_); }
-  CUptiResult profiler_initialize(CUpti_Profiler_Initialize_Params* p) override {
-    return call(profiler_initialize_, p);
-  }
-  CUptiResult profiler_deinitialize(CUpti_Profiler_DeInitialize_Params* p) override {
-    return call(profiler_deinitialize_, p);
-  }
-  CUptiResult device_get_chip_name(CUpti_Device_GetChipName_Params* p) override {
-    return call(device_get_chip_name_, p);
-  }
-  CUptiResult pm_sampling_get_counter_availability(
-      CUpti_PmSampling_GetCounterAvailability_Params* p) override {
-    return call(pm_get_counter_availability_, p);
-  }
-  CUptiResult profiler_host_initialize(CUpti_Profiler_Host_Initialize_Params* p) override {
-    return call(host_initialize_, p);
-  }
-  CUptiResult profiler_host_deinitialize(CUpti_Profiler_Host_Deinitialize_Params* p) override {
-    return call(host_deinitialize_, p);
-  }
-  CUptiResult profiler_host_config_add_metrics(
-      CUpti_Profiler_Host_ConfigAddMetrics_Params* p) override {
-    return call(host_config_add_metrics_, p);
-  }
-  CUptiResult profiler_host_get_config_image_size(
-      CUpti_Profiler_Host_GetConfigImageSize_Params* p) override {
-    return call(host_get_config_image_size_, p);
-  }
-  CUptiResult profiler_host_get_config_image(
-      CUpti_Profiler_Host_GetConfigImage_Params* p) override {
-    return call(host_get_config_image_, p);
-  }
-  CUptiResult profiler_host_get_num_of_passes(
-      CUpti_Profiler_Host_GetNumOfPasses_Params* p) override {
-    return call(host_get_num_of_passes_, p);
-  }
-  CUptiResult profiler_host_evaluate_to_gpu_values(
-      CUpti_Profiler_Host_EvaluateToGpuValues_Params* p) override {
-    return call(host_evaluate_to_gpu_values_, p);
-  }
-  CUptiResult pm_sampling_enable(CUpti_PmSampling_Enable_Params* p) override {
-    return call(pm_enable_, p);
-  }
-  CUptiResult pm_sampling_disable(CUpti_PmSampling_Disable_Params* p) override {
-    return call(pm_disable_, p);
-  }
-  CUptiResult pm_sampling_set_config(CUpti_PmSampling_SetConfig_Params* p) override {
-    return call(pm_set_config_, p);
-  }
-  CUptiResult pm_sampling_start(CUpti_PmSampling_Start_Params* p) override {
-    return call(pm_start_, p);
-  }
-  CUptiResult pm_sampling_stop(CUpti_PmSampling_Stop_Params* p) override {
-    return call(pm_stop_, p);
-  }
-  CUptiResult pm_sampling_decode_data(CUpti_PmSampling_DecodeData_Params* p) override {
-    return call(pm_decode_data_, p);
-  }
-  CUptiResult pm_sampling_get_counter_data_size(
-      CUpti_PmSampling_GetCounterDataSize_Params* p) override {
-    return call(pm_get_counter_data_size_, p);
-  }
-  CUptiResult pm_sampling_counter_data_image_initialize(
-      CUpti_PmSampling_CounterDataImage_Initialize_Params* p) override {
-    return call(pm_counter_data_image_initialize_, p);
-  }
-  CUptiResult pm_sampling_get_counter_data_info(
-      CUpti_PmSampling_GetCounterDataInfo_Params* p) override {
-    return call(pm_get_counter_data_info_, p);
-  }
-  CUptiResult pm_sampling_counter_data_get_sample_info(
-      CUpti_PmSampling_CounterData_GetSampleInfo_Params* p) override {
-    return call(pm_counter_data_get_sample_info_, p);
-  }
+ public:
+#define TORCHPILOT_FORWARD(method, symbol, params, args) \
+  CUptiResult method params override { return guard(method##_) args; }
+#define TORCHPILOT_FORWARD_P(method, symbol, Params) \
+  CUptiResult method(Params* p) override { return guard(method##_)(p); }
+  TORCHPILOT_CUPTI_ENTRY_POINTS(TORCHPILOT_FORWARD, TORCHPILOT_FORWARD_P)
+#undef TORCHPILOT_FORWARD
+#undef TORCHPILOT_FORWARD_P
 
  private:
   template <class F>
   void resolve(F& fn, const char* name) {
     fn = reinterpret_cast<F>(dlsym(handle_, name));
   }
-  template <class F, class... Args>
-  static CUptiResult call(F fn, Args... args) {
-    if (fn == nullptr) return CUPTI_ERROR_API_NOT_IMPLEMENTED;
-    return fn(args...);
-  }
 
   void* handle_;
   std::string origin_;
-  decltype(&::cuptiGetVersion) get_version_ = nullptr;
-  decltype(&::cuptiGetResultString) get_result_string_ = nullptr;
-  decltype(&::cuptiGetTimestamp) get_timestamp_ = nullptr;
-  decltype(&::cuptiSubscribe) subscribe_ = nullptr;
-  decltype(&::cuptiSubscribe_v2) subscribe_v2_ = nullptr;
-  decltype(&::cuptiUnsubscribe) unsubscribe_ = nullptr;
-  decltype(&::cuptiFinalize) finalize_ = nullptr;
-  decltype(&::cuptiActivityRegisterCallbacks) activity_register_callbacks_ = nullptr;
-  decltype(&::cuptiActivityEnable) activity_enable_ = nullptr;
-  decltype(&::cuptiActivityDisable) activity_disable_ = nullptr;
-  decltype(&::cuptiActivityFlushAll) activity_flush_all_ = nullptr;
-  decltype(&::cuptiActivityGetNextRecord) activity_get_next_record_ = nullptr;
-  decltype(&::cuptiActivityGetNumDroppedRecords) activity_get_num_dropped_records_ = nullptr;
-  decltype(&::cuptiProfilerInitialize) profiler_initialize_ = nullptr;
-  decltype(&::cuptiProfilerDeInitialize) profiler_deinitialize_ = nullptr;
-  decltype(&::cuptiDeviceGetChipName) device_get_chip_name_ = nullptr;
-  decltype(&::cuptiPmSamplingGetCounterAvailability) pm_get_counter_availability_ = nullptr;
-  decltype(&::cuptiProfilerHostInitialize) host_initialize_ = nullptr;
-  decltype(&::cuptiProfilerHostDeinitialize) host_deinitialize_ = nullptr;
-  decltype(&::cuptiProfilerHostConfigAddMetrics) host_config_add_metrics_ = nullptr;
-  decltype(&::cuptiProfilerHostGetConfigImageSize) host_get_config_image_size_ = nullptr;
-  decltype(&::cuptiProfilerHostGetConfigImage) host_get_config_image_ = nullptr;
-  decltype(&::cuptiProfilerHostGetNumOfPasses) host_get_num_of_passes_ = nullptr;
-  decltype(&::cuptiProfilerHostEvaluateToGpuValues) host_evaluate_to_gpu_values_ = nullptr;
-  decltype(&::cuptiPmSamplingEnable) pm_enable_ = nullptr;
-  decltype(&::cuptiPmSamplingDisable) pm_disable_ = nullptr;
-  decltype(&::cuptiPmSamplingSetConfig) pm_set_config_ = nullptr;
-  decltype(&::cuptiPmSamplingStart) pm_start_ = nullptr;
-  decltype(&::cuptiPmSamplingStop) pm_stop_ = nullptr;
-  decltype(&::cuptiPmSamplingDecodeData) pm_decode_data_ = nullptr;
-  decltype(&::cuptiPmSamplingGetCounterDataSize) pm_get_counter_data_size_ = nullptr;
-  decltype(&::cuptiPmSamplingCounterDataImageInitialize) pm_counter_data_image_initialize_ =
-      nullptr;
-  decltype(&::cuptiPmSamplingGetCounterDataInfo) pm_get_counter_data_info_ = nullptr;
-  decltype(&::cuptiPmSamplingCounterDataGetSampleInfo) pm_counter_data_get_sample_info_ = nullptr;
+#define TORCHPILOT_POINTER(method, symbol, params, args) decltype(&::symbol) method##_ = nullptr;
+#define TORCHPILOT_POINTER_P(method, symbol, Params) decltype(&::symbol) method##_ = nullptr;
+  TORCHPILOT_CUPTI_ENTRY_POINTS(TORCHPILOT_POINTER, TORCHPILOT_POINTER_P)
+#undef TORCHPILOT_POINTER
+#undef TORCHPILOT_POINTER_P
+  decltype(&::cuptiSubscribe) subscribe_v1_ = nullptr;
 };
 
 // The path a handle was loaded from (dlinfo would need _GNU_SOURCE's link_map; dladdr of a symbol

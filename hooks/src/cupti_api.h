@@ -1,5 +1,6 @@
 // CuptiApi: the thin vendor interface to CUPTI (one virtual method per entry point the collectors
-// use), in the style of kineto's CuptiActivityApi. Production code reaches libcupti through
+// use, generated from one list: TORCHPILOT_CUPTI_ENTRY_POINTS), in the style of kineto's
+// CuptiActivityApi. Production code reaches libcupti through
 // load_cupti(), which dlopens it (nothing links against CUDA libraries: the library loads and runs
 // on a machine without a driver); tests substitute a fake. Internal to hooks/.
 //
@@ -31,6 +32,89 @@
 namespace torchpilot {
 namespace detail {
 
+// The CUPTI entry points, one line each, grouped by what uses them. Two shapes:
+//   X(method, symbol, (parameters), (arguments))  an entry point with its own signature;
+//   P(method, symbol, Params)                      one taking a `Params* p` whose structSize must
+//                                                  be Params##_STRUCT_SIZE (the profiler APIs).
+// Every entry point returns CUptiResult. The list generates the CuptiApi interface (below), the
+// dlopen implementation's resolution and forwarding (cupti_api.cpp) and the tests' default fake
+// (tests/unit/cupti_api_fake.h): adding an entry point is one line here.
+
+// General and subscription (backend, activity).
+#define TORCHPILOT_CUPTI_GENERAL(X, P)                                                    \
+  X(get_version, cuptiGetVersion, (uint32_t * version), (version))                        \
+  X(get_result_string, cuptiGetResultString, (CUptiResult result, const char** str),      \
+    (result, str))                                                                        \
+  X(get_timestamp, cuptiGetTimestamp, (uint64_t * timestamp), (timestamp))                \
+  /* cuptiSubscribe_v2 names the client already attached; where the library lacks it, the \
+     dlopen implementation falls back to cuptiSubscribe (params ignored). */              \
+  X(subscribe, cuptiSubscribe_v2,                                                         \
+    (CUpti_SubscriberHandle * subscriber, CUpti_CallbackFunc callback, void* userdata,    \
+     CUpti_SubscriberParams* params),                                                     \
+    (subscriber, callback, userdata, params))                                             \
+  X(unsubscribe, cuptiUnsubscribe, (CUpti_SubscriberHandle subscriber), (subscriber))     \
+  /* Detaches CUPTI from the process (kineto's teardown after a trace). */                \
+  X(finalize, cuptiFinalize, (), ())
+
+// Activity API (detailed windows).
+#define TORCHPILOT_CUPTI_ACTIVITY(X, P)                                                        \
+  X(activity_register_callbacks, cuptiActivityRegisterCallbacks,                               \
+    (CUpti_BuffersCallbackRequestFunc requested, CUpti_BuffersCallbackCompleteFunc completed), \
+    (requested, completed))                                                                    \
+  X(activity_enable, cuptiActivityEnable, (CUpti_ActivityKind kind), (kind))                   \
+  X(activity_disable, cuptiActivityDisable, (CUpti_ActivityKind kind), (kind))                 \
+  X(activity_flush_all, cuptiActivityFlushAll, (uint32_t flag), (flag))                        \
+  X(activity_get_next_record, cuptiActivityGetNextRecord,                                      \
+    (uint8_t * buffer, size_t valid_bytes, CUpti_Activity * *record),                          \
+    (buffer, valid_bytes, record))                                                             \
+  X(activity_get_num_dropped_records, cuptiActivityGetNumDroppedRecords,                       \
+    (CUcontext context, uint32_t stream_id, size_t * dropped), (context, stream_id, dropped))
+
+// Profiler target and host (the backend's chip name; PM sampling's metric configuration and
+// evaluation).
+#define TORCHPILOT_CUPTI_PROFILER(X, P)                                                           \
+  P(profiler_initialize, cuptiProfilerInitialize, CUpti_Profiler_Initialize_Params)               \
+  P(profiler_deinitialize, cuptiProfilerDeInitialize, CUpti_Profiler_DeInitialize_Params)         \
+  P(device_get_chip_name, cuptiDeviceGetChipName, CUpti_Device_GetChipName_Params)                \
+  P(profiler_host_initialize, cuptiProfilerHostInitialize, CUpti_Profiler_Host_Initialize_Params) \
+  P(profiler_host_deinitialize, cuptiProfilerHostDeinitialize,                                    \
+    CUpti_Profiler_Host_Deinitialize_Params)                                                      \
+  P(profiler_host_config_add_metrics, cuptiProfilerHostConfigAddMetrics,                          \
+    CUpti_Profiler_Host_ConfigAddMetrics_Params)                                                  \
+  P(profiler_host_get_config_image_size, cuptiProfilerHostGetConfigImageSize,                     \
+    CUpti_Profiler_Host_GetConfigImageSize_Params)                                                \
+  P(profiler_host_get_config_image, cuptiProfilerHostGetConfigImage,                              \
+    CUpti_Profiler_Host_GetConfigImage_Params)                                                    \
+  P(profiler_host_get_num_of_passes, cuptiProfilerHostGetNumOfPasses,                             \
+    CUpti_Profiler_Host_GetNumOfPasses_Params)                                                    \
+  P(profiler_host_evaluate_to_gpu_values, cuptiProfilerHostEvaluateToGpuValues,                   \
+    CUpti_Profiler_Host_EvaluateToGpuValues_Params)
+
+// PM sampling (always on).
+#define TORCHPILOT_CUPTI_PM_SAMPLING(X, P)                                                  \
+  P(pm_sampling_get_counter_availability, cuptiPmSamplingGetCounterAvailability,            \
+    CUpti_PmSampling_GetCounterAvailability_Params)                                         \
+  P(pm_sampling_enable, cuptiPmSamplingEnable, CUpti_PmSampling_Enable_Params)              \
+  P(pm_sampling_disable, cuptiPmSamplingDisable, CUpti_PmSampling_Disable_Params)           \
+  P(pm_sampling_set_config, cuptiPmSamplingSetConfig, CUpti_PmSampling_SetConfig_Params)    \
+  P(pm_sampling_start, cuptiPmSamplingStart, CUpti_PmSampling_Start_Params)                 \
+  P(pm_sampling_stop, cuptiPmSamplingStop, CUpti_PmSampling_Stop_Params)                    \
+  P(pm_sampling_decode_data, cuptiPmSamplingDecodeData, CUpti_PmSampling_DecodeData_Params) \
+  P(pm_sampling_get_counter_data_size, cuptiPmSamplingGetCounterDataSize,                   \
+    CUpti_PmSampling_GetCounterDataSize_Params)                                             \
+  P(pm_sampling_counter_data_image_initialize, cuptiPmSamplingCounterDataImageInitialize,   \
+    CUpti_PmSampling_CounterDataImage_Initialize_Params)                                    \
+  P(pm_sampling_get_counter_data_info, cuptiPmSamplingGetCounterDataInfo,                   \
+    CUpti_PmSampling_GetCounterDataInfo_Params)                                             \
+  P(pm_sampling_counter_data_get_sample_info, cuptiPmSamplingCounterDataGetSampleInfo,      \
+    CUpti_PmSampling_CounterData_GetSampleInfo_Params)
+
+#define TORCHPILOT_CUPTI_ENTRY_POINTS(X, P) \
+  TORCHPILOT_CUPTI_GENERAL(X, P)            \
+  TORCHPILOT_CUPTI_ACTIVITY(X, P)           \
+  TORCHPILOT_CUPTI_PROFILER(X, P)           \
+  TORCHPILOT_CUPTI_PM_SAMPLING(X, P)
+
 class CuptiApi {
  public:
   virtual ~CuptiApi() = default;
@@ -38,61 +122,14 @@ class CuptiApi {
   // Where the library came from (a path or soname; "fake" in tests).
   virtual std::string origin() const = 0;
 
-  // General.
-  virtual CUptiResult get_version(uint32_t* version) = 0;
-  virtual CUptiResult get_result_string(CUptiResult result, const char** str) = 0;
-  virtual CUptiResult get_timestamp(uint64_t* timestamp) = 0;
-  // cuptiSubscribe_v2 where the library has it (it names the client already attached), else
-  // cuptiSubscribe (params ignored).
-  virtual CUptiResult subscribe(CUpti_SubscriberHandle* subscriber, CUpti_CallbackFunc callback,
-                                void* userdata, CUpti_SubscriberParams* params) = 0;
-  virtual CUptiResult unsubscribe(CUpti_SubscriberHandle subscriber) = 0;
-  // cuptiFinalize: detaches CUPTI from the process (kineto's teardown after a trace).
-  virtual CUptiResult finalize() = 0;
-
-  // Activity API.
-  virtual CUptiResult activity_register_callbacks(CUpti_BuffersCallbackRequestFunc requested,
-                                                  CUpti_BuffersCallbackCompleteFunc completed) = 0;
-  virtual CUptiResult activity_enable(CUpti_ActivityKind kind) = 0;
-  virtual CUptiResult activity_disable(CUpti_ActivityKind kind) = 0;
-  virtual CUptiResult activity_flush_all(uint32_t flag) = 0;
-  virtual CUptiResult activity_get_next_record(uint8_t* buffer, size_t valid_bytes,
-                                               CUpti_Activity** record) = 0;
-  virtual CUptiResult activity_get_num_dropped_records(CUcontext context, uint32_t stream_id,
-                                                       size_t* dropped) = 0;
-
-  // Profiler (target and host) and PM sampling.
-  virtual CUptiResult profiler_initialize(CUpti_Profiler_Initialize_Params* p) = 0;
-  virtual CUptiResult profiler_deinitialize(CUpti_Profiler_DeInitialize_Params* p) = 0;
-  virtual CUptiResult device_get_chip_name(CUpti_Device_GetChipName_Params* p) = 0;
-  virtual CUptiResult pm_sampling_get_counter_availability(
-      CUpti_PmSampling_GetCounterAvailability_Params* p) = 0;
-  virtual CUptiResult profiler_host_initialize(CUpti_Profiler_Host_Initialize_Params* p) = 0;
-  virtual CUptiResult profiler_host_deinitialize(CUpti_Profiler_Host_Deinitialize_Params* p) = 0;
-  virtual CUptiResult profiler_host_config_add_metrics(
-      CUpti_Profiler_Host_ConfigAddMetrics_Params* p) = 0;
-  virtual CUptiResult profiler_host_get_config_image_size(
-      CUpti_Profiler_Host_GetConfigImageSize_Params* p) = 0;
-  virtual CUptiResult profiler_host_get_config_image(
-      CUpti_Profiler_Host_GetConfigImage_Params* p) = 0;
-  virtual CUptiResult profiler_host_get_num_of_passes(
-      CUpti_Profiler_Host_GetNumOfPasses_Params* p) = 0;
-  virtual CUptiResult profiler_host_evaluate_to_gpu_values(
-      CUpti_Profiler_Host_EvaluateToGpuValues_Params* p) = 0;
-  virtual CUptiResult pm_sampling_enable(CUpti_PmSampling_Enable_Params* p) = 0;
-  virtual CUptiResult pm_sampling_disable(CUpti_PmSampling_Disable_Params* p) = 0;
-  virtual CUptiResult pm_sampling_set_config(CUpti_PmSampling_SetConfig_Params* p) = 0;
-  virtual CUptiResult pm_sampling_start(CUpti_PmSampling_Start_Params* p) = 0;
-  virtual CUptiResult pm_sampling_stop(CUpti_PmSampling_Stop_Params* p) = 0;
-  virtual CUptiResult pm_sampling_decode_data(CUpti_PmSampling_DecodeData_Params* p) = 0;
-  virtual CUptiResult pm_sampling_get_counter_data_size(
-      CUpti_PmSampling_GetCounterDataSize_Params* p) = 0;
-  virtual CUptiResult pm_sampling_counter_data_image_initialize(
-      CUpti_PmSampling_CounterDataImage_Initialize_Params* p) = 0;
-  virtual CUptiResult pm_sampling_get_counter_data_info(
-      CUpti_PmSampling_GetCounterDataInfo_Params* p) = 0;
-  virtual CUptiResult pm_sampling_counter_data_get_sample_info(
-      CUpti_PmSampling_CounterData_GetSampleInfo_Params* p) = 0;
+  // One pure virtual method per entry point of the list above.
+#define TORCHPILOT_CUPTI_DECLARE(method, symbol, params, args) \
+  virtual CUptiResult method params = 0;
+#define TORCHPILOT_CUPTI_DECLARE_P(method, symbol, Params) \
+  virtual CUptiResult method(Params* p) = 0;
+  TORCHPILOT_CUPTI_ENTRY_POINTS(TORCHPILOT_CUPTI_DECLARE, TORCHPILOT_CUPTI_DECLARE_P)
+#undef TORCHPILOT_CUPTI_DECLARE
+#undef TORCHPILOT_CUPTI_DECLARE_P
 };
 
 // Loads libcupti (see the header comment for the order) and resolves its entry points. Returns

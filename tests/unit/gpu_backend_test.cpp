@@ -10,6 +10,7 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -24,7 +25,9 @@
 #include "cuda_driver.h"
 #include "cupti_activity_trace.h"
 #include "cupti_api.h"
+#include "cupti_api_fake.h"
 #include "cupti_backend.h"
+#include "cupti_fixture.h"
 #include "cupti_pm_sampling.h"
 #include "nvml_sampler.h"
 #include "torchpilot/runtime/config.h"
@@ -125,23 +128,22 @@ struct FakeSample {
   std::map<std::string, double> values;  // by metric name
 };
 
-// CUPTI as the collectors see it: checks each params struct's structSize, records the calls,
-// holds activity buffers like CUPTI does (records written by produce(), returned by flush or when
-// full) and a "hardware buffer" of PM samples (push_sample) decoded into the counter data image.
-class FakeCupti final : public CuptiApi {
+// CUPTI as the collectors see it, on the generated default fake (cupti_api_fake.h: structSize
+// checks, `fail` by symbol, `m`): records the calls, holds activity buffers like CUPTI does
+// (records written by produce(), returned by flush or when full) and a "hardware buffer" of PM
+// samples (push_sample) decoded into the counter data image.
+class FakeCupti final : public CuptiApiFake {
  public:
   // Knobs.
   uint32_t version = CUPTI_API_VERSION;
   CUptiResult subscribe_result = CUPTI_SUCCESS;
   std::string other_subscriber;
-  std::map<std::string, CUptiResult> fail;  // entry point -> result
-  std::set<std::string> rejected_metrics;   // ConfigAddMetrics refuses sets containing these
-  size_t max_metrics_per_pass = 64;         // more -> 2 passes
+  std::set<std::string> rejected_metrics;  // ConfigAddMetrics refuses sets containing these
+  size_t max_metrics_per_pass = 64;        // more -> 2 passes
   int64_t clock_offset_ns = 1'700'000'000'000'000'000;  // CUPTI clock = steady + this
   std::string chip = "GH100";
 
-  // Recorded.
-  mutable std::mutex m;
+  // Recorded (under m).
   int subscribes = 0, unsubscribes = 0, finalizes = 0;
   bool detached = false;  // cuptiFinalize ran, nothing attached since
   bool profiler_needs_reattach = true;
@@ -149,8 +151,7 @@ class FakeCupti final : public CuptiApi {
   int disables = 0;
   CUpti_BuffersCallbackRequestFunc requested = nullptr;
   CUpti_BuffersCallbackCompleteFunc completed = nullptr;
-  std::vector<std::string> bad_struct_sizes;
-  std::vector<std::string> calls;
+  std::vector<std::string> calls;    // the PM sampling sequence, by short name
   std::vector<std::string> metrics;  // of the last ConfigAddMetrics
   int host_inits = 0, host_deinits = 0;
   bool profiler_initialized = false, pm_enabled = false, pm_started = false;
@@ -200,13 +201,12 @@ class FakeCupti final : public CuptiApi {
     for (auto& [b, used] : full) completed(nullptr, 0, b, used, used);
   }
 
-  // --- CuptiApi ---
-  std::string origin() const override { return "fake"; }
-  CUptiResult get_version(uint32_t* v) override {
+  // --- General and activity scripts (X entry points: they take m themselves) ---
+  CUptiResult on_get_version(uint32_t* v) override {
     *v = version;
     return CUPTI_SUCCESS;
   }
-  CUptiResult get_result_string(CUptiResult r, const char** s) override {
+  CUptiResult on_get_result_string(CUptiResult r, const char** s) override {
     static const std::map<int, const char*> names = {
         {CUPTI_ERROR_INSUFFICIENT_PRIVILEGES, "CUPTI_ERROR_INSUFFICIENT_PRIVILEGES"},
         {CUPTI_ERROR_HARDWARE_BUSY, "CUPTI_ERROR_HARDWARE_BUSY"},
@@ -216,12 +216,12 @@ class FakeCupti final : public CuptiApi {
     *s = it == names.end() ? "CUPTI_ERROR_OTHER" : it->second;
     return CUPTI_SUCCESS;
   }
-  CUptiResult get_timestamp(uint64_t* t) override {
+  CUptiResult on_get_timestamp(uint64_t* t) override {
     *t = cupti_now();
     return CUPTI_SUCCESS;
   }
-  CUptiResult subscribe(CUpti_SubscriberHandle* s, CUpti_CallbackFunc cb, void*,
-                        CUpti_SubscriberParams* p) override {
+  CUptiResult on_subscribe(CUpti_SubscriberHandle* s, CUpti_CallbackFunc cb, void*,
+                           CUpti_SubscriberParams* p) override {
     std::lock_guard<std::mutex> lock(m);
     if (p != nullptr && p->structSize != CUpti_SubscriberParams_STRUCT_SIZE) {
       bad_struct_sizes.push_back("CUpti_SubscriberParams");
@@ -238,31 +238,37 @@ class FakeCupti final : public CuptiApi {
     *s = reinterpret_cast<CUpti_SubscriberHandle>(this);
     return CUPTI_SUCCESS;
   }
-  CUptiResult unsubscribe(CUpti_SubscriberHandle) override {
+  CUptiResult on_unsubscribe(CUpti_SubscriberHandle) override {
     std::lock_guard<std::mutex> lock(m);
     ++unsubscribes;
     return CUPTI_SUCCESS;
   }
-  CUptiResult activity_register_callbacks(CUpti_BuffersCallbackRequestFunc req,
-                                          CUpti_BuffersCallbackCompleteFunc done) override {
+  CUptiResult on_finalize() override {
+    std::lock_guard<std::mutex> lock(m);
+    ++finalizes;
+    profiler_initialized = false;
+    detached = true;
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult on_activity_register_callbacks(CUpti_BuffersCallbackRequestFunc req,
+                                             CUpti_BuffersCallbackCompleteFunc done) override {
     std::lock_guard<std::mutex> lock(m);
     requested = req;
     completed = done;
     return CUPTI_SUCCESS;
   }
-  CUptiResult activity_enable(CUpti_ActivityKind k) override {
+  CUptiResult on_activity_enable(CUpti_ActivityKind k) override {
     std::lock_guard<std::mutex> lock(m);
-    if (auto r = failure("cuptiActivityEnable"); r != CUPTI_SUCCESS) return r;
     enabled_kinds.insert(k);
     return CUPTI_SUCCESS;
   }
-  CUptiResult activity_disable(CUpti_ActivityKind k) override {
+  CUptiResult on_activity_disable(CUpti_ActivityKind k) override {
     std::lock_guard<std::mutex> lock(m);
     enabled_kinds.erase(k);
     ++disables;
     return CUPTI_SUCCESS;
   }
-  CUptiResult activity_flush_all(uint32_t) override {
+  CUptiResult on_activity_flush_all(uint32_t) override {
     {
       std::lock_guard<std::mutex> lock(m);
       ++flushes;
@@ -272,8 +278,8 @@ class FakeCupti final : public CuptiApi {
     complete_full();  // synchronously, on the caller's thread, as CUPTI does
     return CUPTI_SUCCESS;
   }
-  CUptiResult activity_get_next_record(uint8_t* buffer, size_t valid,
-                                       CUpti_Activity** record) override {
+  CUptiResult on_activity_get_next_record(uint8_t* buffer, size_t valid,
+                                          CUpti_Activity** record) override {
     size_t offset = 0;
     if (*record != nullptr) {
       offset = static_cast<size_t>(reinterpret_cast<uint8_t*>(*record) - buffer) +
@@ -283,52 +289,32 @@ class FakeCupti final : public CuptiApi {
     *record = reinterpret_cast<CUpti_Activity*>(buffer + offset);
     return CUPTI_SUCCESS;
   }
-  CUptiResult activity_get_num_dropped_records(CUcontext, uint32_t, size_t* d) override {
+  CUptiResult on_activity_get_num_dropped_records(CUcontext, uint32_t, size_t* d) override {
     std::lock_guard<std::mutex> lock(m);
     *d = dropped;
     dropped = 0;
     return CUPTI_SUCCESS;
   }
 
-  CUptiResult profiler_initialize(CUpti_Profiler_Initialize_Params* p) override {
-    std::lock_guard<std::mutex> lock(m);
-    check("CUpti_Profiler_Initialize_Params", p->structSize,
-          CUpti_Profiler_Initialize_Params_STRUCT_SIZE);
-    if (auto r = failure("cuptiProfilerInitialize"); r != CUPTI_SUCCESS) return r;
+  // --- Profiler and PM sampling scripts (P entry points: m held, structSize checked) ---
+  CUptiResult on_profiler_initialize(CUpti_Profiler_Initialize_Params*) override {
     // As on the H200: after cuptiFinalize the profiler API needs CUPTI attached again first.
     if (detached && profiler_needs_reattach) return CUPTI_ERROR_NOT_INITIALIZED;
     profiler_initialized = true;
     return CUPTI_SUCCESS;
   }
-  CUptiResult finalize() override {
-    std::lock_guard<std::mutex> lock(m);
-    ++finalizes;
-    profiler_initialized = false;
-    detached = true;
-    return CUPTI_SUCCESS;
-  }
-  CUptiResult profiler_deinitialize(CUpti_Profiler_DeInitialize_Params* p) override {
-    std::lock_guard<std::mutex> lock(m);
-    check("CUpti_Profiler_DeInitialize_Params", p->structSize,
-          CUpti_Profiler_DeInitialize_Params_STRUCT_SIZE);
+  CUptiResult on_profiler_deinitialize(CUpti_Profiler_DeInitialize_Params*) override {
     profiler_initialized = false;
     return CUPTI_SUCCESS;
   }
-  CUptiResult device_get_chip_name(CUpti_Device_GetChipName_Params* p) override {
-    std::lock_guard<std::mutex> lock(m);
-    check("CUpti_Device_GetChipName_Params", p->structSize,
-          CUpti_Device_GetChipName_Params_STRUCT_SIZE);
+  CUptiResult on_device_get_chip_name(CUpti_Device_GetChipName_Params* p) override {
     if (!profiler_initialized) return CUPTI_ERROR_NOT_INITIALIZED;
     p->pChipName = chip.c_str();
     return CUPTI_SUCCESS;
   }
-  CUptiResult pm_sampling_get_counter_availability(
+  CUptiResult on_pm_sampling_get_counter_availability(
       CUpti_PmSampling_GetCounterAvailability_Params* p) override {
-    std::lock_guard<std::mutex> lock(m);
     calls.push_back("GetCounterAvailability");
-    check("CUpti_PmSampling_GetCounterAvailability_Params", p->structSize,
-          CUpti_PmSampling_GetCounterAvailability_Params_STRUCT_SIZE);
-    if (auto r = failure("cuptiPmSamplingGetCounterAvailability"); r != CUPTI_SUCCESS) return r;
     if (p->pCounterAvailabilityImage == nullptr) {
       p->counterAvailabilityImageSize = 24;
     } else {
@@ -336,11 +322,8 @@ class FakeCupti final : public CuptiApi {
     }
     return CUPTI_SUCCESS;
   }
-  CUptiResult profiler_host_initialize(CUpti_Profiler_Host_Initialize_Params* p) override {
-    std::lock_guard<std::mutex> lock(m);
+  CUptiResult on_profiler_host_initialize(CUpti_Profiler_Host_Initialize_Params* p) override {
     calls.push_back("HostInitialize");
-    check("CUpti_Profiler_Host_Initialize_Params", p->structSize,
-          CUpti_Profiler_Host_Initialize_Params_STRUCT_SIZE);
     if (p->profilerType != CUPTI_PROFILER_TYPE_PM_SAMPLING || p->pChipName == nullptr ||
         chip != p->pChipName || p->pCounterAvailabilityImage == nullptr ||
         p->pCounterAvailabilityImage[0] != 0xab) {
@@ -350,59 +333,41 @@ class FakeCupti final : public CuptiApi {
     p->pHostObject = reinterpret_cast<CUpti_Profiler_Host_Object*>(&host_inits);
     return CUPTI_SUCCESS;
   }
-  CUptiResult profiler_host_deinitialize(CUpti_Profiler_Host_Deinitialize_Params* p) override {
-    std::lock_guard<std::mutex> lock(m);
+  CUptiResult on_profiler_host_deinitialize(CUpti_Profiler_Host_Deinitialize_Params*) override {
     calls.push_back("HostDeinitialize");
-    check("CUpti_Profiler_Host_Deinitialize_Params", p->structSize,
-          CUpti_Profiler_Host_Deinitialize_Params_STRUCT_SIZE);
     ++host_deinits;
     return CUPTI_SUCCESS;
   }
-  CUptiResult profiler_host_config_add_metrics(
+  CUptiResult on_profiler_host_config_add_metrics(
       CUpti_Profiler_Host_ConfigAddMetrics_Params* p) override {
-    std::lock_guard<std::mutex> lock(m);
     calls.push_back("ConfigAddMetrics");
-    check("CUpti_Profiler_Host_ConfigAddMetrics_Params", p->structSize,
-          CUpti_Profiler_Host_ConfigAddMetrics_Params_STRUCT_SIZE);
     metrics.assign(p->ppMetricNames, p->ppMetricNames + p->numMetrics);
     for (const auto& name : metrics) {
       if (rejected_metrics.count(name) != 0) return CUPTI_ERROR_INVALID_METRIC_NAME;
     }
     return CUPTI_SUCCESS;
   }
-  CUptiResult profiler_host_get_config_image_size(
+  CUptiResult on_profiler_host_get_config_image_size(
       CUpti_Profiler_Host_GetConfigImageSize_Params* p) override {
-    std::lock_guard<std::mutex> lock(m);
-    check("CUpti_Profiler_Host_GetConfigImageSize_Params", p->structSize,
-          CUpti_Profiler_Host_GetConfigImageSize_Params_STRUCT_SIZE);
     p->configImageSize = 64;
     return CUPTI_SUCCESS;
   }
-  CUptiResult profiler_host_get_config_image(
+  CUptiResult on_profiler_host_get_config_image(
       CUpti_Profiler_Host_GetConfigImage_Params* p) override {
-    std::lock_guard<std::mutex> lock(m);
-    check("CUpti_Profiler_Host_GetConfigImage_Params", p->structSize,
-          CUpti_Profiler_Host_GetConfigImage_Params_STRUCT_SIZE);
     if (p->configImageSize != 64 || p->pConfigImage == nullptr) {
       return CUPTI_ERROR_INVALID_PARAMETER;
     }
     std::memset(p->pConfigImage, static_cast<int>(metrics.size()), 64);
     return CUPTI_SUCCESS;
   }
-  CUptiResult profiler_host_get_num_of_passes(
+  CUptiResult on_profiler_host_get_num_of_passes(
       CUpti_Profiler_Host_GetNumOfPasses_Params* p) override {
-    std::lock_guard<std::mutex> lock(m);
-    check("CUpti_Profiler_Host_GetNumOfPasses_Params", p->structSize,
-          CUpti_Profiler_Host_GetNumOfPasses_Params_STRUCT_SIZE);
     const size_t n = p->pConfigImage != nullptr ? p->pConfigImage[0] : 0;
     p->numOfPasses = n > max_metrics_per_pass ? 2 : 1;
     return CUPTI_SUCCESS;
   }
-  CUptiResult profiler_host_evaluate_to_gpu_values(
+  CUptiResult on_profiler_host_evaluate_to_gpu_values(
       CUpti_Profiler_Host_EvaluateToGpuValues_Params* p) override {
-    std::lock_guard<std::mutex> lock(m);
-    check("CUpti_Profiler_Host_EvaluateToGpuValues_Params", p->structSize,
-          CUpti_Profiler_Host_EvaluateToGpuValues_Params_STRUCT_SIZE);
     if (p->rangeIndex >= image.size()) return CUPTI_ERROR_INVALID_PARAMETER;
     const auto& s = image[p->rangeIndex];
     for (size_t i = 0; i < p->numMetrics; ++i) {
@@ -411,57 +376,36 @@ class FakeCupti final : public CuptiApi {
     }
     return CUPTI_SUCCESS;
   }
-  CUptiResult pm_sampling_enable(CUpti_PmSampling_Enable_Params* p) override {
-    std::lock_guard<std::mutex> lock(m);
+  CUptiResult on_pm_sampling_enable(CUpti_PmSampling_Enable_Params* p) override {
     calls.push_back("Enable");
-    check("CUpti_PmSampling_Enable_Params", p->structSize,
-          CUpti_PmSampling_Enable_Params_STRUCT_SIZE);
-    if (auto r = failure("cuptiPmSamplingEnable"); r != CUPTI_SUCCESS) return r;
     pm_enabled = true;
     p->pPmSamplingObject = reinterpret_cast<CUpti_PmSampling_Object*>(&pm_enabled);
     return CUPTI_SUCCESS;
   }
-  CUptiResult pm_sampling_disable(CUpti_PmSampling_Disable_Params* p) override {
-    std::lock_guard<std::mutex> lock(m);
+  CUptiResult on_pm_sampling_disable(CUpti_PmSampling_Disable_Params*) override {
     calls.push_back("Disable");
-    check("CUpti_PmSampling_Disable_Params", p->structSize,
-          CUpti_PmSampling_Disable_Params_STRUCT_SIZE);
     pm_enabled = false;
     return CUPTI_SUCCESS;
   }
-  CUptiResult pm_sampling_set_config(CUpti_PmSampling_SetConfig_Params* p) override {
-    std::lock_guard<std::mutex> lock(m);
+  CUptiResult on_pm_sampling_set_config(CUpti_PmSampling_SetConfig_Params* p) override {
     calls.push_back("SetConfig");
-    check("CUpti_PmSampling_SetConfig_Params", p->structSize,
-          CUpti_PmSampling_SetConfig_Params_STRUCT_SIZE);
-    if (auto r = failure("cuptiPmSamplingSetConfig"); r != CUPTI_SUCCESS) return r;
     interval_ns = p->samplingInterval;
     trigger_mode = p->triggerMode;
     hw_buffer_bytes = p->hardwareBufferSize;
     return p->pConfig != nullptr && p->configSize == 64 ? CUPTI_SUCCESS
                                                         : CUPTI_ERROR_INVALID_PARAMETER;
   }
-  CUptiResult pm_sampling_start(CUpti_PmSampling_Start_Params* p) override {
-    std::lock_guard<std::mutex> lock(m);
+  CUptiResult on_pm_sampling_start(CUpti_PmSampling_Start_Params*) override {
     calls.push_back("Start");
-    check("CUpti_PmSampling_Start_Params", p->structSize,
-          CUpti_PmSampling_Start_Params_STRUCT_SIZE);
-    if (auto r = failure("cuptiPmSamplingStart"); r != CUPTI_SUCCESS) return r;
     pm_started = true;
     return CUPTI_SUCCESS;
   }
-  CUptiResult pm_sampling_stop(CUpti_PmSampling_Stop_Params* p) override {
-    std::lock_guard<std::mutex> lock(m);
+  CUptiResult on_pm_sampling_stop(CUpti_PmSampling_Stop_Params*) override {
     calls.push_back("Stop");
-    check("CUpti_PmSampling_Stop_Params", p->structSize, CUpti_PmSampling_Stop_Params_STRUCT_SIZE);
     pm_started = false;
     return CUPTI_SUCCESS;
   }
-  CUptiResult pm_sampling_decode_data(CUpti_PmSampling_DecodeData_Params* p) override {
-    std::lock_guard<std::mutex> lock(m);
-    check("CUpti_PmSampling_DecodeData_Params", p->structSize,
-          CUpti_PmSampling_DecodeData_Params_STRUCT_SIZE);
-    if (auto r = failure("cuptiPmSamplingDecodeData"); r != CUPTI_SUCCESS) return r;
+  CUptiResult on_pm_sampling_decode_data(CUpti_PmSampling_DecodeData_Params* p) override {
     // Appends to what the image holds (until re-initialized); a small image exercises
     // COUNTER_DATA_FULL.
     while (!hardware.empty() && image.size() < kImageSamples) {
@@ -473,39 +417,27 @@ class FakeCupti final : public CuptiApi {
     p->overflow = 0;
     return CUPTI_SUCCESS;
   }
-  CUptiResult pm_sampling_get_counter_data_size(
+  CUptiResult on_pm_sampling_get_counter_data_size(
       CUpti_PmSampling_GetCounterDataSize_Params* p) override {
-    std::lock_guard<std::mutex> lock(m);
     calls.push_back("GetCounterDataSize");
-    check("CUpti_PmSampling_GetCounterDataSize_Params", p->structSize,
-          CUpti_PmSampling_GetCounterDataSize_Params_STRUCT_SIZE);
     p->counterDataSize = 128 + 16 * p->maxSamples;
     return CUPTI_SUCCESS;
   }
-  CUptiResult pm_sampling_counter_data_image_initialize(
+  CUptiResult on_pm_sampling_counter_data_image_initialize(
       CUpti_PmSampling_CounterDataImage_Initialize_Params* p) override {
-    std::lock_guard<std::mutex> lock(m);
-    check("CUpti_PmSampling_CounterDataImage_Initialize_Params", p->structSize,
-          CUpti_PmSampling_CounterDataImage_Initialize_Params_STRUCT_SIZE);
     image.clear();
     ++image_inits;
     return p->pCounterData != nullptr ? CUPTI_SUCCESS : CUPTI_ERROR_INVALID_PARAMETER;
   }
-  CUptiResult pm_sampling_get_counter_data_info(
+  CUptiResult on_pm_sampling_get_counter_data_info(
       CUpti_PmSampling_GetCounterDataInfo_Params* p) override {
-    std::lock_guard<std::mutex> lock(m);
-    check("CUpti_PmSampling_GetCounterDataInfo_Params", p->structSize,
-          CUpti_PmSampling_GetCounterDataInfo_Params_STRUCT_SIZE);
     p->numTotalSamples = kImageSamples;
     p->numPopulatedSamples = image.size();
     p->numCompletedSamples = image.size();
     return CUPTI_SUCCESS;
   }
-  CUptiResult pm_sampling_counter_data_get_sample_info(
+  CUptiResult on_pm_sampling_counter_data_get_sample_info(
       CUpti_PmSampling_CounterData_GetSampleInfo_Params* p) override {
-    std::lock_guard<std::mutex> lock(m);
-    check("CUpti_PmSampling_CounterData_GetSampleInfo_Params", p->structSize,
-          CUpti_PmSampling_CounterData_GetSampleInfo_Params_STRUCT_SIZE);
     if (p->sampleIndex >= image.size()) return CUPTI_ERROR_INVALID_PARAMETER;
     p->startTimestamp = image[p->sampleIndex].start;
     p->endTimestamp = image[p->sampleIndex].end;
@@ -514,27 +446,7 @@ class FakeCupti final : public CuptiApi {
 
  private:
   static size_t record_size(CUpti_ActivityKind kind) {
-    switch (kind) {
-      case CUPTI_ACTIVITY_KIND_KERNEL:
-      case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
-        return sizeof(CUpti_ActivityKernel10);
-      case CUPTI_ACTIVITY_KIND_MEMCPY:
-        return sizeof(CUpti_ActivityMemcpy6);
-      case CUPTI_ACTIVITY_KIND_MEMSET:
-        return sizeof(CUpti_ActivityMemset4);
-      case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION:
-        return sizeof(CUpti_ActivitySynchronization2);
-      default:
-        return 8;
-    }
-  }
-  // m held.
-  void check(const char* what, size_t got, size_t want) {
-    if (got != want) bad_struct_sizes.push_back(what);
-  }
-  CUptiResult failure(const std::string& entry_point) const {
-    auto it = fail.find(entry_point);
-    return it == fail.end() ? CUPTI_SUCCESS : it->second;
+    return std::max<size_t>(8, cupti_fixture::activity_record_size(kind));
   }
 
   // Activity buffers in CUPTI's hands (touched by the test thread only).
@@ -1294,6 +1206,26 @@ TEST(GpuBackend, BufferOfAReplacedBackendIsFreedNotConverted) {
   b1->stop();
 }
 
+// --- The generated default fake ---------------------------------------------------------------
+
+TEST(CuptiApiFake, UnscriptedEntryPointsAnswerTheDefault) {
+  CuptiApiFake fake;  // CUPTI_ERROR_NOT_INITIALIZED
+  uint32_t version = 0;
+  EXPECT_EQ(fake.get_version(&version), CUPTI_ERROR_NOT_INITIALIZED);
+  CUpti_PmSampling_Stop_Params stop{};  // structSize 0: recorded, the call goes on
+  EXPECT_EQ(fake.pm_sampling_stop(&stop), CUPTI_ERROR_NOT_INITIALIZED);
+  EXPECT_EQ(fake.bad_struct_sizes, std::vector<std::string>{"CUpti_PmSampling_Stop_Params"});
+  EXPECT_EQ(fake.pm_sampling_stop(nullptr), CUPTI_ERROR_INVALID_PARAMETER);
+  CuptiApiFake ok(CUPTI_SUCCESS);
+  ok.fail["cuptiActivityFlushAll"] = CUPTI_ERROR_UNKNOWN;
+  EXPECT_EQ(ok.activity_flush_all(0), CUPTI_ERROR_UNKNOWN);
+  EXPECT_EQ(ok.finalize(), CUPTI_SUCCESS);
+  CUpti_PmSampling_Start_Params start{};
+  start.structSize = CUpti_PmSampling_Start_Params_STRUCT_SIZE;
+  EXPECT_EQ(ok.pm_sampling_start(&start), CUPTI_SUCCESS);
+  EXPECT_TRUE(ok.bad_struct_sizes.empty());
+}
+
 // --- Failure reasons ---------------------------------------------------------------------------
 
 TEST(PmSamplingReasons, ExactStrings) {
@@ -1342,6 +1274,29 @@ TEST(GpuBackendReal, DlopenPathWithoutADriver) {
   std::string error;
   EXPECT_EQ(load_cuda_driver(&error), nullptr);
   EXPECT_EQ(error, "no GPU driver (libcuda.so.1 not found)");
+}
+
+TEST(GpuBackendReal, MissingEntryPointsAnswerNotImplemented) {
+  // A "libcupti" without CUPTI's symbols (libm, through gpu.cupti_path): every entry point,
+  // subscribe included (neither cuptiSubscribe_v2 nor its fallback), answers API_NOT_IMPLEMENTED.
+  if (dlopen("libcupti.so.13", RTLD_NOW | RTLD_NOLOAD) != nullptr ||
+      dlopen("libcupti.so", RTLD_NOW | RTLD_NOLOAD) != nullptr) {
+    GTEST_SKIP() << "libcupti is already loaded in this process (it would be found first)";
+  }
+  std::string error;
+  auto api = load_cupti("libm.so.6", &error);
+  ASSERT_NE(api, nullptr) << error;
+  EXPECT_NE(api->origin().find("gpu.cupti_path"), std::string::npos) << api->origin();
+  uint32_t version = 0;
+  EXPECT_EQ(api->get_version(&version), CUPTI_ERROR_API_NOT_IMPLEMENTED);
+  CUpti_SubscriberHandle subscriber = nullptr;
+  auto no_op = [](void*, CUpti_CallbackDomain, CUpti_CallbackId, const void*) {};
+  EXPECT_EQ(api->subscribe(&subscriber, no_op, nullptr, nullptr), CUPTI_ERROR_API_NOT_IMPLEMENTED);
+  EXPECT_EQ(api->finalize(), CUPTI_ERROR_API_NOT_IMPLEMENTED);
+  CUpti_PmSampling_Start_Params start{};
+  start.structSize = CUpti_PmSampling_Start_Params_STRUCT_SIZE;
+  EXPECT_EQ(api->pm_sampling_start(&start), CUPTI_ERROR_API_NOT_IMPLEMENTED);
+  EXPECT_EQ(cupti_error_name(*api, CUPTI_ERROR_UNKNOWN), "CUPTI error (999)");
 }
 
 TEST(GpuBackendReal, LibcuptiLoadsWithoutADriver) {
