@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "cupti_backend.h"
 #include "torchpilot/runtime/config.h"
 #include "torchpilot/runtime/gpu_backend.h"
 #include "torchpilot/runtime/logging.h"  // no spdlog header next to LibTorch's (the wheel's own fmt)
@@ -63,7 +64,7 @@ int main(int argc, char** argv) {
     torchpilot::GpuConfig c;
     c.nvml = false;
     c.pm_sampling = variant == "backend-pm";
-    auto b = torchpilot::make_gpu_backend(c, *logger);
+    auto b = torchpilot::make_cupti_backend(c, *logger);
     b->start();
     const double pm_only = step_ms(y, 30);
     b->start_trace();
