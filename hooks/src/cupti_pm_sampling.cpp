@@ -15,15 +15,15 @@ namespace detail {
 
 const char* pm_metric_name(PmMetric m) {
   switch (m) {
-    case PmMetric::kGrActive:
+    case PmMetric::kCounterUtilization:
       return "gr__cycles_active.avg.pct_of_peak_sustained_elapsed";
-    case PmMetric::kSmActive:
+    case PmMetric::kSmEfficiency:
       return "sm__cycles_active.avg.pct_of_peak_sustained_elapsed";
-    case PmMetric::kTensorActive:
+    case PmMetric::kTensorActivity:
       return "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed";
     case PmMetric::kDramThroughput:
       return "dram__throughput.avg.pct_of_peak_sustained_elapsed";
-    case PmMetric::kWarpsActive:
+    case PmMetric::kAchievedOccupancy:
       return "sm__warps_active.avg.pct_of_peak_sustained_elapsed";
     case PmMetric::kPcieReadBytes:
       return "pcie__read_bytes.sum";
@@ -40,10 +40,11 @@ bool pm_metric_is_percent(PmMetric m) {
 std::vector<std::vector<PmMetric>> pm_metric_tiers() {
   using M = PmMetric;
   return {
-      {M::kGrActive, M::kSmActive, M::kTensorActive, M::kDramThroughput, M::kWarpsActive,
-       M::kPcieReadBytes, M::kPcieWriteBytes},
-      {M::kGrActive, M::kSmActive, M::kTensorActive, M::kDramThroughput, M::kWarpsActive},
-      {M::kGrActive, M::kSmActive},
+      {M::kCounterUtilization, M::kSmEfficiency, M::kTensorActivity, M::kDramThroughput,
+       M::kAchievedOccupancy, M::kPcieReadBytes, M::kPcieWriteBytes},
+      {M::kCounterUtilization, M::kSmEfficiency, M::kTensorActivity, M::kDramThroughput,
+       M::kAchievedOccupancy},
+      {M::kCounterUtilization, M::kSmEfficiency},
   };
 }
 
@@ -58,20 +59,20 @@ PmSample to_pm_sample(const std::vector<PmMetric>& metrics, const double* values
       v = pm_metric_is_percent(metrics[i]) ? std::clamp(v / 100.0, 0.0, 1.0) : std::max(v, 0.0);
     }
     switch (metrics[i]) {
-      case PmMetric::kGrActive:
-        s.gr_active = v;
+      case PmMetric::kCounterUtilization:
+        s.counter_utilization = v;
         break;
-      case PmMetric::kSmActive:
-        s.sm_active = v;
+      case PmMetric::kSmEfficiency:
+        s.sm_efficiency = v;
         break;
-      case PmMetric::kTensorActive:
-        s.tensor_active = v;
+      case PmMetric::kTensorActivity:
+        s.tensor_activity = v;
         break;
       case PmMetric::kDramThroughput:
         s.dram_throughput = v;
         break;
-      case PmMetric::kWarpsActive:
-        s.warps_active = v;
+      case PmMetric::kAchievedOccupancy:
+        s.achieved_occupancy = v;
         break;
       case PmMetric::kPcieReadBytes:
         s.pcie_read_bytes = v;

@@ -37,11 +37,11 @@ namespace torchpilot {
 namespace detail {
 
 enum class PmMetric {
-  kGrActive,
-  kSmActive,
-  kTensorActive,
+  kCounterUtilization,
+  kSmEfficiency,
+  kTensorActivity,
   kDramThroughput,
-  kWarpsActive,
+  kAchievedOccupancy,
   kPcieReadBytes,
   kPcieWriteBytes,
 };

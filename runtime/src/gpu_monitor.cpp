@@ -59,11 +59,12 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, Interval span, Interval dat
   if (g.wall_ns == 0) return g;
 
   const auto& pm = events.pm;
-  g.counter_utilization = weighted(pm, span, [](const PmSample& s) { return s.gr_active; });
-  g.sm_efficiency = weighted(pm, span, [](const PmSample& s) { return s.sm_active; });
-  g.tensor_activity = weighted(pm, span, [](const PmSample& s) { return s.tensor_active; });
+  g.counter_utilization =
+      weighted(pm, span, [](const PmSample& s) { return s.counter_utilization; });
+  g.sm_efficiency = weighted(pm, span, [](const PmSample& s) { return s.sm_efficiency; });
+  g.tensor_activity = weighted(pm, span, [](const PmSample& s) { return s.tensor_activity; });
   g.dram_throughput = weighted(pm, span, [](const PmSample& s) { return s.dram_throughput; });
-  g.achieved_occupancy = weighted(pm, span, [](const PmSample& s) { return s.warps_active; });
+  g.achieved_occupancy = weighted(pm, span, [](const PmSample& s) { return s.achieved_occupancy; });
   g.pcie_read_bytes = prorated(pm, span, [](const PmSample& s) { return s.pcie_read_bytes; });
   g.pcie_write_bytes = prorated(pm, span, [](const PmSample& s) { return s.pcie_write_bytes; });
 
@@ -192,8 +193,8 @@ struct GpuMonitor::EpochAcc {
     double blocks_ns = 0, eff_ns = 0;
   };
   Nanos wall_ns = 0;
-  Mean counter_utilization, sm_efficiency, tensor, dram, occupancy, nvml, gpu_utilization,
-      estimated_sm;
+  Mean counter_utilization, sm_efficiency, tensor_activity, dram_throughput, achieved_occupancy,
+      nvml_utilization, gpu_utilization, estimated_sm_efficiency;
   Sum pcie_read, pcie_write;
   GpuStats traced;  // integer sums over traced steps
   int64_t traced_steps = 0;
@@ -204,16 +205,16 @@ struct GpuMonitor::EpochAcc {
     wall_ns += g.wall_ns;
     counter_utilization.add(g.counter_utilization, w);
     sm_efficiency.add(g.sm_efficiency, w);
-    tensor.add(g.tensor_activity, w);
-    dram.add(g.dram_throughput, w);
-    occupancy.add(g.achieved_occupancy, w);
-    nvml.add(g.nvml_utilization, w);
+    tensor_activity.add(g.tensor_activity, w);
+    dram_throughput.add(g.dram_throughput, w);
+    achieved_occupancy.add(g.achieved_occupancy, w);
+    nvml_utilization.add(g.nvml_utilization, w);
     pcie_read.add(g.pcie_read_bytes);
     pcie_write.add(g.pcie_write_bytes);
     if (g.traced_ns <= 0) return;
     ++traced_steps;
     gpu_utilization.add(g.gpu_utilization, static_cast<double>(g.traced_ns));
-    estimated_sm.add(g.estimated_sm_efficiency, static_cast<double>(g.traced_ns));
+    estimated_sm_efficiency.add(g.estimated_sm_efficiency, static_cast<double>(g.traced_ns));
     traced.traced_ns += g.traced_ns;
     traced.kernels += g.kernels;
     traced.host_sync_ns += g.host_sync_ns;
@@ -245,14 +246,14 @@ struct GpuMonitor::EpochAcc {
     g.wall_ns = wall_ns;
     g.counter_utilization = counter_utilization.get();
     g.sm_efficiency = sm_efficiency.get();
-    g.tensor_activity = tensor.get();
-    g.dram_throughput = dram.get();
-    g.achieved_occupancy = occupancy.get();
-    g.nvml_utilization = nvml.get();
+    g.tensor_activity = tensor_activity.get();
+    g.dram_throughput = dram_throughput.get();
+    g.achieved_occupancy = achieved_occupancy.get();
+    g.nvml_utilization = nvml_utilization.get();
     g.pcie_read_bytes = pcie_read.get();
     g.pcie_write_bytes = pcie_write.get();
     g.gpu_utilization = gpu_utilization.get();
-    g.estimated_sm_efficiency = estimated_sm.get();
+    g.estimated_sm_efficiency = estimated_sm_efficiency.get();
     return g;
   }
 
@@ -319,8 +320,8 @@ void GpuMonitor::on_step_end(StepRecord& r) {
     backend_->range_pop();
     --open_ranges_;
   }
-  const GpuWindowPlanner::StepEndActions a =
-      planner_.end_step(r.step, r.step_in_epoch, r.begin_ns, r.end_ns, host_ == nullptr || !host_->tuning());
+  const GpuWindowPlanner::StepEndActions a = planner_.end_step(
+      r.step, r.step_in_epoch, r.begin_ns, r.end_ns, host_ == nullptr || !host_->tuning());
   PendingStep p;
   p.step = r.step;
   p.epoch = r.epoch;

@@ -248,25 +248,25 @@ TEST(PmSampleConvert, ValuesInMetricOrderBecomeFractions) {
   const PmSample s = to_pm_sample(metrics, values, kOffset + 2'000'000, kOffset + 4'000'000, kTb);
   EXPECT_EQ(s.begin, 2'000'000);
   EXPECT_EQ(s.end, 4'000'000);
-  EXPECT_DOUBLE_EQ(s.gr_active, 0.266);
-  EXPECT_DOUBLE_EQ(s.sm_active, 0.2465);
-  EXPECT_DOUBLE_EQ(s.tensor_active, 0.97);
+  EXPECT_DOUBLE_EQ(s.counter_utilization, 0.266);
+  EXPECT_DOUBLE_EQ(s.sm_efficiency, 0.2465);
+  EXPECT_DOUBLE_EQ(s.tensor_activity, 0.97);
   EXPECT_DOUBLE_EQ(s.dram_throughput, 0.64);
-  EXPECT_DOUBLE_EQ(s.warps_active, 1.0);  // clamped
+  EXPECT_DOUBLE_EQ(s.achieved_occupancy, 1.0);  // clamped
   EXPECT_DOUBLE_EQ(s.pcie_read_bytes, 1.5e6);
   EXPECT_DOUBLE_EQ(s.pcie_write_bytes, 2.5e3);
 }
 
 TEST(PmSampleConvert, MissingMetricsStayNaN) {
-  const std::vector<PmMetric> metrics = {PmMetric::kSmActive, PmMetric::kGrActive};
+  const std::vector<PmMetric> metrics = {PmMetric::kSmEfficiency, PmMetric::kCounterUtilization};
   const double values[] = {50.0, std::nan("")};
   const PmSample s = to_pm_sample(metrics, values, kOffset, kOffset + 1, kTb);
-  EXPECT_DOUBLE_EQ(s.sm_active, 0.5);
-  EXPECT_TRUE(std::isnan(s.gr_active));      // evaluated as NaN
-  EXPECT_TRUE(std::isnan(s.tensor_active));  // not in the set
+  EXPECT_DOUBLE_EQ(s.sm_efficiency, 0.5);
+  EXPECT_TRUE(std::isnan(s.counter_utilization));  // evaluated as NaN
+  EXPECT_TRUE(std::isnan(s.tensor_activity));      // not in the set
   EXPECT_TRUE(std::isnan(s.pcie_read_bytes));
   const double negative[] = {-3.0, 0.0};
-  EXPECT_DOUBLE_EQ(to_pm_sample(metrics, negative, kOffset, kOffset + 1, kTb).sm_active, 0.0);
+  EXPECT_DOUBLE_EQ(to_pm_sample(metrics, negative, kOffset, kOffset + 1, kTb).sm_efficiency, 0.0);
 }
 
 TEST(PmSampleConvert, MetricTiersDropPcieThenAllButSmAndGr) {
@@ -274,8 +274,8 @@ TEST(PmSampleConvert, MetricTiersDropPcieThenAllButSmAndGr) {
   ASSERT_EQ(tiers.size(), 3u);
   EXPECT_EQ(tiers[1].size(), 5u);
   for (auto m : tiers[1]) EXPECT_TRUE(pm_metric_is_percent(m));
-  EXPECT_EQ(tiers[2], (std::vector<PmMetric>{PmMetric::kGrActive, PmMetric::kSmActive}));
-  EXPECT_STREQ(pm_metric_name(PmMetric::kTensorActive),
+  EXPECT_EQ(tiers[2], (std::vector<PmMetric>{PmMetric::kCounterUtilization, PmMetric::kSmEfficiency}));
+  EXPECT_STREQ(pm_metric_name(PmMetric::kTensorActivity),
                "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed");
   EXPECT_STREQ(pm_metric_name(PmMetric::kPcieReadBytes), "pcie__read_bytes.sum");
 }

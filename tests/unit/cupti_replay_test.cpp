@@ -33,8 +33,8 @@ namespace fx = cupti_fixture;
 const char* kCaptureCommand = "build-gpu/bench/cupti_capture --out tests/fixtures/cupti";
 
 bool metric_by_name(const std::string& name, PmMetric* out) {
-  for (PmMetric m : {PmMetric::kGrActive, PmMetric::kSmActive, PmMetric::kTensorActive,
-                     PmMetric::kDramThroughput, PmMetric::kWarpsActive, PmMetric::kPcieReadBytes,
+  for (PmMetric m : {PmMetric::kCounterUtilization, PmMetric::kSmEfficiency, PmMetric::kTensorActivity,
+                     PmMetric::kDramThroughput, PmMetric::kAchievedOccupancy, PmMetric::kPcieReadBytes,
                      PmMetric::kPcieWriteBytes}) {
     if (name == pm_metric_name(m)) {
       *out = m;
@@ -148,10 +148,10 @@ void check_fixture(const fx::Fixture& f, double tolerance, size_t expected_failu
     if (i > 0) {
       EXPECT_GE(s.begin, e.pm[i - 1].begin) << i;
     }
-    EXPECT_TRUE(measured(s.sm_active)) << i;
-    EXPECT_TRUE(measured(s.gr_active)) << i;
-    for (double v :
-         {s.gr_active, s.sm_active, s.tensor_active, s.dram_throughput, s.warps_active}) {
+    EXPECT_TRUE(measured(s.sm_efficiency)) << i;
+    EXPECT_TRUE(measured(s.counter_utilization)) << i;
+    for (double v : {s.counter_utilization, s.sm_efficiency, s.tensor_activity, s.dram_throughput,
+                     s.achieved_occupancy}) {
       EXPECT_TRUE(fraction_or_nan(v)) << "sample " << i << ": " << v;
     }
     EXPECT_TRUE(std::isnan(s.pcie_read_bytes) || s.pcie_read_bytes >= 0) << i;
@@ -307,11 +307,11 @@ fx::PmLine pm_sample(uint64_t start, uint64_t end, double sm_pct, bool first = f
   s.start = kCupti + start;
   s.end = kCupti + end;
   s.first = first;
-  s.values = {{pm_metric_name(PmMetric::kGrActive), sm_pct + 1},
-              {pm_metric_name(PmMetric::kSmActive), sm_pct},
-              {pm_metric_name(PmMetric::kTensorActive), std::nan("")},
+  s.values = {{pm_metric_name(PmMetric::kCounterUtilization), sm_pct + 1},
+              {pm_metric_name(PmMetric::kSmEfficiency), sm_pct},
+              {pm_metric_name(PmMetric::kTensorActivity), std::nan("")},
               {pm_metric_name(PmMetric::kDramThroughput), 104.0},  // above 100: clamped
-              {pm_metric_name(PmMetric::kWarpsActive), 40.0},
+              {pm_metric_name(PmMetric::kAchievedOccupancy), 40.0},
               {pm_metric_name(PmMetric::kPcieReadBytes), 1000.0},
               {pm_metric_name(PmMetric::kPcieWriteBytes), -5.0}};  // negative: 0
   return s;
@@ -326,7 +326,7 @@ fx::CaptureInfo synthetic_info() {
   info.time_base_offset_ns = kOffset;
   info.time_base_offset_after_ns = kOffset;
   info.pm_interval_ms = 5;
-  info.pm_metrics = {pm_metric_name(PmMetric::kGrActive), pm_metric_name(PmMetric::kSmActive)};
+  info.pm_metrics = {pm_metric_name(PmMetric::kCounterUtilization), pm_metric_name(PmMetric::kSmEfficiency)};
   info.h2d_pageable_bytes = 4096;
   info.d2h_item_bytes = 4;
   info.steps = {{0, 1'000'000, 11'000'000, true}};
@@ -389,14 +389,14 @@ TEST(CuptiReplay, SyntheticFixtureRoundTripsExactly) {
   ASSERT_EQ(e.pm.size(), 2u);
   EXPECT_EQ(e.pm[0].begin, 1'000'000);
   EXPECT_EQ(e.pm[0].end, 6'000'000);
-  EXPECT_DOUBLE_EQ(e.pm[0].sm_active, 0.80);
-  EXPECT_DOUBLE_EQ(e.pm[0].gr_active, 0.81);
-  EXPECT_TRUE(std::isnan(e.pm[0].tensor_active));
+  EXPECT_DOUBLE_EQ(e.pm[0].sm_efficiency, 0.80);
+  EXPECT_DOUBLE_EQ(e.pm[0].counter_utilization, 0.81);
+  EXPECT_TRUE(std::isnan(e.pm[0].tensor_activity));
   EXPECT_DOUBLE_EQ(e.pm[0].dram_throughput, 1.0);
-  EXPECT_DOUBLE_EQ(e.pm[0].warps_active, 0.40);
+  EXPECT_DOUBLE_EQ(e.pm[0].achieved_occupancy, 0.40);
   EXPECT_DOUBLE_EQ(e.pm[0].pcie_read_bytes, 1000.0);
   EXPECT_DOUBLE_EQ(e.pm[0].pcie_write_bytes, 0.0);
-  EXPECT_DOUBLE_EQ(e.pm[1].sm_active, 0.0);
+  EXPECT_DOUBLE_EQ(e.pm[1].sm_efficiency, 0.0);
 
   const GpuStats g =
       gpu_step_stats(e, {1'000'000, 11'000'000}, Interval{}, true, 132, 0, 1'000'000);

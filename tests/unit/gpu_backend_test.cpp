@@ -553,11 +553,11 @@ FakeSample sample(uint64_t start, uint64_t end, double sm_pct) {
   FakeSample s;
   s.start = start;
   s.end = end;
-  s.values = {{pm_metric_name(PmMetric::kGrActive), sm_pct + 1},
-              {pm_metric_name(PmMetric::kSmActive), sm_pct},
-              {pm_metric_name(PmMetric::kTensorActive), 30.0},
+  s.values = {{pm_metric_name(PmMetric::kCounterUtilization), sm_pct + 1},
+              {pm_metric_name(PmMetric::kSmEfficiency), sm_pct},
+              {pm_metric_name(PmMetric::kTensorActivity), 30.0},
               {pm_metric_name(PmMetric::kDramThroughput), 60.0},
-              {pm_metric_name(PmMetric::kWarpsActive), 40.0},
+              {pm_metric_name(PmMetric::kAchievedOccupancy), 40.0},
               {pm_metric_name(PmMetric::kPcieReadBytes), 1000.0},
               {pm_metric_name(PmMetric::kPcieWriteBytes), 2000.0}};
   return s;
@@ -602,9 +602,9 @@ TEST(GpuBackend, EverythingWorksWithHealthyFakes) {
     return batch.pm.size() >= 5 && batch.nvml.size() >= 2;
   }));
   ASSERT_EQ(batch.pm.size(), 5u);
-  EXPECT_DOUBLE_EQ(batch.pm[0].sm_active, 0.10);  // sample 1; sample 0 was discarded
-  EXPECT_DOUBLE_EQ(batch.pm[0].gr_active, 0.11);
-  EXPECT_DOUBLE_EQ(batch.pm[4].sm_active, 0.50);
+  EXPECT_DOUBLE_EQ(batch.pm[0].sm_efficiency, 0.10);  // sample 1; sample 0 was discarded
+  EXPECT_DOUBLE_EQ(batch.pm[0].counter_utilization, 0.11);
+  EXPECT_DOUBLE_EQ(batch.pm[4].sm_efficiency, 0.50);
   EXPECT_DOUBLE_EQ(batch.pm[0].pcie_write_bytes, 2000.0);
   // On the steady clock: CUPTI's offset removed (within the paired-read latency).
   const Nanos steady_t0 = static_cast<Nanos>(t0) - rig.cupti->clock_offset_ns;
@@ -790,7 +790,7 @@ TEST(GpuBackend, ImageIsReinitializedOnlyWhenFull) {
   b->drain(batch);
   ASSERT_EQ(batch.pm.size(), 10u);  // each sample once, in order
   for (size_t i = 0; i < batch.pm.size(); ++i) {
-    EXPECT_DOUBLE_EQ(batch.pm[i].sm_active, 0.1 * static_cast<double>(i + 1)) << i;
+    EXPECT_DOUBLE_EQ(batch.pm[i].sm_efficiency, 0.1 * static_cast<double>(i + 1)) << i;
   }
 }
 
@@ -1024,7 +1024,7 @@ TEST(GpuBackend, SecondSubscriberTurnsOffActivityOnly) {
     b->drain(batch);
     return batch.pm.size() >= 2;
   }));
-  EXPECT_DOUBLE_EQ(batch.pm[0].sm_active, 0.7);
+  EXPECT_DOUBLE_EQ(batch.pm[0].sm_efficiency, 0.7);
   b->stop();
   EXPECT_EQ(rig.cupti->unsubscribes, 0);
 }
@@ -1058,7 +1058,7 @@ TEST(GpuBackend, PcieMetricsRejectedFallsBackToFive) {
     b->drain(batch);
     return !batch.pm.empty();
   }));
-  EXPECT_DOUBLE_EQ(batch.pm[0].tensor_active, 0.30);
+  EXPECT_DOUBLE_EQ(batch.pm[0].tensor_activity, 0.30);
   EXPECT_TRUE(std::isnan(batch.pm[0].pcie_read_bytes));
   b->stop();
   const std::string log = rig.log();
@@ -1072,8 +1072,8 @@ TEST(GpuBackend, MultiPassSetsFallBackToSmAndGr) {
   rig.cupti->max_metrics_per_pass = 2;
   auto b = rig.make();
   ASSERT_TRUE(status_of(*b, "pm_sampling").active);
-  EXPECT_EQ(rig.cupti->metrics, (std::vector<std::string>{pm_metric_name(PmMetric::kGrActive),
-                                                          pm_metric_name(PmMetric::kSmActive)}));
+  EXPECT_EQ(rig.cupti->metrics, (std::vector<std::string>{pm_metric_name(PmMetric::kCounterUtilization),
+                                                          pm_metric_name(PmMetric::kSmEfficiency)}));
   EXPECT_EQ(rig.cupti->host_inits, 3);
   EXPECT_EQ(rig.cupti->host_deinits, 2);
   EXPECT_NE(rig.log().find("the set needs 2 passes"), std::string::npos);
@@ -1081,7 +1081,7 @@ TEST(GpuBackend, MultiPassSetsFallBackToSmAndGr) {
 
 TEST(GpuBackend, NoSinglePassSetTurnsPmSamplingOff) {
   Rig rig;
-  rig.cupti->rejected_metrics = {pm_metric_name(PmMetric::kSmActive)};
+  rig.cupti->rejected_metrics = {pm_metric_name(PmMetric::kSmEfficiency)};
   auto b = rig.make();
   const auto pm = status_of(*b, "pm_sampling");
   EXPECT_FALSE(pm.active);

@@ -74,11 +74,11 @@ PmSample pm(Nanos b, Nanos e, double sm, double gr = 1.0) {
   PmSample s;
   s.begin = b;
   s.end = e;
-  s.sm_active = sm;
-  s.gr_active = gr;
-  s.tensor_active = 0.0;
+  s.sm_efficiency = sm;
+  s.counter_utilization = gr;
+  s.tensor_activity = 0.0;
   s.dram_throughput = 0.01;
-  s.warps_active = sm / 2;
+  s.achieved_occupancy = sm / 2;
   s.pcie_read_bytes = 1000;
   return s;
 }

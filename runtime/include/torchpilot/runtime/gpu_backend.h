@@ -56,15 +56,17 @@ struct SyncRecord {
 };
 
 // One PM-sampling interval (always on). Fractions in [0, 1]; NaN where the counter is missing.
+// Each field has the name of the GpuStats figure it becomes (one name per quantity, from the
+// counter to the log: docs/metrics.md has the table).
 struct PmSample {
   Nanos begin = 0, end = 0;
-  double gr_active = kNotMeasured;         // gr__cycles_active.avg.pct_of_peak_sustained_elapsed
-  double sm_active = kNotMeasured;         // sm__cycles_active.avg.pct_of_peak_sustained_elapsed
-  double tensor_active = kNotMeasured;     // sm__pipe_tensor_cycles_active.avg.pct_of_peak...
-  double dram_throughput = kNotMeasured;   // dram__throughput.avg.pct_of_peak_sustained_elapsed
-  double warps_active = kNotMeasured;      // sm__warps_active.avg.pct_of_peak_sustained_elapsed
-  double pcie_read_bytes = kNotMeasured;   // pcie__read_bytes.sum in the interval
-  double pcie_write_bytes = kNotMeasured;  // pcie__write_bytes.sum
+  double counter_utilization = kNotMeasured;  // gr__cycles_active.avg.pct_of_peak_sustained_elapsed
+  double sm_efficiency = kNotMeasured;        // sm__cycles_active.avg.pct_of_peak_sustained_elapsed
+  double tensor_activity = kNotMeasured;      // sm__pipe_tensor_cycles_active.avg.pct_of_peak...
+  double dram_throughput = kNotMeasured;      // dram__throughput.avg.pct_of_peak_sustained_elapsed
+  double achieved_occupancy = kNotMeasured;   // sm__warps_active.avg.pct_of_peak_sustained_elapsed
+  double pcie_read_bytes = kNotMeasured;      // pcie__read_bytes.sum in the interval
+  double pcie_write_bytes = kNotMeasured;     // pcie__write_bytes.sum
 };
 
 // One NVML utilization.gpu reading (always on).
