@@ -2,7 +2,7 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default ./gpu-out).
-#   scripts/gpu_run.sh [all|build|test|gputest|example|bench|gpt|overhead]...   (default: all)
+#   scripts/gpu_run.sh [all|build|test|gputest|capture|example|bench|gpt|overhead]...   (default: all)
 # gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs);
 # overhead: bench/gpt_overhead (torchpilot off vs advise vs a detailed window).
 # Dependencies the machine lacks (libjpeg, ...) may be carried as Debian packages unpacked into
@@ -58,6 +58,16 @@ if want gputest; then
   log "gpu-labelled tests, verbose"
   (cd build-gpu && ctest -L gpu --output-on-failure -V 2>&1) | tee "$OUT/ctest-gpu.log" \
     | grep -E "^\[|collector|torch profiler|traced steps|Passed|Failed|Skipped|tests passed|SKIP" | tail -60
+fi
+
+if want capture; then
+  # Real CUPTI output for the replay test (tests/fixtures/cupti/README.md): recorded into the
+  # tree's fixture folder, replayed by the unit test at once, and copied to $OUT to be committed.
+  log "capture: CUPTI activity records and PM samples of a short workload"
+  ./build-gpu/bench/cupti_capture --out tests/fixtures/cupti 2>&1 | tee "$OUT/capture.log" | tail -15
+  ./build-gpu/tests/torchpilot_gpu_backend_tests --gtest_filter='CuptiReplay.*' 2>&1 \
+    | tee -a "$OUT/capture.log" | grep -E "OK|FAILED|SKIPPED|Failure|PASSED" | tail -15
+  mkdir -p "$OUT/cupti" && cp tests/fixtures/cupti/*.json* "$OUT/cupti/" 2>/dev/null
 fi
 
 if want gpt; then
