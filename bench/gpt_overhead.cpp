@@ -1,5 +1,5 @@
 // gpt_overhead: what torchpilot costs a GPT-style trainer, as step-time ratios measured in one
-// process on one model (DESIGN.md, "Budgets": advise <= 1%, detailed windows <= 10%).
+// process on one model (the budgets: advise <= 1%, trace windows <= 10% while they last).
 //
 // Configurations, each with a fresh Pilot (a Pilot's mode is fixed at construction):
 //   off      - mode off, GPU collectors disabled, no FLOP counter: the baseline.

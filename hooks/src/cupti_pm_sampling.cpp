@@ -508,7 +508,7 @@ bool PmSampler::decode_locked() {
         }
       }
       if (discard_next_) {
-        discard_next_ = false;  // the first sample after start is garbage (GPU-NOTES)
+        discard_next_ = false;  // the first sample after start is garbage (seen on the H200)
         continue;
       }
       out.push_back(to_pm_sample(metrics_, values.data(), si.startTimestamp, si.endTimestamp, tb));

@@ -1,14 +1,14 @@
 // CUPTI PM sampling (always on): hardware counters sampled every gpu.pm_interval_ms by the GPU
-// itself, decoded on a background thread into PmSample. Follows the sequence in GPU-NOTES.md
-// (counter availability, host config of the metrics, one pass, enable, set config, counter data
-// image, start; decode every 50 ms; stop, decode to the end, disable, host deinitialize).
+// itself, decoded on a background thread into PmSample. Follows CUPTI's documented PM-sampling
+// sequence (counter availability, host config of the metrics, one pass, enable, set config, counter
+// data image, start; decode every 50 ms; stop, decode to the end, disable, host deinitialize).
 // cuptiProfilerInitialize/DeInitialize are the backend's (it also needs them for the chip name).
 // Internal to hooks/.
 //
 // Metrics: gr/sm cycles active, tensor pipe, DRAM throughput, warps active (% of peak sustained,
 // converted to fractions) and PCIe read/write bytes. When the full set is refused or needs more
 // than one pass, the PCIe metrics go first, then everything but sm/gr (the dropped ones are
-// logged). The first sample after start is discarded (garbage per GPU-NOTES).
+// logged). The first sample after start is discarded (its values are garbage, seen on the H200).
 //
 // Cost, measured on an H200 (decode every 50 ms, 2 ms interval): GPU idle, 3% of one core for the
 // decode thread whatever the metrics; GPU busy, 2% with gr/sm/dram, but 35-55% of one core as soon

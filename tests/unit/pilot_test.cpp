@@ -696,7 +696,7 @@ long resident_kib() {
   return -1;
 }
 
-// DESIGN.md's memory budget: a million steps do not grow resident memory. The step history is a
+// The memory budget: a million steps do not grow resident memory. The step history is a
 // ring buffer and epoch statistics are fixed-size histograms.
 TEST(PilotSoak, AMillionStepsKeepMemoryBounded) {
   auto clock = std::make_shared<ManualClock>(0);

@@ -1,4 +1,4 @@
-// Auto-tune: the trial engine runs the warm-up protocol of DESIGN.md over registered knobs.
+// Auto-tune: the trial engine runs the warm-up protocol (docs/architecture.md, "Auto-tune") over registered knobs.
 // Each trial applies a setting at a step boundary, lets it settle, measures a window of steps
 // (at least measure_steps and min_window_ms) and
 // compares its throughput (samples over the window's time) with the incumbent's; the candidate
