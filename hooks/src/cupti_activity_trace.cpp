@@ -12,6 +12,8 @@
 #include <shared_mutex>
 #include <unordered_map>
 
+#include "torchpilot/runtime/guard.h"
+
 namespace torchpilot {
 namespace detail {
 
@@ -286,7 +288,7 @@ ActivityCollector::ActivityCollector(CuptiApi& api, const CuptiClock& clock, spd
       id_(next_collector_id.fetch_add(1)) {}
 
 ActivityCollector::~ActivityCollector() {
-  shutdown();
+  (void)failure_of([&] { shutdown(); });  // a destructor must not throw
   std::lock_guard<std::mutex> lock(mutex_);
   for (uint8_t* b : free_buffers_) free_buffer(b);
   free_buffers_.clear();

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "torchpilot/runtime/guard.h"
+
 namespace torchpilot {
 namespace detail {
 
@@ -153,7 +155,10 @@ PmSampler::PmSampler(CuptiApi& api, const CuptiClock& clock, spdlog::logger& log
       options_(std::move(options)),
       sink_(std::move(sink)) {}
 
-PmSampler::~PmSampler() { stop(); }
+// A destructor must not throw: stop() calls CUPTI, joins a thread and logs.
+PmSampler::~PmSampler() {
+  (void)failure_of([&] { stop(); });
+}
 
 std::string PmSampler::configure() {
   // Counter availability (twice: size, then fill).

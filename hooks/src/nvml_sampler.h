@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "torchpilot/runtime/gpu_backend.h"
+#include "torchpilot/runtime/guard.h"
 
 namespace torchpilot {
 namespace detail {
@@ -50,7 +51,9 @@ class NvmlSampler {
  public:
   using Sink = std::function<void(const UtilSample&)>;
   explicit NvmlSampler(NvmlApi& api) : api_(api) {}
-  ~NvmlSampler() { stop(); }
+  ~NvmlSampler() {
+    (void)failure_of([&] { stop(); });
+  }  // destructors must not throw
   NvmlSampler(const NvmlSampler&) = delete;
   NvmlSampler& operator=(const NvmlSampler&) = delete;
 

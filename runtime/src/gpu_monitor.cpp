@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <map>
 
+#include "torchpilot/runtime/guard.h"
 #include "torchpilot/runtime/metrics.h"
 
 namespace torchpilot {
@@ -286,9 +287,12 @@ GpuMonitor::GpuMonitor(const GpuConfig& config, std::shared_ptr<GpuBackend> back
 }
 
 GpuMonitor::~GpuMonitor() {
-  if (planner_.tracing()) backend_->stop_trace();
-  if (planner_.trace_attached()) backend_->release_trace();
-  backend_->stop();
+  // A destructor must not throw (that would terminate the program): the backend is vendor code.
+  (void)failure_of([&] {
+    if (planner_.tracing()) backend_->stop_trace();
+    if (planner_.trace_attached()) backend_->release_trace();
+  });
+  (void)failure_of([&] { backend_->stop(); });
 }
 
 void GpuMonitor::on_step_begin(int64_t step, Nanos now) {

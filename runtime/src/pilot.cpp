@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "torchpilot/advisors/advisors.h"
+#include "torchpilot/runtime/guard.h"
 #include "torchpilot/runtime/loader_policy.h"
 #include "torchpilot/runtime/logging.h"
 #include "torchpilot/runtime/trial_engine.h"
@@ -43,27 +44,6 @@ void log_to(spdlog::logger& logger, LogLevel level, const std::string& message) 
       break;
   }
 }
-
-namespace {
-
-// Runs `fn`; what it threw, as text ("" for a non-standard exception), or nothing.
-template <typename Fn>
-std::optional<std::string> failure_of(Fn&& fn) {
-  try {
-    fn();
-    return std::nullopt;
-  } catch (const std::exception& e) {
-    return std::string(e.what());
-  } catch (...) {
-    return std::string();
-  }
-}
-
-std::string reason_suffix(const std::string& reason) {
-  return reason.empty() ? std::string() : ": " + reason;
-}
-
-}  // namespace
 
 // --- default collectors ---------------------------------------------------------------------
 
@@ -142,9 +122,11 @@ Pilot::Pilot(Config config, PilotOptions options)
     : config_(std::move(config)),
       enabled_(config_.mode != Mode::kOff),
       clock_(options.clock ? options.clock : default_clock()),
-      logger_(options.logger ? options.logger : torchpilot_logger()) {
+      // Each Pilot's own logger, writing to the shared "torchpilot" logger's sinks: log.level
+      // then governs this Pilot's lines only (a second Pilot must not change the first's).
+      logger_(options.logger ? options.logger : torchpilot_logger()->clone("torchpilot")) {
   validate(config_);  // a Config built in code gets the same checks as a file
-  // log.level governs torchpilot's own logger; a logger handed in keeps its level.
+  // A logger handed in keeps its level.
   if (!options.logger) logger_->set_level(spdlog::level::from_str(config_.log_level));
   if (config_.mode == Mode::kOff) return;
   history_.reserve(static_cast<size_t>(config_.step_history));
@@ -177,7 +159,12 @@ void Pilot::add_default_collectors(std::vector<std::shared_ptr<Collector>> given
 }
 
 Pilot::~Pilot() {
-  if (loader_ != nullptr) loader_->forget_pilot();
+  // Destructors must not throw: every call into other code is guarded.
+  if (loader_ != nullptr) {
+    if (const auto failed = failure_of([&] { loader_->forget_pilot(); })) {
+      logger_->error("the attached loader failed to let go of the Pilot{}", reason_suffix(*failed));
+    }
+  }
   for (Collector* c : collectors_) {
     try {
       c->attach(nullptr);
@@ -186,7 +173,7 @@ Pilot::~Pilot() {
   }
   collectors_.clear();
   loader_collector_.reset();
-  owned_collectors_.clear();  // owned ones stop here (the GPU monitor flushes its backend)
+  owned_collectors_.clear();  // owned ones stop here (their destructors must not throw)
   flush();
 }
 
@@ -201,6 +188,7 @@ void Pilot::insert_collector(Collector* c, bool front) {
   if (const auto failed = failure_of([&] { c->attach(this); })) {
     logger_->error("collector '{}' failed to attach and is not used{}", c->name(),
                    reason_suffix(*failed));
+    (void)failure_of([&] { c->attach(nullptr); });  // it may have kept the host
     return;
   }
   collectors_.insert(front ? collectors_.begin() : collectors_.end(), c);
@@ -335,6 +323,22 @@ void Pilot::end_step() {
   for_each_sink("on_step", [&](Sink& s) { s.on_step(r, phase_names_); });
 
   if (config_.mode != Mode::kAutotune || (engine_ && engine_->finished())) return;
+  // The engine calls knob setters and the loader's probe: user code. Whatever it throws stops
+  // tuning with one log line; the step goes on.
+  if (const auto failed = failure_of([&] { autotune_step(r); })) {
+    logger_->error("autotune stopped after an internal error{}", reason_suffix(*failed));
+    if (engine_) {
+      const std::string why = "internal error" + reason_suffix(*failed);
+      if (const auto again = failure_of([&] { engine_->abandon(why); })) {  // applies the best
+        logger_->error("autotune could not restore the best setting{}", reason_suffix(*again));
+      }
+    }
+    engine_.reset();
+    config_.mode = Mode::kAdvise;
+  }
+}
+
+void Pilot::autotune_step(const StepRecord& r) {
   if (!engine_) {
     engine_ = std::make_unique<TrialEngine>(knobs_, make_loader_policy(config_.autotune),
                                             config_.autotune);
@@ -351,19 +355,7 @@ void Pilot::end_step() {
     };
   }
   ++epoch_tuning_steps_;
-  try {
-    engine_->on_step(r);
-  } catch (const std::exception& e) {
-    logger_->error("autotune stopped after an internal error: {}", e.what());
-    try {
-      engine_->abandon(std::string("internal error: ") + e.what());  // applies the best so far
-    } catch (const std::exception& again) {
-      logger_->error("autotune could not restore the best setting: {}", again.what());
-    }
-    engine_.reset();
-    config_.mode = Mode::kAdvise;
-    return;
-  }
+  engine_->on_step(r);
   if (engine_->finished()) {
     const TuningDecision& d = *engine_->decision();
     if (d.trials.empty() && !warned_nothing_to_tune_) {
@@ -379,10 +371,25 @@ void Pilot::end_epoch() {
   if (config_.mode == Mode::kOff) return;
   if (step_open_) end_step();
   if (accumulator_.empty()) return;
+  // Summarizing runs collectors, advisors and sinks (each guarded on its own); anything else that
+  // goes wrong loses this epoch's summary, never the training loop, and the next epoch starts.
+  if (const auto failed = failure_of([&] { summarize_epoch(); })) {
+    logger_->error("the summary of epoch {} failed and is skipped{}", epoch_,
+                   reason_suffix(*failed));
+  }
+  accumulator_.clear();
+  ++epoch_;
+  step_in_epoch_ = 0;
+  epoch_tuning_steps_ = 0;
+  last_boundary_ns_ = -1;
+  pending_wait_ns_.store(0, std::memory_order_relaxed);
+  flush();
+}
+
+void Pilot::summarize_epoch() {
   EpochSummary summary = accumulator_.summarize(epoch_, phase_names_);
   summary.tuning_steps = epoch_tuning_steps_;
   summary.tuned = engine_ && engine_->finished() && !engine_->decision()->trials.empty();
-  epoch_tuning_steps_ = 0;
   for_each_collector("on_epoch_end", [&](Collector& o) { o.on_epoch_end(summary); });
   std::vector<Advice> advice;
   std::vector<std::string> advisor_errors;
@@ -395,12 +402,6 @@ void Pilot::end_epoch() {
   for_each_sink("on_epoch", [&](Sink& s) { s.on_epoch(summary, advice); });
   epoch_summaries_.push_back(std::move(summary));
   last_advice_ = std::move(advice);
-  accumulator_.clear();
-  ++epoch_;
-  step_in_epoch_ = 0;
-  last_boundary_ns_ = -1;
-  pending_wait_ns_.store(0, std::memory_order_relaxed);
-  flush();
 }
 
 void Pilot::add_sink(std::shared_ptr<Sink> sink) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "torchpilot/runtime/guard.h"
 #include "torchpilot/runtime/metrics.h"
 
 namespace torchpilot {
@@ -150,20 +151,14 @@ void TrialEngine::finish_trial() {
 void TrialEngine::start_trial(const Setting& setting) {
   TrialResult trial;
   trial.setting = setting;
-  try {
-    knobs_.apply(setting);
-    current_ = setting;
-    begin_settling();
-    trials_.push_back(std::move(trial));
-  } catch (const std::exception& e) {
+  // A setter is user code: whatever it throws (std or not) fails the trial, never the step.
+  if (const auto failed = failure_of([&] { knobs_.apply(setting); })) {
     trial.failed = true;
-    trial.note = std::string("applying the setting failed: ") + e.what();
+    trial.note = "applying the setting failed: " + *failed;
     trials_.push_back(std::move(trial));
     if (on_trial) on_trial(trials_.back(), false);
-    try {
-      knobs_.apply(trials_[incumbent_].setting);
-    } catch (const std::exception& again) {
-      conclude(std::string("restoring the incumbent failed: ") + again.what());
+    if (const auto again = failure_of([&] { knobs_.apply(trials_[incumbent_].setting); })) {
+      conclude("restoring the incumbent failed: " + *again);
       return;
     }
     std::optional<Setting> next = policy_->propose(trials_, incumbent_, knobs_);
@@ -172,7 +167,11 @@ void TrialEngine::start_trial(const Setting& setting) {
     } else {
       conclude("search complete");
     }
+    return;
   }
+  current_ = setting;
+  begin_settling();
+  trials_.push_back(std::move(trial));
 }
 
 void TrialEngine::conclude(const std::string& reason) {
@@ -188,10 +187,8 @@ void TrialEngine::conclude(const std::string& reason) {
     d.baseline_throughput = trials_.front().throughput;
     d.chosen = trials_[incumbent_].setting;
     d.chosen_throughput = trials_[incumbent_].throughput;
-    try {
-      knobs_.apply(d.chosen);
-    } catch (const std::exception& e) {
-      d.reason += std::string("; applying the chosen setting failed: ") + e.what();
+    if (const auto failed = failure_of([&] { knobs_.apply(d.chosen); })) {
+      d.reason += "; applying the chosen setting failed: " + *failed;
       d.chosen = knobs_.snapshot();
     }
   }

@@ -175,6 +175,8 @@ class Pilot : private CollectorHost {
   friend class StepScope;
   friend class PhaseScope;
   void end_step();
+  void autotune_step(const StepRecord& record);
+  void summarize_epoch();
   // CollectorHost
   bool steady_clock() const override;
   bool tuning() const override;
