@@ -105,11 +105,11 @@ using torchpilot_test::TempDir;
 TEST(ConfigTest, Defaults) {
   const Config c;
   EXPECT_EQ(c.mode, Mode::kAdvise);
-  EXPECT_EQ(c.log_level, "info");
-  EXPECT_EQ(c.json_path, "");
-  EXPECT_EQ(c.step_history, 4096);
-  EXPECT_DOUBLE_EQ(c.data_starvation.threshold, 0.05);
-  EXPECT_DOUBLE_EQ(c.data_starvation.high_severity, 0.25);
+  EXPECT_EQ(c.log.level, "info");
+  EXPECT_EQ(c.log.json_path, "");
+  EXPECT_EQ(c.records.step_history, 4096);
+  EXPECT_DOUBLE_EQ(c.advisors.data_starvation.threshold, 0.05);
+  EXPECT_DOUBLE_EQ(c.advisors.data_starvation.high_severity, 0.25);
   EXPECT_EQ(c.autotune.warmup_steps, 200);
   EXPECT_DOUBLE_EQ(c.autotune.warmup_seconds, 10);
   EXPECT_EQ(c.autotune.settle_steps, 3);
@@ -184,11 +184,11 @@ autotune:
   tune_device_prefetch: no
 )");
   EXPECT_EQ(c.mode, Mode::kAutotune);
-  EXPECT_EQ(c.log_level, "debug");
-  EXPECT_EQ(c.json_path, "/tmp/records.jsonl");
-  EXPECT_EQ(c.step_history, 64);
-  EXPECT_DOUBLE_EQ(c.data_starvation.threshold, 0.1);
-  EXPECT_DOUBLE_EQ(c.data_starvation.high_severity, 0.4);
+  EXPECT_EQ(c.log.level, "debug");
+  EXPECT_EQ(c.log.json_path, "/tmp/records.jsonl");
+  EXPECT_EQ(c.records.step_history, 64);
+  EXPECT_DOUBLE_EQ(c.advisors.data_starvation.threshold, 0.1);
+  EXPECT_DOUBLE_EQ(c.advisors.data_starvation.high_severity, 0.4);
   EXPECT_EQ(c.autotune.warmup_steps, 120);
   EXPECT_EQ(c.autotune.settle_steps, 2);
   EXPECT_EQ(c.autotune.measure_steps, 5);
@@ -377,7 +377,7 @@ TEST(ConfigTest, HighSeverityBelowThreshold) {
   // Equal is fine.
   const Config c = Config::from_yaml_string(
       "advisors:\n  data_starvation:\n    threshold: 0.3\n    high_severity: 0.3\n");
-  EXPECT_DOUBLE_EQ(c.data_starvation.high_severity, 0.3);
+  EXPECT_DOUBLE_EQ(c.advisors.data_starvation.high_severity, 0.3);
   // Only the threshold, above the default high_severity (0.25).
   const ConfigError e2 = yaml_error("advisors:\n  data_starvation:\n    threshold: 0.5\n");
   EXPECT_EQ(e2.key(), "advisors.data_starvation.high_severity");
@@ -398,10 +398,10 @@ TEST(ConfigTest, EnvironmentOverrides) {
                                      {"TORCHPILOT_AUTOTUNE_TUNE_DEVICE_PREFETCH", "0"}});
   Config expected;
   expected.mode = Mode::kAutotune;
-  expected.log_level = "warn";
-  expected.json_path = "/tmp/x.jsonl";
-  expected.step_history = 32;
-  expected.data_starvation.threshold = 0.1;
+  expected.log.level = "warn";
+  expected.log.json_path = "/tmp/x.jsonl";
+  expected.records.step_history = 32;
+  expected.advisors.data_starvation.threshold = 0.1;
   expected.autotune.warmup_steps = 64;
   expected.autotune.noise_margin = 0.02;
   expected.autotune.prefetch_choices = {1, 2, 4};
@@ -465,8 +465,8 @@ TEST(ConfigTest, EnvironmentErrors) {
   Config c;
   apply_env_overrides(c, {{"TORCHPILOT_ADVISORS_DATA_STARVATION_THRESHOLD", "0.5"},
                           {"TORCHPILOT_ADVISORS_DATA_STARVATION_HIGH_SEVERITY", "0.6"}});
-  EXPECT_DOUBLE_EQ(c.data_starvation.threshold, 0.5);
-  EXPECT_DOUBLE_EQ(c.data_starvation.high_severity, 0.6);
+  EXPECT_DOUBLE_EQ(c.advisors.data_starvation.threshold, 0.5);
+  EXPECT_DOUBLE_EQ(c.advisors.data_starvation.high_severity, 0.6);
 }
 
 TEST(ConfigTest, EnvironmentIgnoresConfigPathAndOtherVariables) {
@@ -517,13 +517,13 @@ TEST(ConfigValidate, CodeBuiltConfigsGetTheSameChecks) {
     EXPECT_EQ(e.key(), "autotune.measure_steps");
   }
   torchpilot::Config level;
-  level.log_level = "loud";
+  level.log.level = "loud";
   EXPECT_THROW(torchpilot::validate(level), torchpilot::ConfigError);
   torchpilot::Config choices;
   choices.autotune.prefetch_choices = {2, 0};
   EXPECT_THROW(torchpilot::validate(choices), torchpilot::ConfigError);
   torchpilot::Config pilot_config;
-  pilot_config.step_history = 0;
+  pilot_config.records.step_history = 0;
   EXPECT_THROW(torchpilot::Pilot{pilot_config}, torchpilot::ConfigError);
 }
 
