@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -158,6 +159,59 @@ TEST(ConfigTest, ConfigKeysAreUniqueAndDotted) {
   for (const char* k : {"records.step_history", "advisors.data_starvation.threshold",
                         "autotune.prefetch_choices", "log.json_path"}) {
     EXPECT_NE(std::find(keys.begin(), keys.end(), k), keys.end()) << k;
+  }
+}
+
+// YAML text setting one dotted key: "a.b.c" and "v" give "a:\n  b:\n    c: v\n".
+std::string yaml_for_key(const std::string& key, const std::string& value) {
+  std::string out, indent;
+  size_t begin = 0;
+  for (size_t dot = key.find('.'); dot != std::string::npos; dot = key.find('.', begin)) {
+    out += indent + key.substr(begin, dot - begin) + ":\n";
+    indent += "  ";
+    begin = dot + 1;
+  }
+  return out + indent + key.substr(begin) + ": " + value + "\n";
+}
+
+// The schema table is consistent: each key reads and writes its own field, and no other key's.
+// For every key, a YAML file setting only that key to a valid value other than its default changes
+// config_values() at exactly that key; the key's TORCHPILOT_* variable does the same.
+TEST(ConfigTest, EveryKeySetsExactlyItsOwnValue) {
+  const auto defaults = config_values(Config());
+  // Candidate values, tried in order; a key takes the first one that loads and differs from its
+  // default (ints reject fractions, booleans and numbers reject words, and so on).
+  const std::vector<std::string> candidates = {
+      "0.125", "17", "1", "0", "[3]", "debug", "off", "/tmp/torchpilot-key.jsonl"};
+  for (const auto& key : config_keys()) {
+    SCOPED_TRACE(key);
+    bool found = false;
+    for (const auto& value : candidates) {
+      Config c;
+      try {
+        c = Config::from_yaml_string(yaml_for_key(key, value));
+      } catch (const ConfigError&) {
+        continue;  // not a valid value of this key
+      }
+      const auto values = config_values(c);
+      ASSERT_EQ(values.size(), defaults.size());
+      std::vector<std::string> changed;
+      for (size_t i = 0; i < values.size(); ++i) {
+        EXPECT_EQ(values[i].first, defaults[i].first);
+        if (values[i].second != defaults[i].second) changed.push_back(values[i].first);
+      }
+      if (changed.empty()) continue;  // the default itself
+      EXPECT_EQ(changed, std::vector<std::string>{key}) << "value " << value;
+      // The environment variable sets the same field.
+      std::string name = "TORCHPILOT_";
+      for (char ch : key) name += ch == '.' ? '_' : static_cast<char>(std::toupper(ch));
+      Config from_env;
+      apply_env_overrides(from_env, {{name, value == "[3]" ? "3" : value}});
+      expect_config_eq(from_env, c);
+      found = true;
+      break;
+    }
+    EXPECT_TRUE(found) << "no candidate value loads and changes " << key;
   }
 }
 
