@@ -152,6 +152,14 @@ TEST(ConfigTest, EveryKeyIsDocumentedInDefaultYaml) {
   }
 }
 
+TEST(ConfigTest, EveryKeyIsListedInConfigurationDoc) {
+  const std::string doc = read_file(std::string(TORCHPILOT_SOURCE_DIR) + "/docs/configuration.md");
+  ASSERT_FALSE(doc.empty());
+  for (const auto& key : config_keys()) {
+    EXPECT_NE(doc.find("| `" + key + "` |"), std::string::npos) << key << " missing in the doc";
+  }
+}
+
 TEST(ConfigTest, ConfigKeysAreUniqueAndDotted) {
   const std::vector<std::string> keys = config_keys();
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
