@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
+#include "torchpilot/hooks/torch_transfer.h"
 #include "torchpilot/runtime/loader_core.h"
 #include "torchpilot/runtime/pilot.h"
-#include "torchpilot/hooks/torch_transfer.h"
 #include "trainer.h"
 
 namespace {
@@ -75,7 +75,7 @@ bool same(const LoaderSettings& a, const LoaderSettings& b) {
 torchpilot::Config quiet(torchpilot::Mode mode) {
   torchpilot::Config c;
   c.mode = mode;
-  c.log_level = "warn";
+  c.log.level = "warn";
   return c;
 }
 

@@ -79,7 +79,7 @@ json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
 torchpilot::Config config_for(Setup setup, const Args& a) {
   torchpilot::Config c;  // defaults, not the environment: the bench controls every key
-  c.log_level = "warn";
+  c.log.level = "warn";
   if (setup == kOff) {
     c.mode = torchpilot::Mode::kOff;
     c.gpu.enabled = false;

@@ -19,14 +19,13 @@ using detail::num;
 
 }  // namespace
 
-std::optional<Advice> advise_data_starvation(const EpochSummary& s,
-                                             const DataStarvationConfig& config) {
+std::optional<Advice> advise_data_starvation(const EpochSummary& s, const AdvisorsConfig& config) {
   const double f = s.data_wait_fraction;
-  if (s.steps == 0 || f <= config.threshold) return std::nullopt;
+  if (s.steps == 0 || f <= config.data_starvation.threshold) return std::nullopt;
 
   Advice a;
   a.id = "data_starvation";
-  a.severity = f >= config.high_severity ? Severity::kHigh : Severity::kWarning;
+  a.severity = f >= config.data_starvation.high_severity ? Severity::kHigh : Severity::kWarning;
   const double wait_ms = static_cast<double>(s.data_wait_ns) / 1e6 / s.steps;
   const double step_ms = static_cast<double>(s.wall_ns) / 1e6 / s.steps;
   // Step time without the wait. When (nearly) all of a step is waiting, the compute time is not
@@ -35,11 +34,11 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s,
   const bool compute_known = compute_ms > kMinComputeShare * step_ms;
   a.finding = "the training thread waited for data " + num(100 * f) + "% of step time (" +
               num(wait_ms, "%.2f") + " ms of a " + num(step_ms, "%.2f") + " ms step; threshold " +
-              num(100 * config.threshold) + "%)";
+              num(100 * config.data_starvation.threshold) + "%)";
   a.evidence = {{"data_wait_fraction", f, "fraction"},
                 {"data_wait_per_step", wait_ms, "ms"},
                 {"step_time", step_ms, "ms"},
-                {"threshold", config.threshold, "fraction"}};
+                {"threshold", config.data_starvation.threshold, "fraction"}};
   // Removing the wait entirely turns a step of `step` into one of `compute`.
   a.expected_gain = compute_known ? f / (1.0 - f) : 0.0;
   a.gain_estimated = true;

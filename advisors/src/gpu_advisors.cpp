@@ -32,8 +32,7 @@ std::string short_name(const std::string& name) {
 
 }  // namespace
 
-std::optional<Advice> advise_busy_inefficient(const EpochSummary& s,
-                                              const GpuAdvisorConfig& config) {
+std::optional<Advice> advise_busy_inefficient(const EpochSummary& s, const AdvisorsConfig& config) {
   if (!s.sections.get<GpuEpochStats>() || s.steps == 0) return std::nullopt;
   const GpuEpochStats& e = *s.sections.get<GpuEpochStats>();
   const GpuStats& g = e.stats;
@@ -44,7 +43,7 @@ std::optional<Advice> advise_busy_inefficient(const EpochSummary& s,
   const bool hardware = measured(g.sm_efficiency);
   const double sm = hardware ? g.sm_efficiency : g.estimated_sm_efficiency;
   if (!measured(busy) || !measured(sm)) return std::nullopt;
-  if (busy < config.busy_utilization || sm >= config.inefficient_sm_efficiency) {
+  if (busy < config.busy_inefficient.utilization || sm >= config.busy_inefficient.sm_efficiency) {
     return std::nullopt;
   }
 
@@ -116,7 +115,7 @@ std::optional<Advice> advise_busy_inefficient(const EpochSummary& s,
   return a;
 }
 
-std::optional<Advice> advise_host_sync(const EpochSummary& s, const GpuAdvisorConfig& config) {
+std::optional<Advice> advise_host_sync(const EpochSummary& s, const AdvisorsConfig& config) {
   if (!s.sections.get<GpuEpochStats>() || s.sections.get<GpuEpochStats>()->traced_steps == 0)
     return std::nullopt;
   const GpuStats& g = s.sections.get<GpuEpochStats>()->stats;
@@ -124,7 +123,7 @@ std::optional<Advice> advise_host_sync(const EpochSummary& s, const GpuAdvisorCo
   // loses nothing.
   const double f = traced_share(g, g.host_sync_ns);
   const double idle = traced_share(g, g.idle_host_sync_ns);
-  if (idle <= config.host_sync_threshold) return std::nullopt;
+  if (idle <= config.host_sync.threshold) return std::nullopt;
   const double per_step =
       static_cast<double>(g.host_syncs) / s.sections.get<GpuEpochStats>()->traced_steps;
   Advice a;
@@ -136,7 +135,7 @@ std::optional<Advice> advise_host_sync(const EpochSummary& s, const GpuAdvisorCo
   a.evidence = {{"host_sync_fraction", f, "fraction"},
                 {"host_syncs_per_step", per_step, "calls"},
                 {"gpu_idle_in_sync_fraction", idle, "fraction"},
-                {"threshold", config.host_sync_threshold, "fraction"}};
+                {"threshold", config.host_sync.threshold, "fraction"}};
   a.cause =
       "the training loop waits for the GPU every step (e.g. loss.item(), .cpu(), printing a "
       "tensor, a blocking copy, or torch::cuda::synchronize), so the host stops queuing "
@@ -150,14 +149,13 @@ std::optional<Advice> advise_host_sync(const EpochSummary& s, const GpuAdvisorCo
   return a;
 }
 
-std::optional<Advice> advise_pageable_copies(const EpochSummary& s,
-                                             const GpuAdvisorConfig& config) {
+std::optional<Advice> advise_pageable_copies(const EpochSummary& s, const AdvisorsConfig& config) {
   if (!s.sections.get<GpuEpochStats>() || s.sections.get<GpuEpochStats>()->traced_steps == 0)
     return std::nullopt;
   const GpuStats& g = s.sections.get<GpuEpochStats>()->stats;
   if (g.h2d_pageable_bytes == 0) return std::nullopt;
   const double f = traced_share(g, g.h2d_pageable_ns);
-  if (f <= config.pageable_threshold) return std::nullopt;
+  if (f <= config.pageable_copies.threshold) return std::nullopt;
   const double share =
       static_cast<double>(g.h2d_pageable_bytes) / std::max<int64_t>(1, g.h2d_bytes);
   const double mb = static_cast<double>(g.h2d_pageable_bytes) / 1e6 /
@@ -170,7 +168,7 @@ std::optional<Advice> advise_pageable_copies(const EpochSummary& s,
   a.evidence = {{"pageable_copy_fraction", f, "fraction"},
                 {"pageable_bytes_share", share, "fraction"},
                 {"pageable_mb_per_step", mb, "MB"},
-                {"threshold", config.pageable_threshold, "fraction"}};
+                {"threshold", config.pageable_copies.threshold, "fraction"}};
   a.cause =
       "pageable copies are staged through a driver buffer and block the host; they cannot "
       "overlap compute";
@@ -182,12 +180,12 @@ std::optional<Advice> advise_pageable_copies(const EpochSummary& s,
   return a;
 }
 
-std::optional<Advice> advise_launch_bound(const EpochSummary& s, const GpuAdvisorConfig& config) {
+std::optional<Advice> advise_launch_bound(const EpochSummary& s, const AdvisorsConfig& config) {
   if (!s.sections.get<GpuEpochStats>() || s.sections.get<GpuEpochStats>()->traced_steps == 0)
     return std::nullopt;
   const GpuStats& g = s.sections.get<GpuEpochStats>()->stats;
   const double f = traced_share(g, g.idle_launch_gap_ns);
-  if (f <= config.launch_bound_threshold || g.kernels == 0) return std::nullopt;
+  if (f <= config.launch_bound.threshold || g.kernels == 0) return std::nullopt;
   const double per_step =
       static_cast<double>(g.kernels) / s.sections.get<GpuEpochStats>()->traced_steps;
   const double busy_ns =
@@ -202,7 +200,7 @@ std::optional<Advice> advise_launch_bound(const EpochSummary& s, const GpuAdviso
   a.evidence = {{"launch_gap_fraction", f, "fraction"},
                 {"kernels_per_step", per_step, "kernels"},
                 {"mean_kernel_time", mean_us, "us"},
-                {"threshold", config.launch_bound_threshold, "fraction"}};
+                {"threshold", config.launch_bound.threshold, "fraction"}};
   a.cause =
       "kernels are too short for the host to keep the GPU fed: launch overhead and host "
       "work between launches dominate";

@@ -57,13 +57,13 @@ std::string device_name(const FlopEpochStats& f) {
 
 }  // namespace
 
-std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const GpuAdvisorConfig& config) {
+std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const AdvisorsConfig& config) {
   if (!s.sections.get<FlopEpochStats>() || s.steps == 0) return std::nullopt;
   const FlopEpochStats& f = *s.sections.get<FlopEpochStats>();
   if (!(f.model_flops_per_step > 0)) return std::nullopt;
   const double fp32 = f.model_flops_by_precision[P(MathPrecision::kFp32)];
   const double share = fp32 / f.model_flops_per_step;
-  if (!(share > config.fp32_matmul_threshold)) return std::nullopt;
+  if (!(share > config.precision.fp32_matmul_threshold)) return std::nullopt;
   const double* ds = f.datasheet_flops_by_precision;
   const double p32 = ds[P(MathPrecision::kFp32)];
   const double ptf = ds[P(MathPrecision::kTf32)];
@@ -97,7 +97,7 @@ std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const GpuAdvisor
               ", whose tensor cores run bf16 at " + num(pbf / p32, "%.0f") + "x" +
               (ptf > 0 ? " and TF32 at " + num(ptf / p32, "%.0f") + "x" : std::string()) +
               " its fp32 peak of " + num(p32 / 1e12, "%.1f") + " TFLOP/s (threshold " +
-              pct(config.fp32_matmul_threshold) + ")";
+              pct(config.precision.fp32_matmul_threshold) + ")";
   a.cause =
       "the model computes in fp32 and TF32 is off for its matmuls, so they run on the CUDA "
       "cores; at the datasheet peaks the fp32 work would take an estimated " +
@@ -115,7 +115,7 @@ std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const GpuAdvisor
                 {"bf16_peak", pbf / 1e12, "TFLOP/s"},
                 {"fp32_time_share_estimate", fp32_step_share, "fraction"},
                 {"expected_gain_tf32", gain_tf32, "fraction"},
-                {"threshold", config.fp32_matmul_threshold, "fraction"}};
+                {"threshold", config.precision.fp32_matmul_threshold, "fraction"}};
   if (ptf > 0) a.evidence.push_back({"tf32_peak", ptf / 1e12, "TFLOP/s"});
   a.expected_gain = gain_bf16;
   a.gain_estimated = true;
@@ -123,13 +123,13 @@ std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const GpuAdvisor
 }
 
 std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
-                                               const GpuAdvisorConfig& config) {
+                                               const AdvisorsConfig& config) {
   if (!s.sections.get<FlopEpochStats>() || s.steps == 0) return std::nullopt;
   const FlopEpochStats& f = *s.sections.get<FlopEpochStats>();
   if (!(f.model_flops_per_step > 0)) return std::nullopt;
   const double unfused = f.unfused_attention_flops_per_step;
   const double share = unfused / f.model_flops_per_step;
-  if (!(share > config.unfused_attention_threshold)) return std::nullopt;
+  if (!(share > config.attention.unfused_threshold)) return std::nullopt;
 
   const double step_s = step_seconds(s);
   const double traffic = f.unfused_attention_traffic_bytes_per_step;
@@ -173,7 +173,7 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
               " per step run as matmul + softmax + matmul: " + pct(share) + " of model FLOPs (" +
               num(unfused / 1e9, "%.3g") + " GFLOP per step, forward and backward) and about " +
               num(traffic / 1e6, "%.3g") + " MB of score-matrix traffic per step (threshold " +
-              pct(config.unfused_attention_threshold) + ")";
+              pct(config.attention.unfused_threshold) + ")";
   const bool fallback = f.sdpa_math_fallback_per_step > 0;
   if (fallback) {
     a.cause =
@@ -203,7 +203,7 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
                 {"unfused_attentions_per_step", static_cast<double>(n), "attentions"},
                 {"score_matrix_traffic_per_step", traffic / 1e6, "MB"},
                 {"step_time", step_s * 1e3, "ms"},
-                {"threshold", config.unfused_attention_threshold, "fraction"}};
+                {"threshold", config.attention.unfused_threshold, "fraction"}};
   if (fallback) {
     a.evidence.push_back({"sdpa_math_fallback_per_step", f.sdpa_math_fallback_per_step, "calls"});
   }
@@ -213,11 +213,11 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
   return a;
 }
 
-std::optional<Advice> advise_low_mfu(const EpochSummary& s, const GpuAdvisorConfig& config) {
+std::optional<Advice> advise_low_mfu(const EpochSummary& s, const AdvisorsConfig& config) {
   if (!s.sections.get<FlopEpochStats>() || s.steps == 0) return std::nullopt;
   const FlopEpochStats& f = *s.sections.get<FlopEpochStats>();
   if (!measured(f.mfu) || !(f.model_flops_per_step > 0)) return std::nullopt;
-  if (f.mfu >= config.low_mfu_threshold) return std::nullopt;
+  if (f.mfu >= config.low_mfu.threshold) return std::nullopt;
 
   const double step_s = step_seconds(s);
   const double wait = clamp01(s.data_wait_fraction);
@@ -239,8 +239,8 @@ std::optional<Advice> advise_low_mfu(const EpochSummary& s, const GpuAdvisorConf
 
   Advice a;
   a.id = "low_mfu";
-  a.severity = f.mfu < config.low_mfu_threshold / 2 ? Severity::kWarning : Severity::kInfo;
-  a.finding = "MFU is " + pct(f.mfu) + " (threshold " + pct(config.low_mfu_threshold) + "); of a " +
+  a.severity = f.mfu < config.low_mfu.threshold / 2 ? Severity::kWarning : Severity::kInfo;
+  a.finding = "MFU is " + pct(f.mfu) + " (threshold " + pct(config.low_mfu.threshold) + "); of a " +
               num(step_s * 1e3, "%.3g") + " ms step: " + pct(f.mfu) +
               " would be the counted FLOPs at the " + to_string(f.dominant_precision) + " peak (" +
               num(f.peak_flops_per_s / 1e12, "%.4g") + " TFLOP/s, " +
@@ -254,7 +254,7 @@ std::optional<Advice> advise_low_mfu(const EpochSummary& s, const GpuAdvisorConf
               ")";
   if (fp32_share > 0.01) a.finding += "; " + pct(fp32_share) + " of the FLOPs in fp32";
   a.evidence = {{"mfu", f.mfu, "fraction"},
-                {"threshold", config.low_mfu_threshold, "fraction"},
+                {"threshold", config.low_mfu.threshold, "fraction"},
                 {"data_wait_fraction", wait, "fraction"},
                 {"below_peak_fraction", rest, "fraction"},
                 {"fp32_flops_share", fp32_share, "fraction"},
@@ -279,11 +279,11 @@ std::optional<Advice> advise_low_mfu(const EpochSummary& s, const GpuAdvisorConf
         "raise the micro-batch so kernels are larger, and launch fewer small ops";
     a.expected_gain = idle_other < 1 ? idle_other / (1 - idle_other) : 0;
   } else {
-    if (fp32_share > config.fp32_matmul_threshold) {
+    if (fp32_share > config.precision.fp32_matmul_threshold) {
       a.cause = "most of the step the GPU runs below peak, and " + pct(fp32_share) +
                 " of the FLOPs are fp32";
       a.action = "compute in bf16 (see the fp32_matmul advice)";
-    } else if (unfused_share > config.unfused_attention_threshold) {
+    } else if (unfused_share > config.attention.unfused_threshold) {
       a.cause = "most of the step the GPU runs below peak, with unfused attention among the work";
       a.action = "fuse attention (see the unfused_attention advice)";
     } else {

@@ -7,30 +7,24 @@ namespace torchpilot {
 
 const std::vector<AdvisorEntry>& advisor_registry() {
   static const std::vector<AdvisorEntry> rules = {
-      {"data_starvation",
-       [](const EpochSummary& s, const Config& c) {
-         return advise_data_starvation(s, c.data_starvation);
-       }},
-      {"busy_inefficient",
-       [](const EpochSummary& s, const Config& c) {
-         return advise_busy_inefficient(s, c.gpu_advisors);
-       }},
+      {"data_starvation", [](const EpochSummary& s,
+                             const Config& c) { return advise_data_starvation(s, c.advisors); }},
+      {"busy_inefficient", [](const EpochSummary& s,
+                              const Config& c) { return advise_busy_inefficient(s, c.advisors); }},
       {"host_sync",
-       [](const EpochSummary& s, const Config& c) { return advise_host_sync(s, c.gpu_advisors); }},
-      {"pageable_copies",
-       [](const EpochSummary& s, const Config& c) {
-         return advise_pageable_copies(s, c.gpu_advisors);
-       }},
-      {"launch_bound", [](const EpochSummary& s,
-                          const Config& c) { return advise_launch_bound(s, c.gpu_advisors); }},
-      {"fp32_matmul", [](const EpochSummary& s,
-                         const Config& c) { return advise_fp32_matmul(s, c.gpu_advisors); }},
+       [](const EpochSummary& s, const Config& c) { return advise_host_sync(s, c.advisors); }},
+      {"pageable_copies", [](const EpochSummary& s,
+                             const Config& c) { return advise_pageable_copies(s, c.advisors); }},
+      {"launch_bound",
+       [](const EpochSummary& s, const Config& c) { return advise_launch_bound(s, c.advisors); }},
+      {"fp32_matmul",
+       [](const EpochSummary& s, const Config& c) { return advise_fp32_matmul(s, c.advisors); }},
       {"unfused_attention",
        [](const EpochSummary& s, const Config& c) {
-         return advise_unfused_attention(s, c.gpu_advisors);
+         return advise_unfused_attention(s, c.advisors);
        }},
       {"low_mfu",
-       [](const EpochSummary& s, const Config& c) { return advise_low_mfu(s, c.gpu_advisors); }},
+       [](const EpochSummary& s, const Config& c) { return advise_low_mfu(s, c.advisors); }},
   };
   return rules;
 }

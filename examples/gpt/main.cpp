@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
     if (!mode.empty()) {
       config.mode = torchpilot::Config::from_yaml_string("mode: " + mode, "--mode").mode;
     }
-    if (!json_path.empty()) config.json_path = json_path;
+    if (!json_path.empty()) config.log.json_path = json_path;
 
     // The reference model is far too slow for a CPU: a small default there.
     if (!sizes_given &&

@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
     if (!mode.empty()) {
       config.mode = torchpilot::Config::from_yaml_string("mode: " + mode, "--mode").mode;
     }
-    if (!json_path.empty()) config.json_path = json_path;
+    if (!json_path.empty()) config.log.json_path = json_path;
 
     std::printf("jpeg_classifier: preparing data in %s\n", options.data_dir.c_str());
     std::fflush(stdout);

@@ -48,27 +48,34 @@ std::string text(const std::vector<int>& list) {
   return out;
 }
 
-// Rows for plain fields: TP_INT("key", min, max, field) etc.
-#define TP_INT(key, lo, hi, field)                                                       \
-  {                                                                                      \
-    key, Type::kInt, lo, hi, {},                                                         \
+// Rows for plain fields: TP_INT(field.path, min, max) etc. The key is the field's path spelled
+// out (#field), so a row cannot give a key a name other than the field it sets.
+#define TP_INT(field, lo, hi)                                                          \
+  {                                                                                    \
+#field, Type::kInt, lo, hi, {},                                                      \
         [](const Config& c) -> std::string { return std::to_string(c.field); },          \
         [](Config& c, const Value& v) { c.field = static_cast<decltype(c.field)>(v.i); } \
   }
-#define TP_DOUBLE(key, lo, hi, field)                                                             \
-  {                                                                                               \
-    key, Type::kDouble, lo, hi, {}, [](const Config& c) -> std::string { return text(c.field); }, \
-        [](Config& c, const Value& v) { c.field = v.d; }                                          \
+#define TP_DOUBLE(field, lo, hi)                                                                 \
+  {                                                                                              \
+#field, Type::kDouble, lo, hi,                                                               \
+        {}, [](const Config& c)                                                                  \
+                 -> std::string { return text(c.field); }, [](Config & c,                        \
+                                                              const Value& v) { c.field = v.d; } \
   }
-#define TP_BOOL(key, field)                                                                   \
-  {                                                                                           \
-    key, Type::kBool, 0, 0, {}, [](const Config& c) -> std::string { return text(c.field); }, \
-        [](Config& c, const Value& v) { c.field = v.b; }                                      \
+#define TP_BOOL(field)                                                                           \
+  {                                                                                              \
+#field, Type::kBool, 0, 0,                                                                   \
+        {}, [](const Config& c)                                                                  \
+                 -> std::string { return text(c.field); }, [](Config & c,                        \
+                                                              const Value& v) { c.field = v.b; } \
   }
-#define TP_STRING(key, field)                                                             \
-  {                                                                                       \
-    key, Type::kString, 0, 0, {}, [](const Config& c) -> std::string { return c.field; }, \
-        [](Config& c, const Value& v) { c.field = v.s; }                                  \
+#define TP_STRING(field)                                                                   \
+  {                                                                                        \
+#field, Type::kString, 0, 0,                                                           \
+        {}, [](const Config& c)                                                            \
+                 -> std::string { return c.field; }, [](Config & c,                        \
+                                                        const Value& v) { c.field = v.s; } \
   }
 
 const std::vector<KeySpec>& schema() {
@@ -87,30 +94,27 @@ const std::vector<KeySpec>& schema() {
        0,
        0,
        {"trace", "debug", "info", "warn", "error", "off"},
-       [](const Config& c) -> std::string { return c.log_level; },
-       [](Config& c, const Value& v) { c.log_level = v.s; }},
-      TP_STRING("log.json_path", json_path),
-      TP_INT("records.step_history", 16, 1 << 24, step_history),
-      TP_DOUBLE("advisors.data_starvation.threshold", 0.0, 1.0, data_starvation.threshold),
-      TP_DOUBLE("advisors.data_starvation.high_severity", 0.0, 1.0, data_starvation.high_severity),
-      TP_DOUBLE("advisors.busy_inefficient.utilization", 0.0, 1.0, gpu_advisors.busy_utilization),
-      TP_DOUBLE("advisors.busy_inefficient.sm_efficiency", 0.0, 1.0,
-                gpu_advisors.inefficient_sm_efficiency),
-      TP_DOUBLE("advisors.host_sync.threshold", 0.0, 1.0, gpu_advisors.host_sync_threshold),
-      TP_DOUBLE("advisors.pageable_copies.threshold", 0.0, 1.0, gpu_advisors.pageable_threshold),
-      TP_DOUBLE("advisors.launch_bound.threshold", 0.0, 1.0, gpu_advisors.launch_bound_threshold),
-      TP_DOUBLE("advisors.precision.fp32_matmul_threshold", 0.0, 1.0,
-                gpu_advisors.fp32_matmul_threshold),
-      TP_DOUBLE("advisors.attention.unfused_threshold", 0.0, 1.0,
-                gpu_advisors.unfused_attention_threshold),
-      TP_DOUBLE("advisors.low_mfu.threshold", 0.0, 1.0, gpu_advisors.low_mfu_threshold),
-      TP_INT("autotune.warmup_steps", 0, 1e9, autotune.warmup_steps),
-      TP_DOUBLE("autotune.warmup_seconds", 0.0, 86400.0, autotune.warmup_seconds),
-      TP_INT("autotune.settle_steps", 0, 10000, autotune.settle_steps),
-      TP_INT("autotune.measure_steps", 3, 10000, autotune.measure_steps),
-      TP_DOUBLE("autotune.min_window_ms", 0.0, 600000.0, autotune.min_window_ms),
-      TP_DOUBLE("autotune.noise_margin", 0.0, 0.5, autotune.noise_margin),
-      TP_INT("autotune.max_workers", 0, 1024, autotune.max_workers),
+       [](const Config& c) -> std::string { return c.log.level; },
+       [](Config& c, const Value& v) { c.log.level = v.s; }},
+      TP_STRING(log.json_path),
+      TP_INT(records.step_history, 16, 1 << 24),
+      TP_DOUBLE(advisors.data_starvation.threshold, 0.0, 1.0),
+      TP_DOUBLE(advisors.data_starvation.high_severity, 0.0, 1.0),
+      TP_DOUBLE(advisors.busy_inefficient.utilization, 0.0, 1.0),
+      TP_DOUBLE(advisors.busy_inefficient.sm_efficiency, 0.0, 1.0),
+      TP_DOUBLE(advisors.host_sync.threshold, 0.0, 1.0),
+      TP_DOUBLE(advisors.pageable_copies.threshold, 0.0, 1.0),
+      TP_DOUBLE(advisors.launch_bound.threshold, 0.0, 1.0),
+      TP_DOUBLE(advisors.precision.fp32_matmul_threshold, 0.0, 1.0),
+      TP_DOUBLE(advisors.attention.unfused_threshold, 0.0, 1.0),
+      TP_DOUBLE(advisors.low_mfu.threshold, 0.0, 1.0),
+      TP_INT(autotune.warmup_steps, 0, 1e9),
+      TP_DOUBLE(autotune.warmup_seconds, 0.0, 86400.0),
+      TP_INT(autotune.settle_steps, 0, 10000),
+      TP_INT(autotune.measure_steps, 3, 10000),
+      TP_DOUBLE(autotune.min_window_ms, 0.0, 600000.0),
+      TP_DOUBLE(autotune.noise_margin, 0.0, 0.5),
+      TP_INT(autotune.max_workers, 0, 1024),
       {"autotune.prefetch_choices",
        Type::kIntList,
        1,
@@ -120,27 +124,27 @@ const std::vector<KeySpec>& schema() {
        [](Config& c, const Value& v) {
          c.autotune.prefetch_choices.assign(v.list.begin(), v.list.end());
        }},
-      TP_BOOL("autotune.tune_pin_memory", autotune.tune_pin_memory),
-      TP_BOOL("autotune.tune_device_prefetch", autotune.tune_device_prefetch),
-      TP_BOOL("gpu.enabled", gpu.enabled),
-      TP_INT("gpu.device", 0, 1023, gpu.device),
-      TP_BOOL("gpu.pm_sampling", gpu.pm_sampling),
-      TP_DOUBLE("gpu.pm_interval_ms", 0.1, 1000.0, gpu.pm_interval_ms),
-      TP_BOOL("gpu.nvml", gpu.nvml),
-      TP_DOUBLE("gpu.nvml_interval_ms", 10.0, 60000.0, gpu.nvml_interval_ms),
-      TP_BOOL("gpu.nvtx", gpu.nvtx),
-      TP_BOOL("gpu.activity", gpu.activity),
-      TP_INT("gpu.trace_first_step", 0, 1e9, gpu.trace_first_step),
-      TP_INT("gpu.trace_steps", 1, 100000, gpu.trace_steps),
-      TP_INT("gpu.trace_every_epochs", 0, 1000000, gpu.trace_every_epochs),
-      TP_DOUBLE("gpu.trace_anomaly_factor", 0.0, 1000.0, gpu.trace_anomaly_factor),
-      TP_INT("gpu.trace_buffer_mb", 1, 4096, gpu.trace_buffer_mb),
-      TP_STRING("gpu.cupti_path", gpu.cupti_path),
-      TP_DOUBLE("flops.peak_tflops", 0.0, 1e6, flops.peak_tflops),
-      TP_INT("flops.skip_steps", 0, 1000000, flops.skip_steps),
-      TP_INT("flops.count_steps", 1, 10000, flops.count_steps),
-      TP_INT("flops.recount_every_steps", 0, 1e9, flops.recount_every_steps),
-      TP_BOOL("flops.allow_tf32", flops.allow_tf32),
+      TP_BOOL(autotune.tune_pin_memory),
+      TP_BOOL(autotune.tune_device_prefetch),
+      TP_BOOL(gpu.enabled),
+      TP_INT(gpu.device, 0, 1023),
+      TP_BOOL(gpu.pm_sampling),
+      TP_DOUBLE(gpu.pm_interval_ms, 0.1, 1000.0),
+      TP_BOOL(gpu.nvml),
+      TP_DOUBLE(gpu.nvml_interval_ms, 10.0, 60000.0),
+      TP_BOOL(gpu.nvtx),
+      TP_BOOL(gpu.activity),
+      TP_INT(gpu.trace_first_step, 0, 1e9),
+      TP_INT(gpu.trace_steps, 1, 100000),
+      TP_INT(gpu.trace_every_epochs, 0, 1000000),
+      TP_DOUBLE(gpu.trace_anomaly_factor, 0.0, 1000.0),
+      TP_INT(gpu.trace_buffer_mb, 1, 4096),
+      TP_STRING(gpu.cupti_path),
+      TP_DOUBLE(flops.peak_tflops, 0.0, 1e6),
+      TP_INT(flops.skip_steps, 0, 1000000),
+      TP_INT(flops.count_steps, 1, 10000),
+      TP_INT(flops.recount_every_steps, 0, 1e9),
+      TP_BOOL(flops.allow_tf32),
   };
   return table;
 }
@@ -276,7 +280,7 @@ void apply_yaml_node(Config& config, const YAML::Node& node, const std::string& 
 
 // Cross-key rules that no single key can check.
 void check_cross_keys(const Config& c, const std::string& source) {
-  if (c.data_starvation.high_severity < c.data_starvation.threshold) {
+  if (c.advisors.data_starvation.high_severity < c.advisors.data_starvation.threshold) {
     throw ConfigError(source, "advisors.data_starvation.high_severity",
                       "must not be below advisors.data_starvation.threshold");
   }

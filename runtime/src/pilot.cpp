@@ -127,15 +127,15 @@ Pilot::Pilot(Config config, PilotOptions options)
       logger_(options.logger ? options.logger : torchpilot_logger()->clone("torchpilot")) {
   validate(config_);  // a Config built in code gets the same checks as a file
   // A logger handed in keeps its level.
-  if (!options.logger) logger_->set_level(spdlog::level::from_str(config_.log_level));
+  if (!options.logger) logger_->set_level(spdlog::level::from_str(config_.log.level));
   if (config_.mode == Mode::kOff) return;
-  history_.reserve(static_cast<size_t>(config_.step_history));
+  history_.reserve(static_cast<size_t>(config_.records.step_history));
   sinks_.push_back(make_log_sink(logger_));
-  if (!config_.json_path.empty()) sinks_.push_back(make_json_lines_sink(config_.json_path));
+  if (!config_.log.json_path.empty()) sinks_.push_back(make_json_lines_sink(config_.log.json_path));
   for (auto& s : options.sinks) sinks_.push_back(std::move(s));
   sink_failed_.assign(sinks_.size(), false);
   logger_->info("mode {}{}", to_string(config_.mode),
-                config_.json_path.empty() ? "" : ", records to " + config_.json_path);
+                config_.log.json_path.empty() ? "" : ", records to " + config_.log.json_path);
   if (!options.default_collectors) {
     for (auto& c : options.collectors) add_collector(std::move(c));
     return;
@@ -312,7 +312,7 @@ void Pilot::end_step() {
   last_boundary_ns_ = now;
   step_open_ = false;
 
-  if (history_.size() < static_cast<size_t>(config_.step_history)) {
+  if (history_.size() < static_cast<size_t>(config_.records.step_history)) {
     history_.push_back(r);
   } else {
     history_[history_next_] = r;

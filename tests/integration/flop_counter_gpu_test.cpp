@@ -26,7 +26,7 @@ struct GpuHarness {
   GpuHarness() {
     Config c;
     c.mode = Mode::kAdvise;
-    c.log_level = "warn";
+    c.log.level = "warn";
     c.gpu.enabled = false;  // the FLOP counter alone
     c.flops.skip_steps = 0;
     c.flops.count_steps = 1;

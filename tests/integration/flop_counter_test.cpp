@@ -25,7 +25,7 @@ constexpr size_t P(MathPrecision p) { return static_cast<size_t>(p); }
 Config flop_config(int skip, int count, double peak_tflops = 0) {
   Config c;
   c.mode = Mode::kAdvise;
-  c.log_level = "warn";
+  c.log.level = "warn";
   c.gpu.enabled = false;
   c.flops.skip_steps = skip;
   c.flops.count_steps = count;

@@ -39,7 +39,7 @@ using Stacked = decltype(stacked(1));
 torchpilot::Config quiet_config(torchpilot::Mode mode) {
   torchpilot::Config c;
   c.mode = mode;
-  c.log_level = "warn";
+  c.log.level = "warn";
   return c;
 }
 

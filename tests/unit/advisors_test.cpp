@@ -53,7 +53,7 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-const DataStarvationConfig kConfig;  // threshold 0.05, high severity 0.25
+const AdvisorsConfig kConfig;  // defaults: data_starvation threshold 0.05, high severity 0.25
 
 TEST(DataStarvationTest, PlantedStarvationIsHighSeverityWithNumbers) {
   const EpochSummary s = make_summary(100, 100.0, 60.0);
@@ -92,9 +92,9 @@ TEST(DataStarvationTest, HealthyRunGivesNothing) {
 }
 
 TEST(DataStarvationTest, ThresholdEdges) {
-  DataStarvationConfig config;
-  config.threshold = 0.125;  // exactly representable
-  config.high_severity = 0.5;
+  AdvisorsConfig config;
+  config.data_starvation.threshold = 0.125;  // exactly representable
+  config.data_starvation.high_severity = 0.5;
   EpochSummary s = make_summary(8, 100.0, 12.5);
   ASSERT_DOUBLE_EQ(s.data_wait_fraction, 0.125);
   EXPECT_FALSE(advise_data_starvation(s, config).has_value()) << "at the threshold: no advice";
@@ -112,13 +112,13 @@ TEST(DataStarvationTest, ThresholdEdges) {
 
 TEST(DataStarvationTest, ThresholdsComeFromTheConfig) {
   const EpochSummary s = make_summary(100, 100.0, 20.0);
-  DataStarvationConfig strict;
-  strict.threshold = 0.01;
-  strict.high_severity = 0.1;
+  AdvisorsConfig strict;
+  strict.data_starvation.threshold = 0.01;
+  strict.data_starvation.high_severity = 0.1;
   EXPECT_EQ(advise_data_starvation(s, strict)->severity, Severity::kHigh);
-  DataStarvationConfig lax;
-  lax.threshold = 0.3;
-  lax.high_severity = 0.5;
+  AdvisorsConfig lax;
+  lax.data_starvation.threshold = 0.3;
+  lax.data_starvation.high_severity = 0.5;
   EXPECT_FALSE(advise_data_starvation(s, lax).has_value());
 }
 
@@ -265,9 +265,9 @@ TEST(RunAdvisorsTest, HealthyVersusStarved) {
   EXPECT_EQ(advice[0].id, "data_starvation");
   EXPECT_EQ(advice[0].severity, Severity::kHigh);
   EXPECT_NEAR(*evidence(advice[0], "data_wait_fraction"), 0.6, 1e-12);
-  // The thresholds come from config.data_starvation.
-  config.data_starvation.threshold = 0.7;
-  config.data_starvation.high_severity = 0.8;
+  // The thresholds come from config.advisors.data_starvation.
+  config.advisors.data_starvation.threshold = 0.7;
+  config.advisors.data_starvation.high_severity = 0.8;
   EXPECT_TRUE(run_advisors(make_summary(200, 50.0, 30.0), config).empty());
 }
 
@@ -280,7 +280,7 @@ TEST(SeverityTest, Names) {
 // Steps that are all waiting (or a wait measured past the step): no overflowing worker count, no
 // absurd gain.
 TEST(DataStarvationTest, AllWaitingStepsGiveBoundedAdvice) {
-  DataStarvationConfig config;
+  AdvisorsConfig config;
   for (double wait : {10.0, 12.0}) {
     EpochSummary s = make_summary(10, 10.0, wait);
     s.sections.set<LoaderStats>(make_loader(0, 5000.0, 8));  // five seconds a batch

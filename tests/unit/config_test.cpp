@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -105,11 +106,11 @@ using torchpilot_test::TempDir;
 TEST(ConfigTest, Defaults) {
   const Config c;
   EXPECT_EQ(c.mode, Mode::kAdvise);
-  EXPECT_EQ(c.log_level, "info");
-  EXPECT_EQ(c.json_path, "");
-  EXPECT_EQ(c.step_history, 4096);
-  EXPECT_DOUBLE_EQ(c.data_starvation.threshold, 0.05);
-  EXPECT_DOUBLE_EQ(c.data_starvation.high_severity, 0.25);
+  EXPECT_EQ(c.log.level, "info");
+  EXPECT_EQ(c.log.json_path, "");
+  EXPECT_EQ(c.records.step_history, 4096);
+  EXPECT_DOUBLE_EQ(c.advisors.data_starvation.threshold, 0.05);
+  EXPECT_DOUBLE_EQ(c.advisors.data_starvation.high_severity, 0.25);
   EXPECT_EQ(c.autotune.warmup_steps, 200);
   EXPECT_DOUBLE_EQ(c.autotune.warmup_seconds, 10);
   EXPECT_EQ(c.autotune.settle_steps, 3);
@@ -151,6 +152,14 @@ TEST(ConfigTest, EveryKeyIsDocumentedInDefaultYaml) {
   }
 }
 
+TEST(ConfigTest, EveryKeyIsListedInConfigurationDoc) {
+  const std::string doc = read_file(std::string(TORCHPILOT_SOURCE_DIR) + "/docs/configuration.md");
+  ASSERT_FALSE(doc.empty());
+  for (const auto& key : config_keys()) {
+    EXPECT_NE(doc.find("| `" + key + "` |"), std::string::npos) << key << " missing in the doc";
+  }
+}
+
 TEST(ConfigTest, ConfigKeysAreUniqueAndDotted) {
   const std::vector<std::string> keys = config_keys();
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
@@ -158,6 +167,59 @@ TEST(ConfigTest, ConfigKeysAreUniqueAndDotted) {
   for (const char* k : {"records.step_history", "advisors.data_starvation.threshold",
                         "autotune.prefetch_choices", "log.json_path"}) {
     EXPECT_NE(std::find(keys.begin(), keys.end(), k), keys.end()) << k;
+  }
+}
+
+// YAML text setting one dotted key: "a.b.c" and "v" give "a:\n  b:\n    c: v\n".
+std::string yaml_for_key(const std::string& key, const std::string& value) {
+  std::string out, indent;
+  size_t begin = 0;
+  for (size_t dot = key.find('.'); dot != std::string::npos; dot = key.find('.', begin)) {
+    out += indent + key.substr(begin, dot - begin) + ":\n";
+    indent += "  ";
+    begin = dot + 1;
+  }
+  return out + indent + key.substr(begin) + ": " + value + "\n";
+}
+
+// The schema table is consistent: each key reads and writes its own field, and no other key's.
+// For every key, a YAML file setting only that key to a valid value other than its default changes
+// config_values() at exactly that key; the key's TORCHPILOT_* variable does the same.
+TEST(ConfigTest, EveryKeySetsExactlyItsOwnValue) {
+  const auto defaults = config_values(Config());
+  // Candidate values, tried in order; a key takes the first one that loads and differs from its
+  // default (ints reject fractions, booleans and numbers reject words, and so on).
+  const std::vector<std::string> candidates = {
+      "0.125", "17", "1", "0", "[3]", "debug", "off", "/tmp/torchpilot-key.jsonl"};
+  for (const auto& key : config_keys()) {
+    SCOPED_TRACE(key);
+    bool found = false;
+    for (const auto& value : candidates) {
+      Config c;
+      try {
+        c = Config::from_yaml_string(yaml_for_key(key, value));
+      } catch (const ConfigError&) {
+        continue;  // not a valid value of this key
+      }
+      const auto values = config_values(c);
+      ASSERT_EQ(values.size(), defaults.size());
+      std::vector<std::string> changed;
+      for (size_t i = 0; i < values.size(); ++i) {
+        EXPECT_EQ(values[i].first, defaults[i].first);
+        if (values[i].second != defaults[i].second) changed.push_back(values[i].first);
+      }
+      if (changed.empty()) continue;  // the default itself
+      EXPECT_EQ(changed, std::vector<std::string>{key}) << "value " << value;
+      // The environment variable sets the same field.
+      std::string name = "TORCHPILOT_";
+      for (char ch : key) name += ch == '.' ? '_' : static_cast<char>(std::toupper(ch));
+      Config from_env;
+      apply_env_overrides(from_env, {{name, value == "[3]" ? "3" : value}});
+      expect_config_eq(from_env, c);
+      found = true;
+      break;
+    }
+    EXPECT_TRUE(found) << "no candidate value loads and changes " << key;
   }
 }
 
@@ -184,11 +246,11 @@ autotune:
   tune_device_prefetch: no
 )");
   EXPECT_EQ(c.mode, Mode::kAutotune);
-  EXPECT_EQ(c.log_level, "debug");
-  EXPECT_EQ(c.json_path, "/tmp/records.jsonl");
-  EXPECT_EQ(c.step_history, 64);
-  EXPECT_DOUBLE_EQ(c.data_starvation.threshold, 0.1);
-  EXPECT_DOUBLE_EQ(c.data_starvation.high_severity, 0.4);
+  EXPECT_EQ(c.log.level, "debug");
+  EXPECT_EQ(c.log.json_path, "/tmp/records.jsonl");
+  EXPECT_EQ(c.records.step_history, 64);
+  EXPECT_DOUBLE_EQ(c.advisors.data_starvation.threshold, 0.1);
+  EXPECT_DOUBLE_EQ(c.advisors.data_starvation.high_severity, 0.4);
   EXPECT_EQ(c.autotune.warmup_steps, 120);
   EXPECT_EQ(c.autotune.settle_steps, 2);
   EXPECT_EQ(c.autotune.measure_steps, 5);
@@ -377,7 +439,7 @@ TEST(ConfigTest, HighSeverityBelowThreshold) {
   // Equal is fine.
   const Config c = Config::from_yaml_string(
       "advisors:\n  data_starvation:\n    threshold: 0.3\n    high_severity: 0.3\n");
-  EXPECT_DOUBLE_EQ(c.data_starvation.high_severity, 0.3);
+  EXPECT_DOUBLE_EQ(c.advisors.data_starvation.high_severity, 0.3);
   // Only the threshold, above the default high_severity (0.25).
   const ConfigError e2 = yaml_error("advisors:\n  data_starvation:\n    threshold: 0.5\n");
   EXPECT_EQ(e2.key(), "advisors.data_starvation.high_severity");
@@ -398,10 +460,10 @@ TEST(ConfigTest, EnvironmentOverrides) {
                                      {"TORCHPILOT_AUTOTUNE_TUNE_DEVICE_PREFETCH", "0"}});
   Config expected;
   expected.mode = Mode::kAutotune;
-  expected.log_level = "warn";
-  expected.json_path = "/tmp/x.jsonl";
-  expected.step_history = 32;
-  expected.data_starvation.threshold = 0.1;
+  expected.log.level = "warn";
+  expected.log.json_path = "/tmp/x.jsonl";
+  expected.records.step_history = 32;
+  expected.advisors.data_starvation.threshold = 0.1;
   expected.autotune.warmup_steps = 64;
   expected.autotune.noise_margin = 0.02;
   expected.autotune.prefetch_choices = {1, 2, 4};
@@ -465,8 +527,8 @@ TEST(ConfigTest, EnvironmentErrors) {
   Config c;
   apply_env_overrides(c, {{"TORCHPILOT_ADVISORS_DATA_STARVATION_THRESHOLD", "0.5"},
                           {"TORCHPILOT_ADVISORS_DATA_STARVATION_HIGH_SEVERITY", "0.6"}});
-  EXPECT_DOUBLE_EQ(c.data_starvation.threshold, 0.5);
-  EXPECT_DOUBLE_EQ(c.data_starvation.high_severity, 0.6);
+  EXPECT_DOUBLE_EQ(c.advisors.data_starvation.threshold, 0.5);
+  EXPECT_DOUBLE_EQ(c.advisors.data_starvation.high_severity, 0.6);
 }
 
 TEST(ConfigTest, EnvironmentIgnoresConfigPathAndOtherVariables) {
@@ -517,13 +579,13 @@ TEST(ConfigValidate, CodeBuiltConfigsGetTheSameChecks) {
     EXPECT_EQ(e.key(), "autotune.measure_steps");
   }
   torchpilot::Config level;
-  level.log_level = "loud";
+  level.log.level = "loud";
   EXPECT_THROW(torchpilot::validate(level), torchpilot::ConfigError);
   torchpilot::Config choices;
   choices.autotune.prefetch_choices = {2, 0};
   EXPECT_THROW(torchpilot::validate(choices), torchpilot::ConfigError);
   torchpilot::Config pilot_config;
-  pilot_config.step_history = 0;
+  pilot_config.records.step_history = 0;
   EXPECT_THROW(torchpilot::Pilot{pilot_config}, torchpilot::ConfigError);
 }
 

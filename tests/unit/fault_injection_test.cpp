@@ -308,12 +308,12 @@ TEST(FaultInjection, AThrowingGpuBackendNeverTerminatesTheProgram) {
 
 TEST(FaultInjection, ASecondPilotKeepsTheFirstOnesLogLevel) {
   Config debug;
-  debug.log_level = "debug";
+  debug.log.level = "debug";
   debug.gpu.enabled = false;
   Pilot first(debug);
   EXPECT_EQ(first.logger().level(), spdlog::level::debug);
   Config quiet;
-  quiet.log_level = "error";
+  quiet.log.level = "error";
   quiet.gpu.enabled = false;
   Pilot second(quiet);
   EXPECT_EQ(second.logger().level(), spdlog::level::err);

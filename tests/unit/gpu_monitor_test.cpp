@@ -473,7 +473,7 @@ EpochSummary traced_summary() {
 
 TEST(GpuAdvisorsTest, HealthyRunGetsNoGpuAdvice) {
   const EpochSummary s = traced_summary();
-  const GpuAdvisorConfig c;
+  const AdvisorsConfig c;
   EXPECT_FALSE(advise_busy_inefficient(s, c));
   EXPECT_FALSE(advise_host_sync(s, c));
   EXPECT_FALSE(advise_pageable_copies(s, c));
@@ -489,14 +489,14 @@ TEST(GpuAdvisorsTest, HostSyncStallIsFound) {
   s.sections.get<GpuEpochStats>()->stats.host_sync_ns = 200 * kMs;
   s.sections.get<GpuEpochStats>()->stats.idle_host_sync_ns = 150 * kMs;
   s.sections.get<GpuEpochStats>()->stats.host_syncs = 10;
-  const auto a = advise_host_sync(s, GpuAdvisorConfig{});
+  const auto a = advise_host_sync(s, AdvisorsConfig{});
   ASSERT_TRUE(a);
   EXPECT_NEAR(a->expected_gain, 0.15 / 0.85, 1e-9);
   EXPECT_NE(a->finding.find("1.0 per step"), std::string::npos) << a->finding;
   // A host blocked while the GPU stays busy (a sync on a long kernel) costs nothing: no advice.
   s.sections.get<GpuEpochStats>()->stats.host_sync_ns = 990 * kMs;
   s.sections.get<GpuEpochStats>()->stats.idle_host_sync_ns = 1 * kMs;
-  EXPECT_FALSE(advise_host_sync(s, GpuAdvisorConfig{}));
+  EXPECT_FALSE(advise_host_sync(s, AdvisorsConfig{}));
 }
 
 TEST(GpuAdvisorsTest, PageableCopiesAreFound) {
@@ -504,19 +504,19 @@ TEST(GpuAdvisorsTest, PageableCopiesAreFound) {
   s.sections.get<GpuEpochStats>()->stats.h2d_bytes = 100000000;
   s.sections.get<GpuEpochStats>()->stats.h2d_pageable_bytes = 100000000;
   s.sections.get<GpuEpochStats>()->stats.h2d_pageable_ns = 100 * kMs;
-  const auto a = advise_pageable_copies(s, GpuAdvisorConfig{});
+  const auto a = advise_pageable_copies(s, AdvisorsConfig{});
   ASSERT_TRUE(a);
   EXPECT_NE(a->action.find("pin"), std::string::npos);
   s.sections.get<GpuEpochStats>()->stats.h2d_pageable_ns =
       1 * kMs;  // 0.1% of the time: below the threshold
-  EXPECT_FALSE(advise_pageable_copies(s, GpuAdvisorConfig{}));
+  EXPECT_FALSE(advise_pageable_copies(s, AdvisorsConfig{}));
 }
 
 TEST(GpuAdvisorsTest, LaunchBoundStepsAreFound) {
   EpochSummary s = traced_summary();
   s.sections.get<GpuEpochStats>()->stats.gpu_utilization = 0.4;
   s.sections.get<GpuEpochStats>()->stats.idle_launch_gap_ns = 500 * kMs;
-  const auto a = advise_launch_bound(s, GpuAdvisorConfig{});
+  const auto a = advise_launch_bound(s, AdvisorsConfig{});
   ASSERT_TRUE(a);
   EXPECT_NEAR(a->expected_gain, 1.0, 1e-9);
   EXPECT_NE(a->finding.find("100 kernels per step"), std::string::npos) << a->finding;
@@ -529,7 +529,7 @@ TEST(GpuAdvisorsTest, BusyInefficientUsesTheEstimateWithoutCounters) {
   s.sections.get<GpuEpochStats>()->stats.estimated_sm_efficiency = 0.2;
   s.sections.get<GpuEpochStats>()->top_kernels = {
       {"softmax_warp_forward", 100, 600 * kMs, 0.1, 0.1}};
-  const auto a = advise_busy_inefficient(s, GpuAdvisorConfig{});
+  const auto a = advise_busy_inefficient(s, AdvisorsConfig{});
   ASSERT_TRUE(a);
   EXPECT_NE(a->finding.find("estimated"), std::string::npos);
   EXPECT_NE(a->cause.find("softmax_warp_forward"), std::string::npos);

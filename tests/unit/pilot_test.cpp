@@ -318,7 +318,7 @@ TEST(PilotTest, HealthyRunSaysNoAdvice) {
 TEST(PilotTest, RingBufferIsBoundedByStepHistory) {
   Harness h;
   Config config = advise_config();
-  config.step_history = 16;
+  config.records.step_history = 16;
   Pilot pilot(config, h.options());
   for (int i = 0; i < 10; ++i) run_step(pilot, *h.clock, 0, (i + 1) * kMs);
   ASSERT_EQ(pilot.recent_steps().size(), 10u);
@@ -336,7 +336,7 @@ TEST(PilotTest, RingBufferIsBoundedByStepHistory) {
 TEST(PilotTest, EmptyStepHistoryIsAConfigError) {
   Harness h;
   Config config = advise_config();
-  config.step_history = 0;  // built in code: no loader checked the range
+  config.records.step_history = 0;  // built in code: no loader checked the range
   try {
     Pilot pilot(config, h.options());
     FAIL() << "no ConfigError";
@@ -426,7 +426,7 @@ TEST(PilotTest, JsonLinesSinkOnUnwritablePathThrows) {
                std::runtime_error);
   Harness h;
   Config config = advise_config();
-  config.json_path = "/nonexistent-dir/torchpilot/records.jsonl";
+  config.log.json_path = "/nonexistent-dir/torchpilot/records.jsonl";
   EXPECT_THROW(Pilot(config, h.options()), std::runtime_error);
 }
 
@@ -599,7 +599,7 @@ TEST(PilotTest, JsonLinesRecordsAreValidJsonWithDocumentedTypes) {
   config.mode = Mode::kAutotune;
   config.autotune.min_window_ms = 0;  // windows and budget in steps only
   config.autotune.warmup_seconds = 0;
-  config.json_path = path;
+  config.log.json_path = path;
   int64_t steps = 0;
   size_t trials = 0;
   {
@@ -701,7 +701,7 @@ long resident_kib() {
 TEST(PilotSoak, AMillionStepsKeepMemoryBounded) {
   auto clock = std::make_shared<ManualClock>(0);
   Config config;
-  config.log_level = "off";
+  config.log.level = "off";
   PilotOptions options;
   options.clock = clock;
   Pilot pilot(config, options);
@@ -726,7 +726,7 @@ TEST(PilotSoak, AMillionStepsKeepMemoryBounded) {
   }
   const long after = resident_kib();
   EXPECT_EQ(pilot.steps(), 1000000);
-  EXPECT_EQ(pilot.recent_steps().size(), static_cast<size_t>(config.step_history));
+  EXPECT_EQ(pilot.recent_steps().size(), static_cast<size_t>(config.records.step_history));
   EXPECT_LT(after - before, 1024) << "resident memory grew by " << (after - before) << " KiB";
 }
 

@@ -70,7 +70,7 @@ EpochSummary make_summary(double step_ms, double wait_ms, FlopEpochStats flops) 
   return s;
 }
 
-const GpuAdvisorConfig kConfig;  // fp32 0.2, unfused attention 0.02, low MFU 0.3
+const AdvisorsConfig kConfig;  // fp32 0.2, unfused attention 0.02, low MFU 0.3
 const std::string kH100 = "NVIDIA H100 80GB HBM3";
 
 // ---- fp32 matmuls

@@ -18,9 +18,16 @@ namespace torchpilot {
 enum class Mode { kOff, kAdvise, kAutotune };
 const char* to_string(Mode mode);
 
-struct DataStarvationConfig {
-  double threshold = 0.05;      // data-wait fraction above which advice is given
-  double high_severity = 0.25;  // ... and above which it is high severity
+// A key is the path of the field it sets: key "log.level" sets Config::log.level, key
+// "advisors.low_mfu.threshold" sets Config::advisors.low_mfu.threshold (docs/configuration.md).
+
+struct LogConfig {
+  std::string level = "info";  // trace | debug | info | warn | error | off
+  std::string json_path;       // JSON-lines records; empty: none
+};
+
+struct RecordsConfig {
+  int step_history = 4096;  // per-step records kept in memory (ring buffer)
 };
 
 struct AutotuneConfig {
@@ -63,28 +70,52 @@ struct FlopConfig {
   bool allow_tf32 = false;      // opt-in: turn on TF32 for fp32 matmuls (changes numerics)
 };
 
-// Thresholds of the GPU, precision and fusion advisors (docs/advice.md).
-struct GpuAdvisorConfig {
-  double busy_utilization = 0.8;              // busy but inefficient: GPU utilization at least ...
-  double inefficient_sm_efficiency = 0.5;     // ... and SM efficiency below this
-  double host_sync_threshold = 0.05;          // host-sync stall: share of step time
-  double pageable_threshold = 0.02;           // pageable copies: share of step time
-  double launch_bound_threshold = 0.2;        // launch-bound: share of step time in launch gaps
-  double fp32_matmul_threshold = 0.2;         // share of matmul FLOPs in plain fp32
-  double unfused_attention_threshold = 0.02;  // share of model FLOPs in unfused attention
-  double low_mfu_threshold = 0.3;             // MFU below this gets a breakdown
+// Thresholds of the advisors (docs/advice.md), one section per rule.
+struct DataStarvationConfig {
+  double threshold = 0.05;      // data-wait fraction above which advice is given
+  double high_severity = 0.25;  // ... and above which it is high severity
+};
+struct BusyInefficientConfig {
+  double utilization = 0.8;    // busy but inefficient: GPU utilization at least ...
+  double sm_efficiency = 0.5;  // ... and SM efficiency below this
+};
+struct HostSyncConfig {
+  double threshold = 0.05;  // host-sync stall: share of step time
+};
+struct PageableCopiesConfig {
+  double threshold = 0.02;  // pageable copies: share of step time
+};
+struct LaunchBoundConfig {
+  double threshold = 0.2;  // launch-bound: share of step time in launch gaps
+};
+struct PrecisionConfig {
+  double fp32_matmul_threshold = 0.2;  // share of matmul FLOPs in plain fp32
+};
+struct AttentionConfig {
+  double unfused_threshold = 0.02;  // share of model FLOPs in unfused attention
+};
+struct LowMfuConfig {
+  double threshold = 0.3;  // MFU below this gets a breakdown
+};
+struct AdvisorsConfig {
+  DataStarvationConfig data_starvation;
+  BusyInefficientConfig busy_inefficient;
+  HostSyncConfig host_sync;
+  PageableCopiesConfig pageable_copies;
+  LaunchBoundConfig launch_bound;
+  PrecisionConfig precision;
+  AttentionConfig attention;
+  LowMfuConfig low_mfu;
 };
 
 struct Config {
   Mode mode = Mode::kAdvise;
-  std::string log_level = "info";  // trace | debug | info | warn | error | off
-  std::string json_path;           // JSON-lines records; empty: none
-  int step_history = 4096;         // per-step records kept in memory (ring buffer)
-  DataStarvationConfig data_starvation;
+  LogConfig log;
+  RecordsConfig records;
+  AdvisorsConfig advisors;
   AutotuneConfig autotune;
   GpuConfig gpu;
   FlopConfig flops;
-  GpuAdvisorConfig gpu_advisors;
 
   // Defaults, then TORCHPILOT_CONFIG's file if that variable is set, then TORCHPILOT_* overrides.
   static Config load();
