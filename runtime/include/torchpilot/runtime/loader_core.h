@@ -15,9 +15,9 @@
 // DataLoaderError for that batch in its turn. The next call delivers the batch's other samples as
 // a smaller batch, then the epoch goes on: only the failing samples are skipped. Nothing else
 // throws out of next(): a wait observer or wait clock that throws (anything, std or not) is caught
-// after the batch was taken, the batch is still delivered, the observer is disabled for good, and
-// the warning sink hears of it once. A warning sink that throws is dropped and the torchpilot
-// logger used instead.
+// after the batch was taken, the batch is still delivered, the observer is disabled (until one is
+// set again), and the warning sink hears of it once. A warning sink that throws is dropped and the
+// torchpilot logger used instead.
 //
 // Destruction (the way out): it stops the workers claiming, then waits for the batches still in
 // production (one per worker, plus the sample-by-sample retry of a batch whose dataset call
