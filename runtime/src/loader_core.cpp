@@ -5,8 +5,14 @@
 #include <time.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include "torchpilot/runtime/logging.h"
 
@@ -22,6 +28,90 @@ Nanos thread_cpu_ns() {
 
 }  // namespace
 
+// Everything the worker threads touch. Each worker thread holds a shared_ptr to it, so a thread
+// abandoned by ~LoaderCore (still inside `produce`) keeps it alive until it ends.
+class LoaderCore::Impl : public std::enable_shared_from_this<LoaderCore::Impl> {
+ public:
+  Impl(size_t dataset_size, LoaderOptions options, Produce produce, bool pin_available,
+       bool device_prefetch_available);
+  // Not joining anything: every thread was joined or detached by shutdown().
+  ~Impl() = default;
+
+  void shutdown();  // ~LoaderCore, consumer thread
+  void start_epoch();
+  Batch next();
+  size_t batches_per_epoch() const;
+  int64_t epoch() const;
+  void set_workers(int workers);
+  void set_prefetch(int prefetch);
+  bool set_pin_memory(bool on);
+  bool set_device_prefetch(bool on);
+  LoaderSettings settings() const;
+  LoaderStats stats() const;
+  void set_wait_observer(std::function<void(Nanos)> observer, std::shared_ptr<Clock> clock);
+  void set_warning_sink(WarningSink sink);
+
+ private:
+  struct Result {
+    Batch batch;        // with an error: the batch without its failing samples (or null)
+    std::string error;  // non-empty: production failed
+    std::optional<size_t> failed_sample;  // the first sample that fails on its own
+    size_t failed_count = 0;
+  };
+  struct WorkerSlot {
+    std::thread thread;
+    bool running = false;
+  };
+
+  void worker_loop(int id);
+  bool can_claim() const;                                 // under mu_
+  std::vector<size_t> batch_indices(size_t batch) const;  // under mu_; batch is a global number
+  std::vector<size_t> epoch_order(int64_t epoch) const;
+  Result run_produce(const std::vector<size_t>& indices, int worker, const LoaderSettings& s);
+  void ensure_workers();  // under mu_
+  // Consumer thread only. None of these throws.
+  void warn(const std::string& message) noexcept;
+  Nanos wait_now(const Clock*& used) noexcept;  // the wait clock's time; `used`: the clock read
+  void report_wait(Nanos waited) noexcept;
+  void disable_wait_observer(const std::string& what) noexcept;
+
+  const size_t dataset_size_;
+  const LoaderOptions options_;
+  const Produce produce_;
+  const bool pin_available_;
+  const bool device_prefetch_available_;
+  const int max_workers_;
+  std::shared_ptr<Clock> clock_;       // production timing (worker threads)
+  std::shared_ptr<Clock> wait_clock_;  // next()'s waits (consumer thread)
+
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;   // workers: work may be claimable, or they should exit
+  std::condition_variable ready_cv_;  // consumer: a batch became ready
+  std::condition_variable exit_cv_;   // shutdown(): a worker left worker_loop
+  LoaderSettings settings_;
+  bool stopping_ = false;
+  std::atomic<bool> stop_requested_{false};  // stopping_, readable without mu_ (retry loop)
+  bool started_ = false;                     // an epoch was started: workers may claim
+  bool epoch_active_ = false;                // the current epoch has batches left to deliver
+  int64_t epoch_ = -1;
+  uint64_t generation_ = 0;  // bumps when in-flight batches are dropped; their results are ignored
+  // Batch numbers are global: the current epoch is [base_, base_ + batches_per_epoch()), the next
+  // one follows. order_ and next_order_ are the two epochs' sample orders.
+  size_t base_ = 0;
+  std::vector<size_t> order_, next_order_;
+  size_t next_claim_ = 0;
+  size_t next_deliver_ = 0;
+  std::map<size_t, Result> ready_;
+  Batch partial_;  // the rest of a failed batch, delivered by the next next()
+  std::vector<WorkerSlot> slots_;
+  // Consumer thread only (set and called there): no lock.
+  std::function<void(Nanos)> wait_observer_;
+  WarningSink warning_sink_;
+
+  std::atomic<int64_t> batches_{0}, produce_count_{0}, produce_ns_{0}, produce_cpu_ns_{0},
+      blocked_count_{0}, wait_ns_{0};
+};
+
 int affinity_cpu_count() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -30,6 +120,33 @@ int affinity_cpu_count() {
 }
 
 LoaderCore::LoaderCore(size_t dataset_size, LoaderOptions options, Produce produce,
+                       bool pin_memory_available, bool device_prefetch_available)
+    : dataset_size_(dataset_size),
+      max_workers_(affinity_cpu_count()),
+      pin_available_(pin_memory_available),
+      device_prefetch_available_(device_prefetch_available),
+      impl_(std::make_shared<Impl>(dataset_size, std::move(options), std::move(produce),
+                                   pin_memory_available, device_prefetch_available)) {}
+
+LoaderCore::~LoaderCore() { impl_->shutdown(); }
+
+void LoaderCore::start_epoch() { impl_->start_epoch(); }
+LoaderCore::Batch LoaderCore::next() { return impl_->next(); }
+size_t LoaderCore::batches_per_epoch() const { return impl_->batches_per_epoch(); }
+int64_t LoaderCore::epoch() const { return impl_->epoch(); }
+void LoaderCore::set_workers(int workers) { impl_->set_workers(workers); }
+void LoaderCore::set_prefetch(int prefetch) { impl_->set_prefetch(prefetch); }
+bool LoaderCore::set_pin_memory(bool on) { return impl_->set_pin_memory(on); }
+bool LoaderCore::set_device_prefetch(bool on) { return impl_->set_device_prefetch(on); }
+LoaderSettings LoaderCore::settings() const { return impl_->settings(); }
+LoaderStats LoaderCore::stats() const { return impl_->stats(); }
+void LoaderCore::set_wait_observer(std::function<void(Nanos)> observer,
+                                   std::shared_ptr<Clock> clock) {
+  impl_->set_wait_observer(std::move(observer), std::move(clock));
+}
+void LoaderCore::set_warning_sink(WarningSink sink) { impl_->set_warning_sink(std::move(sink)); }
+
+LoaderCore::Impl::Impl(size_t dataset_size, LoaderOptions options, Produce produce,
                        bool pin_memory_available, bool device_prefetch_available)
     : dataset_size_(dataset_size),
       options_(std::move(options)),
@@ -46,6 +163,8 @@ LoaderCore::LoaderCore(size_t dataset_size, LoaderOptions options, Produce produ
   }
   if (options_.prefetch < 1)
     throw std::invalid_argument("torchpilot loader: prefetch must be >= 1");
+  if (options_.shutdown_timeout_ms < 0)
+    throw std::invalid_argument("torchpilot loader: shutdown_timeout_ms must be >= 0");
   slots_.resize(kMaxWorkers);
   settings_.workers = options_.workers;
   settings_.prefetch = options_.prefetch;
@@ -60,28 +179,63 @@ LoaderCore::LoaderCore(size_t dataset_size, LoaderOptions options, Produce produ
   }
 }
 
-LoaderCore::~LoaderCore() {
+void LoaderCore::Impl::shutdown() {
+  std::vector<std::thread> finished;
+  std::map<size_t, Result> dropped;
+  Batch dropped_partial;
+  int abandoned = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     stopping_ = true;
+    stop_requested_ = true;
+    work_cv_.notify_all();
+    // Wait for the batches in production, but not forever: a dataset call may never return.
+    const int64_t bound_ms = std::min<int64_t>(options_.shutdown_timeout_ms, int64_t{1} << 40);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(bound_ms);
+    exit_cv_.wait_until(lock, deadline, [&] {
+      return std::none_of(slots_.begin(), slots_.end(),
+                          [](const WorkerSlot& slot) { return slot.running; });
+    });
+    for (auto& slot : slots_) {
+      if (!slot.thread.joinable()) continue;
+      if (slot.running) {
+        // Still inside `produce`: let it be. The thread owns this Impl too (worker_loop's
+        // shared_ptr), so whatever it touches when the call returns is still there; it then sees
+        // stopping_, drops the batch and ends.
+        slot.thread.detach();
+        ++abandoned;
+      } else {
+        finished.push_back(std::move(slot.thread));  // it has left worker_loop: joins at once
+      }
+    }
+    // Batches made but not delivered go now, on this thread, even if an abandoned thread keeps
+    // this Impl alive for a while.
+    dropped.swap(ready_);
+    dropped_partial = std::move(partial_);
   }
-  work_cv_.notify_all();
-  for (auto& slot : slots_) {
-    if (slot.thread.joinable()) slot.thread.join();
+  for (auto& thread : finished) thread.join();
+  dropped.clear();
+  dropped_partial = nullptr;
+  if (abandoned > 0) {
+    warn("loader '" + options_.name + "': " + std::to_string(abandoned) + " worker thread" +
+         (abandoned == 1 ? " was" : "s were") + " still in a dataset call " +
+         std::to_string(options_.shutdown_timeout_ms) +
+         " ms after the loader's destruction began (shutdown_timeout_ms); abandoned them: their "
+         "threads are detached, their batches will be dropped");
   }
 }
 
-size_t LoaderCore::batches_per_epoch() const {
+size_t LoaderCore::Impl::batches_per_epoch() const {
   const size_t bs = options_.batch_size;
   return options_.drop_last ? dataset_size_ / bs : (dataset_size_ + bs - 1) / bs;
 }
 
-int64_t LoaderCore::epoch() const {
+int64_t LoaderCore::Impl::epoch() const {
   std::lock_guard<std::mutex> lock(mu_);
   return epoch_;
 }
 
-std::vector<size_t> LoaderCore::epoch_order(int64_t epoch) const {
+std::vector<size_t> LoaderCore::Impl::epoch_order(int64_t epoch) const {
   std::vector<size_t> order(dataset_size_);
   std::iota(order.begin(), order.end(), size_t{0});
   if (options_.shuffle) {
@@ -91,7 +245,8 @@ std::vector<size_t> LoaderCore::epoch_order(int64_t epoch) const {
   return order;
 }
 
-void LoaderCore::start_epoch() {
+void LoaderCore::Impl::start_epoch() {
+  std::string warning;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const size_t per_epoch = batches_per_epoch();
@@ -118,14 +273,15 @@ void LoaderCore::start_epoch() {
       ensure_workers();
     } catch (const std::exception& e) {
       // Fewer workers than asked for (settings_ says how many): load with those, say so once.
-      torchpilot_logger()->warn("loader '{}': only {} worker threads could be started: {}",
-                                options_.name, settings_.workers, e.what());
+      warning = "loader '" + options_.name + "': only " + std::to_string(settings_.workers) +
+                " worker threads could be started: " + e.what();
     }
   }
   work_cv_.notify_all();
+  if (!warning.empty()) warn(warning);  // not under mu_: the sink is the caller's code
 }
 
-bool LoaderCore::can_claim() const {
+bool LoaderCore::Impl::can_claim() const {
   const size_t window =
       static_cast<size_t>(std::max(1, settings_.workers)) * static_cast<size_t>(settings_.prefetch);
   // Claims may run one epoch ahead of the current one (its order is known), never further.
@@ -134,7 +290,7 @@ bool LoaderCore::can_claim() const {
   return started_ && next_claim_ < limit && next_claim_ < next_deliver_ + window;
 }
 
-std::vector<size_t> LoaderCore::batch_indices(size_t batch) const {
+std::vector<size_t> LoaderCore::Impl::batch_indices(size_t batch) const {
   // Global batch numbers: the current epoch starts at base_, the next one right after it.
   size_t local = batch - base_;
   const std::vector<size_t>* order = &order_;
@@ -147,8 +303,8 @@ std::vector<size_t> LoaderCore::batch_indices(size_t batch) const {
   return std::vector<size_t>(order->begin() + begin, order->begin() + end);
 }
 
-LoaderCore::Result LoaderCore::run_produce(const std::vector<size_t>& indices, int worker,
-                                           const LoaderSettings& s) {
+LoaderCore::Impl::Result LoaderCore::Impl::run_produce(const std::vector<size_t>& indices,
+                                                       int worker, const LoaderSettings& s) {
   Result r;
   const Nanos start = clock_->now_ns();
   const Nanos cpu_start = thread_cpu_ns();
@@ -174,6 +330,7 @@ LoaderCore::Result LoaderCore::run_produce(const std::vector<size_t>& indices, i
   plain.pin_memory = plain.device_prefetch = false;
   std::vector<size_t> good;
   for (size_t index : indices) {
+    if (stop_requested_.load()) break;  // shutting down: the batch is dropped anyway
     try {
       produce_({index}, worker, plain);
       good.push_back(index);
@@ -192,7 +349,7 @@ LoaderCore::Result LoaderCore::run_produce(const std::vector<size_t>& indices, i
   return r;
 }
 
-void LoaderCore::ensure_workers() {
+void LoaderCore::Impl::ensure_workers() {
   for (int id = 0; id < settings_.workers; ++id) {
     WorkerSlot& slot = slots_[id];
     if (slot.running) continue;
@@ -201,7 +358,8 @@ void LoaderCore::ensure_workers() {
     // Create first: if the system refuses a thread, the slot stays free (and the caller sees
     // std::system_error) instead of counting a worker that does not exist.
     try {
-      std::thread thread(&LoaderCore::worker_loop, this, id);
+      // The thread co-owns this Impl: see shutdown().
+      std::thread thread(&Impl::worker_loop, shared_from_this(), id);
       slot.running = true;
       slot.thread = std::move(thread);
     } catch (...) {
@@ -211,11 +369,12 @@ void LoaderCore::ensure_workers() {
   }
 }
 
-void LoaderCore::worker_loop(int id) {
+void LoaderCore::Impl::worker_loop(int id) {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     if (stopping_ || id >= settings_.workers) {
       slots_[id].running = false;
+      exit_cv_.notify_all();
       return;
     }
     if (!can_claim()) {
@@ -229,15 +388,16 @@ void LoaderCore::worker_loop(int id) {
     lock.unlock();
     Result r = run_produce(indices, id, s);
     lock.lock();
-    if (generation == generation_) {
+    if (generation == generation_ && !stopping_) {
       ready_.emplace(batch, std::move(r));
       ready_cv_.notify_all();
     }
   }
 }
 
-LoaderCore::Batch LoaderCore::next() {
-  const Nanos start = wait_clock_->now_ns();
+LoaderCore::Batch LoaderCore::Impl::next() {
+  const Clock* start_clock = nullptr;
+  const Nanos start = wait_now(start_clock);
   bool blocked = false;
   std::unique_lock<std::mutex> lock(mu_);
   if (partial_) {
@@ -281,11 +441,16 @@ LoaderCore::Batch LoaderCore::next() {
 
   batches_.fetch_add(1, std::memory_order_relaxed);
   if (blocked) {
-    const Nanos waited = wait_clock_->now_ns() - start;
+    // From here on nothing may throw before the batch is returned (or its error thrown): the
+    // batch is taken, and a lost batch would break exactly-once. wait_now() and report_wait()
+    // catch whatever the clock and the observer throw.
+    const Clock* end_clock = nullptr;
+    const Nanos end = wait_now(end_clock);
+    // A wait clock that failed in between was replaced: the two readings do not compare.
+    const Nanos waited = end_clock == start_clock ? std::max<Nanos>(0, end - start) : 0;
     blocked_count_.fetch_add(1, std::memory_order_relaxed);
     wait_ns_.fetch_add(waited, std::memory_order_relaxed);
-    // wait_observer_ is set on this (the consumer) thread only: no copy or lock needed.
-    if (wait_observer_) wait_observer_(waited);
+    report_wait(waited);
   }
   if (!r.error.empty()) {
     // The batch's other samples, if any, come with the next call.
@@ -304,7 +469,7 @@ LoaderCore::Batch LoaderCore::next() {
   return r.batch;
 }
 
-void LoaderCore::set_workers(int workers) {
+void LoaderCore::Impl::set_workers(int workers) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     settings_.workers = std::clamp(workers, 0, kMaxWorkers);
@@ -313,7 +478,7 @@ void LoaderCore::set_workers(int workers) {
   work_cv_.notify_all();  // surplus workers exit; the window may have grown
 }
 
-void LoaderCore::set_prefetch(int prefetch) {
+void LoaderCore::Impl::set_prefetch(int prefetch) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     settings_.prefetch = std::clamp(prefetch, 1, 1024);
@@ -321,24 +486,24 @@ void LoaderCore::set_prefetch(int prefetch) {
   work_cv_.notify_all();
 }
 
-bool LoaderCore::set_pin_memory(bool on) {
+bool LoaderCore::Impl::set_pin_memory(bool on) {
   std::lock_guard<std::mutex> lock(mu_);
   settings_.pin_memory = on && pin_available_;
   return settings_.pin_memory == on;
 }
 
-bool LoaderCore::set_device_prefetch(bool on) {
+bool LoaderCore::Impl::set_device_prefetch(bool on) {
   std::lock_guard<std::mutex> lock(mu_);
   settings_.device_prefetch = on && device_prefetch_available_;
   return settings_.device_prefetch == on;
 }
 
-LoaderSettings LoaderCore::settings() const {
+LoaderSettings LoaderCore::Impl::settings() const {
   std::lock_guard<std::mutex> lock(mu_);
   return settings_;
 }
 
-LoaderStats LoaderCore::stats() const {
+LoaderStats LoaderCore::Impl::stats() const {
   LoaderStats s;
   s.name = options_.name;
   s.tunable = true;
@@ -355,11 +520,73 @@ LoaderStats LoaderCore::stats() const {
   return s;
 }
 
-void LoaderCore::set_wait_observer(std::function<void(Nanos)> observer,
-                                   std::shared_ptr<Clock> clock) {
+void LoaderCore::Impl::set_wait_observer(std::function<void(Nanos)> observer,
+                                         std::shared_ptr<Clock> clock) {
   // Consumer thread only, like next(), which reads both without the lock.
   wait_observer_ = std::move(observer);
   wait_clock_ = clock ? std::move(clock) : clock_;
+}
+
+void LoaderCore::Impl::set_warning_sink(WarningSink sink) { warning_sink_ = std::move(sink); }
+
+void LoaderCore::Impl::warn(const std::string& message) noexcept {
+  if (warning_sink_) {
+    try {
+      warning_sink_(message);
+      return;
+    } catch (...) {
+      warning_sink_ = nullptr;  // a sink that throws is not called again
+      try {
+        torchpilot_logger()->warn("loader '{}': the warning sink threw; it is no longer used",
+                                  options_.name);
+      } catch (...) {
+      }
+    }
+  }
+  try {
+    torchpilot_logger()->warn("{}", message);
+  } catch (...) {
+  }
+}
+
+Nanos LoaderCore::Impl::wait_now(const Clock*& used) noexcept {
+  if (wait_clock_ != clock_) {
+    try {
+      used = wait_clock_.get();
+      return wait_clock_->now_ns();
+    } catch (const std::exception& e) {
+      disable_wait_observer(std::string("the wait clock threw: ") + e.what());
+    } catch (...) {
+      disable_wait_observer("the wait clock threw a non-standard exception");
+    }
+  }
+  used = clock_.get();
+  return clock_->now_ns();  // the steady clock: does not throw
+}
+
+void LoaderCore::Impl::report_wait(Nanos waited) noexcept {
+  if (!wait_observer_) return;
+  try {
+    wait_observer_(waited);
+  } catch (const std::exception& e) {
+    disable_wait_observer(std::string("the wait observer threw: ") + e.what());
+  } catch (...) {
+    disable_wait_observer("the wait observer threw a non-standard exception");
+  }
+}
+
+void LoaderCore::Impl::disable_wait_observer(const std::string& what) noexcept {
+  // The observer and its clock go together (the Pilot's record_data_wait and clock): both are
+  // dropped, the loader's own clock times its waits from now on, and the batch is delivered.
+  const bool had_observer = static_cast<bool>(wait_observer_);
+  wait_observer_ = nullptr;
+  wait_clock_ = clock_;
+  try {
+    warn("loader '" + options_.name + "': " + what + "; " +
+         (had_observer ? "the wait observer is disabled" : "the loader's own clock is used") +
+         " (the batch was delivered)");
+  } catch (...) {
+  }
 }
 
 }  // namespace torchpilot

@@ -2,7 +2,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <future>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -174,6 +179,82 @@ TEST(TunableLoader, DestroyedMidEpochWithBusyWorkersJoinsCleanly) {
     loader.reset();  // workers are mid-batch: must finish and join, not hang or crash
   }
   SUCCEED();
+}
+
+// Sample i is [i], but every get() waits for the gate to open (a dataset blocked for good).
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  std::atomic<int> entered{0};
+  std::atomic<int> left{0};
+};
+class GatedDataset : public torch::data::datasets::Dataset<GatedDataset> {
+ public:
+  GatedDataset(size_t size, std::shared_ptr<Gate> gate) : values_(size), gate_(std::move(gate)) {
+    for (size_t i = 0; i < size; ++i) values_[i] = static_cast<int64_t>(i);
+  }
+  torch::data::Example<> get(size_t i) override {
+    ++gate_->entered;
+    {
+      std::unique_lock<std::mutex> lock(gate_->mu);
+      gate_->cv.wait(lock, [&] { return gate_->open; });
+    }
+    // Reads this dataset copy after the wait: it must still exist when the loader is long gone.
+    const int64_t v = values_.at(i);
+    ++gate_->left;
+    return {torch::full({1}, static_cast<float>(v)), torch::tensor(v)};
+  }
+  torch::optional<size_t> size() const override { return values_.size(); }
+
+ private:
+  std::vector<int64_t> values_;
+  std::shared_ptr<Gate> gate_;
+};
+
+TEST(TunableLoader, DestroyedWhileTheDatasetBlocksReturnsAndAbandonsTheCall) {
+  auto gate = std::make_shared<Gate>();
+  auto open_gate = [gate] {
+    {
+      std::lock_guard<std::mutex> lock(gate->mu);
+      gate->open = true;
+    }
+    gate->cv.notify_all();
+  };
+  auto wait_for = [](const std::function<bool()>& done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!done() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return done();
+  };
+  torchpilot::Pilot pilot(quiet_config(torchpilot::Mode::kAdvise));
+  LoaderOptions options;
+  options.batch_size = 1;
+  options.workers = 2;
+  options.shutdown_timeout_ms = 200;
+  using Gated = decltype(GatedDataset(1, gate).map(torch::data::transforms::Stack<>()));
+  auto loader = std::make_unique<TunableLoader<Gated>>(
+      GatedDataset(50, gate).map(torch::data::transforms::Stack<>()), options);
+  loader->attach(pilot);  // the abandonment warning goes to the Pilot's log
+  loader->start_epoch();
+  ASSERT_TRUE(wait_for([&] { return gate->entered.load() == 2; }));
+
+  std::promise<void> destroyed;
+  std::future<void> done = destroyed.get_future();
+  std::thread destroyer([&] {
+    loader.reset();
+    destroyed.set_value();
+  });
+  const bool returned = done.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  if (!returned) open_gate();
+  destroyer.join();
+  ASSERT_TRUE(returned) << "destroying the loader hung on a blocked dataset call";
+
+  // The abandoned calls finish on their datasets, which the loader's destruction did not free.
+  open_gate();
+  ASSERT_TRUE(wait_for([&] { return gate->left.load() == 2; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(gate->entered.load(), 2);
 }
 
 TEST(TunableLoader, ReportsWaitsToThePilotAndEndsItsEpochs) {

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -293,6 +295,94 @@ TEST(LoaderCoreTest, DestructionMidEpochJoinsBusyWorkers) {
   EXPECT_EQ(counters->started.load(), started) << "no worker outlived the loader";
 }
 
+// A dataset call that never returns on its own: the loader's destruction waits for it only up to
+// shutdown_timeout_ms, then abandons the thread (which keeps what it uses alive) and says so once.
+TEST(LoaderCoreTest, DestructionAbandonsAProduceCallThatBlocks) {
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = false;
+    std::atomic<int> entered{0};
+    std::atomic<int> left{0};
+  };
+  auto gate = std::make_shared<Gate>();
+  LoaderCore::Produce blocking = [gate](const Indices& indices, int, const LoaderSettings&) {
+    ++gate->entered;
+    {
+      std::unique_lock<std::mutex> lock(gate->mu);
+      gate->cv.wait(lock, [&] { return gate->open; });
+    }
+    auto batch = std::make_shared<Indices>(indices);
+    ++gate->left;
+    return batch;
+  };
+  auto release = [gate] {
+    {
+      std::lock_guard<std::mutex> lock(gate->mu);
+      gate->open = true;
+    }
+    gate->cv.notify_all();
+  };
+  auto wait_for = [](const std::function<bool()>& done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!done() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return done();
+  };
+
+  LoaderOptions o = options(2, 2);
+  o.shutdown_timeout_ms = 200;
+  auto loader = std::make_unique<LoaderCore>(100, o, blocking, false, false);
+  auto warnings = std::make_shared<std::vector<std::string>>();
+  loader->set_warning_sink([warnings](const std::string& m) { warnings->push_back(m); });
+  loader->start_epoch();
+  ASSERT_TRUE(wait_for([&] { return gate->entered.load() == 2; })) << "both workers are blocked";
+
+  // Destroy on a helper thread so that a destructor that hangs fails the test instead of hanging
+  // it (the gate is then opened to let the destructor finish).
+  const auto begin = std::chrono::steady_clock::now();
+  std::promise<void> destroyed;
+  std::future<void> done = destroyed.get_future();
+  std::thread destroyer([&] {
+    loader.reset();
+    destroyed.set_value();
+  });
+  const bool returned = done.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  const auto elapsed = std::chrono::steady_clock::now() - begin;
+  if (!returned) release();
+  destroyer.join();
+  ASSERT_TRUE(returned) << "destruction hung on a blocked dataset call";
+  EXPECT_GE(elapsed, std::chrono::milliseconds(200)) << "it waited for the configured bound";
+  ASSERT_EQ(warnings->size(), 1u);
+  EXPECT_NE(warnings->front().find("2 worker threads"), std::string::npos) << warnings->front();
+  EXPECT_NE(warnings->front().find("abandoned"), std::string::npos) << warnings->front();
+  EXPECT_EQ(gate->left.load(), 0);
+
+  // The abandoned calls return later; their threads drop the results and end without touching
+  // the destroyed loader (run under valgrind or a sanitizer to see it), and claim nothing more.
+  release();
+  ASSERT_TRUE(wait_for([&] { return gate->left.load() == 2; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(gate->entered.load(), 2) << "no batch was claimed after destruction";
+  EXPECT_EQ(warnings->size(), 1u);
+}
+
+// Idle or quick workers do not make destruction wait for the bound, nor warn.
+TEST(LoaderCoreTest, DestructionWithQuickWorkersDoesNotWarn) {
+  auto warnings = std::make_shared<std::vector<std::string>>();
+  const auto begin = std::chrono::steady_clock::now();
+  {
+    LoaderOptions o = options(2, 3);
+    o.shutdown_timeout_ms = 60000;
+    LoaderCore loader(1000, o, echo_produce(500), false, false);
+    loader.set_warning_sink([warnings](const std::string& m) { warnings->push_back(m); });
+    loader.start_epoch();
+    ASSERT_NE(loader.next(), nullptr);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(30));
+  EXPECT_TRUE(warnings->empty());
+}
+
 TEST(LoaderCoreTest, DestructionWithoutEpochOrWithIdleWorkers) {
   { LoaderCore loader(10, options(2, 3), echo_produce(), false, false); }
   {
@@ -433,6 +523,98 @@ TEST(LoaderCoreTest, WaitObserverSeesEveryBlockingWait) {
   const LoaderStats s2 = loader.stats();
   EXPECT_EQ(calls, s2.blocked_count);
   EXPECT_EQ(total, s2.wait_ns);
+}
+
+// An observer that throws must not cost a batch nor throw into the loop: next() delivers the
+// batch, the observer is disabled after its first failure, and the sink hears of it once.
+TEST(LoaderCoreTest, ThrowingWaitObserverLosesNoBatch) {
+  for (int workers : {0, 2}) {
+    for (bool std_exception : {true, false}) {
+      SCOPED_TRACE("workers " + std::to_string(workers) +
+                   (std_exception ? ", std::runtime_error" : ", throw 7"));
+      LoaderCore loader(40, options(4, workers), echo_produce(workers == 0 ? 0 : 300), false,
+                        false);
+      int calls = 0;
+      loader.set_wait_observer(
+          [&](Nanos) {
+            if (++calls == 3) {
+              if (std_exception) throw std::runtime_error("observer broke");
+              throw 7;
+            }
+          },
+          nullptr);
+      std::vector<std::string> warnings;
+      loader.set_warning_sink([&](const std::string& m) { warnings.push_back(m); });
+      for (int epoch = 0; epoch < 2; ++epoch) {
+        loader.start_epoch();
+        std::vector<Indices> batches;
+        int thrown = 0;
+        while (true) {
+          LoaderCore::Batch b;
+          try {
+            b = loader.next();
+          } catch (...) {
+            ++thrown;
+            continue;
+          }
+          if (!b) break;
+          batches.push_back(as_indices(b));
+        }
+        EXPECT_EQ(thrown, 0) << "epoch " << epoch;
+        expect_exactly_once(flatten(batches), 40);
+      }
+      if (workers == 0) EXPECT_EQ(calls, 3) << "disabled after its first failure";
+      EXPECT_LE(calls, 3);
+      if (calls == 3) {
+        ASSERT_EQ(warnings.size(), 1u);
+        EXPECT_NE(warnings.front().find("wait observer"), std::string::npos) << warnings.front();
+        if (std_exception) EXPECT_NE(warnings.front().find("observer broke"), std::string::npos);
+      }
+    }
+  }
+}
+
+// A wait clock that throws (the Pilot's clock is the caller's) is as harmless, and so is a warning
+// sink that throws: the message then goes to the torchpilot logger.
+TEST(LoaderCoreTest, ThrowingWaitClockOrSinkLosesNoBatch) {
+  class FailingClock final : public Clock {
+   public:
+    Nanos now_ns() const override {
+      if (++calls_ == 4) throw std::runtime_error("clock broke");
+      return calls_ * 1000;
+    }
+
+   private:
+    mutable int calls_ = 0;
+  };
+  LoaderCore loader(40, options(4, 0), echo_produce(0), false, false);
+  int calls = 0;
+  loader.set_wait_observer([&](Nanos) { ++calls; }, std::make_shared<FailingClock>());
+  int sink_calls = 0;
+  loader.set_warning_sink([&](const std::string&) {
+    ++sink_calls;
+    throw 1;
+  });
+  loader.start_epoch();
+  std::vector<Indices> batches;
+  int thrown = 0;
+  while (true) {
+    LoaderCore::Batch b;
+    try {
+      b = loader.next();
+    } catch (...) {
+      ++thrown;
+      continue;
+    }
+    if (!b) break;
+    batches.push_back(as_indices(b));
+  }
+  EXPECT_EQ(thrown, 0);
+  expect_exactly_once(flatten(batches), 40);
+  EXPECT_EQ(sink_calls, 1);
+  const LoaderStats s = loader.stats();
+  EXPECT_EQ(s.batches, 10);
+  EXPECT_EQ(s.blocked_count, 10);
 }
 
 TEST(LoaderCoreTest, PinAndDevicePrefetchOnlyWhenAvailable) {

@@ -22,20 +22,27 @@
 // failing samples are skipped. To go on after one, use `while (auto b = loader.next())` inside
 // try/catch (an exception from the loop's ++ ends a range-for, and the next begin() starts a new
 // epoch).
-// Destroying the loader mid-epoch finishes batches in production and joins all threads.
+// Destroying the loader mid-epoch finishes batches in production and joins all threads, waiting
+// at most LoaderOptions::shutdown_timeout_ms: a dataset call still running then (say, blocked
+// for good) is abandoned in its detached thread, the attached Pilot's log says so, and its result
+// is dropped when it returns. The datasets are shared with those threads, so an abandoned call
+// never sees its dataset destroyed; neither the loader nor the Pilot need outlive it.
+// The warnings of the loader (a wait observer that failed, workers abandoned) go to the attached
+// Pilot's log, or to the torchpilot logger when none is attached.
 #pragma once
 
 #include <torch/data/example.h>
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <type_traits>
 #include <vector>
 
 #include "torchpilot/hooks/compat.h"
+#include "torchpilot/hooks/torch_transfer.h"
 #include "torchpilot/runtime/loader_core.h"
 #include "torchpilot/runtime/pilot.h"
-#include "torchpilot/hooks/torch_transfer.h"
 
 namespace torchpilot {
 
@@ -84,19 +91,24 @@ class TunableLoader final : public LoaderProbe {
   static constexpr bool kMovable = detail::has_tensors<Batch>::value;
 
   TunableLoader(Dataset dataset, LoaderOptions options)
-      : prototype_(std::move(dataset)),
-        inline_dataset_(prototype_),
-        worker_datasets_(LoaderCore::kMaxWorkers),
+      : shared_(std::make_shared<Shared>(std::move(dataset), options.device_index)),
         device_index_(options.device_index),
         core_(
-            dataset_size(prototype_), std::move(options),
-            [this](const std::vector<size_t>& indices, int worker, const LoaderSettings& s) {
-              return produce(indices, worker, s);
+            dataset_size(shared_->prototype), std::move(options),
+            // By value: an abandoned worker (see destruction above) may run this after the
+            // loader is gone.
+            [shared = shared_](const std::vector<size_t>& indices, int worker,
+                               const LoaderSettings& s) {
+              return produce(*shared, indices, worker, s);
             },
             kMovable && detail::pin_memory_available(),
             kMovable && detail::device_prefetch_available()) {}
 
   ~TunableLoader() override {
+    // Batches still in production are dropped: skip their pinning and GPU copies.
+    shared_->closing = true;
+    // The Pilot stays in pilot_ (and in the core's warning sink) until core_ is destroyed, so
+    // that a warning of its shutdown reaches the Pilot's log.
     if (pilot_ != nullptr) pilot_->detach_loader(this);
   }
   TunableLoader(const TunableLoader&) = delete;
@@ -110,6 +122,8 @@ class TunableLoader final : public LoaderProbe {
     pilot_ = &pilot;
     core_.set_wait_observer([p = &pilot](Nanos ns) { p->record_data_wait(ns); },
                             pilot.shared_clock());
+    core_.set_warning_sink(
+        [p = &pilot](const std::string& message) { p->log(LogLevel::kWarn, message); });
     pilot.attach_loader(this, make_knobs());
   }
 
@@ -179,6 +193,20 @@ class TunableLoader final : public LoaderProbe {
     Batch value;
     std::shared_ptr<void> copy_event;  // set when the batch was sent to the GPU ahead of use
   };
+  // What the workers use, owned with them: a worker abandoned by the core's bounded shutdown may
+  // still be inside a dataset call when the loader is destroyed.
+  struct Shared {
+    Shared(Dataset dataset, int device)
+        : prototype(std::move(dataset)),
+          inline_dataset(prototype),
+          worker_datasets(LoaderCore::kMaxWorkers),
+          device_index(device) {}
+    Dataset prototype;
+    Dataset inline_dataset;
+    std::vector<std::unique_ptr<Dataset>> worker_datasets;
+    const int device_index;
+    std::atomic<bool> closing{false};  // the loader is being destroyed
+  };
 
   static size_t dataset_size(const Dataset& dataset) {
     auto size = compat::to_std(dataset.size());
@@ -186,27 +214,27 @@ class TunableLoader final : public LoaderProbe {
     return *size;
   }
 
-  Dataset& dataset_for(int worker) {
-    if (worker < 0) return inline_dataset_;  // the training thread's own copy
-    auto& slot = worker_datasets_[static_cast<size_t>(worker)];
+  static Dataset& dataset_for(Shared& shared, int worker) {
+    if (worker < 0) return shared.inline_dataset;  // the training thread's own copy
+    auto& slot = shared.worker_datasets[static_cast<size_t>(worker)];
     // Only worker `worker` touches its slot; the prototype is never used to produce, so copying
     // it from several threads at once only reads it.
-    if (!slot) slot = std::make_unique<Dataset>(prototype_);
+    if (!slot) slot = std::make_unique<Dataset>(shared.prototype);
     return *slot;
   }
 
-  LoaderCore::Batch produce(const std::vector<size_t>& indices, int worker,
-                            const LoaderSettings& s) {
-    Dataset& dataset = dataset_for(worker);
+  static LoaderCore::Batch produce(Shared& shared, const std::vector<size_t>& indices, int worker,
+                                   const LoaderSettings& s) {
+    Dataset& dataset = dataset_for(shared, worker);
     auto staged = std::make_shared<Staged>(
         Staged{dataset.get_batch(typename Dataset::BatchRequestType(indices)), nullptr});
     if constexpr (kMovable) {
-      if (s.pin_memory || s.device_prefetch) {
+      if ((s.pin_memory || s.device_prefetch) && !shared.closing.load()) {
         std::vector<at::Tensor*> tensors;
         collect_tensors(staged->value, tensors);
         if (s.pin_memory) detail::pin_tensors(tensors);
         if (s.device_prefetch)
-          staged->copy_event = detail::copy_to_device_async(tensors, device_index_);
+          staged->copy_event = detail::copy_to_device_async(tensors, shared.device_index);
       }
     }
     return staged;
@@ -243,14 +271,13 @@ class TunableLoader final : public LoaderProbe {
   void forget_pilot() override {
     pilot_ = nullptr;
     core_.set_wait_observer(nullptr, nullptr);
+    core_.set_warning_sink(nullptr);
   }
 
-  Dataset prototype_;
-  Dataset inline_dataset_;
-  std::vector<std::unique_ptr<Dataset>> worker_datasets_;
+  std::shared_ptr<Shared> shared_;
   int device_index_;
   Pilot* pilot_ = nullptr;
-  LoaderCore core_;  // last: its threads stop before the datasets go
+  LoaderCore core_;  // last: destroyed first, while pilot_ is still set
 };
 
 }  // namespace torchpilot

@@ -4,27 +4,39 @@
 // the next batch claimed, and since every batch number is claimed exactly once per epoch, no sample
 // is lost or repeated.
 //
-// Thread-safety: next(), start_epoch() and the setters are for one consumer thread (the training
-// loop); settings() and stats() may be read from any thread. Worker threads are internal.
+// Thread-safety: next(), start_epoch(), the setters and destruction are for one consumer thread
+// (the training loop); settings() and stats() may be read from any thread. Worker threads are
+// internal. The callbacks the loader is given run on these threads: `produce` on the workers (or
+// on the consumer thread with no workers); the wait observer, its clock and the warning sink on
+// the consumer thread only, never on a worker.
+//
 // Failure behaviour: an exception thrown while producing a batch is caught in the worker, the
 // failing samples are located by producing the batch's samples one at a time, and next() throws
 // DataLoaderError for that batch in its turn. The next call delivers the batch's other samples as
-// a smaller batch, then the epoch goes on: only the failing samples are skipped.
-// Destruction waits for batches in production (one per worker, plus the sample-by-sample retry
-// of a batch whose dataset call failed) and joins every thread.
+// a smaller batch, then the epoch goes on: only the failing samples are skipped. Nothing else
+// throws out of next(): a wait observer or wait clock that throws (anything, std or not) is caught
+// after the batch was taken, the batch is still delivered, the observer is disabled (until one is
+// set again), and the warning sink hears of it once. A warning sink that throws is dropped and the
+// torchpilot logger used instead.
+//
+// Destruction (the way out): it stops the workers claiming, then waits for the batches still in
+// production (one per worker, plus the sample-by-sample retry of a batch whose dataset call
+// failed) up to LoaderOptions::shutdown_timeout_ms in all, and joins those threads. A worker still
+// inside `produce` after that, e.g. a dataset call waiting on something that never comes, is
+// abandoned: its thread is detached, the warning sink is told once how many were, and the
+// destructor returns. An abandoned call keeps running in its thread; when (if ever) it returns, its
+// result is dropped and the thread ends without touching the destroyed loader: the state it uses,
+// `produce` and everything `produce` captured included, is shared with the thread and freed by
+// whichever of the two finishes last. A thread still blocked does not keep the process from
+// exiting.
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "torchpilot/runtime/clock.h"
@@ -47,6 +59,9 @@ struct LoaderOptions {
   // ahead are dropped if the next start_epoch() comes before the epoch was delivered in full.
   bool prefetch_across_epochs = true;
   std::string name = "tunable";
+  // Destruction waits at most this long for batches in production, then abandons the worker
+  // threads still in a dataset call (see "the way out" above). At least 0.
+  int64_t shutdown_timeout_ms = 5000;
 };
 
 // The dataset threw while producing a batch. what() names the sample, batch and epoch.
@@ -74,14 +89,18 @@ class LoaderCore {
  public:
   using Batch = std::shared_ptr<void>;
   // Produces the batch of the given sample indices. `worker` is the worker slot (0..) or -1 on the
-  // training thread. May throw.
+  // training thread. May throw. It may outlive the LoaderCore in an abandoned worker thread (see
+  // destruction above): whatever it refers to must be captured by value or shared ownership.
   using Produce =
       std::function<Batch(const std::vector<size_t>& indices, int worker, const LoaderSettings&)>;
+  // Receives the loader's warnings (one line each), on the consumer thread.
+  using WarningSink = std::function<void(const std::string& message)>;
 
   static constexpr int kMaxWorkers = 256;
 
   LoaderCore(size_t dataset_size, LoaderOptions options, Produce produce, bool pin_memory_available,
              bool device_prefetch_available);
+  // Bounded: see "the way out" above.
   ~LoaderCore();
   LoaderCore(const LoaderCore&) = delete;
   LoaderCore& operator=(const LoaderCore&) = delete;
@@ -89,7 +108,8 @@ class LoaderCore {
   // Starts the next epoch (a new order). After an epoch delivered in full, batches the workers
   // already made for the next one are kept; after an unfinished one, everything is dropped.
   void start_epoch();
-  // The next batch in order, waiting if needed; nullptr at the end of the epoch.
+  // The next batch in order, waiting if needed; nullptr at the end of the epoch. Throws only
+  // DataLoaderError (the dataset's own exceptions).
   Batch next();
 
   size_t dataset_size() const { return dataset_size_; }
@@ -111,59 +131,21 @@ class LoaderCore {
   bool device_prefetch_available() const { return device_prefetch_available_; }
 
   // Called with each blocking wait of next() (the Pilot's record_data_wait), timed with `clock`
-  // (the Pilot's; null: the steady clock). Consumer thread only.
+  // (the Pilot's; null: the steady clock). Consumer thread only. If the observer or the clock
+  // throws, the observer is disabled (until set again) and the warning sink told once.
   void set_wait_observer(std::function<void(Nanos)> observer, std::shared_ptr<Clock> clock);
+  // Where the loader's warnings go (TunableLoader: the Pilot's log); null: the torchpilot logger.
+  // Consumer thread only; called on it only (from next(), start_epoch() and the destructor).
+  void set_warning_sink(WarningSink sink);
 
  private:
-  struct Result {
-    Batch batch;        // with an error: the batch without its failing samples (or null)
-    std::string error;  // non-empty: production failed
-    std::optional<size_t> failed_sample;  // the first sample that fails on its own
-    size_t failed_count = 0;
-  };
-  struct WorkerSlot {
-    std::thread thread;
-    bool running = false;
-  };
-
-  void worker_loop(int id);
-  bool can_claim() const;                                 // under mu_
-  std::vector<size_t> batch_indices(size_t batch) const;  // under mu_; batch is a global number
-  std::vector<size_t> epoch_order(int64_t epoch) const;
-  Result run_produce(const std::vector<size_t>& indices, int worker, const LoaderSettings& s);
-  void ensure_workers();  // under mu_
+  class Impl;  // the state shared with the worker threads (they own it with the LoaderCore)
 
   const size_t dataset_size_;
-  const LoaderOptions options_;
-  const Produce produce_;
+  const int max_workers_;
   const bool pin_available_;
   const bool device_prefetch_available_;
-  const int max_workers_;
-  std::shared_ptr<Clock> clock_;       // production timing (worker threads)
-  std::shared_ptr<Clock> wait_clock_;  // next()'s waits (consumer thread)
-
-  mutable std::mutex mu_;
-  std::condition_variable work_cv_;   // workers: work may be claimable, or they should exit
-  std::condition_variable ready_cv_;  // consumer: a batch became ready
-  LoaderSettings settings_;
-  bool stopping_ = false;
-  bool started_ = false;       // an epoch was started: workers may claim
-  bool epoch_active_ = false;  // the current epoch has batches left to deliver
-  int64_t epoch_ = -1;
-  uint64_t generation_ = 0;  // bumps when in-flight batches are dropped; their results are ignored
-  // Batch numbers are global: the current epoch is [base_, base_ + batches_per_epoch()), the next
-  // one follows. order_ and next_order_ are the two epochs' sample orders.
-  size_t base_ = 0;
-  std::vector<size_t> order_, next_order_;
-  size_t next_claim_ = 0;
-  size_t next_deliver_ = 0;
-  std::map<size_t, Result> ready_;
-  Batch partial_;  // the rest of a failed batch, delivered by the next next()
-  std::vector<WorkerSlot> slots_;
-  std::function<void(Nanos)> wait_observer_;
-
-  std::atomic<int64_t> batches_{0}, produce_count_{0}, produce_ns_{0}, produce_cpu_ns_{0},
-      blocked_count_{0}, wait_ns_{0};
+  std::shared_ptr<Impl> impl_;
 };
 
 }  // namespace torchpilot
