@@ -303,9 +303,8 @@ std::string ActivityCollector::init() {
   params.oldSubscriberSize = sizeof other - 1;
   const CUptiResult r = api_.subscribe(&subscriber_, on_callback, nullptr, &params);
   if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
-    std::string reason =
-        "another CUPTI client (Nsight Systems, PyTorch's profiler) is attached: activity tracing "
-        "off";
+    std::string reason = std::string(kAnotherCuptiClient) +
+                         " (Nsight Systems, PyTorch's profiler) is attached: activity tracing off";
     // Kineto subscribes without a name ("CUPTI for <not provided>"): only a real name is shown.
     const std::string name(other);
     if (!name.empty() && name.find("not provided") == std::string::npos) {

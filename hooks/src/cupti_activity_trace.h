@@ -32,6 +32,9 @@ class logger;
 namespace torchpilot {
 namespace detail {
 
+// How ActivityCollector::init's reason begins when another client holds CUPTI's subscription.
+inline constexpr const char* kAnotherCuptiClient = "another CUPTI client";
+
 // --- Pure converters ---------------------------------------------------------------------------
 
 // abi::__cxa_demangle for "_Z..." names; anything else (or a failure) comes back unchanged.

@@ -54,6 +54,7 @@ class CuptiBackend final : public GpuBackend {
   }
 
   GpuDeviceInfo device() const override { return device_; }
+  bool trace_busy() const override { return trace_busy_; }
 
   std::vector<CollectorStatus> status() const override {
     std::vector<CollectorStatus> s{pm_status_, activity_status_, nvml_status_, nvtx_status_};
@@ -87,18 +88,32 @@ class CuptiBackend final : public GpuBackend {
   bool start_trace() override {
     bool ok = false;
     guard("start_trace", [&] {
-      if (activity_ == nullptr || !activity_status_.active || stopped_) return;
-      // CUPTI's clock is CLOCK_REALTIME: re-measure the offset at each window (NTP steps).
-      measure_clock();
+      if (activity_ == nullptr || (!activity_status_.active && !trace_busy_) || stopped_) return;
       if (!activity_attached_) {
         const std::string why = activity_->init();
+        if (!why.empty() && is_busy(why)) {
+          // Stepped aside, one line per busy period; the next window tries again.
+          if (!trace_busy_) logger_.warn("GPU trace window skipped: {}{}", why, busy_suffix());
+          set_off(activity_status_, why + busy_suffix());
+          trace_busy_ = true;
+          return;
+        }
         if (!why.empty()) {
           set_off(activity_status_, why);
+          trace_busy_ = false;
           logger_.warn("GPU collector activity off: {}", why);
           return;
         }
         activity_attached_ = true;
+        if (trace_busy_) {
+          trace_busy_ = false;
+          activity_status_ = {kActivityCollector, true, ""};
+          logger_.info("GPU trace windows resume: no other CUPTI client is attached any more");
+        }
       }
+      // CUPTI's clock is CLOCK_REALTIME: re-measure the offset at each window (NTP steps). Only
+      // once CUPTI is ours: another client may have replaced its timestamps.
+      measure_clock();
       const std::string why = activity_->enable();
       if (!why.empty()) {
         set_off(activity_status_, why);
@@ -191,6 +206,9 @@ class CuptiBackend final : public GpuBackend {
     }
   }
 
+  // Another CUPTI subscriber (ActivityCollector::init's reason): a state that passes.
+  static bool is_busy(const std::string& why) { return why.rfind(kAnotherCuptiClient, 0) == 0; }
+  static const char* busy_suffix() { return "; windows are tried again once it detaches"; }
   static void set_off(CollectorStatus& s, std::string reason) {
     s.active = false;
     s.reason = std::move(reason);
@@ -325,6 +343,10 @@ class CuptiBackend final : public GpuBackend {
       if (why.empty()) {
         activity_->shutdown();
         activity_status_.active = true;
+      } else if (is_busy(why)) {
+        // Another client holds CUPTI for now: windows are tried again and work once it detaches.
+        set_off(activity_status_, why + busy_suffix());
+        trace_busy_ = true;
       } else {
         set_off(activity_status_, why);
         activity_.reset();
@@ -465,6 +487,7 @@ class CuptiBackend final : public GpuBackend {
   spdlog::logger& logger_;
   GpuDeviceInfo device_;
   CollectorStatus pm_status_, activity_status_, nvml_status_, nvtx_status_;
+  bool trace_busy_ = false;  // another CUPTI client holds the subscription for now
   bool started_ = false;
   bool stopped_ = false;
   bool profiler_initialized_ = false;

@@ -147,8 +147,8 @@ std::string names_of(const std::vector<PmMetric>& metrics) {
 
 // --- PmSampler ---------------------------------------------------------------------------------
 
-PmSampler::PmSampler(CuptiApi& api, const CuptiClock& clock, spdlog::logger& logger,
-                     PmOptions options, Sink sink)
+PmSampler::PmSampler(CuptiApi& api, CuptiClock& clock, spdlog::logger& logger, PmOptions options,
+                     Sink sink)
     : api_(api),
       clock_(clock),
       logger_(logger),
@@ -502,21 +502,17 @@ bool PmSampler::decode_locked() {
             "ms, offset to steady {} ns",
             discard_next_ ? " (first sample, discarded)" : "", si.startTimestamp, si.endTimestamp,
             now, age_ms, tb.offset_ns);
-        if (!discard_next_) {
-          clock_checked_ = true;
-          if (now != 0 && std::abs(age_ms) > 5000) {
-            logger_.warn(
-                "PM sampling: sample times are {:.0f} ms away from CUPTI's clock; PM samples "
-                "will not line up with steps",
-                age_ms);
-          }
-        }
+        // Samples whose times do not line up with the steps are dropped by lines_up().
+        if (!discard_next_) clock_checked_ = true;
       }
       if (discard_next_) {
         discard_next_ = false;  // the first sample after start is garbage (seen on the H200)
         continue;
       }
-      out.push_back(to_pm_sample(metrics_, values.data(), si.startTimestamp, si.endTimestamp, tb));
+      PmSample sample =
+          to_pm_sample(metrics_, values.data(), si.startTimestamp, si.endTimestamp, tb);
+      if (!lines_up(sample)) continue;
+      out.push_back(sample);
     }
     const Nanos t3 = steady_now_ns();
     stats_.evaluate_ns += t3 - t2;
@@ -574,8 +570,47 @@ void PmSampler::stop() {
   release();
 }
 
+bool PmSampler::lines_up(const PmSample& sample) {
+  // A sample decoded now ended in the last moments (decoding runs every 50 ms). Far outside that,
+  // its times are on another clock: another CUPTI client (PyTorch's profiler registers its own
+  // timestamps) changed what CUPTI reports, and the sample would land on the wrong steps.
+  constexpr Nanos kFuture = 1'000'000'000, kPast = 10'000'000'000;
+  const Nanos now = steady_now_ns();
+  const Nanos age = now - sample.end;
+  const bool ok = age > -kFuture && age < kPast;
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  if (ok) {
+    if (misaligned_) {
+      misaligned_ = false;
+      logger_.info("PM sampling: sample times line up with the steps again ({} samples dropped)",
+                   dropped_misaligned_);
+    }
+    return true;
+  }
+  ++dropped_misaligned_;
+  if (!misaligned_) {
+    misaligned_ = true;
+    logger_.warn(
+        "PM sampling: sample times are {:.1f} s away from the steady clock (another CUPTI client, "
+        "such as PyTorch's profiler, changed CUPTI's clock?); samples are dropped, and PM figures "
+        "are missing, until they line up again",
+        static_cast<double>(age) / 1e9);
+  }
+  // The offset may have been measured while the other client held the clock: measure again, at
+  // most once a second.
+  if (now - last_remeasure_ns_ > 1'000'000'000) {
+    last_remeasure_ns_ = now;
+    clock_.measure(api_);
+  }
+  return false;
+}
+
 std::string PmSampler::reason() const {
   std::lock_guard<std::mutex> lock(state_mutex_);
+  if (reason_.empty() && misaligned_) {
+    return "sample times are off the steady clock (another CUPTI client?): figures missing until "
+           "they line up again";
+  }
   return reason_;
 }
 

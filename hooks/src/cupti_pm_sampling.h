@@ -80,8 +80,7 @@ struct PmOptions {
 class PmSampler {
  public:
   using Sink = std::function<void(std::vector<PmSample>&&)>;
-  PmSampler(CuptiApi& api, const CuptiClock& clock, spdlog::logger& logger, PmOptions options,
-            Sink sink);
+  PmSampler(CuptiApi& api, CuptiClock& clock, spdlog::logger& logger, PmOptions options, Sink sink);
   ~PmSampler();  // stop()
   PmSampler(const PmSampler&) = delete;
   PmSampler& operator=(const PmSampler&) = delete;
@@ -104,12 +103,13 @@ class PmSampler {
   std::string configure_metrics(const std::vector<uint8_t>& availability);
   void release();                            // Disable + HostDeinitialize where held
   bool decode_locked();                      // decode_mutex_ held; false on error (reason set)
+  bool lines_up(const PmSample& sample);     // its times are on the steady clock (else dropped)
   void fail_on_exception(const char* what);  // takes decode_mutex_ then state_mutex_
   bool reinit_image();
   void run();
 
   CuptiApi& api_;
-  const CuptiClock& clock_;
+  CuptiClock& clock_;  // re-measured when samples stop lining up
   spdlog::logger& logger_;
   PmOptions options_;
   Sink sink_;
@@ -127,6 +127,10 @@ class PmSampler {
   bool clock_checked_ = false;
   bool overflow_logged_ = false;
   bool evaluate_error_logged_ = false;
+  // Samples whose times do not line up with the steady clock (lines_up()); under state_mutex_.
+  bool misaligned_ = false;
+  int64_t dropped_misaligned_ = 0;
+  Nanos last_remeasure_ns_ = 0;
   bool failed_ = false;
   size_t consumed_ = 0;  // samples of the current image already evaluated
   struct {

@@ -282,7 +282,7 @@ GpuMonitor::GpuMonitor(const GpuConfig& config, std::shared_ptr<GpuBackend> back
   backend_->start();
   for (const auto& s : backend_->status()) {
     if (s.name == kPmSamplingCollector) pm_active_ = s.active;
-    if (s.name == kActivityCollector && !s.active) planner_.disable();
+    if (s.name == kActivityCollector && !s.active && !backend_->trace_busy()) planner_.disable();
   }
 }
 
@@ -296,7 +296,10 @@ GpuMonitor::~GpuMonitor() {
 }
 
 void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
-  if (planner_.begin_step(now) > 0) planner_.trace_started(backend_->start_trace());
+  if (planner_.begin_step(now) > 0) {
+    const bool ok = backend_->start_trace();
+    planner_.trace_started(ok, !ok && backend_->trace_busy());
+  }
   if (!config_.nvtx) return;
   char name[32];
   std::snprintf(name, sizeof name, "step %lld", static_cast<long long>(step));

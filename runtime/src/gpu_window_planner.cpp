@@ -25,12 +25,14 @@ int GpuWindowPlanner::begin_step(Nanos now) {
   return starting_steps_;
 }
 
-void GpuWindowPlanner::trace_started(bool ok) {
+void GpuWindowPlanner::trace_started(bool ok, bool retry_later) {
   if (starting_steps_ == 0) return;  // nothing was asked for
   const int steps = starting_steps_;
   starting_steps_ = 0;
   if (!ok) {
-    trace_failed_ = true;  // the backend's status() says why; reported at start-up
+    // Held by another client for now (PyTorch's profiler): this window is skipped, the next
+    // trigger tries again. Otherwise the backend's status() says why, and windows stop.
+    if (!retry_later) trace_failed_ = true;
     return;
   }
   window_left_ = steps;

@@ -1029,6 +1029,81 @@ TEST(GpuBackend, SecondSubscriberTurnsOffActivityOnly) {
   EXPECT_EQ(rig.cupti->unsubscribes, 0);
 }
 
+// PyTorch's profiler started and stopped inside a run: while it holds CUPTI, windows are skipped
+// (one line), and once it lets go they work again.
+TEST(GpuBackend, ASecondSubscriberThatLeavesLetsWindowsResume) {
+  Rig rig;
+  auto b = rig.make();
+  b->start();
+  auto count = [&](const std::string& text) {
+    const std::string l = rig.log_text.str();
+    int n = 0;
+    for (size_t at = l.find(text); at != std::string::npos; at = l.find(text, at + 1)) ++n;
+    return n;
+  };
+  {
+    std::lock_guard<std::mutex> lock(rig.cupti->m);
+    rig.cupti->subscribe_result = CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FALSE(b->start_trace());
+    EXPECT_TRUE(b->trace_busy());
+  }
+  EXPECT_EQ(count("GPU trace window skipped: another CUPTI client"), 1) << rig.log_text.str();
+  EXPECT_FALSE(status_of(*b, "activity").active);
+  EXPECT_TRUE(status_of(*b, "pm_sampling").active) << "PM sampling is not the subscription's";
+  {
+    std::lock_guard<std::mutex> lock(rig.cupti->m);
+    rig.cupti->subscribe_result = CUPTI_SUCCESS;
+  }
+  EXPECT_TRUE(b->start_trace());
+  EXPECT_FALSE(b->trace_busy());
+  EXPECT_TRUE(status_of(*b, "activity").active) << status_of(*b, "activity").reason;
+  EXPECT_EQ(count("GPU trace windows resume"), 1) << rig.log_text.str();
+  b->stop_trace();
+  b->release_trace();
+  b->stop();
+}
+
+// Sample times on another clock (what PyTorch's profiler did to CUPTI's timestamps on the H200):
+// dropped with one line and PM sampling reported off, until they line up again.
+TEST(GpuBackend, SamplesOffTheSteadyClockAreDroppedUntilTheyLineUpAgain) {
+  Rig rig;
+  auto b = rig.make();
+  b->start();
+  const uint64_t t0 = rig.cupti->cupti_now();
+  const uint64_t away = 240'000'000'000ull;                              // 240 s
+  rig.cupti->push_sample(sample(t0 - away, t0 - away + 1'000'000, 10));  // discarded (first)
+  for (int i = 0; i < 4; ++i) {
+    rig.cupti->push_sample(sample(t0 - away + i * 1'000'000, t0 - away + (i + 1) * 1'000'000, 50));
+  }
+  GpuEventBatch batch;
+  ASSERT_TRUE(eventually([&] {
+    b->flush();
+    return rig.log_text.str().find("PM sampling: sample times are") != std::string::npos;
+  })) << rig.log_text.str();
+  b->drain(batch);
+  EXPECT_TRUE(batch.pm.empty()) << "a sample 240 s away would land on the wrong steps";
+  EXPECT_FALSE(status_of(*b, "pm_sampling").active);
+  const uint64_t t1 = rig.cupti->cupti_now();
+  for (int i = 0; i < 3; ++i) {
+    rig.cupti->push_sample(sample(t1 + i * 1'000'000, t1 + (i + 1) * 1'000'000, 80));
+  }
+  ASSERT_TRUE(eventually([&] {
+    b->flush();
+    b->drain(batch);
+    return batch.pm.size() >= 3;
+  }));
+  EXPECT_DOUBLE_EQ(batch.pm.back().sm_efficiency, 0.8);
+  EXPECT_TRUE(status_of(*b, "pm_sampling").active) << status_of(*b, "pm_sampling").reason;
+  const std::string log = rig.log_text.str();
+  EXPECT_EQ(log.find("PM sampling: sample times are"), log.rfind("PM sampling: sample times are"))
+      << "one line per period:\n"
+      << log;
+  EXPECT_NE(log.find("line up with the steps again"), std::string::npos) << log;
+  b->stop();
+}
+
 TEST(GpuBackend, ActivityEnableFailureIsReported) {
   Rig rig;
   rig.cupti->fail["cuptiActivityEnable"] = CUPTI_ERROR_UNKNOWN;
@@ -1072,8 +1147,9 @@ TEST(GpuBackend, MultiPassSetsFallBackToSmAndGr) {
   rig.cupti->max_metrics_per_pass = 2;
   auto b = rig.make();
   ASSERT_TRUE(status_of(*b, "pm_sampling").active);
-  EXPECT_EQ(rig.cupti->metrics, (std::vector<std::string>{pm_metric_name(PmMetric::kCounterUtilization),
-                                                          pm_metric_name(PmMetric::kSmEfficiency)}));
+  EXPECT_EQ(rig.cupti->metrics,
+            (std::vector<std::string>{pm_metric_name(PmMetric::kCounterUtilization),
+                                      pm_metric_name(PmMetric::kSmEfficiency)}));
   EXPECT_EQ(rig.cupti->host_inits, 3);
   EXPECT_EQ(rig.cupti->host_deinits, 2);
   EXPECT_NE(rig.log().find("the set needs 2 passes"), std::string::npos);

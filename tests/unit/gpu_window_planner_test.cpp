@@ -26,6 +26,7 @@ struct Driver {
   int64_t step = 0, step_in_epoch = 0;
   bool warm = true;
   bool start_ok = true;
+  bool busy = false;            // a failed start is another client holding the trace for now
   std::vector<int64_t> starts;  // steps a window opened at (or tried to)
   std::vector<int64_t> traced;  // steps reported traced
   std::vector<Nanos> ends;      // by step
@@ -36,7 +37,7 @@ struct Driver {
   GpuWindowPlanner::StepEndActions step_ms(Nanos ms = 10) {
     if (planner.begin_step(now) > 0) {
       starts.push_back(step);
-      planner.trace_started(start_ok);
+      planner.trace_started(start_ok, !start_ok && busy);
     }
     const Nanos begin = now;
     now += ms * kMs;
@@ -372,6 +373,24 @@ TEST(GpuWindowPlannerTest, NoWindowsWithoutTheActivityTrace) {
   unavailable.planner.disable();
   unavailable.steps(10);
   EXPECT_TRUE(unavailable.starts.empty());
+}
+
+TEST(GpuWindowPlannerTest, AStartRefusedByABusyTraceSkipsOnlyThatWindow) {
+  GpuConfig c;
+  c.trace_first_step = 1000;
+  c.trace_steps = 2;
+  Driver r(c);
+  r.start_ok = false;
+  r.busy = true;
+  r.planner.request_window(2);
+  r.steps(4);
+  EXPECT_EQ(r.starts, Steps{1});
+  EXPECT_TRUE(r.traced.empty());
+  r.start_ok = true;  // the other client let go
+  r.planner.request_window(2);
+  r.steps(4);
+  EXPECT_EQ(r.starts, (Steps{1, 5}));
+  EXPECT_EQ(r.traced, (Steps{5, 6}));
 }
 
 }  // namespace

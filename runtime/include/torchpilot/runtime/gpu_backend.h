@@ -104,6 +104,10 @@ class GpuBackend {
   // Detailed window: starts/stops the activity trace. start_trace() returns false when tracing
   // is unavailable.
   virtual bool start_trace() = 0;
+  // After start_trace() returned false, or at start-up with the activity collector off: another
+  // client (PyTorch's profiler, Nsight Systems) holds the trace for now, and a later start may
+  // succeed once it lets go.
+  virtual bool trace_busy() const { return false; }
   virtual void stop_trace() = 0;
   // After a window's last records were flushed: detaches the trace from the process entirely.
   // CUPTI keeps slowing kernel launches while attached, even with every activity kind disabled

@@ -52,8 +52,9 @@ class GpuWindowPlanner {
   // A step begins at `now`. Returns the steps of a window to open now (0: none); the monitor
   // then starts the trace and reports the outcome with trace_started().
   int begin_step(Nanos now);
-  // The outcome of the start begin_step() asked for; a failure disables windows.
-  void trace_started(bool ok);
+  // The outcome of the start begin_step() asked for; a failure disables windows, unless
+  // `retry_later` (another client holds the trace for now): then only this window is skipped.
+  void trace_started(bool ok, bool retry_later = false);
 
   // A step [begin, end] ended; `warmup_done`: auto-tune is over (no window inside its trials).
   StepEndActions end_step(int64_t step, int64_t step_in_epoch, Nanos begin, Nanos end,
