@@ -117,8 +117,9 @@ int occurrences(const std::string& text, const std::string& what) {
 }
 
 // LibTorch's own profiler (Kineto) started and stopped inside a running trainer while torchpilot
-// samples: torchpilot steps aside (a window asked for meanwhile is skipped, with one line), never
-// crashes, and works again after: the next window is traced and PM figures come back.
+// samples: torchpilot steps aside (a window asked for meanwhile is skipped, with one line; PM
+// samples on Kineto's clock are dropped, with one line), never crashes, and resumes after: PM
+// figures come back, and windows are traced again once Kineto lets go of CUPTI.
 TEST(GpuProfilerTest, StepsAsideWhilePyTorchProfilerRunsAndResumesAfter) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   namespace prof = torch::autograd::profiler;
@@ -187,11 +188,22 @@ TEST(GpuProfilerTest, StepsAsideWhilePyTorchProfilerRunsAndResumesAfter) {
   EXPECT_TRUE(measured(before->stats.sm_efficiency));
   EXPECT_EQ(during->traced_steps, 0) << "the window during the profiler must step aside";
   EXPECT_LE(occurrences(log, "GPU trace window skipped"), 1) << "one line";
-  EXPECT_EQ(after->traced_steps, 4) << "the window after the profiler must be traced";
-  EXPECT_TRUE(measured(after->stats.sm_efficiency)) << "PM figures must come back";
-  if (measured(after->stats.sm_efficiency) && measured(before->stats.sm_efficiency)) {
-    EXPECT_NEAR(after->stats.sm_efficiency, before->stats.sm_efficiency, 0.2);
+  // Seen on the H100 with torch 2.11: after disableProfiler() Kineto keeps CUPTI's subscription
+  // for the rest of the process, so a later window is skipped too, silently (no second line),
+  // with the status naming the other client; should it let go, the window is traced.
+  if (after->traced_steps == 0) {
+    for (const auto& st : after->collectors) {
+      if (st.name == kActivityCollector) {
+        EXPECT_NE(st.reason.find("another CUPTI client"), std::string::npos) << st.reason;
+      }
+    }
+  } else {
+    EXPECT_EQ(after->traced_steps, 4);
   }
+  // PM sampling goes on: its samples line up with the steps again after the profiler.
+  EXPECT_TRUE(measured(after->stats.sm_efficiency)) << "PM figures must come back";
+  EXPECT_GT(after->stats.sm_efficiency, 0.3) << "4096^2 matmuls keep most SMs busy";
+  EXPECT_LE(occurrences(log, "line up with the steps again"), occurrences(log, "sample times are"));
 }
 
 #else
