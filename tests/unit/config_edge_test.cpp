@@ -4,6 +4,8 @@
 // start with the key and the reason; nothing hangs.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <spdlog/sinks/null_sink.h>
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,6 +26,7 @@
 
 #include "temp_dir.h"
 #include "torchpilot/runtime/config.h"
+#include "torchpilot/runtime/pilot.h"
 
 namespace torchpilot {
 namespace {
@@ -75,6 +78,14 @@ class ScopedEnv {
   std::string old_;
   bool had_ = false;
 };
+
+PilotOptions quiet_options() {
+  PilotOptions o;
+  o.logger = std::make_shared<spdlog::logger>("config_edge_test",
+                                              std::make_shared<spdlog::sinks::null_sink_mt>());
+  o.default_collectors = false;
+  return o;
+}
 
 // Runs `fn` on another thread and waits a generous while: a hang check, not a timing check. If
 // it has not returned, `release` unblocks it (so the test ends) and the test fails.
@@ -251,6 +262,84 @@ TEST(ConfigEdge, MissingConfigFileNamesTheOsReason) {
       expect_config_error([] { Config::from_yaml_file("/nonexistent/torchpilot/c.yaml"); });
   EXPECT_EQ(e.key(), "<file>");
   EXPECT_NE(e.reason().find(std::strerror(ENOENT)), std::string::npos) << e.what();
+}
+
+// --- 2 and 3. log.json_path -------------------------------------------------------------------
+
+ConfigError pilot_error(const std::string& json_path) {
+  Config config;
+  config.log.json_path = json_path;
+  return expect_config_error([&] { Pilot pilot(config, quiet_options()); });
+}
+
+TEST(ConfigEdge, UnopenableJsonPathIsAConfigErrorWithTheOsReason) {
+  {
+    const ConfigError e = pilot_error("/nonexistent/dir/x.jsonl");
+    EXPECT_EQ(e.key(), "log.json_path");
+    EXPECT_NE(e.reason().find(std::strerror(ENOENT)), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/dir/x.jsonl"), std::string::npos);
+  }
+  {
+    TempDir dir;
+    const ConfigError e = pilot_error(dir.file(""));
+    EXPECT_EQ(e.key(), "log.json_path");
+    EXPECT_NE(e.reason().find(std::strerror(EISDIR)), std::string::npos) << e.what();
+  }
+  {  // the sink on its own says the same
+    const ConfigError e =
+        expect_config_error([] { make_json_lines_sink("/nonexistent/dir/x.jsonl"); });
+    EXPECT_EQ(e.key(), "log.json_path");
+  }
+}
+
+TEST(ConfigEdge, FifoWithoutReaderAsJsonPathDoesNotHang) {
+  TempDir dir;
+  const std::string fifo = dir.file("records.fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  int reader = -1;  // opened only to release a hung open(); kept open so no write gets SIGPIPE
+  expect_returns(
+      [&] {
+        const ConfigError e = pilot_error(fifo);
+        EXPECT_EQ(e.key(), "log.json_path");
+        EXPECT_NE(e.reason().find("FIFO with no reader"), std::string::npos) << e.what();
+      },
+      [&] { reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK); });
+  if (reader >= 0) ::close(reader);
+}
+
+TEST(ConfigEdge, FifoWithReaderAsJsonPathGetsTheRecords) {
+  TempDir dir;
+  const std::string fifo = dir.file("records.fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(reader, 0) << std::strerror(errno);
+  expect_returns(
+      [&] {
+        Config config;
+        config.log.json_path = fifo;
+        Pilot pilot(config, quiet_options());
+        pilot.flush();
+      },
+      [&] { poke_fifo(fifo, O_RDONLY); });
+  char buf[512] = {};
+  const ssize_t n = ::read(reader, buf, sizeof buf - 1);
+  ::close(reader);
+  ASSERT_GT(n, 0);
+  EXPECT_NE(std::string(buf).find("\"type\":\"run\""), std::string::npos) << buf;
+}
+
+TEST(ConfigEdge, RegularJsonPathIsAppendedTo) {
+  TempDir dir;
+  const std::string path = dir.write("r.jsonl", "{\"earlier\":1}\n");
+  {
+    Config config;
+    config.log.json_path = path;
+    Pilot pilot(config, quiet_options());
+    pilot.flush();
+  }
+  const std::string text = read_text(path);
+  EXPECT_EQ(text.rfind("{\"earlier\":1}\n", 0), 0u) << text;
+  EXPECT_NE(text.find("\"type\":\"run\""), std::string::npos) << text;
 }
 
 // --- 4. Complex keys (also in the corpus) ------------------------------------------------------
