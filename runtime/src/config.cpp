@@ -103,7 +103,7 @@ const std::vector<KeySpec>& schema() {
        [](const Config& c) -> std::string { return c.log.level; },
        [](Config& c, const Value& v) { c.log.level = v.s; }},
       TP_STRING(log.json_path),
-      TP_INT(records.step_history, 16, 1 << 24),
+      TP_INT(records.step_history, 16, 1 << 20),  // ~0.6 KiB a record: ~600 MiB when full
       TP_DOUBLE(advisors.data_starvation.threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.data_starvation.high_severity, 0.0, 1.0),
       TP_DOUBLE(advisors.busy_inefficient.utilization, 0.0, 1.0),

@@ -175,6 +175,7 @@ TEST(ConfigEdge, EveryBadEnvironmentVariableIsRefusedWithKey) {
       {"TORCHPILOT_AUTOTUNE_PREFETCH_CHOICES", "4,4", "autotune.prefetch_choices",
        "duplicate value 4"},
       {"TORCHPILOT_AUTOTUNE_PREFETCH_CHOICES", "[1,2]", "autotune.prefetch_choices", "integer"},
+      {"TORCHPILOT_RECORDS_STEP_HISTORY", "16777216", "records.step_history", "out of range"},
       {"TORCHPILOT_AUTOTUNE_SETTLE_STEPS", "3 ", "autotune.settle_steps", "integer"},
       {"TORCHPILOT_MODE", "", "mode", "expected one of"},
   };
@@ -379,6 +380,46 @@ TEST(ConfigEdge, CrossKeyErrorNamesBothSources) {
   const std::string what = e.what();
   EXPECT_NE(what.find(path + ":3"), std::string::npos) << what;
   EXPECT_NE(what.find("TORCHPILOT_ADVISORS_DATA_STARVATION_THRESHOLD"), std::string::npos) << what;
+}
+
+// --- 7. The step history's memory ---------------------------------------------------------------
+
+// The process's virtual size in bytes (/proc/self/statm, first field). A reservation maps its
+// pages at once although it touches none (resident memory would not show it).
+long long virtual_bytes() {
+  std::ifstream in("/proc/self/statm");
+  long long pages = -1;
+  in >> pages;
+  return pages * sysconf(_SC_PAGESIZE);
+}
+
+TEST(ConfigEdge, LargestStepHistoryIsNotReservedUpFront) {
+  constexpr int kMaxHistory = 1 << 20;  // docs/configuration.md
+  const long long ring_bytes = static_cast<long long>(kMaxHistory) * sizeof(StepRecord);
+  ASSERT_GT(ring_bytes, 400LL << 20);  // the premise: reserving it would show
+  Config config;
+  config.records.step_history = kMaxHistory;
+  const long long before = virtual_bytes();
+  ASSERT_GT(before, 0);
+  {
+    Pilot pilot(config, quiet_options());
+    const long long after = virtual_bytes();
+    EXPECT_LT(after - before, 100LL << 20) << "constructing the Pilot grew the address space by "
+                                           << ((after - before) >> 20) << " MiB";
+    for (int i = 0; i < 40; ++i) {
+      auto step = pilot.step(1);
+    }
+    EXPECT_EQ(pilot.recent_steps().size(), 40u);
+  }
+}
+
+TEST(ConfigEdge, StepHistoryAboveTheNewMaximumIsRefused) {
+  Config config;
+  config.records.step_history = 1 << 24;  // the old maximum: ~9 GiB of records once full
+  const ConfigError e = expect_config_error([&] { validate(config); });
+  EXPECT_EQ(e.key(), "records.step_history");
+  config.records.step_history = 1 << 20;
+  EXPECT_NO_THROW(validate(config));
 }
 
 // --- 8. Build options in the environment --------------------------------------------------------

@@ -27,7 +27,7 @@ struct LogConfig {
 };
 
 struct RecordsConfig {
-  int step_history = 4096;  // per-step records kept in memory (ring buffer)
+  int step_history = 4096;  // per-step records kept in memory (ring buffer, grown as steps come)
 };
 
 struct AutotuneConfig {
