@@ -1,12 +1,18 @@
 #include "torchpilot/runtime/config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
+#include <cstring>
+#include <map>
+#include <set>
 #include <sstream>
 
 extern char** environ;
@@ -97,7 +103,7 @@ const std::vector<KeySpec>& schema() {
        [](const Config& c) -> std::string { return c.log.level; },
        [](Config& c, const Value& v) { c.log.level = v.s; }},
       TP_STRING(log.json_path),
-      TP_INT(records.step_history, 16, 1 << 24),
+      TP_INT(records.step_history, 16, 1 << 20),  // ~0.6 KiB a record: ~600 MiB when full
       TP_DOUBLE(advisors.data_starvation.threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.data_starvation.high_severity, 0.0, 1.0),
       TP_DOUBLE(advisors.busy_inefficient.utilization, 0.0, 1.0),
@@ -167,6 +173,16 @@ std::string describe_range(const KeySpec& spec) {
   return out.str();
 }
 
+// A list key's rules beyond each element's range: not empty, no value twice.
+template <typename Fail>
+void check_list(const std::vector<int64_t>& list, Fail fail) {
+  if (list.empty()) fail("expected a non-empty list of integers");
+  std::set<int64_t> seen;
+  for (int64_t v : list) {
+    if (!seen.insert(v).second) fail("duplicate value " + std::to_string(v) + " in the list");
+  }
+}
+
 // Parses one scalar's text by the key's type; `fail` reports the reason.
 template <typename Fail>
 int64_t parse_int(const std::string& text, const KeySpec& spec, Fail fail) {
@@ -225,64 +241,183 @@ Value parse_scalar(const std::string& text, const KeySpec& spec, Fail fail) {
       v.s = text;
       break;
     case Type::kIntList: {
-      std::stringstream in(text);
-      std::string item;
-      while (std::getline(in, item, ',')) v.list.push_back(parse_int(item, spec, fail));
-      if (v.list.empty()) fail("expected a non-empty list of integers");
+      // Comma-separated; every item counts, so "1,2," and "1,,2" are refused, not shortened.
+      if (text.empty()) fail("expected a non-empty list of integers");
+      for (size_t begin = 0;;) {
+        const size_t comma = text.find(',', begin);
+        v.list.push_back(parse_int(text.substr(begin, comma - begin), spec, fail));
+        if (comma == std::string::npos) break;
+        begin = comma + 1;
+      }
+      check_list(v.list, fail);
       break;
     }
   }
   return v;
 }
 
-// Walks a YAML mapping; every leaf must be a known key.
-void apply_yaml_node(Config& config, const YAML::Node& node, const std::string& prefix,
-                     const std::string& source) {
-  if (!node.IsMap()) {
-    throw ConfigError(source, prefix.empty() ? "<root>" : prefix, "expected a mapping");
-  }
-  for (const auto& item : node) {
-    const std::string name = item.first.as<std::string>();
-    const std::string key = prefix.empty() ? name : prefix + "." + name;
-    const YAML::Node& value = item.second;
-    const KeySpec* spec = find_key(key);
-    // The key's line: a block mapping or list as the value starts on the line after it.
-    const std::string where =
-        source + ":" + std::to_string(item.first.Mark().line + 1);  // yaml-cpp lines are 0-based
-    auto fail = [&](const std::string& reason) { throw ConfigError(where, key, reason); };
-    if (spec == nullptr) {
-      if (value.IsMap()) {
+// What a YAML node is, for reasons: "a list", "a mapping", "no value", "a value".
+const char* kind(const YAML::Node& node) {
+  if (node.IsSequence()) return "a list";
+  if (node.IsMap()) return "a mapping";
+  if (node.IsScalar()) return "a value";
+  return "no value";
+}
+
+// A line for a node: yaml-cpp's 0-based mark as 1-based, or `fallback` where it has none.
+int line_of(const YAML::Node& node, int fallback) {
+  const int line = node.Mark().line;
+  return line >= 0 ? line + 1 : fallback;
+}
+
+// Where each key's value came from ("my.yaml:4", "environment variable TORCHPILOT_X"); a key not
+// listed has its default (or, in validate(), the value set in code).
+using Origins = std::map<std::string, std::string>;
+
+// Walks the YAML mappings; every leaf must be a known key, set once.
+class YamlReader {
+ public:
+  YamlReader(Config& config, std::string source, Origins& origins)
+      : config_(config), source_(std::move(source)), origins_(origins) {}
+
+  void walk(const YAML::Node& node, const std::string& prefix, int line) {
+    if (!node.IsMap()) {
+      throw ConfigError(source_ + ":" + std::to_string(line_of(node, line)),
+                        prefix.empty() ? "<root>" : prefix,
+                        std::string("expected a mapping, got ") + kind(node));
+    }
+    for (const auto& item : node) {
+      // The key's line: a block mapping or list as the value starts on the line after it.
+      const int key_line = line_of(item.first, line);
+      const std::string where = source_ + ":" + std::to_string(key_line);
+      if (!item.first.IsScalar()) {  // "? [a, b]", "{a: 1}: 2", "~: 1"
+        throw ConfigError(where, prefix.empty() ? "<root>" : prefix,
+                          std::string("a key must be a plain name; this one is ") +
+                              (item.first.IsDefined() && !item.first.IsNull() ? kind(item.first)
+                                                                              : "empty (null)"));
+      }
+      const std::string& name = item.first.Scalar();
+      const std::string key = prefix.empty() ? name : prefix + "." + name;
+      const YAML::Node& value = item.second;
+      auto fail = [&](const std::string& reason) { throw ConfigError(where, key, reason); };
+      // yaml-cpp keeps both of two equal keys; so does a dotted name beside its section.
+      const auto [first, inserted] = seen_.emplace(key, key_line);
+      if (!inserted) fail("duplicate key: already set at line " + std::to_string(first->second));
+      const KeySpec* spec = find_key(key);
+      if (spec == nullptr) {
         // A section: known if some key starts with it.
         bool known_section = false;
         for (const auto& s : schema()) {
           known_section = known_section || std::string(s.key).rfind(key + ".", 0) == 0;
         }
         if (!known_section) fail("unknown key");
-        apply_yaml_node(config, value, key, source);
+        if (!value.IsMap()) {
+          fail(std::string("is a section: expected a mapping of its keys, got ") + kind(value));
+        }
+        walk(value, key, key_line);
         continue;
       }
-      fail("unknown key");
-    }
-    if (spec->type == Type::kIntList) {
-      if (!value.IsSequence()) fail("expected a list of integers");
-      std::string joined;
-      for (const auto& e : value) {
-        if (!e.IsScalar()) fail("expected a list of integers");
-        joined += (joined.empty() ? "" : ",") + e.Scalar();
+      origins_[key] = where;
+      if (spec->type == Type::kIntList) {
+        if (!value.IsSequence())
+          fail(std::string("expected a list of integers, got ") + kind(value));
+        Value v;
+        int index = 0;
+        for (const auto& e : value) {
+          ++index;
+          if (!e.IsScalar()) {
+            fail("expected a list of integers; element " + std::to_string(index) + " is " +
+                 (e.IsNull() ? std::string("empty: it has no value") : kind(e)));
+          }
+          v.list.push_back(parse_int(e.Scalar(), *spec, fail));
+        }
+        check_list(v.list, fail);
+        spec->set(config_, v);
+        continue;
       }
-      spec->set(config, parse_scalar(joined, *spec, fail));
-      continue;
+      if (!value.IsScalar()) fail(std::string("expected a single value, got ") + kind(value));
+      spec->set(config_, parse_scalar(value.Scalar(), *spec, fail));
     }
-    if (!value.IsScalar()) fail("expected a single value");
-    spec->set(config, parse_scalar(value.Scalar(), *spec, fail));
+  }
+
+ private:
+  Config& config_;
+  std::string source_;
+  Origins& origins_;
+  std::map<std::string, int> seen_;  // key or section -> the line that set it
+};
+
+// The 1-based line of the "---" that starts a second document, or 0 if no such line is found.
+int second_document_line(const std::string& text) {
+  std::istringstream in(text);
+  std::string line;
+  bool content = false;  // a document (content or its "---") has begun
+  for (int n = 1; std::getline(in, line); ++n) {
+    const bool marker = line.rfind("---", 0) == 0 &&
+                        (line.size() == 3 || std::isspace(static_cast<unsigned char>(line[3])));
+    const size_t first = line.find_first_not_of(" \t\r");
+    if (marker) {
+      if (content) return n;
+      content = true;
+    } else if (first != std::string::npos && line[first] != '#' && line[0] != '%') {
+      content = true;
+    }
+  }
+  return 0;
+}
+
+// Reads YAML text into `config`, recording origins; no cross-key checks (they run once every
+// source is in).
+void read_yaml(const std::string& text, const std::string& origin, Config& config,
+               Origins& origins) {
+  std::vector<YAML::Node> documents;
+  try {
+    documents = YAML::LoadAll(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(origin + ":" + std::to_string(e.mark.line + 1), "<syntax>", e.msg);
+  }
+  if (documents.size() > 1) {
+    int line = second_document_line(text);
+    if (line == 0) line = line_of(documents[1], 1);
+    throw ConfigError(origin + ":" + std::to_string(line), "<document>",
+                      "a config file holds one YAML document; a second one starts here");
+  }
+  if (documents.empty() || documents[0].IsNull()) return;  // an empty file means defaults
+  try {
+    YamlReader(config, origin, origins).walk(documents[0], "", 1);
+  } catch (const YAML::Exception& e) {  // anything yaml-cpp throws while walking
+    throw ConfigError(origin + ":" + std::to_string(e.mark.line + 1), "<yaml>", e.msg);
   }
 }
 
-// Cross-key rules that no single key can check.
-void check_cross_keys(const Config& c, const std::string& source) {
-  if (c.advisors.data_starvation.high_severity < c.advisors.data_starvation.threshold) {
-    throw ConfigError(source, "advisors.data_starvation.high_severity",
-                      "must not be below advisors.data_starvation.threshold");
+std::string number_text(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+// Cross-key rules that no single key can check; they run on the merged config (file, then
+// environment). `fallback` names the source when no key of the rule has a recorded origin.
+void check_cross_keys(const Config& c, const std::string& fallback, const Origins& origins) {
+  const auto& ds = c.advisors.data_starvation;
+  if (ds.high_severity < ds.threshold) {
+    const std::string high_key = "advisors.data_starvation.high_severity";
+    const std::string low_key = "advisors.data_starvation.threshold";
+    // validate() has no origins: its values were set in code or kept their defaults.
+    const std::string unset = fallback == "Config" ? "code or default" : "default";
+    auto from = [&](const std::string& key) {
+      const auto it = origins.find(key);
+      return it == origins.end() ? unset : it->second;
+    };
+    const auto high = origins.find(high_key);
+    const auto low = origins.find(low_key);
+    const std::string source = high != origins.end()  ? high->second
+                               : low != origins.end() ? low->second
+                                                      : fallback;
+    throw ConfigError(source, high_key,
+                      "must not be below " + low_key + ": " + number_text(ds.high_severity) +
+                          " (from " + from(high_key) + ") < " + number_text(ds.threshold) +
+                          " (from " + from(low_key) + ")");
   }
 }
 
@@ -292,7 +427,71 @@ std::string env_name(const std::string& key) {
   return name;
 }
 
+// TORCHPILOT_* variables that are not keys, so apply_env_overrides passes over them: the config
+// file's path, and the CMake build options (README, "Build"), which scripts often export beside
+// the keys but which mean nothing at run time. This is the one list of them.
 const char* const kConfigPathVariable = "TORCHPILOT_CONFIG";
+const char* const kNonKeyVariables[] = {
+    kConfigPathVariable,         "TORCHPILOT_GPU_COLLECTORS", "TORCHPILOT_BUILD_TESTS",
+    "TORCHPILOT_BUILD_EXAMPLES", "TORCHPILOT_BUILD_BENCH",    "TORCHPILOT_INSTALL",
+};
+
+bool is_non_key_variable(const std::string& name) {
+  for (const char* v : kNonKeyVariables) {
+    if (name == v) return true;
+  }
+  return false;
+}
+
+// Sets TORCHPILOT_<KEY> overrides, recording origins; no cross-key checks.
+void read_env(Config& config, const Environment& env, Origins& origins) {
+  for (const auto& [name, text] : env) {
+    if (name.rfind("TORCHPILOT_", 0) != 0 || is_non_key_variable(name)) continue;
+    const KeySpec* spec = nullptr;
+    for (const auto& s : schema()) {
+      if (env_name(s.key) == name) spec = &s;
+    }
+    const std::string source = "environment variable " + name;
+    if (spec == nullptr) throw ConfigError(source, name, "unknown key");
+    auto fail = [&](const std::string& reason) { throw ConfigError(source, spec->key, reason); };
+    spec->set(config, parse_scalar(text, *spec, fail));
+    origins[spec->key] = source;
+  }
+}
+
+// The whole of a config file, read without blocking: a directory, FIFO or device is refused.
+std::string read_config_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    throw ConfigError(path, "<file>", std::string("cannot open the file: ") + std::strerror(errno));
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    throw ConfigError(path, "<file>", std::string("cannot stat the file: ") + std::strerror(errno));
+  }
+  if (S_ISDIR(st.st_mode)) throw ConfigError(path, "<file>", "is a directory, not a YAML file");
+  if (!S_ISREG(st.st_mode)) {
+    throw ConfigError(path, "<file>",
+                      "is not a regular file (a FIFO, socket or device); give a YAML file");
+  }
+  std::string text;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw ConfigError(path, "<file>",
+                        std::string("cannot read the file: ") + std::strerror(errno));
+    }
+    text.append(buf, static_cast<size_t>(n));
+  }
+  return text;
+}
 
 }  // namespace
 
@@ -315,26 +514,19 @@ ConfigError::ConfigError(std::string source, std::string key, std::string reason
       reason_(std::move(reason)) {}
 
 Config Config::from_yaml_string(const std::string& text, const std::string& origin) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(origin + ":" + std::to_string(e.mark.line + 1), "<syntax>", e.msg);
-  }
   Config config;
-  if (root.IsNull()) return config;  // an empty file means defaults
-  apply_yaml_node(config, root, "", origin);
-  check_cross_keys(config, origin);
+  Origins origins;
+  read_yaml(text, origin, config, origins);
+  check_cross_keys(config, origin, origins);
   return config;
 }
 
 Config Config::from_yaml_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError(path, "<file>", "cannot open the file");
-  std::stringstream text;
-  text << in.rdbuf();
-  Config config = from_yaml_string(text.str(), path);
-  apply_env_overrides(config, process_environment());
+  Config config;
+  Origins origins;
+  read_yaml(read_config_file(path), path, config, origins);
+  read_env(config, process_environment(), origins);
+  check_cross_keys(config, path, origins);  // on the merged values: the environment may mend
   return config;
 }
 
@@ -357,19 +549,9 @@ Environment process_environment() {
 }
 
 void apply_env_overrides(Config& config, const Environment& env) {
-  for (const auto& [name, text] : env) {
-    if (name.rfind("TORCHPILOT_", 0) != 0 || name == kConfigPathVariable) continue;
-    const KeySpec* spec = nullptr;
-    for (const auto& s : schema()) {
-      if (env_name(s.key) == name) spec = &s;
-    }
-    if (spec == nullptr) throw ConfigError("environment variable " + name, name, "unknown key");
-    auto fail = [&](const std::string& reason) {
-      throw ConfigError("environment variable " + name, spec->key, reason);
-    };
-    spec->set(config, parse_scalar(text, *spec, fail));
-  }
-  check_cross_keys(config, "environment");
+  Origins origins;
+  read_env(config, env, origins);
+  check_cross_keys(config, "environment", origins);
 }
 
 void validate(const Config& config) {
@@ -377,7 +559,7 @@ void validate(const Config& config) {
     auto fail = [&](const std::string& reason) { throw ConfigError("Config", spec.key, reason); };
     parse_scalar(spec.get(config), spec, fail);
   }
-  check_cross_keys(config, "Config");
+  check_cross_keys(config, "Config", Origins());
 }
 
 std::vector<std::pair<std::string, std::string>> config_values(const Config& config) {

@@ -129,7 +129,9 @@ Pilot::Pilot(Config config, PilotOptions options)
   // A logger handed in keeps its level.
   if (!options.logger) logger_->set_level(spdlog::level::from_str(config_.log.level));
   if (config_.mode == Mode::kOff) return;
-  history_.reserve(static_cast<size_t>(config_.records.step_history));
+  // The ring grows as steps come (up to records.step_history); only a default-sized start is
+  // reserved, so a large history costs memory only once that many steps have run.
+  history_.reserve(std::min<size_t>(static_cast<size_t>(config_.records.step_history), 4096));
   sinks_.push_back(make_log_sink(logger_));
   if (!config_.log.json_path.empty()) sinks_.push_back(make_json_lines_sink(config_.log.json_path));
   for (auto& s : options.sinks) sinks_.push_back(std::move(s));
@@ -312,7 +314,12 @@ void Pilot::end_step() {
   last_boundary_ns_ = now;
   step_open_ = false;
 
-  if (history_.size() < static_cast<size_t>(config_.records.step_history)) {
+  const size_t history = static_cast<size_t>(config_.records.step_history);
+  if (history_.size() < history) {
+    // Doubling, but never past the ring's size.
+    if (history_.size() == history_.capacity()) {
+      history_.reserve(std::min(history, std::max<size_t>(1, 2 * history_.capacity())));
+    }
     history_.push_back(r);
   } else {
     history_[history_next_] = r;

@@ -1,12 +1,18 @@
+#include <fcntl.h>
+#include <pthread.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <csignal>
+#include <cstring>
 #include <ctime>
-#include <fstream>
 #include <stdexcept>
 
 #include "format.h"
+#include "torchpilot/runtime/config.h"
 #include "torchpilot/runtime/metrics.h"
 #include "torchpilot/runtime/sink.h"
 
@@ -79,16 +85,89 @@ class LogSink final : public Sink {
   std::shared_ptr<spdlog::logger> logger_;
 };
 
+// Opens log.json_path for appending without ever blocking: open(2) with O_NONBLOCK, so a FIFO
+// without a reader fails at once (ENXIO) instead of waiting for one. Every failure is a
+// ConfigError on log.json_path with the OS's reason.
+int open_json_lines(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    std::string reason = "cannot open for appending: " + std::string(std::strerror(err));
+    struct stat st {};
+    if (err == ENXIO && ::stat(path.c_str(), &st) == 0) {
+      if (S_ISFIFO(st.st_mode)) {
+        reason = "is a FIFO with no reader (" + std::string(std::strerror(err)) +
+                 "): start its reader first, or give a regular file";
+      } else if (S_ISSOCK(st.st_mode)) {
+        reason = "is a socket: give a regular file";
+      }
+    }
+    throw ConfigError(path, "log.json_path", reason);
+  }
+  // A FIFO with a reader, a terminal or /dev/null: from here writes wait as they normally would.
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+// Writes all of `data` to `fd`. A pipe whose reader went away gives EPIPE here, not a SIGPIPE
+// that would end the training process: SIGPIPE is blocked for this thread while writing, and one
+// raised by this write is taken back.
+bool write_all(int fd, const char* data, size_t size, bool pipe_like, int& err) {
+  sigset_t pipe_set, old_mask, pending;
+  bool was_pending = false;
+  if (pipe_like) {
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    sigpending(&pending);
+    was_pending = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &old_mask);
+  }
+  bool ok = true;
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      err = errno;
+      ok = false;
+      break;
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  if (pipe_like) {
+    if (!ok && err == EPIPE && !was_pending) {
+      const timespec zero{0, 0};
+      while (sigtimedwait(&pipe_set, nullptr, &zero) == SIGPIPE) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  }
+  return ok;
+}
+
 class JsonLinesSink final : public Sink {
  public:
-  explicit JsonLinesSink(const std::string& path) : path_(path), out_(path, std::ios::app) {
-    if (!out_) throw std::runtime_error("torchpilot: cannot open JSON-lines file '" + path + "'");
+  explicit JsonLinesSink(const std::string& path) : path_(path), fd_(open_json_lines(path)) {
+    struct stat st {};
+    pipe_like_ = ::fstat(fd_, &st) == 0 && !S_ISREG(st.st_mode);
     // The file is appended to: a run record tells one run's records from the next.
     write(dump(json{{"type", "run"},
                     {"v", kSchemaVersion},
                     {"pid", static_cast<int64_t>(getpid())},
                     {"unix_time_s", static_cast<int64_t>(std::time(nullptr))}}));
   }
+  ~JsonLinesSink() override {
+    try {
+      flush();
+    } catch (...) {
+      // The Pilot has flushed and reported already; nothing else to do at destruction.
+    }
+    ::close(fd_);
+  }
+  JsonLinesSink(const JsonLinesSink&) = delete;
+  JsonLinesSink& operator=(const JsonLinesSink&) = delete;
+
   std::string name() const override { return "json-lines " + path_; }
   void on_step(const StepRecord& r, const std::vector<std::string>& names) override {
     write(step_json(r, names));
@@ -100,17 +179,26 @@ class JsonLinesSink final : public Sink {
   void on_decision(const TuningDecision& d) override { write(decision_json(d)); }
   void on_late_step(const LateStepRecord& r) override { write(late_step_json(r)); }
   void flush() override {
-    out_.flush();
-    if (!out_) throw std::runtime_error("write to '" + path_ + "' failed");
+    if (buffer_.empty()) return;
+    int err = 0;
+    const bool ok = write_all(fd_, buffer_.data(), buffer_.size(), pipe_like_, err);
+    buffer_.clear();
+    if (!ok) {
+      throw std::runtime_error("write to '" + path_ + "' failed: " + std::strerror(err));
+    }
   }
 
  private:
+  static constexpr size_t kBufferBytes = 8192;  // as std::ofstream buffered
   void write(const std::string& line) {
-    out_ << line << '\n';
-    if (!out_) throw std::runtime_error("write to '" + path_ + "' failed");
+    buffer_ += line;
+    buffer_ += '\n';
+    if (buffer_.size() >= kBufferBytes) flush();
   }
   std::string path_;
-  std::ofstream out_;
+  int fd_;
+  bool pipe_like_ = false;
+  std::string buffer_;
 };
 
 }  // namespace

@@ -27,7 +27,7 @@ struct LogConfig {
 };
 
 struct RecordsConfig {
-  int step_history = 4096;  // per-step records kept in memory (ring buffer)
+  int step_history = 4096;  // per-step records kept in memory (ring buffer, grown as steps come)
 };
 
 struct AutotuneConfig {
@@ -117,9 +117,11 @@ struct Config {
   GpuConfig gpu;
   FlopConfig flops;
 
-  // Defaults, then TORCHPILOT_CONFIG's file if that variable is set, then TORCHPILOT_* overrides.
+  // Defaults, then TORCHPILOT_CONFIG's file if that variable is set, then TORCHPILOT_* overrides,
+  // then the cross-key checks on the merged values.
   static Config load();
-  // The file, then TORCHPILOT_* overrides.
+  // The file (a regular file holding one YAML document), then TORCHPILOT_* overrides, then the
+  // cross-key checks on the merged values.
   static Config from_yaml_file(const std::string& path);
   // YAML text; `origin` names it in errors. No environment overrides.
   static Config from_yaml_string(const std::string& text, const std::string& origin = "<string>");
@@ -140,9 +142,10 @@ class ConfigError : public std::runtime_error {
 using Environment = std::vector<std::pair<std::string, std::string>>;
 Environment process_environment();
 
-// Applies TORCHPILOT_<KEY> overrides: key "autotune.warmup_steps" is
+// Applies TORCHPILOT_<KEY> overrides, then the cross-key checks: key "autotune.warmup_steps" is
 // TORCHPILOT_AUTOTUNE_WARMUP_STEPS. Lists are comma-separated ("1,2,4"). An unknown TORCHPILOT_*
-// variable is an error, except the ones torchpilot reads elsewhere (TORCHPILOT_CONFIG).
+// variable is an error, except TORCHPILOT_CONFIG and the CMake build options
+// (TORCHPILOT_GPU_COLLECTORS, TORCHPILOT_BUILD_*, TORCHPILOT_INSTALL), which are passed over.
 void apply_env_overrides(Config& config, const Environment& env);
 
 // Checks every key of a Config (built in code or loaded) against the same ranges and rules as

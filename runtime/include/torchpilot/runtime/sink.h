@@ -36,7 +36,10 @@ class Sink {
 std::shared_ptr<Sink> make_log_sink(std::shared_ptr<spdlog::logger> logger);
 
 // One JSON object per line: a record per step, per epoch, per trial and per decision
-// (docs/records.md). Throws std::runtime_error at creation if the file cannot be opened.
+// (docs/records.md), appended to `path`. Never blocks opening it: throws ConfigError (key
+// log.json_path, the OS's reason) if it cannot be opened for appending, is a directory or
+// socket, or is a FIFO with no reader. A FIFO with a reader is written like a file (a reader that
+// goes away makes a write fail; no SIGPIPE).
 std::shared_ptr<Sink> make_json_lines_sink(const std::string& path);
 
 // Keeps copies of everything it receives; for tests and for programs that inspect results.
