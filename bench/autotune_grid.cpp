@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_flags.h"
 #include "torchpilot/hooks/torch_transfer.h"
 #include "torchpilot/runtime/loader_core.h"
 #include "torchpilot/runtime/pilot.h"
@@ -135,34 +136,38 @@ AutoRun autotuned_run(jpeg_example::Trainer& trainer, int max_workers, int after
 
 int run(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string f = argv[i];
-    const std::string v = argv[i + 1];
-    if (f == "--data")
-      a.data_dir = v;
-    else if (f == "--out")
-      a.out = v;
-    else if (f == "--machine")
-      a.machine = v;
-    else if (f == "--commit")
-      a.commit = v;
-    else if (f == "--screen-rounds")
-      a.screen_rounds = std::stoi(v);
-    else if (f == "--screen-steps")
-      a.screen_steps = std::stoi(v);
-    else if (f == "--final-rounds")
-      a.final_rounds = std::stoi(v);
-    else if (f == "--final-steps")
-      a.final_steps = std::stoi(v);
-    else if (f == "--top")
-      a.top = std::stoi(v);
-    else if (f == "--after-decision")
-      a.after_decision = std::stoi(v);
-    else if (f == "--max-workers")
-      a.max_workers = std::stoi(v);
-    else
-      throw std::invalid_argument("unknown option " + f);
-  }
+  CLI::App app(
+      "autotune_grid: how close auto-tune gets to the best loader setting an exhaustive grid "
+      "finds, on the JPEG example's trainer (bench/README.md).",
+      "autotune_grid");
+  example_cli::last_wins(app);
+  example_cli::add_path(app, "--data", a.data_dir, "DIR",
+                        "image folder; generated (10 classes x 160 images) if it has no images")
+      ->check(example_cli::DirectoryOrAbsent())
+      ->capture_default_str();
+  example_cli::add_path(app, "--out", a.out, "FILE", "write the results here (JSON)");
+  app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
+  app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
+  example_cli::add_int(app, "--screen-rounds", a.screen_rounds, 1, 1000,
+                       "screen rounds (each runs every grid point and auto-tune once)")
+      ->capture_default_str();
+  example_cli::add_int(app, "--screen-steps", a.screen_steps, 1, 1000000, "steps per screen run")
+      ->capture_default_str();
+  example_cli::add_int(app, "--final-rounds", a.final_rounds, 1, 1000, "final rounds")
+      ->capture_default_str();
+  example_cli::add_int(app, "--final-steps", a.final_steps, 1, 1000000, "steps per final run")
+      ->capture_default_str();
+  example_cli::add_int(app, "--top", a.top, 1, 1000, "screen leaders re-measured in the final")
+      ->capture_default_str();
+  example_cli::add_int(app, "--after-decision", a.after_decision, 1, 1000000,
+                       "auto-tune steps measured after its decision")
+      ->capture_default_str();
+  example_cli::add_int(app, "--max-workers", a.max_workers, 0, torchpilot::LoaderCore::kMaxWorkers,
+                       "largest worker count of the grid and of auto-tune (0: the CPUs in this "
+                       "process's affinity)")
+      ->capture_default_str();
+  example_cli::parse_or_exit(app, argc, argv);
+
   const int cpus = torchpilot::affinity_cpu_count();
   const int max_workers = a.max_workers > 0 ? a.max_workers : cpus;
 

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_flags.h"
 #include "gpt_flops.h"
 #include "gpt_trainer.h"
 #include "torchpilot/hooks/flop_counter.h"
@@ -143,31 +144,6 @@ RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, j
   return r;
 }
 
-int parse_int(const std::string& flag, const std::string& v, int min) {
-  size_t used = 0;
-  const long n = std::stol(v, &used);
-  if (used != v.size() || n < min) {
-    throw std::invalid_argument(flag + " needs an integer >= " + std::to_string(min));
-  }
-  return static_cast<int>(n);
-}
-
-// "off,advise,window,counting" (any subset; off is always measured, first).
-std::vector<int> parse_setups(const std::string& list) {
-  std::vector<int> setups = {kOff};
-  size_t from = 0;
-  while (from <= list.size()) {
-    const size_t comma = std::min(list.find(',', from), list.size());
-    const std::string name = list.substr(from, comma - from);
-    const auto* it = std::find(std::begin(kNames), std::end(kNames), name);
-    if (it == std::end(kNames)) throw std::invalid_argument("--configs: unknown '" + name + "'");
-    const int s = static_cast<int>(it - std::begin(kNames));
-    if (std::find(setups.begin(), setups.end(), s) == setups.end()) setups.push_back(s);
-    from = comma + 1;
-  }
-  return setups;
-}
-
 bool has(const std::vector<int>& setups, int s) {
   return std::find(setups.begin(), setups.end(), s) != setups.end();
 }
@@ -179,57 +155,68 @@ int run(int argc, char** argv) {
   a.train.heads = 16;
   a.train.seq = 1024;
   a.train.batch = 8;
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    if (f == "-h" || f == "--help") {
-      std::printf(
-          "usage: gpt_overhead [--d-model 1024] [--layers 12] [--heads 16] [--seq 1024]\n"
-          "                    [--batch 8] [--precision bf16|fp32] [--attention fused|unfused]\n"
-          "                    [--device cuda|cpu] [--rounds 7] [--steps-per-round 100]\n"
-          "                    [--warmup 10] [--prime 10] [--machine NAME] [--commit SHA]\n"
-          "                    [--configs off,advise,window,counting] [--out FILE.json]\n");
-      return 0;
-    }
-    if (i + 1 >= argc) throw std::invalid_argument(f + " needs a value");
-    const std::string v = argv[++i];
-    if (f == "--d-model")
-      a.train.d_model = parse_int(f, v, 1);
-    else if (f == "--layers")
-      a.train.layers = parse_int(f, v, 1);
-    else if (f == "--heads")
-      a.train.heads = parse_int(f, v, 1);
-    else if (f == "--seq")
-      a.train.seq = parse_int(f, v, 1);
-    else if (f == "--batch")
-      a.train.batch = parse_int(f, v, 1);
-    else if (f == "--precision" && (v == "bf16" || v == "fp32"))
-      a.train.precision =
-          v == "bf16" ? gpt_example::Precision::kBf16 : gpt_example::Precision::kFp32;
-    else if (f == "--attention" && (v == "fused" || v == "unfused"))
-      a.train.fused_attention = v == "fused";
-    else if (f == "--device")
-      a.train.device = v;
-    else if (f == "--rounds")
-      a.rounds = parse_int(f, v, 1);
-    else if (f == "--steps-per-round")
-      a.steps = parse_int(f, v, 1);
-    else if (f == "--warmup")
-      a.warmup = parse_int(f, v, 3);
-    else if (f == "--prime")
-      a.prime = parse_int(f, v, 0);
-    else if (f == "--machine")
-      a.machine = v;
-    else if (f == "--commit")
-      a.commit = v;
-    else if (f == "--out")
-      a.out = v;
-    else if (f == "--configs")
-      a.setups = parse_setups(v);
-    else
-      throw std::invalid_argument("unknown option or value: " + f + " " + v);
+  std::string precision = "bf16", attention = "fused";
+  std::vector<std::string> configs = {"off", "advise", "window", "counting"};
+  CLI::App app(
+      "gpt_overhead: torchpilot's step-time overhead on the GPT example: off vs advise vs a "
+      "detailed window vs the FLOP counter's counting window, interleaved in rounds, in one "
+      "process (bench/README.md).",
+      "gpt_overhead");
+  example_cli::last_wins(app);
+  example_cli::add_int(app, "--d-model", a.train.d_model, 1, 65536, "model width d")
+      ->capture_default_str();
+  example_cli::add_int(app, "--layers", a.train.layers, 1, 4096, "blocks")->capture_default_str();
+  example_cli::add_int(app, "--heads", a.train.heads, 1, 4096, "attention heads (divide d)")
+      ->capture_default_str();
+  example_cli::add_int(app, "--seq", a.train.seq, 1, 1 << 20, "sequence length T")
+      ->capture_default_str();
+  example_cli::add_int(app, "--batch", a.train.batch, 1, 65536, "batch B")->capture_default_str();
+  app.add_option("--precision", precision, "bf16 autocast on CUDA, or fp32")
+      ->check(CLI::IsMember({"bf16", "fp32"}))
+      ->capture_default_str();
+  app.add_option("--attention", attention, "scaled_dot_product_attention, or unfused")
+      ->check(CLI::IsMember({"fused", "unfused"}))
+      ->capture_default_str();
+  app.add_option("--device", a.train.device, "cpu, cuda or cuda:N; default cuda when available")
+      ->check(example_cli::Device())
+      ->type_name("cpu|cuda|cuda:N");
+  example_cli::add_int(app, "--rounds", a.rounds, 1, 10000,
+                       "rounds (every configuration once per round)")
+      ->capture_default_str();
+  example_cli::add_int(app, "--steps-per-round", a.steps, 1, 1000000,
+                       "measured steps per round and configuration")
+      ->capture_default_str();
+  example_cli::add_int(app, "--warmup", a.warmup, 3, 1000000,
+                       "steps before the measured ones, per round and configuration")
+      ->capture_default_str();
+  example_cli::add_int(app, "--prime", a.prime, 0, 1000000, "untimed steps before the first round")
+      ->capture_default_str();
+  app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
+  app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
+  example_cli::add_path(app, "--out", a.out, "FILE", "write every round's numbers here (JSON)");
+  app.add_option("--configs", configs,
+                 "configurations measured, comma-separated (off is always measured, first)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"off", "advise", "window", "counting"}))
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->type_name("LIST")
+      ->capture_default_str();
+  example_cli::parse_or_exit(app, argc, argv);
+  if (a.train.d_model % a.train.heads != 0) {
+    example_cli::fail(app, "--heads",
+                      "--d-model " + std::to_string(a.train.d_model) +
+                          " is not a multiple of --heads " + std::to_string(a.train.heads));
+  }
+  a.train.precision =
+      precision == "bf16" ? gpt_example::Precision::kBf16 : gpt_example::Precision::kFp32;
+  a.train.fused_attention = attention == "fused";
+  a.setups = {kOff};
+  for (const std::string& name : configs) {
+    const int s = static_cast<int>(std::find(std::begin(kNames), std::end(kNames), name) -
+                                   std::begin(kNames));
+    if (!has(a.setups, s)) a.setups.push_back(s);
   }
 
-  if (a.setups.empty()) a.setups = {kOff, kAdvise, kWindow, kCounting};
   const int n_setups = static_cast<int>(a.setups.size());
   gpt_example::Trainer trainer(a.train);
   const gpt_example::GptShape shape = trainer.shape();

@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .deps && mkdir -p .deps/debs
 (cd .deps/debs && apt-get download libjpeg62-turbo libjpeg62-turbo-dev libspdlog-dev libspdlog1.10 \
-  libfmt-dev libfmt9 libyaml-cpp-dev libyaml-cpp0.7 nlohmann-json3-dev libgtest-dev googletest)
+  libfmt-dev libfmt9 libyaml-cpp-dev libyaml-cpp0.7 nlohmann-json3-dev libgtest-dev googletest \
+  libcli11-dev)
 for f in .deps/debs/*.deb; do dpkg -x "$f" .deps/root; done
 rm -rf .deps/debs
 du -sh .deps/root

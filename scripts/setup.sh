@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake ninja-build g++ ccache libtorch-dev libspdlog-dev libyaml-cpp-dev nlohmann-json3-dev
-          libgtest-dev libgmock-dev libjpeg62-turbo-dev)
+          libgtest-dev libgmock-dev libjpeg62-turbo-dev libcli11-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

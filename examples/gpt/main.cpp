@@ -5,64 +5,19 @@
 // `--attention unfused` and `--precision fp32` plant the fusion and precision advisors.
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <optional>
 #include <string>
 
+#include "cli_flags.h"
 #include "gpt_flops.h"
 #include "gpt_trainer.h"
 #include "torchpilot/hooks/flop_counter.h"
 #include "torchpilot/runtime/config.h"
 #include "torchpilot/runtime/pilot.h"
-
-namespace {
-
-void usage() {
-  std::fprintf(
-      stderr,
-      "usage: gpt_trainer [--steps N] [--epochs E] [--batch B] [--seq T] [--d-model D]\n"
-      "                   [--layers L] [--heads H] [--attention fused|unfused]\n"
-      "                   [--precision bf16|fp32] [--device cuda|cpu] [--lr LR]\n"
-      "                   [--text FILE] [--corpus-mb MB] [--seed S] [--no-flops]\n"
-      "                   [--mode off|advise|autotune] [--config FILE] [--json FILE]\n"
-      "Defaults: 100 steps per epoch, 3 epochs; the reference model: d 1024, 12 layers,\n"
-      "16 heads, T 1024, batch 8 (on the CPU, when no size is given: d 128, 2 layers, 4 heads,\n"
-      "T 64, batch 8); fused attention, bf16 autocast on CUDA (fp32 on the CPU), lr 3e-4,\n"
-      "AdamW weight decay 0.1; device cuda when available; the generated 4 MB pseudo-text\n"
-      "unless --text; mode advise (unless the config file or TORCHPILOT_MODE says otherwise);\n"
-      "a FLOP counter unless --no-flops.\n");
-}
-
-long long parse_int(const std::string& flag, const char* text, long long min) {
-  char* end = nullptr;
-  const long long v = std::strtoll(text, &end, 10);
-  if (*text == '\0' || *end != '\0' || v < min) {
-    std::fprintf(stderr, "gpt_trainer: %s needs an integer >= %lld, got '%s'\n", flag.c_str(), min,
-                 text);
-    std::exit(2);
-  }
-  return v;
-}
-
-double parse_double(const std::string& flag, const char* text) {
-  char* end = nullptr;
-  const double v = std::strtod(text, &end);
-  if (*text == '\0' || *end != '\0' || !(v > 0)) {
-    std::fprintf(stderr, "gpt_trainer: %s needs a positive number, got '%s'\n", flag.c_str(), text);
-    std::exit(2);
-  }
-  return v;
-}
-
-[[noreturn]] void bad_choice(const std::string& flag, const std::string& value) {
-  std::fprintf(stderr, "gpt_trainer: bad value '%s' for %s\n", value.c_str(), flag.c_str());
-  usage();
-  std::exit(2);
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   gpt_example::TrainOptions options;
@@ -71,76 +26,76 @@ int main(int argc, char** argv) {
   options.heads = 16;
   options.seq = 1024;
   options.batch = 8;
-  bool sizes_given = false;
-  bool flops = true;
+  bool no_flops = false;
   long long steps = 100, epochs = 3;
+  double corpus_mb = static_cast<double>(options.corpus_bytes) / (1 << 20);
+  std::string attention = "fused", precision = "bf16";
   std::string mode, config_path, json_path;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "-h" || flag == "--help") {
-      usage();
-      return 0;
-    }
-    if (flag == "--no-flops") {
-      flops = false;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      usage();
-      return 2;
-    }
-    const char* value = argv[++i];
-    if (flag == "--steps") {
-      steps = parse_int(flag, value, 1);
-    } else if (flag == "--epochs") {
-      epochs = parse_int(flag, value, 1);
-    } else if (flag == "--batch") {
-      options.batch = parse_int(flag, value, 1);
-      sizes_given = true;
-    } else if (flag == "--seq") {
-      options.seq = parse_int(flag, value, 1);
-      sizes_given = true;
-    } else if (flag == "--d-model") {
-      options.d_model = parse_int(flag, value, 1);
-      sizes_given = true;
-    } else if (flag == "--layers") {
-      options.layers = parse_int(flag, value, 1);
-      sizes_given = true;
-    } else if (flag == "--heads") {
-      options.heads = parse_int(flag, value, 1);
-      sizes_given = true;
-    } else if (flag == "--attention") {
-      const std::string v = value;
-      if (v != "fused" && v != "unfused") bad_choice(flag, v);
-      options.fused_attention = v == "fused";
-    } else if (flag == "--precision") {
-      const std::string v = value;
-      if (v != "bf16" && v != "fp32") bad_choice(flag, v);
-      options.precision =
-          v == "bf16" ? gpt_example::Precision::kBf16 : gpt_example::Precision::kFp32;
-    } else if (flag == "--device") {
-      const std::string v = value;
-      if (v != "cpu" && v.rfind("cuda", 0) != 0) bad_choice(flag, v);
-      options.device = v;
-    } else if (flag == "--lr") {
-      options.lr = parse_double(flag, value);
-    } else if (flag == "--text") {
-      options.text_path = value;
-    } else if (flag == "--corpus-mb") {
-      options.corpus_bytes = static_cast<size_t>(parse_double(flag, value) * (1 << 20));
-    } else if (flag == "--seed") {
-      options.seed = static_cast<uint64_t>(parse_int(flag, value, 0));
-    } else if (flag == "--mode") {
-      mode = value;
-    } else if (flag == "--config") {
-      config_path = value;
-    } else if (flag == "--json") {
-      json_path = value;
-    } else {
-      std::fprintf(stderr, "gpt_trainer: unknown option %s\n", flag.c_str());
-      usage();
-      return 2;
-    }
+
+  CLI::App app(
+      "gpt_trainer: trains a GPT-style decoder-only model on byte-level text with AdamW (weight "
+      "decay 0.1), measured by a torchpilot Pilot (samples = tokens) and a FLOP counter.",
+      "gpt_trainer");
+  example_cli::last_wins(app);
+  example_cli::add_int(app, "--steps", steps, 1, 1000000000, "steps per epoch")
+      ->capture_default_str();
+  example_cli::add_int(app, "--epochs", epochs, 1, 1000000, "epochs")->capture_default_str();
+  app.footer(
+      "Sizes: the reference model by default; on the CPU (no GPU, or --device cpu) when no size "
+      "is given: d 128, 2 layers, 4 heads, T 64, batch 8.");
+  example_cli::add_int(app, "--batch", options.batch, 1, 65536, "batch B")->capture_default_str();
+  example_cli::add_int(app, "--seq", options.seq, 1, 1 << 20, "sequence length T")
+      ->capture_default_str();
+  example_cli::add_int(app, "--d-model", options.d_model, 1, 65536,
+                       "model width d (a multiple of --heads)")
+      ->capture_default_str();
+  example_cli::add_int(app, "--layers", options.layers, 1, 4096, "blocks")->capture_default_str();
+  example_cli::add_int(app, "--heads", options.heads, 1, 4096, "attention heads")
+      ->capture_default_str();
+  app.add_option("--attention", attention,
+                 "fused: scaled_dot_product_attention; unfused: matmul + mask + softmax + matmul "
+                 "(plants the fusion advisor)")
+      ->check(CLI::IsMember({"fused", "unfused"}))
+      ->capture_default_str();
+  app.add_option("--precision", precision,
+                 "bf16 autocast on CUDA, or fp32 (plants the precision advisor); the CPU runs fp32")
+      ->check(CLI::IsMember({"bf16", "fp32"}))
+      ->capture_default_str();
+  app.add_option("--device", options.device, "cpu, cuda or cuda:N; default cuda when available")
+      ->check(example_cli::Device())
+      ->type_name("cpu|cuda|cuda:N");
+  example_cli::add_number(app, "--lr", options.lr, 0, 10, "AdamW learning rate")
+      ->capture_default_str();
+  example_cli::add_path(app, "--text", options.text_path, "FILE",
+                        "train on this file's bytes (default: the generated pseudo-text)")
+      ->check(example_cli::ExistingFile());
+  example_cli::add_number(app, "--corpus-mb", corpus_mb, 0, 16384,
+                          "size of the generated pseudo-text, MiB")
+      ->capture_default_str();
+  example_cli::add_int(app, "--seed", options.seed, 0, INT64_MAX, "seed of weights and batches")
+      ->capture_default_str();
+  app.add_flag("--no-flops", no_flops, "no FLOP counter (no MFU)");
+  app.add_option("--mode", mode,
+                 "torchpilot mode; default advise, unless the config file or TORCHPILOT_MODE "
+                 "says otherwise")
+      ->check(CLI::IsMember({"off", "advise", "autotune"}));
+  example_cli::add_path(app, "--config", config_path, "FILE", "torchpilot YAML config file")
+      ->check(example_cli::ExistingFile());
+  example_cli::add_path(app, "--json", json_path, "FILE", "write torchpilot's JSON records here");
+  example_cli::parse_or_exit(app, argc, argv);
+  if (options.d_model % options.heads != 0) {
+    example_cli::fail(app, "--heads",
+                      "--d-model " + std::to_string(options.d_model) +
+                          " is not a multiple of --heads " + std::to_string(options.heads));
+  }
+  options.fused_attention = attention == "fused";
+  options.precision =
+      precision == "bf16" ? gpt_example::Precision::kBf16 : gpt_example::Precision::kFp32;
+  options.corpus_bytes = static_cast<size_t>(corpus_mb * (1 << 20));
+  const bool flops = !no_flops;
+  bool sizes_given = false;
+  for (const char* size : {"--batch", "--seq", "--d-model", "--layers", "--heads"}) {
+    sizes_given = sizes_given || app.count(size) > 0;
   }
 
   try {
@@ -200,7 +155,8 @@ int main(int argc, char** argv) {
       last_loss = trainer.take_mean_loss();  // reads the loss: waits for the epoch's work
       const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       pilot.end_epoch();  // torchpilot's epoch summary and advice
-      const double tokens = static_cast<double>(steps * gpt_example::tokens_per_step(shape));
+      const double tokens =
+          static_cast<double>(steps) * static_cast<double>(gpt_example::tokens_per_step(shape));
       std::printf(
           "gpt: epoch %lld: %lld steps, loss %.4f, %.0f tokens/s, %.1f ms/step, analytic "
           "%.2f TFLOP/s\n",

@@ -8,86 +8,57 @@
 //                   [--classes C] [--images-per-class K]
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <functional>
 #include <string>
 
+#include "cli_flags.h"
 #include "torchpilot/runtime/config.h"
+#include "torchpilot/runtime/loader_core.h"
 #include "torchpilot/runtime/pilot.h"
 #include "trainer.h"
-
-namespace {
-
-void usage() {
-  std::fprintf(stderr,
-               "usage: jpeg_classifier [--data DIR] [--steps N] [--batch B] [--workers W]\n"
-               "                       [--prefetch P] [--mode off|advise|autotune]\n"
-               "                       [--config FILE] [--json FILE]\n"
-               "                       [--classes C] [--images-per-class K]\n"
-               "Defaults: data/jpeg_classifier (generated if absent); --steps 0 (auto): in\n"
-               "autotune mode until two epochs after the tuning decision (at least 400 steps),\n"
-               "else 400 steps; batch 32,\n"
-               "workers 0, prefetch 2, mode autotune (unless the config file or\n"
-               "TORCHPILOT_MODE says otherwise); a generated folder has 10 classes x 160\n"
-               "images.\n");
-}
-
-long parse_long(const char* flag, const char* text, long min) {
-  char* end = nullptr;
-  long v = std::strtol(text, &end, 10);
-  if (*text == '\0' || *end != '\0' || v < min) {
-    std::fprintf(stderr, "jpeg_classifier: %s needs an integer >= %ld, got '%s'\n", flag, min,
-                 text);
-    std::exit(2);
-  }
-  return v;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   jpeg_example::TrainOptions options;
   torchpilot::LoaderSettings settings;  // LibTorch's defaults: workers 0
-  long steps = 0;                       // 0: auto
+  int64_t steps = 0;                    // 0: auto
   std::string mode, config_path, json_path;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "-h" || flag == "--help") {
-      usage();
-      return 0;
-    }
-    if (i + 1 >= argc) {
-      usage();
-      return 2;
-    }
-    const char* value = argv[++i];
-    if (flag == "--data")
-      options.data_dir = value;
-    else if (flag == "--steps")
-      steps = parse_long("--steps", value, 0);
-    else if (flag == "--batch")
-      options.batch_size = static_cast<int>(parse_long("--batch", value, 1));
-    else if (flag == "--workers")
-      settings.workers = static_cast<int>(parse_long("--workers", value, 0));
-    else if (flag == "--prefetch")
-      settings.prefetch = static_cast<int>(parse_long("--prefetch", value, 1));
-    else if (flag == "--mode")
-      mode = value;
-    else if (flag == "--config")
-      config_path = value;
-    else if (flag == "--json")
-      json_path = value;
-    else if (flag == "--classes")
-      options.classes = static_cast<int>(parse_long(flag.c_str(), value, 2));
-    else if (flag == "--images-per-class")
-      options.images_per_class = static_cast<int>(parse_long(flag.c_str(), value, 1));
-    else {
-      std::fprintf(stderr, "jpeg_classifier: unknown option %s\n", flag.c_str());
-      usage();
-      return 2;
-    }
-  }
+
+  CLI::App app(
+      "jpeg_classifier: trains a small CNN on a folder of JPEG images (made once if absent) with "
+      "a TunableLoader attached to a torchpilot Pilot. By default it starts as LibTorch's loader "
+      "does (workers 0) in autotune mode.",
+      "jpeg_classifier");
+  example_cli::last_wins(app);
+  example_cli::add_path(app, "--data", options.data_dir, "DIR",
+                        "image folder; generated (classes x images-per-class) if it has no images")
+      ->check(example_cli::DirectoryOrAbsent())
+      ->capture_default_str();
+  example_cli::add_int(app, "--steps", steps, 0, 1000000000,
+                       "training steps; 0 (auto): in autotune mode until two epochs after the "
+                       "tuning decision (at least 400 steps), else 400")
+      ->capture_default_str();
+  example_cli::add_int(app, "--batch", options.batch_size, 1, 65536, "batch size")
+      ->capture_default_str();
+  example_cli::add_int(app, "--workers", settings.workers, 0, torchpilot::LoaderCore::kMaxWorkers,
+                       "loader workers to start with (0: batches made on the training thread)")
+      ->capture_default_str();
+  example_cli::add_int(app, "--prefetch", settings.prefetch, 1, 256,
+                       "batches in flight per worker to start with")
+      ->capture_default_str();
+  app.add_option("--mode", mode,
+                 "torchpilot mode; default autotune, unless the config file or TORCHPILOT_MODE "
+                 "says otherwise")
+      ->check(CLI::IsMember({"off", "advise", "autotune"}));
+  example_cli::add_path(app, "--config", config_path, "FILE", "torchpilot YAML config file")
+      ->check(example_cli::ExistingFile());
+  example_cli::add_path(app, "--json", json_path, "FILE", "write torchpilot's JSON records here");
+  example_cli::add_int(app, "--classes", options.classes, 2, 1000, "classes of a generated folder")
+      ->capture_default_str();
+  example_cli::add_int(app, "--images-per-class", options.images_per_class, 1, 100000,
+                       "images per class of a generated folder")
+      ->capture_default_str();
+  example_cli::parse_or_exit(app, argc, argv);
 
   try {
     torchpilot::Config config = config_path.empty()
