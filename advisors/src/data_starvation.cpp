@@ -43,14 +43,15 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
   a.expected_gain = compute_known ? f / (1.0 - f) : 0.0;
   a.gain_estimated = true;
 
-  if (!s.sections.get<LoaderStats>() || s.sections.get<LoaderStats>()->produce_count == 0) {
+  const LoaderStats* counters = s.sections.get<LoaderStats>();
+  if (counters == nullptr || counters->produce_count == 0) {
     a.cause = "the loader's internals are not visible (a watched or unknown loader)";
     a.action =
         "load in more worker threads or prefetch deeper; torchpilot::TunableLoader measures the "
         "cause and, with mode: autotune, picks workers and prefetch itself";
     return a;
   }
-  const LoaderStats& l = *s.sections.get<LoaderStats>();
+  const LoaderStats& l = *counters;
   const double batch_ms = static_cast<double>(l.produce_ns) / 1e6 / l.produce_count;
   // Share of production time spent on the CPU; the rest is waiting (disk, network, locks).
   const double cpu_share = fraction(l.produce_cpu_ns, l.produce_ns);

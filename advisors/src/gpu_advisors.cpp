@@ -33,8 +33,9 @@ std::string short_name(const std::string& name) {
 }  // namespace
 
 std::optional<Advice> advise_busy_inefficient(const EpochSummary& s, const AdvisorsConfig& config) {
-  if (!s.sections.get<GpuEpochStats>() || s.steps == 0) return std::nullopt;
-  const GpuEpochStats& e = *s.sections.get<GpuEpochStats>();
+  const GpuEpochStats* section = s.sections.get<GpuEpochStats>();
+  if (section == nullptr || s.steps == 0) return std::nullopt;
+  const GpuEpochStats& e = *section;
   const GpuStats& g = e.stats;
   // Busy: the kernel union (traced) or the counters' busy figure, else NVML's.
   const double busy = measured(g.gpu_utilization)       ? g.gpu_utilization
@@ -116,16 +117,15 @@ std::optional<Advice> advise_busy_inefficient(const EpochSummary& s, const Advis
 }
 
 std::optional<Advice> advise_host_sync(const EpochSummary& s, const AdvisorsConfig& config) {
-  if (!s.sections.get<GpuEpochStats>() || s.sections.get<GpuEpochStats>()->traced_steps == 0)
-    return std::nullopt;
-  const GpuStats& g = s.sections.get<GpuEpochStats>()->stats;
+  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
+  if (!gpu || gpu->traced_steps == 0) return std::nullopt;
+  const GpuStats& g = gpu->stats;
   // What a sync costs is the GPU idling because of it; a host blocked while the GPU stays busy
   // loses nothing.
   const double f = traced_share(g, g.host_sync_ns);
   const double idle = traced_share(g, g.idle_host_sync_ns);
   if (idle <= config.host_sync.threshold) return std::nullopt;
-  const double per_step =
-      static_cast<double>(g.host_syncs) / s.sections.get<GpuEpochStats>()->traced_steps;
+  const double per_step = static_cast<double>(g.host_syncs) / gpu->traced_steps;
   Advice a;
   a.id = "host_sync";
   a.severity = idle > 0.25 ? Severity::kHigh : Severity::kWarning;
@@ -150,16 +150,15 @@ std::optional<Advice> advise_host_sync(const EpochSummary& s, const AdvisorsConf
 }
 
 std::optional<Advice> advise_pageable_copies(const EpochSummary& s, const AdvisorsConfig& config) {
-  if (!s.sections.get<GpuEpochStats>() || s.sections.get<GpuEpochStats>()->traced_steps == 0)
-    return std::nullopt;
-  const GpuStats& g = s.sections.get<GpuEpochStats>()->stats;
+  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
+  if (!gpu || gpu->traced_steps == 0) return std::nullopt;
+  const GpuStats& g = gpu->stats;
   if (g.h2d_pageable_bytes == 0) return std::nullopt;
   const double f = traced_share(g, g.h2d_pageable_ns);
   if (f <= config.pageable_copies.threshold) return std::nullopt;
   const double share =
       static_cast<double>(g.h2d_pageable_bytes) / std::max<int64_t>(1, g.h2d_bytes);
-  const double mb = static_cast<double>(g.h2d_pageable_bytes) / 1e6 /
-                    s.sections.get<GpuEpochStats>()->traced_steps;
+  const double mb = static_cast<double>(g.h2d_pageable_bytes) / 1e6 / gpu->traced_steps;
   Advice a;
   a.id = "pageable_copies";
   a.severity = f > 0.2 ? Severity::kHigh : Severity::kWarning;
@@ -181,13 +180,12 @@ std::optional<Advice> advise_pageable_copies(const EpochSummary& s, const Adviso
 }
 
 std::optional<Advice> advise_launch_bound(const EpochSummary& s, const AdvisorsConfig& config) {
-  if (!s.sections.get<GpuEpochStats>() || s.sections.get<GpuEpochStats>()->traced_steps == 0)
-    return std::nullopt;
-  const GpuStats& g = s.sections.get<GpuEpochStats>()->stats;
+  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
+  if (!gpu || gpu->traced_steps == 0) return std::nullopt;
+  const GpuStats& g = gpu->stats;
   const double f = traced_share(g, g.idle_launch_gap_ns);
   if (f <= config.launch_bound.threshold || g.kernels == 0) return std::nullopt;
-  const double per_step =
-      static_cast<double>(g.kernels) / s.sections.get<GpuEpochStats>()->traced_steps;
+  const double per_step = static_cast<double>(g.kernels) / gpu->traced_steps;
   const double busy_ns =
       measured(g.gpu_utilization) ? g.gpu_utilization * static_cast<double>(g.traced_ns) : 0.0;
   const double mean_us = busy_ns / static_cast<double>(g.kernels) / 1e3;

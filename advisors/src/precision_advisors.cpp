@@ -33,9 +33,10 @@ double step_seconds(const EpochSummary& s) {
 // The GPU's busy fraction, best measure first: kernel-interval union of the detailed windows,
 // the busy counter, else everything but the data wait.
 double busy_fraction(const EpochSummary& s) {
+  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
   double busy = 1.0 - clamp01(s.data_wait_fraction);
-  if (s.sections.get<GpuEpochStats>()) {
-    const GpuStats& g = s.sections.get<GpuEpochStats>()->stats;
+  if (gpu) {
+    const GpuStats& g = gpu->stats;
     if (measured(g.gpu_utilization)) {
       busy = std::min(busy, g.gpu_utilization);
     } else if (measured(g.counter_utilization)) {
@@ -58,8 +59,9 @@ std::string device_name(const FlopEpochStats& f) {
 }  // namespace
 
 std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const AdvisorsConfig& config) {
-  if (!s.sections.get<FlopEpochStats>() || s.steps == 0) return std::nullopt;
-  const FlopEpochStats& f = *s.sections.get<FlopEpochStats>();
+  const FlopEpochStats* counted = s.sections.get<FlopEpochStats>();
+  if (counted == nullptr || s.steps == 0) return std::nullopt;
+  const FlopEpochStats& f = *counted;
   if (!(f.model_flops_per_step > 0)) return std::nullopt;
   const double fp32 = f.model_flops_by_precision[P(MathPrecision::kFp32)];
   const double share = fp32 / f.model_flops_per_step;
@@ -124,8 +126,10 @@ std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const AdvisorsCo
 
 std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
                                                const AdvisorsConfig& config) {
-  if (!s.sections.get<FlopEpochStats>() || s.steps == 0) return std::nullopt;
-  const FlopEpochStats& f = *s.sections.get<FlopEpochStats>();
+  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
+  const FlopEpochStats* flops = s.sections.get<FlopEpochStats>();
+  if (!flops || s.steps == 0) return std::nullopt;
+  const FlopEpochStats& f = *flops;
   if (!(f.model_flops_per_step > 0)) return std::nullopt;
   const double unfused = f.unfused_attention_flops_per_step;
   const double share = unfused / f.model_flops_per_step;
@@ -135,9 +139,9 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
   const double traffic = f.unfused_attention_traffic_bytes_per_step;
   double saved_s = kNotMeasured;
   std::string how;
-  if (s.sections.get<GpuEpochStats>() && s.sections.get<GpuEpochStats>()->traced_steps > 0) {
+  if (gpu && gpu->traced_steps > 0) {
     Nanos softmax_ns = 0;
-    for (const KernelSummary& k : s.sections.get<GpuEpochStats>()->top_kernels) {
+    for (const KernelSummary& k : gpu->top_kernels) {
       // Attention's softmax, not the loss's log_softmax (cross-entropy).
       const std::string name = lower(k.name);
       if (name.find("softmax") != std::string::npos &&
@@ -147,8 +151,7 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
       }
     }
     if (softmax_ns > 0) {
-      saved_s = static_cast<double>(softmax_ns) / 1e9 /
-                static_cast<double>(s.sections.get<GpuEpochStats>()->traced_steps);
+      saved_s = static_cast<double>(softmax_ns) / 1e9 / static_cast<double>(gpu->traced_steps);
       how = "the traced softmax kernels' time";
     }
   }
@@ -214,16 +217,18 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
 }
 
 std::optional<Advice> advise_low_mfu(const EpochSummary& s, const AdvisorsConfig& config) {
-  if (!s.sections.get<FlopEpochStats>() || s.steps == 0) return std::nullopt;
-  const FlopEpochStats& f = *s.sections.get<FlopEpochStats>();
+  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
+  const FlopEpochStats* flops = s.sections.get<FlopEpochStats>();
+  if (!flops || s.steps == 0) return std::nullopt;
+  const FlopEpochStats& f = *flops;
   if (!measured(f.mfu) || !(f.model_flops_per_step > 0)) return std::nullopt;
   if (f.mfu >= config.low_mfu.threshold) return std::nullopt;
 
   const double step_s = step_seconds(s);
   const double wait = clamp01(s.data_wait_fraction);
   double idle = kNotMeasured;
-  if (s.sections.get<GpuEpochStats>()) {
-    const GpuStats& g = s.sections.get<GpuEpochStats>()->stats;
+  if (gpu) {
+    const GpuStats& g = gpu->stats;
     if (measured(g.gpu_utilization)) {
       idle = 1.0 - clamp01(g.gpu_utilization);
     } else if (measured(g.counter_utilization)) {
@@ -295,15 +300,11 @@ std::optional<Advice> advise_low_mfu(const EpochSummary& s, const AdvisorsConfig
           "raise the micro-batch or model width, fuse elementwise work, use "
           "at::scaled_dot_product_attention for attention";
     }
-    if (s.sections.get<GpuEpochStats>() && !s.sections.get<GpuEpochStats>()->top_kernels.empty() &&
-        s.sections.get<GpuEpochStats>()->stats.traced_ns > 0) {
+    if (gpu && !gpu->top_kernels.empty() && gpu->stats.traced_ns > 0) {
       std::string names;
-      const double traced = static_cast<double>(s.sections.get<GpuEpochStats>()->stats.traced_ns);
-      for (int i = 0; i < kTopKernelsNamed &&
-                      i < static_cast<int>(s.sections.get<GpuEpochStats>()->top_kernels.size());
-           ++i) {
-        const KernelSummary& k =
-            s.sections.get<GpuEpochStats>()->top_kernels[static_cast<size_t>(i)];
+      const double traced = static_cast<double>(gpu->stats.traced_ns);
+      for (int i = 0; i < kTopKernelsNamed && i < static_cast<int>(gpu->top_kernels.size()); ++i) {
+        const KernelSummary& k = gpu->top_kernels[static_cast<size_t>(i)];
         if (!names.empty()) names += ", ";
         names += k.name + " " + pct(static_cast<double>(k.total_ns) / traced);
       }
