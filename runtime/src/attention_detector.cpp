@@ -4,28 +4,12 @@
 #include <cstddef>
 #include <utility>
 
+#include "torchpilot/runtime/flop_formulas.h"
+
 namespace torchpilot {
 
-namespace {
-
-constexpr double kNaN = kNotMeasured;
-
-// Product of dims [from, to) as double; NaN for a negative dim.
-double prod(const Shape& s, size_t from, size_t to) {
-  double p = 1;
-  for (size_t i = from; i < to && i < s.size(); ++i) {
-    if (s[i] < 0) return kNaN;
-    p *= static_cast<double>(s[i]);
-  }
-  return p;
-}
-
-double numel(const Shape& s) { return prod(s, 0, s.size()); }
-
-}  // namespace
-
 bool AttentionDetector::matches(const Shape& s, const Pending& p) const {
-  if (s.size() < 2 || numel(s) != static_cast<double>(p.numel)) return false;
+  if (s.size() < 2 || shape_numel(s) != static_cast<double>(p.numel)) return false;
   const int64_t a = s[s.size() - 2], b = s[s.size() - 1];
   return (a == p.lq && b == p.lk) || (a == p.lk && b == p.lq);
 }
@@ -70,7 +54,7 @@ AttentionDelta AttentionDetector::on_softmax(const Shape& matrix, int64_t elemen
     return {};
   }
   Pending p;
-  const double n = numel(matrix);
+  const double n = shape_numel(matrix);
   p.numel = static_cast<int64_t>(n);
   p.lq = matrix[matrix.size() - 2];
   p.lk = matrix[matrix.size() - 1];

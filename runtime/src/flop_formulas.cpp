@@ -13,18 +13,6 @@ namespace {
 
 constexpr double kNaN = kNotMeasured;
 
-// Product of dims [from, to) as double; NaN for a negative dim.
-double prod(const Shape& s, size_t from, size_t to) {
-  double p = 1;
-  for (size_t i = from; i < to && i < s.size(); ++i) {
-    if (s[i] < 0) return kNaN;
-    p *= static_cast<double>(s[i]);
-  }
-  return p;
-}
-
-double numel(const Shape& s) { return prod(s, 0, s.size()); }
-
 const OpArg* arg(const OpArgs& args, size_t i) { return i < args.size() ? &args[i] : nullptr; }
 
 const Shape* tensor_at(const OpArgs& args, size_t i) {
@@ -241,12 +229,12 @@ OpKind op_kind(std::string_view op) {
 
 double mm_flops(const Shape& a, const Shape& b) {
   if (a.size() != 2 || b.size() != 2 || a[1] != b[0]) return kNaN;
-  return 2.0 * prod(a, 0, 2) * static_cast<double>(b[1]);
+  return 2.0 * shape_product(a, 0, 2) * static_cast<double>(b[1]);
 }
 
 double bmm_flops(const Shape& a, const Shape& b) {
   if (a.size() != 3 || b.size() != 3 || a[0] != b[0] || a[2] != b[1]) return kNaN;
-  return 2.0 * prod(a, 0, 3) * static_cast<double>(b[2]);
+  return 2.0 * shape_product(a, 0, 3) * static_cast<double>(b[2]);
 }
 
 int64_t conv_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding,
@@ -262,12 +250,12 @@ double conv_flops(const Shape& x, const Shape& w, const Shape& out_spatial, bool
   const size_t n = x.size() - 2;
   double spatial;
   if (transposed) {
-    spatial = prod(x, 2, x.size());
+    spatial = shape_product(x, 2, x.size());
   } else {
     if (out_spatial.size() != n) return kNaN;
-    spatial = numel(out_spatial);
+    spatial = shape_numel(out_spatial);
   }
-  return 2.0 * static_cast<double>(x[0]) * spatial * prod(w, 2, w.size()) *
+  return 2.0 * static_cast<double>(x[0]) * spatial * shape_product(w, 2, w.size()) *
          static_cast<double>(w[0]) * static_cast<double>(w[1]);
 }
 
@@ -284,7 +272,7 @@ double sdpa_flops(const Shape& q, const Shape& k, const Shape& v) {
   if (q.size() < 3 || k.size() != q.size() || v.size() != q.size()) return kNaN;
   const size_t r = q.size();
   if (k[r - 1] != q[r - 1] || v[r - 2] != k[r - 2]) return kNaN;
-  const double bh = prod(q, 0, r - 2);
+  const double bh = shape_product(q, 0, r - 2);
   const double lq = static_cast<double>(q[r - 2]), lk = static_cast<double>(k[r - 2]);
   const double d = static_cast<double>(q[r - 1]), dv = static_cast<double>(v[r - 1]);
   return 2.0 * bh * lq * lk * d + 2.0 * bh * lq * lk * dv;
@@ -296,7 +284,7 @@ double sdpa_backward_flops(const Shape& grad_out, const Shape& q, const Shape& k
   }
   const size_t r = q.size();
   if (k[r - 1] != q[r - 1] || v[r - 2] != k[r - 2]) return kNaN;
-  const double bh = prod(q, 0, r - 2);
+  const double bh = shape_product(q, 0, r - 2);
   const double lq = static_cast<double>(q[r - 2]), lk = static_cast<double>(k[r - 2]);
   const double d = static_cast<double>(q[r - 1]), dv = static_cast<double>(v[r - 1]);
   // dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q (the recomputed QK^T is counted apart).
@@ -307,8 +295,8 @@ double sdpa_backward_recompute_flops(const Shape& q, const Shape& k) {
   if (q.size() < 3 || k.size() != q.size()) return kNaN;
   const size_t r = q.size();
   if (k[r - 1] != q[r - 1]) return kNaN;
-  return 2.0 * prod(q, 0, r - 2) * static_cast<double>(q[r - 2]) * static_cast<double>(k[r - 2]) *
-         static_cast<double>(q[r - 1]);
+  return 2.0 * shape_product(q, 0, r - 2) * static_cast<double>(q[r - 2]) *
+         static_cast<double>(k[r - 2]) * static_cast<double>(q[r - 1]);
 }
 
 std::optional<MatmulShapes> matmul_shapes(std::string_view op, const OpArgs& args) {
@@ -431,5 +419,16 @@ MathPrecision op_precision(std::string_view op, const OpArgs& args, const MathFl
   }
   return precision_of(a->dtype, tf32);
 }
+
+double shape_product(const Shape& s, size_t from, size_t to) {
+  double p = 1;
+  for (size_t i = from; i < to && i < s.size(); ++i) {
+    if (s[i] < 0) return kNotMeasured;
+    p *= static_cast<double>(s[i]);
+  }
+  return p;
+}
+
+double shape_numel(const Shape& s) { return shape_product(s, 0, s.size()); }
 
 }  // namespace torchpilot

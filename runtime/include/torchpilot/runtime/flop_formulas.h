@@ -22,6 +22,9 @@
 namespace torchpilot {
 
 using Shape = std::vector<int64_t>;
+// Product of a shape's dims [from, to) as a double (NaN for a negative dim), and of all of them.
+double shape_product(const Shape& shape, size_t from, size_t to);
+double shape_numel(const Shape& shape);
 
 // ---- op arguments ----------------------------------------------------------------------------
 
