@@ -34,8 +34,10 @@ flags_tsan="-fsanitize=thread"
 timings=()
 run_pass() {
   local pass=$1 dir=build-$1 flags
-  flags=flags_$pass
-  flags=${!flags}
+  case $pass in
+    asan) flags=$flags_asan ;;
+    tsan) flags=$flags_tsan ;;
+  esac
   echo "== sanitize $pass: configure and build in ./$dir"
   local t0=$SECONDS
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
