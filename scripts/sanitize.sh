@@ -56,7 +56,11 @@ run_pass() {
   local t1=$SECONDS
   echo "== sanitize $pass: unit and integration tests"
   local rc=0
-  (cd "$dir" && ctest -L '^(unit|integration)$' --output-on-failure -j "$jobs" --timeout 1200) || rc=$?
+  # Left out: tests whose assertions compare measured throughputs (the auto-tuner choosing more
+  # workers for a slow dataset): under a sanitizer's 2-3x slowdown on a loaded machine the
+  # comparison says nothing about the code (one failure in 14 runs); they run in the normal suite.
+  (cd "$dir" && ctest -L '^(unit|integration)$' -E 'AutotuneAddsWorkersForASlowDataset' \
+    --output-on-failure -j "$jobs" --timeout 1200) || rc=$?
   local t2=$SECONDS
   timings+=("$pass: configure+build $((t1 - t0)) s, tests $((t2 - t1)) s$([ $rc -ne 0 ] && echo ', FAILED')")
   return $rc
