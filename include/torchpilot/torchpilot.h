@@ -3,16 +3,16 @@
 // adds.
 #pragma once
 
-#include "torchpilot/runtime/advice.h"
 #include "torchpilot/advisors/advisors.h"
+#include "torchpilot/hooks/flop_counter.h"
+#include "torchpilot/hooks/tunable_loader.h"
+#include "torchpilot/hooks/watch.h"
+#include "torchpilot/runtime/advice.h"
 #include "torchpilot/runtime/clock.h"
 #include "torchpilot/runtime/config.h"
-#include "torchpilot/hooks/flop_counter.h"
 #include "torchpilot/runtime/knobs.h"
 #include "torchpilot/runtime/loader_core.h"
 #include "torchpilot/runtime/pilot.h"
 #include "torchpilot/runtime/records.h"
 #include "torchpilot/runtime/sink.h"
 #include "torchpilot/runtime/trial_engine.h"
-#include "torchpilot/hooks/tunable_loader.h"
-#include "torchpilot/hooks/watch.h"

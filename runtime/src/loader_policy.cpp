@@ -1,11 +1,11 @@
+#include "torchpilot/runtime/loader_policy.h"
+
 #include <algorithm>
 #include <cmath>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include "torchpilot/runtime/loader_policy.h"
 
 namespace torchpilot {
 namespace {

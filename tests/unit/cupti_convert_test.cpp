@@ -274,7 +274,8 @@ TEST(PmSampleConvert, MetricTiersDropPcieThenAllButSmAndGr) {
   ASSERT_EQ(tiers.size(), 3u);
   EXPECT_EQ(tiers[1].size(), 5u);
   for (auto m : tiers[1]) EXPECT_TRUE(pm_metric_is_percent(m));
-  EXPECT_EQ(tiers[2], (std::vector<PmMetric>{PmMetric::kCounterUtilization, PmMetric::kSmEfficiency}));
+  EXPECT_EQ(tiers[2],
+            (std::vector<PmMetric>{PmMetric::kCounterUtilization, PmMetric::kSmEfficiency}));
   EXPECT_STREQ(pm_metric_name(PmMetric::kTensorActivity),
                "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed");
   EXPECT_STREQ(pm_metric_name(PmMetric::kPcieReadBytes), "pcie__read_bytes.sum");

@@ -48,10 +48,10 @@
 #include <memory>
 #include <string>
 
+#include "torchpilot/runtime/collector.h"
 #include "torchpilot/runtime/device_peaks.h"
 #include "torchpilot/runtime/flop_accumulation.h"
 #include "torchpilot/runtime/flop_windows.h"
-#include "torchpilot/runtime/collector.h"
 #include "torchpilot/runtime/pilot.h"
 
 namespace torchpilot {

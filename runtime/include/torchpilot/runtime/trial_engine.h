@@ -1,12 +1,10 @@
-// Auto-tune: the trial engine runs the warm-up protocol (docs/architecture.md, "Auto-tune") over registered knobs.
-// Each trial applies a setting at a step boundary, lets it settle, measures a window of steps
-// (at least measure_steps and min_window_ms) and
-// compares its throughput (samples over the window's time) with the incumbent's; the candidate
-// must win by noise_margin, raised to the windows' combined relative standard error (capped at
-// 10%) when the steps vary more. When the policy
-// has nothing more to try, or the next trial would exceed the warm-up budget (warmup_steps or
-// warmup_seconds, whichever is larger), the best setting is applied
-// and the decision recorded.
+// Auto-tune: the trial engine runs the warm-up protocol (docs/architecture.md, "Auto-tune") over
+// registered knobs. Each trial applies a setting at a step boundary, lets it settle, measures a
+// window of steps (at least measure_steps and min_window_ms) and compares its throughput (samples
+// over the window's time) with the incumbent's; the candidate must win by noise_margin, raised to
+// the windows' combined relative standard error (capped at 10%) when the steps vary more. When the
+// policy has nothing more to try, or the next trial would exceed the warm-up budget (warmup_steps
+// or warmup_seconds, whichever is larger), the best setting is applied and the decision recorded.
 // Thread-safety: training thread only (it calls knob setters between steps).
 // Failure behaviour: a knob setter that throws fails that trial; the incumbent is restored.
 #pragma once
