@@ -387,7 +387,7 @@ void GpuMonitor::finish(const PendingStep& step) {
   last_finished_end_ = std::max(last_finished_end_, step.span.end);
   epoch_->add(rec.stats);
   if (step.traced) epoch_->add_kernels(events_.kernels, step.span, device_.sm_count);
-  if (host_ != nullptr) host_->publish(make_late_step(rec.step, rec.epoch, rec));
+  if (host_ != nullptr) host_->publish(make_late_step(rec.step, rec.epoch, std::move(rec)));
 }
 
 void GpuMonitor::finish_ready_steps(bool all) {
