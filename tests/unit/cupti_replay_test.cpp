@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -23,19 +24,32 @@
 #include "cupti_fixture.h"
 #include "cupti_pm_sampling.h"
 #include "torchpilot/runtime/gpu_monitor.h"
+#include "torchpilot/runtime/gpu_step_stats.h"
 
 namespace torchpilot {
 namespace detail {
 namespace {
+
+// The spans of a step whose GPU work ran inside its host span.
+inline StepSpans spans(Interval host, Interval wait, bool traced,
+                       Nanos trace_from = std::numeric_limits<Nanos>::min()) {
+  StepSpans s;
+  s.host = host;
+  s.data_wait = wait;
+  s.traced = traced;
+  s.trace_from = trace_from;
+  return s;
+}
 
 namespace fx = cupti_fixture;
 
 const char* kCaptureCommand = "build-gpu/bench/cupti_capture --out tests/fixtures/cupti";
 
 bool metric_by_name(const std::string& name, PmMetric* out) {
-  for (PmMetric m : {PmMetric::kCounterUtilization, PmMetric::kSmEfficiency, PmMetric::kTensorActivity,
-                     PmMetric::kDramThroughput, PmMetric::kAchievedOccupancy, PmMetric::kPcieReadBytes,
-                     PmMetric::kPcieWriteBytes}) {
+  for (PmMetric m :
+       {PmMetric::kCounterUtilization, PmMetric::kSmEfficiency, PmMetric::kTensorActivity,
+        PmMetric::kDramThroughput, PmMetric::kAchievedOccupancy, PmMetric::kPcieReadBytes,
+        PmMetric::kPcieWriteBytes}) {
     if (name == pm_metric_name(m)) {
       *out = m;
       return true;
@@ -165,8 +179,8 @@ void check_fixture(const fx::Fixture& f, double tolerance, size_t expected_failu
   int traced_steps = 0, untraced_with_pm = 0;
   for (const fx::StepSpan& s : info.steps) {
     const Interval span{s.begin, s.end};
-    const GpuStats g = gpu_step_stats(e, span, Interval{}, s.traced, info.sm_count, 0,
-                                      s.traced ? info.trace_from : 0);
+    const GpuStats g = gpu_step_stats(
+        e, spans(span, Interval{}, s.traced, s.traced ? info.trace_from : 0), info.sm_count, 0);
     if (!s.traced) {
       EXPECT_EQ(g.traced_ns, 0);
       if (measured(g.sm_efficiency)) ++untraced_with_pm;
@@ -326,7 +340,8 @@ fx::CaptureInfo synthetic_info() {
   info.time_base_offset_ns = kOffset;
   info.time_base_offset_after_ns = kOffset;
   info.pm_interval_ms = 5;
-  info.pm_metrics = {pm_metric_name(PmMetric::kCounterUtilization), pm_metric_name(PmMetric::kSmEfficiency)};
+  info.pm_metrics = {pm_metric_name(PmMetric::kCounterUtilization),
+                     pm_metric_name(PmMetric::kSmEfficiency)};
   info.h2d_pageable_bytes = 4096;
   info.d2h_item_bytes = 4;
   info.steps = {{0, 1'000'000, 11'000'000, true}};
@@ -399,7 +414,7 @@ TEST(CuptiReplay, SyntheticFixtureRoundTripsExactly) {
   EXPECT_DOUBLE_EQ(e.pm[1].sm_efficiency, 0.0);
 
   const GpuStats g =
-      gpu_step_stats(e, {1'000'000, 11'000'000}, Interval{}, true, 132, 0, 1'000'000);
+      gpu_step_stats(e, spans({1'000'000, 11'000'000}, Interval{}, true, 1'000'000), 132, 0);
   EXPECT_EQ(g.traced_ns, 10'000'000);
   EXPECT_DOUBLE_EQ(g.gpu_utilization, 0.4);  // 4 of 10 ms
   EXPECT_DOUBLE_EQ(g.sm_efficiency, 0.4);    // 80% for 5 ms, 0% for 5 ms

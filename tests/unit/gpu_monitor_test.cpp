@@ -7,13 +7,26 @@
 #include <spdlog/spdlog.h>
 
 #include <deque>
+#include <limits>
 #include <sstream>
 
 #include "torchpilot/advisors/advisors.h"
+#include "torchpilot/runtime/gpu_step_stats.h"
 #include "torchpilot/runtime/pilot.h"
 
 namespace torchpilot {
 namespace {
+
+// The spans of a step whose GPU work ran inside its host span.
+inline StepSpans spans(Interval host, Interval wait, bool traced,
+                       Nanos trace_from = std::numeric_limits<Nanos>::min()) {
+  StepSpans s;
+  s.host = host;
+  s.data_wait = wait;
+  s.traced = traced;
+  s.trace_from = trace_from;
+  return s;
+}
 
 constexpr Nanos kMs = 1000000;
 
@@ -95,7 +108,7 @@ KernelRecord kernel(Nanos b, Nanos e, int64_t blocks, std::string name = "k") {
 TEST(GpuStepStatsTest, PmSamplesAreTimeWeightedOverTheStep) {
   GpuEventBatch ev;
   ev.pm = {pm(0, 10, 0.2), pm(10, 20, 0.6)};
-  const GpuStats g = gpu_step_stats(ev, {5, 15}, {5, 5}, false, 100, 100);
+  const GpuStats g = gpu_step_stats(ev, spans({5, 15}, {5, 5}, false), 100, 100);
   EXPECT_DOUBLE_EQ(g.sm_efficiency, 0.4);
   EXPECT_DOUBLE_EQ(g.counter_utilization, 1.0);
   EXPECT_DOUBLE_EQ(g.achieved_occupancy, 0.2);
@@ -108,10 +121,13 @@ TEST(GpuStepStatsTest, PmSamplesAreTimeWeightedOverTheStep) {
 TEST(GpuStepStatsTest, NvmlReadingsInsideTheStepOrTheNextOne) {
   GpuEventBatch ev;
   ev.nvml = {{3, 0.5}, {7, 1.0}, {30, 0.2}};
-  EXPECT_DOUBLE_EQ(gpu_step_stats(ev, {0, 10}, {0, 0}, false, 100, 100).nvml_utilization, 0.75);
+  EXPECT_DOUBLE_EQ(gpu_step_stats(ev, spans({0, 10}, {0, 0}, false), 100, 100).nvml_utilization,
+                   0.75);
   // No reading inside: the first one within an interval after the step.
-  EXPECT_DOUBLE_EQ(gpu_step_stats(ev, {20, 25}, {20, 20}, false, 100, 10).nvml_utilization, 0.2);
-  EXPECT_FALSE(measured(gpu_step_stats(ev, {40, 50}, {40, 40}, false, 100, 5).nvml_utilization));
+  EXPECT_DOUBLE_EQ(gpu_step_stats(ev, spans({20, 25}, {20, 20}, false), 100, 10).nvml_utilization,
+                   0.2);
+  EXPECT_FALSE(
+      measured(gpu_step_stats(ev, spans({40, 50}, {40, 40}, false), 100, 5).nvml_utilization));
 }
 
 TEST(GpuStepStatsTest, TracedStepSplitsIdleTimeByCause) {
@@ -127,7 +143,7 @@ TEST(GpuStepStatsTest, TracedStepSplitsIdleTimeByCause) {
   c.kind = CopyKind::kHostToDevice;
   c.pageable = true;
   ev.copies = {c};
-  const GpuStats g = gpu_step_stats(ev, {0, 10}, {0, 1}, true, 100, 100);
+  const GpuStats g = gpu_step_stats(ev, spans({0, 10}, {0, 1}, true), 100, 100);
   EXPECT_EQ(g.traced_ns, 10);
   EXPECT_DOUBLE_EQ(g.gpu_utilization, 0.4);
   EXPECT_DOUBLE_EQ(g.estimated_sm_efficiency, 0.2);
@@ -147,7 +163,7 @@ TEST(GpuStepStatsTest, TracedStepSplitsIdleTimeByCause) {
 TEST(GpuStepStatsTest, KernelsAreClippedToTheStep) {
   GpuEventBatch ev;
   ev.kernels = {kernel(-5, 5, 200), kernel(8, 20, 1)};
-  const GpuStats g = gpu_step_stats(ev, {0, 10}, {0, 0}, true, 100, 100);
+  const GpuStats g = gpu_step_stats(ev, spans({0, 10}, {0, 0}, true), 100, 100);
   EXPECT_DOUBLE_EQ(g.gpu_utilization, 0.7);
   EXPECT_DOUBLE_EQ(g.estimated_sm_efficiency, (5 * 1.0 + 2 * 0.01) / 10);
   EXPECT_EQ(g.kernels, 1);  // the first started in the previous step

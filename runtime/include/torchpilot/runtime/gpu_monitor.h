@@ -24,6 +24,7 @@
 #include "torchpilot/runtime/config.h"
 #include "torchpilot/runtime/gpu_backend.h"
 #include "torchpilot/runtime/gpu_metrics.h"
+#include "torchpilot/runtime/gpu_step_stats.h"
 #include "torchpilot/runtime/gpu_window_planner.h"
 
 namespace spdlog {
@@ -31,15 +32,6 @@ class logger;
 }
 
 namespace torchpilot {
-
-// The GPU figures of one span (a step) from the events that overlap it: PM samples and NVML
-// readings time-weighted; with `traced`, kernel, copy and sync records too, and the idle time
-// split by cause (`data_wait`: when the training thread waited for its batch). Pure; tested on
-// hand-made timelines.
-// With `traced`, the trace figures cover [max(span.begin, trace_from), span.end].
-GpuStats gpu_step_stats(const GpuEventBatch& events, Interval span, Interval data_wait, bool traced,
-                        int sm_count, Nanos nvml_interval_ns,
-                        Nanos trace_from = std::numeric_limits<Nanos>::min());
 
 class GpuMonitor : public Collector {
  public:

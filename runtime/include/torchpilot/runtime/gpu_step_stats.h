@@ -1,0 +1,26 @@
+// The GPU figures of one step from the events that overlap it (docs/metrics.md, "GPU"). Pure;
+// tested on hand-made and captured timelines (gpu_monitor_test, cupti_replay_test).
+#pragma once
+
+#include <limits>
+
+#include "torchpilot/runtime/gpu_backend.h"
+#include "torchpilot/runtime/gpu_metrics.h"
+
+namespace torchpilot {
+
+// Where one step lies in time.
+struct StepSpans {
+  Interval host;        // the training thread's step, [begin, end] on the steady clock
+  Interval data_wait;   // the part of it the training thread waited for its batch
+  bool traced = false;  // inside a detailed window
+  // The trace covers the step from here on (a window's first step: from its scope's start).
+  Nanos trace_from = std::numeric_limits<Nanos>::min();
+};
+
+// PM samples and NVML readings time-weighted over the step; when traced, kernel, copy and sync
+// records too, and the idle time split by cause.
+GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int sm_count,
+                        Nanos nvml_interval_ns);
+
+}  // namespace torchpilot
