@@ -46,7 +46,8 @@ double prorated(const std::vector<PmSample>& pm, Interval span, Field field) {
 
 GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int sm_count,
                         Nanos nvml_interval_ns) {
-  Interval span = spans.host;
+  // GPU figures belong to the step whose GPU span contains them (host span when unknown).
+  Interval span = spans.gpu_timed ? spans.gpu : spans.host;
   const Interval data_wait = spans.data_wait;
   const bool traced = spans.traced;
   const Nanos trace_from = spans.trace_from;
