@@ -11,7 +11,11 @@ namespace torchpilot {
 
 // Where one step lies in time.
 struct StepSpans {
-  Interval host;        // the training thread's step, [begin, end] on the steady clock
+  Interval host;  // the training thread's step, [begin, end] on the steady clock
+  // When the GPU ran the step: from the completion of the marker recorded on the trainer's stream
+  // at its start boundary to that of its end boundary. Unknown (gpu_timed false) without markers.
+  Interval gpu;
+  bool gpu_timed = false;
   Interval data_wait;   // the part of it the training thread waited for its batch
   bool traced = false;  // inside a detailed window
   // The trace covers the step from here on (a window's first step: from its scope's start).
