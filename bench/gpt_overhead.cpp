@@ -52,6 +52,8 @@ struct Args {
   std::string machine = "unnamed";
   std::string commit = "unknown";
   std::string out;
+  std::string log_level =
+      "warn";               // torchpilot's log level (debug shows the trace release's timings)
   std::vector<int> setups;  // configurations measured, off first (--configs)
 };
 
@@ -67,7 +69,12 @@ struct RoundResult {
   int64_t counted_steps = 0;  // steps whose ops the FLOP counter counted
   double counted_flops_per_step = std::nan("");
   double mfu = std::nan("");
+  // After the measured steps, kTailSteps steps each synchronized and timed: the longest minus
+  // their median is the stall of the step in which a closed window's trace was released.
+  double end_stall_ms = std::nan("");
 };
+
+constexpr int kTailSteps = 8;  // > the window's tail of flushes before its release
 
 double median(std::vector<double> v) {
   if (v.empty()) return std::nan("");
@@ -80,7 +87,7 @@ json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
 torchpilot::Config config_for(Setup setup, const Args& a) {
   torchpilot::Config c;  // defaults, not the environment: the bench controls every key
-  c.log.level = "warn";
+  c.log.level = a.log_level;
   if (setup == kOff) {
     c.mode = torchpilot::Mode::kOff;
     c.gpu.enabled = false;
@@ -127,6 +134,15 @@ RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, j
   trainer.synchronize();
   const auto t1 = std::chrono::steady_clock::now();
   r.step_ms = std::chrono::duration<double, std::milli>(t1 - t0).count() / a.steps;
+  std::vector<double> tail;
+  for (int i = 0; i < kTailSteps; ++i) {
+    const auto s0 = std::chrono::steady_clock::now();
+    trainer.train(pilot, 1);
+    trainer.synchronize();
+    tail.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
+  }
+  r.end_stall_ms = *std::max_element(tail.begin(), tail.end()) - median(tail);
   pilot.end_epoch();  // outside the measurement: flushes the collectors, fills the summary
   if (!pilot.epoch_summaries().empty()) {
     const torchpilot::EpochSummary& s = pilot.epoch_summaries().back();
@@ -192,6 +208,9 @@ int run(int argc, char** argv) {
   example_cli::add_int(app, "--prime", a.prime, 0, 1000000, "untimed steps before the first round")
       ->capture_default_str();
   app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
+  app.add_option("--log-level", a.log_level, "torchpilot's log level")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
+      ->capture_default_str();
   app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
   example_cli::add_path(app, "--out", a.out, "FILE", "write every round's numbers here (JSON)");
   app.add_option("--configs", configs,
@@ -309,6 +328,13 @@ int run(int argc, char** argv) {
                 counted.counted_flops_per_step, analytic,
                 counted.counted_flops_per_step / analytic);
   }
+  {
+    std::vector<double> w, o;
+    for (const auto& r : results[kWindow]) w.push_back(r.end_stall_ms);
+    for (const auto& r : results[kOff]) o.push_back(r.end_stall_ms);
+    std::printf("window end stall: %.1f ms (the same measure with torchpilot off: %.1f ms)\n",
+                median(w), median(o));
+  }
   std::printf("bench wall time %.0f s\n", elapsed);
 
   if (!a.out.empty()) {
@@ -327,7 +353,8 @@ int run(int argc, char** argv) {
                           {"traced_steps", r.traced_steps},
                           {"counted_steps", r.counted_steps},
                           {"counted_model_flops_per_step", number(r.counted_flops_per_step)},
-                          {"mfu", number(r.mfu)}});
+                          {"mfu", number(r.mfu)},
+                          {"end_stall_ms", number(r.end_stall_ms)}});
       }
       per_config[kNames[s]] = {{"median_step_ms", number(medians[s])}, {"rounds", rounds}};
     }
@@ -393,6 +420,18 @@ int run(int argc, char** argv) {
           {"window", number(medians[kWindow])},
           {"counting", number(medians[kCounting])}}},
         {"ratios", ratio_json},
+        // The longest of the steps after the window minus their median (the same for "off" is the
+        // noise floor); medians over rounds.
+        {"window_end_stall_ms", number([&] {
+           std::vector<double> v;
+           for (const auto& r : results[kWindow]) v.push_back(r.end_stall_ms);
+           return median(v);
+         }())},
+        {"off_end_stall_ms", number([&] {
+           std::vector<double> v;
+           for (const auto& r : results[kOff]) v.push_back(r.end_stall_ms);
+           return median(v);
+         }())},
         {"per_config", per_config},
         {"wall_s", elapsed}};
     std::ofstream out(a.out);

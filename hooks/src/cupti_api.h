@@ -53,6 +53,9 @@ namespace detail {
      CUpti_SubscriberParams* params),                                                     \
     (subscriber, callback, userdata, params))                                             \
   X(unsubscribe, cuptiUnsubscribe, (CUpti_SubscriberHandle subscriber), (subscriber))     \
+  X(enable_domain, cuptiEnableDomain,                                                     \
+    (uint32_t enable, CUpti_SubscriberHandle subscriber, CUpti_CallbackDomain domain),    \
+    (enable, subscriber, domain))                                                         \
   /* Detaches CUPTI from the process (kineto's teardown after a trace). */                \
   X(finalize, cuptiFinalize, (), ())
 

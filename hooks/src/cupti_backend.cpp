@@ -3,8 +3,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -26,6 +30,8 @@ namespace {
 
 constexpr size_t kMaxPendingSamples = 1u << 18;   // per kind, when nobody drains
 constexpr uint32_t kMinCuptiApiVersion = 130000;  // CUDA 13's records (Kernel10, Memcpy6, ...)
+// How long a release waits for a CUDA API call to finalize CUPTI in (then it finalizes itself).
+constexpr auto kFinalizeCallbackWait = std::chrono::seconds(1);
 
 std::string off_in_config(const char* key) {
   return std::string("off in the configuration (") + key + ": false)";
@@ -43,7 +49,10 @@ class CuptiBackend final : public GpuBackend {
   }
 
   ~CuptiBackend() override {
-    guard("stop", [&] { stop_all(); });
+    guard("stop", [&] {
+      finish_release();
+      stop_all();
+    });
     // Destroy the collectors (joined and unrouted in stop_all) before the vendor interfaces.
     activity_.reset();
     pm_.reset();
@@ -57,6 +66,8 @@ class CuptiBackend final : public GpuBackend {
   bool trace_busy() const override { return trace_busy_; }
 
   std::vector<CollectorStatus> status() const override {
+    // While a release runs on its thread, the statuses as they were when it began.
+    if (release_running()) return release_snapshot_;
     std::vector<CollectorStatus> s{pm_status_, activity_status_, nvml_status_, nvtx_status_};
     if (s[0].active && pm_ != nullptr) {
       std::string why = pm_->reason();
@@ -88,6 +99,7 @@ class CuptiBackend final : public GpuBackend {
   bool start_trace() override {
     bool ok = false;
     guard("start_trace", [&] {
+      finish_release();  // windows rarely follow each other this closely
       if (activity_ == nullptr || (!activity_status_.active && !trace_busy_) || stopped_) return;
       if (!activity_attached_) {
         const std::string why = activity_->init();
@@ -131,21 +143,52 @@ class CuptiBackend final : public GpuBackend {
 
   void stop_trace() override {
     guard("stop_trace", [&] {
-      if (activity_ != nullptr) activity_->disable();
+      if (activity_ != nullptr && !release_running()) activity_->disable();
     });
   }
 
+  // Returns at once: the forced flush, cuptiFinalize and PM sampling's restart take 0.1-0.4 s
+  // (measured on the H100 and H200), which the training thread must not wait for. They run on a
+  // release thread; the window's last records reach drain() when it is done (trace_releasing()).
   void release_trace() override {
     guard("release_trace", [&] {
-      if (activity_ == nullptr || !activity_attached_ || stopped_) return;
-      activity_->shutdown();  // disable, forced flush, unsubscribe
+      if (activity_ == nullptr || !activity_attached_ || stopped_ || release_running()) return;
+      release_snapshot_ = status();
       activity_attached_ = false;
-      detach_cupti(/*resume_pm=*/true);
+      finalize_now_ = false;
+      finalized_ = false;
+      releasing_.store(true, std::memory_order_release);
+      release_thread_ = std::thread([this] {
+        guard("release_trace", [&] {
+          const Nanos t0 = steady_now_ns();
+          activity_->shutdown();  // disable, forced flush, unsubscribe
+          const Nanos t1 = steady_now_ns();
+          detach_cupti(/*resume_pm=*/true, /*finalize_at_api_exit=*/true);
+          logger_.debug(
+              "GPU trace released off the training thread: flush {:.1f} ms, detach {:.1f} ms",
+              (t1 - t0) / 1e6, (steady_now_ns() - t1) / 1e6);
+        });
+        releasing_.store(false, std::memory_order_release);
+      });
     });
+  }
+
+  bool trace_releasing() const override { return release_running(); }
+
+  void finish_release() override {
+    if (!release_thread_.joinable()) return;
+    {
+      // The training thread waits here without calling CUDA: the release may finalize itself.
+      std::lock_guard<std::mutex> lock(finalize_mutex_);
+      finalize_now_ = true;
+    }
+    finalize_cv_.notify_all();
+    release_thread_.join();
   }
 
   void flush() override {
     guard("flush", [&] {
+      if (release_running()) return;  // the release flushes; CUPTI is not to be called meanwhile
       const Nanos t0 = steady_now_ns();
       if (activity_ != nullptr && activity_status_.active) activity_->flush(false);
       const Nanos t1 = steady_now_ns();
@@ -170,7 +213,10 @@ class CuptiBackend final : public GpuBackend {
   }
 
   void stop() override {
-    guard("stop", [&] { stop_all(); });
+    guard("stop", [&] {
+      finish_release();
+      stop_all();
+    });
   }
 
   void range_push(const char* name) override {
@@ -389,7 +435,7 @@ class CuptiBackend final : public GpuBackend {
 
   // cuptiFinalize, as kineto does after a trace: CUPTI's launch instrumentation goes away with
   // it. PM sampling goes down with CUPTI and, with `resume_pm`, comes back (a gap of a few ms).
-  void detach_cupti(bool resume_pm) {
+  void detach_cupti(bool resume_pm, bool finalize_at_api_exit = false) {
     const bool pm_running = pm_ != nullptr && pm_status_.active;
     const Nanos t0 = steady_now_ns();
     if (pm_ != nullptr) pm_->stop();
@@ -400,8 +446,9 @@ class CuptiBackend final : public GpuBackend {
       cupti_->profiler_deinitialize(&p);
       profiler_initialized_ = false;
     }
-    const CUptiResult r = cupti_->finalize();
-    if (r != CUPTI_SUCCESS) logger_.debug("cuptiFinalize: {}", cupti_error_name(*cupti_, r));
+    const Nanos t1 = steady_now_ns();
+    finalize_cupti(finalize_at_api_exit);
+    const Nanos t2 = steady_now_ns();
     if (!resume_pm || !pm_running) return;
     CUpti_Profiler_Initialize_Params init{};
     init.structSize = CUpti_Profiler_Initialize_Params_STRUCT_SIZE;
@@ -434,7 +481,67 @@ class CuptiBackend final : public GpuBackend {
       set_off(pm_status_, "after releasing the trace: " + why);
       logger_.warn("GPU collector pm_sampling off after releasing the trace: {}", why);
     }
-    logger_.debug("CUPTI detached after a trace window in {:.1f} ms", (steady_now_ns() - t0) / 1e6);
+    logger_.debug(
+        "CUPTI detached after a trace window: PM stop {:.1f} ms, finalize {:.1f} ms, PM restart "
+        "{:.1f} ms",
+        (t1 - t0) / 1e6, (t2 - t1) / 1e6, (steady_now_ns() - t2) / 1e6);
+  }
+
+  // cuptiFinalize is safe at the exit of a CUDA API call (CUPTI's documentation; kineto crashed
+  // calling it beside other threads' CUPTI calls). On the release thread: a subscription to the
+  // driver and runtime APIs lets the training program's next CUDA call finalize CUPTI in its
+  // exit callback (costing that call the finalize alone). When no call comes (or the training
+  // thread waits in finish_release(), calling nothing), the release finalizes itself. Elsewhere
+  // (on the training thread, between its CUDA calls) it finalizes directly.
+  void finalize_cupti(bool at_api_exit) {
+    if (at_api_exit) {
+      CUpti_SubscriberHandle handle = nullptr;
+      CUpti_SubscriberParams params{};
+      params.structSize = CUpti_SubscriberParams_STRUCT_SIZE;
+      params.subscriberName = "torchpilot";
+      if (cupti_->subscribe(&handle, finalize_callback, this, &params) == CUPTI_SUCCESS) {
+        {
+          std::lock_guard<std::mutex> lock(finalize_mutex_);
+          finalize_armed_ = true;
+        }
+        cupti_->enable_domain(1, handle, CUPTI_CB_DOMAIN_DRIVER_API);
+        cupti_->enable_domain(1, handle, CUPTI_CB_DOMAIN_RUNTIME_API);
+        std::unique_lock<std::mutex> lock(finalize_mutex_);
+        finalize_cv_.wait_for(lock, kFinalizeCallbackWait,
+                              [this] { return finalized_ || finalize_now_; });
+        finalize_armed_ = false;  // a callback from now on does nothing
+        if (finalized_) {         // in the callback: the subscription went with it
+          if (finalize_result_ != CUPTI_SUCCESS)
+            logger_.debug("cuptiFinalize: {}", cupti_error_name(*cupti_, finalize_result_));
+          return;
+        }
+        lock.unlock();
+        cupti_->unsubscribe(handle);
+      }
+    }
+    const CUptiResult r = cupti_->finalize();
+    if (r != CUPTI_SUCCESS) logger_.debug("cuptiFinalize: {}", cupti_error_name(*cupti_, r));
+  }
+
+  static void CUPTIAPI finalize_callback(void* userdata, CUpti_CallbackDomain domain,
+                                         CUpti_CallbackId, const void* cbdata) {
+    if (domain != CUPTI_CB_DOMAIN_DRIVER_API && domain != CUPTI_CB_DOMAIN_RUNTIME_API) return;
+    const auto* info = static_cast<const CUpti_CallbackData*>(cbdata);
+    if (info == nullptr || info->callbackSite != CUPTI_API_EXIT) return;
+    auto* self = static_cast<CuptiBackend*>(userdata);
+    std::lock_guard<std::mutex> lock(self->finalize_mutex_);
+    if (!self->finalize_armed_ || self->finalized_) return;
+    const CUptiResult r = self->cupti_->finalize();
+    self->finalized_ = true;
+    self->finalize_result_ = r;
+    self->finalize_cv_.notify_all();
+  }
+
+  // A release thread started and has not finished (joins it once it has).
+  bool release_running() const {
+    if (releasing_.load(std::memory_order_acquire)) return true;
+    if (release_thread_.joinable()) release_thread_.join();
+    return false;
   }
 
   void measure_clock() {
@@ -495,6 +602,17 @@ class CuptiBackend final : public GpuBackend {
   bool reattach_logged_ = false;
   static void CUPTIAPI reattach_callback(void*, CUpti_CallbackDomain, CUpti_CallbackId,
                                          const void*) {}
+
+  // The release thread (release_trace()) and its hand-over of cuptiFinalize to a CUDA API exit.
+  mutable std::thread release_thread_;
+  std::atomic<bool> releasing_{false};
+  std::vector<CollectorStatus> release_snapshot_;
+  std::mutex finalize_mutex_;  // guards the four flags below
+  std::condition_variable finalize_cv_;
+  bool finalize_armed_ = false;  // the callback may finalize
+  bool finalized_ = false;       // ... and did
+  bool finalize_now_ = false;    // finish_release(): finalize without waiting for a callback
+  CUptiResult finalize_result_ = CUPTI_SUCCESS;
 
   // Vendor interfaces first: the collectors below refer to them.
   std::unique_ptr<CudaDriverApi> driver_;

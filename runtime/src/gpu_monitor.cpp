@@ -206,7 +206,7 @@ void GpuMonitor::on_step_end(StepRecord& r) {
 
   if (a.flush) backend_->flush();  // the closed window's last kernels
   if (a.release) {
-    backend_->release_trace();  // its final flush is drained below
+    backend_->release_trace();  // its final flush is drained once the release is done
     refresh_pm_status();        // PM sampling may not have come back
   }
   drain();
@@ -259,7 +259,9 @@ void GpuMonitor::finish_ready_steps(bool all) {
     bool ready = all || pending_.size() > kMaxPendingSteps;
     if (!ready) {
       const bool pm_ready = !pm_active_ || pm_watermark_ >= p.span.end;
-      const bool trace_ready = !p.traced || planner_.records_final(p.span.end);
+      // A release running off the training thread still holds the window's last records.
+      const bool trace_ready =
+          !p.traced || (planner_.records_final(p.span.end) && !backend_->trace_releasing());
       ready = pm_ready && trace_ready;
     }
     if (!ready) break;  // steps finish in order
@@ -304,10 +306,11 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   const GpuWindowPlanner::EpochEndActions a = planner_.end_epoch();
   if (a.stop_trace) backend_->stop_trace();  // a window does not run across epochs
   backend_->flush();
-  if (a.release) {
-    backend_->release_trace();
-    refresh_pm_status();
-  }
+  if (a.release) backend_->release_trace();
+  // The epoch's traced steps need the window's last records: wait for a release still running
+  // (only when a window closed at the epoch's end).
+  if (backend_->trace_releasing()) backend_->finish_release();
+  if (a.release) refresh_pm_status();
   drain();
   finish_ready_steps(true);
 

@@ -145,6 +145,15 @@ class FakeCupti final : public CuptiApiFake {
 
   // Recorded (under m).
   int subscribes = 0, unsubscribes = 0, finalizes = 0;
+  CUpti_CallbackFunc last_callback = nullptr;  // of the latest subscription
+  void* last_userdata = nullptr;
+  std::vector<CUpti_CallbackDomain> enabled_domains;
+  CUptiResult on_enable_domain(uint32_t enable, CUpti_SubscriberHandle,
+                               CUpti_CallbackDomain domain) override {
+    std::lock_guard<std::mutex> lock(m);
+    if (enable != 0) enabled_domains.push_back(domain);
+    return CUPTI_SUCCESS;
+  }
   bool detached = false;  // cuptiFinalize ran, nothing attached since
   bool profiler_needs_reattach = true;
   std::set<int> enabled_kinds;
@@ -220,9 +229,11 @@ class FakeCupti final : public CuptiApiFake {
     *t = cupti_now();
     return CUPTI_SUCCESS;
   }
-  CUptiResult on_subscribe(CUpti_SubscriberHandle* s, CUpti_CallbackFunc cb, void*,
+  CUptiResult on_subscribe(CUpti_SubscriberHandle* s, CUpti_CallbackFunc cb, void* userdata,
                            CUpti_SubscriberParams* p) override {
     std::lock_guard<std::mutex> lock(m);
+    last_callback = cb;
+    last_userdata = userdata;
     if (p != nullptr && p->structSize != CUpti_SubscriberParams_STRUCT_SIZE) {
       bad_struct_sizes.push_back("CUpti_SubscriberParams");
     }
@@ -695,11 +706,14 @@ TEST(GpuBackend, ReleasingTheTraceDetachesCuptiAndPmSamplingComesBack) {
   const uint64_t k0 = rig.cupti->cupti_now();
   rig.cupti->produce(kernel_at(k0 + 1000, k0 + 9000));
   b->stop_trace();
-  b->release_trace();
-  // Unsubscribed and finalized; then a brief subscription re-attaches CUPTI so the profiler API
-  // initializes again for PM sampling.
-  EXPECT_EQ(rig.cupti->subscribes, 3);
-  EXPECT_EQ(rig.cupti->unsubscribes, 3);
+  b->release_trace();   // returns at once; the release runs on its own thread
+  b->finish_release();  // no CUDA call came: the release finalizes itself
+  EXPECT_FALSE(b->trace_releasing());
+  // Unsubscribed; a subscription offered cuptiFinalize to the next CUDA call's exit, none came,
+  // so it was dropped and CUPTI finalized directly; then a brief subscription re-attaches CUPTI
+  // so the profiler API initializes again for PM sampling.
+  EXPECT_EQ(rig.cupti->subscribes, 4);
+  EXPECT_EQ(rig.cupti->unsubscribes, 4);
   EXPECT_EQ(rig.cupti->finalizes, 1);
   EXPECT_TRUE(rig.cupti->profiler_initialized);
   EXPECT_NE(rig.log().find("CUPTI re-attached for PM sampling after a trace window: ok"),
@@ -711,13 +725,60 @@ TEST(GpuBackend, ReleasingTheTraceDetachesCuptiAndPmSamplingComesBack) {
   for (const auto& st : b->status()) EXPECT_TRUE(st.active) << st.name << ": " << st.reason;
   // The next window attaches again.
   ASSERT_TRUE(b->start_trace());
-  EXPECT_EQ(rig.cupti->subscribes, 4);
+  EXPECT_EQ(rig.cupti->subscribes, 5);
   b->stop_trace();
   b->release_trace();
+  b->finish_release();
   EXPECT_EQ(rig.cupti->finalizes, 2);
   b->stop();
   EXPECT_EQ(rig.cupti->finalizes, 2);  // nothing attached any more
   EXPECT_FALSE(rig.cupti->pm_started);
+}
+
+// The release runs off the training thread and hands cuptiFinalize to the exit of the program's
+// next CUDA call (CUPTI's safe point), made here by invoking the subscribed callback as CUPTI
+// would.
+TEST(GpuBackend, ReleaseFinalizesCuptiAtTheNextCudaCallsExit) {
+  Rig rig;
+  auto b = rig.make();
+  b->start();
+  ASSERT_TRUE(b->start_trace());
+  const uint64_t k0 = rig.cupti->cupti_now();
+  rig.cupti->produce(kernel_at(k0 + 1000, k0 + 9000));
+  b->stop_trace();
+  b->release_trace();
+  // Wait (bounded) for the release thread to offer the finalize to the driver and runtime APIs.
+  CUpti_CallbackFunc cb = nullptr;
+  void* userdata = nullptr;
+  for (int i = 0; i < 5000 && cb == nullptr; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(rig.cupti->m);
+      if (rig.cupti->enabled_domains.size() >= 2) {
+        cb = rig.cupti->last_callback;
+        userdata = rig.cupti->last_userdata;
+      }
+    }
+    if (cb == nullptr) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_NE(cb, nullptr) << "the release never subscribed to the CUDA API callbacks";
+  EXPECT_EQ(rig.cupti->finalizes, 0);
+  CUpti_CallbackData entry{};
+  entry.callbackSite = CUPTI_API_ENTER;
+  cb(userdata, CUPTI_CB_DOMAIN_RUNTIME_API, 0, &entry);  // an entry is not the safe point
+  EXPECT_EQ(rig.cupti->finalizes, 0);
+  CUpti_CallbackData exit{};
+  exit.callbackSite = CUPTI_API_EXIT;
+  cb(userdata, CUPTI_CB_DOMAIN_RUNTIME_API, 0, &exit);
+  EXPECT_EQ(rig.cupti->finalizes, 1);
+  cb(userdata, CUPTI_CB_DOMAIN_DRIVER_API, 0, &exit);  // a second call finalizes nothing more
+  b->finish_release();
+  EXPECT_EQ(rig.cupti->finalizes, 1);
+  EXPECT_EQ(rig.cupti->unsubscribes, 3) << "finalizing dropped that subscription itself";
+  GpuEventBatch batch;
+  b->drain(batch);
+  EXPECT_EQ(batch.kernels.size(), 1u);
+  EXPECT_TRUE(rig.cupti->pm_started);
+  b->stop();
 }
 
 TEST(GpuBackend, AFailedTraceStartDetachesCuptiAgain) {

@@ -113,7 +113,12 @@ class GpuBackend {
   // CUPTI keeps slowing kernel launches while attached, even with every activity kind disabled
   // (measured on the H200: a GPT step 34 -> 46 ms after one window), and while we hold its
   // subscription PyTorch's profiler cannot get one. Always-on collectors resume after it.
+  // May return before the release is done (its final flush and the always-on collectors' restart
+  // run off the training thread); trace_releasing() is true until then, and the window's last
+  // records reach drain() by the time it turns false. finish_release() waits for it.
   virtual void release_trace() = 0;
+  virtual bool trace_releasing() const { return false; }
+  virtual void finish_release() {}
   // Makes what has completed so far available to drain(): flushes CUPTI's activity buffers and
   // decodes pending PM samples. May take a few milliseconds; called at window and epoch ends.
   virtual void flush() = 0;
