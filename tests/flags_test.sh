@@ -108,6 +108,18 @@ rows=(
   "autotune_grid|$data --out|--out"
   "autotune_grid|--data $a_file|--data"
 
+  "planted_pairs|--pairs bogus|--pairs"
+  "planted_pairs|--pairs host_sync,bogus|--pairs"
+  "planted_pairs|--rounds 0|--rounds"
+  "planted_pairs|--steps 1e23|--steps"
+  "planted_pairs|--budget-s inf|--budget-s"
+  "planted_pairs|--budget-s -1|--budget-s"
+  "planted_pairs|--sample-us nan|--sample-us"
+  "planted_pairs|--launch-batch-factor 1|--launch-batch-factor"
+  "planted_pairs|--device tpu|--device"
+  "planted_pairs|--advise-steps 10|--advise-steps"
+  "planted_pairs|--out|--out"
+  "planted_pairs|--frobnicate 1|--frobnicate"
 )
 
 failures=0
