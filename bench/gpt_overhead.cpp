@@ -171,7 +171,7 @@ int run(int argc, char** argv) {
   a.train.heads = 16;
   a.train.seq = 1024;
   a.train.batch = 8;
-  std::string precision = "bf16", attention = "fused";
+  std::string precision = "bf16", attention = "fused", optimizer = "fused";
   std::vector<std::string> configs = {"off", "advise", "window", "counting"};
   CLI::App app(
       "gpt_overhead: torchpilot's step-time overhead on the GPT example: off vs advise vs a "
@@ -192,6 +192,10 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--attention", attention, "scaled_dot_product_attention, or unfused")
       ->check(CLI::IsMember({"fused", "unfused"}))
+      ->capture_default_str();
+  app.add_option("--optimizer", optimizer,
+                 "AdamW: fused (foreach where unavailable), foreach, or per-parameter")
+      ->check(CLI::IsMember({"fused", "foreach", "per-parameter"}))
       ->capture_default_str();
   app.add_option("--device", a.train.device, "cpu, cuda or cuda:N; default cuda when available")
       ->check(example_cli::Device())
@@ -229,6 +233,9 @@ int run(int argc, char** argv) {
   a.train.precision =
       precision == "bf16" ? gpt_example::Precision::kBf16 : gpt_example::Precision::kFp32;
   a.train.fused_attention = attention == "fused";
+  a.train.optimizer = optimizer == "fused"     ? gpt_example::Optimizer::kFused
+                      : optimizer == "foreach" ? gpt_example::Optimizer::kForeach
+                                               : gpt_example::Optimizer::kPerParameter;
   a.setups = {kOff};
   for (const std::string& name : configs) {
     const int s = static_cast<int>(std::find(std::begin(kNames), std::end(kNames), name) -
@@ -242,12 +249,13 @@ int run(int argc, char** argv) {
   const double analytic = gpt_example::model_flops_per_step(shape);
   std::printf(
       "gpt_overhead: %s; d %lld, %lld layers, %lld heads, T %lld, batch %lld, %s attention, %s, "
-      "device %s; %d rounds x %d configurations x (%d warm-up + %d measured steps)\n",
+      "%s AdamW, device %s; %d rounds x %d configurations x (%d warm-up + %d measured steps)\n",
       a.machine.c_str(), static_cast<long long>(shape.d_model),
       static_cast<long long>(shape.layers), static_cast<long long>(a.train.heads),
       static_cast<long long>(shape.seq), static_cast<long long>(shape.batch),
       trainer.fused_attention() ? "fused" : "unfused", gpt_example::to_string(trainer.precision()),
-      trainer.device().c_str(), a.rounds, n_setups, a.warmup, a.steps);
+      gpt_example::to_string(trainer.optimizer()), trainer.device().c_str(), a.rounds, n_setups,
+      a.warmup, a.steps);
   std::fflush(stdout);
   const auto started = std::chrono::steady_clock::now();
   {
@@ -389,6 +397,7 @@ int run(int argc, char** argv) {
           {"vocab", shape.vocab},
           {"attention", trainer.fused_attention() ? "fused" : "unfused"},
           {"precision", gpt_example::to_string(trainer.precision())},
+          {"optimizer", gpt_example::to_string(trainer.optimizer())},
           {"parameters", trainer.parameter_count()},
           {"analytic_model_flops_per_step", analytic},
           {"rounds", a.rounds},

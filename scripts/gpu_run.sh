@@ -2,9 +2,12 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default ./gpu-out).
-#   scripts/gpu_run.sh [all|build|test|gputest|capture|example|bench|gpt|overhead]...   (default: all)
-# gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs);
-# overhead: bench/gpt_overhead (torchpilot off vs advise vs a detailed window).
+#   scripts/gpu_run.sh [all|build|test|gputest|capture|example|bench|gpt|overhead|planted]...
+#   (default: all)
+# gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs,
+# and the per-parameter AdamW beside the default fused one); overhead: bench/gpt_overhead
+# (torchpilot off vs advise vs a detailed window); planted: bench/planted_pairs (the advice on
+# planted bottlenecks and its estimated gain against the measured gain of the fix).
 # Dependencies the machine lacks (libjpeg, ...) may be carried as Debian packages unpacked into
 # .deps/root (scripts/fetch_gpu_deps.sh); the machine's own installs are preferred.
 set -uo pipefail
@@ -77,6 +80,11 @@ if want gpt; then
   $GPT --d-model 1024 --layers 12 --heads 16 --seq 1024 --batch 8 --precision bf16 \
     --attention fused --steps ${GPT_STEPS:-60} --epochs 3 --json "$OUT/gpt-bf16-fused.jsonl" 2>&1 \
     | tee "$OUT/gpt-bf16-fused.log" | grep -vE "^\s*$" | tail -40
+  log "gpt: the same with the per-parameter AdamW (torch::optim::AdamW, the default before)"
+  $GPT --d-model 1024 --layers 12 --heads 16 --seq 1024 --batch 8 --precision bf16 \
+    --attention fused --optimizer per-parameter --steps ${GPT_STEPS:-60} --epochs 3 \
+    --json "$OUT/gpt-bf16-fused-perparam.jsonl" 2>&1 \
+    | tee "$OUT/gpt-bf16-fused-perparam.log" | grep -E "^gpt:|MFU|ADVICE" | tail -20
   log "gpt planted: fp32 matmuls and unfused attention (d=1024 L=4 T=1024 batch 4)"
   $GPT --d-model 1024 --layers 4 --heads 16 --seq 1024 --batch 4 --precision fp32 \
     --attention unfused --steps 30 --epochs 2 --json "$OUT/gpt-fp32-unfused.jsonl" 2>&1 \
@@ -89,6 +97,14 @@ if want overhead; then
   log "bench: GPT overhead, off vs advise vs detailed window, interleaved"
   ./build-gpu/bench/gpt_overhead --machine "$MACHINE" --commit "$COMMIT" ${OVERHEAD_ARGS:-} \
     --out "$OUT/gpt-overhead-$MACHINE.json" 2>&1 | tee "$OUT/overhead.log" | tail -25
+fi
+
+if want planted; then
+  # PLANTED_ARGS: e.g. "--pairs host_sync,optimizer --rounds 7"; --budget-s bounds the whole run.
+  log "bench: planted bottleneck pairs (advice named, estimated vs measured gain)"
+  ./build-gpu/bench/planted_pairs --machine "$MACHINE" --commit "$COMMIT" --budget-s 900 \
+    ${PLANTED_ARGS:-} --out "$OUT/planted-$MACHINE.json" 2>&1 | tee "$OUT/planted.log" \
+    | grep -E "^(==|   |planted_pairs)" | tail -40
 fi
 
 if want example; then

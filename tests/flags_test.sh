@@ -3,11 +3,12 @@
 # each row runs one program with one bad flag and expects, within a few seconds, exit status 2,
 # nothing on stdout (so nothing started: no data preparation, no model, no training) and the
 # flag's name in the message on stderr. Then --help exits 0 and lists the flags.
-#   flags_test.sh JPEG_CLASSIFIER GPT_TRAINER [GPT_OVERHEAD] [AUTOTUNE_GRID]   (empty: skipped)
+#   flags_test.sh JPEG_CLASSIFIER GPT_TRAINER [GPT_OVERHEAD] [AUTOTUNE_GRID] [PLANTED_PAIRS]
+#   (empty: skipped)
 set -uo pipefail
 
 declare -A bin=([jpeg_classifier]="${1:-}" [gpt_trainer]="${2:-}" [gpt_overhead]="${3:-}"
-                [autotune_grid]="${4:-}")
+                [autotune_grid]="${4:-}" [planted_pairs]="${5:-}")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
@@ -63,6 +64,7 @@ rows=(
   "gpt_trainer|$gpt --seed 18446744073709551616|--seed"
   "gpt_trainer|$gpt --attention bogus|--attention"
   "gpt_trainer|$gpt --precision fp16|--precision"
+  "gpt_trainer|$gpt --optimizer sgd|--optimizer"
   "gpt_trainer|$gpt --device tpu|--device"
   "gpt_trainer|$gpt --device cudaX|--device"
   "gpt_trainer|$gpt --mode bogus|--mode"
@@ -84,6 +86,7 @@ rows=(
   "gpt_overhead|$gpt --prime -1|--prime"
   "gpt_overhead|$gpt --precision fp16|--precision"
   "gpt_overhead|$gpt --attention x|--attention"
+  "gpt_overhead|$gpt --optimizer adam|--optimizer"
   "gpt_overhead|$gpt --device tpu|--device"
   "gpt_overhead|$gpt --configs off,bogus|--configs"
   "gpt_overhead|$gpt --frobnicate 1|--frobnicate"
@@ -104,6 +107,19 @@ rows=(
   "autotune_grid|$data --frobnicate 1|--frobnicate"
   "autotune_grid|$data --out|--out"
   "autotune_grid|--data $a_file|--data"
+
+  "planted_pairs|--pairs bogus|--pairs"
+  "planted_pairs|--pairs host_sync,bogus|--pairs"
+  "planted_pairs|--rounds 0|--rounds"
+  "planted_pairs|--steps 1e23|--steps"
+  "planted_pairs|--budget-s inf|--budget-s"
+  "planted_pairs|--budget-s -1|--budget-s"
+  "planted_pairs|--sample-us nan|--sample-us"
+  "planted_pairs|--launch-batch-factor 1|--launch-batch-factor"
+  "planted_pairs|--device tpu|--device"
+  "planted_pairs|--advise-steps 10|--advise-steps"
+  "planted_pairs|--out|--out"
+  "planted_pairs|--frobnicate 1|--frobnicate"
 )
 
 failures=0
@@ -138,7 +154,7 @@ if [ -e "$work/data" ]; then
   fail "a bad flag made the data folder $work/data"
 fi
 
-for prog in jpeg_classifier gpt_trainer gpt_overhead autotune_grid; do
+for prog in jpeg_classifier gpt_trainer gpt_overhead autotune_grid planted_pairs; do
   exe=${bin[$prog]}
   [ -n "$exe" ] || continue
   ran=$((ran + 1))

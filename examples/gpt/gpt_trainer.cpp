@@ -6,6 +6,9 @@
 #include <cstdio>
 #include <limits>
 #include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "gpt_data.h"
 #include "gpt_model.h"
@@ -19,11 +22,143 @@ const char* to_string(Precision precision) {
 
 bool cuda_available() { return torch::cuda::is_available(); }
 
+const char* to_string(Optimizer optimizer) {
+  switch (optimizer) {
+    case Optimizer::kFused:
+      return "fused";
+    case Optimizer::kForeach:
+      return "foreach";
+    case Optimizer::kPerParameter:
+      return "per-parameter";
+  }
+  return "?";
+}
+
+bool fused_adamw_compiled() {
+#if TORCHPILOT_TORCH_AT_LEAST(2, 1) && defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+// AdamW over lists of tensors, PyTorch's update (torch/optim/adamw.py, no amsgrad, not
+// capturable): decoupled weight decay, bias-corrected moments. All parameters share one step
+// count. kFused: at::_fused_adamw_ per group; kForeach: the at::_foreach_* sequence of PyTorch's
+// _multi_tensor_adamw. Either way a handful of launches per group instead of ~10 per parameter.
+class ListAdamW {
+ public:
+  struct Group {
+    std::vector<torch::Tensor> params, exp_avg, exp_avg_sq;
+    double weight_decay = 0;
+  };
+
+  ListAdamW(std::vector<std::pair<std::vector<torch::Tensor>, double>> groups, double lr,
+            bool fused)
+      : lr_(lr), fused_(fused) {
+    for (auto& [params, wd] : groups) {
+      Group g;
+      g.weight_decay = wd;
+      for (const auto& p : params) {
+        g.params.push_back(p);
+        g.exp_avg.push_back(torch::zeros_like(p));
+        g.exp_avg_sq.push_back(torch::zeros_like(p));
+      }
+      if (!g.params.empty()) groups_.push_back(std::move(g));
+    }
+    if (fused_ && !groups_.empty()) {
+      // The fused kernel reads the step count from a device tensor (incremented before the call,
+      // as PyTorch's _fused_adamw does); one shared scalar for all parameters.
+      step_t_ = torch::zeros({}, groups_.front().params.front().options().dtype(torch::kFloat));
+    }
+  }
+
+  // zero_grad(set_to_none=True): no memset per parameter; backward writes fresh gradients.
+  void zero_grad() {
+    for (auto& g : groups_) {
+      for (auto& p : g.params) p.mutable_grad() = torch::Tensor();
+    }
+  }
+
+  void step() {
+    torch::NoGradGuard no_grad;
+    ++step_;
+    if (fused_) step_t_.add_(1);
+    const double bc1 = 1 - std::pow(kBeta1, static_cast<double>(step_));
+    const double bc2 = 1 - std::pow(kBeta2, static_cast<double>(step_));
+    for (auto& g : groups_) {
+      std::vector<torch::Tensor> params, grads, m, v;
+      for (size_t i = 0; i < g.params.size(); ++i) {
+        if (!g.params[i].grad().defined()) continue;  // no gradient this step: untouched
+        params.push_back(g.params[i]);
+        grads.push_back(g.params[i].grad());
+        m.push_back(g.exp_avg[i]);
+        v.push_back(g.exp_avg_sq[i]);
+      }
+      if (params.empty()) continue;
+#if TORCHPILOT_TORCH_AT_LEAST(2, 1)
+      if (fused_) {
+        const std::vector<torch::Tensor> steps(params.size(), step_t_);
+        at::_fused_adamw_(params, grads, m, v, /*max_exp_avg_sqs=*/{}, steps, lr_, kBeta1, kBeta2,
+                          g.weight_decay, kEps, /*amsgrad=*/false, /*maximize=*/false);
+        continue;
+      }
+#endif
+      if (g.weight_decay != 0) at::_foreach_mul_(params, 1 - lr_ * g.weight_decay);
+      at::_foreach_mul_(m, kBeta1);
+      at::_foreach_add_(m, grads, 1 - kBeta1);
+      at::_foreach_mul_(v, kBeta2);
+      at::_foreach_addcmul_(v, grads, grads, 1 - kBeta2);
+      std::vector<torch::Tensor> denom = at::_foreach_sqrt(v);
+      at::_foreach_div_(denom, std::sqrt(bc2));
+      at::_foreach_add_(denom, kEps);
+      at::_foreach_addcdiv_(params, m, denom, -lr_ / bc1);
+    }
+  }
+
+  static constexpr double kBeta1 = 0.9, kBeta2 = 0.95, kEps = 1e-8;
+
+ private:
+  std::vector<Group> groups_;
+  double lr_;
+  bool fused_;
+  int64_t step_ = 0;
+  torch::Tensor step_t_;  // fused: the step count on the device
+};
+
+// Whether at::_fused_adamw_ runs on `device` here: one update of a one-element tensor. Empty when
+// it does, else the reason.
+std::string fused_adamw_problem(const torch::Device& device) {
+  if (!fused_adamw_compiled()) {
+    return "at::_fused_adamw_ needs LibTorch >= 2.1 with CUDA (this is " +
+           std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) +
+           (torch::cuda::is_available() ? "" : ", no CUDA") + ")";
+  }
+  if (!device.is_cuda())
+    return "at::_fused_adamw_ runs on CUDA here, the device is " + device.str();
+  try {
+    auto p = torch::ones({1}, torch::TensorOptions().device(device).requires_grad(true));
+    p.mutable_grad() = torch::ones_like(p);
+    ListAdamW probe({{{p}, 0.1}}, 1e-3, /*fused=*/true);
+    probe.step();
+    torch::cuda::synchronize();
+  } catch (const std::exception& e) {
+    return std::string("at::_fused_adamw_ failed: ") + e.what();
+  }
+  return {};
+}
+
+}  // namespace
+
 struct Trainer::Impl {
   TrainOptions options;
   torch::Device device{torch::kCPU};
   Gpt model{nullptr};
-  std::unique_ptr<torch::optim::AdamW> optimizer;
+  Optimizer optimizer_kind = Optimizer::kPerParameter;
+  std::unique_ptr<torch::optim::AdamW> optimizer;  // kPerParameter
+  std::unique_ptr<ListAdamW> list_optimizer;       // kFused, kForeach
   Precision precision = Precision::kFp32;
   torch::Tensor corpus;    // [n] uint8 on the device
   torch::Tensor window;    // [1, T+1] int64: 0..T, on the device
@@ -87,16 +222,32 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
   // AdamW as nanoGPT configures it: decay matrices and embeddings, not biases and LayerNorm gains.
   std::vector<torch::Tensor> decay, no_decay;
   for (const auto& p : m.model->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
-  auto group_options = [&](double wd) {
-    auto o = std::make_unique<torch::optim::AdamWOptions>(options.lr);
-    o->betas({0.9, 0.95}).weight_decay(wd);
-    return o;
-  };
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, group_options(options.weight_decay));
-  groups.emplace_back(no_decay, group_options(0.0));
-  m.optimizer = std::make_unique<torch::optim::AdamW>(
-      std::move(groups), torch::optim::AdamWOptions(options.lr).betas({0.9, 0.95}));
+  m.optimizer_kind = options.optimizer;
+  if (m.optimizer_kind == Optimizer::kFused) {
+    const std::string problem = fused_adamw_problem(m.device);
+    if (!problem.empty()) {
+      std::printf("gpt: %s; running the foreach AdamW\n", problem.c_str());
+      m.optimizer_kind = Optimizer::kForeach;
+    }
+  }
+  if (m.optimizer_kind == Optimizer::kPerParameter) {
+    auto group_options = [&](double wd) {
+      auto o = std::make_unique<torch::optim::AdamWOptions>(options.lr);
+      o->betas({ListAdamW::kBeta1, ListAdamW::kBeta2}).eps(ListAdamW::kEps).weight_decay(wd);
+      return o;
+    };
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(decay, group_options(options.weight_decay));
+    groups.emplace_back(no_decay, group_options(0.0));
+    m.optimizer = std::make_unique<torch::optim::AdamW>(
+        std::move(groups),
+        torch::optim::AdamWOptions(options.lr).betas({ListAdamW::kBeta1, ListAdamW::kBeta2}));
+  } else {
+    m.list_optimizer = std::make_unique<ListAdamW>(
+        std::vector<std::pair<std::vector<torch::Tensor>, double>>{{decay, options.weight_decay},
+                                                                   {no_decay, 0.0}},
+        options.lr, m.optimizer_kind == Optimizer::kFused);
+  }
   m.loss_sum = torch::zeros({}, torch::TensorOptions().device(m.device));
   if (m.device.is_cuda()) torch::cuda::synchronize();
 }
@@ -136,12 +287,20 @@ void Trainer::train(torchpilot::Pilot& pilot, int64_t steps) {
     }
     {
       auto p = pilot.phase(backward);
-      m.optimizer->zero_grad();
+      if (m.optimizer) {
+        m.optimizer->zero_grad();
+      } else {
+        m.list_optimizer->zero_grad();
+      }
       loss.backward();
     }
     {
       auto p = pilot.phase(optimizer);
-      m.optimizer->step();
+      if (m.optimizer) {
+        m.optimizer->step();
+      } else {
+        m.list_optimizer->step();
+      }
     }
     m.loss_sum += loss.detach().to(torch::kFloat);
     ++m.loss_steps;
@@ -178,6 +337,7 @@ std::string Trainer::device() const { return impl_->device.str(); }
 bool Trainer::on_cuda() const { return impl_->device.is_cuda(); }
 bool Trainer::fused_attention() const { return impl_->model->attention() == Attention::kFused; }
 Precision Trainer::precision() const { return impl_->precision; }
+Optimizer Trainer::optimizer() const { return impl_->optimizer_kind; }
 int64_t Trainer::parameter_count() const { return impl_->model->parameter_count(); }
 int64_t Trainer::corpus_size() const { return impl_->corpus_tokens; }
 

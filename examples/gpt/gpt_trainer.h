@@ -10,6 +10,12 @@
 // Precision: kBf16 enables CUDA autocast to bf16 for forward and loss (backward follows it, as in
 // PyTorch); the autocast weight-cast cache is cleared at the end of every step. On the CPU the
 // trainer runs fp32 and says so once.
+// Optimizer: AdamW three ways, the same update (PyTorch's AdamW, no amsgrad): kFused is
+// at::_fused_adamw_ (one multi-tensor kernel per parameter group; LibTorch >= 2.1 on CUDA),
+// kForeach the multi-tensor at::_foreach_* ops (PyTorch's foreach=True path), kPerParameter
+// torch::optim::AdamW (a loop of ~10 kernels per parameter). The default is the fastest the build
+// and device have: kFused, else kForeach with a note. kFused and kForeach set gradients to none
+// between steps (zero_grad(set_to_none=True)).
 // Thread-safety: one thread. Failure behaviour: the constructor throws std::invalid_argument /
 // std::runtime_error on bad sizes or an unreadable text file; train() lets LibTorch's errors
 // (out of memory, ...) through.
@@ -27,6 +33,10 @@ namespace gpt_example {
 
 enum class Precision { kBf16, kFp32 };
 const char* to_string(Precision precision);
+enum class Optimizer { kFused, kForeach, kPerParameter };
+const char* to_string(Optimizer optimizer);  // "fused", "foreach", "per-parameter"
+// Whether this build can run at::_fused_adamw_ (LibTorch >= 2.1 with CUDA; the device decides too).
+bool fused_adamw_compiled();
 // Whether LibTorch sees a CUDA device.
 bool cuda_available();
 
@@ -41,8 +51,9 @@ struct TrainOptions {
   std::string device;  // "cuda", "cuda:N" or "cpu"; empty: cuda when available, else cpu
   double lr = 3e-4;
   double weight_decay = 0.1;  // on matrices and embeddings, not on biases and LayerNorm gains
-  std::string text_path;      // empty: the generated corpus
-  size_t corpus_bytes = size_t{4} << 20;  // size of the generated corpus
+  Optimizer optimizer = Optimizer::kFused;  // falls back to kForeach where fused is unavailable
+  std::string text_path;                    // empty: the generated corpus
+  size_t corpus_bytes = size_t{4} << 20;    // size of the generated corpus
   uint64_t seed = 1;
 };
 
@@ -68,6 +79,7 @@ class Trainer {
   bool on_cuda() const;
   bool fused_attention() const;  // the path run (false when requested but not available)
   Precision precision() const;   // the precision run (kFp32 on the CPU)
+  Optimizer optimizer() const;   // the optimizer run (kForeach when kFused is unavailable)
   int64_t parameter_count() const;
   int64_t corpus_size() const;  // tokens
 

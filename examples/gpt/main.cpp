@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   bool no_flops = false;
   long long steps = 100, epochs = 3;
   double corpus_mb = static_cast<double>(options.corpus_bytes) / (1 << 20);
-  std::string attention = "fused", precision = "bf16";
+  std::string attention = "fused", precision = "bf16", optimizer = "fused";
   std::string mode, config_path, json_path;
 
   CLI::App app(
@@ -61,6 +61,11 @@ int main(int argc, char** argv) {
                  "bf16 autocast on CUDA, or fp32 (plants the precision advisor); the CPU runs fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();
+  app.add_option("--optimizer", optimizer,
+                 "AdamW as fused: at::_fused_adamw_ (LibTorch >= 2.1, CUDA; else foreach, said "
+                 "once), foreach: multi-tensor _foreach ops, per-parameter: torch::optim::AdamW")
+      ->check(CLI::IsMember({"fused", "foreach", "per-parameter"}))
+      ->capture_default_str();
   app.add_option("--device", options.device, "cpu, cuda or cuda:N; default cuda when available")
       ->check(example_cli::Device())
       ->type_name("cpu|cuda|cuda:N");
@@ -91,6 +96,9 @@ int main(int argc, char** argv) {
   options.fused_attention = attention == "fused";
   options.precision =
       precision == "bf16" ? gpt_example::Precision::kBf16 : gpt_example::Precision::kFp32;
+  options.optimizer = optimizer == "fused"     ? gpt_example::Optimizer::kFused
+                      : optimizer == "foreach" ? gpt_example::Optimizer::kForeach
+                                               : gpt_example::Optimizer::kPerParameter;
   options.corpus_bytes = static_cast<size_t>(corpus_mb * (1 << 20));
   const bool flops = !no_flops;
   bool sizes_given = false;
@@ -122,14 +130,14 @@ int main(int argc, char** argv) {
     const double analytic = gpt_example::model_flops_per_step(shape);
     std::printf(
         "gpt: d %lld, %lld layers, %lld heads, T %lld, batch %lld (%lld tokens/step), vocab %lld; "
-        "%s attention, %s, device %s, mode %s\n",
+        "%s attention, %s, %s AdamW, device %s, mode %s\n",
         static_cast<long long>(shape.d_model), static_cast<long long>(shape.layers),
         static_cast<long long>(options.heads), static_cast<long long>(shape.seq),
         static_cast<long long>(shape.batch),
         static_cast<long long>(gpt_example::tokens_per_step(shape)),
         static_cast<long long>(shape.vocab), trainer.fused_attention() ? "fused" : "unfused",
-        gpt_example::to_string(trainer.precision()), trainer.device().c_str(),
-        torchpilot::to_string(config.mode));
+        gpt_example::to_string(trainer.precision()), gpt_example::to_string(trainer.optimizer()),
+        trainer.device().c_str(), torchpilot::to_string(config.mode));
     std::printf(
         "gpt: %.2fM parameters, N = %.2fM matmul weights (blocks + untied LM head); corpus %lld "
         "tokens (%s)\n",

@@ -1,0 +1,898 @@
+// planted_pairs: does torchpilot name a planted bottleneck, and is its estimated gain the gain
+// the fix gives? (issue 10, "Planted pairs benchmark"; bench/README.md.)
+//
+// Each pair is a small trainer in a bad form and a fixed form:
+//   data_starvation     CPU work per sample through torchpilot's TunableLoader: 1 worker vs
+//                       enough workers (the cores the machine has, less two)
+//   pageable_copies     a large batch copied from pageable memory every step vs pinned +
+//                       non_blocking
+//   host_sync           host work (a CPU loop standing in for batch preparation) and GPU work
+//                       per step with loss.item() every step vs the loss kept on the device
+//   async_sync_every_n  gradient accumulation over micro-steps, each with host work: .item()
+//                       after every micro-step vs every N optimizer steps
+//   launch_bound        a deep narrow MLP at a small batch vs a larger batch (per sample)
+//   fp32_matmul         the GPT example in fp32 vs bf16 autocast
+//   unfused_attention   the GPT example with matmul + mask + softmax + matmul vs
+//                       scaled_dot_product_attention
+//   optimizer           the GPT example (small batch) with per-parameter torch::optim::AdamW vs
+//                       at::_fused_adamw_ (foreach where fused is unavailable)
+// For each pair:
+//  1. Advised run: the bad form with a Pilot in advise mode (GPU collectors, a detailed window of
+//     --window-steps steps from step --window-first, a FLOP counter), one epoch of
+//     --advise-steps steps; the advice of that epoch is read from a RecordingSink. The expected
+//     advice's expected_gain is the estimate. The fixed form gets the same run (--advise-fixed)
+//     to show which advice remains.
+//  2. A/B: bad and fixed alternately (the order swapped each round), each run with torchpilot
+//     off (mode off, GPU collectors disabled: the step scopes are no-ops): --warmup untimed
+//     steps, then --steps timed steps between two device synchronizations. Throughput =
+//     samples / time; median over --rounds rounds; measured_gain = fixed / bad - 1;
+//     ratio = estimated_gain / measured_gain.
+// Robustness: each pair runs inside try/catch (an error becomes the row's "error" and the next
+// pair runs); pairs that need CUDA are skipped without it ("skipped": "no CUDA device"), and so
+// are pairs that would start after --budget-s seconds. The JSON file is rewritten after every
+// pair, so a run cut short keeps the rows it finished. Without a GPU (or --small) the sizes are
+// tiny: a smoke test of the method, not a measurement.
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cli_flags.h"
+#include "gpt_trainer.h"
+#include "torchpilot/hooks/compat.h"
+#include "torchpilot/hooks/flop_counter.h"
+#include "torchpilot/hooks/tunable_loader.h"
+#include "torchpilot/runtime/config.h"
+#include "torchpilot/runtime/flop_records.h"
+#include "torchpilot/runtime/gpu_records.h"
+#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/runtime/sink.h"
+
+#if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::string device;  // empty: cuda when available
+  bool small = false;  // tiny sizes (always without CUDA)
+  int rounds = 5;
+  int steps = 30;  // timed steps per A/B run
+  int warmup = 5;  // untimed steps before them
+  int advise_steps = 40;
+  int window_first = 10;
+  int window_steps = 10;
+  bool advise_fixed = true;
+  double budget_s = 1200;
+  double sample_us = 20;  // data_starvation: CPU work per sample
+  double host_us = 1500;  // host_sync: host work per step (async_sync_every_n: / micro-steps)
+  int micro_steps = 4;    // async_sync_every_n
+  int sync_every = 8;     // async_sync_every_n, fixed form: .item() every N optimizer steps
+  int launch_batch_factor = 4;
+  std::vector<std::string> pairs;  // empty: all
+  std::string machine = "unnamed", commit = "unknown", out;
+};
+
+struct Env {
+  torch::Device device{torch::kCPU};
+  bool cuda = false;
+  bool small = false;
+  torch::Dtype dtype = torch::kFloat;  // the MLP workloads' weights: bf16 on CUDA
+};
+
+void sync(const Env& env) {
+  if (env.cuda) torch::cuda::synchronize();
+}
+
+// --- host work --------------------------------------------------------------------------------
+
+// A dependent chain of float operations: CPU work that no compiler removes and no intra-op thread
+// pool spreads. Calibrated once to iterations per microsecond.
+float cpu_work(int64_t iterations, float seed) {
+  float x = seed;
+  for (int64_t i = 0; i < iterations; ++i) x = x * 0.9999999f + 1e-7f * static_cast<float>(i & 7);
+  return x;
+}
+
+double g_iterations_per_us = 100;
+
+void calibrate_cpu_work() {
+  int64_t n = 1 << 16;
+  for (;;) {
+    const auto t0 = Clock::now();
+    volatile float sink = cpu_work(n, 1.0f);
+    (void)sink;
+    const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    if (us > 20000 || n > (int64_t{1} << 34)) {
+      g_iterations_per_us = static_cast<double>(n) / std::max(us, 1.0);
+      return;
+    }
+    n *= 2;
+  }
+}
+
+int64_t iterations_for(double us) {
+  return std::max<int64_t>(1, static_cast<int64_t>(us * g_iterations_per_us));
+}
+
+// --- workloads --------------------------------------------------------------------------------
+
+class Workload {
+ public:
+  virtual ~Workload() = default;
+  virtual int64_t samples_per_step() const = 0;
+  virtual void begin(torchpilot::Pilot& pilot) {}  // before a run (the run's Pilot)
+  virtual void steps(torchpilot::Pilot& pilot, int n) = 0;
+  virtual void end() {}  // after a run, the device synchronized
+};
+
+// An MLP of `layers` Linear + GELU blocks, in env.dtype, trained with SGD on a squared output.
+struct Mlp {
+  torch::nn::Sequential net;
+  std::unique_ptr<torch::optim::SGD> optimizer;
+  Mlp(const Env& env, int64_t in, int64_t width, int64_t layers, int64_t out) {
+    for (int64_t i = 0; i < layers; ++i) {
+      net->push_back(torch::nn::Linear(i == 0 ? in : width, width));
+      net->push_back(torch::nn::ReLU());
+    }
+    net->push_back(torch::nn::Linear(layers > 0 ? width : in, out));
+    net->to(env.device, env.dtype);
+    optimizer =
+        std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(1e-4));
+  }
+  // Forward, backward and update, in the Pilot's phases; returns the loss (on the device).
+  torch::Tensor train_step(torchpilot::Pilot& pilot, const torch::Tensor& x) {
+    torch::Tensor loss;
+    {
+      auto p = pilot.phase("forward");
+      loss = net->forward(x).to(torch::kFloat).square().mean();
+    }
+    {
+      auto p = pilot.phase("backward");
+      optimizer->zero_grad();
+      loss.backward();
+    }
+    {
+      auto p = pilot.phase("optimizer");
+      optimizer->step();
+    }
+    return loss;
+  }
+};
+
+// data_starvation: samples cost CPU work; the loader's workers produce them.
+class SlowSamples : public torch::data::datasets::Dataset<SlowSamples> {
+ public:
+  SlowSamples(size_t size, int64_t features, int64_t iterations)
+      : size_(size), features_(features), iterations_(iterations) {}
+  torch::data::Example<> get(size_t index) override {
+    const float v = cpu_work(iterations_, static_cast<float>(index % 97));
+    torch::Tensor data = torch::full({features_}, v * 1e-3f);
+    return {data, torch::tensor(static_cast<int64_t>(index % 10))};
+  }
+  torchpilot::compat::optional<size_t> size() const override { return size_; }
+
+ private:
+  size_t size_;
+  int64_t features_;
+  int64_t iterations_;
+};
+
+class DataStarvation : public Workload {
+ public:
+  using Data = torch::data::datasets::MapDataset<SlowSamples, torch::data::transforms::Stack<>>;
+  DataStarvation(const Env& env, const Args& a, bool fixed)
+      : env_(env),
+        batch_(env.small ? 32 : 256),
+        features_(env.small ? 768 : 3072),
+        mlp_(env, features_, env.small ? 256 : 4096, env.small ? 2 : 4, 10),
+        // Small sizes run on a CPU whose compute is slow: more work per sample keeps it starved.
+        iterations_(iterations_for(env.small ? 50 * a.sample_us : a.sample_us)),
+        workers_(fixed ? std::max(2, std::min(torchpilot::affinity_cpu_count() - 2, 12)) : 1) {}
+  int64_t samples_per_step() const override { return batch_; }
+  int workers() const { return workers_; }
+  void begin(torchpilot::Pilot& pilot) override {
+    torchpilot::LoaderOptions o;
+    o.batch_size = static_cast<size_t>(batch_);
+    o.workers = workers_;
+    o.prefetch = 4;
+    o.pin_memory = env_.cuda;
+    o.shuffle = false;
+    o.drop_last = true;
+    // Far more samples than a run takes: no epoch ends inside a run.
+    Data data = SlowSamples(static_cast<size_t>(batch_) * 1000000, features_, iterations_)
+                    .map(torch::data::transforms::Stack<>());
+    loader_ = std::make_unique<torchpilot::TunableLoader<Data>>(std::move(data), o);
+    loader_->attach(pilot);
+    loader_->start_epoch();
+  }
+  void steps(torchpilot::Pilot& pilot, int n) override {
+    for (int i = 0; i < n; ++i) {
+      auto batch = loader_->next();
+      if (!batch) throw std::runtime_error("data_starvation: the loader ran out of samples");
+      auto step = pilot.step(batch_);
+      torch::Tensor x = batch->data.to(env_.device, env_.dtype, /*non_blocking=*/true);
+      mlp_.train_step(pilot, x);
+    }
+  }
+  void end() override { loader_.reset(); }  // joins the workers before the run's Pilot goes
+
+ private:
+  Env env_;
+  int64_t batch_, features_;
+  Mlp mlp_;
+  int64_t iterations_;
+  int workers_;
+  std::unique_ptr<torchpilot::TunableLoader<Data>> loader_;
+};
+
+// pageable_copies: a [B, 3, 224, 224] batch from host memory each step into a small CNN.
+class PageableCopies : public Workload {
+ public:
+  PageableCopies(const Env& env, bool fixed) : env_(env), fixed_(fixed) {
+    host_ = torch::rand({kBatch, 3, 224, 224});
+    if (fixed_) host_ = host_.pin_memory();
+    net_->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 64, 7).stride(2).padding(3)));
+    net_->push_back(torch::nn::ReLU());
+    net_->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(64, 128, 3).stride(2).padding(1)));
+    net_->push_back(torch::nn::ReLU());
+    net_->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(128, 256, 3).stride(2).padding(1)));
+    net_->push_back(torch::nn::ReLU());
+    net_->push_back(torch::nn::AdaptiveAvgPool2d(1));
+    net_->push_back(torch::nn::Flatten());
+    net_->push_back(torch::nn::Linear(256, 1000));
+    net_->to(env.device, env.dtype);
+    optimizer_ =
+        std::make_unique<torch::optim::SGD>(net_->parameters(), torch::optim::SGDOptions(1e-4));
+  }
+  int64_t samples_per_step() const override { return kBatch; }
+  void steps(torchpilot::Pilot& pilot, int n) override {
+    for (int i = 0; i < n; ++i) {
+      auto step = pilot.step(kBatch);
+      torch::Tensor x;
+      {
+        auto p = pilot.phase("copy");
+        // Pageable: the host blocks until the GPU reached the copy and finished it.
+        x = host_.to(env_.device, /*non_blocking=*/fixed_).to(env_.dtype);
+      }
+      torch::Tensor loss;
+      {
+        auto p = pilot.phase("forward");
+        loss = net_->forward(x).to(torch::kFloat).square().mean();
+      }
+      {
+        auto p = pilot.phase("backward");
+        optimizer_->zero_grad();
+        loss.backward();
+      }
+      {
+        auto p = pilot.phase("optimizer");
+        optimizer_->step();
+      }
+    }
+  }
+
+ private:
+  static constexpr int64_t kBatch = 64;
+  Env env_;
+  bool fixed_;
+  torch::Tensor host_;
+  torch::nn::Sequential net_;
+  std::unique_ptr<torch::optim::SGD> optimizer_;
+};
+
+// host_sync and async_sync_every_n: per micro-step, host work (a CPU loop standing in for batch
+// preparation) then a forward/backward on the GPU; an optimizer step after `micro` micro-steps.
+// Bad: loss.item() after every micro-step. Fixed: the loss summed on the device and read every
+// `read_every` optimizer steps. Without the syncs the host prepares the next micro-batch while
+// the GPU computes the current one; with them the two take turns.
+class SyncingTrainer : public Workload {
+ public:
+  SyncingTrainer(const Env& env, double host_us, int micro, int read_every, bool fixed,
+                 int64_t width, int64_t layers, int64_t batch)
+      : env_(env),
+        mlp_(env, width, width, layers, width),
+        iterations_(iterations_for(host_us)),
+        micro_(micro),
+        read_every_(read_every),
+        fixed_(fixed),
+        batch_(batch) {
+    x_ = torch::randn({batch, width}, torch::TensorOptions().device(env.device).dtype(env.dtype));
+    loss_sum_ = torch::zeros({}, torch::TensorOptions().device(env.device));
+  }
+  int64_t samples_per_step() const override { return batch_ * micro_; }
+  void steps(torchpilot::Pilot& pilot, int n) override {
+    for (int i = 0; i < n; ++i) {
+      auto step = pilot.step(samples_per_step());
+      mlp_.optimizer->zero_grad();
+      for (int k = 0; k < micro_; ++k) {
+        {
+          auto p = pilot.phase("prepare");
+          sink_ += cpu_work(iterations_, static_cast<float>(k));
+        }
+        torch::Tensor loss;
+        {
+          auto p = pilot.phase("forward");
+          loss = mlp_.net->forward(x_).to(torch::kFloat).square().mean();
+        }
+        {
+          auto p = pilot.phase("backward");
+          loss.backward();
+        }
+        if (!fixed_) {
+          sink_ += loss.item<float>();  // the planted sync: logging every micro-step's loss
+        } else {
+          loss_sum_ += loss.detach();
+        }
+      }
+      {
+        auto p = pilot.phase("optimizer");
+        mlp_.optimizer->step();
+      }
+      if (fixed_ && ++steps_ % read_every_ == 0) sink_ += loss_sum_.item<float>();
+    }
+  }
+
+ private:
+  Env env_;
+  Mlp mlp_;
+  int64_t iterations_;
+  int micro_, read_every_;
+  bool fixed_;
+  int64_t batch_;
+  torch::Tensor x_, loss_sum_;
+  int64_t steps_ = 0;
+  float sink_ = 0;
+};
+
+// launch_bound: a deep narrow MLP whose kernels are too short to hide their launches.
+class LaunchBound : public Workload {
+ public:
+  LaunchBound(const Env& env, int64_t batch)
+      : width_(env.small ? 128 : 1024),
+        mlp_(env, width_, width_, env.small ? 4 : 24, width_),
+        batch_(batch) {
+    x_ = torch::randn({batch, width_}, torch::TensorOptions().device(env.device).dtype(env.dtype));
+  }
+  int64_t samples_per_step() const override { return batch_; }
+  void steps(torchpilot::Pilot& pilot, int n) override {
+    for (int i = 0; i < n; ++i) {
+      auto step = pilot.step(batch_);
+      mlp_.train_step(pilot, x_);
+    }
+  }
+
+ private:
+  int64_t width_;
+  Mlp mlp_;
+  int64_t batch_;
+  torch::Tensor x_;
+};
+
+// fp32_matmul, unfused_attention, optimizer: the GPT example's trainer.
+class Gpt : public Workload {
+ public:
+  explicit Gpt(gpt_example::TrainOptions options) : trainer_(std::move(options)) {}
+  int64_t samples_per_step() const override {
+    return trainer_.options().batch * trainer_.options().seq;
+  }
+  void steps(torchpilot::Pilot& pilot, int n) override { trainer_.train(pilot, n); }
+  void end() override { trainer_.take_mean_loss(); }  // keeps the running sum small
+  const gpt_example::Trainer& trainer() const { return trainer_; }
+
+ private:
+  gpt_example::Trainer trainer_;
+};
+
+gpt_example::TrainOptions gpt_options(const Env& env, int64_t d, int64_t layers, int64_t seq,
+                                      int64_t batch) {
+  gpt_example::TrainOptions o;
+  o.device = env.device.str();
+  if (env.small) {
+    d = 64;
+    layers = 2;
+    seq = 32;
+    batch = 2;
+  }
+  o.d_model = d;
+  o.layers = layers;
+  o.heads = std::max<int64_t>(1, d / 64);
+  o.seq = seq;
+  o.batch = batch;
+  o.corpus_bytes = size_t{1} << 20;
+  return o;
+}
+
+// --- pairs ------------------------------------------------------------------------------------
+
+struct Pair {
+  std::string name;
+  std::string advice;   // the advice id expected on the bad form
+  std::string keyword;  // a word its text should contain to name this cause ("" = none)
+  bool needs_cuda = false;
+  std::string bad, fixed;  // what the forms are
+  // Why the pair cannot run in this build ("" = it can).
+  std::function<std::string(const Env&)> unavailable;
+  std::function<std::unique_ptr<Workload>(const Env&, const Args&, bool fixed)> make;
+};
+
+std::vector<Pair> all_pairs() {
+  std::vector<Pair> pairs;
+  pairs.push_back({"data_starvation", "data_starvation", "", false,
+                   "TunableLoader, 1 worker, CPU work per sample",
+                   "TunableLoader, cores - 2 workers (2..12)", nullptr,
+                   [](const Env& env, const Args& a, bool fixed) -> std::unique_ptr<Workload> {
+                     return std::make_unique<DataStarvation>(env, a, fixed);
+                   }});
+  pairs.push_back({"pageable_copies", "pageable_copies", "", true,
+                   "a 38.5 MB batch from pageable memory each step",
+                   "the same batch pinned, copied non_blocking", nullptr,
+                   [](const Env& env, const Args&, bool fixed) -> std::unique_ptr<Workload> {
+                     return std::make_unique<PageableCopies>(env, fixed);
+                   }});
+  pairs.push_back(
+      {"host_sync", "host_sync", "", false, "host work + GPU work per step, loss.item() every step",
+       "the loss kept on the device", nullptr,
+       [](const Env& env, const Args& a, bool fixed) -> std::unique_ptr<Workload> {
+         return std::make_unique<SyncingTrainer>(env, a.host_us, 1, 1000000000, fixed,
+                                                 env.small ? 128 : 4096, env.small ? 4 : 8,
+                                                 env.small ? 64 : 1024);
+       }});
+  pairs.push_back({"async_sync_every_n", "host_sync", "", false,
+                   "micro-steps with host work, .item() after every micro-step",
+                   "the loss summed on the device, .item() every N optimizer steps", nullptr,
+                   [](const Env& env, const Args& a, bool fixed) -> std::unique_ptr<Workload> {
+                     return std::make_unique<SyncingTrainer>(
+                         env, a.host_us / a.micro_steps, a.micro_steps, a.sync_every, fixed,
+                         env.small ? 128 : 4096, env.small ? 2 : 4, env.small ? 32 : 512);
+                   }});
+  pairs.push_back({"launch_bound", "launch_bound", "", false,
+                   "a 24-layer 1024-wide MLP at batch 32 (small: 4 layers of 128, batch 8)",
+                   "the same at batch 32 x --launch-batch-factor (throughput per sample)", nullptr,
+                   [](const Env& env, const Args& a, bool fixed) -> std::unique_ptr<Workload> {
+                     const int64_t batch = env.small ? 8 : 32;
+                     return std::make_unique<LaunchBound>(
+                         env, fixed ? batch * a.launch_batch_factor : batch);
+                   }});
+  pairs.push_back(
+      {"fp32_matmul", "fp32_matmul", "", true, "GPT d 1024, 4 layers, T 1024, batch 4, fp32",
+       "the same with bf16 autocast", nullptr,
+       [](const Env& env, const Args&, bool fixed) -> std::unique_ptr<Workload> {
+         auto o = gpt_options(env, 1024, 4, 1024, 4);
+         o.precision = fixed ? gpt_example::Precision::kBf16 : gpt_example::Precision::kFp32;
+         return std::make_unique<Gpt>(o);
+       }});
+  pairs.push_back(
+      {"unfused_attention", "unfused_attention", "", false,
+       "GPT d 1024, 4 layers, T 1024, batch 4, bf16, matmul + mask + softmax + matmul",
+       "the same with scaled_dot_product_attention",
+       [](const Env&) -> std::string {
+         return TORCHPILOT_TORCH_AT_LEAST(2, 0)
+                    ? ""
+                    : "the fixed form needs at::scaled_dot_product_attention (LibTorch >= 2.0)";
+       },
+       [](const Env& env, const Args&, bool fixed) -> std::unique_ptr<Workload> {
+         auto o = gpt_options(env, 1024, 4, 1024, 4);
+         o.fused_attention = fixed;
+         return std::make_unique<Gpt>(o);
+       }});
+  pairs.push_back({"optimizer", "low_mfu", "optimizer", false,
+                   "GPT d 512, 12 layers, T 256, batch 2, bf16, per-parameter torch::optim::AdamW",
+                   "the same with at::_fused_adamw_ (foreach where fused is unavailable)", nullptr,
+                   [](const Env& env, const Args&, bool fixed) -> std::unique_ptr<Workload> {
+                     auto o = gpt_options(env, 512, 12, 256, 2);
+                     o.optimizer = fixed ? gpt_example::Optimizer::kFused
+                                         : gpt_example::Optimizer::kPerParameter;
+                     return std::make_unique<Gpt>(o);
+                   }});
+  return pairs;
+}
+
+// --- running ----------------------------------------------------------------------------------
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+torchpilot::Config off_config() {
+  torchpilot::Config c;  // defaults, not the environment: the bench sets every key it needs
+  c.mode = torchpilot::Mode::kOff;
+  c.gpu.enabled = false;
+  c.log.level = "warn";
+  return c;
+}
+
+torchpilot::Config advise_config(const Args& a) {
+  torchpilot::Config c;
+  c.mode = torchpilot::Mode::kAdvise;
+  c.gpu.trace_first_step = a.window_first;
+  c.gpu.trace_steps = a.window_steps;
+  c.gpu.trace_every_epochs = 0;
+  c.gpu.trace_anomaly_factor = 0;  // one window, where the bench puts it
+  return c;
+}
+
+// Samples per second of `n` timed steps after `warmup` untimed ones, torchpilot off.
+double timed_run(Workload& w, const Env& env, int warmup, int n) {
+  torchpilot::Pilot pilot(off_config());
+  w.begin(pilot);
+  w.steps(pilot, warmup);
+  sync(env);
+  const auto t0 = Clock::now();
+  w.steps(pilot, n);
+  sync(env);
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  w.end();
+  return static_cast<double>(w.samples_per_step()) * n / s;
+}
+
+struct AdvisedRun {
+  std::vector<torchpilot::Advice> advice;
+  int64_t traced_steps = 0;
+  double mfu = std::nan("");
+  double samples_per_s = std::nan("");  // the epoch's, with torchpilot on
+};
+
+AdvisedRun advised_run(Workload& w, const Env& env, const Args& a) {
+  auto sink = std::make_shared<torchpilot::RecordingSink>();
+  torchpilot::PilotOptions po;
+  po.sinks = {sink};
+  AdvisedRun r;
+  {
+    torchpilot::Pilot pilot(advise_config(a), po);
+    torchpilot::FlopCounter flops(pilot);
+    w.begin(pilot);
+    w.steps(pilot, a.advise_steps);
+    sync(env);
+    w.end();
+    pilot.end_epoch();
+  }
+  if (sink->advice.empty() || sink->epochs.empty()) {
+    throw std::runtime_error("the advised run produced no epoch summary");
+  }
+  r.advice = sink->advice.back();
+  const torchpilot::EpochSummary& e = sink->epochs.back();
+  if (const auto* g = e.sections.get<torchpilot::GpuEpochStats>()) r.traced_steps = g->traced_steps;
+  if (const auto* f = e.sections.get<torchpilot::FlopEpochStats>()) r.mfu = f->mfu;
+  r.samples_per_s = e.samples_per_s;
+  return r;
+}
+
+json advice_json(const torchpilot::Advice& x) {
+  json evidence = json::object();
+  for (const auto& ev : x.evidence) evidence[ev.name] = number(ev.value);
+  return {{"id", x.id},
+          {"expected_gain", number(x.expected_gain)},
+          {"finding", x.finding},
+          {"action", x.action},
+          {"evidence", evidence}};
+}
+
+bool mentions(const torchpilot::Advice& x, const std::string& word) {
+  auto low = [](std::string s) {
+    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+    return s;
+  };
+  return low(x.finding + " " + x.cause + " " + x.action).find(word) != std::string::npos;
+}
+
+json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point started) {
+  json row = {{"pair", pair.name},        {"advice", nullptr},  {"estimated_gain", nullptr},
+              {"measured_gain", nullptr}, {"ratio", nullptr},   {"expected_advice", pair.advice},
+              {"bad", pair.bad},          {"fixed", pair.fixed}};
+  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - started).count(); };
+  if (pair.needs_cuda && !env.cuda) {
+    row["skipped"] = "no CUDA device";
+    return row;
+  }
+  if (pair.unavailable) {
+    const std::string why = pair.unavailable(env);
+    if (!why.empty()) {
+      row["skipped"] = why;
+      return row;
+    }
+  }
+  if (elapsed() > a.budget_s) {
+    row["skipped"] = "time budget (--budget-s) spent";
+    return row;
+  }
+  const auto t0 = Clock::now();
+  std::string stage = "building the bad form";
+  try {
+    std::unique_ptr<Workload> bad = pair.make(env, a, false);
+    stage = "building the fixed form";
+    std::unique_ptr<Workload> fixed = pair.make(env, a, true);
+    std::fflush(stdout);  // the trainers' notes before the Pilot's log lines
+    if (auto* d = dynamic_cast<DataStarvation*>(fixed.get())) row["fixed_workers"] = d->workers();
+    if (auto* g = dynamic_cast<Gpt*>(fixed.get())) {
+      row["fixed_optimizer"] = gpt_example::to_string(g->trainer().optimizer());
+    }
+
+    stage = "the advised run of the bad form";
+    const AdvisedRun advised = advised_run(*bad, env, a);
+    json others = json::array();
+    for (const auto& x : advised.advice) {
+      if (x.id == pair.advice) {
+        row["advice"] = x.id;
+        row["estimated_gain"] = number(x.expected_gain);
+        row["advice_detail"] = advice_json(x);
+        if (!pair.keyword.empty()) row["advice_names_cause"] = mentions(x, pair.keyword);
+      } else {
+        others.push_back(advice_json(x));
+      }
+    }
+    row["other_advice"] = others;
+    if (row["advice"].is_null()) {
+      std::string fired;
+      for (const auto& x : advised.advice) fired += (fired.empty() ? "" : ", ") + x.id;
+      row["note"] = "expected advice " + pair.advice +
+                    " did not fire; fired: " + (fired.empty() ? std::string("none") : fired);
+    }
+    row["traced_steps"] = advised.traced_steps;
+    row["mfu_bad"] = number(advised.mfu);
+    row["advised_samples_per_s"] = number(advised.samples_per_s);
+
+    if (a.advise_fixed) {
+      stage = "the advised run of the fixed form";
+      const AdvisedRun after = advised_run(*fixed, env, a);
+      json ids = json::array();
+      for (const auto& x : after.advice) {
+        ids.push_back({{"id", x.id}, {"expected_gain", number(x.expected_gain)}});
+      }
+      row["advice_on_fixed"] = ids;
+      row["mfu_fixed"] = number(after.mfu);
+    }
+
+    stage = "the A/B runs";
+    std::vector<double> bad_sps, fixed_sps;
+    for (int round = 0; round < a.rounds; ++round) {
+      if (round > 0 && elapsed() > a.budget_s) {
+        row["note_rounds"] = "time budget: stopped after " + std::to_string(round) + " rounds";
+        break;
+      }
+      // Interleaved, the order swapped each round (drift and thermal effects fall on both).
+      const bool bad_first = round % 2 == 0;
+      for (int k = 0; k < 2; ++k) {
+        const bool run_bad = (k == 0) == bad_first;
+        const double sps = timed_run(run_bad ? *bad : *fixed, env, a.warmup, a.steps);
+        (run_bad ? bad_sps : fixed_sps).push_back(sps);
+      }
+    }
+    const double b = median(bad_sps), f = median(fixed_sps);
+    const double measured = f / b - 1;
+    row["bad_samples_per_s"] = number(b);
+    row["fixed_samples_per_s"] = number(f);
+    row["bad_runs"] = bad_sps;
+    row["fixed_runs"] = fixed_sps;
+    row["measured_gain"] = number(measured);
+    if (row["estimated_gain"].is_number() && std::isfinite(measured) && measured > 0) {
+      row["ratio"] = number(row["estimated_gain"].get<double>() / measured);
+    }
+  } catch (const std::exception& e) {
+    row["error"] = stage + ": " + e.what();
+  }
+#if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
+  if (env.cuda) {
+    try {
+      torch::cuda::synchronize();
+    } catch (const std::exception&) {
+    }
+    c10::cuda::CUDACachingAllocator::emptyCache();  // the next pair starts with the memory free
+  }
+#endif
+  row["seconds"] = std::chrono::duration<double>(Clock::now() - t0).count();
+  return row;
+}
+
+void write(const std::string& path, const json& j) {
+  if (path.empty()) return;
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+int run(int argc, char** argv) {
+  Args a;
+  std::vector<Pair> pairs = all_pairs();
+  std::vector<std::string> names;
+  for (const auto& p : pairs) names.push_back(p.name);
+
+  CLI::App app(
+      "planted_pairs: planted bottleneck pairs (bad form, fixed form); for each, the advice "
+      "torchpilot gives on the bad form with its estimated gain, against the measured gain of "
+      "the fixed form (interleaved A/B, torchpilot off). bench/README.md.",
+      "planted_pairs");
+  example_cli::last_wins(app);
+  app.add_option("--pairs", a.pairs, "pairs to run, comma-separated (default: all)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(names))
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->type_name("LIST");
+  app.add_option("--device", a.device, "cpu, cuda or cuda:N; default cuda when available")
+      ->check(example_cli::Device())
+      ->type_name("cpu|cuda|cuda:N");
+  app.add_flag("--small", a.small, "tiny sizes (always so without CUDA): a smoke test");
+  example_cli::add_int(app, "--rounds", a.rounds, 1, 1000, "A/B rounds (bad and fixed once each)")
+      ->capture_default_str();
+  example_cli::add_int(app, "--steps", a.steps, 1, 1000000, "timed steps per A/B run")
+      ->capture_default_str();
+  example_cli::add_int(app, "--warmup", a.warmup, 0, 1000000, "untimed steps before them")
+      ->capture_default_str();
+  example_cli::add_int(app, "--advise-steps", a.advise_steps, 1, 1000000,
+                       "steps of the advised run (one epoch)")
+      ->capture_default_str();
+  example_cli::add_int(app, "--window-first", a.window_first, 0, 1000000,
+                       "the detailed window starts after this step of the advised run")
+      ->capture_default_str();
+  example_cli::add_int(app, "--window-steps", a.window_steps, 1, 1000000,
+                       "steps in the detailed window")
+      ->capture_default_str();
+  bool no_advise_fixed = false;
+  app.add_flag("--no-advise-fixed", no_advise_fixed,
+               "no advised run of the fixed form (by default one shows which advice remains)");
+  example_cli::add_number(app, "--budget-s", a.budget_s, 0, 1e6,
+                          "total time: pairs that would start later are skipped")
+      ->capture_default_str();
+  example_cli::add_number(app, "--sample-us", a.sample_us, 0, 1e6,
+                          "data_starvation: CPU work per sample, microseconds")
+      ->capture_default_str();
+  example_cli::add_number(app, "--host-us", a.host_us, 0, 1e7,
+                          "host_sync: host work per step, microseconds (async_sync_every_n: "
+                          "shared among the micro-steps)")
+      ->capture_default_str();
+  example_cli::add_int(app, "--micro-steps", a.micro_steps, 1, 1024,
+                       "async_sync_every_n: micro-steps per optimizer step")
+      ->capture_default_str();
+  example_cli::add_int(app, "--sync-every", a.sync_every, 1, 1000000,
+                       "async_sync_every_n, fixed form: .item() every N optimizer steps")
+      ->capture_default_str();
+  example_cli::add_int(app, "--launch-batch-factor", a.launch_batch_factor, 2, 1024,
+                       "launch_bound: the fixed form's batch / the bad form's")
+      ->capture_default_str();
+  app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
+  app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
+  example_cli::add_path(app, "--out", a.out, "FILE", "write the rows here (JSON)");
+  example_cli::parse_or_exit(app, argc, argv);
+  a.advise_fixed = !no_advise_fixed;
+  if (a.window_first + a.window_steps + 3 > a.advise_steps) {
+    example_cli::fail(app, "--advise-steps",
+                      "--advise-steps must exceed --window-first + --window-steps by at least 3 "
+                      "(a window's records arrive up to two steps after it)");
+  }
+
+  Env env;
+  if (a.device.empty()) {
+    env.device = torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::kCPU;
+  } else {
+    env.device = torch::Device(a.device);
+    if (env.device.is_cuda() && !env.device.has_index())
+      env.device = torch::Device(torch::kCUDA, 0);
+    if (env.device.is_cuda() && !torch::cuda::is_available()) {
+      std::fprintf(stderr, "planted_pairs: --device %s but this LibTorch sees no CUDA device\n",
+                   a.device.c_str());
+      return 2;
+    }
+  }
+  env.cuda = env.device.is_cuda();
+  env.small = a.small || !env.cuda;
+  env.dtype = env.cuda ? torch::kBFloat16 : torch::kFloat;
+  calibrate_cpu_work();
+  std::printf("planted_pairs: %s, device %s%s, LibTorch %s; CPU work %.0f iterations/us\n",
+              a.machine.c_str(), env.device.str().c_str(), env.small ? " (small sizes)" : "",
+              TORCH_VERSION, g_iterations_per_us);
+  std::fflush(stdout);
+
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  json result = {
+      {"bench", "planted_pairs"},
+      {"machine", a.machine},
+      {"date", date},
+      {"commit", a.commit},
+      {"device", env.device.str()},
+      {"small", env.small},
+      {"libtorch", TORCH_VERSION},
+      {"method",
+       "per pair: the bad form once with a Pilot in advise mode (one epoch of advise_steps steps, "
+       "a detailed window of window_steps steps after step window_first, a FLOP counter); its "
+       "advice of the expected id gives estimated_gain. Then bad and fixed forms alternately "
+       "(order swapped each round) with torchpilot off, warmup untimed + steps timed steps "
+       "between device synchronizations; throughput = samples/s; medians over rounds; "
+       "measured_gain = fixed/bad - 1; ratio = estimated_gain / measured_gain"},
+      {"config",
+       {{"rounds", a.rounds},
+        {"steps", a.steps},
+        {"warmup", a.warmup},
+        {"advise_steps", a.advise_steps},
+        {"window_first", a.window_first},
+        {"window_steps", a.window_steps},
+        {"sample_us", a.sample_us},
+        {"host_us", a.host_us},
+        {"micro_steps", a.micro_steps},
+        {"sync_every", a.sync_every},
+        {"launch_batch_factor", a.launch_batch_factor},
+        {"budget_s", a.budget_s}}},
+      {"rows", json::array()}};
+
+  const auto started = Clock::now();
+  int named = 0, within = 0, measured_rows = 0;
+  for (const Pair& pair : pairs) {
+    if (!a.pairs.empty() && std::find(a.pairs.begin(), a.pairs.end(), pair.name) == a.pairs.end())
+      continue;
+    std::printf("== %s: bad: %s; fixed: %s\n", pair.name.c_str(), pair.bad.c_str(),
+                pair.fixed.c_str());
+    std::fflush(stdout);
+    json row = run_pair(pair, env, a, started);
+    if (row.contains("skipped")) {
+      std::printf("   skipped: %s\n", row["skipped"].get<std::string>().c_str());
+    } else if (row.contains("error")) {
+      std::printf("   error: %s\n", row["error"].get<std::string>().c_str());
+    } else {
+      ++measured_rows;
+      const bool has_ratio = row["ratio"].is_number();
+      if (!row["advice"].is_null()) ++named;
+      if (has_ratio && row["ratio"].get<double>() >= 0.5 && row["ratio"].get<double>() <= 2)
+        ++within;
+      auto fmt = [](const json& v) {
+        char buf[32];
+        if (!v.is_number()) return std::string("n/a");
+        std::snprintf(buf, sizeof buf, "%+.1f%%", 100 * v.get<double>());
+        return std::string(buf);
+      };
+      std::printf(
+          "   advice %s, estimated %s, measured %s (bad %.0f, fixed %.0f samples/s)%s%s\n",
+          row["advice"].is_null() ? "none" : row["advice"].get<std::string>().c_str(),
+          fmt(row["estimated_gain"]).c_str(), fmt(row["measured_gain"]).c_str(),
+          row["bad_samples_per_s"].is_number() ? row["bad_samples_per_s"].get<double>() : 0.0,
+          row["fixed_samples_per_s"].is_number() ? row["fixed_samples_per_s"].get<double>() : 0.0,
+          has_ratio ? (", ratio " + std::to_string(row["ratio"].get<double>())).c_str() : "",
+          row.contains("note") ? ("; " + row["note"].get<std::string>()).c_str() : "");
+    }
+    std::fflush(stdout);
+    result["rows"].push_back(row);
+    result["summary"] = {{"pairs_measured", measured_rows},
+                         {"advice_named", named},
+                         {"ratio_within_0.5_2", within},
+                         {"wall_s", std::chrono::duration<double>(Clock::now() - started).count()}};
+    write(a.out, result);  // after every pair: a run cut short keeps what it finished
+  }
+  std::printf(
+      "planted_pairs: %d pairs measured, %d named the expected advice, %d ratios in "
+      "[0.5, 2]%s%s\n",
+      measured_rows, named, within, a.out.empty() ? "" : "; results in ", a.out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "planted_pairs: %s\n", e.what());
+    return 1;
+  }
+}
