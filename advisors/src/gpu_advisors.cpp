@@ -109,10 +109,14 @@ std::optional<Advice> advise_busy_inefficient(const EpochSummary& s, const Advis
         "; attention built from matmul + softmax + matmul runs as several small or "
         "memory-bound kernels: use torch::scaled_dot_product_attention";
   }
-  // If the busy time ran with every SM at work it would take sm/busy of the time: an upper bound.
-  a.expected_gain = gain_from_removing(busy - sm);
+  // With every SM at work the busy time would shrink to sm/busy of itself; but how much more
+  // parallel work a kernel can be given is the program's to say, so that bound (often 10-100x)
+  // is no promise: no gain is stated, the bound is evidence.
+  const double bound = gain_from_removing(busy - sm);
+  a.evidence.push_back({"gain_bound_if_every_sm_busy", bound, "fraction"});
+  a.expected_gain = 0;
   a.gain_estimated = true;
-  a.action += " (gain shown is the upper bound if every SM were busy)";
+  a.action += "; no gain is estimated: it depends on how much parallel work each kernel can get";
   return a;
 }
 

@@ -237,6 +237,13 @@ TEST(GpuMonitorTest, OneSmKernelIsBusyButInefficientInTheAdvisoryLog) {
   ASSERT_NE(it, advice.end());
   EXPECT_EQ(it->severity, Severity::kHigh);
   EXPECT_NE(it->cause.find("spin_kernel"), std::string::npos) << it->cause;
+  // The bound if every SM were busy (100x here) is evidence, not a promised gain.
+  EXPECT_EQ(it->expected_gain, 0.0);
+  auto bound = std::find_if(it->evidence.begin(), it->evidence.end(), [](const Evidence& e) {
+    return e.name == "gain_bound_if_every_sm_busy";
+  });
+  ASSERT_NE(bound, it->evidence.end());
+  EXPECT_NEAR(bound->value, 99.0, 1e-6);
   // Every step's record was published, the traced ones flagged.
   ASSERT_EQ(rig.sink->late<GpuStepRecord>().size(), 12u);
   int traced = 0;
