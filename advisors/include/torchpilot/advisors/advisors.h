@@ -53,7 +53,7 @@ std::optional<Advice> advise_host_sync(const EpochSummary& summary, const Adviso
 // time (detailed windows).
 std::optional<Advice> advise_pageable_copies(const EpochSummary& summary,
                                              const AdvisorsConfig& config);
-// Launch-bound: the GPU idles between the step's kernels more than
+// Launch-bound (advisors/src/launch_bound.cpp): the GPU idles between the step's kernels more than
 // advisors.launch_bound.threshold of step time (detailed windows).
 std::optional<Advice> advise_launch_bound(const EpochSummary& summary,
                                           const AdvisorsConfig& config);
