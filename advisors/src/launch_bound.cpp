@@ -1,9 +1,11 @@
 // The launch-bound advisor: the GPU idles between the step's kernels (detailed windows). Pure
 // function of an epoch's GPU figures (EpochSummary::gpu); docs/advice.md has the rule.
+#include <optional>
 #include <string>
 
 #include "advice_text.h"
 #include "torchpilot/advisors/advisors.h"
+#include "torchpilot/advisors/gain_models.h"
 #include "torchpilot/runtime/metrics.h"
 
 namespace torchpilot {
@@ -47,8 +49,36 @@ std::optional<Advice> advise_launch_bound(const EpochSummary& s, const AdvisorsC
       "give each launch more work (larger batch, with gradient accumulation to keep the "
       "global batch), use fused or batched ops instead of many small ones, or capture the "
       "step in a CUDA graph";
-  a.expected_gain = gain_from_removing(f);
   a.gain_estimated = true;
+  // Gain: the step at a larger batch, from the measured per-launch host cost and the kernels'
+  // time grown by what they fill of the GPU (gain_models.h); else removing the gaps.
+  const std::optional<gains::LaunchBoundGain> model = gains::launch_bound_gain(s);
+  if (!model) {
+    a.expected_gain = gain_from_removing(f);
+    a.action += " (gain shown: removing the gaps)";
+    return a;
+  }
+  const gains::LaunchBoundGain& m = *model;
+  const std::string batch =
+      m.samples_per_step > 0
+          ? num(m.factor, "%.0f") + "x the batch (" + num(m.samples_per_step * m.factor, "%.0f") +
+                " samples per step instead of " + num(m.samples_per_step, "%.0f") + ")"
+          : num(m.factor, "%.0f") + "x the current batch";
+  a.action += "; estimated at " + batch + ": the host issues the same " + num(m.launches, "%.0f") +
+              " launches at " + num(m.per_launch_s * 1e6, "%.1f") + " us each (" +
+              num(m.host_s * 1e3, "%.3g") + " ms) while the kernels grow from " +
+              num(m.gpu_busy_s * 1e3, "%.3g") + " to " + num(m.gpu_busy_scaled_s * 1e3, "%.3g") +
+              " ms, so a " + num(m.step_s * 1e3, "%.3g") + " ms step becomes " +
+              num(m.new_step_s * 1e3, "%.3g") + " ms for " + num(m.factor, "%.0f") +
+              "x the samples (if the larger batch fits in memory)";
+  a.evidence.push_back({"batch_factor", m.factor, "x"});
+  a.evidence.push_back({"samples_per_step", m.samples_per_step, "samples"});
+  a.evidence.push_back({"host_time_per_step", m.host_s * 1e3, "ms"});
+  a.evidence.push_back({"host_cost_per_launch", m.per_launch_s * 1e6, "us"});
+  a.evidence.push_back({"gpu_busy_per_step", m.gpu_busy_s * 1e3, "ms"});
+  a.evidence.push_back({"gpu_busy_at_larger_batch", m.gpu_busy_scaled_s * 1e3, "ms"});
+  a.evidence.push_back({"predicted_step_time_at_larger_batch", m.new_step_s * 1e3, "ms"});
+  a.expected_gain = m.gain;
   return a;
 }
 
