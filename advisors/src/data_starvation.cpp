@@ -4,6 +4,7 @@
 
 #include "advice_text.h"
 #include "torchpilot/advisors/advisors.h"
+#include "torchpilot/advisors/gain_models.h"
 #include "torchpilot/runtime/metrics.h"
 
 namespace torchpilot {
@@ -103,11 +104,22 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
     a.action = "prefetch deeper (e.g. " + std::to_string(l.settings.prefetch * 2) +
                " batches per worker)" + tune_hint;
   }
-  if (cpu_bound && needed > cpus) {
-    // With every CPU loading, a step can be no shorter than batch_ms / cpus.
-    const double best_step = std::max(compute_ms, batch_ms / cpus);
-    a.expected_gain = best_step > 0 ? std::max(0.0, step_ms / best_step - 1.0) : 0.0;
-    if (workers == 0) a.action += "; even then loading is CPU-bound: make it cheaper";
+  if (cpu_bound && needed > cpus && workers == 0) {
+    a.action += "; even then loading is CPU-bound: make it cheaper";
+  }
+  // Gain: bounded by what the machine's cores deliver (gain_models.h): every core but the
+  // training thread's producing, a batch every (CPU time per batch / usable cores) at best.
+  if (compute_known) {
+    if (const auto m = gains::starvation_gain(s)) {
+      a.expected_gain = m->gain;
+      a.evidence.push_back({"usable_workers", static_cast<double>(m->usable_workers), "threads"});
+      a.evidence.push_back({"fastest_delivery_per_batch", m->delivery_s * 1e3, "ms"});
+      a.evidence.push_back({"predicted_step_time", m->new_step_s * 1e3, "ms"});
+      a.action += "; estimated: with " + std::to_string(m->usable_workers) +
+                  " cores producing, a batch is ready every " + num(m->delivery_s * 1e3, "%.2f") +
+                  " ms at best, so a " + num(step_ms, "%.2f") + " ms step becomes " +
+                  num(m->new_step_s * 1e3, "%.2f") + " ms";
+    }
   }
   if (l.pin_memory_available && !l.settings.pin_memory) {
     a.cause += "; batches are in pageable memory, so host-to-device copies block";

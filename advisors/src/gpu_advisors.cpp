@@ -1,4 +1,4 @@
-// GPU advisors: busy but inefficient, host-sync stall, pageable copies, launch-bound. Pure
+// GPU advisors: busy but inefficient, host-sync stall, pageable copies (launch_bound.cpp). Pure
 // functions of an epoch's GPU figures (EpochSummary::gpu); docs/advice.md has the rules.
 #include <algorithm>
 #include <cstdio>
@@ -178,38 +178,6 @@ std::optional<Advice> advise_pageable_copies(const EpochSummary& s, const Adviso
   a.action =
       "pin the batches (TunableLoader pin_memory, or tensor.pin_memory()) and copy with "
       "non_blocking=true; with mode: autotune the loader tries this itself";
-  a.expected_gain = gain_from_removing(f);
-  a.gain_estimated = true;
-  return a;
-}
-
-std::optional<Advice> advise_launch_bound(const EpochSummary& s, const AdvisorsConfig& config) {
-  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
-  if (!gpu || gpu->traced_steps == 0) return std::nullopt;
-  const GpuStats& g = gpu->stats;
-  const double f = traced_share(g, g.idle_launch_gap_ns);
-  if (f <= config.launch_bound.threshold || g.kernels == 0) return std::nullopt;
-  const double per_step = static_cast<double>(g.kernels) / gpu->traced_steps;
-  const double busy_ns =
-      measured(g.gpu_utilization) ? g.gpu_utilization * static_cast<double>(g.traced_ns) : 0.0;
-  const double mean_us = busy_ns / static_cast<double>(g.kernels) / 1e3;
-  Advice a;
-  a.id = "launch_bound";
-  a.severity = f > 0.5 ? Severity::kHigh : Severity::kWarning;
-  a.finding = "the GPU idled between the step's kernels for " + pct(f) + " of step time (" +
-              num(per_step, "%.0f") + " kernels per step, " + num(mean_us, "%.1f") +
-              " us each on average)";
-  a.evidence = {{"launch_gap_fraction", f, "fraction"},
-                {"kernels_per_step", per_step, "kernels"},
-                {"mean_kernel_time", mean_us, "us"},
-                {"threshold", config.launch_bound.threshold, "fraction"}};
-  a.cause =
-      "kernels are too short for the host to keep the GPU fed: launch overhead and host "
-      "work between launches dominate";
-  a.action =
-      "give each launch more work (larger batch, with gradient accumulation to keep the "
-      "global batch), use fused or batched ops instead of many small ones, or capture the "
-      "step in a CUDA graph";
   a.expected_gain = gain_from_removing(f);
   a.gain_estimated = true;
   return a;

@@ -5,21 +5,23 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "advice_text.h"
 #include "torchpilot/advisors/advisors.h"
+#include "torchpilot/advisors/gain_models.h"
+#include "torchpilot/runtime/kernel_classes.h"
 
 namespace torchpilot {
 namespace {
 
 // A bf16 peak at least this many times the fp32 peak: the GPU has tensor cores worth using.
 constexpr double kTensorCoreRatio = 4.0;
-// The most of a step an estimated saving may claim.
-constexpr double kMaxSavedShare = 0.9;
 constexpr int kTopKernelsNamed = 3;
 
 constexpr size_t P(MathPrecision p) { return static_cast<size_t>(p); }
 
+using detail::gain_from_removing;
 using detail::lower;
 using detail::num;
 using detail::pct;
@@ -28,28 +30,6 @@ double clamp01(double v) { return std::isnan(v) ? 0.0 : std::min(1.0, std::max(0
 
 double step_seconds(const EpochSummary& s) {
   return s.steps > 0 ? static_cast<double>(s.wall_ns) / 1e9 / static_cast<double>(s.steps) : 0;
-}
-
-// The GPU's busy fraction, best measure first: kernel-interval union of the detailed windows,
-// the busy counter, else everything but the data wait.
-double busy_fraction(const EpochSummary& s) {
-  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
-  double busy = 1.0 - clamp01(s.data_wait_fraction);
-  if (gpu) {
-    const GpuStats& g = gpu->stats;
-    if (measured(g.gpu_utilization)) {
-      busy = std::min(busy, g.gpu_utilization);
-    } else if (measured(g.counter_utilization)) {
-      busy = std::min(busy, g.counter_utilization);
-    }
-  }
-  return clamp01(busy);
-}
-
-// Throughput gain when `share` of the step runs `speedup` times faster (Amdahl).
-double amdahl_gain(double share, double speedup) {
-  if (!(share > 0) || !(speedup > 1)) return 0;
-  return 1.0 / (1.0 - share + share / speedup) - 1.0;
 }
 
 std::string device_name(const FlopEpochStats& f) {
@@ -73,23 +53,14 @@ std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const AdvisorsCo
   // No tensor cores known (CPU, a GPU not in the table): nothing to move the work to.
   if (!(p32 > 0) || !(pbf > 0) || pbf / p32 < kTensorCoreRatio) return std::nullopt;
 
-  // The fp32 work's share of the math time at the datasheet peaks, times the GPU's busy share.
-  double ideal = 0;
-  for (int i = 0; i < kMathPrecisions; ++i) {
-    const double flops = f.model_flops_by_precision[i];
-    if (!(flops > 0)) continue;
-    ideal += flops / (ds[i] > 0 ? ds[i] : pbf);
-  }
-  // The fp32 work's share of the step: its time at the fp32 peak over the step time (a floor:
-  // it runs no faster than the peak), within the GPU's busy share; without a step time, its share
-  // of the ideal math time times the busy share. Capped: other work remains in any step.
-  const double fp32_math_share = ideal > 0 ? (fp32 / p32) / ideal : 0;
-  const double seconds = step_seconds(s);
-  const double busy = busy_fraction(s);
-  const double fp32_step_share = std::min(
-      kMaxSavedShare, seconds > 0 ? std::min(busy, fp32 / p32 / seconds) : fp32_math_share * busy);
-  const double gain_bf16 = amdahl_gain(fp32_step_share, pbf / p32);
-  const double gain_tf32 = ptf > 0 ? amdahl_gain(fp32_step_share, ptf / p32) : 0;
+  // Gain: the fp32 GEMM/conv kernels' measured time replaced by their FLOPs at a calibrated
+  // tensor-core rate plus autocast's casts (gain_models.h).
+  const std::optional<gains::PrecisionGain> model = gains::precision_gain(s);
+  if (!model) return std::nullopt;
+  const gains::PrecisionGain& m = *model;
+  const double fp32_step_share = m.removed_s / m.step_s;
+  const double gain_bf16 = m.gain;
+  const double gain_tf32 = m.tf32_gain;
 
   Advice a;
   a.id = "fp32_matmul";
@@ -102,22 +73,38 @@ std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const AdvisorsCo
               pct(config.precision.fp32_matmul_threshold) + ")";
   a.cause =
       "the model computes in fp32 and TF32 is off for its matmuls, so they run on the CUDA "
-      "cores; at the datasheet peaks the fp32 work would take an estimated " +
-      pct(fp32_step_share) + " of the step";
+      "cores: " +
+      (m.removed_measured
+           ? "its fp32 GEMM/conv kernels took " + num(m.removed_s * 1e3, "%.3g") + " ms of the " +
+                 num(m.step_s * 1e3, "%.3g") + " ms step in the trace window (" +
+                 pct(fp32_step_share) + ")"
+           : "at the fp32 datasheet peak its fp32 work would take an estimated " +
+                 pct(fp32_step_share) + " of the step (no trace window measured it)");
   a.action =
       "compute forward and loss in bf16 under autocast (LibTorch 2.4+: "
       "at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16) and "
       "at::autocast::set_autocast_enabled(at::kCUDA, true); 1.x: at::autocast::set_enabled(true)), "
       "keeping fp32 weights and optimizer state; or, with numerics closer to fp32, allow TF32: "
       "flops.allow_tf32: true (opt-in, changes numerics; estimated +" +
-      pct(gain_tf32) + ") or at::globalContext().setAllowTF32CuBLAS(true)";
+      pct(gain_tf32) + ") or at::globalContext().setAllowTF32CuBLAS(true). Estimated: in bf16 " +
+      "the same FLOPs take " + num(m.gemm_s * 1e3, "%.3g") + " ms at " + m.rate_source + ", plus " +
+      num(m.cast_s * 1e3, "%.3g") + " ms for the casts autocast adds (" +
+      num(m.cast_bytes / 1e6, "%.3g") + " MB per step at DRAM bandwidth): a " +
+      num(m.step_s * 1e3, "%.3g") + " ms step becomes " + num(m.new_step_s * 1e3, "%.3g") + " ms";
   a.evidence = {{"fp32_flops_share", share, "fraction"},
                 {"fp32_flops_per_step", fp32 / 1e9, "GFLOP"},
                 {"fp32_peak", p32 / 1e12, "TFLOP/s"},
                 {"bf16_peak", pbf / 1e12, "TFLOP/s"},
                 {"fp32_time_share_estimate", fp32_step_share, "fraction"},
                 {"expected_gain_tf32", gain_tf32, "fraction"},
-                {"threshold", config.precision.fp32_matmul_threshold, "fraction"}};
+                {"threshold", config.precision.fp32_matmul_threshold, "fraction"},
+                {"fp32_kernel_time", m.removed_s * 1e3, "ms"},
+                {"fp32_kernel_time_measured", m.removed_measured ? 1.0 : 0.0, "bool"},
+                {"tensor_core_rate", m.rate / 1e12, "TFLOP/s"},
+                {"predicted_tensor_core_time", m.gemm_s * 1e3, "ms"},
+                {"autocast_cast_bytes", m.cast_bytes / 1e6, "MB"},
+                {"autocast_cast_time", m.cast_s * 1e3, "ms"},
+                {"predicted_step_time", m.new_step_s * 1e3, "ms"}};
   if (ptf > 0) a.evidence.push_back({"tf32_peak", ptf / 1e12, "TFLOP/s"});
   a.expected_gain = gain_bf16;
   a.gain_estimated = true;
@@ -126,7 +113,6 @@ std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const AdvisorsCo
 
 std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
                                                const AdvisorsConfig& config) {
-  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
   const FlopEpochStats* flops = s.sections.get<FlopEpochStats>();
   if (!flops || s.steps == 0) return std::nullopt;
   const FlopEpochStats& f = *flops;
@@ -137,40 +123,28 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
 
   const double step_s = step_seconds(s);
   const double traffic = f.unfused_attention_traffic_bytes_per_step;
-  double saved_s = kNotMeasured;
+  // Gain: the measured kernels of the unfused attention against a fused kernel's predicted time
+  // (gain_models.h); without a window, the score-matrix traffic at DRAM bandwidth.
+  const std::optional<gains::FusionGain> model = gains::fusion_gain(s);
+  const double saved_s = model ? model->removed_s - model->fused_s : kNotMeasured;
+  const double gain = model ? model->gain : 0.0;
   std::string how;
-  if (gpu && gpu->traced_steps > 0) {
-    Nanos softmax_ns = 0;
-    for (const KernelSummary& k : gpu->top_kernels) {
-      // Attention's softmax, not the loss's log_softmax (cross-entropy).
-      const std::string name = lower(k.name);
-      if (name.find("softmax") != std::string::npos &&
-          name.find("log_softmax") == std::string::npos &&
-          name.find("logsoftmax") == std::string::npos) {
-        softmax_ns += k.total_ns;
-      }
-    }
-    if (softmax_ns > 0) {
-      saved_s = static_cast<double>(softmax_ns) / 1e9 / static_cast<double>(gpu->traced_steps);
-      how = "the traced softmax kernels' time";
-    }
-  }
-  if (std::isnan(saved_s) && f.dram_bytes_per_s > 0 && traffic > 0) {
-    saved_s = traffic / f.dram_bytes_per_s;
-    how = "the score matrices' estimated traffic at " + num(f.dram_bytes_per_s / 1e9, "%.0f") +
-          " GB/s";
-  }
-  double gain = 0;
-  if (saved_s > 0 && step_s > 0) {
-    const double saved = std::min(saved_s, kMaxSavedShare * step_s);
-    gain = step_s / (step_s - saved) - 1.0;
+  if (model && model->measured) {
+    how = "the window's softmax/mask kernels (" + num(model->pieces_s * 1e3, "%.3g") +
+          " ms) and its attention matmuls' FLOPs at the " + num(model->gemm_rate / 1e12, "%.0f") +
+          " TFLOP/s the window's GEMMs ran (" + num(model->matmul_s * 1e3, "%.3g") + " ms)";
+  } else if (model) {
+    how = "no trace window: the score matrices' estimated traffic at " +
+          num(f.dram_bytes_per_s / 1e9, "%.0f") + " GB/s (" + num(model->pieces_s * 1e3, "%.3g") +
+          " ms) and the matmuls' FLOPs at " + num(model->gemm_rate / 1e12, "%.0f") + " TFLOP/s (" +
+          num(model->matmul_s * 1e3, "%.3g") + " ms)";
   }
 
   Advice a;
   a.id = "unfused_attention";
-  a.severity = std::isnan(saved_s) ? Severity::kInfo
-               : gain >= 0.25      ? Severity::kHigh
-                                   : Severity::kWarning;
+  a.severity = !model || !(model->fused_rate > 0) ? Severity::kInfo
+               : gain >= 0.25                     ? Severity::kHigh
+                                                  : Severity::kWarning;
   const int64_t n = f.unfused_attention_per_step;
   a.finding = std::to_string(n) + (n == 1 ? " attention" : " attentions") +
               " per step run as matmul + softmax + matmul: " + pct(share) + " of model FLOPs (" +
@@ -195,9 +169,12 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
         "replace it with at::scaled_dot_product_attention(q, k, v, mask, dropout_p, "
         "is_causal) (LibTorch 2.0+), which runs a fused flash or memory-efficient kernel";
   }
-  if (saved_s > 0) {
-    a.action += "; saves about " + num(saved_s * 1e3, "%.3g") + " ms of a " +
-                num(step_s * 1e3, "%.3g") + " ms step (estimated from " + how + ")";
+  if (model && model->fused_rate > 0) {
+    a.action += "; estimated: the unfused form takes " + num(model->removed_s * 1e3, "%.3g") +
+                " ms per step (" + how + "), a fused kernel " + num(model->fused_s * 1e3, "%.3g") +
+                " ms (its FLOPs with the backward's recomputation at " + model->calibration +
+                "): a " + num(step_s * 1e3, "%.3g") + " ms step becomes " +
+                num(model->new_step_s * 1e3, "%.3g") + " ms";
   } else {
     a.action += "; the time it saves is not estimated here (no GPU trace, no device bandwidth)";
   }
@@ -210,13 +187,23 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
   if (fallback) {
     a.evidence.push_back({"sdpa_math_fallback_per_step", f.sdpa_math_fallback_per_step, "calls"});
   }
-  if (saved_s > 0) a.evidence.push_back({"estimated_time_saved", saved_s * 1e3, "ms"});
+  if (model && model->fused_rate > 0) {
+    a.evidence.push_back({"estimated_time_saved", saved_s * 1e3, "ms"});
+    a.evidence.push_back({"unfused_kernel_time", model->removed_s * 1e3, "ms"});
+    a.evidence.push_back({"unfused_kernel_time_measured", model->measured ? 1.0 : 0.0, "bool"});
+    a.evidence.push_back({"predicted_fused_time", model->fused_s * 1e3, "ms"});
+    a.evidence.push_back({"fused_attention_rate", model->fused_rate / 1e12, "TFLOP/s"});
+  }
   a.expected_gain = gain;
   a.gain_estimated = true;
   return a;
 }
 
-std::optional<Advice> advise_low_mfu(const EpochSummary& s, const AdvisorsConfig& config) {
+namespace {
+
+// Without a trace window: the step split into the counted FLOPs at peak, data wait, GPU idle and
+// the rest.
+std::optional<Advice> low_mfu_from_flops(const EpochSummary& s, const AdvisorsConfig& config) {
   const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
   const FlopEpochStats* flops = s.sections.get<FlopEpochStats>();
   if (!flops || s.steps == 0) return std::nullopt;
@@ -312,6 +299,134 @@ std::optional<Advice> advise_low_mfu(const EpochSummary& s, const AdvisorsConfig
     }
     a.expected_gain = 0;  // no single change is sized
   }
+  return a;
+}
+
+}  // namespace
+
+std::optional<Advice> advise_low_mfu(const EpochSummary& s, const AdvisorsConfig& config) {
+  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
+  const FlopEpochStats* flops = s.sections.get<FlopEpochStats>();
+  if (!flops || s.steps == 0) return std::nullopt;
+  const FlopEpochStats& f = *flops;
+  if (!measured(f.mfu) || !(f.model_flops_per_step > 0)) return std::nullopt;
+  if (f.mfu >= config.low_mfu.threshold) return std::nullopt;
+  if (gpu == nullptr || gpu->kernel_classes.steps == 0 || gpu->kernel_classes.traced_ns <= 0) {
+    return low_mfu_from_flops(s, config);
+  }
+
+  // Where the step goes: the traced steps' GPU time by kernel class, and idle by cause.
+  const KernelClassStats& k = gpu->kernel_classes;
+  const double traced = static_cast<double>(k.traced_ns);
+  const double step_s = step_seconds(s);
+  std::string split;
+  Advice a;
+  a.id = "low_mfu";
+  a.severity = f.mfu < config.low_mfu.threshold / 2 ? Severity::kWarning : Severity::kInfo;
+  a.evidence = {{"mfu", f.mfu, "fraction"},
+                {"threshold", config.low_mfu.threshold, "fraction"},
+                {"traced_step_time", k.per_step_ms(traced), "ms"}};
+  for (int i = 0; i < kKernelClasses; ++i) {
+    const auto c = static_cast<KernelClass>(i);
+    const double share = k.ns[static_cast<size_t>(i)] / traced;
+    a.evidence.push_back({std::string("share_") + to_string(c), share, "fraction"});
+    if (share >= 0.005) split += std::string(label(c)) + " " + pct(share) + ", ";
+  }
+  const double idle = k.idle_ns / traced;
+  a.evidence.push_back({"share_idle", idle, "fraction"});
+  a.finding = "MFU is " + pct(f.mfu) + " (threshold " + pct(config.low_mfu.threshold) +
+              "); the traced step's GPU time (" + num(k.per_step_ms(traced), "%.3g") +
+              " ms) goes to " + split + "idle " + pct(idle);
+  if (!s.phases.empty() && s.wall_ns > 0) {
+    std::string phases;
+    for (const PhaseTotal& p : s.phases) {
+      if (!phases.empty()) phases += ", ";
+      phases += p.name + " " + pct(static_cast<double>(p.ns) / static_cast<double>(s.wall_ns));
+    }
+    a.finding += "; host phases: " + phases;
+  }
+
+  // The fixable shares, each with its action and estimated gain; the largest gain is named.
+  struct Candidate {
+    double share = 0, gain = 0;
+    std::string what, action;
+  };
+  std::vector<Candidate> candidates;
+  const double simt = k.ns[static_cast<size_t>(KernelClass::kSimtGemm)] / traced;
+  if (simt > 0) {
+    if (const auto m = gains::precision_gain(s)) {
+      candidates.push_back(
+          {simt, m->gain, "non-tensor (fp32) GEMM/conv kernels take " + pct(simt) + " of it",
+           "compute in bf16 under autocast, or allow TF32 (see the fp32_matmul advice; estimated "
+           "at " +
+               m->rate_source + ")"});
+    }
+  }
+  const double pieces =
+      std::max(0.0, k.ns[static_cast<size_t>(KernelClass::kAttention)] - k.fused_attention_ns) /
+      traced;
+  if (pieces > 0 || f.unfused_attention_flops_per_step > 0) {
+    if (const auto m = gains::fusion_gain(s)) {
+      candidates.push_back(
+          {m->removed_s / std::max(step_s, 1e-12), m->gain,
+           "an unfused attention (softmax/mask kernels and its matmuls) takes an estimated " +
+               num(m->removed_s * 1e3, "%.3g") + " ms of the step",
+           "use at::scaled_dot_product_attention (see the unfused_attention advice)"});
+    }
+  }
+  if (const auto m = gains::optimizer_gain(s)) {
+    candidates.push_back(
+        {m->removed_s / std::max(step_s, 1e-12), m->gain,
+         "a per-parameter Adam-style optimizer (addcmul/addcdiv per parameter, about " +
+             num(m->per_parameter_kernels, "%.0f") + " kernels per step) takes an estimated " +
+             num(m->removed_s * 1e3, "%.3g") + " ms of the step",
+         "update all parameters in a fused or multi-tensor optimizer: at::_fused_adamw_ "
+         "(LibTorch 2.x) over the parameter, gradient and moment lists, or the foreach "
+         "(_foreach_*) ops; a fused update moves 28 bytes per parameter where the per-parameter "
+         "one moves about 92, in 9 launches per parameter"});
+  }
+  {
+    const GpuStats& g = gpu->stats;
+    const double t = static_cast<double>(std::max<Nanos>(1, g.traced_ns));
+    const struct {
+      Nanos ns;
+      const char* what;
+      const char* action;
+    } causes[] = {
+        {g.idle_data_wait_ns, "waiting for data", "see the data_starvation advice"},
+        {g.idle_host_sync_ns, "after host synchronizations",
+         "see the host_sync advice: read values back every N steps"},
+        {g.idle_launch_gap_ns, "in launch gaps between kernels",
+         "see the launch_bound advice: fewer, larger launches (larger batch, fused ops, CUDA "
+         "graphs)"},
+        {g.idle_other_ns, "before the first or after the last kernel of the step",
+         "move host work out of the step or overlap it with GPU work"},
+    };
+    for (const auto& c : causes) {
+      const double share = static_cast<double>(c.ns) / t;
+      if (share <= 0) continue;
+      candidates.push_back({share, gain_from_removing(share),
+                            "the GPU idles " + pct(share) + " of it " + c.what, c.action});
+    }
+  }
+  const auto best =
+      std::max_element(candidates.begin(), candidates.end(),
+                       [](const Candidate& x, const Candidate& y) { return x.gain < y.gain; });
+  a.gain_estimated = true;
+  if (best == candidates.end() || !(best->gain > 0)) {
+    a.cause =
+        "no single fixable share stands out: the GPU runs its kernels below peak (small "
+        "matmuls, elementwise and normalization work)";
+    a.action =
+        "raise the micro-batch or model width, fuse elementwise work (torch.compile-style "
+        "fusion is not available in LibTorch: fused ops where they exist)";
+    a.expected_gain = 0;
+    return a;
+  }
+  a.cause = "the largest fixable share: " + best->what;
+  a.action = best->action + "; estimated +" + pct(best->gain);
+  a.expected_gain = best->gain;
+  a.evidence.push_back({"fixable_share", best->share, "fraction"});
   return a;
 }
 

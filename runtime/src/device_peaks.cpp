@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstddef>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -146,6 +147,33 @@ DevicePeak resolve_peak(std::string_view device_name, double config_peak_tflops)
     p.source = "config";
   }
   return p;
+}
+
+Calibration calibration(std::string_view device_name) {
+  const std::string n = lower(device_name);
+  auto any = [&](std::initializer_list<const char*> words) {
+    for (const char* w : words) {
+      if (n.find(w) != std::string::npos) return true;
+    }
+    return false;
+  };
+  // Hopper: a large bf16 GEMM reaches about 790 of 989.5 TFLOP/s on the H200 (docs/metrics.md,
+  // "Peaks"); FlashAttention-2 reaches 35-40% of the peak on the H100 and cuDNN's
+  // or FlashAttention-3's fused attention 55-75% (their papers): 0.4 sits at the library PyTorch
+  // picks most often.
+  if (any({"h100", "h200", "gh200", "h800"})) {
+    return {0.8, 0.4,
+            "Hopper: bf16 GEMM 790/989.5 TFLOP/s measured on an H200; fused attention "
+            "as FlashAttention-2"};
+  }
+  // Ampere: cuBLAS ~250 of 312 TFLOP/s; FlashAttention-2 50-73% forward, ~60% with backward.
+  if (any({"a100", "a800", "a30", "a10"})) {
+    return {0.8, 0.5, "Ampere: cuBLAS and FlashAttention-2 published figures"};
+  }
+  if (any({"b200", "gb200", "b100"})) {
+    return {0.75, 0.45, "Blackwell: assumed (not measured here)"};
+  }
+  return {0.7, 0.4, "assumed: GPU generation not in the calibration table"};
 }
 
 // ---- MFU ----------------------------------------------------------------------------------------

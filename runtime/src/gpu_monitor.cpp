@@ -59,6 +59,7 @@ struct GpuMonitor::EpochAcc {
   GpuStats traced;  // integer sums over traced steps
   int64_t traced_steps = 0;
   std::map<std::string, Kernel> kernels;
+  KernelClassStats classes;
 
   void add(const GpuStats& g) {
     const double w = static_cast<double>(g.wall_ns);
@@ -250,6 +251,7 @@ void GpuMonitor::finish(const PendingStep& step) {
   last_finished_end_ = std::max(last_finished_end_, step.span.end);
   epoch_->add(rec.stats);
   if (step.traced) epoch_->add_kernels(events_.kernels, step.span, device_.sm_count);
+  add_kernel_classes(epoch_->classes, events_, spans, device_.sm_count);
   if (host_ != nullptr) host_->publish(make_late_step(rec.step, rec.epoch, std::move(rec)));
 }
 
@@ -322,6 +324,7 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.top_kernels = epoch_->top_kernels();
   e.collectors = backend_->status();
   e.dropped_records = events_.dropped;
+  e.kernel_classes = epoch_->classes;
   events_.dropped = 0;
   summary.sections.set(std::move(e));
   epoch_ = std::make_unique<EpochAcc>();

@@ -39,6 +39,28 @@ json gpu_stats_json(const GpuStats& g) {
             {"other", ms(g.idle_other_ns)}}}};
 }
 
+// Per traced step: each class's time, launches, and the parts the gain models read.
+json kernel_classes_json(const KernelClassStats& k) {
+  json time = json::object(), launches = json::object();
+  for (int i = 0; i < kKernelClasses; ++i) {
+    const auto c = static_cast<KernelClass>(i);
+    time[to_string(c)] = k.per_step_ms(k.ns[static_cast<size_t>(i)]);
+    launches[to_string(c)] =
+        k.steps > 0 ? static_cast<double>(k.launches[static_cast<size_t>(i)]) / k.steps : 0.0;
+  }
+  time["idle"] = k.per_step_ms(k.idle_ns);
+  return {{"steps", k.steps},
+          {"traced_ms", ms(k.traced_ns)},
+          {"ms_per_step", time},
+          {"launches_per_step", launches},
+          {"fused_attention_ms_per_step", k.per_step_ms(k.fused_attention_ns)},
+          {"fused_optimizer_ms_per_step", k.per_step_ms(k.fused_optimizer_ns)},
+          {"per_parameter_optimizer_launches_per_step",
+           k.steps > 0 ? static_cast<double>(k.per_parameter_optimizer_launches) / k.steps : 0.0},
+          {"memcpy_ms_per_step", k.per_step_ms(static_cast<double>(k.memcpy_ns))},
+          {"memset_ms_per_step", k.per_step_ms(static_cast<double>(k.memset_ns))}};
+}
+
 }  // namespace
 
 std::string section_json(const GpuEpochStats& e) {
@@ -61,6 +83,7 @@ std::string section_json(const GpuEpochStats& e) {
   j["dropped_records"] = e.dropped_records;
   j["top_kernels"] = kernels;
   j["collectors"] = collectors;
+  j["kernel_classes"] = kernel_classes_json(e.kernel_classes);
   return dump(j);
 }
 
@@ -107,6 +130,22 @@ void section_text(const GpuEpochStats& gpu, const EpochSummary& s,
         (gpu.dropped_records > 0
              ? "; " + std::to_string(gpu.dropped_records) + " records dropped (understated)"
              : ""));
+  }
+  const KernelClassStats& k = gpu.kernel_classes;
+  if (k.steps > 0 && k.traced_ns > 0) {
+    // Where the traced step's GPU time goes: the classes and idle add up to it.
+    const double t = static_cast<double>(k.traced_ns);
+    std::string line =
+        "  GPU time by kernel class (" + fmt_num(k.per_step_ms(t)) + " ms per traced step): ";
+    for (int i = 0; i < kKernelClasses; ++i) {
+      const double ns = k.ns[static_cast<size_t>(i)];
+      if (ns <= 0) continue;
+      line += std::string(label(static_cast<KernelClass>(i))) + " " + fmt_pct(ns / t) + ", ";
+    }
+    line += "idle " + fmt_pct(k.idle_ns / t) + "; copies " +
+            fmt_num(k.per_step_ms(static_cast<double>(k.memcpy_ns + k.memset_ns))) +
+            " ms per step on the copy engines";
+    lines.push_back(line);
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include "gpu_test_support.h"
 #include "torchpilot/runtime/gpu_monitor.h"
+#include "torchpilot/runtime/kernel_classes.h"
 #include "torchpilot/torchpilot.h"
 
 #if TORCHPILOT_TORCH_CUDA
@@ -221,6 +222,52 @@ TEST_F(GpuTruthTest, PmSmActivityAgreesWithTraceBusyTime) {
   EXPECT_LT(busy, 0.9);
   EXPECT_NEAR(sm, busy, 0.05);
   EXPECT_NEAR(gr, busy, 0.05);
+}
+
+// (4) Kernel classes on Hopper's real kernel names: a bf16 and an fp32 (TF32 off) matmul, a
+// softmax over the last dimension of a 4-d tensor (an unfused attention's piece), an elementwise
+// add; the classes and idle add up to the traced time.
+TEST_F(GpuTruthTest, KernelClassesOfRealKernels) {
+  const bool tf32 = at::globalContext().allowTF32CuBLAS();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  auto a = torch::randn({4096, 4096}, torch::dtype(torch::kBFloat16).device(torch::kCUDA));
+  auto f = torch::randn({2048, 2048}, torch::kCUDA);
+  auto scores = torch::randn({8, 16, 512, 512}, torch::kCUDA);
+  auto c = torch::mm(a, a) + torch::mm(f, f).sum();
+  torch::cuda::synchronize();
+  PilotRun run(gpu_config(1, 4));
+  require(run, {"activity"});
+  for (int i = 0; i < 6; ++i) {
+    auto step = run.pilot->step(1);
+    for (int k = 0; k < 4; ++k) {
+      c = torch::mm(a, a);
+      auto d = torch::mm(f, f);
+      auto p = torch::softmax(scores, -1);
+      f = f + 1e-6 * d;
+    }
+    torch::cuda::synchronize();
+  }
+  run.pilot->end_epoch();
+  at::globalContext().setAllowTF32CuBLAS(tf32);
+  const GpuEpochStats* g = run.epoch().sections.get<GpuEpochStats>();
+  ASSERT_NE(g, nullptr);
+  const KernelClassStats& k = g->kernel_classes;
+  ASSERT_GT(k.steps, 0);
+  for (int i = 0; i < kKernelClasses; ++i) {
+    std::printf("  %s: %.3f ms/step, %.1f launches/step\n", to_string(static_cast<KernelClass>(i)),
+                k.per_step_ms(k.ns[static_cast<size_t>(i)]),
+                static_cast<double>(k.launches[static_cast<size_t>(i)]) / k.steps);
+  }
+  for (const KernelSummary& ks : g->top_kernels) {
+    std::printf("  [%s] %s\n", to_string(classify_kernel(ks.name).cls), ks.name.c_str());
+  }
+  const auto ns = [&](KernelClass c) { return k.ns[static_cast<size_t>(c)]; };
+  EXPECT_GT(ns(KernelClass::kTensorGemm), 0) << "the bf16 matmul";
+  EXPECT_GT(ns(KernelClass::kSimtGemm), 0) << "the fp32 matmul with TF32 off";
+  EXPECT_GT(ns(KernelClass::kAttention), 0) << "the softmax";
+  EXPECT_GT(ns(KernelClass::kElementwise), 0);
+  EXPECT_EQ(ns(KernelClass::kOther), 0);
+  EXPECT_NEAR(k.busy_ns() + k.idle_ns, static_cast<double>(k.traced_ns), 1e3);
 }
 
 #else

@@ -155,8 +155,12 @@ TEST(DataStarvationTest, CauseWorkersZeroAndCpuBound) {
   EXPECT_TRUE(contains(a->cause, "workers = 0")) << a->cause;
   EXPECT_TRUE(contains(a->action, "load in 8 worker")) << a->action;  // no more than the CPUs
   EXPECT_TRUE(contains(a->action, "CPU-bound")) << a->action;
-  // Eight CPUs deliver a batch every 50 ms: a 100 ms step becomes 50 ms, +100%.
-  EXPECT_NEAR(a->expected_gain, 1.0, 1e-9);
+  // Seven cores (eight less the training thread's) deliver a batch every 400/7 ms at best: a
+  // 100 ms step becomes 57.1 ms, +75%.
+  EXPECT_EQ(*evidence(*a, "usable_workers"), 7.0);
+  EXPECT_NEAR(*evidence(*a, "fastest_delivery_per_batch"), 400.0 / 7, 1e-9);
+  EXPECT_NEAR(a->expected_gain, 100.0 / (400.0 / 7) - 1, 1e-9);
+  EXPECT_TRUE(contains(a->action, "estimated: with 7 cores producing")) << a->action;
 }
 
 TEST(DataStarvationTest, CauseTooFewWorkers) {
@@ -194,9 +198,9 @@ TEST(DataStarvationTest, CauseCpuBound) {
   EXPECT_EQ(*evidence(*a, "cpus_available"), 8.0);
   EXPECT_TRUE(contains(a->cause, "CPU-bound")) << a->cause;
   EXPECT_TRUE(contains(a->action, "use 8 workers")) << a->action;
-  // Eight CPUs deliver a batch every 50 ms: a 100 ms step becomes 50 ms, +100% (not the +150%
-  // that removing the whole wait would give).
-  EXPECT_NEAR(a->expected_gain, 1.0, 1e-9);
+  // Seven usable cores deliver a batch every 57.1 ms: a 100 ms step becomes 57.1 ms, +75% (not
+  // the +150% that removing the whole wait would give).
+  EXPECT_NEAR(a->expected_gain, 100.0 / (400.0 / 7) - 1, 1e-9);
 }
 
 TEST(DataStarvationTest, CpuBoundWithUnknownCpuCountCountsOne) {

@@ -25,6 +25,7 @@
 #include "cupti_pm_sampling.h"
 #include "torchpilot/runtime/gpu_monitor.h"
 #include "torchpilot/runtime/gpu_step_stats.h"
+#include "torchpilot/runtime/kernel_classes.h"
 
 namespace torchpilot {
 namespace detail {
@@ -473,6 +474,43 @@ TEST(CuptiReplay, CapturedFixture) {
   // One window of 4 ms PM samples over 8 steps: within 0.1 (the live test, gpu_truth_test.cpp's
   // PmSmActivityAgreesWithTraceBusyTime, holds 0.05 over 16 steps at 2 ms).
   check_fixture(f, 0.1);
+}
+
+// The captured kernels by class (kernel_classes.h): each step ran elementwise chains, reductions,
+// a softmax and two bf16 matmuls; the classes and idle add up to the traced time.
+TEST(CuptiReplay, CapturedKernelsHaveClasses) {
+  const std::string dir = std::string(TORCHPILOT_SOURCE_DIR) + "/tests/fixtures/cupti";
+  if (!fx::fixture_present(dir)) GTEST_SKIP() << "no captured fixture in " << dir;
+  fx::Fixture f;
+  std::string error;
+  ASSERT_TRUE(fx::read_fixture(dir, &f, &error)) << error;
+  const Replayed r = replay(f);
+  for (const KernelRecord& k : r.events.kernels) {
+    const KernelKind kind = classify_kernel(k.name, k.communication);
+    if (k.name.find("nvjet") != std::string::npos) {
+      EXPECT_EQ(kind.cls, KernelClass::kTensorGemm) << k.name;
+    } else if (k.name.find("SoftMax") != std::string::npos) {
+      EXPECT_EQ(kind.cls, KernelClass::kAttention) << k.name;
+    } else {
+      EXPECT_EQ(kind.cls, KernelClass::kElementwise) << k.name;
+    }
+  }
+  KernelClassStats stats;
+  for (const fx::StepSpan& s : f.info.steps) {
+    if (!s.traced) continue;
+    add_kernel_classes(stats, r.events, spans({s.begin, s.end}, {s.begin, s.begin}, true),
+                       f.info.sm_count);
+  }
+  ASSERT_GT(stats.steps, 0);
+  EXPECT_NEAR(stats.busy_ns() + stats.idle_ns, static_cast<double>(stats.traced_ns), 1.0);
+  const auto ns = [&](KernelClass c) { return stats.ns[static_cast<size_t>(c)]; };
+  EXPECT_GT(ns(KernelClass::kTensorGemm), 0);
+  EXPECT_GT(ns(KernelClass::kAttention), 0);
+  EXPECT_GT(ns(KernelClass::kElementwise), 0);
+  EXPECT_EQ(ns(KernelClass::kSimtGemm) + ns(KernelClass::kOther), 0);
+  // Two bf16 8192^2 matmuls (2.2 TFLOP) outlast the step's elementwise work.
+  EXPECT_GT(ns(KernelClass::kTensorGemm), ns(KernelClass::kElementwise));
+  EXPECT_GT(stats.memcpy_ns, 0);  // the pageable copy and the .item()
 }
 
 }  // namespace

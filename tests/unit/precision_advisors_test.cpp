@@ -9,6 +9,7 @@
 
 #include "torchpilot/advisors/advisors.h"
 #include "torchpilot/runtime/device_peaks.h"
+#include "torchpilot/runtime/kernel_classes.h"
 #include "torchpilot/runtime/metrics.h"
 
 namespace torchpilot {
@@ -91,15 +92,57 @@ TEST(PrecisionAdvisorTest, PlantedFp32MatmulsAreFound) {
   // the whole step counts as busy): 0.8 TFLOP at 67 TFLOP/s = 11.9 ms of a 15 ms step.
   const double share = 0.8 / 67 / 0.015;
   EXPECT_NEAR(*evidence(*a, "fp32_time_share_estimate"), share, 1e-12);
-  // Moving it to bf16 makes that share 989.5/67 times faster (Amdahl).
-  EXPECT_NEAR(a->expected_gain, 1 / (1 - share + share * 67 / 989.5) - 1, 1e-9);
-  EXPECT_NEAR(*evidence(*a, "expected_gain_tf32"), 1 / (1 - share + share * 67 / 494.5) - 1, 1e-9);
+  // No window: the fp32 kernels' time is their FLOPs at the fp32 peak (11.9 ms), replaced by the
+  // same FLOPs at the calibrated Hopper rate, 80% of 989.5 TFLOP/s (1.01 ms); no casts known.
+  const double removed = 0.8 / 67, step = 0.015;
+  EXPECT_NEAR(*evidence(*a, "fp32_kernel_time"), removed * 1e3, 1e-9);
+  EXPECT_EQ(*evidence(*a, "fp32_kernel_time_measured"), 0.0);
+  EXPECT_NEAR(*evidence(*a, "tensor_core_rate"), 989.5 * 0.8, 1e-9);
+  EXPECT_NEAR(a->expected_gain, step / (step - removed + 0.8 / (989.5 * 0.8)) - 1, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "expected_gain_tf32"),
+              step / (step - removed + 0.8 / (494.5 * 0.8)) - 1, 1e-9);
+  EXPECT_TRUE(contains(a->action, "calibrated: 80% of the bf16 datasheet peak")) << a->action;
+  EXPECT_TRUE(contains(a->action, "estimated")) << a->action;
   EXPECT_TRUE(a->gain_estimated);
   EXPECT_EQ(a->severity, Severity::kHigh) << "fp32 takes most of the step";
   EXPECT_TRUE(contains(a->finding, "80.0%")) << a->finding;
   EXPECT_TRUE(contains(a->finding, kH100)) << a->finding;
   EXPECT_TRUE(contains(a->action, "bf16")) << a->action;
   EXPECT_TRUE(contains(a->action, "flops.allow_tf32: true")) << a->action;
+}
+
+// A window measured the fp32 kernels (6 ms per step) and the bf16 GEMMs (1 ms for 0.5 TFLOP:
+// 500 TFLOP/s, the rate the fp32 FLOPs are predicted at); autocast's casts from the mm calls.
+TEST(PrecisionAdvisorTest, Fp32GainFromMeasuredKernelsAndCasts) {
+  const double F = 1e12;
+  auto flops = make_flops(kH100, {{MathPrecision::kFp32, F}, {MathPrecision::kBf16, 0.5 * F}}, 0.1);
+  flops.top_ops = {{"aten::mm", MathPrecision::kFp32, F, 30}};
+  EpochSummary s = make_summary(10, 0, flops);
+  GpuEpochStats g;
+  g.device = kH100;
+  g.traced_steps = 10;
+  g.kernel_classes.steps = 10;
+  g.kernel_classes.traced_ns = 100 * kMs;
+  g.kernel_classes.ns[static_cast<size_t>(KernelClass::kSimtGemm)] = 60 * kMs;
+  g.kernel_classes.ns[static_cast<size_t>(KernelClass::kTensorGemm)] = 10 * kMs;
+  s.sections.set<GpuEpochStats>(g);
+  const auto a = advise_fp32_matmul(s, kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_NEAR(*evidence(*a, "fp32_kernel_time"), 6.0, 1e-9);
+  EXPECT_EQ(*evidence(*a, "fp32_kernel_time_measured"), 1.0);
+  EXPECT_NEAR(*evidence(*a, "tensor_core_rate"), 500, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "predicted_tensor_core_time"), 2.0, 1e-9);
+  // 30 calls of 33.3 GFLOP: cube side (16.7e9)^(1/3); 10 forward calls cast 2 operands of side^2
+  // elements forward and back at 6 bytes each, at the H100's 3350 GB/s.
+  const double side = std::cbrt(F / 30 / 2);
+  const double bytes = 10 * 2 * side * side * 6 * 2;
+  EXPECT_NEAR(*evidence(*a, "autocast_cast_bytes"), bytes / 1e6, 1e-6);
+  const double cast_ms = bytes / 3350e9 * 1e3;
+  EXPECT_NEAR(*evidence(*a, "autocast_cast_time"), cast_ms, 1e-9);
+  EXPECT_NEAR(a->expected_gain, 10 / (10 - 6 + 2 + cast_ms) - 1, 1e-9);
+  EXPECT_TRUE(contains(a->action, "measured: the tensor-core GEMMs of this window ran 500 TFLOP/s"))
+      << a->action;
+  EXPECT_TRUE(contains(a->cause, "took 6 ms of the 10 ms step")) << a->cause;
 }
 
 TEST(PrecisionAdvisorTest, Fp32GainShrinksWithDataWait) {
@@ -162,7 +205,7 @@ FlopEpochStats with_unfused(FlopEpochStats f, double unfused, double traffic_byt
   return f;
 }
 
-TEST(PrecisionAdvisorTest, PlantedUnfusedAttentionWithSoftmaxKernelTime) {
+TEST(PrecisionAdvisorTest, PlantedUnfusedAttentionWithMeasuredKernels) {
   const double F = 1e12;
   EpochSummary s = make_summary(
       10, 0,
@@ -170,37 +213,47 @@ TEST(PrecisionAdvisorTest, PlantedUnfusedAttentionWithSoftmaxKernelTime) {
   GpuEpochStats g;
   g.device = "NVIDIA H200";
   g.traced_steps = 10;
-  g.top_kernels = {
-      {"ampere_bf16_s16816gemm", 100, 30 * kMs, 4, 1},
-      {"void at::native::(anonymous namespace)::cunn_SoftMaxForward<8>", 10, 7 * kMs, 1, 1},
-      {"softmax_warp_backward", 10, 3 * kMs, 1, 1}};
+  g.kernel_classes.steps = 10;
+  g.kernel_classes.traced_ns = 100 * kMs;
+  g.kernel_classes.ns[static_cast<size_t>(KernelClass::kAttention)] = 10 * kMs;  // softmax, mask
+  g.kernel_classes.ns[static_cast<size_t>(KernelClass::kTensorGemm)] = 50 * kMs;
   s.sections.set<GpuEpochStats>(g);
   const auto a = advise_unfused_attention(s, kConfig);
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(a->id, "unfused_attention");
   EXPECT_NEAR(*evidence(*a, "unfused_attention_share"), 0.2, 1e-12);
   EXPECT_NEAR(*evidence(*a, "unfused_attentions_per_step"), 12, 1e-12);
-  // Softmax kernels: 10 ms over 10 traced steps = 1 ms of a 10 ms step: +11.1%.
-  EXPECT_NEAR(*evidence(*a, "estimated_time_saved"), 1.0, 1e-9);
-  EXPECT_NEAR(a->expected_gain, 10.0 / 9.0 - 1.0, 1e-9);
+  // Removed: 1 ms of softmax/mask kernels per step, and the attention's 0.2 TFLOP at the 200
+  // TFLOP/s the window's GEMMs ran (1 TFLOP in 5 ms): 1 ms. Fused: 0.2 TFLOP x 7/6 at 40% of
+  // 989.5 TFLOP/s.
+  const double fused_ms = 0.2 * 7 / 6 / (989.5 * 0.4) * 1e3;
+  EXPECT_NEAR(*evidence(*a, "unfused_kernel_time"), 2.0, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "predicted_fused_time"), fused_ms, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "estimated_time_saved"), 2.0 - fused_ms, 1e-9);
+  EXPECT_NEAR(a->expected_gain, 10 / (10 - 2 + fused_ms) - 1, 1e-9);
   EXPECT_EQ(a->severity, Severity::kWarning);
   EXPECT_TRUE(contains(a->action, "scaled_dot_product_attention")) << a->action;
-  EXPECT_TRUE(contains(a->action, "softmax kernels")) << a->action;
+  EXPECT_TRUE(contains(a->action, "softmax/mask kernels")) << a->action;
+  EXPECT_TRUE(contains(a->action, "estimated")) << a->action;
   EXPECT_TRUE(contains(a->finding, "12 attentions")) << a->finding;
 }
 
 TEST(PrecisionAdvisorTest, UnfusedAttentionEstimatedFromTrafficWithoutTrace) {
   const double F = 1e12;
-  // 4.8 GB of score-matrix traffic per step at the H200's 4.8 TB/s: 1 ms of a 4 ms step.
+  // 4.8 GB of score-matrix traffic per step at the H200's 4.8 TB/s (1 ms) and the 0.3 TFLOP of
+  // matmuls at 80% of the bf16 peak; a fused kernel runs 0.35 TFLOP at 40% of it.
   const EpochSummary s = make_summary(
       4, 0,
       with_unfused(make_flops("NVIDIA H200", {{MathPrecision::kBf16, F}}, 0.4), 0.3 * F, 4.8e9));
   const auto a = advise_unfused_attention(s, kConfig);
   ASSERT_TRUE(a.has_value());
-  EXPECT_NEAR(*evidence(*a, "estimated_time_saved"), 1.0, 1e-9);
-  EXPECT_NEAR(a->expected_gain, 4.0 / 3.0 - 1.0, 1e-9);
-  EXPECT_EQ(a->severity, Severity::kHigh);
+  const double removed = 1.0 + 0.3 / (989.5 * 0.8) * 1e3, fused = 0.35 / (989.5 * 0.4) * 1e3;
+  EXPECT_EQ(*evidence(*a, "unfused_kernel_time_measured"), 0.0);
+  EXPECT_NEAR(*evidence(*a, "estimated_time_saved"), removed - fused, 1e-9);
+  EXPECT_NEAR(a->expected_gain, 4 / (4 - removed + fused) - 1, 1e-9);
+  EXPECT_EQ(a->severity, Severity::kWarning);
   EXPECT_TRUE(contains(a->action, "4800 GB/s")) << a->action;
+  EXPECT_TRUE(contains(a->action, "no trace window")) << a->action;
 }
 
 TEST(PrecisionAdvisorTest, UnfusedAttentionOnCpuIsInfoWithoutGain) {

@@ -53,7 +53,7 @@ std::optional<Advice> advise_host_sync(const EpochSummary& summary, const Adviso
 // time (detailed windows).
 std::optional<Advice> advise_pageable_copies(const EpochSummary& summary,
                                              const AdvisorsConfig& config);
-// Launch-bound: the GPU idles between the step's kernels more than
+// Launch-bound (advisors/src/launch_bound.cpp): the GPU idles between the step's kernels more than
 // advisors.launch_bound.threshold of step time (detailed windows).
 std::optional<Advice> advise_launch_bound(const EpochSummary& summary,
                                           const AdvisorsConfig& config);
@@ -63,17 +63,20 @@ std::optional<Advice> advise_launch_bound(const EpochSummary& summary,
 // peak (CPU, unknown GPU).
 // fp32 matmuls on a tensor-core GPU: the share of counted FLOPs in plain fp32 is above
 // advisors.precision.fp32_matmul_threshold and the device table's bf16 peak is at least 4x its fp32
-// peak. Suggests bf16 autocast or TF32 (flops.allow_tf32); the gain is estimated from the peak
-// ratio and the fp32 work's share of the step at the datasheet peaks.
+// peak. Suggests bf16 autocast or TF32 (flops.allow_tf32); the gain replaces the fp32 kernels'
+// measured time with their FLOPs at a calibrated tensor-core rate plus autocast's casts
+// (gain_models.h).
 std::optional<Advice> advise_fp32_matmul(const EpochSummary& summary, const AdvisorsConfig& config);
 // Unfused attention (matmul + softmax + matmul) above advisors.attention.unfused_threshold of
 // model FLOPs: suggests at::scaled_dot_product_attention (or, for its math fallback, inputs a fused
-// kernel takes); the time saved comes from the traced softmax kernels, else from the score
-// matrices' estimated traffic at the device's DRAM bandwidth (estimated either way).
+// kernel takes); the gain sets the unfused form's measured kernels against a fused kernel's
+// predicted time (gain_models.h).
 std::optional<Advice> advise_unfused_attention(const EpochSummary& summary,
                                                const AdvisorsConfig& config);
-// MFU below advisors.low_mfu.threshold: where the step time goes (counted FLOPs at peak, data wait,
-// GPU idle, the rest) and what to change for the largest loss. Info or warning, never high.
+// MFU below advisors.low_mfu.threshold: where the step time goes (with a trace window: the traced
+// step's GPU time by kernel class; else counted FLOPs at peak, data wait, GPU idle, the rest) and
+// what to change for the largest fixable share, with its estimated gain. Info or warning, never
+// high.
 std::optional<Advice> advise_low_mfu(const EpochSummary& summary, const AdvisorsConfig& config);
 
 }  // namespace torchpilot

@@ -46,6 +46,15 @@ struct DevicePeak {
 // The table row for `device_name`; flops.peak_tflops > 0 overrides every precision ("config").
 DevicePeak resolve_peak(std::string_view device_name, double config_peak_tflops);
 
+// Achieved fractions of the datasheet peaks, by GPU generation: what the advisors' gain models
+// predict a replacement kernel at (docs/metrics.md, "Calibration"). Matched like the device table.
+struct Calibration {
+  double gemm;             // a large bf16/fp16/TF32 GEMM (cuBLAS) / the datasheet peak
+  double fused_attention;  // fused attention forward + backward / the datasheet peak
+  std::string source;      // where the figures come from
+};
+Calibration calibration(std::string_view device_name);
+
 // ---- MFU
 // -----------------------------------------------------------------------------------------
 

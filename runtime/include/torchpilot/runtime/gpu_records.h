@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "torchpilot/runtime/clock.h"
+#include "torchpilot/runtime/kernel_classes.h"
 #include "torchpilot/runtime/records.h"
 
 namespace torchpilot {
@@ -76,6 +77,8 @@ struct GpuEpochStats {
   std::vector<KernelSummary> top_kernels;  // by traced time, longest first
   std::vector<CollectorStatus> collectors;
   int64_t dropped_records = 0;  // trace records lost to full buffers, samples never drained
+  // Traced time by kernel class (kernel_classes.h).
+  KernelClassStats kernel_classes;
 };
 
 // GPU figures of one step; published after the step, once its samples and trace records arrived.

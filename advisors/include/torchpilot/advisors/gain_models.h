@@ -1,0 +1,103 @@
+// Gain models (docs/advice.md, "Gain models"): what an advice's change would give, from an epoch's
+// measured figures. gain = old step time / predicted new step time - 1: the time the change removes
+// is measured (kernel classes of the detailed windows, waits, loader counters), the time of what
+// replaces it is predicted (a roofline at a calibrated rate). Every such gain is an estimate.
+// The advisors (precision, fusion, launch-bound, data starvation, low MFU) and their tests use
+// these; each returns nullopt when the figures it needs are missing.
+//
+// Pure functions of an EpochSummary; nothing here throws.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "torchpilot/runtime/records.h"
+
+namespace torchpilot::gains {
+
+// old / new - 1, 0 when either is not positive or new >= old.
+double gain(double old_step_s, double new_step_s);
+
+// The epoch's mean step time, seconds (0 without steps).
+double step_seconds(const EpochSummary& s);
+
+// fp32 GEMM/conv kernels moved to the tensor cores (bf16 autocast; TF32 beside it).
+struct PrecisionGain {
+  double step_s = 0;
+  double removed_s = 0;           // the fp32 GEMM/conv kernels' time per step
+  bool removed_measured = false;  // from the window's kernel classes (else FLOPs at the fp32 peak)
+  double fp32_flops = 0;          // per step (hardware FLOPs: what the kernels ran)
+  double rate = 0;                // predicted tensor-core FLOP/s (bf16)
+  std::string rate_source;        // the calibration used
+  double gemm_s = 0;              // fp32_flops / rate
+  double cast_bytes = 0;          // autocast's casts per step (estimated)
+  double cast_s = 0;              // cast_bytes / DRAM bandwidth
+  double new_step_s = 0;          // step - removed + gemm + cast
+  double gain = 0;
+  double tf32_rate = 0;  // TF32 instead (no casts)
+  double tf32_gain = 0;
+};
+std::optional<PrecisionGain> precision_gain(const EpochSummary& s);
+
+// An unfused attention replaced by a fused kernel (scaled_dot_product_attention).
+struct FusionGain {
+  double step_s = 0;
+  double pieces_s = 0;     // measured softmax/mask kernels of the unfused attention, per step
+  double matmul_s = 0;     // its matmuls: their FLOPs at the window's measured GEMM rate
+  double gemm_rate = 0;    // FLOP/s of the window's GEMM kernels (or the calibrated rate)
+  bool measured = false;   // from a window (else the score-matrix traffic at DRAM bandwidth)
+  double removed_s = 0;    // pieces + matmuls
+  double fused_flops = 0;  // the fused kernels' FLOPs (backward recomputes the scores: x 7/6)
+  double fused_rate = 0;   // peak x calibrated fused-attention efficiency
+  double fused_s = 0;      // fused_flops / fused_rate
+  std::string calibration;
+  double new_step_s = 0;
+  double gain = 0;
+};
+std::optional<FusionGain> fusion_gain(const EpochSummary& s);
+
+// A launch-bound step run at kLaunchBoundBatchFactor x the batch: the host issues the same
+// launches at the same measured cost each, the kernels grow by what they fill of the GPU.
+struct LaunchBoundGain {
+  double factor = 0;            // batch factor (kLaunchBoundBatchFactor)
+  double samples_per_step = 0;  // the current batch (0: not reported)
+  double step_s = 0;
+  double launches = 0;           // kernels per step
+  double host_s = 0;             // host time per step: step - data wait - host blocked in syncs
+  double per_launch_s = 0;       // host_s / launches
+  double gpu_busy_s = 0;         // kernel union per step
+  double gpu_busy_scaled_s = 0;  // ... at factor x the batch
+  double wait_s = 0;             // data wait per step (grows with the batch)
+  double new_step_s = 0;         // factor x wait + max(host, scaled busy)
+  double gain = 0;               // samples/s: factor x step / new step - 1
+};
+std::optional<LaunchBoundGain> launch_bound_gain(const EpochSummary& s);
+
+// Data starvation: the loader with every usable core producing (the machine's cores less the
+// training thread's).
+struct StarvationGain {
+  double step_s = 0;
+  double compute_s = 0;    // step - data wait
+  double batch_cpu_s = 0;  // CPU time to produce one batch
+  int usable_workers = 0;  // cores - 1 (at least 1)
+  double delivery_s = 0;   // batch_cpu / usable: the fastest the cores deliver a batch
+  double new_step_s = 0;   // max(compute, delivery)
+  double gain = 0;
+};
+std::optional<StarvationGain> starvation_gain(const EpochSummary& s);
+
+// Per-parameter Adam/AdamW (addcmul/addcdiv kernels per parameter) replaced by a fused one
+// (at::_fused_adamw_, or the foreach/multi-tensor path).
+struct OptimizerGain {
+  double step_s = 0;
+  double per_parameter_kernels = 0;  // estimated launches per step (9 per parameter)
+  double kernels_s = 0;              // their GPU time per step (estimated from addcmul/addcdiv)
+  double per_launch_s = 0;           // measured host cost per launch
+  double removed_s = 0;              // max(launches x per-launch cost, kernel time)
+  double fused_s = 0;                // kernel time x 28/92 (bytes a fused update moves)
+  double new_step_s = 0;
+  double gain = 0;
+};
+std::optional<OptimizerGain> optimizer_gain(const EpochSummary& s);
+
+}  // namespace torchpilot::gains

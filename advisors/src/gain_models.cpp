@@ -1,0 +1,276 @@
+// Gain models (gain_models.h; docs/advice.md, "Gain models").
+#include "torchpilot/advisors/gain_models.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "torchpilot/runtime/device_peaks.h"
+#include "torchpilot/runtime/flop_records.h"
+#include "torchpilot/runtime/gpu_records.h"
+#include "torchpilot/runtime/kernel_classes.h"
+#include "torchpilot/runtime/loader_records.h"
+
+namespace torchpilot::gains {
+namespace {
+
+constexpr size_t P(MathPrecision p) { return static_cast<size_t>(p); }
+constexpr size_t C(KernelClass c) { return static_cast<size_t>(c); }
+
+// A fused attention's backward recomputes the scores: 3.5 forward passes of FLOPs where the
+// unfused one runs 3 (forward + backward's two).
+constexpr double kFusedRecompute = 7.0 / 6.0;
+// Per-parameter AdamW in LibTorch runs 9 kernels per parameter (mul_ on the parameter, mul_ and
+// add_ on exp_avg, mul_ and addcmul_ on exp_avg_sq, sqrt, div, add_ eps, addcdiv_) moving about
+// 92 bytes per fp32 element, of which addcmul_ and addcdiv_ move 32 (4 tensors each); a fused
+// AdamW reads parameter, gradient and both moments and writes three: 28 bytes.
+constexpr double kAdamKernelsPerParameter = 9;
+constexpr double kAdamIdentifiedPerParameter = 2;  // addcmul_, addcdiv_
+constexpr double kAdamPerParameterBytes = 92;
+constexpr double kAdamIdentifiedBytes = 32;
+constexpr double kFusedAdamBytes = 28;
+
+const KernelClassStats* window(const EpochSummary& s) {
+  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
+  if (gpu == nullptr || gpu->kernel_classes.steps == 0) return nullptr;
+  return &gpu->kernel_classes;
+}
+
+double per_step_s(const KernelClassStats& k, double ns) {
+  return k.steps > 0 ? ns / 1e9 / static_cast<double>(k.steps) : 0;
+}
+
+double positive(double v) { return v > 0 ? v : 0; }
+
+std::string pct0(double f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.0f%%", 100 * f);
+  return buf;
+}
+
+std::string tflops(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.0f TFLOP/s", v / 1e12);
+  return buf;
+}
+
+// FLOPs the GEMM kernels ran per step: the counted matmuls less those of fused attention kernels
+// (their time is in the attention class).
+double gemm_flops(const FlopEpochStats& f, bool tensor_only) {
+  double sum = 0;
+  for (int i = 0; i < kMathPrecisions; ++i) {
+    if (tensor_only && (i == static_cast<int>(MathPrecision::kFp32) ||
+                        i == static_cast<int>(MathPrecision::kOther))) {
+      continue;
+    }
+    sum += positive(f.hardware_flops_by_precision[i]);
+  }
+  return positive(sum - positive(f.fused_attention_flops_per_step));
+}
+
+// Host time per step: what the training thread spends outside the data wait and synchronizing
+// calls (the window's host-blocked time per traced step).
+double host_seconds(const EpochSummary& s, double step_s) {
+  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
+  double sync_s = 0;
+  if (gpu != nullptr && gpu->traced_steps > 0) {
+    sync_s = static_cast<double>(gpu->stats.host_sync_ns) / 1e9 / gpu->traced_steps;
+  }
+  const double wait_s = static_cast<double>(s.data_wait_ns) / 1e9 / std::max<int64_t>(1, s.steps);
+  return positive(step_s - wait_s - sync_s);
+}
+
+// The GPU's busy share of the step, best measure first: the windows' kernel union, the busy
+// counter, else all but the data wait.
+double busy_fraction(const EpochSummary& s) {
+  double busy = 1.0 - std::clamp(s.data_wait_fraction, 0.0, 1.0);
+  if (const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>()) {
+    const GpuStats& g = gpu->stats;
+    if (measured(g.gpu_utilization)) {
+      busy = std::min(busy, g.gpu_utilization);
+    } else if (measured(g.counter_utilization)) {
+      busy = std::min(busy, g.counter_utilization);
+    }
+  }
+  return std::clamp(busy, 0.0, 1.0);
+}
+
+}  // namespace
+
+double gain(double old_step_s, double new_step_s) {
+  if (!(old_step_s > 0) || !(new_step_s > 0) || new_step_s >= old_step_s) return 0;
+  return old_step_s / new_step_s - 1.0;
+}
+
+double step_seconds(const EpochSummary& s) {
+  return s.steps > 0 ? static_cast<double>(s.wall_ns) / 1e9 / static_cast<double>(s.steps) : 0;
+}
+
+std::optional<PrecisionGain> precision_gain(const EpochSummary& s) {
+  const FlopEpochStats* f = s.sections.get<FlopEpochStats>();
+  if (f == nullptr) return std::nullopt;
+  PrecisionGain g;
+  g.step_s = step_seconds(s);
+  g.fp32_flops = positive(f->hardware_flops_by_precision[P(MathPrecision::kFp32)]);
+  const double p32 = f->datasheet_flops_by_precision[P(MathPrecision::kFp32)];
+  const double pbf = f->datasheet_flops_by_precision[P(MathPrecision::kBf16)];
+  const double ptf = f->datasheet_flops_by_precision[P(MathPrecision::kTf32)];
+  if (!(g.step_s > 0) || !(g.fp32_flops > 0) || !(p32 > 0) || !(pbf > 0)) return std::nullopt;
+  const Calibration cal = calibration(f->device);
+
+  // Removed: the fp32 GEMM/conv kernels the window measured, else the fp32 FLOPs at the fp32
+  // peak (a floor), within the step.
+  const KernelClassStats* k = window(s);
+  if (k != nullptr && k->ns[C(KernelClass::kSimtGemm)] > 0) {
+    g.removed_s = per_step_s(*k, k->ns[C(KernelClass::kSimtGemm)]);
+    g.removed_measured = true;
+  } else {
+    g.removed_s = std::min(g.fp32_flops / p32, busy_fraction(s) * g.step_s);
+  }
+  g.removed_s = std::min(g.removed_s, g.step_s);
+
+  // Rate: the tensor-core GEMMs of the same window when there are any, else the calibration.
+  const double tc_s = k != nullptr ? per_step_s(*k, k->ns[C(KernelClass::kTensorGemm)]) : 0;
+  const double tc_flops = gemm_flops(*f, true);
+  if (tc_s > 0 && tc_flops > 0) {
+    g.rate = std::min(pbf, tc_flops / tc_s);
+    g.rate_source = "measured: the tensor-core GEMMs of this window ran " + tflops(g.rate);
+  } else {
+    g.rate = pbf * cal.gemm;
+    g.rate_source = "calibrated: " + pct0(cal.gemm) + " of the bf16 datasheet peak, " +
+                    tflops(g.rate) + " (" + cal.source + ")";
+  }
+  g.gemm_s = g.fp32_flops / g.rate;
+
+  // Autocast casts each fp32 matmul's operands to bf16 in forward and their gradients back in
+  // backward (4 + 2 bytes per element, twice). Operand elements per call: those of a cube GEMM of
+  // the call's FLOPs (2 s^2 for 2 s^3 FLOPs); a forward call is one of three (two in backward).
+  for (const OpFlops& op : f->top_ops) {
+    if (op.precision != MathPrecision::kFp32 || !(op.calls_per_step > 0)) continue;
+    const double side = std::cbrt(op.flops_per_step / op.calls_per_step / 2);
+    g.cast_bytes += op.calls_per_step / 3 * 2 * side * side * 6 * 2;
+  }
+  g.cast_s = f->dram_bytes_per_s > 0 ? g.cast_bytes / f->dram_bytes_per_s : 0;
+  g.new_step_s = g.step_s - g.removed_s + g.gemm_s + g.cast_s;
+  g.gain = gain(g.step_s, g.new_step_s);
+  if (ptf > 0) {
+    g.tf32_rate = g.rate * ptf / pbf;
+    g.tf32_gain = gain(g.step_s, g.step_s - g.removed_s + g.fp32_flops / g.tf32_rate);
+  }
+  return g;
+}
+
+std::optional<FusionGain> fusion_gain(const EpochSummary& s) {
+  const FlopEpochStats* f = s.sections.get<FlopEpochStats>();
+  if (f == nullptr || !(f->unfused_attention_flops_per_step > 0)) return std::nullopt;
+  FusionGain g;
+  g.step_s = step_seconds(s);
+  if (!(g.step_s > 0)) return std::nullopt;
+  const Calibration cal = calibration(f->device);
+  const MathPrecision precision = f->dominant_precision;
+  const double peak = f->datasheet_flops_by_precision[P(precision)];
+
+  const KernelClassStats* k = window(s);
+  if (k != nullptr) {
+    g.measured = true;
+    g.pieces_s =
+        per_step_s(*k, positive(k->ns[C(KernelClass::kAttention)] - k->fused_attention_ns));
+    // Its matmuls run among the other GEMMs: their FLOPs at the rate the window's GEMMs ran.
+    const double gemm_s =
+        per_step_s(*k, k->ns[C(KernelClass::kTensorGemm)] + k->ns[C(KernelClass::kSimtGemm)]);
+    const double flops = gemm_flops(*f, false);
+    if (gemm_s > 0 && flops > 0) {
+      g.gemm_rate = flops / gemm_s;
+    } else if (peak > 0) {
+      g.gemm_rate = peak * cal.gemm;
+    }
+    g.matmul_s = g.gemm_rate > 0 ? f->unfused_attention_flops_per_step / g.gemm_rate : 0;
+    g.removed_s = g.pieces_s + g.matmul_s;
+  } else if (f->dram_bytes_per_s > 0 && f->unfused_attention_traffic_bytes_per_step > 0 &&
+             peak > 0) {
+    // No window: the score matrices' traffic at DRAM bandwidth and the matmuls at the calibrated
+    // GEMM rate.
+    g.pieces_s = f->unfused_attention_traffic_bytes_per_step / f->dram_bytes_per_s;
+    g.gemm_rate = peak * cal.gemm;
+    g.matmul_s = f->unfused_attention_flops_per_step / g.gemm_rate;
+    g.removed_s = g.pieces_s + g.matmul_s;
+  } else {
+    return std::nullopt;
+  }
+  g.removed_s = std::min(g.removed_s, g.step_s);
+  g.fused_flops = f->unfused_attention_flops_per_step * kFusedRecompute;
+  if (peak > 0) {
+    g.fused_rate = peak * cal.fused_attention;
+    g.fused_s = g.fused_flops / g.fused_rate;
+    g.calibration = pct0(cal.fused_attention) + " of the " + to_string(precision) +
+                    " datasheet peak, " + tflops(g.fused_rate) + " (" + cal.source + ")";
+  }
+  g.new_step_s = g.step_s - g.removed_s + g.fused_s;
+  g.gain = gain(g.step_s, g.new_step_s);
+  return g;
+}
+
+std::optional<LaunchBoundGain> launch_bound_gain(const EpochSummary& s) {
+  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
+  const KernelClassStats* k = window(s);
+  if (gpu == nullptr || k == nullptr || gpu->traced_steps == 0 || gpu->stats.kernels == 0 ||
+      !(k->kernel_sum_ns > 0)) {
+    return std::nullopt;
+  }
+  LaunchBoundGain g;
+  g.factor = kLaunchBoundBatchFactor;
+  g.step_s = step_seconds(s);
+  if (!(g.step_s > 0)) return std::nullopt;
+  g.samples_per_step = s.samples > 0 ? static_cast<double>(s.samples) / s.steps : 0;
+  g.launches = static_cast<double>(gpu->stats.kernels) / gpu->traced_steps;
+  g.host_s = host_seconds(s, g.step_s);
+  g.per_launch_s = g.host_s / g.launches;
+  g.gpu_busy_s = per_step_s(*k, k->busy_ns());
+  g.gpu_busy_scaled_s = g.gpu_busy_s * k->kernel_sum_scaled_ns / k->kernel_sum_ns;
+  g.wait_s = static_cast<double>(s.data_wait_ns) / 1e9 / s.steps;
+  // The host issues the same launches; the GPU runs the grown kernels meanwhile.
+  g.new_step_s = g.factor * g.wait_s + std::max(g.host_s, g.gpu_busy_scaled_s);
+  g.gain = gain(g.factor * g.step_s, g.new_step_s);
+  return g;
+}
+
+std::optional<StarvationGain> starvation_gain(const EpochSummary& s) {
+  const LoaderStats* l = s.sections.get<LoaderStats>();
+  if (l == nullptr || l->produce_count == 0 || s.steps == 0) return std::nullopt;
+  StarvationGain g;
+  g.step_s = step_seconds(s);
+  g.compute_s = positive(g.step_s - static_cast<double>(s.data_wait_ns) / 1e9 / s.steps);
+  g.batch_cpu_s = static_cast<double>(l->produce_cpu_ns) / 1e9 / l->produce_count;
+  g.usable_workers = std::max(1, l->max_workers - 1);
+  g.delivery_s = g.batch_cpu_s / g.usable_workers;
+  g.new_step_s = std::max(g.compute_s, g.delivery_s);
+  g.gain = gain(g.step_s, g.new_step_s);
+  return g;
+}
+
+std::optional<OptimizerGain> optimizer_gain(const EpochSummary& s) {
+  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
+  const KernelClassStats* k = window(s);
+  if (k == nullptr || k->per_parameter_optimizer_launches == 0) return std::nullopt;
+  OptimizerGain g;
+  g.step_s = step_seconds(s);
+  if (!(g.step_s > 0)) return std::nullopt;
+  const double identified_s =
+      per_step_s(*k, positive(k->ns[C(KernelClass::kOptimizer)] - k->fused_optimizer_ns));
+  g.per_parameter_kernels = static_cast<double>(k->per_parameter_optimizer_launches) / k->steps /
+                            kAdamIdentifiedPerParameter * kAdamKernelsPerParameter;
+  g.kernels_s = identified_s * kAdamPerParameterBytes / kAdamIdentifiedBytes;
+  if (gpu != nullptr && gpu->traced_steps > 0 && gpu->stats.kernels > 0) {
+    g.per_launch_s =
+        host_seconds(s, g.step_s) / (static_cast<double>(gpu->stats.kernels) / gpu->traced_steps);
+  }
+  // The per-parameter update takes the longer of issuing its launches and running its kernels.
+  g.removed_s = std::min(g.step_s, std::max(g.per_parameter_kernels * g.per_launch_s, g.kernels_s));
+  g.fused_s = g.kernels_s * kFusedAdamBytes / kAdamPerParameterBytes;
+  g.new_step_s = g.step_s - g.removed_s + g.fused_s;
+  g.gain = gain(g.step_s, g.new_step_s);
+  return g;
+}
+
+}  // namespace torchpilot::gains

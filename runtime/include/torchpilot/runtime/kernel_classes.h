@@ -1,0 +1,83 @@
+// Kernel classes (docs/metrics.md, "Kernel classes"): what kind of work a traced kernel does,
+// told from its name, and a detailed window's GPU time split by class. The advisors size their
+// gains from these measured times (docs/advice.md).
+//
+// Pure: no vendor, no LibTorch. Thread-safety: plain values and pure functions.
+// Failure behaviour: nothing here throws; an unknown name is class "other".
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+
+#include "torchpilot/runtime/clock.h"
+
+namespace torchpilot {
+
+struct GpuEventBatch;
+struct StepSpans;
+
+enum class KernelClass {
+  kTensorGemm,     // GEMM/convolution on the tensor cores (bf16, fp16, TF32, fp8)
+  kSimtGemm,       // GEMM/convolution/GEMV on the CUDA cores (fp32 SIMT, gemv)
+  kAttention,      // fused attention kernels, and the pieces of an unfused one (softmax, mask)
+  kElementwise,    // elementwise, reductions, normalization, copies, indexing, losses
+  kOptimizer,      // optimizer updates (multi-tensor / fused, and per-parameter Adam's addcmul,
+                   // addcdiv)
+  kCommunication,  // NCCL
+  kOther,          // none of the above
+};
+constexpr int kKernelClasses = 7;
+// JSON key ("tensor_gemm", "simt_gemm", "attention", "elementwise", "optimizer",
+// "communication", "other").
+const char* to_string(KernelClass c);
+// Advisory-log words ("tensor-core GEMM/conv", ...).
+const char* label(KernelClass c);
+
+struct KernelKind {
+  KernelClass cls = KernelClass::kOther;
+  // Attention: a fused kernel (flash, memory-efficient, cuDNN SDPA), not a piece of an unfused
+  // one. Optimizer: a multi-tensor or fused kernel, not a per-parameter one.
+  bool fused = false;
+};
+// The class of a kernel from its (demangled) name; `communication` is the trace's NCCL flag.
+KernelKind classify_kernel(std::string_view name, bool communication = false);
+
+// The batch factor the launch-bound model predicts for (kernel_sum_scaled_ns).
+constexpr double kLaunchBoundBatchFactor = 2.0;
+
+// Traced GPU time of one or more steps by kernel class. The classes and idle_ns partition the
+// traced time: an instant when k kernels run counts 1/k to each kernel's class, an instant when
+// none runs is idle (the same idle as GpuStats' idle split). Copies and memsets run on copy
+// engines beside kernels: their time is given apart, not in the partition.
+struct KernelClassStats {
+  int64_t steps = 0;
+  Nanos traced_ns = 0;
+  std::array<double, kKernelClasses> ns{};  // index: KernelClass
+  std::array<int64_t, kKernelClasses> launches{};
+  double idle_ns = 0;                            // no kernel running
+  double fused_attention_ns = 0;                 // part of ns[attention] from fused kernels
+  double fused_optimizer_ns = 0;                 // part of ns[optimizer] from multi-tensor kernels
+  int64_t per_parameter_optimizer_launches = 0;  // addcmul/addcdiv kernels (per-parameter Adam)
+  Nanos memcpy_ns = 0;                           // union of memcpy records (copy engines)
+  Nanos memset_ns = 0;
+  int64_t memcpys = 0, memsets = 0;
+  // Launch-bound model: the kernels' durations summed (overlaps counted twice), and the same with
+  // each kernel scaled to kLaunchBoundBatchFactor x the batch (docs/advice.md, "launch_bound").
+  double kernel_sum_ns = 0;
+  double kernel_sum_scaled_ns = 0;
+
+  double busy_ns() const;  // sum of ns: the kernel union
+  double per_step_ms(double total_ns) const {
+    return steps > 0 ? total_ns / 1e6 / static_cast<double>(steps) : 0;
+  }
+  void add(const KernelClassStats& other);
+};
+
+// Adds one traced step to `stats`: the events inside the step's traced span (the GPU span when
+// known, else the host span; from trace_from on: the rule gpu_step_stats uses). Untraced steps
+// add nothing.
+void add_kernel_classes(KernelClassStats& stats, const GpuEventBatch& events,
+                        const StepSpans& spans, int sm_count);
+
+}  // namespace torchpilot

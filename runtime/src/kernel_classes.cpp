@@ -1,0 +1,267 @@
+// Kernel classes from names, and a window's time by class (kernel_classes.h).
+#include "torchpilot/runtime/kernel_classes.h"
+
+#include <algorithm>
+#include <cctype>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "torchpilot/runtime/gpu_backend.h"
+#include "torchpilot/runtime/gpu_metrics.h"
+#include "torchpilot/runtime/gpu_step_stats.h"
+
+namespace torchpilot {
+namespace {
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+bool has(const std::string& s, std::initializer_list<const char*> words) {
+  for (const char* w : words) {
+    if (s.find(w) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// The n-th (from 0) top-level template argument after `prefix<`, trimmed; empty when absent.
+std::string template_arg(const std::string& s, const char* prefix, int n) {
+  size_t i = s.find(prefix);
+  if (i == std::string::npos) return {};
+  i += std::string_view(prefix).size();
+  int depth = 0, arg = 0;
+  size_t start = i;
+  for (; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '<' || c == '(') {
+      ++depth;
+    } else if ((c == '>' || c == ')') && depth > 0) {
+      --depth;
+    } else if ((c == ',' || c == '>') && depth == 0) {
+      if (arg == n) {
+        std::string a = s.substr(start, i - start);
+        a.erase(0, a.find_first_not_of(' '));
+        a.erase(a.find_last_not_of(' ') + 1);
+        return a;
+      }
+      if (c == '>') return {};
+      ++arg;
+      start = i + 1;
+    }
+  }
+  return {};
+}
+
+// ATen's log_softmax shares its kernels with softmax: cunn_SoftMax* name it in the epilogue,
+// softmax_warp_* in their 5th template argument (is_log_softmax).
+bool log_softmax(const std::string& n) {
+  if (has(n, {"logsoftmax", "log_softmax"})) return true;
+  for (const char* p : {"softmax_warp_forward<", "softmax_warp_backward<"}) {
+    if (template_arg(n, p, 4) == "true") return true;
+  }
+  return false;
+}
+
+// cuBLAS's Hopper kernels: nvjet_[smNN_]<A><compute><C>_...; "sss" is fp32 in and out with
+// fp32 compute (CUDA cores), any other code a tensor-core type (h fp16, t bf16/TF32, e fp8).
+bool nvjet_on_tensor_cores(const std::string& n) {
+  size_t i = n.find("nvjet_");
+  if (i == std::string::npos) return true;
+  i += 6;
+  if (n.compare(i, 2, "sm") == 0) {
+    const size_t u = n.find('_', i);
+    if (u == std::string::npos) return true;
+    i = u + 1;
+  }
+  return n.compare(i, 4, "sss_") != 0;
+}
+
+bool gemm_family(const std::string& n) {
+  return has(n, {"gemm", "gemv", "nvjet", "xmma", "cutlass", "cublas", "matmul", "dot_kernel",
+                 "convolve", "convolution", "conv1d", "conv2d", "conv3d", "conv_depthwise", "fprop",
+                 "dgrad", "wgrad", "winograd"});
+}
+
+bool tensor_core_markers(const std::string& n) {
+  return has(n, {"tensorop", "wgmma", "gmma", "hmma", "imma", "16816", "1688", "884", "tf32",
+                 "bf16", "f16", "e4m3", "e5m2", "fp8"});
+}
+
+bool elementwise_family(const std::string& n) {
+  return has(n, {"elementwise", "vectorized", "unrolled", "pointwise",   "reduce",     "norm",
+                 "dropout",     "gelu",       "relu",     "silu",        "sigmoid",    "tanh",
+                 "copy",        "cat",        "index",    "gather",      "scatter",    "embedding",
+                 "loss",        "softmax",    "fill",     "where",       "triton_poi", "triton_red",
+                 "triton_per",  "cast",       "convert",  "transpose",   "permute",    "bias",
+                 "pool",        "upsample",   "sort",     "scan",        "cumsum",     "arange",
+                 "rand",        "philox",     "masked",   "splitkreduce"});
+}
+
+}  // namespace
+
+const char* to_string(KernelClass c) {
+  switch (c) {
+    case KernelClass::kTensorGemm:
+      return "tensor_gemm";
+    case KernelClass::kSimtGemm:
+      return "simt_gemm";
+    case KernelClass::kAttention:
+      return "attention";
+    case KernelClass::kElementwise:
+      return "elementwise";
+    case KernelClass::kOptimizer:
+      return "optimizer";
+    case KernelClass::kCommunication:
+      return "communication";
+    case KernelClass::kOther:
+      return "other";
+  }
+  return "other";
+}
+
+const char* label(KernelClass c) {
+  switch (c) {
+    case KernelClass::kTensorGemm:
+      return "tensor-core GEMM/conv";
+    case KernelClass::kSimtGemm:
+      return "non-tensor (fp32/SIMT) GEMM/conv";
+    case KernelClass::kAttention:
+      return "attention";
+    case KernelClass::kElementwise:
+      return "elementwise/normalization";
+    case KernelClass::kOptimizer:
+      return "optimizer";
+    case KernelClass::kCommunication:
+      return "communication";
+    case KernelClass::kOther:
+      return "other kernels";
+  }
+  return "other kernels";
+}
+
+KernelKind classify_kernel(std::string_view name, bool communication) {
+  const std::string n = lower(name);
+  if (communication || has(n, {"nccl"})) return {KernelClass::kCommunication, false};
+  // Optimizers: multi-tensor (foreach, fused Adam, AMP's unscale) before anything else, since
+  // their functors carry elementwise names; addcmul/addcdiv are per-parameter Adam's.
+  if (has(n, {"multi_tensor_apply", "fused_adam", "fusedadam", "fused_sgd", "amp_update_scale",
+              "non_finite_check_and_unscale"})) {
+    return {KernelClass::kOptimizer, true};
+  }
+  if (has(n, {"addcmul", "addcdiv"})) return {KernelClass::kOptimizer, false};
+  if (has(n, {"flash", "fmha", "attention", "sdpa"})) return {KernelClass::kAttention, true};
+  if (n.find("softmax") != std::string::npos && !log_softmax(n)) {
+    return {KernelClass::kAttention, false};
+  }
+  if (has(n, {"masked_fill"})) return {KernelClass::kAttention, false};
+  if (has(n, {"splitkreduce"})) return {KernelClass::kElementwise, false};
+  if (gemm_family(n)) {
+    const bool tensor =
+        n.find("nvjet") != std::string::npos ? nvjet_on_tensor_cores(n) : tensor_core_markers(n);
+    return {tensor ? KernelClass::kTensorGemm : KernelClass::kSimtGemm, false};
+  }
+  if (elementwise_family(n)) return {KernelClass::kElementwise, false};
+  return {KernelClass::kOther, false};
+}
+
+double KernelClassStats::busy_ns() const {
+  double sum = 0;
+  for (double v : ns) sum += v;
+  return sum;
+}
+
+void KernelClassStats::add(const KernelClassStats& o) {
+  steps += o.steps;
+  traced_ns += o.traced_ns;
+  for (int i = 0; i < kKernelClasses; ++i) {
+    ns[static_cast<size_t>(i)] += o.ns[static_cast<size_t>(i)];
+    launches[static_cast<size_t>(i)] += o.launches[static_cast<size_t>(i)];
+  }
+  idle_ns += o.idle_ns;
+  fused_attention_ns += o.fused_attention_ns;
+  fused_optimizer_ns += o.fused_optimizer_ns;
+  per_parameter_optimizer_launches += o.per_parameter_optimizer_launches;
+  memcpy_ns += o.memcpy_ns;
+  memset_ns += o.memset_ns;
+  memcpys += o.memcpys;
+  memsets += o.memsets;
+  kernel_sum_ns += o.kernel_sum_ns;
+  kernel_sum_scaled_ns += o.kernel_sum_scaled_ns;
+}
+
+void add_kernel_classes(KernelClassStats& stats, const GpuEventBatch& events,
+                        const StepSpans& spans, int sm_count) {
+  if (!spans.traced) return;
+  Interval span = spans.gpu_timed ? spans.gpu : spans.host;
+  span.begin = std::max(span.begin, spans.trace_from);
+  if (span.end <= span.begin) return;
+  KernelClassStats s;
+  s.steps = 1;
+  s.traced_ns = span.end - span.begin;
+
+  // Sweep over the kernels' start and end points: each stretch of time is shared equally by the
+  // kernels running in it (kind: class, and 2 extra slots for the fused parts).
+  struct Point {
+    Nanos t;
+    int delta;
+    KernelKind kind;
+  };
+  std::vector<Point> points;
+  points.reserve(events.kernels.size() * 2);
+  const double sms = static_cast<double>(std::max(1, sm_count));
+  for (const KernelRecord& k : events.kernels) {
+    const Nanos b = std::max(k.begin, span.begin), e = std::min(k.end, span.end);
+    if (e <= b) continue;
+    const KernelKind kind = classify_kernel(k.name, k.communication);
+    const auto c = static_cast<size_t>(kind.cls);
+    if (k.begin >= span.begin) {  // counted in the step it started in, as GpuStats::kernels
+      ++s.launches[c];
+      if (kind.cls == KernelClass::kOptimizer && !kind.fused) ++s.per_parameter_optimizer_launches;
+    }
+    points.push_back({b, +1, kind});
+    points.push_back({e, -1, kind});
+    // A kernel that fills the GPU (a wave or more) takes factor x as long at factor x the batch;
+    // one that leaves SMs free grows only once its blocks fill them.
+    const double d = static_cast<double>(e - b);
+    const double waves = static_cast<double>(k.blocks) / sms;
+    s.kernel_sum_ns += d;
+    s.kernel_sum_scaled_ns +=
+        d * std::max(1.0, kLaunchBoundBatchFactor * waves) / std::max(1.0, waves);
+  }
+  std::sort(points.begin(), points.end(), [](const Point& a, const Point& b) { return a.t < b.t; });
+  std::array<int, kKernelClasses> active{};
+  int fused_attention = 0, fused_optimizer = 0, running = 0;
+  Nanos prev = span.begin;
+  double busy = 0;
+  for (const Point& p : points) {
+    if (p.t > prev && running > 0) {
+      const double share = static_cast<double>(p.t - prev) / running;
+      for (size_t c = 0; c < active.size(); ++c) s.ns[c] += share * active[c];
+      s.fused_attention_ns += share * fused_attention;
+      s.fused_optimizer_ns += share * fused_optimizer;
+      busy += static_cast<double>(p.t - prev);
+    }
+    prev = std::max(prev, p.t);
+    active[static_cast<size_t>(p.kind.cls)] += p.delta;
+    running += p.delta;
+    if (p.kind.fused && p.kind.cls == KernelClass::kAttention) fused_attention += p.delta;
+    if (p.kind.fused && p.kind.cls == KernelClass::kOptimizer) fused_optimizer += p.delta;
+  }
+  s.idle_ns = static_cast<double>(s.traced_ns) - busy;
+
+  std::vector<Interval> copies, memsets;
+  for (const CopyRecord& c : events.copies) {
+    const Interval i{std::max(c.begin, span.begin), std::min(c.end, span.end)};
+    if (i.end <= i.begin) continue;
+    (c.memset ? memsets : copies).push_back(i);
+    if (c.begin >= span.begin) ++(c.memset ? s.memsets : s.memcpys);
+  }
+  s.memcpy_ns = union_length(copies, span);
+  s.memset_ns = union_length(memsets, span);
+  stats.add(s);
+}
+
+}  // namespace torchpilot

@@ -1,0 +1,201 @@
+// Gain models (gain_models.h) on synthetic epoch summaries, with hand-computed expectations:
+// launch-bound at a larger batch, the per-parameter optimizer, and low MFU naming the largest
+// fixable share of the traced step. (Precision and fusion: precision_advisors_test.cpp; data
+// starvation: advisors_test.cpp.)
+#include "torchpilot/advisors/gain_models.h"
+
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <string>
+
+#include "torchpilot/advisors/advisors.h"
+#include "torchpilot/runtime/device_peaks.h"
+#include "torchpilot/runtime/kernel_classes.h"
+
+namespace torchpilot {
+namespace {
+
+constexpr Nanos kMs = 1000 * 1000;
+constexpr size_t C(KernelClass c) { return static_cast<size_t>(c); }
+
+std::optional<double> evidence(const Advice& a, const std::string& name) {
+  for (const auto& e : a.evidence) {
+    if (e.name == name) return e.value;
+  }
+  return std::nullopt;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// 10 steps of `step_ms` (all traced), `wait_ms` of data wait and `sync_ms` of host sync each,
+// `kernels` launches per step, 32 samples per step.
+EpochSummary epoch(double step_ms, double wait_ms, double sync_ms, int kernels) {
+  EpochSummary s;
+  s.steps = 10;
+  s.samples = 320;
+  s.wall_ns = static_cast<Nanos>(10 * step_ms * kMs);
+  s.data_wait_ns = static_cast<Nanos>(10 * wait_ms * kMs);
+  s.data_wait_fraction = wait_ms / step_ms;
+  GpuEpochStats g;
+  g.device = "NVIDIA H100 80GB HBM3";
+  g.sm_count = 132;
+  g.traced_steps = 10;
+  g.stats.traced_ns = s.wall_ns;
+  g.stats.kernels = 10 * kernels;
+  g.stats.host_sync_ns = static_cast<Nanos>(10 * sync_ms * kMs);
+  g.kernel_classes.steps = 10;
+  g.kernel_classes.traced_ns = s.wall_ns;
+  s.sections.set<GpuEpochStats>(g);
+  return s;
+}
+
+GpuEpochStats& gpu(EpochSummary& s) { return *s.sections.get<GpuEpochStats>(); }
+
+TEST(GainModels, GainIsOldOverNewStepTime) {
+  EXPECT_DOUBLE_EQ(gains::gain(10, 8), 0.25);
+  EXPECT_EQ(gains::gain(10, 12), 0);
+  EXPECT_EQ(gains::gain(0, 1), 0);
+  EXPECT_EQ(gains::gain(1, 0), 0);
+}
+
+TEST(GainModels, LaunchBoundAtTwiceTheBatch) {
+  // 10 ms steps: 1 ms data wait, 2 ms host sync, so 7 ms of host time for 1000 launches (7 us
+  // each); the kernels run 3 ms, 4.5 ms at twice the batch (half of them fill the GPU).
+  EpochSummary s = epoch(10, 1, 2, 1000);
+  KernelClassStats& k = gpu(s).kernel_classes;
+  k.ns[C(KernelClass::kElementwise)] = 30 * kMs;
+  k.idle_ns = 70 * kMs;
+  k.kernel_sum_ns = 30 * kMs;
+  k.kernel_sum_scaled_ns = 45 * kMs;
+  gpu(s).stats.idle_launch_gap_ns = 50 * kMs;
+  const auto m = gains::launch_bound_gain(s);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_DOUBLE_EQ(m->factor, 2);
+  EXPECT_DOUBLE_EQ(m->samples_per_step, 32);
+  EXPECT_NEAR(m->host_s, 7e-3, 1e-12);
+  EXPECT_NEAR(m->per_launch_s, 7e-6, 1e-12);
+  EXPECT_NEAR(m->gpu_busy_scaled_s, 4.5e-3, 1e-12);
+  // The step becomes 2 x 1 ms of wait + max(7, 4.5) ms = 9 ms for twice the samples.
+  EXPECT_NEAR(m->new_step_s, 9e-3, 1e-12);
+  EXPECT_NEAR(m->gain, 20.0 / 9.0 - 1, 1e-9);
+
+  const auto a = advise_launch_bound(s, AdvisorsConfig{});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_NEAR(a->expected_gain, 20.0 / 9.0 - 1, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "host_cost_per_launch"), 7, 1e-9);
+  EXPECT_TRUE(contains(a->action, "64 samples per step instead of 32")) << a->action;
+  EXPECT_TRUE(contains(a->action, "estimated")) << a->action;
+
+  // GPU-bound: 9 ms of kernels that all fill the GPU grow to 18 ms; twice the samples in
+  // 2 + 18 ms is no gain.
+  k.ns[C(KernelClass::kElementwise)] = 90 * kMs;
+  k.kernel_sum_ns = 90 * kMs;
+  k.kernel_sum_scaled_ns = 180 * kMs;
+  EXPECT_NEAR(gains::launch_bound_gain(s)->gain, 0, 1e-12);
+}
+
+TEST(GainModels, PerParameterOptimizerFused) {
+  // 20 ms steps, 2000 launches each (10 us of host time per launch); 200 addcmul/addcdiv per step
+  // (100 parameters: 900 optimizer kernels) that ran 1 ms.
+  EpochSummary s = epoch(20, 0, 0, 2000);
+  KernelClassStats& k = gpu(s).kernel_classes;
+  k.ns[C(KernelClass::kOptimizer)] = 10 * kMs;
+  k.per_parameter_optimizer_launches = 2000;
+  k.idle_ns = 190 * kMs;
+  const auto m = gains::optimizer_gain(s);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_NEAR(m->per_parameter_kernels, 900, 1e-9);
+  EXPECT_NEAR(m->per_launch_s, 10e-6, 1e-15);
+  EXPECT_NEAR(m->kernels_s, 1e-3 * 92 / 32, 1e-12);
+  // Issuing 900 launches (9 ms) outlasts their kernels (2.875 ms); fused: 2.875 x 28/92 ms.
+  EXPECT_NEAR(m->removed_s, 9e-3, 1e-12);
+  EXPECT_NEAR(m->fused_s, 0.875e-3, 1e-12);
+  EXPECT_NEAR(m->gain, 20 / (20 - 9 + 0.875) - 1, 1e-9);
+  // Already multi-tensor: nothing to gain.
+  k.per_parameter_optimizer_launches = 0;
+  k.fused_optimizer_ns = 10 * kMs;
+  EXPECT_FALSE(gains::optimizer_gain(s).has_value());
+}
+
+FlopEpochStats bf16_flops(double mfu) {
+  FlopEpochStats f;
+  f.device = "NVIDIA H100 80GB HBM3";
+  const DevicePeak peak = resolve_peak(f.device, 0);
+  f.model_flops_per_step = f.hardware_flops_per_step = 1e12;
+  f.model_flops_by_precision[static_cast<size_t>(MathPrecision::kBf16)] = 1e12;
+  f.hardware_flops_by_precision[static_cast<size_t>(MathPrecision::kBf16)] = 1e12;
+  for (int i = 0; i < kMathPrecisions; ++i) {
+    f.datasheet_flops_by_precision[i] = peak.datasheet_flops_per_s[static_cast<size_t>(i)];
+    f.peak_flops_by_precision[i] = peak.flops_per_s[static_cast<size_t>(i)];
+  }
+  f.dram_bytes_per_s = peak.dram_bytes_per_s;
+  f.dominant_precision = MathPrecision::kBf16;
+  f.peak_flops_per_s = 989.5e12;
+  f.mfu = f.hfu = mfu;
+  return f;
+}
+
+TEST(GainModels, LowMfuNamesTheLargestFixableShare) {
+  EpochSummary s = epoch(20, 0, 0, 2000);
+  s.sections.set<FlopEpochStats>(bf16_flops(0.1));
+  KernelClassStats& k = gpu(s).kernel_classes;
+  k.ns[C(KernelClass::kTensorGemm)] = 100 * kMs;
+  k.ns[C(KernelClass::kElementwise)] = 50 * kMs;
+  k.ns[C(KernelClass::kOptimizer)] = 10 * kMs;
+  k.per_parameter_optimizer_launches = 2000;
+  k.idle_ns = 40 * kMs;
+  gpu(s).stats.idle_launch_gap_ns = 40 * kMs;  // 20% idle in launch gaps: +25%
+  s.phases = {{"forward", 50 * kMs}, {"optimizer", 100 * kMs}};
+  const auto a = advise_low_mfu(s, AdvisorsConfig{});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_NEAR(*evidence(*a, "share_tensor_gemm"), 0.5, 1e-12);
+  EXPECT_NEAR(*evidence(*a, "share_optimizer"), 0.05, 1e-12);
+  EXPECT_NEAR(*evidence(*a, "share_idle"), 0.2, 1e-12);
+  EXPECT_TRUE(contains(a->finding, "tensor-core GEMM/conv 50.0%")) << a->finding;
+  EXPECT_TRUE(contains(a->finding, "optimizer 50.0%")) << a->finding;  // host phase
+  // The optimizer (+68%) beats removing the launch gaps (+25%).
+  EXPECT_TRUE(contains(a->cause, "per-parameter Adam-style optimizer")) << a->cause;
+  EXPECT_TRUE(contains(a->action, "at::_fused_adamw_")) << a->action;
+  EXPECT_NEAR(a->expected_gain, 20 / (20 - 9 + 0.875) - 1, 1e-9);
+  EXPECT_NE(a->severity, Severity::kHigh);
+
+  // Without the optimizer, the launch gaps are the largest fixable share.
+  k.per_parameter_optimizer_launches = 0;
+  const auto b = advise_low_mfu(s, AdvisorsConfig{});
+  ASSERT_TRUE(b.has_value());
+  EXPECT_TRUE(contains(b->cause, "launch gaps")) << b->cause;
+  EXPECT_TRUE(contains(b->action, "launch_bound")) << b->action;
+  EXPECT_NEAR(b->expected_gain, 0.25, 1e-9);
+
+  // Nothing fixable: no gain claimed.
+  gpu(s).stats.idle_launch_gap_ns = 0;
+  const auto c = advise_low_mfu(s, AdvisorsConfig{});
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->expected_gain, 0);
+  EXPECT_TRUE(contains(c->cause, "no single fixable share")) << c->cause;
+}
+
+TEST(GainModels, LowMfuPointsAtFp32GemmsWithTheirGain) {
+  EpochSummary s = epoch(10, 0, 0, 100);
+  FlopEpochStats f = bf16_flops(0.05);
+  f.model_flops_by_precision[static_cast<size_t>(MathPrecision::kBf16)] = 0;
+  f.hardware_flops_by_precision[static_cast<size_t>(MathPrecision::kBf16)] = 0;
+  f.model_flops_by_precision[static_cast<size_t>(MathPrecision::kFp32)] = 0.4e12;
+  f.hardware_flops_by_precision[static_cast<size_t>(MathPrecision::kFp32)] = 0.4e12;
+  f.dominant_precision = MathPrecision::kFp32;
+  s.sections.set<FlopEpochStats>(f);
+  KernelClassStats& k = gpu(s).kernel_classes;
+  k.ns[C(KernelClass::kSimtGemm)] = 80 * kMs;  // 8 ms of a 10 ms step
+  k.ns[C(KernelClass::kElementwise)] = 20 * kMs;
+  const auto a = advise_low_mfu(s, AdvisorsConfig{});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_TRUE(contains(a->cause, "non-tensor (fp32) GEMM/conv kernels take 80.0%")) << a->cause;
+  // 0.4 TFLOP at 80% of 989.5 TFLOP/s replaces 8 ms (no casts known: no ops listed).
+  EXPECT_NEAR(a->expected_gain, 10 / (10 - 8 + 0.4 / (989.5 * 0.8) * 1e3) - 1, 1e-9);
+}
+
+}  // namespace
+}  // namespace torchpilot

@@ -1,0 +1,240 @@
+// Kernel classes (kernel_classes.h): names as CUPTI gives them (demangled), from cuBLAS, cuDNN,
+// ATen, flash attention and NCCL, and a window's time split by class.
+#include "torchpilot/runtime/kernel_classes.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "torchpilot/runtime/gpu_backend.h"
+#include "torchpilot/runtime/gpu_records.h"
+#include "torchpilot/runtime/gpu_step_stats.h"
+
+namespace torchpilot {
+namespace {
+
+KernelClass cls(const std::string& name) { return classify_kernel(name).cls; }
+
+TEST(KernelClasses, CublasAndCudnnGemmsByTensorCoreUse) {
+  // Hopper cuBLAS: the type code after nvjet_[smNN_] decides (sss: fp32 on the CUDA cores).
+  EXPECT_EQ(cls("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT"), KernelClass::kTensorGemm);
+  EXPECT_EQ(cls("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNN"), KernelClass::kTensorGemm);
+  EXPECT_EQ(cls("nvjet_hsh_256x128_64x4_1x2_h_bz_coopB_NNT"), KernelClass::kTensorGemm);
+  EXPECT_EQ(cls("nvjet_sss_128x64_32x6_1x1_v_bz_TNT"), KernelClass::kSimtGemm);
+  EXPECT_EQ(cls("nvjet_sm90_sss_64x64_32x8_1x1_h_bz_NNN"), KernelClass::kSimtGemm);
+  EXPECT_EQ(cls("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_"
+                "execute_segment_k_off_kernel__5x_cublas"),
+            KernelClass::kTensorGemm);
+  EXPECT_EQ(cls("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32_cublas"),
+            KernelClass::kTensorGemm);
+  EXPECT_EQ(cls("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3"),
+            KernelClass::kSimtGemm);
+  EXPECT_EQ(cls("cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8"),
+            KernelClass::kTensorGemm);
+  EXPECT_EQ(cls("cutlass_80_simt_sgemm_128x128_8x4_nn_align1"), KernelClass::kSimtGemm);
+  EXPECT_EQ(cls("ampere_sgemm_128x64_nn"), KernelClass::kSimtGemm);
+  EXPECT_EQ(cls("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn"),
+            KernelClass::kTensorGemm);
+  EXPECT_EQ(cls("void gemv2T_kernel_val<int, int, float, float, float, float, 128, 16, 4, 4, "
+                "false, false, cublasGemvParamsEx<int, cublasGemvTensorStridedBatched<float "
+                "const>, cublasGemvTensorStridedBatched<float>, float> >(...)"),
+            KernelClass::kSimtGemm);
+  EXPECT_EQ(cls("void cudnn::detail::implicit_convolve_sgemm<float, float, 128, 5, 5, 3, 3, 3, 1, "
+                "false, false, true>(int, int, int, float const*, int, float*, float const*, ...)"),
+            KernelClass::kSimtGemm);
+  EXPECT_EQ(cls("sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_"
+                "tilesize128x128x16_stage4_warpsize2x2x1_g1_tensor16x8x8"),
+            KernelClass::kTensorGemm);
+  EXPECT_EQ(cls("sm90_xmma_dgrad_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize"),
+            KernelClass::kTensorGemm);
+  // A split-K reduction is elementwise work beside its GEMM.
+  EXPECT_EQ(cls("void splitKreduce_kernel<32, 16, int, float, float, float, float, true, false, "
+                "false>(cublasSplitKParams<float>, ...)"),
+            KernelClass::kElementwise);
+}
+
+TEST(KernelClasses, AttentionFusedAndItsUnfusedPieces) {
+  const KernelKind flash = classify_kernel(
+      "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, "
+      "4, false, false, cutlass::bfloat16_t> >(...)");
+  EXPECT_EQ(flash.cls, KernelClass::kAttention);
+  EXPECT_TRUE(flash.fused);
+  EXPECT_TRUE(classify_kernel("fmha_cutlassB_bf16_aligned_64x64_k64_sm80(...)").fused);
+  EXPECT_TRUE(classify_kernel("cudnn_generated_fort_native_sdpa_sm90_knob_7_64x128x64_4x1x1_"
+                              "kernel0_0")
+                  .fused);
+  EXPECT_TRUE(classify_kernel("void attention_kernel_batched_impl<AttentionKernel<cutlass::"
+                              "bfloat16_t, cutlass::arch::Sm80, true, 64, 64, 64, true, true> >")
+                  .fused);
+  // The captured fixture's softmax (a [*, L] softmax: an unfused attention's piece).
+  const KernelKind softmax = classify_kernel(
+      "void at::native::(anonymous namespace)::cunn_SoftMaxForwardReg<float, float, float, "
+      "at::native::(anonymous namespace)::SoftMaxForwardEpilogue, long, 8>(float*, float const*, "
+      "long)");
+  EXPECT_EQ(softmax.cls, KernelClass::kAttention);
+  EXPECT_FALSE(softmax.fused);
+  EXPECT_EQ(cls("void (anonymous namespace)::softmax_warp_backward<c10::BFloat16, c10::BFloat16, "
+                "float, 10, false, false>(c10::BFloat16*, ...)"),
+            KernelClass::kAttention);
+  EXPECT_EQ(cls("void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous "
+                "namespace)::masked_fill_kernel(at::TensorIterator&, c10::Scalar const&)::"
+                "{lambda()#1}::operator()() const::{lambda(float, bool)#1}, ...>"),
+            KernelClass::kAttention);
+  // log_softmax (cross-entropy) shares the kernels: its epilogue or is_log_softmax tell.
+  EXPECT_EQ(cls("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, "
+                "float, at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>(...)"),
+            KernelClass::kElementwise);
+  EXPECT_EQ(cls("void (anonymous namespace)::softmax_warp_forward<float, float, float, 8, true, "
+                "false>(float*, float const*, int, int, int, bool const*, int, bool)"),
+            KernelClass::kElementwise);
+}
+
+TEST(KernelClasses, OptimizerElementwiseCommunicationOther) {
+  const KernelKind fused = classify_kernel(
+      "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous "
+      "namespace)::FusedOptimizerTensorListMetadata<4>, at::native::(anonymous "
+      "namespace)::FusedAdamMathFunctor<float, 4, (at::native::ADAM_MODE)1, false>, ...>");
+  EXPECT_EQ(fused.cls, KernelClass::kOptimizer);
+  EXPECT_TRUE(fused.fused);
+  // Per-parameter Adam: addcmul_ on exp_avg_sq, addcdiv_ on the parameter.
+  const KernelKind addcdiv = classify_kernel(
+      "void at::native::vectorized_elementwise_kernel<4, at::native::addcdiv_cuda_kernel(at::"
+      "TensorIteratorBase&, c10::Scalar const&)::{lambda()#2}::operator()() const::{lambda()#4}::"
+      "operator()() const::{lambda(float, float, float)#1}, std::array<char*, 4ul> >(...)");
+  EXPECT_EQ(addcdiv.cls, KernelClass::kOptimizer);
+  EXPECT_FALSE(addcdiv.fused);
+  EXPECT_EQ(
+      cls("void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor<float, "
+          "float, float, at::native::binary_internal::MulFunctor<float> >, std::array<char*, "
+          "2ul> >(int, ...)"),
+      KernelClass::kElementwise);
+  EXPECT_EQ(cls("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, "
+                "at::native::func_wrapper_t<float, at::native::sum_functor<float, float, "
+                "float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, unsigned "
+                "int, float, 4, 4> >(...)"),
+            KernelClass::kElementwise);
+  EXPECT_EQ(cls("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::"
+                "BFloat16, float>(int, float, ...)"),
+            KernelClass::kElementwise);
+  EXPECT_EQ(cls("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"),
+            KernelClass::kCommunication);
+  EXPECT_EQ(cls("my_custom_kernel"), KernelClass::kOther);
+  EXPECT_EQ(classify_kernel("my_custom_kernel", true).cls, KernelClass::kCommunication);
+}
+
+KernelRecord kernel(Nanos b, Nanos e, int64_t blocks, const char* name) {
+  KernelRecord k;
+  k.begin = b;
+  k.end = e;
+  k.blocks = blocks;
+  k.name = name;
+  return k;
+}
+
+StepSpans traced_span(Interval host) {
+  StepSpans s;
+  s.host = host;
+  s.traced = true;
+  return s;
+}
+
+// Hand-made window over [1000, 1100] on a 100-SM GPU.
+GpuEventBatch window_events() {
+  GpuEventBatch e;
+  e.kernels = {kernel(1010, 1030, 200, "nvjet_tst_128x256"),               // 2 waves
+               kernel(1020, 1040, 50, "ampere_sgemm_128x64_nn"),           // half a wave
+               kernel(1050, 1060, 10, "cunn_SoftMaxForward"),              // a tenth
+               kernel(1070, 1075, 100, "addcdiv_cuda_kernel"),             // one wave
+               kernel(990, 1005, 1000, "vectorized_elementwise_kernel")};  // began before
+  CopyRecord copy;
+  copy.begin = 1000;
+  copy.end = 1050;
+  copy.bytes = 1;
+  CopyRecord memset = copy;
+  memset.begin = 1060;
+  memset.end = 1062;
+  memset.memset = true;
+  e.copies = {copy, memset};
+  return e;
+}
+
+TEST(KernelClasses, WindowTimeIsPartitionedByClassAndIdle) {
+  KernelClassStats s;
+  add_kernel_classes(s, window_events(), traced_span({1000, 1100}), 100);
+  auto ns = [&](KernelClass c) { return s.ns[static_cast<size_t>(c)]; };
+  auto launches = [&](KernelClass c) { return s.launches[static_cast<size_t>(c)]; };
+  EXPECT_EQ(s.steps, 1);
+  EXPECT_EQ(s.traced_ns, 100);
+  // [1020, 1030) is shared by the two GEMMs: 5 each.
+  EXPECT_DOUBLE_EQ(ns(KernelClass::kTensorGemm), 15);
+  EXPECT_DOUBLE_EQ(ns(KernelClass::kSimtGemm), 15);
+  EXPECT_DOUBLE_EQ(ns(KernelClass::kAttention), 10);
+  EXPECT_DOUBLE_EQ(ns(KernelClass::kOptimizer), 5);
+  EXPECT_DOUBLE_EQ(ns(KernelClass::kElementwise), 5);  // clipped to the step
+  EXPECT_DOUBLE_EQ(s.idle_ns, 50);
+  EXPECT_DOUBLE_EQ(s.busy_ns() + s.idle_ns, 100);
+  EXPECT_DOUBLE_EQ(s.fused_attention_ns, 0);
+  EXPECT_EQ(launches(KernelClass::kTensorGemm), 1);
+  EXPECT_EQ(launches(KernelClass::kElementwise), 0);  // launched in the previous step
+  EXPECT_EQ(s.per_parameter_optimizer_launches, 1);
+  EXPECT_EQ(s.memcpy_ns, 50);
+  EXPECT_EQ(s.memset_ns, 2);
+  EXPECT_EQ(s.memcpys, 1);
+  EXPECT_EQ(s.memsets, 1);
+  // At twice the batch: the kernels of a wave or more double (20, 5, 5 -> 40, 10, 10); the
+  // half-wave GEMM fills the GPU without growing (20); the tenth-wave softmax stays (10).
+  EXPECT_DOUBLE_EQ(s.kernel_sum_ns, 60);
+  EXPECT_DOUBLE_EQ(s.kernel_sum_scaled_ns, 90);
+
+  // Steps add up; the GPU span replaces the host span when known; untraced steps add nothing.
+  StepSpans gpu = traced_span({0, 10});
+  gpu.gpu = {1000, 1100};
+  gpu.gpu_timed = true;
+  add_kernel_classes(s, window_events(), gpu, 100);
+  EXPECT_EQ(s.steps, 2);
+  EXPECT_DOUBLE_EQ(s.ns[static_cast<size_t>(KernelClass::kTensorGemm)], 30);
+  StepSpans untraced = traced_span({1000, 1100});
+  untraced.traced = false;
+  add_kernel_classes(s, window_events(), untraced, 100);
+  EXPECT_EQ(s.steps, 2);
+}
+
+TEST(KernelClasses, TraceFromClipsAWindowsFirstStep) {
+  KernelClassStats s;
+  StepSpans spans = traced_span({1000, 1100});
+  spans.trace_from = 1050;
+  add_kernel_classes(s, window_events(), spans, 100);
+  EXPECT_EQ(s.traced_ns, 50);
+  EXPECT_DOUBLE_EQ(s.ns[static_cast<size_t>(KernelClass::kTensorGemm)], 0);
+  EXPECT_DOUBLE_EQ(s.ns[static_cast<size_t>(KernelClass::kAttention)], 10);
+  EXPECT_DOUBLE_EQ(s.busy_ns() + s.idle_ns, 50);
+}
+
+TEST(KernelClasses, EpochSectionCarriesTheClasses) {
+  GpuEpochStats e;
+  e.device = "NVIDIA H100";
+  add_kernel_classes(e.kernel_classes, window_events(), traced_span({1000, 1100}), 100);
+  const auto j = nlohmann::json::parse(section_json(e));
+  const auto& k = j.at("kernel_classes");
+  EXPECT_EQ(k.at("steps"), 1);
+  EXPECT_DOUBLE_EQ(k.at("ms_per_step").at("tensor_gemm").get<double>(), 15e-6);
+  EXPECT_DOUBLE_EQ(k.at("ms_per_step").at("idle").get<double>(), 50e-6);
+  EXPECT_DOUBLE_EQ(k.at("launches_per_step").at("optimizer").get<double>(), 1);
+  EXPECT_DOUBLE_EQ(k.at("memcpy_ms_per_step").get<double>(), 50e-6);
+
+  e.traced_steps = 1;
+  e.stats.traced_ns = 100;
+  EpochSummary summary;
+  std::vector<std::string> lines;
+  section_text(e, summary, lines);
+  std::string all;
+  for (const auto& l : lines) all += l + "\n";
+  EXPECT_NE(all.find("GPU time by kernel class"), std::string::npos) << all;
+  EXPECT_NE(all.find("tensor-core GEMM/conv 15.0%"), std::string::npos) << all;
+  EXPECT_NE(all.find("idle 50.0%"), std::string::npos) << all;
+}
+
+}  // namespace
+}  // namespace torchpilot
