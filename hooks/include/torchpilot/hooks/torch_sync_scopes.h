@@ -6,9 +6,9 @@
 // recorded (aten::to, not the copy_ inside it). No inputs are boxed: whether a copy blocked is
 // read from CUPTI (a sync record or a device-to-host copy into pageable memory inside it).
 //
-// Cost: an active RecordFunction callback makes every op build its record and call it: +0.08-0.44
-// us per op not recorded, +1.0-1.6 us per op recorded, on a shared 2-core Debian 12 machine with
-// LibTorch 1.13 (bench/sync_scope_overhead.cpp), so 0.3-1.8 ms on a step of 4,000 ops: above the
+// Cost: an active RecordFunction callback makes every op build its record and call it: +0.27-0.44
+// us per op not recorded, +1.07-1.59 us per op recorded, on a shared 2-core Debian 12 machine with
+// LibTorch 1.13 (bench/sync_scope_overhead.cpp), so 1-2 ms on a step of 4,000 ops: above the
 // 1% always-on budget. The callback is added disabled and is on only while the monitor traces a
 // window (HostOpScopes::enable).
 //
