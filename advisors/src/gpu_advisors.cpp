@@ -148,9 +148,8 @@ std::optional<Advice> advise_host_sync(const EpochSummary& s, const AdvisorsConf
              pct(traced_share(g, x.idle_ns)) + " of step time in GPU idle)";
   }
   if (!gpu->top_sync_sites.empty()) {
-    a.evidence.push_back(
-        {"top_site_idle_fraction", traced_share(g, gpu->top_sync_sites.front().idle_ns),
-         "fraction"});
+    a.evidence.push_back({"top_site_idle_fraction",
+                          traced_share(g, gpu->top_sync_sites.front().idle_ns), "fraction"});
   }
   a.cause = sites.empty()
                 ? "the training loop waits for the GPU every step (e.g. loss.item(), .cpu(), "

@@ -126,8 +126,8 @@ SyncScopeHook::SyncScopeHook() {
   SyncScopeHook* expected = nullptr;
   if (!g_owner.compare_exchange_strong(expected, this)) return;
   try {
-    handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&on_start, &on_end)
-                                        .scopes({at::RecordScope::FUNCTION}));
+    handle_ = at::addGlobalCallback(
+        at::RecordFunctionCallback(&on_start, &on_end).scopes({at::RecordScope::FUNCTION}));
     at::disableCallback(handle_);
   } catch (...) {
     g_owner.store(nullptr);

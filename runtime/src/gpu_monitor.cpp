@@ -208,8 +208,8 @@ void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
 
 void GpuMonitor::on_phase_begin(int phase_id, const std::string& phase_name) {
   if (host_ != nullptr) {
-    phases_.push_back({phase_id, phase_name,
-                       {host_->clock().now_ns(), std::numeric_limits<Nanos>::max()}});
+    phases_.push_back(
+        {phase_id, phase_name, {host_->clock().now_ns(), std::numeric_limits<Nanos>::max()}});
     if (phases_.size() > kMaxPhaseSpans) phases_.pop_front();
   }
   if (!config_.nvtx) return;

@@ -115,8 +115,7 @@ void section_text(const GpuEpochStats& gpu, const EpochSummary& s,
         " pageable); GPU idle: data wait " + fmt_pct(g.idle_data_wait_ns / t) + ", host sync " +
         fmt_pct(g.idle_host_sync_ns / t) + ", pageable copies " +
         fmt_pct(g.idle_pageable_copy_ns / t) + ", launch gaps " +
-        fmt_pct(g.idle_launch_gap_ns / t) +
-        ", other " + fmt_pct(g.idle_other_ns / t) +
+        fmt_pct(g.idle_launch_gap_ns / t) + ", other " + fmt_pct(g.idle_other_ns / t) +
         (gpu.dropped_records > 0
              ? "; " + std::to_string(gpu.dropped_records) + " records dropped (understated)"
              : ""));

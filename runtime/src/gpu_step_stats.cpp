@@ -119,7 +119,8 @@ std::vector<SyncRecord> resolve_host_syncs(const GpuEventBatch& events, bool tra
   std::vector<SyncRecord> out;
   if (!traced) {
     for (const HostOpScope& s : events.scopes) {
-      if (s.always && s.end >= s.begin) out.push_back({s.begin, s.end, SyncApi::kUnknown, s.op, s.phase});
+      if (s.always && s.end >= s.begin)
+        out.push_back({s.begin, s.end, SyncApi::kUnknown, s.op, s.phase});
     }
     return out;
   }
@@ -141,7 +142,8 @@ std::vector<SyncRecord> resolve_host_syncs(const GpuEventBatch& events, bool tra
       out.push_back({c.begin, c.end, c.api, to_string(c.api), c.phase});
       continue;
     }
-    const bool seen = std::any_of(hit.begin(), hit.end(), [&](const auto& h) { return h.first == scope; });
+    const bool seen =
+        std::any_of(hit.begin(), hit.end(), [&](const auto& h) { return h.first == scope; });
     if (!seen) hit.emplace_back(scope, c.api);
   }
   for (const auto& [scope, api] : hit) {
@@ -202,8 +204,8 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
       waits.push_back({sync.begin, sync.end});
       if (sites != nullptr) add_site(*sites, sync, true, 0);
     }
-    g.host_sync_ns = union_length(waits, {std::numeric_limits<Nanos>::min() / 2,
-                                          std::numeric_limits<Nanos>::max() / 2});
+    g.host_sync_ns = union_length(
+        waits, {std::numeric_limits<Nanos>::min() / 2, std::numeric_limits<Nanos>::max() / 2});
     return g;
   }
   // The trace covers the step from `trace_from` on (a window's first step: from its scope's start).
@@ -296,8 +298,8 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
     for (const SyncRecord& sync : syncs) {
       if (ends_in(sync, whole)) waits.push_back({sync.begin, sync.end});
     }
-    g.host_sync_ns = union_length(waits, {std::numeric_limits<Nanos>::min() / 2,
-                                          std::numeric_limits<Nanos>::max() / 2});
+    g.host_sync_ns = union_length(
+        waits, {std::numeric_limits<Nanos>::min() / 2, std::numeric_limits<Nanos>::max() / 2});
   }
   claimed.insert(claimed.end(), copy_cover.begin(), copy_cover.end());
   g.idle_pageable_copy_ns = covered(gaps) - taken;

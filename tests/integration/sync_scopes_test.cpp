@@ -50,11 +50,11 @@ TEST(SyncScopeHook, RecordsOutermostSyncOpsWhileSwitchedOn) {
   EXPECT_TRUE(take().empty());
 
   scopes.enable(true);
-  (void)t.sum().item<float>();                 // aten::item -> _local_scalar_dense
-  (void)at::nonzero(t);                        // aten::nonzero
-  const at::Tensor d = t.to(at::kDouble);      // aten::to -> _to_copy -> copy_
-  (void)(t + t);                               // not recorded (t + 1 would record the scalar's
-                                               // aten::to: a copy without a CUPTI record, no sync)
+  (void)t.sum().item<float>();             // aten::item -> _local_scalar_dense
+  (void)at::nonzero(t);                    // aten::nonzero
+  const at::Tensor d = t.to(at::kDouble);  // aten::to -> _to_copy -> copy_
+  (void)(t + t);                           // not recorded (t + 1 would record the scalar's
+                                           // aten::to: a copy without a CUPTI record, no sync)
   scopes.enable(false);
   (void)t.sum().item<float>();
   const std::vector<HostOpScope> got = take();

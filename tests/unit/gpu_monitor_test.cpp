@@ -152,8 +152,8 @@ TEST(GpuStepStatsTest, TracedStepSplitsIdleTimeByCause) {
   EXPECT_EQ(g.host_sync_ns, 1);
   EXPECT_EQ(g.h2d_bytes, 4096);
   EXPECT_EQ(g.h2d_pageable_bytes, 4096);
-  EXPECT_EQ(g.idle_data_wait_ns, 1);   // [0, 1]
-  EXPECT_EQ(g.idle_host_sync_ns, 2);   // [8, 10]: the GPU went idle while the host synchronized
+  EXPECT_EQ(g.idle_data_wait_ns, 1);      // [0, 1]
+  EXPECT_EQ(g.idle_host_sync_ns, 2);      // [8, 10]: the GPU went idle while the host synchronized
   EXPECT_EQ(g.idle_pageable_copy_ns, 1);  // [1, 2]: the copy, before the first kernel
   EXPECT_EQ(g.idle_launch_gap_ns, 2);     // [4, 6], between kernels
   EXPECT_EQ(g.idle_other_ns, 0);

@@ -85,11 +85,11 @@ TEST(IdlePartitionTest, FiveCausesAddUpToIdle) {
   ev.syncs = {sync(40, 45)};
   ev.copies = {copy(72, 75, CopyKind::kHostToDevice, true)};
   const GpuStats g = gpu_step_stats(ev, traced({0, 100}, {0, 10}), 100, 1);
-  EXPECT_EQ(g.idle_data_wait_ns, 10);      // [0, 10]
-  EXPECT_EQ(g.idle_host_sync_ns, 20);      // [40, 60]: the wait and the drain after it
-  EXPECT_EQ(g.idle_pageable_copy_ns, 8);   // [72, 80]: the copy and the refill after it
-  EXPECT_EQ(g.idle_launch_gap_ns, 12);     // [20, 30] and [70, 72]
-  EXPECT_EQ(g.idle_other_ns, 10);          // [90, 100] after the last kernel
+  EXPECT_EQ(g.idle_data_wait_ns, 10);     // [0, 10]
+  EXPECT_EQ(g.idle_host_sync_ns, 20);     // [40, 60]: the wait and the drain after it
+  EXPECT_EQ(g.idle_pageable_copy_ns, 8);  // [72, 80]: the copy and the refill after it
+  EXPECT_EQ(g.idle_launch_gap_ns, 12);    // [20, 30] and [70, 72]
+  EXPECT_EQ(g.idle_other_ns, 10);         // [90, 100] after the last kernel
   EXPECT_EQ(idle_sum(g), idle_of(ev, {0, 100}));
   EXPECT_EQ(idle_sum(g), 60);
 }
@@ -129,7 +129,7 @@ TEST(IdlePartitionTest, SyncReturningWhileAKernelRunsCausesNoDrain) {
   ev.kernels = {kernel(0, 10), kernel(15, 40), kernel(50, 60)};
   ev.syncs = {sync(5, 20, SyncApi::kEventSynchronize)};
   const GpuStats g = gpu_step_stats(ev, traced({0, 60}), 100, 1);
-  EXPECT_EQ(g.idle_host_sync_ns, 5);   // [10, 15] while it waited
+  EXPECT_EQ(g.idle_host_sync_ns, 5);    // [10, 15] while it waited
   EXPECT_EQ(g.idle_launch_gap_ns, 10);  // [40, 50]
   EXPECT_EQ(idle_sum(g), 15);
 }
@@ -176,9 +176,9 @@ TEST(IdlePartitionTest, AsyncStepsAttributeTheDrainToTheStepWhoseGpuSpanHoldsIt)
   const auto [a, a_sites] = gpu_step({200, 300}, {0, 100});
   const auto [b, b_sites] = gpu_step({300, 400}, {100, 200});
   EXPECT_EQ(a.idle_host_sync_ns + a.idle_launch_gap_ns + a.idle_other_ns, 0);  // busy
-  EXPECT_EQ(a.host_syncs, 0);                 // the sync ended in step 2's GPU span
+  EXPECT_EQ(a.host_syncs, 0);  // the sync ended in step 2's GPU span
   EXPECT_EQ(b.host_syncs, 1);
-  EXPECT_EQ(b.idle_host_sync_ns, 35);         // [305, 340]: the drain, in step 2 only
+  EXPECT_EQ(b.idle_host_sync_ns, 35);  // [305, 340]: the drain, in step 2 only
   EXPECT_EQ(idle_sum(b), idle_of(ev, {300, 400}));
   ASSERT_EQ(b_sites.size(), 1u);
   EXPECT_EQ(b_sites[0].idle_ns, 35);
@@ -216,8 +216,8 @@ TEST(IdlePartitionTest, RandomTimelinesAlwaysAddUp) {
       const Nanos b = next(1000);
       ev.syncs.push_back(sync(b, b + next(80)));
       const Nanos c = next(1000);
-      ev.copies.push_back(copy(c, c + next(50), i == 0 ? CopyKind::kDeviceToHost
-                                                      : CopyKind::kHostToDevice, true));
+      ev.copies.push_back(
+          copy(c, c + next(50), i == 0 ? CopyKind::kDeviceToHost : CopyKind::kHostToDevice, true));
     }
     ev.scopes = {scope(next(1000), 1000, "aten::to", false)};
     const Nanos w = next(1000);
@@ -341,7 +341,9 @@ class FakeBackend : public GpuBackend {
   bool tracing = false;
   GpuDeviceInfo device() const override { return {0, "Fake GPU", "FAKE", 100}; }
   std::vector<CollectorStatus> status() const override {
-    return {{"pm_sampling", false, "off"}, {"activity", true, ""}, {"nvml", false, "off"},
+    return {{"pm_sampling", false, "off"},
+            {"activity", true, ""},
+            {"nvml", false, "off"},
             {"nvtx", false, "off"}};
   }
   void start() override {}
@@ -448,7 +450,7 @@ EpochSummary traced_summary() {
 TEST(HostSyncAdvisorTest, StatesTheIdleCausedAndNamesTopCallSites) {
   EpochSummary s = traced_summary();
   GpuEpochStats& e = *s.sections.get<GpuEpochStats>();
-  e.stats.host_sync_ns = 20 * kMs;  // the host's own wait is small ...
+  e.stats.host_sync_ns = 20 * kMs;        // the host's own wait is small ...
   e.stats.idle_host_sync_ns = 300 * kMs;  // ... the idle it causes is not
   e.stats.host_syncs = 40;
   e.top_sync_sites = {{"aten::item", "cudaStreamSynchronize", "forward", 30, 15 * kMs, 250 * kMs},

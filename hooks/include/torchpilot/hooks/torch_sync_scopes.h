@@ -12,11 +12,11 @@
 // 1% always-on budget. The callback is added disabled and is on only while the monitor traces a
 // window (HostOpScopes::enable).
 //
-// Every Pilot that sees a CUDA device makes one (a default collector, hooks/src/torch_sync_scopes.cpp);
-// tests make one directly. One hook per process is active; a second stays inert.
-// Thread-safety: construct and destroy on the training thread; the callback runs on any thread.
-// Failure behaviour: nothing throws after construction; the constructor does not throw either (a
-// callback that cannot be added leaves the hook inert: active() is false).
+// Every Pilot that sees a CUDA device makes one (a default collector,
+// hooks/src/torch_sync_scopes.cpp); tests make one directly. One hook per process is active; a
+// second stays inert. Thread-safety: construct and destroy on the training thread; the callback
+// runs on any thread. Failure behaviour: nothing throws after construction; the constructor does
+// not throw either (a callback that cannot be added leaves the hook inert: active() is false).
 #pragma once
 
 #include <cstdint>

@@ -45,7 +45,7 @@ struct GpuStats {
                                     // had not been refilled yet
   Nanos idle_pageable_copy_ns = 0;  // ... was in a pageable host-to-device copy (same drain)
   Nanos idle_launch_gap_ns = 0;     // between two kernels of the step, none of the above
-  Nanos idle_other_ns = 0;  // before the first or after the last kernel, none of the above
+  Nanos idle_other_ns = 0;          // before the first or after the last kernel, none of the above
 };
 
 // The host syncs of one call site: the op (or API) that blocked, in one phase.

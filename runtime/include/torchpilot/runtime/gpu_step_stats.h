@@ -33,7 +33,8 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
 // Traced: CUPTI's sync records and device-to-host copies into pageable memory; those whose
 // midpoint lies in an op scope become one sync with the scope's extent, op and phase (an
 // .item() is one sync, not its copy and its stream synchronize); the others are named by their
-// API. Untraced (no CUPTI records): the scopes of ops that always synchronize (HostOpScope::always).
+// API. Untraced (no CUPTI records): the scopes of ops that always synchronize
+// (HostOpScope::always).
 std::vector<SyncRecord> resolve_host_syncs(const GpuEventBatch& events, bool traced);
 
 }  // namespace torchpilot
