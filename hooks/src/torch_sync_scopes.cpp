@@ -28,7 +28,7 @@ Nanos steady_now() {
 
 struct Scope final : at::ObserverContext {
   Nanos begin = 0;
-  const char* op = nullptr;  // RecordFunction names are static strings (operator schemas)
+  const char* op = nullptr;  // the RecordFunction's name: valid until its end callback
   bool always = false;
   bool nested = false;  // inside another recorded scope on this thread: not recorded
 };

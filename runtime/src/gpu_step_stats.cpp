@@ -93,6 +93,15 @@ class NextKernel {
     if (it == busy_.end()) return never_;
     return std::max(t, it->begin);
   }
+  // The end of the last busy interval ending at or before `t` (min() when none): a sync that
+  // returned before it cannot idle the GPU after `t` (a kernel ran after it returned).
+  Nanos last_end_before(Nanos t) const {
+    auto it = std::upper_bound(busy_.begin(), busy_.end(), t,
+                               [](Nanos v, const Interval& i) { return v < i.end; });
+    if (it == busy_.begin()) return std::numeric_limits<Nanos>::min();
+    --it;
+    return it->end;
+  }
 
  private:
   std::vector<Interval> busy_;
@@ -115,10 +124,16 @@ const HostOpScope* scope_of(const std::vector<HostOpScope>& scopes, Nanos begin,
 
 }  // namespace
 
-std::vector<SyncRecord> resolve_host_syncs(const GpuEventBatch& events, bool traced) {
+std::vector<SyncRecord> resolve_host_syncs(const GpuEventBatch& events, bool traced,
+                                           Interval near) {
+  auto is_near = [near](Nanos begin, Nanos end) { return end >= near.begin && begin <= near.end; };
+  std::vector<HostOpScope> scopes;
+  for (const HostOpScope& s : events.scopes) {
+    if (is_near(s.begin, s.end)) scopes.push_back(s);
+  }
   std::vector<SyncRecord> out;
   if (!traced) {
-    for (const HostOpScope& s : events.scopes) {
+    for (const HostOpScope& s : scopes) {
       if (s.always && s.end >= s.begin)
         out.push_back({s.begin, s.end, SyncApi::kUnknown, s.op, s.phase});
     }
@@ -126,9 +141,13 @@ std::vector<SyncRecord> resolve_host_syncs(const GpuEventBatch& events, bool tra
   }
   // What CUPTI saw the host block in: synchronize calls, and copies to pageable memory (the
   // host waits for those inside the copy call, with no sync record).
-  std::vector<SyncRecord> candidates = events.syncs;
+  std::vector<SyncRecord> candidates;
+  for (const SyncRecord& c : events.syncs) {
+    if (is_near(c.begin, c.end)) candidates.push_back(c);
+  }
   for (const CopyRecord& c : events.copies) {
-    if (!c.memset && c.kind == CopyKind::kDeviceToHost && c.pageable && c.end >= c.begin) {
+    if (!c.memset && c.kind == CopyKind::kDeviceToHost && c.pageable && c.end >= c.begin &&
+        is_near(c.begin, c.end)) {
       candidates.push_back({c.begin, c.end, SyncApi::kBlockingCopy, "", ""});
     }
   }
@@ -137,7 +156,7 @@ std::vector<SyncRecord> resolve_host_syncs(const GpuEventBatch& events, bool tra
   // One sync per op scope that holds any of them, named by the op; the API of its first.
   std::vector<std::pair<const HostOpScope*, SyncApi>> hit;
   for (const SyncRecord& c : candidates) {
-    const HostOpScope* scope = scope_of(events.scopes, c.begin, c.end);
+    const HostOpScope* scope = scope_of(scopes, c.begin, c.end);
     if (scope == nullptr) {
       out.push_back({c.begin, c.end, c.api, to_string(c.api), c.phase});
       continue;
@@ -198,7 +217,7 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
   if (!traced) {
     // Without a trace, the scopes of ops that always synchronize (none unless their hook runs).
     std::vector<Interval> waits;
-    for (const SyncRecord& sync : resolve_host_syncs(events, false)) {
+    for (const SyncRecord& sync : resolve_host_syncs(events, false, span)) {
       if (!ends_in(sync, span)) continue;
       ++g.host_syncs;
       waits.push_back({sync.begin, sync.end});
@@ -258,16 +277,23 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
   // on after it returns until the GPU starts a kernel again (the queue it drained is empty until
   // the host refills it) unless a kernel is running when it returns.
   const NextKernel next(events.kernels, std::numeric_limits<Nanos>::max() / 2);
-  const std::vector<SyncRecord> syncs = resolve_host_syncs(events, true);
+  // Only syncs that end in the step or whose drain can reach into it (none before the last
+  // kernel that ended before the span: the GPU ran again after them).
+  const Interval near{std::min(whole.begin, next.last_end_before(span.begin)), whole.end};
+  const std::vector<SyncRecord> syncs = resolve_host_syncs(events, true, near);
   std::vector<Interval> sync_cover;
   for (const SyncRecord& sync : syncs) {
     sync_cover.push_back({sync.begin, std::max(sync.end, next.at_or_after(sync.end))});
   }
   std::vector<Interval> copy_cover;
+  std::vector<HostOpScope> near_scopes;
+  for (const HostOpScope& s : events.scopes) {
+    if (s.end >= near.begin && s.begin <= near.end) near_scopes.push_back(s);
+  }
   for (const CopyRecord& c : events.copies) {
-    if (!pageable_h2d(c)) continue;
+    if (!pageable_h2d(c) || c.end < near.begin || c.begin > near.end) continue;
     // The host entered the copy call with the op that made it (it waited there for the queue).
-    const HostOpScope* scope = scope_of(events.scopes, c.begin, c.end);
+    const HostOpScope* scope = scope_of(near_scopes, c.begin, c.end);
     const Nanos begin = scope != nullptr ? std::min(scope->begin, c.begin) : c.begin;
     copy_cover.push_back({begin, std::max(c.end, next.at_or_after(c.end))});
   }

@@ -34,7 +34,9 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
 // midpoint lies in an op scope become one sync with the scope's extent, op and phase (an
 // .item() is one sync, not its copy and its stream synchronize); the others are named by their
 // API. Untraced (no CUPTI records): the scopes of ops that always synchronize
-// (HostOpScope::always).
-std::vector<SyncRecord> resolve_host_syncs(const GpuEventBatch& events, bool traced);
+// (HostOpScope::always). Only records and scopes that overlap `near` are looked at.
+std::vector<SyncRecord> resolve_host_syncs(const GpuEventBatch& events, bool traced,
+                                           Interval near = {std::numeric_limits<Nanos>::min(),
+                                                            std::numeric_limits<Nanos>::max()});
 
 }  // namespace torchpilot
