@@ -124,30 +124,50 @@ std::optional<Advice> advise_host_sync(const EpochSummary& s, const AdvisorsConf
   const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
   if (!gpu || gpu->traced_steps == 0) return std::nullopt;
   const GpuStats& g = gpu->stats;
-  // What a sync costs is the GPU idling because of it; a host blocked while the GPU stays busy
-  // loses nothing.
+  // What a sync costs is the GPU idle it causes: the queue drains while the host waits, and stays
+  // empty until the host launches again. A host blocked while the GPU stays busy loses nothing.
   const double f = traced_share(g, g.host_sync_ns);
   const double idle = traced_share(g, g.idle_host_sync_ns);
   if (idle <= config.host_sync.threshold) return std::nullopt;
-  const double per_step = static_cast<double>(g.host_syncs) / gpu->traced_steps;
+  const double steps = static_cast<double>(gpu->traced_steps);
+  const double per_step = static_cast<double>(g.host_syncs) / steps;
   Advice a;
   a.id = "host_sync";
   a.severity = idle > 0.25 ? Severity::kHigh : Severity::kWarning;
-  a.finding = "the GPU sat idle for " + pct(idle) +
-              " of step time after draining while the host was blocked in synchronizing calls (" +
-              num(per_step, "%.1f") + " per step, " + pct(f) + " of step time in them)";
+  a.finding = "host syncs cost " + pct(idle) +
+              " of step time in GPU idle (the host's wait plus the drain after it until the next "
+              "kernel starts): " +
+              num(per_step, "%.1f") + " per step, the host blocked " + pct(f) + " of step time";
   a.evidence = {{"host_sync_fraction", f, "fraction"},
                 {"host_syncs_per_step", per_step, "calls"},
                 {"gpu_idle_in_sync_fraction", idle, "fraction"},
                 {"threshold", config.host_sync.threshold, "fraction"}};
-  a.cause =
-      "the training loop waits for the GPU every step (e.g. loss.item(), .cpu(), printing a "
-      "tensor, a blocking copy, or torch::cuda::synchronize), so the host stops queuing "
-      "work and the GPU drains";
+  // The call sites that cost the most idle, with the phase they ran in.
+  std::string sites;
+  for (const SyncSite& x : gpu->top_sync_sites) {
+    if (x.count == 0 && x.idle_ns == 0) continue;
+    if (!sites.empty()) sites += "; ";
+    sites += x.cause + (x.phase.empty() ? "" : " in phase " + x.phase) + " (" +
+             num(static_cast<double>(x.count) / steps, "%.1f") + " per step, " +
+             pct(traced_share(g, x.idle_ns)) + " of step time in GPU idle)";
+  }
+  if (!gpu->top_sync_sites.empty()) {
+    a.evidence.push_back({"top_site_idle_fraction",
+                          traced_share(g, gpu->top_sync_sites.front().idle_ns), "fraction"});
+  }
+  a.cause = sites.empty()
+                ? "the training loop waits for the GPU every step (e.g. loss.item(), .cpu(), "
+                  "printing a tensor, a blocking copy, or torch::cuda::synchronize), so the host "
+                  "stops queuing work and the GPU drains"
+                : "the training loop waits for the GPU, so the host stops queuing work and the "
+                  "GPU drains; top call sites: " +
+                      sites;
   a.action =
       "keep values on the GPU and read them every N steps (accumulate the loss in a "
-      "tensor), use non_blocking copies, and remove explicit synchronizations from the "
-      "step";
+      "tensor), use non_blocking copies into pinned memory, avoid ops whose output size depends "
+      "on the data (nonzero, masked_select, unique, boolean indexing) in the step, and remove "
+      "explicit synchronizations";
+  // Removing the syncs removes the idle they cause: new step = step - that idle.
   a.expected_gain = gain_from_removing(idle);
   a.gain_estimated = true;
   return a;
@@ -158,17 +178,23 @@ std::optional<Advice> advise_pageable_copies(const EpochSummary& s, const Adviso
   if (!gpu || gpu->traced_steps == 0) return std::nullopt;
   const GpuStats& g = gpu->stats;
   if (g.h2d_pageable_bytes == 0) return std::nullopt;
+  // What the copies cost is the GPU idle they cause (the partition's pageable-copy share: the
+  // copy, the wait for the queue before it and the refill after it, unless a host sync or a data
+  // wait claimed that time first).
+  const double idle = traced_share(g, g.idle_pageable_copy_ns);
+  if (idle <= config.pageable_copies.threshold) return std::nullopt;
   const double f = traced_share(g, g.h2d_pageable_ns);
-  if (f <= config.pageable_copies.threshold) return std::nullopt;
   const double share =
       static_cast<double>(g.h2d_pageable_bytes) / std::max<int64_t>(1, g.h2d_bytes);
   const double mb = static_cast<double>(g.h2d_pageable_bytes) / 1e6 / gpu->traced_steps;
   Advice a;
   a.id = "pageable_copies";
-  a.severity = f > 0.2 ? Severity::kHigh : Severity::kWarning;
+  a.severity = idle > 0.2 ? Severity::kHigh : Severity::kWarning;
   a.finding = pct(share) + " of host-to-device bytes (" + num(mb, "%.1f") +
-              " MB per step) came from pageable memory, copying for " + pct(f) + " of step time";
+              " MB per step) came from pageable memory, copying for " + pct(f) +
+              " of step time; the GPU sat idle for " + pct(idle) + " of step time because of them";
   a.evidence = {{"pageable_copy_fraction", f, "fraction"},
+                {"gpu_idle_in_pageable_copy_fraction", idle, "fraction"},
                 {"pageable_bytes_share", share, "fraction"},
                 {"pageable_mb_per_step", mb, "MB"},
                 {"threshold", config.pageable_copies.threshold, "fraction"}};
@@ -178,7 +204,7 @@ std::optional<Advice> advise_pageable_copies(const EpochSummary& s, const Adviso
   a.action =
       "pin the batches (TunableLoader pin_memory, or tensor.pin_memory()) and copy with "
       "non_blocking=true; with mode: autotune the loader tries this itself";
-  a.expected_gain = gain_from_removing(f);
+  a.expected_gain = gain_from_removing(idle);
   a.gain_estimated = true;
   return a;
 }

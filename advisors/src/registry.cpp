@@ -1,9 +1,15 @@
 // The advisor catalog in one place: every rule, in the order its advice is listed.
 #include <exception>
+#include <string>
 
 #include "torchpilot/advisors/advisors.h"
 
 namespace torchpilot {
+
+bool is_idle_cause(const std::string& id) {
+  return id == "data_starvation" || id == "host_sync" || id == "pageable_copies" ||
+         id == "launch_bound";
+}
 
 const std::vector<AdvisorEntry>& advisor_registry() {
   static const std::vector<AdvisorEntry> rules = {
@@ -29,6 +35,34 @@ const std::vector<AdvisorEntry>& advisor_registry() {
   return rules;
 }
 
+void cap_idle_gains(std::vector<Advice>& advice, const EpochSummary& summary) {
+  const GpuEpochStats* gpu = summary.sections.get<GpuEpochStats>();
+  if (gpu == nullptr || gpu->traced_steps == 0 || gpu->stats.traced_ns <= 0) return;
+  const GpuStats& g = gpu->stats;
+  const Nanos idle_ns = g.idle_data_wait_ns + g.idle_host_sync_ns + g.idle_pageable_copy_ns +
+                        g.idle_launch_gap_ns + g.idle_other_ns;
+  const double idle = static_cast<double>(idle_ns) / static_cast<double>(g.traced_ns);
+  // A gain g comes from removing r = g / (1 + g) of the step (g = r / (1 - r)).
+  auto removed = [](double gain) { return gain > 0 ? gain / (1.0 + gain) : 0.0; };
+  double total = 0;
+  for (const Advice& a : advice) {
+    if (is_idle_cause(a.id)) total += removed(a.expected_gain);
+  }
+  if (total <= idle) return;
+  const double scale = idle / total;
+  for (Advice& a : advice) {
+    if (!is_idle_cause(a.id) || a.expected_gain <= 0) continue;
+    const double r = removed(a.expected_gain) * scale;
+    a.evidence.push_back({"uncapped_expected_gain", a.expected_gain, "fraction"});
+    a.expected_gain = r < 1.0 ? r / (1.0 - r) : 0.0;
+    a.gain_estimated = true;
+    a.action +=
+        " (estimated gain scaled down: the idle-cause advice together cannot remove more than "
+        "the " +
+        std::to_string(static_cast<int>(100 * idle + 0.5)) + "% of step time the GPU idled)";
+  }
+}
+
 std::vector<Advice> run_advisors(const EpochSummary& summary, const Config& config,
                                  std::vector<std::string>* errors) {
   std::vector<Advice> out;
@@ -41,6 +75,7 @@ std::vector<Advice> run_advisors(const EpochSummary& summary, const Config& conf
       if (errors != nullptr) errors->push_back(std::string(entry.id) + ": unknown exception");
     }
   }
+  cap_idle_gains(out, summary);
   return out;
 }
 

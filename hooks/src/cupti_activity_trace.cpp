@@ -134,7 +134,24 @@ std::optional<CopyRecord> to_memset(const CUpti_ActivityMemset4& r, const TimeBa
 std::optional<SyncRecord> to_sync(const CUpti_ActivitySynchronization2& r, const TimeBase& tb) {
   if (r.type == CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT) return std::nullopt;
   if (!valid_interval(r.start, r.end)) return std::nullopt;
-  return SyncRecord{tb.to_steady(r.start), tb.to_steady(r.end)};
+  SyncRecord s;
+  s.begin = tb.to_steady(r.start);
+  s.end = tb.to_steady(r.end);
+  switch (r.type) {
+    case CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_EVENT_SYNCHRONIZE:
+      s.api = SyncApi::kEventSynchronize;
+      break;
+    case CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_SYNCHRONIZE:
+      s.api = SyncApi::kStreamSynchronize;
+      break;
+    case CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_CONTEXT_SYNCHRONIZE:
+      s.api = SyncApi::kDeviceSynchronize;
+      break;
+    default:
+      s.api = SyncApi::kUnknown;
+      break;
+  }
+  return s;
 }
 
 bool convert_record(const CUpti_Activity& record, const TimeBase& tb, GpuEventBatch& out,

@@ -5,6 +5,22 @@
 
 namespace torchpilot {
 
+const char* to_string(SyncApi api) {
+  switch (api) {
+    case SyncApi::kStreamSynchronize:
+      return "cudaStreamSynchronize";
+    case SyncApi::kEventSynchronize:
+      return "cudaEventSynchronize";
+    case SyncApi::kDeviceSynchronize:
+      return "cudaDeviceSynchronize";
+    case SyncApi::kBlockingCopy:
+      return "blocking copy";
+    case SyncApi::kUnknown:
+      break;
+  }
+  return "unknown";
+}
+
 namespace {
 
 // No GPU collectors: device() has no SMs, status() gives the reason.

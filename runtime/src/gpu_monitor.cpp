@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <map>
+#include <utility>
 
 #include "torchpilot/runtime/guard.h"
+#include "torchpilot/runtime/host_op_scopes.h"
 #include "torchpilot/runtime/metrics.h"
 
 namespace torchpilot {
@@ -15,6 +18,12 @@ namespace {
 constexpr size_t kMaxPendingSteps = 1024;  // PM samples stalled: finish steps without them
 constexpr size_t kTopKernels = 10;
 constexpr size_t kMaxEvents = 1 << 20;  // per kind; a window of huge steps loses its oldest
+constexpr size_t kTopSyncSites = 5;
+constexpr size_t kMaxSyncSites = 256;  // distinct (cause, phase) per epoch; beyond: not listed
+constexpr size_t kMaxPhaseSpans = 256;
+// A sync's drain may run into later steps: syncs and op scopes are kept this long after the
+// oldest unfinished step began.
+constexpr Nanos kSyncKeepNs = 2'000'000'000;
 
 Nanos overlap(Interval a, Interval b) {
   return std::max<Nanos>(0, std::min(a.end, b.end) - std::max(a.begin, b.begin));
@@ -60,6 +69,7 @@ struct GpuMonitor::EpochAcc {
   int64_t traced_steps = 0;
   std::map<std::string, Kernel> kernels;
   KernelClassStats classes;
+  std::map<std::pair<std::string, std::string>, SyncSite> sync_sites;  // by (cause, phase)
 
   void add(const GpuStats& g) {
     const double w = static_cast<double>(g.wall_ns);
@@ -85,6 +95,7 @@ struct GpuMonitor::EpochAcc {
     traced.h2d_pageable_ns += g.h2d_pageable_ns;
     traced.idle_data_wait_ns += g.idle_data_wait_ns;
     traced.idle_host_sync_ns += g.idle_host_sync_ns;
+    traced.idle_pageable_copy_ns += g.idle_pageable_copy_ns;
     traced.idle_launch_gap_ns += g.idle_launch_gap_ns;
     traced.idle_other_ns += g.idle_other_ns;
   }
@@ -100,6 +111,30 @@ struct GpuMonitor::EpochAcc {
       s.blocks_ns += per_sm * static_cast<double>(ns);
       s.eff_ns += std::min(1.0, per_sm) * static_cast<double>(ns);
     }
+  }
+
+  void add_sync_sites(const std::vector<SyncSite>& sites) {
+    for (const SyncSite& s : sites) {
+      const auto key = std::make_pair(s.cause, s.phase);
+      auto it = sync_sites.find(key);
+      if (it == sync_sites.end()) {
+        if (sync_sites.size() >= kMaxSyncSites) continue;
+        it = sync_sites.emplace(key, SyncSite{s.cause, s.api, s.phase, 0, 0, 0}).first;
+      }
+      it->second.count += s.count;
+      it->second.host_wait_ns += s.host_wait_ns;
+      it->second.idle_ns += s.idle_ns;
+    }
+  }
+
+  std::vector<SyncSite> top_sync_sites() const {
+    std::vector<SyncSite> out;
+    for (const auto& [key, site] : sync_sites) out.push_back(site);
+    std::sort(out.begin(), out.end(), [](const SyncSite& a, const SyncSite& b) {
+      return a.idle_ns != b.idle_ns ? a.idle_ns > b.idle_ns : a.host_wait_ns > b.host_wait_ns;
+    });
+    if (out.size() > kTopSyncSites) out.resize(kTopSyncSites);
+    return out;
   }
 
   GpuStats stats() const {
@@ -149,6 +184,9 @@ GpuMonitor::GpuMonitor(const GpuConfig& config, std::shared_ptr<GpuBackend> back
 GpuMonitor::~GpuMonitor() {
   // A destructor must not throw (that would terminate the program): the backend is vendor code.
   (void)failure_of([&] {
+    if (planner_.tracing()) HostOpScopes::instance().enable(false);
+  });
+  (void)failure_of([&] {
     if (planner_.tracing()) backend_->stop_trace();
     if (planner_.trace_attached()) backend_->release_trace();
   });
@@ -159,6 +197,8 @@ void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
   if (planner_.begin_step(now) > 0) {
     const bool ok = backend_->start_trace();
     planner_.trace_started(ok, !ok && backend_->trace_busy());
+    // The op-scope hook names the window's host syncs (it costs every op a callback: windows only).
+    if (ok) HostOpScopes::instance().enable(true);
   }
   if (!config_.nvtx) return;
   char name[32];
@@ -167,13 +207,24 @@ void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
   ++open_ranges_;
 }
 
-void GpuMonitor::on_phase_begin(int, const std::string& phase_name) {
+void GpuMonitor::on_phase_begin(int phase_id, const std::string& phase_name) {
+  if (host_ != nullptr) {
+    phases_.push_back(
+        {phase_id, phase_name, {host_->clock().now_ns(), std::numeric_limits<Nanos>::max()}});
+    if (phases_.size() > kMaxPhaseSpans) phases_.pop_front();
+  }
   if (!config_.nvtx) return;
   backend_->range_push(phase_name.c_str());
   ++open_ranges_;
 }
 
-void GpuMonitor::on_phase_end(int) {
+void GpuMonitor::on_phase_end(int phase_id) {
+  for (auto it = phases_.rbegin(); it != phases_.rend(); ++it) {
+    if (it->id == phase_id && it->span.end == std::numeric_limits<Nanos>::max()) {
+      it->span.end = host_ != nullptr ? host_->clock().now_ns() : it->span.begin;
+      break;
+    }
+  }
   if (!config_.nvtx || open_ranges_ == 0) return;
   backend_->range_pop();
   --open_ranges_;
@@ -197,7 +248,10 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   p.traced = a.traced;
   p.trace_from = a.trace_from;
   pending_.push_back(p);
-  if (a.stop_trace) backend_->stop_trace();
+  if (a.stop_trace) {
+    backend_->stop_trace();
+    HostOpScopes::instance().enable(false);
+  }
 
   // Samples that stopped coming (the decode thread failed) must not hold steps back.
   if (++steps_since_status_ >= 16) {
@@ -232,8 +286,24 @@ void GpuMonitor::drain() {
   append(events_.nvml, incoming_.nvml);
   append(events_.kernels, incoming_.kernels);
   append(events_.copies, incoming_.copies);
+  HostOpScopes& scopes = HostOpScopes::instance();
+  scopes.drain(incoming_.scopes);
+  name_phases();
   append(events_.syncs, incoming_.syncs);
-  events_.dropped += incoming_.dropped;
+  append(events_.scopes, incoming_.scopes);
+  events_.dropped += incoming_.dropped + scopes.take_dropped();
+}
+
+void GpuMonitor::name_phases() {
+  // The innermost phase open when it began (phases close in order: the latest that holds it).
+  auto phase_at = [this](Nanos t) -> std::string {
+    for (auto it = phases_.rbegin(); it != phases_.rend(); ++it) {
+      if (t >= it->span.begin && t <= it->span.end) return it->name;
+    }
+    return {};
+  };
+  for (SyncRecord& s : incoming_.syncs) s.phase = phase_at(s.begin);
+  for (HostOpScope& s : incoming_.scopes) s.phase = phase_at(s.begin);
 }
 
 void GpuMonitor::finish(const PendingStep& step) {
@@ -247,9 +317,11 @@ void GpuMonitor::finish(const PendingStep& step) {
   spans.data_wait = step.data_wait;
   spans.traced = step.traced;
   spans.trace_from = step.trace_from;
-  rec.stats = gpu_step_stats(events_, spans, device_.sm_count, nvml_ns);
+  std::vector<SyncSite> sites;
+  rec.stats = gpu_step_stats(events_, spans, device_.sm_count, nvml_ns, &sites);
   last_finished_end_ = std::max(last_finished_end_, step.span.end);
   epoch_->add(rec.stats);
+  if (rec.stats.traced_ns > 0) epoch_->add_sync_sites(sites);
   if (step.traced) epoch_->add_kernels(events_.kernels, step.span, device_.sm_count);
   add_kernel_classes(epoch_->classes, events_, spans, device_.sm_count);
   if (host_ != nullptr) host_->publish(make_late_step(rec.step, rec.epoch, std::move(rec)));
@@ -284,6 +356,7 @@ void GpuMonitor::prune_events() {
   cap(events_.kernels);
   cap(events_.copies);
   cap(events_.syncs);
+  cap(events_.scopes);
   // Events ending before the oldest unfinished step are not needed any more.
   const Nanos keep_from =
       pending_.empty() ? std::max<Nanos>(0, last_finished_end_) : pending_.front().span.begin;
@@ -301,12 +374,17 @@ void GpuMonitor::prune_events() {
   });
   prune(events_.kernels, [](const KernelRecord& k) { return k.end; });
   prune(events_.copies, [](const CopyRecord& c) { return c.end; });
-  prune(events_.syncs, [](const SyncRecord& s) { return s.end; });
+  // Syncs and op scopes stay longer: the drain after a sync can idle the GPU steps later.
+  prune(events_.syncs, [](const SyncRecord& s) { return s.end + kSyncKeepNs; });
+  prune(events_.scopes, [](const HostOpScope& s) { return s.end + kSyncKeepNs; });
 }
 
 void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   const GpuWindowPlanner::EpochEndActions a = planner_.end_epoch();
-  if (a.stop_trace) backend_->stop_trace();  // a window does not run across epochs
+  if (a.stop_trace) {
+    backend_->stop_trace();  // a window does not run across epochs
+    HostOpScopes::instance().enable(false);
+  }
   backend_->flush();
   if (a.release) backend_->release_trace();
   // The epoch's traced steps need the window's last records: wait for a release still running
@@ -322,6 +400,7 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.stats = epoch_->stats();
   e.traced_steps = epoch_->traced_steps;
   e.top_kernels = epoch_->top_kernels();
+  e.top_sync_sites = epoch_->top_sync_sites();
   e.collectors = backend_->status();
   e.dropped_records = events_.dropped;
   e.kernel_classes = epoch_->classes;

@@ -35,6 +35,7 @@ json gpu_stats_json(const GpuStats& g) {
           {"idle_ms",
            {{"data_wait", ms(g.idle_data_wait_ns)},
             {"host_sync", ms(g.idle_host_sync_ns)},
+            {"pageable_copy", ms(g.idle_pageable_copy_ns)},
             {"launch_gap", ms(g.idle_launch_gap_ns)},
             {"other", ms(g.idle_other_ns)}}}};
 }
@@ -72,6 +73,15 @@ std::string section_json(const GpuEpochStats& e) {
                        {"mean_blocks_per_sm", k.mean_blocks_per_sm},
                        {"estimated_sm_efficiency", k.estimated_sm_efficiency}});
   }
+  json sync_sites = json::array();
+  for (const auto& x : e.top_sync_sites) {
+    sync_sites.push_back({{"cause", x.cause},
+                          {"api", x.api},
+                          {"phase", x.phase},
+                          {"count", x.count},
+                          {"host_wait_ms", ms(x.host_wait_ns)},
+                          {"idle_ms", ms(x.idle_ns)}});
+  }
   json collectors = json::array();
   for (const auto& c : e.collectors) {
     collectors.push_back({{"name", c.name}, {"active", c.active}, {"reason", c.reason}});
@@ -82,6 +92,7 @@ std::string section_json(const GpuEpochStats& e) {
   j["traced_steps"] = e.traced_steps;
   j["dropped_records"] = e.dropped_records;
   j["top_kernels"] = kernels;
+  j["top_sync_sites"] = sync_sites;
   j["collectors"] = collectors;
   j["kernel_classes"] = kernel_classes_json(e.kernel_classes);
   return dump(j);
@@ -125,8 +136,9 @@ void section_text(const GpuEpochStats& gpu, const EpochSummary& s,
         fmt_num(g.host_syncs / steps) + "/step); H2D " + fmt_num(g.h2d_bytes / steps / 1e6) +
         " MB/step (" + fmt_pct(fraction(g.h2d_pageable_bytes, std::max<int64_t>(1, g.h2d_bytes))) +
         " pageable); GPU idle: data wait " + fmt_pct(g.idle_data_wait_ns / t) + ", host sync " +
-        fmt_pct(g.idle_host_sync_ns / t) + ", launch gaps " + fmt_pct(g.idle_launch_gap_ns / t) +
-        ", other " + fmt_pct(g.idle_other_ns / t) +
+        fmt_pct(g.idle_host_sync_ns / t) + ", pageable copies " +
+        fmt_pct(g.idle_pageable_copy_ns / t) + ", launch gaps " +
+        fmt_pct(g.idle_launch_gap_ns / t) + ", other " + fmt_pct(g.idle_other_ns / t) +
         (gpu.dropped_records > 0
              ? "; " + std::to_string(gpu.dropped_records) + " records dropped (understated)"
              : ""));
@@ -145,6 +157,18 @@ void section_text(const GpuEpochStats& gpu, const EpochSummary& s,
     line += "idle " + fmt_pct(k.idle_ns / t) + "; copies " +
             fmt_num(k.per_step_ms(static_cast<double>(k.memcpy_ns + k.memset_ns))) +
             " ms per step on the copy engines";
+    lines.push_back(line);
+  }
+  if (!gpu.top_sync_sites.empty()) {
+    // Where the host synchronized, by the GPU idle it caused (the drain after each included).
+    std::string line = "  host syncs by cause:";
+    for (size_t i = 0; i < gpu.top_sync_sites.size(); ++i) {
+      const SyncSite& x = gpu.top_sync_sites[i];
+      line += std::string(i == 0 ? " " : "; ") + x.cause +
+              (x.phase.empty() ? "" : " in " + x.phase) + " " + std::to_string(x.count) +
+              "x, wait " + fmt_num(x.host_wait_ns / 1e6) + " ms, GPU idle " +
+              fmt_num(x.idle_ns / 1e6) + " ms";
+    }
     lines.push_back(line);
   }
 }

@@ -1,6 +1,9 @@
 #include "torchpilot/runtime/gpu_step_stats.h"
 
 #include <algorithm>
+#include <limits>
+#include <utility>
+#include <vector>
 
 #include "torchpilot/runtime/gpu_metrics.h"
 
@@ -42,10 +45,136 @@ double prorated(const std::vector<PmSample>& pm, Interval span, Field field) {
   return any ? sum : kNotMeasured;
 }
 
+// A host sync's wait ended in the span: it counts in this step (span ends are exclusive of the
+// previous step's, so no sync counts twice).
+bool ends_in(const SyncRecord& s, Interval span) { return s.end > span.begin && s.end <= span.end; }
+
+// The span's syncs by call site; idle is filled by the caller.
+void add_site(std::vector<SyncSite>& sites, const SyncRecord& s, bool counted, Nanos idle) {
+  auto it = std::find_if(sites.begin(), sites.end(), [&](const SyncSite& x) {
+    return x.cause == s.cause && x.phase == s.phase;
+  });
+  if (it == sites.end()) {
+    sites.push_back({s.cause, to_string(s.api), s.phase, 0, 0, 0});
+    it = sites.end() - 1;
+  }
+  if (counted) {
+    ++it->count;
+    it->host_wait_ns += s.end - s.begin;
+  }
+  it->idle_ns += idle;
+}
+
+// Where the GPU next starts a kernel at or after `t`: `t` itself when a kernel runs at `t` (no
+// drain), else the next kernel's start (the host had to refill the queue), else `never`.
+class NextKernel {
+ public:
+  NextKernel(const std::vector<KernelRecord>& kernels, Nanos never) : never_(never) {
+    for (const KernelRecord& k : kernels) {
+      if (k.end > k.begin) busy_.push_back({k.begin, k.end});
+    }
+    std::sort(busy_.begin(), busy_.end(),
+              [](const Interval& a, const Interval& b) { return a.begin < b.begin; });
+    // Merge into disjoint busy intervals.
+    std::vector<Interval> merged;
+    for (const Interval& i : busy_) {
+      if (!merged.empty() && i.begin <= merged.back().end) {
+        merged.back().end = std::max(merged.back().end, i.end);
+      } else {
+        merged.push_back(i);
+      }
+    }
+    busy_.swap(merged);
+  }
+  Nanos at_or_after(Nanos t) const {
+    // The first busy interval ending after t: t is inside it, or it is the next one.
+    const auto it = std::upper_bound(busy_.begin(), busy_.end(), t,
+                                     [](Nanos v, const Interval& i) { return v < i.end; });
+    if (it == busy_.end()) return never_;
+    return std::max(t, it->begin);
+  }
+  // The end of the last busy interval ending at or before `t` (min() when none): a sync that
+  // returned before it cannot idle the GPU after `t` (a kernel ran after it returned).
+  Nanos last_end_before(Nanos t) const {
+    auto it = std::upper_bound(busy_.begin(), busy_.end(), t,
+                               [](Nanos v, const Interval& i) { return v < i.end; });
+    if (it == busy_.begin()) return std::numeric_limits<Nanos>::min();
+    --it;
+    return it->end;
+  }
+
+ private:
+  std::vector<Interval> busy_;
+  Nanos never_;
+};
+
+bool pageable_h2d(const CopyRecord& c) {
+  return !c.memset && c.kind == CopyKind::kHostToDevice && c.pageable;
+}
+
+// The op scope (if any) whose extent holds the midpoint of [begin, end]. CUPTI's times come
+// through a measured clock offset: a midpoint is robust to its few microseconds of error.
+const HostOpScope* scope_of(const std::vector<HostOpScope>& scopes, Nanos begin, Nanos end) {
+  const Nanos mid = begin + (end - begin) / 2;
+  for (const HostOpScope& s : scopes) {
+    if (mid >= s.begin && mid <= s.end) return &s;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
+std::vector<SyncRecord> resolve_host_syncs(const GpuEventBatch& events, bool traced,
+                                           Interval near) {
+  auto is_near = [near](Nanos begin, Nanos end) { return end >= near.begin && begin <= near.end; };
+  std::vector<HostOpScope> scopes;
+  for (const HostOpScope& s : events.scopes) {
+    if (is_near(s.begin, s.end)) scopes.push_back(s);
+  }
+  std::vector<SyncRecord> out;
+  if (!traced) {
+    for (const HostOpScope& s : scopes) {
+      if (s.always && s.end >= s.begin)
+        out.push_back({s.begin, s.end, SyncApi::kUnknown, s.op, s.phase});
+    }
+    return out;
+  }
+  // What CUPTI saw the host block in: synchronize calls, and copies to pageable memory (the
+  // host waits for those inside the copy call, with no sync record).
+  std::vector<SyncRecord> candidates;
+  for (const SyncRecord& c : events.syncs) {
+    if (is_near(c.begin, c.end)) candidates.push_back(c);
+  }
+  for (const CopyRecord& c : events.copies) {
+    if (!c.memset && c.kind == CopyKind::kDeviceToHost && c.pageable && c.end >= c.begin &&
+        is_near(c.begin, c.end)) {
+      candidates.push_back({c.begin, c.end, SyncApi::kBlockingCopy, "", ""});
+    }
+  }
+  std::sort(candidates.begin(), candidates.end(),
+            [](const SyncRecord& a, const SyncRecord& b) { return a.begin < b.begin; });
+  // One sync per op scope that holds any of them, named by the op; the API of its first.
+  std::vector<std::pair<const HostOpScope*, SyncApi>> hit;
+  for (const SyncRecord& c : candidates) {
+    const HostOpScope* scope = scope_of(scopes, c.begin, c.end);
+    if (scope == nullptr) {
+      out.push_back({c.begin, c.end, c.api, to_string(c.api), c.phase});
+      continue;
+    }
+    const bool seen =
+        std::any_of(hit.begin(), hit.end(), [&](const auto& h) { return h.first == scope; });
+    if (!seen) hit.emplace_back(scope, c.api);
+  }
+  for (const auto& [scope, api] : hit) {
+    out.push_back({scope->begin, scope->end, api, scope->op, scope->phase});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const SyncRecord& a, const SyncRecord& b) { return a.begin < b.begin; });
+  return out;
+}
+
 GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int sm_count,
-                        Nanos nvml_interval_ns) {
+                        Nanos nvml_interval_ns, std::vector<SyncSite>* sites) {
   // GPU figures belong to the step whose GPU span contains them (host span when unknown).
   Interval span = spans.gpu_timed ? spans.gpu : spans.host;
   const Interval data_wait = spans.data_wait;
@@ -85,8 +214,21 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
     g.nvml_utilization = latest->utilization;
   }
 
-  if (!traced) return g;
+  if (!traced) {
+    // Without a trace, the scopes of ops that always synchronize (none unless their hook runs).
+    std::vector<Interval> waits;
+    for (const SyncRecord& sync : resolve_host_syncs(events, false, span)) {
+      if (!ends_in(sync, span)) continue;
+      ++g.host_syncs;
+      waits.push_back({sync.begin, sync.end});
+      if (sites != nullptr) add_site(*sites, sync, true, 0);
+    }
+    g.host_sync_ns = union_length(
+        waits, {std::numeric_limits<Nanos>::min() / 2, std::numeric_limits<Nanos>::max() / 2});
+    return g;
+  }
   // The trace covers the step from `trace_from` on (a window's first step: from its scope's start).
+  const Interval whole = span;
   span.begin = std::max(span.begin, trace_from);
   if (span.end <= span.begin) return g;
   g.traced_ns = span.end - span.begin;
@@ -106,13 +248,6 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
   g.gpu_utilization = m.gpu_utilization;
   g.estimated_sm_efficiency = m.estimated_sm_efficiency;
 
-  std::vector<Interval> syncs;
-  for (const SyncRecord& s : events.syncs) {
-    if (overlap({s.begin, s.end}, span) <= 0) continue;
-    syncs.push_back({s.begin, s.end});
-    if (s.begin >= span.begin) ++g.host_syncs;
-  }
-  g.host_sync_ns = union_length(syncs, span);
   for (const CopyRecord& c : events.copies) {
     if (c.memset || c.kind != CopyKind::kHostToDevice) continue;
     if (c.begin < span.begin || c.begin >= span.end) continue;
@@ -123,39 +258,80 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
     }
   }
 
-  // Idle = the span minus the kernel union; each idle gap is split by cause, data wait first.
+  // Idle = the span minus the kernel union, as gaps.
   std::sort(busy.begin(), busy.end(),
             [](const Interval& a, const Interval& b) { return a.begin < b.begin; });
-  std::vector<Interval> gaps;
+  std::vector<Interval> gaps, inner_gaps;
   Nanos cursor = span.begin;
   for (const Interval& b : busy) {
-    if (b.begin > cursor) gaps.push_back({cursor, b.begin});
+    if (b.begin > cursor) {
+      gaps.push_back({cursor, b.begin});
+      if (cursor >= first_kernel) inner_gaps.push_back(gaps.back());  // between two kernels
+    }
     cursor = std::max(cursor, b.end);
   }
   if (span.end > cursor) gaps.push_back({cursor, span.end});
-  // A gap that starts while the host is blocked in a synchronizing call is the sync's doing: the
-  // GPU drained while the host waited, and stays idle until the host launches again.
-  const std::vector<Interval> wait{data_wait};
-  auto starts_in_sync = [&](Nanos t) {
-    for (const Interval& s : syncs) {
-      if (t >= s.begin && t <= s.end) return true;
-    }
-    return false;
-  };
-  for (const Interval& gap : gaps) {
-    const std::vector<Interval> one{gap};
-    const Nanos len = gap.end - gap.begin;
-    const Nanos dw = intersection_length(one, wait, span);
-    const Nanos sync = starts_in_sync(gap.begin) ? len - dw : 0;
-    const Nanos rest = std::max<Nanos>(0, len - dw - sync);
-    g.idle_data_wait_ns += dw;
-    g.idle_host_sync_ns += sync;
-    if (!kernels.empty() && gap.begin >= first_kernel && gap.end <= last_kernel) {
-      g.idle_launch_gap_ns += rest;
-    } else {
-      g.idle_other_ns += rest;
-    }
+
+  // What the host was doing, as host-time intervals on the same clock as the GPU's gaps: a gap
+  // is time the host failed to keep the queue full. A sync's or a blocking copy's interval runs
+  // on after it returns until the GPU starts a kernel again (the queue it drained is empty until
+  // the host refills it) unless a kernel is running when it returns.
+  const NextKernel next(events.kernels, std::numeric_limits<Nanos>::max() / 2);
+  // Only syncs that end in the step or whose drain can reach into it (none before the last
+  // kernel that ended before the span: the GPU ran again after them).
+  const Interval near{std::min(whole.begin, next.last_end_before(span.begin)), whole.end};
+  const std::vector<SyncRecord> syncs = resolve_host_syncs(events, true, near);
+  std::vector<Interval> sync_cover;
+  for (const SyncRecord& sync : syncs) {
+    sync_cover.push_back({sync.begin, std::max(sync.end, next.at_or_after(sync.end))});
   }
+  std::vector<Interval> copy_cover;
+  std::vector<HostOpScope> near_scopes;
+  for (const HostOpScope& s : events.scopes) {
+    if (s.end >= near.begin && s.begin <= near.end) near_scopes.push_back(s);
+  }
+  for (const CopyRecord& c : events.copies) {
+    if (!pageable_h2d(c) || c.end < near.begin || c.begin > near.end) continue;
+    // The host entered the copy call with the op that made it (it waited there for the queue).
+    const HostOpScope* scope = scope_of(near_scopes, c.begin, c.end);
+    const Nanos begin = scope != nullptr ? std::min(scope->begin, c.begin) : c.begin;
+    copy_cover.push_back({begin, std::max(c.end, next.at_or_after(c.end))});
+  }
+
+  // One cause per idle second, first match wins: data wait, host sync, pageable copy; the rest
+  // is a launch gap between two kernels of the step, or other.
+  std::vector<Interval> claimed{data_wait};
+  const Nanos idle = g.traced_ns - union_length(busy, span);
+  const auto covered = [&](const std::vector<Interval>& in) {
+    return intersection_length(in, claimed, span);
+  };
+  g.idle_data_wait_ns = covered(gaps);
+  // Each sync, in order of its start, takes what earlier causes left: its site's idle.
+  Nanos taken = g.idle_data_wait_ns;
+  for (size_t i = 0; i < syncs.size(); ++i) {
+    claimed.push_back(sync_cover[i]);
+    const Nanos now = covered(gaps);
+    const Nanos caused = now - taken;
+    taken = now;
+    g.idle_host_sync_ns += caused;
+    const SyncRecord& sync = syncs[i];
+    const bool counted = ends_in(sync, whole);
+    if (counted) ++g.host_syncs;
+    if (sites != nullptr && (counted || caused > 0)) add_site(*sites, sync, counted, caused);
+  }
+  {
+    std::vector<Interval> waits;
+    for (const SyncRecord& sync : syncs) {
+      if (ends_in(sync, whole)) waits.push_back({sync.begin, sync.end});
+    }
+    g.host_sync_ns = union_length(
+        waits, {std::numeric_limits<Nanos>::min() / 2, std::numeric_limits<Nanos>::max() / 2});
+  }
+  claimed.insert(claimed.end(), copy_cover.begin(), copy_cover.end());
+  g.idle_pageable_copy_ns = covered(gaps) - taken;
+  const Nanos rest = idle - g.idle_data_wait_ns - g.idle_host_sync_ns - g.idle_pageable_copy_ns;
+  g.idle_launch_gap_ns = union_length(inner_gaps, span) - covered(inner_gaps);
+  g.idle_other_ns = rest - g.idle_launch_gap_ns;
   return g;
 }
 

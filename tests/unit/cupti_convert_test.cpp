@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "cupti_activity_trace.h"
@@ -171,14 +172,20 @@ CUpti_ActivitySynchronization2 sync_record(CUpti_ActivitySynchronizationType typ
 }
 
 TEST(CuptiConvert, HostSynchronization) {
-  for (auto type : {CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_EVENT_SYNCHRONIZE,
-                    CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_SYNCHRONIZE,
-                    CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_CONTEXT_SYNCHRONIZE}) {
+  const std::pair<CUpti_ActivitySynchronizationType, SyncApi> types[] = {
+      {CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_EVENT_SYNCHRONIZE, SyncApi::kEventSynchronize},
+      {CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_SYNCHRONIZE, SyncApi::kStreamSynchronize},
+      {CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_CONTEXT_SYNCHRONIZE, SyncApi::kDeviceSynchronize},
+      {CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_UNKNOWN, SyncApi::kUnknown}};
+  for (const auto& [type, api] : types) {
     const auto r = to_sync(sync_record(type), kTb);
     ASSERT_TRUE(r.has_value());
     EXPECT_EQ(r->begin, 3000);
     EXPECT_EQ(r->end, 8000);
+    EXPECT_EQ(r->api, api) << to_string(api);
+    EXPECT_TRUE(r->cause.empty());  // resolved per step, against the op scopes
   }
+  EXPECT_STREQ(to_string(SyncApi::kDeviceSynchronize), "cudaDeviceSynchronize");
   // cudaStreamWaitEvent blocks a stream, not the host.
   EXPECT_FALSE(
       to_sync(sync_record(CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT), kTb).has_value());

@@ -152,11 +152,13 @@ TEST(GpuStepStatsTest, TracedStepSplitsIdleTimeByCause) {
   EXPECT_EQ(g.host_sync_ns, 1);
   EXPECT_EQ(g.h2d_bytes, 4096);
   EXPECT_EQ(g.h2d_pageable_bytes, 4096);
-  EXPECT_EQ(g.idle_data_wait_ns, 1);   // [0, 1]
-  EXPECT_EQ(g.idle_host_sync_ns, 2);   // [8, 10]: the GPU went idle while the host synchronized
-  EXPECT_EQ(g.idle_launch_gap_ns, 2);  // [4, 6], between kernels
-  EXPECT_EQ(g.idle_other_ns, 1);       // [1, 2] before the first kernel
-  EXPECT_EQ(g.idle_data_wait_ns + g.idle_host_sync_ns + g.idle_launch_gap_ns + g.idle_other_ns,
+  EXPECT_EQ(g.idle_data_wait_ns, 1);      // [0, 1]
+  EXPECT_EQ(g.idle_host_sync_ns, 2);      // [8, 10]: the GPU went idle while the host synchronized
+  EXPECT_EQ(g.idle_pageable_copy_ns, 1);  // [1, 2]: the copy, before the first kernel
+  EXPECT_EQ(g.idle_launch_gap_ns, 2);     // [4, 6], between kernels
+  EXPECT_EQ(g.idle_other_ns, 0);
+  EXPECT_EQ(g.idle_data_wait_ns + g.idle_host_sync_ns + g.idle_pageable_copy_ns +
+                g.idle_launch_gap_ns + g.idle_other_ns,
             g.traced_ns - 4);
 }
 
@@ -527,10 +529,11 @@ TEST(GpuAdvisorsTest, PageableCopiesAreFound) {
   s.sections.get<GpuEpochStats>()->stats.h2d_bytes = 100000000;
   s.sections.get<GpuEpochStats>()->stats.h2d_pageable_bytes = 100000000;
   s.sections.get<GpuEpochStats>()->stats.h2d_pageable_ns = 100 * kMs;
+  s.sections.get<GpuEpochStats>()->stats.idle_pageable_copy_ns = 100 * kMs;
   const auto a = advise_pageable_copies(s, AdvisorsConfig{});
   ASSERT_TRUE(a);
   EXPECT_NE(a->action.find("pin"), std::string::npos);
-  s.sections.get<GpuEpochStats>()->stats.h2d_pageable_ns =
+  s.sections.get<GpuEpochStats>()->stats.idle_pageable_copy_ns =
       1 * kMs;  // 0.1% of the time: below the threshold
   EXPECT_FALSE(advise_pageable_copies(s, AdvisorsConfig{}));
 }

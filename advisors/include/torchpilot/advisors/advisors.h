@@ -34,6 +34,16 @@ const std::vector<AdvisorEntry>& advisor_registry();
 std::vector<Advice> run_advisors(const EpochSummary& summary, const Config& config,
                                  std::vector<std::string>* errors = nullptr);
 
+// The advice that removes GPU idle time, one cause each: data_starvation, host_sync,
+// pageable_copies, launch_bound.
+bool is_idle_cause(const std::string& advice_id);
+// One idle second is removed once: the idle-cause advice's gains, each converted to the share of
+// the step it removes (r = gain / (1 + gain)), must not sum above the traced idle share of step
+// time (the GpuEpochStats section's five idle causes / traced time). Above it, each removed share
+// is scaled down in proportion and its gain recomputed (marked estimated, the uncapped gain kept
+// as evidence). Without a traced window nothing changes. run_advisors applies it.
+void cap_idle_gains(std::vector<Advice>& advice, const EpochSummary& summary);
+
 // Data starvation: the training thread waited for batches more than
 // advisors.data_starvation.threshold of step time (high severity from .high_severity).
 // Names the likely cause from the loader's counters and estimates the gain of removing the wait.
@@ -46,11 +56,12 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& summary,
 // than SMs.
 std::optional<Advice> advise_busy_inefficient(const EpochSummary& summary,
                                               const AdvisorsConfig& config);
-// Host-sync stall: the host blocked in synchronizing calls more than advisors.host_sync.threshold
-// of step time (detailed windows).
+// Host-sync stall: the GPU idle that host syncs cause (the host's wait plus the drain after it)
+// is above advisors.host_sync.threshold of step time (detailed windows); names the top call sites
+// (op and phase).
 std::optional<Advice> advise_host_sync(const EpochSummary& summary, const AdvisorsConfig& config);
-// Host-to-device copies from pageable memory above advisors.pageable_copies.threshold of step
-// time (detailed windows).
+// Host-to-device copies from pageable memory cause GPU idle above
+// advisors.pageable_copies.threshold of step time (detailed windows).
 std::optional<Advice> advise_pageable_copies(const EpochSummary& summary,
                                              const AdvisorsConfig& config);
 // Launch-bound (advisors/src/launch_bound.cpp): the GPU idles between the step's kernels more than

@@ -80,10 +80,10 @@ struct BusyInefficientConfig {
   double sm_efficiency = 0.5;  // ... and SM efficiency below this
 };
 struct HostSyncConfig {
-  double threshold = 0.05;  // host-sync stall: share of step time
+  double threshold = 0.05;  // host-sync stall: GPU idle caused by host syncs, share of step time
 };
 struct PageableCopiesConfig {
-  double threshold = 0.02;  // pageable copies: share of step time
+  double threshold = 0.02;  // pageable copies: GPU idle they cause, share of step time
 };
 struct LaunchBoundConfig {
   double threshold = 0.2;  // launch-bound: share of step time in launch gaps

@@ -50,9 +50,34 @@ struct CopyRecord {
   bool memset = false;
 };
 
-// The host blocked in a synchronizing call (device/stream/event synchronize; activity trace).
+// The call a host sync blocked in.
+enum class SyncApi {
+  kUnknown,            // an op scope known to synchronize, outside a trace window
+  kStreamSynchronize,  // cudaStreamSynchronize (also inside .item(), blocking copies)
+  kEventSynchronize,   // cudaEventSynchronize
+  kDeviceSynchronize,  // cudaDeviceSynchronize (CUPTI: context synchronize)
+  kBlockingCopy,       // a device-to-host copy into pageable memory (the host waits for it)
+};
+const char* to_string(SyncApi api);
+
+// The host blocked in a synchronizing call (activity trace), or, resolved per step
+// (gpu_step_stats), in an op that synchronizes. A stream waiting for an event
+// (cudaStreamWaitEvent) makes the GPU wait, not the host: never a SyncRecord.
 struct SyncRecord {
+  Nanos begin = 0, end = 0;  // the host's wait, steady clock
+  SyncApi api = SyncApi::kUnknown;
+  std::string cause;  // the op that synchronized (e.g. "aten::item"), else the API's name
+  std::string phase;  // the Pilot's phase it began in; empty outside phases
+};
+
+// The host-side extent of an op that may synchronize (RecordFunction hook, hooks/; drained from
+// HostOpScopes by the monitor). A CUPTI sync record inside it takes the op as its cause.
+struct HostOpScope {
   Nanos begin = 0, end = 0;
+  std::string op;      // e.g. "aten::item", "aten::to"
+  bool always = true;  // synchronizes whenever its tensor is on the GPU (item, nonzero); false:
+                       // only sometimes (copies: when CUPTI shows it blocked)
+  std::string phase;   // set by the monitor
 };
 
 // One PM-sampling interval (always on). Fractions in [0, 1]; NaN where the counter is missing.
@@ -79,6 +104,7 @@ struct GpuEventBatch {
   std::vector<KernelRecord> kernels;
   std::vector<CopyRecord> copies;
   std::vector<SyncRecord> syncs;
+  std::vector<HostOpScope> scopes;  // from HostOpScopes, not from the backend
   std::vector<PmSample> pm;
   std::vector<UtilSample> nvml;
   int64_t dropped = 0;  // records lost to full buffers since the last drain
@@ -86,6 +112,7 @@ struct GpuEventBatch {
     kernels.clear();
     copies.clear();
     syncs.clear();
+    scopes.clear();
     pm.clear();
     nvml.clear();
     dropped = 0;

@@ -63,6 +63,7 @@ class GpuMonitor : public Collector {
     Nanos trace_from = 0;  // traced from here (a window's first step starts at its scope)
   };
   void drain();
+  void name_phases();
   void refresh_pm_status();
   void finish_ready_steps(bool all);
   void finish(const PendingStep& step);
@@ -87,6 +88,13 @@ class GpuMonitor : public Collector {
   Nanos pruned_before_ = 0;
   Nanos last_finished_end_ = 0;
   int open_ranges_ = 0;  // NVTX ranges pushed for the open step and its phases
+  // Recent phases on the host clock, to name the phase a host sync began in (bounded).
+  struct PhaseSpan {
+    int id = 0;
+    std::string name;
+    Interval span;  // end: max while open
+  };
+  std::deque<PhaseSpan> phases_;
   int steps_since_status_ = 0;
 
   // Epoch accumulation.

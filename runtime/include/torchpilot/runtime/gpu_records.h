@@ -33,16 +33,30 @@ struct GpuStats {
   double gpu_utilization = kNotMeasured;          // kernel-interval union / traced time
   double estimated_sm_efficiency = kNotMeasured;  // from launch shapes (gpu_metrics.h)
   int64_t kernels = 0;
-  Nanos host_sync_ns = 0;  // host blocked in synchronizing calls
+  // Host syncs whose wait ended in the span (docs/metrics.md, "Host syncs by cause").
+  Nanos host_sync_ns = 0;  // host blocked in synchronizing calls (union of their waits)
   int64_t host_syncs = 0;
   int64_t h2d_bytes = 0;           // host-to-device copies
   int64_t h2d_pageable_bytes = 0;  // ... of which from pageable (not pinned) memory
   Nanos h2d_pageable_ns = 0;
-  // Idle time (no kernel running) split by cause; the four add up to traced idle time.
-  Nanos idle_data_wait_ns = 0;   // the training thread was waiting for a batch
-  Nanos idle_host_sync_ns = 0;   // ... was in a synchronizing call
-  Nanos idle_launch_gap_ns = 0;  // between two kernels of the step, neither of the above
-  Nanos idle_other_ns = 0;       // before the first or after the last kernel, neither of the above
+  // Idle time (no kernel running) split by cause, one cause per second, first match wins; the
+  // five add up to traced idle time.
+  Nanos idle_data_wait_ns = 0;      // the training thread was waiting for a batch
+  Nanos idle_host_sync_ns = 0;      // ... was in a synchronizing call, or the queue it drained
+                                    // had not been refilled yet
+  Nanos idle_pageable_copy_ns = 0;  // ... was in a pageable host-to-device copy (same drain)
+  Nanos idle_launch_gap_ns = 0;     // between two kernels of the step, none of the above
+  Nanos idle_other_ns = 0;          // before the first or after the last kernel, none of the above
+};
+
+// The host syncs of one call site: the op (or API) that blocked, in one phase.
+struct SyncSite {
+  std::string cause;  // "aten::item", or the API ("cudaDeviceSynchronize") outside any op
+  std::string api;    // the call it blocked in (to_string(SyncApi)); "unknown" outside windows
+  std::string phase;  // the Pilot's phase it began in; empty outside phases
+  int64_t count = 0;
+  Nanos host_wait_ns = 0;  // the host's time blocked in them
+  Nanos idle_ns = 0;       // GPU idle they caused (their part of idle_host_sync_ns)
 };
 
 // One kernel name's share of the traced time in an epoch's detailed windows.
@@ -75,6 +89,7 @@ struct GpuEpochStats {
   GpuStats stats;
   int64_t traced_steps = 0;                // steps inside detailed windows
   std::vector<KernelSummary> top_kernels;  // by traced time, longest first
+  std::vector<SyncSite> top_sync_sites;    // traced steps; by idle caused, then host wait
   std::vector<CollectorStatus> collectors;
   int64_t dropped_records = 0;  // trace records lost to full buffers, samples never drained
   // Traced time by kernel class (kernel_classes.h).

@@ -23,8 +23,20 @@ struct StepSpans {
 };
 
 // PM samples and NVML readings time-weighted over the step; when traced, kernel, copy and sync
-// records too, and the idle time split by cause.
+// records too, and the idle time split by cause. Host syncs count in the step whose span holds
+// the end of their wait. `sites` (optional) receives the step's syncs by call site (cause and
+// phase), with the idle each caused in this step.
 GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int sm_count,
-                        Nanos nvml_interval_ns);
+                        Nanos nvml_interval_ns, std::vector<SyncSite>* sites = nullptr);
+
+// The host syncs in `events` with their causes (docs/metrics.md, "Host syncs by cause").
+// Traced: CUPTI's sync records and device-to-host copies into pageable memory; those whose
+// midpoint lies in an op scope become one sync with the scope's extent, op and phase (an
+// .item() is one sync, not its copy and its stream synchronize); the others are named by their
+// API. Untraced (no CUPTI records): the scopes of ops that always synchronize
+// (HostOpScope::always). Only records and scopes that overlap `near` are looked at.
+std::vector<SyncRecord> resolve_host_syncs(const GpuEventBatch& events, bool traced,
+                                           Interval near = {std::numeric_limits<Nanos>::min(),
+                                                            std::numeric_limits<Nanos>::max()});
 
 }  // namespace torchpilot

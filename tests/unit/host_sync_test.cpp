@@ -1,0 +1,553 @@
+// Host syncs by cause and the idle partition (one cause per idle second) on synthetic timelines;
+// the op-scope hand-over (HostOpScopes), the monitor naming call sites and phases, the host-sync
+// and pageable-copy advisors, and the cap on idle-cause gains.
+#include <gtest/gtest.h>
+#include <spdlog/sinks/null_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "torchpilot/advisors/advisors.h"
+#include "torchpilot/runtime/gpu_monitor.h"
+#include "torchpilot/runtime/gpu_step_stats.h"
+#include "torchpilot/runtime/host_op_scopes.h"
+#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/runtime/sink.h"
+
+namespace torchpilot {
+namespace {
+
+KernelRecord kernel(Nanos b, Nanos e) {
+  KernelRecord k;
+  k.begin = b;
+  k.end = e;
+  k.blocks = 1000;
+  k.name = "k";
+  return k;
+}
+
+SyncRecord sync(Nanos b, Nanos e, SyncApi api = SyncApi::kStreamSynchronize) {
+  SyncRecord s;
+  s.begin = b;
+  s.end = e;
+  s.api = api;
+  return s;
+}
+
+CopyRecord copy(Nanos b, Nanos e, CopyKind kind, bool pageable) {
+  CopyRecord c;
+  c.begin = b;
+  c.end = e;
+  c.bytes = 1 << 20;
+  c.kind = kind;
+  c.pageable = pageable;
+  return c;
+}
+
+HostOpScope scope(Nanos b, Nanos e, std::string op, bool always = true, std::string phase = "") {
+  HostOpScope s;
+  s.begin = b;
+  s.end = e;
+  s.op = std::move(op);
+  s.always = always;
+  s.phase = std::move(phase);
+  return s;
+}
+
+StepSpans traced(Interval span, Interval wait = {0, 0}) {
+  StepSpans s;
+  s.host = span;
+  s.data_wait = wait;
+  s.traced = true;
+  return s;
+}
+
+Nanos idle_sum(const GpuStats& g) {
+  return g.idle_data_wait_ns + g.idle_host_sync_ns + g.idle_pageable_copy_ns +
+         g.idle_launch_gap_ns + g.idle_other_ns;
+}
+
+// Idle = traced time minus the kernel union, whatever the causes.
+Nanos idle_of(const GpuEventBatch& ev, Interval span) {
+  std::vector<Interval> busy;
+  for (const KernelRecord& k : ev.kernels) busy.push_back({k.begin, k.end});
+  return (span.end - span.begin) - union_length(busy, span);
+}
+
+// --- the idle partition ------------------------------------------------------------------------
+
+TEST(IdlePartitionTest, FiveCausesAddUpToIdle) {
+  // Step [0, 100]: data wait [0, 10]; kernels [10, 20], [30, 40], [60, 70], [80, 90];
+  // a sync [40, 45] (drain until 60); a pageable H2D copy [72, 75] (drain until 80).
+  GpuEventBatch ev;
+  ev.kernels = {kernel(10, 20), kernel(30, 40), kernel(60, 70), kernel(80, 90)};
+  ev.syncs = {sync(40, 45)};
+  ev.copies = {copy(72, 75, CopyKind::kHostToDevice, true)};
+  const GpuStats g = gpu_step_stats(ev, traced({0, 100}, {0, 10}), 100, 1);
+  EXPECT_EQ(g.idle_data_wait_ns, 10);     // [0, 10]
+  EXPECT_EQ(g.idle_host_sync_ns, 20);     // [40, 60]: the wait and the drain after it
+  EXPECT_EQ(g.idle_pageable_copy_ns, 8);  // [72, 80]: the copy and the refill after it
+  EXPECT_EQ(g.idle_launch_gap_ns, 12);    // [20, 30] and [70, 72]
+  EXPECT_EQ(g.idle_other_ns, 10);         // [90, 100] after the last kernel
+  EXPECT_EQ(idle_sum(g), idle_of(ev, {0, 100}));
+  EXPECT_EQ(idle_sum(g), 60);
+}
+
+TEST(IdlePartitionTest, PrecedenceIsDataWaitSyncPageableCopy) {
+  // One gap [0, 100] (kernels at [-10, 0] and [100, 110]); data wait [0, 30]; a sync [20, 50];
+  // a pageable copy [40, 70] (its drain until 100 too): each second once, first match wins.
+  GpuEventBatch ev;
+  ev.kernels = {kernel(-10, 0), kernel(100, 110)};
+  ev.syncs = {sync(20, 50)};
+  ev.copies = {copy(40, 70, CopyKind::kHostToDevice, true)};
+  const GpuStats g = gpu_step_stats(ev, traced({0, 100}, {0, 30}), 100, 1);
+  EXPECT_EQ(g.idle_data_wait_ns, 30);  // [0, 30]
+  EXPECT_EQ(g.idle_host_sync_ns, 70);  // [30, 100]: the sync's drain runs to the next kernel
+  EXPECT_EQ(g.idle_pageable_copy_ns, 0);
+  EXPECT_EQ(g.idle_launch_gap_ns + g.idle_other_ns, 0);
+  EXPECT_EQ(idle_sum(g), 100);
+}
+
+TEST(IdlePartitionTest, SyncEndingInsideAGapClaimsTheDrainUntilTheNextKernel) {
+  // Kernels [0, 10] and [50, 60]; the host waits [5, 20] (the GPU drains at 10), then takes
+  // until 50 to launch again: [10, 50] is the sync's.
+  GpuEventBatch ev;
+  ev.kernels = {kernel(0, 10), kernel(50, 60)};
+  ev.syncs = {sync(5, 20)};
+  const GpuStats g = gpu_step_stats(ev, traced({0, 60}), 100, 1);
+  EXPECT_EQ(g.idle_host_sync_ns, 40);
+  EXPECT_EQ(g.idle_launch_gap_ns, 0);
+  EXPECT_EQ(g.host_syncs, 1);
+  EXPECT_EQ(g.host_sync_ns, 15);  // the host's own wait
+}
+
+TEST(IdlePartitionTest, SyncReturningWhileAKernelRunsCausesNoDrain) {
+  // An event synchronize returns at 20 while the kernel [15, 40] runs: the queue never drained,
+  // so the gap [40, 50] is a launch gap, not the sync's.
+  GpuEventBatch ev;
+  ev.kernels = {kernel(0, 10), kernel(15, 40), kernel(50, 60)};
+  ev.syncs = {sync(5, 20, SyncApi::kEventSynchronize)};
+  const GpuStats g = gpu_step_stats(ev, traced({0, 60}), 100, 1);
+  EXPECT_EQ(g.idle_host_sync_ns, 5);    // [10, 15] while it waited
+  EXPECT_EQ(g.idle_launch_gap_ns, 10);  // [40, 50]
+  EXPECT_EQ(idle_sum(g), 15);
+}
+
+TEST(IdlePartitionTest, TwoCausesOnOneGapAreSplitNotDoubleCounted) {
+  // One gap [10, 50] between kernels: the host waits for data [10, 25], then a sync [30, 35]
+  // (drain until 50). The rest [25, 30] is a launch gap.
+  GpuEventBatch ev;
+  ev.kernels = {kernel(0, 10), kernel(50, 60)};
+  ev.syncs = {sync(30, 35)};
+  const GpuStats g = gpu_step_stats(ev, traced({0, 60}, {10, 25}), 100, 1);
+  EXPECT_EQ(g.idle_data_wait_ns, 15);
+  EXPECT_EQ(g.idle_host_sync_ns, 20);
+  EXPECT_EQ(g.idle_launch_gap_ns, 5);
+  EXPECT_EQ(idle_sum(g), 40);
+  // Two overlapping syncs (two threads) on the same gap: the idle is counted once.
+  ev.syncs = {sync(30, 35), sync(32, 45)};
+  std::vector<SyncSite> sites;
+  const GpuStats two = gpu_step_stats(ev, traced({0, 60}, {10, 25}), 100, 1, &sites);
+  EXPECT_EQ(two.idle_host_sync_ns, 20);
+  EXPECT_EQ(two.host_syncs, 2);
+  EXPECT_EQ(two.host_sync_ns, 15);  // union of the waits [30, 45]
+  Nanos site_idle = 0;
+  for (const SyncSite& s : sites) site_idle += s.idle_ns;
+  EXPECT_EQ(site_idle, two.idle_host_sync_ns);
+}
+
+TEST(IdlePartitionTest, AsyncStepsAttributeTheDrainToTheStepWhoseGpuSpanHoldsIt) {
+  // The host runs ahead: step 1's host span is [0, 100] but the GPU ran it over [200, 300] and
+  // step 2 over [300, 400]. The host calls .item() at the end of step 2's host span... here a
+  // sync [250, 310] (host time) that returns once the GPU caught up; the GPU then idles
+  // [310, 340] until the host launches again.
+  GpuEventBatch ev;
+  ev.kernels = {kernel(200, 305), kernel(340, 400)};
+  ev.syncs = {sync(250, 310)};
+  auto gpu_step = [&](Interval gpu, Interval host) {
+    StepSpans s = traced(host);
+    s.gpu = gpu;
+    s.gpu_timed = true;
+    std::vector<SyncSite> sites;
+    const GpuStats g = gpu_step_stats(ev, s, 100, 1, &sites);
+    return std::make_pair(g, sites);
+  };
+  const auto [a, a_sites] = gpu_step({200, 300}, {0, 100});
+  const auto [b, b_sites] = gpu_step({300, 400}, {100, 200});
+  EXPECT_EQ(a.idle_host_sync_ns + a.idle_launch_gap_ns + a.idle_other_ns, 0);  // busy
+  EXPECT_EQ(a.host_syncs, 0);  // the sync ended in step 2's GPU span
+  EXPECT_EQ(b.host_syncs, 1);
+  EXPECT_EQ(b.idle_host_sync_ns, 35);  // [305, 340]: the drain, in step 2 only
+  EXPECT_EQ(idle_sum(b), idle_of(ev, {300, 400}));
+  ASSERT_EQ(b_sites.size(), 1u);
+  EXPECT_EQ(b_sites[0].idle_ns, 35);
+  EXPECT_TRUE(a_sites.empty());
+}
+
+TEST(IdlePartitionTest, DrainRunningIntoTheNextStepIsCountedThereOnce) {
+  // Host spans: the sync [80, 95] ends in step 1 ([0, 100]); the GPU stays idle until the next
+  // step's first kernel at 130. Step 1 gets [80, 100], step 2 [100, 130]; the sync counts once.
+  GpuEventBatch ev;
+  ev.kernels = {kernel(0, 80), kernel(130, 200)};
+  ev.syncs = {sync(80, 95)};
+  const GpuStats a = gpu_step_stats(ev, traced({0, 100}), 100, 1);
+  const GpuStats b = gpu_step_stats(ev, traced({100, 200}), 100, 1);
+  EXPECT_EQ(a.idle_host_sync_ns, 20);
+  EXPECT_EQ(b.idle_host_sync_ns, 30);
+  EXPECT_EQ(a.host_syncs + b.host_syncs, 1);
+  EXPECT_EQ(idle_sum(a) + idle_sum(b), 50);
+}
+
+TEST(IdlePartitionTest, RandomTimelinesAlwaysAddUp) {
+  // Many small deterministic timelines: the five causes sum to idle, none negative.
+  uint64_t seed = 12345;
+  auto next = [&](int mod) {
+    seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<Nanos>((seed >> 33) % static_cast<uint64_t>(mod));
+  };
+  for (int trial = 0; trial < 200; ++trial) {
+    GpuEventBatch ev;
+    for (int i = 0; i < 6; ++i) {
+      const Nanos b = next(1000);
+      ev.kernels.push_back(kernel(b, b + 1 + next(100)));
+    }
+    for (int i = 0; i < 3; ++i) {
+      const Nanos b = next(1000);
+      ev.syncs.push_back(sync(b, b + next(80)));
+      const Nanos c = next(1000);
+      ev.copies.push_back(
+          copy(c, c + next(50), i == 0 ? CopyKind::kDeviceToHost : CopyKind::kHostToDevice, true));
+    }
+    ev.scopes = {scope(next(1000), 1000, "aten::to", false)};
+    const Nanos w = next(1000);
+    const Interval span{100, 900};
+    const GpuStats g = gpu_step_stats(ev, traced(span, {w, w + next(200)}), 100, 1);
+    EXPECT_EQ(idle_sum(g), idle_of(ev, span)) << "trial " << trial;
+    for (Nanos v : {g.idle_data_wait_ns, g.idle_host_sync_ns, g.idle_pageable_copy_ns,
+                    g.idle_launch_gap_ns, g.idle_other_ns}) {
+      EXPECT_GE(v, 0) << "trial " << trial;
+    }
+  }
+}
+
+// --- causes ------------------------------------------------------------------------------------
+
+TEST(HostSyncCauseTest, SyncRecordInsideAnOpScopeTakesTheOpAsCause) {
+  // .item(): a pageable D2H copy [12, 14] and a stream synchronize [14, 18] inside the scope
+  // [10, 19] are one sync, with the scope's extent. A device synchronize outside any scope is
+  // named by its API.
+  GpuEventBatch ev;
+  ev.copies = {copy(12, 14, CopyKind::kDeviceToHost, true)};
+  ev.syncs = {sync(14, 18), sync(30, 40, SyncApi::kDeviceSynchronize)};
+  ev.scopes = {scope(10, 19, "aten::item", true, "forward")};
+  const std::vector<SyncRecord> s = resolve_host_syncs(ev, true);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].cause, "aten::item");
+  EXPECT_EQ(s[0].phase, "forward");
+  EXPECT_EQ(s[0].api, SyncApi::kBlockingCopy);  // the first thing it blocked in
+  EXPECT_EQ(s[0].begin, 10);
+  EXPECT_EQ(s[0].end, 19);
+  EXPECT_EQ(s[1].cause, "cudaDeviceSynchronize");
+  EXPECT_EQ(s[1].api, SyncApi::kDeviceSynchronize);
+}
+
+TEST(HostSyncCauseTest, BlockingCopyWithoutSyncRecordBecomesASync) {
+  // .cpu() into pageable memory: only a D2H copy record inside aten::to.
+  GpuEventBatch ev;
+  ev.copies = {copy(22, 28, CopyKind::kDeviceToHost, true),
+               copy(50, 52, CopyKind::kDeviceToHost, false),  // pinned, non-blocking: no sync
+               copy(60, 62, CopyKind::kHostToDevice, true)};  // pageable H2D: a copy stall
+  ev.scopes = {scope(20, 30, "aten::to", false), scope(49, 53, "aten::to", false),
+               scope(59, 63, "aten::copy_", false)};
+  const std::vector<SyncRecord> s = resolve_host_syncs(ev, true);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].cause, "aten::to");
+  EXPECT_EQ(s[0].api, SyncApi::kBlockingCopy);
+  EXPECT_EQ(s[0].begin, 20);
+}
+
+TEST(HostSyncCauseTest, OpScopesWithoutCuptiRecordsOnlyCountOutsideWindows) {
+  // In a window CUPTI decides: an .item() on a CPU tensor (no record) is no sync. Outside
+  // windows only the scopes of ops that always synchronize count (their API unknown).
+  GpuEventBatch ev;
+  ev.scopes = {scope(10, 12, "aten::item"), scope(20, 30, "aten::to", false)};
+  EXPECT_TRUE(resolve_host_syncs(ev, true).empty());
+  const std::vector<SyncRecord> s = resolve_host_syncs(ev, false);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].cause, "aten::item");
+  EXPECT_EQ(s[0].api, SyncApi::kUnknown);
+  StepSpans untraced;
+  untraced.host = {0, 100};
+  std::vector<SyncSite> sites;
+  const GpuStats g = gpu_step_stats(ev, untraced, 100, 1, &sites);
+  EXPECT_EQ(g.host_syncs, 1);
+  EXPECT_EQ(g.host_sync_ns, 2);
+  EXPECT_EQ(g.idle_host_sync_ns, 0);  // no trace, no idle
+  ASSERT_EQ(sites.size(), 1u);
+  EXPECT_EQ(sites[0].api, "unknown");
+}
+
+TEST(HostSyncCauseTest, StepSitesGroupByCauseAndPhase) {
+  // Three .item() calls in forward, one in optimizer; kernels between them.
+  GpuEventBatch ev;
+  ev.kernels = {kernel(0, 10), kernel(30, 40), kernel(60, 70), kernel(90, 100)};
+  for (Nanos t : {10, 40, 70}) {
+    ev.scopes.push_back(scope(t, t + 5, "aten::item", true, t < 70 ? "forward" : "optimizer"));
+    ev.syncs.push_back(sync(t + 1, t + 4));
+  }
+  std::vector<SyncSite> sites;
+  const GpuStats g = gpu_step_stats(ev, traced({0, 100}), 100, 1, &sites);
+  EXPECT_EQ(g.host_syncs, 3);
+  EXPECT_EQ(g.idle_host_sync_ns, 60);
+  ASSERT_EQ(sites.size(), 2u);
+  const auto fwd = std::find_if(sites.begin(), sites.end(),
+                                [](const SyncSite& s) { return s.phase == "forward"; });
+  ASSERT_NE(fwd, sites.end());
+  EXPECT_EQ(fwd->cause, "aten::item");
+  EXPECT_EQ(fwd->api, "cudaStreamSynchronize");
+  EXPECT_EQ(fwd->count, 2);
+  EXPECT_EQ(fwd->host_wait_ns, 10);
+  EXPECT_EQ(fwd->idle_ns, 40);
+}
+
+// --- HostOpScopes ------------------------------------------------------------------------------
+
+TEST(HostOpScopesTest, BoundedAndSwitchedByTheMonitor) {
+  HostOpScopes& h = HostOpScopes::instance();
+  std::vector<HostOpScope> out;
+  h.drain(out);
+  (void)h.take_dropped();
+  std::vector<bool> calls;
+  h.set_switch([&](bool on) { calls.push_back(on); });
+  h.enable(true);
+  h.enable(true);  // no change, no call
+  h.enable(false);
+  h.set_switch({});
+  EXPECT_EQ(calls, (std::vector<bool>{false, true, false}));  // the state at once, then changes
+  for (size_t i = 0; i < HostOpScopes::kCapacity + 3; ++i) h.push(scope(1, 2, "aten::item"));
+  out.clear();
+  h.drain(out);
+  EXPECT_EQ(out.size(), HostOpScopes::kCapacity);
+  EXPECT_EQ(h.take_dropped(), 3);
+  EXPECT_EQ(h.take_dropped(), 0);
+}
+
+// --- the monitor: sites and phases over an epoch ---------------------------------------------
+
+class FakeBackend : public GpuBackend {
+ public:
+  GpuEventBatch queued;
+  bool tracing = false;
+  GpuDeviceInfo device() const override { return {0, "Fake GPU", "FAKE", 100}; }
+  std::vector<CollectorStatus> status() const override {
+    return {{"pm_sampling", false, "off"},
+            {"activity", true, ""},
+            {"nvml", false, "off"},
+            {"nvtx", false, "off"}};
+  }
+  void start() override {}
+  bool start_trace() override { return tracing = true; }
+  void stop_trace() override { tracing = false; }
+  void release_trace() override {}
+  void flush() override {}
+  void drain(GpuEventBatch& out) override {
+    out.kernels.insert(out.kernels.end(), queued.kernels.begin(), queued.kernels.end());
+    out.syncs.insert(out.syncs.end(), queued.syncs.begin(), queued.syncs.end());
+    queued.kernels.clear();
+    queued.syncs.clear();
+  }
+  void stop() override {}
+  void range_push(const char*) override {}
+  void range_pop() override {}
+};
+
+TEST(HostSyncMonitorTest, EpochNamesTopCallSitesWithTheirPhase) {
+  auto clock = std::make_shared<ManualClock>(1'000'000);
+  auto backend = std::make_shared<FakeBackend>();
+  auto sink = std::make_shared<RecordingSink>();
+  Config c;
+  c.gpu.trace_first_step = 0;
+  c.gpu.trace_steps = 3;
+  c.gpu.trace_anomaly_factor = 0;
+  c.gpu.nvtx = false;
+  auto logger = std::make_shared<spdlog::logger>("host-sync-test",
+                                                 std::make_shared<spdlog::sinks::null_sink_st>());
+  PilotOptions o;
+  o.logger = logger;
+  o.clock = clock;
+  o.sinks = {sink};
+  o.collectors.push_back(make_gpu_monitor(c.gpu, backend, *logger));
+  std::vector<bool> switched;
+  HostOpScopes::instance().set_switch([&](bool on) { switched.push_back(on); });
+  {
+    Pilot pilot(c, std::move(o));
+    for (int i = 0; i < 4; ++i) {
+      auto step = pilot.step(1);
+      const Nanos b = clock->now_ns();
+      {
+        auto p = pilot.phase("forward");
+        clock->advance(10);
+        const Nanos t = clock->now_ns();
+        // .item() in forward: the op scope (from the hook) and CUPTI's stream synchronize.
+        if (HostOpScopes::instance().enabled()) {
+          HostOpScopes::instance().push(scope(t, t + 20, "aten::item"));
+        }
+        if (backend->tracing) backend->queued.syncs.push_back(sync(t + 2, t + 18));
+        clock->advance(30);
+      }
+      // Kernels [b, b+10] and, after the host launched again, [b+50, b+60].
+      if (backend->tracing) {
+        backend->queued.kernels.push_back(kernel(b, b + 10));
+        backend->queued.kernels.push_back(kernel(b + 50, b + 60));
+      }
+      clock->advance(20);
+    }
+    pilot.end_epoch();
+  }
+  HostOpScopes::instance().set_switch({});
+  ASSERT_FALSE(switched.empty());
+  EXPECT_FALSE(switched.front());  // the state when set: off
+  EXPECT_NE(std::find(switched.begin(), switched.end(), true), switched.end());
+  EXPECT_FALSE(switched.back()) << "off again after the window";
+  ASSERT_EQ(sink->epochs.size(), 1u);
+  const GpuEpochStats* gpu = sink->epochs[0].sections.get<GpuEpochStats>();
+  ASSERT_NE(gpu, nullptr);
+  EXPECT_EQ(gpu->traced_steps, 3);
+  ASSERT_FALSE(gpu->top_sync_sites.empty());
+  const SyncSite& top = gpu->top_sync_sites.front();
+  EXPECT_EQ(top.cause, "aten::item");
+  EXPECT_EQ(top.phase, "forward");
+  EXPECT_EQ(top.api, "cudaStreamSynchronize");
+  EXPECT_EQ(top.count, 3);
+  EXPECT_EQ(top.host_wait_ns, 3 * 20);
+  EXPECT_EQ(top.idle_ns, gpu->stats.idle_host_sync_ns);
+  EXPECT_EQ(gpu->stats.idle_host_sync_ns, 3 * 40);  // [b+10, b+50] each traced step
+  EXPECT_EQ(gpu->stats.host_syncs, 3);
+}
+
+// --- advisors ------------------------------------------------------------------------------------
+
+constexpr Nanos kMs = 1000000;
+
+EpochSummary traced_summary() {
+  EpochSummary s;
+  s.steps = 10;
+  s.wall_ns = 1000 * kMs;
+  GpuEpochStats e;
+  e.device = "Fake GPU";
+  e.sm_count = 132;
+  e.traced_steps = 10;
+  e.stats.wall_ns = s.wall_ns;
+  e.stats.traced_ns = s.wall_ns;
+  e.stats.gpu_utilization = 0.6;
+  e.stats.kernels = 1000;
+  e.stats.idle_other_ns = 10 * kMs;
+  s.sections.set<GpuEpochStats>(e);
+  return s;
+}
+
+TEST(HostSyncAdvisorTest, StatesTheIdleCausedAndNamesTopCallSites) {
+  EpochSummary s = traced_summary();
+  GpuEpochStats& e = *s.sections.get<GpuEpochStats>();
+  e.stats.host_sync_ns = 20 * kMs;        // the host's own wait is small ...
+  e.stats.idle_host_sync_ns = 300 * kMs;  // ... the idle it causes is not
+  e.stats.host_syncs = 40;
+  e.top_sync_sites = {{"aten::item", "cudaStreamSynchronize", "forward", 30, 15 * kMs, 250 * kMs},
+                      {"aten::nonzero", "cudaStreamSynchronize", "", 10, 5 * kMs, 50 * kMs}};
+  const auto a = advise_host_sync(s, AdvisorsConfig{});
+  ASSERT_TRUE(a);
+  EXPECT_NE(a->finding.find("30.0% of step time in GPU idle"), std::string::npos) << a->finding;
+  EXPECT_NE(a->finding.find("blocked 2.0%"), std::string::npos) << a->finding;
+  EXPECT_NE(a->cause.find("aten::item in phase forward (3.0 per step, 25.0%"), std::string::npos)
+      << a->cause;
+  EXPECT_NE(a->cause.find("aten::nonzero (1.0 per step"), std::string::npos) << a->cause;
+  EXPECT_NEAR(a->expected_gain, 0.3 / 0.7, 1e-9);  // step -> step - idle removed
+  EXPECT_TRUE(a->gain_estimated);
+  EXPECT_EQ(a->severity, Severity::kHigh);
+}
+
+TEST(HostSyncAdvisorTest, PageableCopiesUseTheirIdleShare) {
+  EpochSummary s = traced_summary();
+  GpuEpochStats& e = *s.sections.get<GpuEpochStats>();
+  e.stats.h2d_bytes = e.stats.h2d_pageable_bytes = 100'000'000;
+  e.stats.h2d_pageable_ns = 100 * kMs;
+  e.stats.idle_pageable_copy_ns = 50 * kMs;  // the GPU idled for half of the copy time
+  const auto a = advise_pageable_copies(s, AdvisorsConfig{});
+  ASSERT_TRUE(a);
+  EXPECT_NEAR(a->expected_gain, 0.05 / 0.95, 1e-9);
+  EXPECT_NE(a->finding.find("idle for 5.0%"), std::string::npos) << a->finding;
+  // Copies while the GPU was kept busy (or whose idle a sync claimed) cost nothing: quiet.
+  e.stats.idle_pageable_copy_ns = 1 * kMs;
+  EXPECT_FALSE(advise_pageable_copies(s, AdvisorsConfig{}));
+}
+
+Advice advice(const char* id, double removed) {
+  Advice a;
+  a.id = id;
+  a.expected_gain = removed / (1 - removed);
+  return a;
+}
+
+TEST(IdleGainCapTest, IdleCauseGainsNeverRemoveMoreThanTheIdleTime) {
+  // Idle is 30% of traced time; host_sync claims 20% and launch_bound 20%, data starvation 5%:
+  // 45% > 30%, so each is scaled by 30/45. fp32_matmul is not an idle cause: untouched.
+  EpochSummary s = traced_summary();
+  GpuEpochStats& e = *s.sections.get<GpuEpochStats>();
+  e.stats.idle_other_ns = 0;
+  e.stats.idle_host_sync_ns = 200 * kMs;
+  e.stats.idle_launch_gap_ns = 50 * kMs;
+  e.stats.idle_data_wait_ns = 50 * kMs;
+  std::vector<Advice> all = {advice("data_starvation", 0.05), advice("host_sync", 0.2),
+                             advice("launch_bound", 0.2), advice("fp32_matmul", 0.5)};
+  cap_idle_gains(all, s);
+  double removed = 0;
+  for (const Advice& a : all) {
+    if (is_idle_cause(a.id)) removed += a.expected_gain / (1 + a.expected_gain);
+  }
+  EXPECT_NEAR(removed, 0.3, 1e-9);
+  EXPECT_NEAR(all[1].expected_gain / (1 + all[1].expected_gain), 0.2 * 0.3 / 0.45, 1e-9);
+  EXPECT_NEAR(all[3].expected_gain, 1.0, 1e-9);
+  EXPECT_NE(all[1].action.find("estimated gain scaled down"), std::string::npos);
+  EXPECT_EQ(all[1].evidence.back().name, "uncapped_expected_gain");
+  // Within the idle time: nothing changes.
+  std::vector<Advice> small = {advice("host_sync", 0.1), advice("launch_bound", 0.1)};
+  const double before = small[0].expected_gain;
+  cap_idle_gains(small, s);
+  EXPECT_DOUBLE_EQ(small[0].expected_gain, before);
+  // Without a traced window there is no idle figure to cap by.
+  EpochSummary cpu;
+  std::vector<Advice> starving = {advice("data_starvation", 0.6)};
+  cap_idle_gains(starving, cpu);
+  EXPECT_NEAR(starving[0].expected_gain, 1.5, 1e-9);
+}
+
+TEST(IdleGainCapTest, RunAdvisorsAppliesTheCap) {
+  // The loop waited for data 30% of the time (host time, while the GPU had work queued: only
+  // 5% of the traced idle), host syncs cost 25% and launch gaps 10%: the idle is 40%, the three
+  // advices together would remove 65%.
+  EpochSummary s = traced_summary();
+  s.data_wait_fraction = 0.3;
+  s.data_wait_ns = 300 * kMs;
+  GpuEpochStats& e = *s.sections.get<GpuEpochStats>();
+  e.stats.idle_other_ns = 0;
+  e.stats.idle_data_wait_ns = 50 * kMs;
+  e.stats.idle_host_sync_ns = 250 * kMs;
+  e.stats.idle_launch_gap_ns = 100 * kMs;
+  e.stats.host_syncs = 10;
+  Config c;
+  c.advisors.launch_bound.threshold = 0.05;
+  const std::vector<Advice> out = run_advisors(s, c);
+  double removed = 0;
+  int idle_causes = 0;
+  for (const Advice& a : out) {
+    if (!is_idle_cause(a.id)) continue;
+    ++idle_causes;
+    removed += a.expected_gain / (1 + a.expected_gain);
+  }
+  EXPECT_EQ(idle_causes, 3);
+  EXPECT_NEAR(removed, 0.4, 1e-9);
+}
+
+}  // namespace
+}  // namespace torchpilot
