@@ -106,13 +106,17 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
   g.gpu_utilization = m.gpu_utilization;
   g.estimated_sm_efficiency = m.estimated_sm_efficiency;
 
-  std::vector<Interval> syncs;
+  // Host syncs are the training thread's: counted over its (traced) host span. Those over the GPU
+  // span explain the idle gaps below.
+  const Interval host{std::max(spans.host.begin, trace_from), spans.host.end};
+  std::vector<Interval> host_syncs, syncs;
   for (const SyncRecord& s : events.syncs) {
-    if (overlap({s.begin, s.end}, span) <= 0) continue;
-    syncs.push_back({s.begin, s.end});
-    if (s.begin >= span.begin) ++g.host_syncs;
+    if (overlap({s.begin, s.end}, span) > 0) syncs.push_back({s.begin, s.end});
+    if (overlap({s.begin, s.end}, host) <= 0) continue;
+    host_syncs.push_back({s.begin, s.end});
+    if (s.begin >= host.begin) ++g.host_syncs;
   }
-  g.host_sync_ns = union_length(syncs, span);
+  if (host.end > host.begin) g.host_sync_ns = union_length(host_syncs, host);
   for (const CopyRecord& c : events.copies) {
     if (c.memset || c.kind != CopyKind::kHostToDevice) continue;
     if (c.begin < span.begin || c.begin >= span.end) continue;
