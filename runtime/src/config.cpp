@@ -140,6 +140,7 @@ const std::vector<KeySpec>& schema() {
       TP_DOUBLE(gpu.nvml_interval_ms, 10.0, 60000.0),
       TP_BOOL(gpu.nvtx),
       TP_BOOL(gpu.activity),
+      TP_BOOL(gpu.step_markers),
       TP_INT(gpu.trace_first_step, 0, 1e9),
       TP_INT(gpu.trace_steps, 1, 100000),
       TP_INT(gpu.trace_every_epochs, 0, 1000000),

@@ -157,6 +157,7 @@ GpuMonitor::~GpuMonitor() {
 }
 
 uint64_t GpuMonitor::record_marker() {
+  if (!config_.step_markers) return 0;
   const uint64_t id = next_marker_++;
   return backend_->record_marker(id) ? id : 0;
 }
