@@ -134,7 +134,7 @@ TEST_F(GpuTimelineTest, AsynchronousTrainerCountsTheSameKernelsPerStepAsASynchro
   // The host did run ahead, and the spans came from the markers.
   Nanos max_lag = 0;
   for (const auto& s : async.steps) max_lag = std::max(max_lag, s.gpu_lag_ns);
-  EXPECT_GT(max_lag, 0) << "the GPU never ran behind the host: the test does not test anything";
+  EXPECT_GT(max_lag, 5000000) << "the GPU never ran a step behind the host: nothing was tested";
   EXPECT_GE(async.epoch.gpu_timed_steps, kSteps - 2);
   EXPECT_EQ(async.epoch.marker_timeouts, 0);
 }

@@ -657,6 +657,19 @@ TEST(GpuMonitorTest, WithoutMarkersStepsUseTheirHostSpanAtOnce) {
   EXPECT_FALSE(rig.sink->late<GpuStepRecord>()[0].gpu_timed);
 }
 
+TEST(GpuMonitorTest, StepMarkersOffInTheConfigurationAreNeverRecorded) {
+  Config c = Rig::base_config();
+  c.gpu.step_markers = false;
+  Rig rig(c, false);
+  rig.backend->markers = true;
+  rig.make(c);
+  for (int i = 0; i < 3; ++i) rig.step(10, 200, 0.5);
+  rig.pilot->end_epoch();
+  EXPECT_TRUE(rig.backend->marker_ids.empty());
+  EXPECT_EQ(rig.sink->late<GpuStepRecord>().size(), 3u);
+  EXPECT_EQ(rig.sink->epochs[0].sections.get<GpuEpochStats>()->gpu_timed_steps, 0);
+}
+
 // --- GPU advisors on planted summaries --------------------------------------------------------
 
 EpochSummary traced_summary() {
