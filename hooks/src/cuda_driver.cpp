@@ -19,6 +19,18 @@ class DlopenCudaDriver final : public CudaDriverApi {
     resolve(handle, device_get_pci_bus_id_, "cuDeviceGetPCIBusId");
     resolve(handle, get_error_name_, "cuGetErrorName");
     resolve(handle, get_error_string_, "cuGetErrorString");
+    resolve(handle, ctx_get_current_, "cuCtxGetCurrent");
+    resolve(handle, ctx_set_current_, "cuCtxSetCurrent");
+    resolve(handle, ctx_get_device_, "cuCtxGetDevice");
+    resolve(handle, stream_create_, "cuStreamCreate");
+    resolve(handle, stream_destroy_, "cuStreamDestroy_v2");
+    resolve(handle, event_create_, "cuEventCreate");
+    // The legacy-default-stream entry point: a null stream is the legacy default stream.
+    resolve(handle, event_record_, "cuEventRecord");
+    resolve(handle, event_query_, "cuEventQuery");
+    resolve(handle, event_elapsed_time_, "cuEventElapsedTime_v2");  // CUDA 12.8 and newer
+    if (event_elapsed_time_ == nullptr) resolve(handle, event_elapsed_time_, "cuEventElapsedTime");
+    resolve(handle, event_destroy_, "cuEventDestroy_v2");
   }
   // The handle is never closed (LibTorch shares the driver; closing it gains nothing).
 
@@ -40,6 +52,22 @@ class DlopenCudaDriver final : public CudaDriverApi {
   CUresult get_error_string(CUresult e, const char** s) override {
     return call(get_error_string_, e, s);
   }
+  CUresult ctx_get_current(CUcontext* c) override { return call(ctx_get_current_, c); }
+  CUresult ctx_set_current(CUcontext c) override { return call(ctx_set_current_, c); }
+  CUresult ctx_get_device(CUdevice* d) override { return call(ctx_get_device_, d); }
+  CUresult stream_create(CUstream* s, unsigned flags) override {
+    return call(stream_create_, s, flags);
+  }
+  CUresult stream_destroy(CUstream s) override { return call(stream_destroy_, s); }
+  CUresult event_create(CUevent* e, unsigned flags) override {
+    return call(event_create_, e, flags);
+  }
+  CUresult event_record(CUevent e, CUstream s) override { return call(event_record_, e, s); }
+  CUresult event_query(CUevent e) override { return call(event_query_, e); }
+  CUresult event_elapsed_time(float* ms, CUevent a, CUevent b) override {
+    return call(event_elapsed_time_, ms, a, b);
+  }
+  CUresult event_destroy(CUevent e) override { return call(event_destroy_, e); }
 
  private:
   template <class F>
@@ -60,6 +88,16 @@ class DlopenCudaDriver final : public CudaDriverApi {
   decltype(&::cuDeviceGetPCIBusId) device_get_pci_bus_id_ = nullptr;
   decltype(&::cuGetErrorName) get_error_name_ = nullptr;
   decltype(&::cuGetErrorString) get_error_string_ = nullptr;
+  decltype(&::cuCtxGetCurrent) ctx_get_current_ = nullptr;
+  decltype(&::cuCtxSetCurrent) ctx_set_current_ = nullptr;
+  decltype(&::cuCtxGetDevice) ctx_get_device_ = nullptr;
+  decltype(&::cuStreamCreate) stream_create_ = nullptr;
+  decltype(&::cuStreamDestroy) stream_destroy_ = nullptr;  // cuStreamDestroy_v2
+  decltype(&::cuEventCreate) event_create_ = nullptr;
+  decltype(&::cuEventRecord) event_record_ = nullptr;
+  decltype(&::cuEventQuery) event_query_ = nullptr;
+  decltype(&::cuEventElapsedTime) event_elapsed_time_ = nullptr;  // same signature in both
+  decltype(&::cuEventDestroy) event_destroy_ = nullptr;           // cuEventDestroy_v2
 };
 
 }  // namespace

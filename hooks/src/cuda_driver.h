@@ -1,5 +1,6 @@
 // CudaDriverApi: the thin vendor interface to the few CUDA driver entry points the GPU backend
-// needs to find its device (name, SM count, compute capability, PCI bus id). Production code
+// needs to find its device (name, SM count, compute capability, PCI bus id) and to time step
+// boundaries with events (cuda_markers.h). Production code
 // reaches libcuda.so.1 through dlopen (load_cuda_driver); tests substitute a fake. Internal to
 // hooks/.
 #pragma once
@@ -26,6 +27,21 @@ class CudaDriverApi {
   virtual CUresult device_get_pci_bus_id(char* bus_id, int len, CUdevice device) = 0;
   virtual CUresult get_error_name(CUresult error, const char** str) = 0;
   virtual CUresult get_error_string(CUresult error, const char** str) = 0;
+  // Step markers (cuda_markers.h). Not every fake needs them: by default not supported.
+  virtual CUresult ctx_get_current(CUcontext* ctx) { return CUDA_ERROR_NOT_SUPPORTED; }
+  virtual CUresult ctx_set_current(CUcontext ctx) { return CUDA_ERROR_NOT_SUPPORTED; }
+  virtual CUresult ctx_get_device(CUdevice* device) { return CUDA_ERROR_NOT_SUPPORTED; }
+  virtual CUresult stream_create(CUstream* stream, unsigned flags) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  virtual CUresult stream_destroy(CUstream stream) { return CUDA_ERROR_NOT_SUPPORTED; }
+  virtual CUresult event_create(CUevent* event, unsigned flags) { return CUDA_ERROR_NOT_SUPPORTED; }
+  virtual CUresult event_record(CUevent event, CUstream stream) { return CUDA_ERROR_NOT_SUPPORTED; }
+  virtual CUresult event_query(CUevent event) { return CUDA_ERROR_NOT_SUPPORTED; }
+  virtual CUresult event_elapsed_time(float* ms, CUevent start, CUevent end) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  virtual CUresult event_destroy(CUevent event) { return CUDA_ERROR_NOT_SUPPORTED; }
 };
 
 // dlopen("libcuda.so.1"); null with `error` set when there is no driver.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cuda_driver.h"
+#include "cuda_markers.h"
 #include "cupti_activity_trace.h"
 #include "cupti_api.h"
 #include "cupti_pm_sampling.h"
@@ -199,8 +200,16 @@ class CuptiBackend final : public GpuBackend {
     });
   }
 
+  bool record_marker(uint64_t id) override {
+    return markers_ != nullptr && markers_->record(id);  // noexcept in practice; no guard cost
+  }
+  void await_marker(uint64_t id, Nanos timeout_ns) override {
+    if (markers_ != nullptr) markers_->await(id, timeout_ns);
+  }
+
   void drain(GpuEventBatch& out) override {
     guard("drain", [&] {
+      if (markers_ != nullptr) markers_->drain(out.markers);
       if (activity_ != nullptr) activity_->drain(out);
       std::lock_guard<std::mutex> lock(events_mutex_);
       out.pm.insert(out.pm.end(), pending_pm_.begin(), pending_pm_.end());
@@ -283,6 +292,8 @@ class CuptiBackend final : public GpuBackend {
       return;
     }
     device_ = probed.info;
+    if (config_.step_markers)
+      markers_ = std::make_unique<CudaMarkers>(*driver_, device_.index, logger_);
     logger_.debug("GPU {}: {}, {} SMs, compute capability {}.{}, PCI {}", device_.index,
                   device_.name, device_.sm_count, probed.cc_major, probed.cc_minor,
                   probed.pci_bus_id.empty() ? "?" : probed.pci_bus_id);
@@ -575,6 +586,7 @@ class CuptiBackend final : public GpuBackend {
   void stop_all() {
     if (stopped_) return;
     stopped_ = true;
+    if (markers_ != nullptr) markers_->stop();
     if (activity_ != nullptr) activity_->shutdown();  // disable, forced flush, unsubscribe
     if (pm_ != nullptr) pm_->stop();
     if (nvml_sampler_ != nullptr) nvml_sampler_->stop();
@@ -616,6 +628,7 @@ class CuptiBackend final : public GpuBackend {
 
   // Vendor interfaces first: the collectors below refer to them.
   std::unique_ptr<CudaDriverApi> driver_;
+  std::unique_ptr<CudaMarkers> markers_;  // step markers (cuda_markers.h)
   std::unique_ptr<CuptiApi> cupti_;
   std::unique_ptr<NvmlApi> nvml_;
   CuptiClock clock_;

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cctype>
@@ -140,6 +141,7 @@ const std::vector<KeySpec>& schema() {
       TP_DOUBLE(gpu.nvml_interval_ms, 10.0, 60000.0),
       TP_BOOL(gpu.nvtx),
       TP_BOOL(gpu.activity),
+      TP_BOOL(gpu.step_markers),
       TP_INT(gpu.trace_first_step, 0, 1e9),
       TP_INT(gpu.trace_steps, 1, 100000),
       TP_INT(gpu.trace_every_epochs, 0, 1000000),
@@ -366,25 +368,56 @@ int second_document_line(const std::string& text) {
   return 0;
 }
 
+// Where the documents of a YAML text start (events only, nothing built).
+class DocumentStarts : public YAML::EventHandler {
+ public:
+  std::vector<YAML::Mark> marks;
+  void OnDocumentStart(const YAML::Mark& mark) override { marks.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
 // Reads YAML text into `config`, recording origins; no cross-key checks (they run once every
 // source is in).
 void read_yaml(const std::string& text, const std::string& origin, Config& config,
                Origins& origins) {
-  std::vector<YAML::Node> documents;
+  // Documents are counted first, two at most: on some malformed input (a top-level line that
+  // starts with ',') yaml-cpp yields empty documents without end, and LoadAll grows until the
+  // process runs out of memory.
+  DocumentStarts starts;
+  YAML::Node document;
   try {
-    documents = YAML::LoadAll(text);
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    while (starts.marks.size() < 2 && parser.HandleNextDocument(starts)) {
+    }
+    if (starts.marks.size() < 2) document = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     throw ConfigError(origin + ":" + std::to_string(e.mark.line + 1), "<syntax>", e.msg);
   }
-  if (documents.size() > 1) {
+  if (starts.marks.size() > 1 && starts.marks[1].pos <= starts.marks[0].pos) {
+    // A "document" that consumed nothing: what yaml-cpp makes of a stray ',' at the top level.
+    throw ConfigError(origin + ":" + std::to_string(starts.marks[1].line + 1), "<syntax>",
+                      "not readable as YAML from here");
+  }
+  if (starts.marks.size() > 1) {
     int line = second_document_line(text);
-    if (line == 0) line = line_of(documents[1], 1);
+    if (line == 0) line = starts.marks[1].line + 1;
     throw ConfigError(origin + ":" + std::to_string(line), "<document>",
                       "a config file holds one YAML document; a second one starts here");
   }
-  if (documents.empty() || documents[0].IsNull()) return;  // an empty file means defaults
+  if (!document || document.IsNull()) return;  // an empty file means defaults
   try {
-    YamlReader(config, origin, origins).walk(documents[0], "", 1);
+    YamlReader(config, origin, origins).walk(document, "", 1);
   } catch (const YAML::Exception& e) {  // anything yaml-cpp throws while walking
     throw ConfigError(origin + ":" + std::to_string(e.mark.line + 1), "<yaml>", e.msg);
   }

@@ -67,6 +67,7 @@ struct GpuMonitor::EpochAcc {
   Sum pcie_read, pcie_write;
   GpuStats traced;  // integer sums over traced steps
   int64_t traced_steps = 0;
+  int64_t gpu_timed_steps = 0, marker_timeouts = 0;
   std::map<std::string, Kernel> kernels;
   KernelClassStats classes;
   std::map<std::pair<std::string, std::string>, SyncSite> sync_sites;  // by (cause, phase)
@@ -187,13 +188,23 @@ GpuMonitor::~GpuMonitor() {
     if (planner_.tracing()) HostOpScopes::instance().enable(false);
   });
   (void)failure_of([&] {
-    if (planner_.tracing()) backend_->stop_trace();
+    if (planner_.tracing() || stop_pending_) backend_->stop_trace();
     if (planner_.trace_attached()) backend_->release_trace();
   });
   (void)failure_of([&] { backend_->stop(); });
 }
 
+uint64_t GpuMonitor::record_marker() {
+  if (!config_.step_markers) return 0;
+  const uint64_t id = next_marker_++;
+  return backend_->record_marker(id) ? id : 0;
+}
+
 void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
+  // Within an epoch a step starts where the previous one ended (its record's span does too), and
+  // so does its GPU span: the previous step's end marker. An epoch's first step records its own.
+  open_begin_marker_ = boundary_marker_ != 0 ? boundary_marker_ : record_marker();
+  boundary_marker_ = 0;
   if (planner_.begin_step(now) > 0) {
     const bool ok = backend_->start_trace();
     planner_.trace_started(ok, !ok && backend_->trace_busy());
@@ -233,6 +244,10 @@ void GpuMonitor::on_phase_end(int phase_id) {
 void GpuMonitor::request_window(int steps) { planner_.request_window(steps); }
 
 void GpuMonitor::on_step_end(StepRecord& r) {
+  // First, behind the step's last launches on the trainer's stream.
+  const uint64_t end_marker = record_marker();
+  boundary_marker_ = end_marker;
+  latest_ns_ = std::max(latest_ns_, r.end_ns);
   // The step's NVTX range (phases left open by the program are closed with it).
   while (config_.nvtx && open_ranges_ > 0) {
     backend_->range_pop();
@@ -247,10 +262,17 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   p.data_wait = {r.begin_ns, r.begin_ns + r.data_wait_ns};
   p.traced = a.traced;
   p.trace_from = a.trace_from;
+  p.begin_marker = open_begin_marker_;
+  p.end_marker = end_marker;
+  open_begin_marker_ = 0;
   pending_.push_back(p);
   if (a.stop_trace) {
-    backend_->stop_trace();
+    // The window's ops were all issued: no more op scopes. Its kernels may still be queued: the
+    // trace stops once the GPU ran this step.
     HostOpScopes::instance().enable(false);
+    stop_pending_ = true;
+    stop_marker_ = end_marker;
+    stop_deadline_ = r.end_ns + kMarkerWaitNs;
   }
 
   // Samples that stopped coming (the decode thread failed) must not hold steps back.
@@ -265,7 +287,18 @@ void GpuMonitor::on_step_end(StepRecord& r) {
     refresh_pm_status();        // PM sampling may not have come back
   }
   drain();
-  finish_ready_steps(false);
+  maybe_stop_trace(r.end_ns, false);
+  finish_ready_steps(false, r.end_ns);
+}
+
+void GpuMonitor::maybe_stop_trace(Nanos now, bool force) {
+  if (!stop_pending_) return;
+  const bool gpu_done = stop_marker_ == 0 || marker_times_.count(stop_marker_) > 0;
+  if (!gpu_done && !force && now < stop_deadline_) return;
+  stop_pending_ = false;
+  backend_->stop_trace();
+  backend_->flush();  // the tail's first flush; the records come with the next drain
+  planner_.trace_stopped();
 }
 
 void GpuMonitor::refresh_pm_status() {
@@ -291,6 +324,7 @@ void GpuMonitor::drain() {
   name_phases();
   append(events_.syncs, incoming_.syncs);
   append(events_.scopes, incoming_.scopes);
+  for (const MarkerRecord& m : incoming_.markers) marker_times_[m.id] = m.time;
   events_.dropped += incoming_.dropped + scopes.take_dropped();
 }
 
@@ -306,40 +340,75 @@ void GpuMonitor::name_phases() {
   for (HostOpScope& s : incoming_.scopes) s.phase = phase_at(s.begin);
 }
 
-void GpuMonitor::finish(const PendingStep& step) {
+void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
   GpuStepRecord rec;
   rec.step = step.step;
   rec.epoch = step.epoch;
   rec.traced = step.traced;
+  rec.gpu_timed = spans.gpu_timed;
+  if (spans.gpu_timed) {
+    rec.gpu_begin_ns = spans.gpu.begin;
+    rec.gpu_end_ns = spans.gpu.end;
+    rec.gpu_lag_ns = spans.gpu.end - spans.host.end;
+  }
   const auto nvml_ns = static_cast<Nanos>(config_.nvml_interval_ms * 1e6);
-  StepSpans spans;
-  spans.host = step.span;
-  spans.data_wait = step.data_wait;
-  spans.traced = step.traced;
-  spans.trace_from = step.trace_from;
   std::vector<SyncSite> sites;
   rec.stats = gpu_step_stats(events_, spans, device_.sm_count, nvml_ns, &sites);
   last_finished_end_ = std::max(last_finished_end_, step.span.end);
   epoch_->add(rec.stats);
+  if (spans.gpu_timed) ++epoch_->gpu_timed_steps;
   if (rec.stats.traced_ns > 0) epoch_->add_sync_sites(sites);
-  if (step.traced) epoch_->add_kernels(events_.kernels, step.span, device_.sm_count);
+  if (step.traced) {
+    epoch_->add_kernels(events_.kernels, spans.gpu_timed ? spans.gpu : spans.host,
+                        device_.sm_count);
+  }
   add_kernel_classes(epoch_->classes, events_, spans, device_.sm_count);
   if (host_ != nullptr) host_->publish(make_late_step(rec.step, rec.epoch, std::move(rec)));
 }
 
-void GpuMonitor::finish_ready_steps(bool all) {
+bool GpuMonitor::gpu_span(const PendingStep& p, Nanos now, bool all, StepSpans& spans,
+                          bool& timed_out) {
+  timed_out = false;
+  spans.host = p.span;
+  spans.data_wait = p.data_wait;
+  spans.traced = p.traced;
+  spans.trace_from = p.trace_from;
+  spans.gpu_timed = false;
+  if (p.begin_marker == 0 || p.end_marker == 0) return true;  // not recorded: host span
+  const auto b = marker_times_.find(p.begin_marker);
+  const auto e = marker_times_.find(p.end_marker);
+  if (b != marker_times_.end() && e != marker_times_.end()) {
+    spans.gpu = {b->second, std::max(b->second, e->second)};
+    spans.gpu_timed = true;
+    return true;
+  }
+  // Never held forever: a marker that does not resolve in time leaves the step its host span.
+  if (all || now - p.span.end >= kMarkerWaitNs || pending_.size() > kMaxPendingSteps) {
+    timed_out = true;
+    return true;
+  }
+  return false;
+}
+
+void GpuMonitor::finish_ready_steps(bool all, Nanos now) {
   while (!pending_.empty()) {
     const PendingStep& p = pending_.front();
-    bool ready = all || pending_.size() > kMaxPendingSteps;
-    if (!ready) {
-      const bool pm_ready = !pm_active_ || pm_watermark_ >= p.span.end;
+    StepSpans spans;
+    bool timed_out = false;
+    bool ready = gpu_span(p, now, all, spans, timed_out);
+    if (ready && !all && pending_.size() <= kMaxPendingSteps) {
+      const Nanos end = spans.gpu_timed ? spans.gpu.end : p.span.end;
+      const bool pm_ready = !pm_active_ || pm_watermark_ >= end;
+      // Traced steps: the window's records are final once its tail is over, and the tail starts
+      // only after the GPU ran the window's last step.
       // A release running off the training thread still holds the window's last records.
       const bool trace_ready =
           !p.traced || (planner_.records_final(p.span.end) && !backend_->trace_releasing());
       ready = pm_ready && trace_ready;
     }
     if (!ready) break;  // steps finish in order
-    finish(p);
+    if (timed_out) ++epoch_->marker_timeouts;
+    finish(p, spans);
     pending_.pop_front();
   }
   prune_events();
@@ -357,9 +426,28 @@ void GpuMonitor::prune_events() {
   cap(events_.copies);
   cap(events_.syncs);
   cap(events_.scopes);
-  // Events ending before the oldest unfinished step are not needed any more.
+  // Resolved markers older than every one still needed (ids increase): the unfinished steps',
+  // the next step's start, the one a window's stop waits for.
+  uint64_t floor = std::numeric_limits<uint64_t>::max();
+  auto need = [&floor](uint64_t id) {
+    if (id != 0) floor = std::min(floor, id);
+  };
+  for (const PendingStep& p : pending_) {
+    need(p.begin_marker);
+    need(p.end_marker);
+    if (p.begin_marker != 0 || p.end_marker != 0) break;
+  }
+  need(boundary_marker_);
+  need(open_begin_marker_);
+  if (stop_pending_) need(stop_marker_);
+  marker_times_.erase(marker_times_.begin(), marker_times_.lower_bound(floor));
+  // Events ending before the oldest unfinished step are not needed any more. A step's GPU span
+  // starts after its host span's start (the GPU runs what the host queued); the slack covers the
+  // clock conversions of markers and CUPTI timestamps.
+  constexpr Nanos kSlackNs = 1000000;
   const Nanos keep_from =
-      pending_.empty() ? std::max<Nanos>(0, last_finished_end_) : pending_.front().span.begin;
+      (pending_.empty() ? std::max<Nanos>(0, last_finished_end_) : pending_.front().span.begin) -
+      kSlackNs;
   if (keep_from <= pruned_before_) return;
   pruned_before_ = keep_from;
   auto prune = [keep_from](auto& v, auto end_of) {
@@ -380,9 +468,18 @@ void GpuMonitor::prune_events() {
 }
 
 void GpuMonitor::on_epoch_end(EpochSummary& summary) {
+  // The epoch's steps by GPU time: wait (bounded) for the GPU to reach its last boundary, so
+  // that its last steps' spans, samples and kernels are known (trainers that run ahead usually
+  // synchronize at an epoch's end anyway; then this returns at once).
+  if (boundary_marker_ != 0 && marker_times_.count(boundary_marker_) == 0) {
+    backend_->await_marker(boundary_marker_, kEpochEndMarkerWaitNs);
+  }
+  drain();
   const GpuWindowPlanner::EpochEndActions a = planner_.end_epoch();
   if (a.stop_trace) {
-    backend_->stop_trace();  // a window does not run across epochs
+    // A window does not run across epochs; one closed earlier may still wait for the GPU.
+    stop_pending_ = false;
+    backend_->stop_trace();
     HostOpScopes::instance().enable(false);
   }
   backend_->flush();
@@ -392,13 +489,16 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   if (backend_->trace_releasing()) backend_->finish_release();
   if (a.release) refresh_pm_status();
   drain();
-  finish_ready_steps(true);
+  finish_ready_steps(true, latest_ns_);
+  boundary_marker_ = 0;  // the next epoch's first step records its own start
 
   GpuEpochStats e;
   e.device = device_.name;
   e.sm_count = device_.sm_count;
   e.stats = epoch_->stats();
   e.traced_steps = epoch_->traced_steps;
+  e.gpu_timed_steps = epoch_->gpu_timed_steps;
+  e.marker_timeouts = epoch_->marker_timeouts;
   e.top_kernels = epoch_->top_kernels();
   e.top_sync_sites = epoch_->top_sync_sites();
   e.collectors = backend_->status();

@@ -90,6 +90,8 @@ std::string section_json(const GpuEpochStats& e) {
   j["device"] = e.device;
   j["sm_count"] = e.sm_count;
   j["traced_steps"] = e.traced_steps;
+  j["gpu_timed_steps"] = e.gpu_timed_steps;
+  j["marker_timeouts"] = e.marker_timeouts;
   j["dropped_records"] = e.dropped_records;
   j["top_kernels"] = kernels;
   j["top_sync_sites"] = sync_sites;
@@ -99,7 +101,16 @@ std::string section_json(const GpuEpochStats& e) {
 }
 
 std::string section_json(const GpuStepRecord& r) {
-  json j = {{"traced", r.traced}};
+  json j = {{"traced", r.traced}, {"gpu_timed", r.gpu_timed}};
+  if (r.gpu_timed) {
+    j["gpu_begin_ns"] = r.gpu_begin_ns;
+    j["gpu_end_ns"] = r.gpu_end_ns;
+    j["gpu_lag_ms"] = ms(r.gpu_lag_ns);
+  } else {
+    j["gpu_begin_ns"] = nullptr;
+    j["gpu_end_ns"] = nullptr;
+    j["gpu_lag_ms"] = nullptr;
+  }
   j.update(gpu_stats_json(r.stats));
   return dump(j);
 }

@@ -12,7 +12,7 @@ GpuWindowPlanner::GpuWindowPlanner(const GpuConfig& config) : config_(config) {
 int GpuWindowPlanner::begin_step(Nanos now) {
   window_first_step_ = false;
   starting_steps_ = 0;
-  if (armed_steps_ > 0 && window_left_ == 0 && tail_ == 0) {
+  if (armed_steps_ > 0 && window_left_ == 0 && !stopping_ && tail_ == 0) {
     // Started when a step actually begins: a window armed at an epoch's last step opens in the
     // next epoch instead of tracing nothing.
     const int steps = armed_steps_;
@@ -53,7 +53,13 @@ void GpuWindowPlanner::arm(int steps) {
 void GpuWindowPlanner::close_window(Nanos cutoff) {
   window_left_ = 0;
   cutoff_ = cutoff;
-  tail_ = kTailSteps;
+  stopping_ = true;  // the tail starts when the trace stops (trace_stopped())
+}
+
+void GpuWindowPlanner::trace_stopped() {
+  if (!stopping_) return;
+  stopping_ = false;
+  tail_ = kTailSteps - 1;  // the monitor flushes once right after the stop
 }
 
 void GpuWindowPlanner::note_step_time(Nanos ns) {
@@ -86,7 +92,7 @@ GpuWindowPlanner::StepEndActions GpuWindowPlanner::end_step(int64_t step, int64_
   // Anomaly trigger: a step much slower than the recent median (not while tracing: the trace
   // itself slows steps).
   const Nanos step_ns = end - begin;
-  const bool tracing_now = a.traced || tail_ > 0 || anomaly_quiet_steps_ > 0;
+  const bool tracing_now = a.traced || stopping_ || tail_ > 0 || anomaly_quiet_steps_ > 0;
   if (anomaly_quiet_steps_ > 0) --anomaly_quiet_steps_;
   if (!tracing_now && warmup_done && config_.trace_anomaly_factor > 0 &&
       recent_step_ns_.size() == kAnomalyHistory && !anomaly_window_used_) {
@@ -100,7 +106,8 @@ GpuWindowPlanner::StepEndActions GpuWindowPlanner::end_step(int64_t step, int64_
 
   // Does the next step open a window? Armed here, started when that step begins. None inside
   // auto-tune's trials.
-  if (window_left_ == 0 && armed_steps_ == 0 && !trace_failed_ && tail_ == 0 && warmup_done) {
+  if (window_left_ == 0 && armed_steps_ == 0 && !trace_failed_ && !stopping_ && tail_ == 0 &&
+      warmup_done) {
     if (requested_window_ > 0) {
       arm(requested_window_);
       requested_window_ = 0;
@@ -127,10 +134,11 @@ GpuWindowPlanner::StepEndActions GpuWindowPlanner::end_step(int64_t step, int64_
 
 GpuWindowPlanner::EpochEndActions GpuWindowPlanner::end_epoch() {
   EpochEndActions a;
-  if (window_left_ > 0) {
-    // A window does not run across epochs: close it with the epoch's last step.
-    close_window(last_end_);
+  if (window_left_ > 0) close_window(last_end_);  // a window does not run across epochs
+  if (stopping_) {
+    // The monitor waits (bounded) for the GPU to run the window's last step, then stops.
     a.stop_trace = true;
+    trace_stopped();
   }
   if (tail_ > 0) {
     // The epoch end flushes: the closed window's records are all in.

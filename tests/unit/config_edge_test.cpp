@@ -193,6 +193,17 @@ TEST(ConfigEdge, EveryBadEnvironmentVariableIsRefusedWithKey) {
 
 // Random byte edits of configs/default.yaml: whatever yaml-cpp makes of them, only a ConfigError
 // (or a Config) comes out.
+// yaml-cpp reads a top-level line starting with ',' as endless empty documents: refused with the
+// line, not loaded until memory runs out.
+TEST(ConfigEdge, AStrayCommaLineIsASyntaxErrorWithItsLine) {
+  const ConfigError e = expect_config_error(
+      [] { Config::from_yaml_string("mode: advise\n,2,4\ngpu:\n  nvtx: false\n", "c.yaml"); });
+  EXPECT_EQ(e.key(), "<syntax>") << e.what();
+  EXPECT_EQ(e.source(), "c.yaml:2") << e.what();
+  const ConfigError first = expect_config_error([] { Config::from_yaml_string(",2\n", "c.yaml"); });
+  EXPECT_EQ(first.source(), "c.yaml:1") << first.what();
+}
+
 TEST(ConfigEdge, MutatedDefaultYamlOnlyEverThrowsConfigError) {
   const std::string base = read_text(kSourceDir + "/configs/default.yaml");
   ASSERT_FALSE(base.empty());

@@ -41,6 +41,13 @@ class FakeBackend : public GpuBackend {
   int starts = 0, stops = 0, trace_starts = 0, trace_stops = 0, flushes = 0, releases = 0;
   std::vector<std::string> ranges;  // "+name" / "-"
   int depth = 0;
+  // Step markers: off unless a test turns them on; the test resolves them (resolve()) or not.
+  bool markers = false;
+  std::vector<uint64_t> marker_ids;        // recorded, in order
+  std::vector<uint64_t> awaited;           // await_marker() calls
+  std::vector<uint64_t> resolved_at_stop;  // markers handed out before each stop_trace()
+  std::vector<MarkerRecord> on_await;      // resolved when the monitor awaits (the GPU catches up)
+  std::vector<uint64_t> handed_out;
 
   GpuDeviceInfo device() const override { return info; }
   std::vector<CollectorStatus> status() const override { return statuses; }
@@ -56,7 +63,19 @@ class FakeBackend : public GpuBackend {
   void stop_trace() override {
     ++trace_stops;
     tracing = false;
+    resolved_at_stop.push_back(handed_out.empty() ? 0 : handed_out.back());
   }
+  bool record_marker(uint64_t id) override {
+    if (!markers) return false;
+    marker_ids.push_back(id);
+    return true;
+  }
+  void await_marker(uint64_t id, Nanos) override {
+    awaited.push_back(id);
+    for (const MarkerRecord& m : on_await) queued.markers.push_back(m);
+    on_await.clear();
+  }
+  void resolve(uint64_t id, Nanos time) { queued.markers.push_back({id, time}); }
   void release_trace() override { ++releases; }
   void flush() override { ++flushes; }
   void drain(GpuEventBatch& out) override {
@@ -69,6 +88,8 @@ class FakeBackend : public GpuBackend {
     move(out.syncs, queued.syncs);
     move(out.pm, queued.pm);
     move(out.nvml, queued.nvml);
+    for (const MarkerRecord& m : queued.markers) handed_out.push_back(m.id);
+    move(out.markers, queued.markers);
     out.dropped += queued.dropped;
     queued.dropped = 0;
   }
@@ -169,6 +190,26 @@ TEST(GpuStepStatsTest, KernelsAreClippedToTheStep) {
   EXPECT_DOUBLE_EQ(g.gpu_utilization, 0.7);
   EXPECT_DOUBLE_EQ(g.estimated_sm_efficiency, (5 * 1.0 + 2 * 0.01) / 10);
   EXPECT_EQ(g.kernels, 1);  // the first started in the previous step
+}
+
+TEST(GpuStepStatsTest, GpuFiguresAndSyncsByGpuSpan) {
+  // The host ran the step in [0, 10]; the GPU ran it in [20, 40] (queued ahead).
+  GpuEventBatch ev;
+  ev.pm = {pm(0, 20, 0.1), pm(20, 40, 0.9)};
+  ev.kernels = {kernel(5, 15, 100), kernel(22, 30, 100), kernel(32, 38, 100)};
+  ev.syncs = {{2, 4}, {25, 26}};
+  StepSpans sp = spans({0, 10}, {0, 0}, true);
+  sp.gpu = {20, 40};
+  sp.gpu_timed = true;
+  const GpuStats g = gpu_step_stats(ev, sp, 100, 100);
+  EXPECT_EQ(g.wall_ns, 20);
+  EXPECT_DOUBLE_EQ(g.sm_efficiency, 0.9);
+  EXPECT_EQ(g.kernels, 2);  // by start time in the GPU span; the first was the previous step's
+  EXPECT_DOUBLE_EQ(g.gpu_utilization, 14.0 / 20);
+  // A sync counts in the step whose span holds the end of its wait (the GPU caught up with the
+  // host then): [25, 26], not [2, 4], which ended in the previous step's GPU time.
+  EXPECT_EQ(g.host_syncs, 1);
+  EXPECT_EQ(g.host_sync_ns, 1);
 }
 
 // --- the monitor inside a Pilot ---------------------------------------------------------------
@@ -473,6 +514,171 @@ TEST(GpuMonitorTest, ThrowingObserverIsRemovedAndTrainingGoesOn) {
             std::string::npos);
   EXPECT_EQ(rig.sink->steps.size(), 2u);
   EXPECT_TRUE(bad.forgotten) << "a dropped collector must not reach back into the Pilot later";
+}
+
+// --- GPU time of a step (step markers) ---------------------------------------------------------
+
+// A trainer that queues its steps ahead: the host spends 1 ms per step, the GPU 10 ms, and
+// reaches the boundary after step j - 1 at 10 j ms (boundary 0: the first step's start).
+struct AsyncRig : Rig {
+  explicit AsyncRig(Config c) : Rig(c, false) {
+    backend->markers = true;
+    make(std::move(c));
+  }
+  void host_steps(int n) {
+    for (int i = 0; i < n; ++i) {
+      auto s = pilot->step(1);
+      clock->advance(kMs);
+    }
+  }
+  static Nanos boundary(int64_t j) { return 10 * kMs * j; }
+  // The GPU runs steps [from, to): step k has k + 1 kernels and SM efficiency 0.05 (k + 1).
+  void gpu_runs(int64_t from, int64_t to) {
+    for (int64_t k = from; k < to; ++k) {
+      const Nanos b = boundary(k);
+      for (int64_t i = 0; i <= k; ++i) {
+        backend->queued.kernels.push_back(
+            kernel(b + kMs + i * kMs / 2, b + kMs + i * kMs / 2 + 100, 200, "step_kernel"));
+      }
+      backend->queued.pm.push_back(pm(b, boundary(k + 1), 0.05 * static_cast<double>(k + 1)));
+      // Marker ids: the first step's start, then every step's end.
+      backend->resolve(backend->marker_ids.at(static_cast<size_t>(k + 1)), boundary(k + 1));
+      if (k == 0) backend->resolve(backend->marker_ids.at(0), boundary(0));
+    }
+  }
+};
+
+TEST(GpuMonitorTest, KernelsAndSamplesThatRanAfterTheHostSpanLandOnTheirStep) {
+  Config c = Rig::base_config();
+  c.gpu.trace_first_step = 1;  // steps 1-3 traced
+  c.gpu.trace_steps = 3;
+  AsyncRig rig(c);
+  rig.host_steps(8);  // the host is at 8 ms; the GPU has not reached step 0's end
+  EXPECT_EQ(rig.backend->marker_ids.size(), 9u) << "one marker per boundary";
+  EXPECT_EQ(rig.backend->trace_starts, 1);
+  EXPECT_EQ(rig.backend->trace_stops, 0) << "the window's kernels have not run yet";
+  EXPECT_TRUE(rig.sink->late<GpuStepRecord>().empty()) << "no step's GPU span is known";
+
+  rig.gpu_runs(0, 8);  // the GPU catches up
+  rig.host_steps(1);   // step 8: its end drains the markers and stops the trace
+  EXPECT_EQ(rig.backend->trace_stops, 1);
+  ASSERT_EQ(rig.backend->resolved_at_stop.size(), 1u);
+  EXPECT_GE(rig.backend->resolved_at_stop[0], rig.backend->marker_ids[4])
+      << "stopped before the GPU reached the window's last step's end";
+  rig.host_steps(1);  // step 9: the tail's end, the trace is released
+  EXPECT_EQ(rig.backend->releases, 1);
+  rig.gpu_runs(8, 10);
+  rig.pilot->end_epoch();
+
+  const auto steps = rig.sink->late<GpuStepRecord>();
+  ASSERT_EQ(steps.size(), 10u);
+  for (const GpuStepRecord& r : steps) {
+    SCOPED_TRACE("step " + std::to_string(r.step));
+    EXPECT_TRUE(r.gpu_timed);
+    EXPECT_EQ(r.gpu_begin_ns, AsyncRig::boundary(r.step));
+    EXPECT_EQ(r.gpu_end_ns, AsyncRig::boundary(r.step + 1));
+    EXPECT_EQ(r.stats.wall_ns, 10 * kMs);
+    EXPECT_NEAR(r.stats.sm_efficiency, 0.05 * static_cast<double>(r.step + 1), 1e-9);
+    EXPECT_EQ(r.traced, r.step >= 1 && r.step <= 3);
+    if (r.traced) EXPECT_EQ(r.stats.kernels, r.step + 1);
+  }
+  EXPECT_EQ(steps[9].gpu_lag_ns, AsyncRig::boundary(10) - 10 * kMs);
+  const auto& g = *rig.sink->epochs[0].sections.get<GpuEpochStats>();
+  EXPECT_EQ(g.gpu_timed_steps, 10);
+  EXPECT_EQ(g.marker_timeouts, 0);
+  EXPECT_EQ(g.stats.kernels, 2 + 3 + 4);
+  EXPECT_EQ(g.traced_steps, 3);
+}
+
+TEST(GpuMonitorTest, EpochEndWaitsForTheGpuToReachTheLastBoundary) {
+  Config c = Rig::base_config();
+  c.gpu.trace_first_step = 2;  // steps 2-4 traced; the epoch ends with the window
+  c.gpu.trace_steps = 10;
+  AsyncRig rig(c);
+  rig.host_steps(5);
+  EXPECT_EQ(rig.backend->trace_stops, 0);
+  // The GPU reaches the last boundary while the epoch's end waits for it.
+  rig.gpu_runs(0, 4);
+  const size_t last = rig.backend->marker_ids.size() - 1;
+  rig.backend->on_await.push_back({rig.backend->marker_ids[last], AsyncRig::boundary(5)});
+  for (int i = 0; i <= 4; ++i) {
+    rig.backend->queued.kernels.push_back(kernel(AsyncRig::boundary(4) + kMs + i * 10,
+                                                 AsyncRig::boundary(4) + kMs + i * 10 + 5, 200));
+  }
+  rig.backend->queued.pm.push_back(pm(AsyncRig::boundary(4), AsyncRig::boundary(5), 0.25));
+  rig.pilot->end_epoch();
+  ASSERT_EQ(rig.backend->awaited.size(), 1u);
+  EXPECT_EQ(rig.backend->awaited[0], rig.backend->marker_ids[last]);
+  EXPECT_EQ(rig.backend->trace_stops, 1);
+  const auto steps = rig.sink->late<GpuStepRecord>();
+  ASSERT_EQ(steps.size(), 5u);
+  EXPECT_TRUE(steps[4].gpu_timed);
+  EXPECT_TRUE(steps[4].traced);
+  EXPECT_EQ(steps[4].stats.kernels, 5) << "the last traced step's kernels ran after its host span";
+  EXPECT_NEAR(steps[4].stats.sm_efficiency, 0.25, 1e-9);
+  EXPECT_EQ(rig.sink->epochs[0].sections.get<GpuEpochStats>()->marker_timeouts, 0);
+  // The next epoch's first step records its own start marker.
+  const size_t before = rig.backend->marker_ids.size();
+  rig.host_steps(1);
+  EXPECT_EQ(rig.backend->marker_ids.size(), before + 2);
+}
+
+TEST(GpuMonitorTest, MarkersThatNeverResolveFallBackToHostSpansAndHoldNothingForever) {
+  Config c = Rig::base_config();
+  c.gpu.trace_first_step = 1;
+  c.gpu.trace_steps = 1;
+  Rig rig(c, false);
+  rig.backend->markers = true;  // recorded, never resolved
+  rig.make(c);
+  for (int i = 0; i < 5; ++i) rig.step(100, 200, 0.5);
+  EXPECT_TRUE(rig.sink->late<GpuStepRecord>().empty()) << "held while the markers may come";
+  EXPECT_EQ(rig.backend->trace_stops, 0) << "the window waits for the GPU, boundedly";
+  for (int i = 0; i < 25; ++i) rig.step(100, 200, 0.5);  // 3 s of host time
+  EXPECT_EQ(rig.backend->trace_stops, 1);
+  EXPECT_EQ(rig.backend->releases, 1);
+  const auto steps = rig.sink->late<GpuStepRecord>();
+  ASSERT_GE(steps.size(), 5u);
+  for (const GpuStepRecord& r : steps) {
+    EXPECT_FALSE(r.gpu_timed);
+    EXPECT_EQ(r.stats.wall_ns, 100 * kMs) << "the host span";
+    EXPECT_NEAR(r.stats.sm_efficiency, 0.5, 1e-9);
+  }
+  rig.pilot->end_epoch();
+  EXPECT_EQ(rig.sink->late<GpuStepRecord>().size(), 30u);
+  const auto& g = *rig.sink->epochs[0].sections.get<GpuEpochStats>();
+  EXPECT_EQ(g.gpu_timed_steps, 0);
+  EXPECT_EQ(g.marker_timeouts, 30);
+  EXPECT_EQ(g.traced_steps, 1);
+  EXPECT_EQ(rig.backend->awaited.size(), 1u) << "the epoch end waited once, boundedly";
+}
+
+TEST(GpuMonitorTest, WithoutMarkersStepsUseTheirHostSpanAtOnce) {
+  Config c = Rig::base_config();
+  c.gpu.trace_first_step = 1;
+  c.gpu.trace_steps = 1;
+  Rig rig(c);  // the fake records no markers (as the unavailable backend)
+  for (int i = 0; i < 4; ++i) rig.step(10, 200, 0.5);
+  EXPECT_EQ(rig.backend->trace_stops, 1);
+  EXPECT_EQ(rig.sink->late<GpuStepRecord>().size(), 4u);
+  rig.pilot->end_epoch();
+  const auto& g = *rig.sink->epochs[0].sections.get<GpuEpochStats>();
+  EXPECT_EQ(g.gpu_timed_steps, 0);
+  EXPECT_EQ(g.marker_timeouts, 0);
+  EXPECT_TRUE(rig.backend->awaited.empty());
+  EXPECT_FALSE(rig.sink->late<GpuStepRecord>()[0].gpu_timed);
+}
+
+TEST(GpuMonitorTest, StepMarkersOffInTheConfigurationAreNeverRecorded) {
+  Config c = Rig::base_config();
+  c.gpu.step_markers = false;
+  Rig rig(c, false);
+  rig.backend->markers = true;
+  rig.make(c);
+  for (int i = 0; i < 3; ++i) rig.step(10, 200, 0.5);
+  rig.pilot->end_epoch();
+  EXPECT_TRUE(rig.backend->marker_ids.empty());
+  EXPECT_EQ(rig.sink->late<GpuStepRecord>().size(), 3u);
+  EXPECT_EQ(rig.sink->epochs[0].sections.get<GpuEpochStats>()->gpu_timed_steps, 0);
 }
 
 // --- GPU advisors on planted summaries --------------------------------------------------------

@@ -27,6 +27,7 @@ struct Driver {
   bool warm = true;
   bool start_ok = true;
   bool busy = false;            // a failed start is another client holding the trace for now
+  bool stop_at_once = true;     // false: the GPU runs behind, the test calls trace_stopped()
   std::vector<int64_t> starts;  // steps a window opened at (or tried to)
   std::vector<int64_t> traced;  // steps reported traced
   std::vector<Nanos> ends;      // by step
@@ -42,6 +43,11 @@ struct Driver {
     const Nanos begin = now;
     now += ms * kMs;
     last = planner.end_step(step, step_in_epoch, begin, now, warm);
+    if (last.stop_trace && stop_at_once) {
+      // The monitor without step markers: stop and flush at once.
+      planner.trace_stopped();
+      last.flush = true;
+    }
     if (last.traced) traced.push_back(step);
     ends.push_back(now);
     ++step;
@@ -292,6 +298,49 @@ TEST(GpuWindowPlannerTest, MedianIsOfUntracedSteps) {
   r.step_ms(50);
   r.step_ms();
   EXPECT_EQ(r.starts, (Steps{1, 110}));
+}
+
+TEST(GpuWindowPlannerTest, AClosedWindowIsStoppedOnlyWhenTheMonitorSaysTheGpuRanIt) {
+  GpuConfig c = quiet_config();
+  c.trace_first_step = 1;
+  Driver r(c);
+  r.stop_at_once = false;
+  r.steps(3);  // steps 1-2 traced; step 2 closes the window
+  ASSERT_TRUE(r.last.stop_trace);
+  EXPECT_TRUE(r.planner.stopping());
+  EXPECT_TRUE(r.planner.trace_attached());
+  r.planner.request_window(2);
+  for (int i = 0; i < 5; ++i) {
+    // The GPU has not reached step 2's end yet: no tail, no release, no new window.
+    const auto a = r.step_ms();
+    EXPECT_FALSE(a.flush || a.release || a.stop_trace || a.traced);
+    EXPECT_FALSE(r.planner.records_final(r.ends[2]));
+  }
+  r.planner.trace_stopped();  // the monitor stopped and flushed
+  EXPECT_FALSE(r.planner.stopping());
+  EXPECT_FALSE(r.planner.records_final(r.ends[2]));
+  const auto a = r.step_ms();  // the tail's last step end
+  EXPECT_TRUE(a.flush);
+  EXPECT_TRUE(a.release);
+  EXPECT_TRUE(r.planner.records_final(r.ends[2]));
+  EXPECT_FALSE(r.planner.records_final(r.ends[3])) << "after the window's last step";
+  r.steps(4);
+  EXPECT_EQ(r.starts, (Steps{1, 10}));
+}
+
+TEST(GpuWindowPlannerTest, EpochEndStopsAWindowWaitingForTheGpu) {
+  GpuConfig c = quiet_config();
+  c.trace_first_step = 1;
+  Driver r(c);
+  r.stop_at_once = false;
+  r.steps(4);  // steps 1-2 traced; the stop waits
+  ASSERT_TRUE(r.planner.stopping());
+  const auto e = r.end_epoch();  // the monitor waits (bounded) for the GPU, then stops
+  EXPECT_TRUE(e.stop_trace);
+  EXPECT_TRUE(e.release);
+  EXPECT_FALSE(r.planner.stopping());
+  EXPECT_FALSE(r.planner.trace_attached());
+  EXPECT_TRUE(r.planner.records_final(r.ends[2]));
 }
 
 TEST(GpuWindowPlannerTest, EpochEndClosesTheWindowAndReleasesTheTrace) {

@@ -100,6 +100,13 @@ struct UtilSample {
   double utilization = 0;  // fraction
 };
 
+// A step-boundary marker the GPU reached (GpuBackend::record_marker): `time` is when the GPU
+// executed it, on the steady clock.
+struct MarkerRecord {
+  uint64_t id = 0;
+  Nanos time = 0;
+};
+
 struct GpuEventBatch {
   std::vector<KernelRecord> kernels;
   std::vector<CopyRecord> copies;
@@ -107,8 +114,10 @@ struct GpuEventBatch {
   std::vector<HostOpScope> scopes;  // from HostOpScopes, not from the backend
   std::vector<PmSample> pm;
   std::vector<UtilSample> nvml;
-  int64_t dropped = 0;  // records lost to full buffers since the last drain
+  std::vector<MarkerRecord> markers;  // in the order they were resolved
+  int64_t dropped = 0;                // records lost to full buffers since the last drain
   void clear() {
+    markers.clear();
     kernels.clear();
     copies.clear();
     syncs.clear();
@@ -151,6 +160,15 @@ class GpuBackend {
   virtual void flush() = 0;
   // Moves the events that arrived since the last call into `out` (appends).
   virtual void drain(GpuEventBatch& out) = 0;
+  // Step-boundary markers (docs/metrics.md, "GPU time of a step"): records marker `id` on the
+  // stream the trainer launches on, without synchronizing; once the GPU has executed everything
+  // queued before it, drain() returns it as a MarkerRecord. Returns false when it was not recorded
+  // (no CUDA context current on the calling thread yet, none left in flight, not supported). Ids
+  // increase. Cheap: called at every step boundary on the training thread.
+  virtual bool record_marker(uint64_t id) { return false; }
+  // Blocks until marker `id` has been resolved (drain() returns it) or `timeout_ns` passed.
+  // Epoch ends only, so that a closing window or epoch keeps its last steps' GPU work.
+  virtual void await_marker(uint64_t id, Nanos timeout_ns) {}
   // Stops everything; drain() still returns what was collected.
   virtual void stop() = 0;
   // NVTX ranges in the "torchpilot" domain (no-ops without a tool such as Nsight Systems).

@@ -5,8 +5,12 @@
 // NVTX ranges for steps and phases. Detailed windows (CUPTI activity trace): trace_steps steps
 // from gpu.trace_first_step (or once auto-tune is done), again every gpu.trace_every_epochs
 // epochs, after a step slower than gpu.trace_anomaly_factor x the median, and on request.
-// A step's figures are published (Sink::on_late_step, a GpuStepRecord) once samples covering its
-// end arrived; the epoch's figures are the summary's "gpu" section (GpuEpochStats) at end_epoch
+// Step markers (GpuBackend::record_marker) at every step boundary give each step its GPU span,
+// which its GPU figures are attributed by (docs/metrics.md, "GPU time of a step"); without them,
+// or when they do not resolve within kMarkerWaitNs, the host span. A detailed window's trace is
+// stopped only once the GPU ran its last step. A step's figures are published
+// (Sink::on_late_step, a GpuStepRecord) once its span is known and samples covering its end
+// arrived; the epoch's figures are the summary's "gpu" section (GpuEpochStats) at end_epoch
 // (after a flush of the collectors). hooks/ registers a default collector that makes one over the
 // CUPTI backend for every Pilot; tests add one over a fake backend (PilotOptions::collectors).
 //
@@ -16,6 +20,7 @@
 #include <deque>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +40,12 @@ namespace torchpilot {
 
 class GpuMonitor : public Collector {
  public:
+  // How long (host time after a step's end) its markers may take to resolve before the step is
+  // attributed by its host span; also how long a closing window waits for the GPU.
+  static constexpr Nanos kMarkerWaitNs = 2000000000;
+  // An epoch's end waits at most this long for the GPU to reach its last boundary.
+  static constexpr Nanos kEpochEndMarkerWaitNs = 1000000000;
+
   // Starts the backend's always-on collectors.
   GpuMonitor(const GpuConfig& config, std::shared_ptr<GpuBackend> backend);
   ~GpuMonitor() override;
@@ -61,12 +72,19 @@ class GpuMonitor : public Collector {
     Interval data_wait;  // the part the training thread waited for its batch
     bool traced = false;
     Nanos trace_from = 0;  // traced from here (a window's first step starts at its scope)
+    uint64_t begin_marker = 0, end_marker = 0;  // 0: not recorded
   };
+  uint64_t record_marker();
   void drain();
   void name_phases();
   void refresh_pm_status();
-  void finish_ready_steps(bool all);
-  void finish(const PendingStep& step);
+  // Stops a closed window's trace once the GPU ran its last step (or waited long enough).
+  void maybe_stop_trace(Nanos now, bool force);
+  // The step's spans, the GPU span when both markers resolved; false while that is still to
+  // come. `timed_out`: they were recorded but did not resolve in time (host span).
+  bool gpu_span(const PendingStep& step, Nanos now, bool all, StepSpans& spans, bool& timed_out);
+  void finish_ready_steps(bool all, Nanos now);
+  void finish(const PendingStep& step, const StepSpans& spans);
   void prune_events();
 
   GpuConfig config_;
@@ -84,6 +102,17 @@ class GpuMonitor : public Collector {
   // Detailed windows: when they open and close, which steps are traced, when their records are
   // final. The monitor carries out its actions on the backend.
   GpuWindowPlanner planner_{config_};
+
+  // Step markers: the one at the open step's start (the previous step's end within an epoch),
+  // resolved times not yet consumed, a closed window's last marker its trace stop waits for.
+  uint64_t next_marker_ = 1;
+  uint64_t boundary_marker_ = 0;
+  uint64_t open_begin_marker_ = 0;
+  std::map<uint64_t, Nanos> marker_times_;
+  bool stop_pending_ = false;
+  uint64_t stop_marker_ = 0;
+  Nanos stop_deadline_ = 0;
+  Nanos latest_ns_ = 0;  // the latest host time seen (step ends), for the markers' wait bound
 
   Nanos pruned_before_ = 0;
   Nanos last_finished_end_ = 0;

@@ -87,7 +87,9 @@ struct GpuEpochStats {
   std::string device;  // e.g. "NVIDIA H200"
   int sm_count = 0;
   GpuStats stats;
-  int64_t traced_steps = 0;                // steps inside detailed windows
+  int64_t traced_steps = 0;     // steps inside detailed windows
+  int64_t gpu_timed_steps = 0;  // steps attributed by their GPU span (step markers resolved)
+  int64_t marker_timeouts = 0;  // steps whose markers did not resolve in time: host span used
   std::vector<KernelSummary> top_kernels;  // by traced time, longest first
   std::vector<SyncSite> top_sync_sites;    // traced steps; by idle caused, then host wait
   std::vector<CollectorStatus> collectors;
@@ -103,6 +105,11 @@ struct GpuStepRecord {
   int64_t step = 0;
   int64_t epoch = 0;
   bool traced = false;  // inside a detailed window
+  // The step's GPU span (steady clock): from the GPU reaching the marker at its start boundary to
+  // it reaching the one at its end. gpu_timed false: unknown, the figures cover the host span.
+  bool gpu_timed = false;
+  Nanos gpu_begin_ns = 0, gpu_end_ns = 0;
+  Nanos gpu_lag_ns = 0;  // GPU span end - host span end: how far the GPU ran behind the host
   GpuStats stats;
 };
 

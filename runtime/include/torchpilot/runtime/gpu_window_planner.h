@@ -6,8 +6,10 @@
 // step opens in the next epoch): first at gpu.trace_first_step or once auto-tune's warm-up is done,
 // again every gpu.trace_every_epochs epochs at the same step in the epoch, on request, and after
 // a step slower than gpu.trace_anomaly_factor x the median of recent untraced steps (once per
-// epoch). A window closes after its steps or with its epoch; its steps' records are final after a
-// tail of kTailSteps step ends (a flush each), then the trace is released.
+// epoch). A window closes after its steps or with its epoch. The trace is stopped once the GPU has
+// run the window's last step (the monitor waits for that step's end marker and reports
+// trace_stopped(); without markers at once); the steps' records are final after a tail of
+// kTailSteps step ends from there (a flush each), then the trace is released.
 //
 // Thread-safety: not thread-safe; the monitor calls it from the training thread only.
 // Failure behaviour: nothing throws; a failed trace start (trace_started(false)) or disable()
@@ -25,7 +27,8 @@ namespace torchpilot {
 
 class GpuWindowPlanner {
  public:
-  static constexpr int kTailSteps = 2;               // step ends to wait for a window's records
+  static constexpr int kTailSteps = 2;  // flushes for a window's records: at the stop, then at
+                                        // step ends
   static constexpr size_t kAnomalyHistory = 64;      // step times the anomaly median is over
   static constexpr size_t kMedianRefreshSteps = 16;  // ... recomputed every this many steps
 
@@ -33,13 +36,14 @@ class GpuWindowPlanner {
   struct StepEndActions {
     bool traced = false;      // the step ran inside a window ...
     Nanos trace_from = 0;     // ... and is traced from here (a window's first: its scope's start)
-    bool stop_trace = false;  // the window closed with this step
+    bool stop_trace = false;  // the window closed with this step: once the GPU ran it, stop the
+                              // trace, flush, and report trace_stopped()
     bool flush = false;       // a closed window's tail: flush for its last records
     bool release = false;     // the tail is over (after the flush): release the trace
   };
   // What to do at an epoch's end: stop the trace, (always) flush, release.
   struct EpochEndActions {
-    bool stop_trace = false;  // a window does not run across epochs
+    bool stop_trace = false;  // a window does not run across epochs (nor a pending stop)
     bool release = false;     // the closed window's records are final after the flush
   };
 
@@ -60,15 +64,22 @@ class GpuWindowPlanner {
   StepEndActions end_step(int64_t step, int64_t step_in_epoch, Nanos begin, Nanos end,
                           bool warmup_done);
   EpochEndActions end_epoch();
+  // The monitor stopped the trace of the window that end_step() closed, and flushed: the rest of
+  // the tail (kTailSteps - 1 step ends) starts.
+  void trace_stopped();
+  // A closed window waits for the GPU to run its last step before the trace is stopped.
+  bool stopping() const { return stopping_; }
 
   // A window of `steps` steps at the next step boundary (ignored while one runs).
   void request_window(int steps);
 
   bool tracing() const { return window_left_ > 0; }
   // The trace is started and not yet released (a window or its tail runs).
-  bool trace_attached() const { return window_left_ > 0 || tail_ > 0; }
+  bool trace_attached() const { return window_left_ > 0 || stopping_ || tail_ > 0; }
   // A traced step ending at `step_end` has all its records (its window's tail is over).
-  bool records_final(Nanos step_end) const { return tail_ == 0 && cutoff_ >= step_end; }
+  bool records_final(Nanos step_end) const {
+    return !stopping_ && tail_ == 0 && cutoff_ >= step_end;
+  }
 
  private:
   void arm(int steps);
@@ -92,9 +103,10 @@ class GpuWindowPlanner {
   size_t recent_next_ = 0;
   Nanos recent_median_ns_ = 0;  // of recent_step_ns_, refreshed every few steps
   bool trace_failed_ = false;
-  int tail_ = 0;        // step ends left before the closed window's steps are final
-  Nanos cutoff_ = -1;   // traced steps ending at or before this are final after the tail
-  Nanos last_end_ = 0;  // of the latest step, to close a window at its epoch's end
+  bool stopping_ = false;  // closed, the trace not stopped yet (the GPU runs behind)
+  int tail_ = 0;           // step ends left before the closed window's steps are final
+  Nanos cutoff_ = -1;      // traced steps ending at or before this are final after the tail
+  Nanos last_end_ = 0;     // of the latest step, to close a window at its epoch's end
 };
 
 }  // namespace torchpilot

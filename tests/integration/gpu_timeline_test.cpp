@@ -1,0 +1,222 @@
+// GPU time of a step on a real GPU (label gpu; skips without one): trainers that queue their steps
+// ahead of the GPU (no per-step synchronization) get the same per-step figures as the same
+// trainer synchronizing every step, because steps are attributed by the GPU span between the
+// step markers (docs/metrics.md, "GPU time of a step").
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include "gpu_test_support.h"
+#include "torchpilot/runtime/gpu_monitor.h"
+#include "torchpilot/torchpilot.h"
+
+namespace torchpilot {
+namespace {
+
+#if TORCHPILOT_TORCH_CUDA
+
+using testing_support::gpu_config;
+using testing_support::PilotRun;
+
+// One step's work: many small launches (host-bound) and a few large bf16 GEMMs (GPU-bound), so
+// that without a per-step synchronization the host queues steps until CUDA's launch queue is
+// full and the GPU runs several steps behind.
+struct Workload {
+  torch::Tensor a, b, c, x;
+  int small = 100, gemms = 4;
+  Workload() {
+    const auto bf16 = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
+    a = torch::randn({8192, 8192}, bf16);
+    b = torch::randn({8192, 8192}, bf16);
+    x = torch::randn({1024}, torch::kCUDA);
+    run(1, 0);
+    torch::cuda::synchronize();  // cuBLAS and the allocator warmed up before any Pilot
+  }
+  void run(int n_small, int n_gemms) {
+    for (int i = 0; i < n_small; ++i) x = x * 1.0001f;
+    for (int g = 0; g < n_gemms; ++g) c = torch::mm(a, b);
+  }
+  void step() { run(small, gemms); }
+};
+
+class GpuTimelineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  }
+  void require(PilotRun& run, std::initializer_list<const char*> collectors) {
+    ASSERT_NE(run.pilot->collector<GpuMonitor>(), nullptr)
+        << "a GPU is present but the GPU monitor is off";
+    for (const char* name : collectors) {
+      if (!run.collector_active(name)) {
+        for (const auto& s : run.pilot->collector<GpuMonitor>()->status()) {
+          if (s.name == name) GTEST_SKIP() << name << " unavailable: " << s.reason;
+        }
+      }
+    }
+  }
+};
+
+struct TracedRun {
+  std::vector<GpuStepRecord> steps;  // all, in order
+  std::vector<int64_t> traced_kernels;
+  GpuEpochStats epoch;
+};
+
+// `steps` steps of `work`, synchronizing at each step's end or not; a window of `window` steps
+// from step `first`.
+template <class Work>
+TracedRun run_trainer(bool sync, int steps, int first, int window, Work&& work, bool* skipped) {
+  TracedRun out;
+  PilotRun run(gpu_config(first, window));
+  if (run.pilot->collector<GpuMonitor>() == nullptr || !run.collector_active("activity")) {
+    *skipped = true;
+    return out;
+  }
+  for (int i = 0; i < steps; ++i) {
+    auto step = run.pilot->step(1);
+    work(i);
+    if (sync) torch::cuda::synchronize();
+  }
+  run.pilot->end_epoch();
+  out.steps = run.sink->late<GpuStepRecord>();
+  for (const auto& r : out.steps) {
+    if (r.traced) out.traced_kernels.push_back(r.stats.kernels);
+  }
+  out.epoch = *run.epoch().sections.get<GpuEpochStats>();
+  return out;
+}
+
+void print_steps(const char* what, const TracedRun& r) {
+  for (const auto& s : r.steps) {
+    std::printf(
+        "[%s] step %lld: traced %d, gpu_timed %d, GPU span %.2f ms, lag %.2f ms, kernels "
+        "%lld, SM eff %.3f\n",
+        what, static_cast<long long>(s.step), s.traced ? 1 : 0, s.gpu_timed ? 1 : 0,
+        s.stats.wall_ns / 1e6, s.gpu_lag_ns / 1e6, static_cast<long long>(s.stats.kernels),
+        s.stats.sm_efficiency);
+  }
+  std::printf("[%s] epoch: %lld GPU-timed steps, %lld marker timeouts, %lld traced\n", what,
+              static_cast<long long>(r.epoch.gpu_timed_steps),
+              static_cast<long long>(r.epoch.marker_timeouts),
+              static_cast<long long>(r.epoch.traced_steps));
+}
+
+// (a) The same trainer with and without a per-step synchronization: the same kernels per step.
+TEST_F(GpuTimelineTest, AsynchronousTrainerCountsTheSameKernelsPerStepAsASynchronizedOne) {
+  Workload w;
+  constexpr int kSteps = 30, kFirst = 10, kWindow = 8;
+  bool skipped = false;
+  const TracedRun synced = run_trainer(
+      true, kSteps, kFirst, kWindow, [&](int) { w.step(); }, &skipped);
+  if (skipped) GTEST_SKIP() << "no GPU monitor or no activity trace";
+  const TracedRun async = run_trainer(
+      false, kSteps, kFirst, kWindow, [&](int) { w.step(); }, &skipped);
+  torch::cuda::synchronize();
+  print_steps("synced", synced);
+  print_steps("async", async);
+
+  ASSERT_EQ(synced.traced_kernels.size(), static_cast<size_t>(kWindow));
+  ASSERT_EQ(async.traced_kernels.size(), static_cast<size_t>(kWindow));
+  std::vector<int64_t> ref = synced.traced_kernels;
+  std::sort(ref.begin(), ref.end());
+  const double per_step = static_cast<double>(ref[ref.size() / 2]);
+  ASSERT_GE(per_step, w.small + w.gemms) << "the synchronized trainer's window saw its kernels";
+  for (size_t i = 0; i < async.traced_kernels.size(); ++i) {
+    EXPECT_NEAR(static_cast<double>(async.traced_kernels[i]), per_step, 0.05 * per_step)
+        << "traced step " << i << " of the asynchronous trainer";
+  }
+  // The host did run ahead, and the spans came from the markers.
+  Nanos max_lag = 0;
+  for (const auto& s : async.steps) max_lag = std::max(max_lag, s.gpu_lag_ns);
+  EXPECT_GT(max_lag, 5000000) << "the GPU never ran a step behind the host: nothing was tested";
+  EXPECT_GE(async.epoch.gpu_timed_steps, kSteps - 2);
+  EXPECT_EQ(async.epoch.marker_timeouts, 0);
+}
+
+// (b) A window whose last steps the GPU runs long after the host left them: the trace is kept
+// until they ran, so the last traced step's kernels are all counted.
+TEST_F(GpuTimelineTest, AWindowIsNotReleasedBeforeItsKernelsRan) {
+  Workload w;
+  constexpr int kSteps = 40, kFirst = 6, kWindow = 4;
+  bool skipped = false;
+  // Each step queues 8 large GEMMs (~13 ms) in few launches: the host gets tens of steps ahead.
+  auto work = [&](int) { w.run(20, 8); };
+  const TracedRun synced = run_trainer(true, 12, kFirst, kWindow, work, &skipped);
+  if (skipped) GTEST_SKIP() << "no GPU monitor or no activity trace";
+  const TracedRun async = run_trainer(false, kSteps, kFirst, kWindow, work, &skipped);
+  torch::cuda::synchronize();
+  print_steps("async", async);
+
+  ASSERT_EQ(synced.traced_kernels.size(), static_cast<size_t>(kWindow));
+  const double per_step = static_cast<double>(synced.traced_kernels.back());
+  ASSERT_EQ(async.traced_kernels.size(), static_cast<size_t>(kWindow));
+  EXPECT_NEAR(static_cast<double>(async.traced_kernels.back()), per_step, 0.05 * per_step)
+      << "the window's last step";
+  int64_t total = 0;
+  for (int64_t k : async.traced_kernels) total += k;
+  EXPECT_NEAR(static_cast<double>(total), kWindow * per_step, 0.05 * kWindow * per_step);
+  // How far behind the GPU was when the window's last step ended on the host.
+  const GpuStepRecord* last = nullptr;
+  for (const auto& s : async.steps) {
+    if (s.traced) last = &s;
+  }
+  ASSERT_NE(last, nullptr);
+  EXPECT_TRUE(last->gpu_timed);
+  std::printf("the window's last step: the GPU ran it %.1f ms after the host\n",
+              last->gpu_lag_ns / 1e6);
+}
+
+// (c) Heavy steps (large GEMMs queued in a fraction of a millisecond) alternating with idle steps
+// (the host sleeps, no kernels): per-step SM efficiency lands on the right steps although the
+// heavy steps' GPU work runs during the idle steps' host time.
+TEST_F(GpuTimelineTest, SmEfficiencyOfHeavyAndIdleStepsLandsOnTheRightSteps) {
+  Workload w;
+  constexpr int kSteps = 14;
+  PilotRun run(gpu_config(1000000, 1));  // no window: PM samples only
+  require(run, {"pm_sampling"});
+  for (int i = 0; i < kSteps; ++i) {
+    auto step = run.pilot->step(1);
+    if (i % 2 == 0) {
+      w.run(0, 20);  // ~30 ms of GEMMs on an H100/H200, queued in well under a millisecond
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    }
+  }
+  run.pilot->end_epoch();
+  torch::cuda::synchronize();
+  TracedRun r;
+  r.steps = run.sink->late<GpuStepRecord>();
+  r.epoch = *run.epoch().sections.get<GpuEpochStats>();
+  print_steps("heavy/idle", r);
+  ASSERT_EQ(r.steps.size(), static_cast<size_t>(kSteps));
+  double heavy_min = 1, idle_max = 0;
+  int compared = 0;
+  for (const auto& s : r.steps) {
+    if (s.step < 2 || !measured(s.stats.sm_efficiency)) continue;  // warm-up
+    EXPECT_TRUE(s.gpu_timed) << "step " << s.step;
+    ++compared;
+    if (s.step % 2 == 0) {
+      heavy_min = std::min(heavy_min, s.stats.sm_efficiency);
+    } else {
+      idle_max = std::max(idle_max, s.stats.sm_efficiency);
+    }
+  }
+  ASSERT_GE(compared, kSteps - 4);
+  EXPECT_GE(heavy_min, 0.7) << "a heavy step's GEMMs were attributed elsewhere";
+  EXPECT_LE(idle_max, 0.2) << "an idle step got a heavy step's GEMMs";
+}
+
+#else
+
+TEST(GpuTimelineTest, NeedsCudaLibTorch) { GTEST_SKIP() << "LibTorch without CUDA"; }
+
+#endif
+
+}  // namespace
+}  // namespace torchpilot
