@@ -70,8 +70,11 @@ struct RoundResult {
   double counted_flops_per_step = std::nan("");
   double mfu = std::nan("");
   // After the measured steps, kTailSteps steps each synchronized and timed: the longest minus
-  // their median is the stall of the step in which a closed window's trace was released.
-  double end_stall_ms = std::nan("");
+  // their median (the window's release happens in them; noisy: compare with "off").
+  double tail_excess_ms = std::nan("");
+  // The longest the GPU monitor held the training thread at one step boundary (GpuEpochStats):
+  // with a window, its start and end stalls.
+  double max_step_call_ms = std::nan("");
 };
 
 constexpr int kTailSteps = 8;  // > the window's tail of flushes before its release
@@ -81,6 +84,13 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+double median_of(const std::vector<RoundResult>& rounds, double RoundResult::*field) {
+  std::vector<double> v;
+  for (const auto& r : rounds)
+    if (std::isfinite(r.*field)) v.push_back(r.*field);
+  return median(v);
 }
 
 json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
@@ -142,12 +152,14 @@ RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, j
     tail.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
   }
-  r.end_stall_ms = *std::max_element(tail.begin(), tail.end()) - median(tail);
+  r.tail_excess_ms = *std::max_element(tail.begin(), tail.end()) - median(tail);
   pilot.end_epoch();  // outside the measurement: flushes the collectors, fills the summary
   if (!pilot.epoch_summaries().empty()) {
     const torchpilot::EpochSummary& s = pilot.epoch_summaries().back();
-    if (s.sections.get<torchpilot::GpuEpochStats>())
+    if (s.sections.get<torchpilot::GpuEpochStats>()) {
       r.traced_steps = s.sections.get<torchpilot::GpuEpochStats>()->traced_steps;
+      r.max_step_call_ms = s.sections.get<torchpilot::GpuEpochStats>()->max_step_call_ns / 1e6;
+    }
     if (s.sections.get<torchpilot::FlopEpochStats>()) {
       r.counted_steps = s.sections.get<torchpilot::FlopEpochStats>()->counted_steps;
       if (s.sections.get<torchpilot::FlopEpochStats>()->counted_steps > 0)
@@ -336,13 +348,14 @@ int run(int argc, char** argv) {
                 counted.counted_flops_per_step, analytic,
                 counted.counted_flops_per_step / analytic);
   }
-  {
-    std::vector<double> w, o;
-    for (const auto& r : results[kWindow]) w.push_back(r.end_stall_ms);
-    for (const auto& r : results[kOff]) o.push_back(r.end_stall_ms);
-    std::printf("window end stall: %.1f ms (the same measure with torchpilot off: %.1f ms)\n",
-                median(w), median(o));
-  }
+  std::printf(
+      "window end stall: %.2f ms (the longest step-boundary call of the GPU monitor in a window "
+      "round; advise: %.2f ms); tail steps' excess over their median: window %.1f ms, off %.1f "
+      "ms\n",
+      median_of(results[kWindow], &RoundResult::max_step_call_ms),
+      median_of(results[kAdvise], &RoundResult::max_step_call_ms),
+      median_of(results[kWindow], &RoundResult::tail_excess_ms),
+      median_of(results[kOff], &RoundResult::tail_excess_ms));
   std::printf("bench wall time %.0f s\n", elapsed);
 
   if (!a.out.empty()) {
@@ -362,7 +375,8 @@ int run(int argc, char** argv) {
                           {"counted_steps", r.counted_steps},
                           {"counted_model_flops_per_step", number(r.counted_flops_per_step)},
                           {"mfu", number(r.mfu)},
-                          {"end_stall_ms", number(r.end_stall_ms)}});
+                          {"tail_excess_ms", number(r.tail_excess_ms)},
+                          {"max_step_call_ms", number(r.max_step_call_ms)}});
       }
       per_config[kNames[s]] = {{"median_step_ms", number(medians[s])}, {"rounds", rounds}};
     }
@@ -429,18 +443,17 @@ int run(int argc, char** argv) {
           {"window", number(medians[kWindow])},
           {"counting", number(medians[kCounting])}}},
         {"ratios", ratio_json},
-        // The longest of the steps after the window minus their median (the same for "off" is the
-        // noise floor); medians over rounds.
-        {"window_end_stall_ms", number([&] {
-           std::vector<double> v;
-           for (const auto& r : results[kWindow]) v.push_back(r.end_stall_ms);
-           return median(v);
-         }())},
-        {"off_end_stall_ms", number([&] {
-           std::vector<double> v;
-           for (const auto& r : results[kOff]) v.push_back(r.end_stall_ms);
-           return median(v);
-         }())},
+        // The stall at a window's end: the longest the GPU monitor held the training thread at a
+        // step boundary in a window round (its start and end included); medians over rounds.
+        {"window_end_stall_ms",
+         number(median_of(results[kWindow], &RoundResult::max_step_call_ms))},
+        {"advise_max_step_call_ms",
+         number(median_of(results[kAdvise], &RoundResult::max_step_call_ms))},
+        // Cross-check from outside: the longest of kTailSteps synchronized steps after the measured
+        // ones minus their median, per configuration (noisy; "off" is the noise floor).
+        {"tail_excess_ms",
+         {{"off", number(median_of(results[kOff], &RoundResult::tail_excess_ms))},
+          {"window", number(median_of(results[kWindow], &RoundResult::tail_excess_ms))}}},
         {"per_config", per_config},
         {"wall_s", elapsed}};
     std::ofstream out(a.out);

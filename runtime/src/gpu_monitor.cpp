@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <limits>
 #include <map>
@@ -61,7 +62,7 @@ struct GpuMonitor::EpochAcc {
     Nanos ns = 0;
     double blocks_ns = 0, eff_ns = 0;
   };
-  Nanos wall_ns = 0;
+  Nanos wall_ns = 0, pm_covered_ns = 0;
   Mean counter_utilization, sm_efficiency, tensor_activity, dram_throughput, achieved_occupancy,
       nvml_utilization, gpu_utilization, estimated_sm_efficiency;
   Sum pcie_read, pcie_write;
@@ -75,11 +76,15 @@ struct GpuMonitor::EpochAcc {
   void add(const GpuStats& g) {
     const double w = static_cast<double>(g.wall_ns);
     wall_ns += g.wall_ns;
-    counter_utilization.add(g.counter_utilization, w);
-    sm_efficiency.add(g.sm_efficiency, w);
-    tensor_activity.add(g.tensor_activity, w);
-    dram_throughput.add(g.dram_throughput, w);
-    achieved_occupancy.add(g.achieved_occupancy, w);
+    // PM means by the time the samples cover, not the steps' wall time: a step that lies mostly in
+    // a sampling gap must not weigh as much as one sampled throughout.
+    const double pw = static_cast<double>(g.pm_covered_ns);
+    counter_utilization.add(g.counter_utilization, pw);
+    sm_efficiency.add(g.sm_efficiency, pw);
+    tensor_activity.add(g.tensor_activity, pw);
+    dram_throughput.add(g.dram_throughput, pw);
+    achieved_occupancy.add(g.achieved_occupancy, pw);
+    pm_covered_ns += g.pm_covered_ns;
     nvml_utilization.add(g.nvml_utilization, w);
     pcie_read.add(g.pcie_read_bytes);
     pcie_write.add(g.pcie_write_bytes);
@@ -141,6 +146,7 @@ struct GpuMonitor::EpochAcc {
   GpuStats stats() const {
     GpuStats g = traced;
     g.wall_ns = wall_ns;
+    g.pm_covered_ns = pm_covered_ns;
     g.counter_utilization = counter_utilization.get();
     g.sm_efficiency = sm_efficiency.get();
     g.tensor_activity = tensor_activity.get();
@@ -200,7 +206,27 @@ uint64_t GpuMonitor::record_marker() {
   return backend_->record_marker(id) ? id : 0;
 }
 
+namespace {
+// How long the monitor holds the training thread at a step boundary (its own cost, and a window's
+// start and end stalls): the longest per epoch is reported.
+class CallTimer {
+ public:
+  explicit CallTimer(Nanos& max_ns) : max_ns_(max_ns), t0_(std::chrono::steady_clock::now()) {}
+  ~CallTimer() {
+    const auto ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_)
+            .count();
+    max_ns_ = std::max<Nanos>(max_ns_, ns);
+  }
+
+ private:
+  Nanos& max_ns_;
+  std::chrono::steady_clock::time_point t0_;
+};
+}  // namespace
+
 void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
+  const CallTimer timer(max_step_call_ns_);
   // Within an epoch a step starts where the previous one ended (its record's span does too), and
   // so does its GPU span: the previous step's end marker. An epoch's first step records its own.
   open_begin_marker_ = boundary_marker_ != 0 ? boundary_marker_ : record_marker();
@@ -244,6 +270,7 @@ void GpuMonitor::on_phase_end(int phase_id) {
 void GpuMonitor::request_window(int steps) { planner_.request_window(steps); }
 
 void GpuMonitor::on_step_end(StepRecord& r) {
+  const CallTimer timer(max_step_call_ns_);
   // First, behind the step's last launches on the trainer's stream.
   const uint64_t end_marker = record_marker();
   boundary_marker_ = end_marker;
@@ -504,6 +531,8 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.collectors = backend_->status();
   e.dropped_records = events_.dropped;
   e.kernel_classes = epoch_->classes;
+  e.max_step_call_ns = max_step_call_ns_;
+  max_step_call_ns_ = 0;
   events_.dropped = 0;
   summary.sections.set(std::move(e));
   epoch_ = std::make_unique<EpochAcc>();

@@ -23,6 +23,7 @@ json gpu_stats_json(const GpuStats& g) {
           {"pcie_read_bytes", number(g.pcie_read_bytes)},
           {"pcie_write_bytes", number(g.pcie_write_bytes)},
           {"nvml_utilization", number(g.nvml_utilization)},
+          {"pm_covered_ms", ms(g.pm_covered_ns)},
           {"traced_ms", ms(g.traced_ns)},
           {"gpu_utilization", number(g.gpu_utilization)},
           {"estimated_sm_efficiency", number(g.estimated_sm_efficiency)},
@@ -96,6 +97,7 @@ std::string section_json(const GpuEpochStats& e) {
   j["top_kernels"] = kernels;
   j["top_sync_sites"] = sync_sites;
   j["collectors"] = collectors;
+  j["max_step_call_ms"] = ms(e.max_step_call_ns);
   j["kernel_classes"] = kernel_classes_json(e.kernel_classes);
   return dump(j);
 }

@@ -185,6 +185,16 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
   if (g.wall_ns == 0) return g;
 
   const auto& pm = events.pm;
+  // The part of the step the samples cover: the epoch weighs the step's PM means by it (a step
+  // half in a sampling gap, e.g. while a window's release restarts PM sampling, weighs half).
+  {
+    std::vector<Interval> covered;
+    for (const PmSample& s : pm) {
+      if (measured(s.counter_utilization) || measured(s.sm_efficiency))
+        covered.push_back({s.begin, s.end});
+    }
+    g.pm_covered_ns = union_length(covered, span);
+  }
   g.counter_utilization =
       weighted(pm, span, [](const PmSample& s) { return s.counter_utilization; });
   g.sm_efficiency = weighted(pm, span, [](const PmSample& s) { return s.sm_efficiency; });

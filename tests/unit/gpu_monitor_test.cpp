@@ -318,6 +318,30 @@ TEST(GpuMonitorTest, StepsArePublishedOnceSamplesCoverThem) {
   EXPECT_EQ(rig.sink->late<GpuStepRecord>().size(), 2u);
 }
 
+// A step that lies mostly in a sampling gap (PM sampling restarting after a window's release)
+// weighs in the epoch's PM means by the part its samples cover, not by its wall time.
+TEST(GpuMonitorTest, EpochPmMeansWeighStepsByTheirSampledTime) {
+  Rig rig;
+  auto s1 = rig.pilot->step(1);
+  rig.clock->advance(100 * kMs);
+  s1.end();
+  auto s2 = rig.pilot->step(1);
+  rig.clock->advance(100 * kMs);
+  s2.end();
+  rig.backend->queued.pm.push_back(pm(0, 100 * kMs, 0.8, 1.0));
+  // The second step: sampled only for its last 10 ms, a sample reading idle.
+  rig.backend->queued.pm.push_back(pm(190 * kMs, 200 * kMs, 0.0, 0.0));
+  rig.pilot->end_epoch();
+  const auto& late = rig.sink->late<GpuStepRecord>();
+  ASSERT_EQ(late.size(), 2u);
+  EXPECT_EQ(late[0].stats.pm_covered_ns, 100 * kMs);
+  EXPECT_EQ(late[1].stats.pm_covered_ns, 10 * kMs);
+  const GpuStats& g = rig.sink->epochs[0].sections.get<GpuEpochStats>()->stats;
+  EXPECT_NEAR(g.sm_efficiency, 0.8 * 100 / 110, 1e-9);  // by wall time it would read 0.4
+  EXPECT_NEAR(g.counter_utilization, 100.0 / 110, 1e-9);
+  EXPECT_EQ(g.pm_covered_ns, 110 * kMs);
+}
+
 TEST(GpuMonitorTest, WindowsOpenAtTheFirstStepAgainEachEpochAndOnRequest) {
   Config c = Rig::base_config();
   c.gpu.trace_first_step = 2;

@@ -125,6 +125,7 @@ class GpuMonitor : public Collector {
   };
   std::deque<PhaseSpan> phases_;
   int steps_since_status_ = 0;
+  Nanos max_step_call_ns_ = 0;  // the longest step-boundary call this epoch
 
   // Epoch accumulation.
   struct EpochAcc;

@@ -28,6 +28,7 @@ struct GpuStats {
   double pcie_read_bytes = kNotMeasured;      // pcie__read_bytes.sum over the span
   double pcie_write_bytes = kNotMeasured;
   double nvml_utilization = kNotMeasured;  // NVML utilization.gpu (what nvidia-smi shows)
+  Nanos pm_covered_ns = 0;  // the part of the span PM samples cover (epoch means weigh by it)
   // Detailed windows only (CUPTI activity trace); traced_ns is the part of the span traced.
   Nanos traced_ns = 0;
   double gpu_utilization = kNotMeasured;          // kernel-interval union / traced time
@@ -94,6 +95,9 @@ struct GpuEpochStats {
   std::vector<SyncSite> top_sync_sites;    // traced steps; by idle caused, then host wait
   std::vector<CollectorStatus> collectors;
   int64_t dropped_records = 0;  // trace records lost to full buffers, samples never drained
+  // The longest the GPU monitor held the training thread at one step boundary this epoch (a
+  // window's start or end included): its stall, measured.
+  Nanos max_step_call_ns = 0;
   // Traced time by kernel class (kernel_classes.h).
   KernelClassStats kernel_classes;
 };
