@@ -57,6 +57,10 @@ struct SyncSite {
   int64_t count = 0;
   Nanos host_wait_ns = 0;  // the host's time blocked in them
   Nanos idle_ns = 0;       // GPU idle they caused (their part of idle_host_sync_ns)
+  // Of `count`, by the thread that made the call (SyncThread); the rest: thread unknown.
+  int64_t trainer_calls = 0, other_thread_calls = 0;
+  // CUPTI's stream and CUDA event ids of the latest call (-1: not applicable or unknown).
+  int64_t stream_id = -1, event_id = -1;
 };
 
 // One kernel name's share of the traced time in an epoch's detailed windows.
@@ -93,7 +97,8 @@ struct GpuEpochStats {
   std::vector<KernelSummary> top_kernels;  // by traced time, longest first
   std::vector<SyncSite> top_sync_sites;    // traced steps; by idle caused, then host wait
   std::vector<CollectorStatus> collectors;
-  int64_t dropped_records = 0;  // trace records lost to full buffers, samples never drained
+  int64_t dropped_records = 0;   // trace records lost to full buffers, samples never drained
+  int64_t own_thread_syncs = 0;  // sync records of torchpilot's own threads: never host syncs
   // Traced time by kernel class (kernel_classes.h).
   KernelClassStats kernel_classes;
 };
