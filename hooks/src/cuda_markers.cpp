@@ -10,6 +10,7 @@
 #include "cuda_driver.h"
 #include "cupti_api.h"
 #include "marker_stream.h"
+#include "own_thread.h"
 
 namespace torchpilot {
 namespace detail {
@@ -313,6 +314,7 @@ void CudaMarkers::resolve_once() {
 }
 
 void CudaMarkers::run() {
+  mark_own_thread();
   for (;;) {
     resolve_once();
     if (off_.load(std::memory_order_acquire)) break;  // failed: nothing left to resolve

@@ -1,6 +1,8 @@
 // CUPTI activity records -> vendor-neutral events; the activity buffer collector.
 #include "cupti_activity_trace.h"
 
+#include <cupti_driver_cbid.h>
+#include <cupti_runtime_cbid.h>
 #include <cxxabi.h>
 #include <spdlog/spdlog.h>
 
@@ -9,9 +11,12 @@
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <shared_mutex>
+#include <thread>
 #include <unordered_map>
 
+#include "own_thread.h"
 #include "torchpilot/runtime/guard.h"
 
 namespace torchpilot {
@@ -137,6 +142,9 @@ std::optional<SyncRecord> to_sync(const CUpti_ActivitySynchronization2& r, const
   SyncRecord s;
   s.begin = tb.to_steady(r.start);
   s.end = tb.to_steady(r.end);
+  s.correlation_id = r.correlationId;
+  if (r.streamId != CUPTI_SYNCHRONIZATION_INVALID_VALUE) s.stream_id = r.streamId;
+  if (r.cudaEventId != CUPTI_SYNCHRONIZATION_INVALID_VALUE) s.event_id = r.cudaEventId;
   switch (r.type) {
     case CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_EVENT_SYNCHRONIZE:
       s.api = SyncApi::kEventSynchronize;
@@ -267,7 +275,37 @@ void CUPTIAPI on_buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t s
   free_buffer(buffer);
 }
 
-void CUPTIAPI on_callback(void*, CUpti_CallbackDomain, CUpti_CallbackId, const void*) {}
+// The synchronizing API calls whose thread the collector notes (enable() turns them on).
+struct SyncCallbackId {
+  CUpti_CallbackDomain domain;
+  CUpti_CallbackId cbid;
+};
+constexpr SyncCallbackId kSyncCallbacks[] = {
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaEventSynchronize_v3020},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_ptsz_v7000},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaThreadSynchronize_v3020},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuEventSynchronize},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize_ptsz},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize_v2},
+};
+
+// On the calling thread, inside the call: which thread made it, by its correlation id (a runtime
+// call and the driver call inside it each have one; the sync record carries one of them).
+void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId, const void* data) {
+  if (domain != CUPTI_CB_DOMAIN_RUNTIME_API && domain != CUPTI_CB_DOMAIN_DRIVER_API) return;
+  const auto* info = static_cast<const CUpti_CallbackData*>(data);
+  if (info == nullptr || info->callbackSite != CUPTI_API_ENTER) return;
+  std::shared_lock<std::shared_mutex> lock(route_mutex());
+  if (route() == nullptr) return;
+  try {  // inside the program's CUDA call: nothing may unwind out of here
+    route()->note_sync_call(info->correlationId, on_own_thread());
+  } catch (...) {
+  }
+}
 
 const char* kind_name(CUpti_ActivityKind kind) {
   switch (kind) {
@@ -366,11 +404,44 @@ std::string ActivityCollector::enable() {
     if (kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) return why;
     logger_.warn("CUPTI activity: {}; traced without it", why);
   }
+  {
+    // enable() runs on the thread that runs the steps (the monitor's start of a window).
+    std::lock_guard<std::mutex> lock(mutex_);
+    trainer_ = std::this_thread::get_id();
+    sync_callers_.clear();
+  }
+  // Callbacks on the synchronizing calls only (a few per step): without them every sync record's
+  // thread is unknown and counts, as before.
+  int refused = 0;
+  for (const SyncCallbackId& c : kSyncCallbacks) {
+    if (api_.enable_callback(1, subscriber_, c.domain, c.cbid) != CUPTI_SUCCESS) ++refused;
+  }
+  sync_callbacks_ = refused < static_cast<int>(std::size(kSyncCallbacks));
+  if (refused > 0) {
+    logger_.debug("CUPTI activity: {} of {} sync callbacks refused; their syncs' thread unknown",
+                  refused, std::size(kSyncCallbacks));
+  }
   enabled_ = true;
   return {};
 }
 
+void ActivityCollector::note_sync_call(uint32_t correlation_id, bool own_thread) {
+  const SyncThread thread = own_thread ? SyncThread::kOwn : SyncThread::kOther;
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Entries whose record never came (dropped, or the other id of a runtime/driver pair) are
+  // forgotten in bulk: a record whose entry went with them counts with its thread unknown.
+  if (sync_callers_.size() >= kMaxSyncCallers) sync_callers_.clear();
+  sync_callers_[correlation_id] =
+      !own_thread && std::this_thread::get_id() == trainer_ ? SyncThread::kTrainer : thread;
+}
+
 void ActivityCollector::disable() {
+  if (sync_callbacks_) {
+    for (const SyncCallbackId& c : kSyncCallbacks) {
+      api_.enable_callback(0, subscriber_, c.domain, c.cbid);
+    }
+    sync_callbacks_ = false;
+  }
   for (const auto kind : enabled_kinds_) api_.activity_disable(kind);
   enabled_kinds_.clear();
   enabled_ = false;
@@ -468,6 +539,12 @@ void ActivityCollector::buffer_completed(uint8_t* buffer, size_t, size_t valid_s
     if (convert_record(*record, tb, batch, &names_)) ++converted;
   }
   std::lock_guard<std::mutex> lock(mutex_);
+  for (SyncRecord& s : batch.syncs) {
+    const auto it = sync_callers_.find(static_cast<uint32_t>(s.correlation_id));
+    if (s.correlation_id < 0 || it == sync_callers_.end()) continue;
+    s.thread = it->second;
+    sync_callers_.erase(it);
+  }
   const size_t room = options_.max_pending_records > pending_records_
                           ? options_.max_pending_records - pending_records_
                           : 0;

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -90,12 +91,15 @@ class ActivityCollector {
   ActivityCollector(const ActivityCollector&) = delete;
   ActivityCollector& operator=(const ActivityCollector&) = delete;
 
-  // Subscribes (no-op callback) to learn whether another CUPTI client is attached, then registers
-  // the buffer callbacks and routes CUPTI's callbacks here. Returns the reason tracing is
-  // unavailable, empty when it is available.
+  // Subscribes (no callback enabled yet) to learn whether another CUPTI client is attached, then
+  // registers the buffer callbacks and routes CUPTI's callbacks here. Returns the reason tracing
+  // is unavailable, empty when it is available.
   std::string init();
-  // Enables CONCURRENT_KERNEL, MEMCPY, MEMSET and SYNCHRONIZATION. Returns the reason on failure
-  // (kernel tracing is required; the other kinds are logged and skipped when refused).
+  // Enables CONCURRENT_KERNEL, MEMCPY, MEMSET and SYNCHRONIZATION, and CUPTI's callbacks on the
+  // synchronizing calls (cuda{Event,Stream,Device}Synchronize, cu{Event,Stream,Ctx}Synchronize)
+  // that tag sync records with their caller's thread; the calling thread is taken as the
+  // trainer's. Returns the reason on failure (kernel tracing is required; the other kinds are
+  // logged and skipped when refused; refused callbacks leave the thread unknown).
   std::string enable();
   void disable();
   bool enabled() const { return enabled_; }
@@ -106,6 +110,11 @@ class ActivityCollector {
   void drain(GpuEventBatch& out);
   // Disables tracing, forces a flush, unsubscribes, unroutes the callbacks. Idempotent.
   void shutdown();
+
+  // CUPTI's callback on a synchronizing call, on the calling thread (enable() turns them on):
+  // notes the thread by the call's correlation id, to tag its sync record (SyncRecord::thread):
+  // torchpilot's own (own_thread.h), the one that enabled the trace (the trainer's), or another.
+  void note_sync_call(uint32_t correlation_id, bool own_thread);
 
   // CUPTI's buffer callbacks (through process-wide trampolines: they carry no user data).
   void buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records);
@@ -125,7 +134,9 @@ class ActivityCollector {
   CUpti_SubscriberHandle subscriber_ = nullptr;
   bool routed_ = false;
   bool enabled_ = false;
+  bool sync_callbacks_ = false;  // some sync callbacks enabled (enable() to disable())
   std::vector<CUpti_ActivityKind> enabled_kinds_;
+  static constexpr size_t kMaxSyncCallers = 4096;
 
   mutable std::mutex mutex_;  // guards what follows
   GpuEventBatch pending_;     // kernels, copies, syncs, dropped
@@ -134,6 +145,8 @@ class ActivityCollector {
   size_t allocated_buffers_ = 0;
   int64_t refused_ = 0;
   bool refusal_logged_ = false;
+  std::thread::id trainer_;                                // the thread that called enable()
+  std::unordered_map<uint32_t, SyncThread> sync_callers_;  // correlation id -> caller's thread
 };
 
 }  // namespace detail

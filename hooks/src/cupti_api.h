@@ -56,6 +56,10 @@ namespace detail {
   X(enable_domain, cuptiEnableDomain,                                                     \
     (uint32_t enable, CUpti_SubscriberHandle subscriber, CUpti_CallbackDomain domain),    \
     (enable, subscriber, domain))                                                         \
+  X(enable_callback, cuptiEnableCallback,                                                 \
+    (uint32_t enable, CUpti_SubscriberHandle subscriber, CUpti_CallbackDomain domain,     \
+     CUpti_CallbackId cbid),                                                              \
+    (enable, subscriber, domain, cbid))                                                   \
   /* Detaches CUPTI from the process (kineto's teardown after a trace). */                \
   X(finalize, cuptiFinalize, (), ())
 

@@ -18,6 +18,7 @@
 #include "cupti_api.h"
 #include "cupti_pm_sampling.h"
 #include "nvml_sampler.h"
+#include "own_thread.h"
 #include "torchpilot/runtime/config.h"
 
 #if TORCHPILOT_HAVE_NVTX
@@ -160,6 +161,7 @@ class CuptiBackend final : public GpuBackend {
       finalized_ = false;
       releasing_.store(true, std::memory_order_release);
       release_thread_ = std::thread([this] {
+        mark_own_thread();
         guard("release_trace", [&] {
           const Nanos t0 = steady_now_ns();
           activity_->shutdown();  // disable, forced flush, unsubscribe

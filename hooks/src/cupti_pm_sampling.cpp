@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "own_thread.h"
 #include "torchpilot/runtime/guard.h"
 
 namespace torchpilot {
@@ -372,7 +373,10 @@ std::string PmSampler::start() {
     stop_requested_ = false;
     reason_.clear();
   }
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    mark_own_thread();
+    run();
+  });
   return {};
 }
 

@@ -5,6 +5,8 @@
 
 #include <chrono>
 
+#include "own_thread.h"
+
 namespace torchpilot {
 namespace detail {
 
@@ -121,7 +123,10 @@ std::string NvmlSampler::start(double interval_ms, Sink sink) {
   const double ms = interval_ms > 0 ? interval_ms : 100.0;
   const auto interval =
       std::chrono::nanoseconds(static_cast<int64_t>(ms * 1e6 < 1e6 ? 1e6 : ms * 1e6));
-  thread_ = std::thread([this, interval] { run(interval); });
+  thread_ = std::thread([this, interval] {
+    mark_own_thread();
+    run(interval);
+  });
   return {};
 }
 

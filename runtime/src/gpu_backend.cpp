@@ -21,6 +21,20 @@ const char* to_string(SyncApi api) {
   return "unknown";
 }
 
+const char* to_string(SyncThread thread) {
+  switch (thread) {
+    case SyncThread::kTrainer:
+      return "trainer";
+    case SyncThread::kOther:
+      return "other";
+    case SyncThread::kOwn:
+      return "torchpilot";
+    case SyncThread::kUnknown:
+      break;
+  }
+  return "unknown";
+}
+
 namespace {
 
 // No GPU collectors: device() has no SMs, status() gives the reason.

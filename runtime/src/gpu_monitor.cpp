@@ -69,6 +69,7 @@ struct GpuMonitor::EpochAcc {
   GpuStats traced;  // integer sums over traced steps
   int64_t traced_steps = 0;
   int64_t gpu_timed_steps = 0, marker_timeouts = 0;
+  int64_t own_thread_syncs = 0;
   std::map<std::string, Kernel> kernels;
   KernelClassStats classes;
   std::map<std::pair<std::string, std::string>, SyncSite> sync_sites;  // by (cause, phase)
@@ -130,6 +131,10 @@ struct GpuMonitor::EpochAcc {
       it->second.count += s.count;
       it->second.host_wait_ns += s.host_wait_ns;
       it->second.idle_ns += s.idle_ns;
+      it->second.trainer_calls += s.trainer_calls;
+      it->second.other_thread_calls += s.other_thread_calls;
+      if (s.stream_id >= 0) it->second.stream_id = s.stream_id;
+      if (s.event_id >= 0) it->second.event_id = s.event_id;
     }
   }
 
@@ -349,6 +354,9 @@ void GpuMonitor::drain() {
   HostOpScopes& scopes = HostOpScopes::instance();
   scopes.drain(incoming_.scopes);
   name_phases();
+  for (const SyncRecord& s : incoming_.syncs) {
+    if (s.thread == SyncThread::kOwn && epoch_ != nullptr) ++epoch_->own_thread_syncs;
+  }
   append(events_.syncs, incoming_.syncs);
   append(events_.scopes, incoming_.scopes);
   for (const MarkerRecord& m : incoming_.markers) marker_times_[m.id] = m.time;
@@ -526,6 +534,7 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.traced_steps = epoch_->traced_steps;
   e.gpu_timed_steps = epoch_->gpu_timed_steps;
   e.marker_timeouts = epoch_->marker_timeouts;
+  e.own_thread_syncs = epoch_->own_thread_syncs;
   e.top_kernels = epoch_->top_kernels();
   e.top_sync_sites = epoch_->top_sync_sites();
   e.collectors = backend_->status();

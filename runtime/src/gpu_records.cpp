@@ -81,7 +81,11 @@ std::string section_json(const GpuEpochStats& e) {
                           {"phase", x.phase},
                           {"count", x.count},
                           {"host_wait_ms", ms(x.host_wait_ns)},
-                          {"idle_ms", ms(x.idle_ns)}});
+                          {"idle_ms", ms(x.idle_ns)},
+                          {"trainer_calls", x.trainer_calls},
+                          {"other_thread_calls", x.other_thread_calls},
+                          {"stream_id", x.stream_id},
+                          {"event_id", x.event_id}});
   }
   json collectors = json::array();
   for (const auto& c : e.collectors) {
@@ -94,6 +98,7 @@ std::string section_json(const GpuEpochStats& e) {
   j["gpu_timed_steps"] = e.gpu_timed_steps;
   j["marker_timeouts"] = e.marker_timeouts;
   j["dropped_records"] = e.dropped_records;
+  j["own_thread_syncs"] = e.own_thread_syncs;
   j["top_kernels"] = kernels;
   j["top_sync_sites"] = sync_sites;
   j["collectors"] = collectors;

@@ -61,6 +61,10 @@ void add_site(std::vector<SyncSite>& sites, const SyncRecord& s, bool counted, N
   if (counted) {
     ++it->count;
     it->host_wait_ns += s.end - s.begin;
+    if (s.thread == SyncThread::kTrainer) ++it->trainer_calls;
+    if (s.thread == SyncThread::kOther) ++it->other_thread_calls;
+    if (s.stream_id >= 0) it->stream_id = s.stream_id;
+    if (s.event_id >= 0) it->event_id = s.event_id;
   }
   it->idle_ns += idle;
 }
@@ -143,30 +147,45 @@ std::vector<SyncRecord> resolve_host_syncs(const GpuEventBatch& events, bool tra
   // host waits for those inside the copy call, with no sync record).
   std::vector<SyncRecord> candidates;
   for (const SyncRecord& c : events.syncs) {
+    // torchpilot's own threads (step markers, PM decode, the trace release) never hold up the
+    // training loop: their calls are no host syncs, wherever they fall in time.
+    if (c.thread == SyncThread::kOwn) continue;
     if (is_near(c.begin, c.end)) candidates.push_back(c);
   }
   for (const CopyRecord& c : events.copies) {
     if (!c.memset && c.kind == CopyKind::kDeviceToHost && c.pageable && c.end >= c.begin &&
         is_near(c.begin, c.end)) {
-      candidates.push_back({c.begin, c.end, SyncApi::kBlockingCopy, "", ""});
+      SyncRecord s;
+      s.begin = c.begin;
+      s.end = c.end;
+      s.api = SyncApi::kBlockingCopy;
+      candidates.push_back(s);
     }
   }
   std::sort(candidates.begin(), candidates.end(),
             [](const SyncRecord& a, const SyncRecord& b) { return a.begin < b.begin; });
-  // One sync per op scope that holds any of them, named by the op; the API of its first.
-  std::vector<std::pair<const HostOpScope*, SyncApi>> hit;
+  // One sync per op scope that holds any of them, named by the op; the API (and the thread and
+  // ids) of its first.
+  std::vector<std::pair<const HostOpScope*, const SyncRecord*>> hit;
   for (const SyncRecord& c : candidates) {
     const HostOpScope* scope = scope_of(scopes, c.begin, c.end);
     if (scope == nullptr) {
-      out.push_back({c.begin, c.end, c.api, to_string(c.api), c.phase});
+      SyncRecord s = c;
+      s.cause = to_string(c.api);
+      out.push_back(std::move(s));
       continue;
     }
     const bool seen =
         std::any_of(hit.begin(), hit.end(), [&](const auto& h) { return h.first == scope; });
-    if (!seen) hit.emplace_back(scope, c.api);
+    if (!seen) hit.emplace_back(scope, &c);
   }
-  for (const auto& [scope, api] : hit) {
-    out.push_back({scope->begin, scope->end, api, scope->op, scope->phase});
+  for (const auto& [scope, first] : hit) {
+    SyncRecord s = *first;
+    s.begin = scope->begin;
+    s.end = scope->end;
+    s.cause = scope->op;
+    s.phase = scope->phase;
+    out.push_back(std::move(s));
   }
   std::sort(out.begin(), out.end(),
             [](const SyncRecord& a, const SyncRecord& b) { return a.begin < b.begin; });

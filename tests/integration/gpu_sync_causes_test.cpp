@@ -61,14 +61,26 @@ TEST(GpuSyncCausesTest, ItemAfterMicroStepsIsNamedWithPhaseAndIdle) {
   ASSERT_NE(gpu, nullptr);
   ASSERT_GT(gpu->traced_steps, 0);
   ASSERT_FALSE(gpu->top_sync_sites.empty());
+  // Enough to tell next time who made a sync: its thread (CUPTI's callback on the call), and
+  // CUPTI's stream and event ids (-1: not applicable).
+  std::printf("traced steps %lld, syncs of torchpilot's own threads (not counted): %lld\n",
+              static_cast<long long>(gpu->traced_steps),
+              static_cast<long long>(gpu->own_thread_syncs));
   for (const SyncSite& s : gpu->top_sync_sites) {
-    std::printf("sync site: %s [%s] phase '%s' %lld calls, wait %.3f ms, idle %.3f ms\n",
-                s.cause.c_str(), s.api.c_str(), s.phase.c_str(), static_cast<long long>(s.count),
-                s.host_wait_ns / 1e6, s.idle_ns / 1e6);
+    std::printf(
+        "sync site: %s [%s] phase '%s' %lld calls (trainer thread %lld, other thread %lld, "
+        "unknown %lld), stream %lld, event %lld, wait %.3f ms, idle %.3f ms\n",
+        s.cause.c_str(), s.api.c_str(), s.phase.c_str(), static_cast<long long>(s.count),
+        static_cast<long long>(s.trainer_calls), static_cast<long long>(s.other_thread_calls),
+        static_cast<long long>(s.count - s.trainer_calls - s.other_thread_calls),
+        static_cast<long long>(s.stream_id), static_cast<long long>(s.event_id),
+        s.host_wait_ns / 1e6, s.idle_ns / 1e6);
     EXPECT_NE(s.phase, "waits") << "cudaStreamWaitEvent is not a host sync";
   }
   const SyncSite& top = gpu->top_sync_sites.front();
   EXPECT_EQ(top.cause, "aten::item");
+  // The .item() calls run on this thread: CUPTI's callbacks matched their records.
+  EXPECT_EQ(top.trainer_calls, top.count) << "sync records not matched to their calls' thread";
   EXPECT_EQ(top.phase, "forward");
   EXPECT_GE(top.count, (kMicroSteps - 1) * gpu->traced_steps);
   EXPECT_LE(top.count, kMicroSteps * (gpu->traced_steps + 1));

@@ -5,6 +5,7 @@
 // the real dlopen path on this machine.
 #include "torchpilot/runtime/gpu_backend.h"
 
+#include <cupti_driver_cbid.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
@@ -30,6 +31,7 @@
 #include "cupti_fixture.h"
 #include "cupti_pm_sampling.h"
 #include "nvml_sampler.h"
+#include "own_thread.h"
 #include "torchpilot/runtime/config.h"
 
 namespace torchpilot {
@@ -153,6 +155,35 @@ class FakeCupti final : public CuptiApiFake {
     std::lock_guard<std::mutex> lock(m);
     if (enable != 0) enabled_domains.push_back(domain);
     return CUPTI_SUCCESS;
+  }
+  std::set<std::pair<int, int>> enabled_callbacks;  // (domain, cbid) enabled now
+  CUptiResult on_enable_callback(uint32_t enable, CUpti_SubscriberHandle, CUpti_CallbackDomain d,
+                                 CUpti_CallbackId cbid) override {
+    std::lock_guard<std::mutex> lock(m);
+    if (enable != 0) {
+      enabled_callbacks.insert({d, static_cast<int>(cbid)});
+    } else {
+      enabled_callbacks.erase({d, static_cast<int>(cbid)});
+    }
+    return CUPTI_SUCCESS;
+  }
+  // The program calls cuEventSynchronize on this thread: CUPTI's callback at its entry.
+  void sync_call(uint32_t correlation_id) {
+    CUpti_CallbackFunc cb = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(m);
+      if (enabled_callbacks.count(
+              {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuEventSynchronize}) == 0) {
+        return;
+      }
+      cb = last_callback;
+    }
+    CUpti_CallbackData data{};
+    data.callbackSite = CUPTI_API_ENTER;
+    data.functionName = "cuEventSynchronize";
+    data.correlationId = correlation_id;
+    cb(last_userdata, CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuEventSynchronize,
+       &data);
   }
   bool detached = false;  // cuptiFinalize ran, nothing attached since
   bool profiler_needs_reattach = true;
@@ -1274,6 +1305,57 @@ TEST(GpuBackend, NvmlInitFailure) {
 }
 
 // --- Activity buffers ----------------------------------------------------------------------------
+
+TEST(GpuBackend, SyncRecordsSayWhichThreadMadeTheCall) {
+  // Issue 10: a cudaEventSynchronize outside any op, once per step, topped the host syncs on the
+  // H100. CUPTI's records carry no thread; its callback on the call does, matched by correlation
+  // id: the trainer's (the thread that started the window), torchpilot's own, another.
+  Rig rig;
+  auto b = rig.make();
+  b->start();
+  ASSERT_TRUE(b->start_trace());
+  rig.cupti->sync_call(101);
+  std::thread ours([&] {
+    mark_own_thread();
+    rig.cupti->sync_call(102);
+  });
+  ours.join();
+  std::thread other([&] { rig.cupti->sync_call(103); });
+  other.join();
+  const uint64_t t0 = rig.cupti->cupti_now();
+  for (uint32_t id : {101u, 102u, 103u, 104u}) {  // 104: no callback seen
+    CUpti_ActivitySynchronization2 r;
+    std::memset(&r, 0, sizeof r);
+    r.kind = CUPTI_ACTIVITY_KIND_SYNCHRONIZATION;
+    r.type = CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_EVENT_SYNCHRONIZE;
+    r.start = t0 + id;
+    r.end = t0 + id + 10;
+    r.correlationId = id;
+    r.streamId = CUPTI_SYNCHRONIZATION_INVALID_VALUE;
+    r.cudaEventId = id - 100;
+    rig.cupti->produce(r);
+  }
+  b->stop_trace();
+  {
+    std::lock_guard<std::mutex> lock(rig.cupti->m);
+    EXPECT_TRUE(rig.cupti->enabled_callbacks.empty()) << "callbacks off with the trace";
+  }
+  b->flush();
+  GpuEventBatch batch;
+  b->drain(batch);
+  ASSERT_EQ(batch.syncs.size(), 4u);
+  std::sort(batch.syncs.begin(), batch.syncs.end(),
+            [](const SyncRecord& x, const SyncRecord& y) { return x.begin < y.begin; });
+  EXPECT_EQ(batch.syncs[0].thread, SyncThread::kTrainer);
+  EXPECT_EQ(batch.syncs[1].thread, SyncThread::kOwn);
+  EXPECT_EQ(batch.syncs[2].thread, SyncThread::kOther);
+  EXPECT_EQ(batch.syncs[3].thread, SyncThread::kUnknown);
+  EXPECT_EQ(batch.syncs[1].api, SyncApi::kEventSynchronize);
+  EXPECT_EQ(batch.syncs[1].event_id, 2);
+  EXPECT_EQ(batch.syncs[1].stream_id, -1);
+  EXPECT_EQ(batch.syncs[1].correlation_id, 102);
+  b->stop();
+}
 
 TEST(GpuBackend, ExhaustedBuffersAreCountedAsDropped) {
   Rig rig;

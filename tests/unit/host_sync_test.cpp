@@ -311,6 +311,62 @@ TEST(HostSyncCauseTest, StepSitesGroupByCauseAndPhase) {
   EXPECT_EQ(fwd->idle_ns, 40);
 }
 
+TEST(HostSyncCauseTest, SyncsOfTorchpilotsOwnThreadsNeverCount) {
+  // As on the H100 (issue 10): per step, an .item() in forward, and an event synchronize of
+  // another thread of ours [22, 30] outside any op scope, in the middle of a launch gap. Only the
+  // .item() is a host sync; the gap stays a launch gap.
+  GpuEventBatch ev;
+  ev.kernels = {kernel(0, 10), kernel(12, 20), kernel(35, 45), kernel(60, 70)};
+  ev.scopes = {scope(45, 50, "aten::item", true, "forward")};
+  SyncRecord item = sync(46, 49);
+  item.thread = SyncThread::kTrainer;
+  item.stream_id = 7;
+  SyncRecord ours = sync(22, 30, SyncApi::kEventSynchronize);
+  ours.phase = "forward";
+  ours.thread = SyncThread::kOwn;
+  ours.event_id = 3;
+  ev.syncs = {ours, item};
+  const std::vector<SyncRecord> s = resolve_host_syncs(ev, true);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].cause, "aten::item");
+  EXPECT_EQ(s[0].thread, SyncThread::kTrainer);
+  EXPECT_EQ(s[0].stream_id, 7);
+
+  std::vector<SyncSite> sites;
+  const GpuStats g = gpu_step_stats(ev, traced({0, 70}), 100, 1, &sites);
+  EXPECT_EQ(g.host_syncs, 1);
+  EXPECT_EQ(g.host_sync_ns, 5);
+  EXPECT_EQ(g.idle_host_sync_ns, 15);   // the .item()'s wait and drain [45, 60] only
+  EXPECT_EQ(g.idle_launch_gap_ns, 17);  // [10, 12] and [20, 35]: ours took none of it
+  EXPECT_EQ(idle_sum(g), idle_of(ev, {0, 70}));
+  ASSERT_EQ(sites.size(), 1u);
+  EXPECT_EQ(sites[0].cause, "aten::item");
+  EXPECT_EQ(sites[0].count, 1);
+  EXPECT_EQ(sites[0].trainer_calls, 1);
+  EXPECT_EQ(sites[0].other_thread_calls, 0);
+  EXPECT_EQ(sites[0].stream_id, 7);
+  EXPECT_EQ(sites[0].event_id, -1);
+}
+
+TEST(HostSyncCauseTest, SyncsOfOtherProgramThreadsStillCount) {
+  // A sync on another thread of the program (autograd's device thread, inside backward()) holds
+  // the trainer up just the same: it counts, and says which thread made it.
+  GpuEventBatch ev;
+  ev.kernels = {kernel(0, 10), kernel(40, 50)};
+  SyncRecord other = sync(10, 20, SyncApi::kEventSynchronize);
+  other.thread = SyncThread::kOther;
+  other.event_id = 9;
+  ev.syncs = {other};
+  std::vector<SyncSite> sites;
+  const GpuStats g = gpu_step_stats(ev, traced({0, 50}), 100, 1, &sites);
+  EXPECT_EQ(g.host_syncs, 1);
+  ASSERT_EQ(sites.size(), 1u);
+  EXPECT_EQ(sites[0].cause, "cudaEventSynchronize");
+  EXPECT_EQ(sites[0].other_thread_calls, 1);
+  EXPECT_EQ(sites[0].trainer_calls, 0);
+  EXPECT_EQ(sites[0].event_id, 9);
+}
+
 // --- HostOpScopes ------------------------------------------------------------------------------
 
 TEST(HostOpScopesTest, BoundedAndSwitchedByTheMonitor) {

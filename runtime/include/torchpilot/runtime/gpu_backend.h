@@ -60,6 +60,16 @@ enum class SyncApi {
 };
 const char* to_string(SyncApi api);
 
+// The thread a synchronizing call was made on (CUPTI's callback on the call, matched to the
+// activity record by correlation id; CUPTI's records carry no thread).
+enum class SyncThread {
+  kUnknown,  // no callback seen for it (callbacks unavailable, or a call CUPTI made itself)
+  kTrainer,  // the thread that runs the steps (the one that started the trace window)
+  kOther,    // another thread of the program (autograd's device threads, a loader's)
+  kOwn,      // a thread of torchpilot's (never a host sync of the training loop)
+};
+const char* to_string(SyncThread thread);
+
 // The host blocked in a synchronizing call (activity trace), or, resolved per step
 // (gpu_step_stats), in an op that synchronizes. A stream waiting for an event
 // (cudaStreamWaitEvent) makes the GPU wait, not the host: never a SyncRecord.
@@ -68,6 +78,10 @@ struct SyncRecord {
   SyncApi api = SyncApi::kUnknown;
   std::string cause;  // the op that synchronized (e.g. "aten::item"), else the API's name
   std::string phase;  // the Pilot's phase it began in; empty outside phases
+  SyncThread thread = SyncThread::kUnknown;
+  // CUPTI's ids, for diagnosis (-1: not applicable or unknown): the stream synchronized (stream
+  // syncs), the CUDA event waited for (event syncs), the API call's correlation id.
+  int64_t stream_id = -1, event_id = -1, correlation_id = -1;
 };
 
 // The host-side extent of an op that may synchronize (RecordFunction hook, hooks/; drained from

@@ -58,6 +58,10 @@ struct SyncSite {
   int64_t count = 0;
   Nanos host_wait_ns = 0;  // the host's time blocked in them
   Nanos idle_ns = 0;       // GPU idle they caused (their part of idle_host_sync_ns)
+  // Of `count`, by the thread that made the call (SyncThread); the rest: thread unknown.
+  int64_t trainer_calls = 0, other_thread_calls = 0;
+  // CUPTI's stream and CUDA event ids of the latest call (-1: not applicable or unknown).
+  int64_t stream_id = -1, event_id = -1;
 };
 
 // One kernel name's share of the traced time in an epoch's detailed windows.
@@ -98,6 +102,7 @@ struct GpuEpochStats {
   // The longest the GPU monitor held the training thread at one step boundary this epoch (a
   // window's start or end included): its stall, measured.
   Nanos max_step_call_ns = 0;
+  int64_t own_thread_syncs = 0;  // sync records of torchpilot's own threads: never host syncs
   // Traced time by kernel class (kernel_classes.h).
   KernelClassStats kernel_classes;
 };

@@ -1,0 +1,17 @@
+// Threads of torchpilot's own (the step-marker resolver, PM sampling's decode thread, the NVML
+// sampler, the trace release): a CUDA synchronize made on one is never a host sync of the training
+// loop. The activity trace tags each sync record with the thread that made the call (CUPTI's
+// callback on the call, matched by correlation id); gpu_step_stats drops these. Internal to hooks/.
+#pragma once
+
+namespace torchpilot {
+namespace detail {
+
+inline thread_local bool t_own_thread = false;
+
+// Called first thing on each thread torchpilot starts.
+inline void mark_own_thread() { t_own_thread = true; }
+inline bool on_own_thread() { return t_own_thread; }
+
+}  // namespace detail
+}  // namespace torchpilot
