@@ -174,7 +174,9 @@ TEST(DataStarvationTest, GainFromTheMedianComputeAndTheMeanWait) {
   const std::optional<Advice> a = advise_data_starvation(s, kConfig);
   ASSERT_TRUE(a.has_value());
   EXPECT_NEAR(*evidence(*a, "predicted_step_time"), 2.0, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "steady_step_time"), 7.4, 1e-9);
   EXPECT_NEAR(a->expected_gain, 7.4 / 2 - 1, 1e-9);
+  EXPECT_TRUE(contains(a->action, "a 7.40 ms step")) << a->action;
   // Without the median, the mean step less the mean wait (41.8 ms) hides the starvation.
   s.compute_p50_ns = 0;
   EXPECT_LT(advise_data_starvation(s, kConfig)->expected_gain, 0.2);
