@@ -318,8 +318,11 @@ std::optional<OptimizerGain> optimizer_gain(const EpochSummary& s) {
     g.host_from_phase = true;
     g.phase = p->name;
   }
-  // The per-parameter update takes the longer of issuing its launches and running its kernels.
-  g.removed_s = std::min(g.step_s, std::max(g.host_s, g.kernels_s));
+  // The per-parameter update takes the longer of issuing its launches and running its kernels;
+  // host time shortens the step only while the GPU waits for it (the window's idle share).
+  const double idle_s =
+      k->traced_ns > 0 ? g.step_s * k->idle_ns / static_cast<double>(k->traced_ns) : g.step_s;
+  g.removed_s = std::min(g.step_s, std::max(std::min(g.host_s, idle_s), g.kernels_s));
   g.fused_s = g.kernels_s * kFusedAdamBytes / kAdamPerParameterBytes;
   g.new_step_s = g.step_s - g.removed_s + g.fused_s;
   g.gain = gain(g.step_s, g.new_step_s);

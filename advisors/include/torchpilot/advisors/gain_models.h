@@ -111,7 +111,7 @@ struct OptimizerGain {
   double host_s = 0;                 // host time of the update per step (phase or launches)
   bool host_from_phase = false;      // host_s is the optimizer phase's measured time
   std::string phase;                 // that phase's name
-  double removed_s = 0;              // max(host_s, kernel time)
+  double removed_s = 0;              // max(min(host_s, the step's GPU idle), kernel time)
   double fused_s = 0;                // kernel time x 28/92 (bytes a fused update moves)
   double new_step_s = 0;
   double gain = 0;
