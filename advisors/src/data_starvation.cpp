@@ -116,9 +116,12 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
       a.evidence.push_back({"fastest_delivery_per_batch", m->delivery_s * 1e3, "ms"});
       a.evidence.push_back({"predicted_step_time", m->new_step_s * 1e3, "ms"});
       a.action += "; estimated: with " + std::to_string(m->usable_workers) +
-                  " cores producing, a batch is ready every " + num(m->delivery_s * 1e3, "%.2f") +
-                  " ms at best, so a " + num(step_ms, "%.2f") + " ms step becomes " +
+                  (m->usable_workers == 1 ? " core" : " cores") +
+                  " producing, a batch is ready every " + num(m->delivery_s * 1e3, "%.2f") +
+                  " ms at best, so a " + num(m->step_s * 1e3, "%.2f") +
+                  " ms step (the median step's own work plus the mean wait) becomes " +
                   num(m->new_step_s * 1e3, "%.2f") + " ms";
+      a.evidence.push_back({"steady_step_time", m->step_s * 1e3, "ms"});
     }
   }
   if (l.pin_memory_available && !l.settings.pin_memory) {

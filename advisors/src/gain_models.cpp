@@ -2,6 +2,7 @@
 #include "torchpilot/advisors/gain_models.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -21,6 +22,9 @@ constexpr size_t C(KernelClass c) { return static_cast<size_t>(c); }
 // A fused attention's backward recomputes the scores: 3.5 forward passes of FLOPs where the
 // unfused one runs 3 (forward + backward's two).
 constexpr double kFusedRecompute = 7.0 / 6.0;
+// Of the score-matrix passes the attention detector counts (forward 4: QK^T writes S, softmax
+// reads S and writes P, PV reads P; backward 7), the matmuls make 2 of 4 and 4 of 7: at least half.
+constexpr double kMatmulScoreTrafficShare = 0.5;
 // Per-parameter AdamW in LibTorch runs 9 kernels per parameter (mul_ on the parameter, mul_ and
 // add_ on exp_avg, mul_ and addcmul_ on exp_avg_sq, sqrt, div, add_ eps, addcdiv_) moving about
 // 92 bytes per fp32 element, of which addcmul_ and addcdiv_ move 32 (4 tensors each); a fused
@@ -96,6 +100,16 @@ double busy_fraction(const EpochSummary& s) {
   return std::clamp(busy, 0.0, 1.0);
 }
 
+// The phase whose name says optimizer ("optimizer", "optim_step", ...), if any ran.
+const PhaseTotal* optimizer_phase(const EpochSummary& s) {
+  for (const PhaseTotal& p : s.phases) {
+    std::string n = p.name;
+    for (char& c : n) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (p.ns > 0 && n.find("optim") != std::string::npos) return &p;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 double gain(double old_step_s, double new_step_s) {
@@ -107,11 +121,16 @@ double step_seconds(const EpochSummary& s) {
   return s.steps > 0 ? static_cast<double>(s.wall_ns) / 1e9 / static_cast<double>(s.steps) : 0;
 }
 
+double steady_step_seconds(const EpochSummary& s) {
+  if (s.steps > 0 && s.step_p50_ns > 0) return static_cast<double>(s.step_p50_ns) / 1e9;
+  return step_seconds(s);
+}
+
 std::optional<PrecisionGain> precision_gain(const EpochSummary& s) {
   const FlopEpochStats* f = s.sections.get<FlopEpochStats>();
   if (f == nullptr) return std::nullopt;
   PrecisionGain g;
-  g.step_s = step_seconds(s);
+  g.step_s = steady_step_seconds(s);
   g.fp32_flops = positive(f->hardware_flops_by_precision[P(MathPrecision::kFp32)]);
   const double p32 = f->datasheet_flops_by_precision[P(MathPrecision::kFp32)];
   const double pbf = f->datasheet_flops_by_precision[P(MathPrecision::kBf16)];
@@ -141,7 +160,16 @@ std::optional<PrecisionGain> precision_gain(const EpochSummary& s) {
     g.rate_source = "calibrated: " + pct0(cal.gemm) + " of the bf16 datasheet peak, " +
                     tflops(g.rate) + " (" + cal.source + ")";
   }
-  g.gemm_s = g.fp32_flops / g.rate;
+  // Fused attention kernels of an fp32 model ran in fp32 (SDPA takes the model's dtype); under
+  // autocast they run in bf16 at the calibrated fused-attention rate. Their FLOPs are among the
+  // fp32 ones, so the GEMM term leaves them out.
+  if (k != nullptr && k->fused_attention_ns > 0 && f->fused_attention_flops_per_step > 0 &&
+      f->dominant_precision == MathPrecision::kFp32) {
+    g.attention_removed_s = std::min(per_step_s(*k, k->fused_attention_ns), g.step_s - g.removed_s);
+    g.attention_flops = std::min(f->fused_attention_flops_per_step, g.fp32_flops);
+    g.attention_s = g.attention_flops / (pbf * cal.fused_attention);
+  }
+  g.gemm_s = (g.fp32_flops - g.attention_flops) / g.rate;
 
   // Autocast casts each fp32 matmul's operands to bf16 in forward and their gradients back in
   // backward (4 + 2 bytes per element, twice). Operand elements per call: those of a cube GEMM of
@@ -152,11 +180,14 @@ std::optional<PrecisionGain> precision_gain(const EpochSummary& s) {
     g.cast_bytes += op.calls_per_step / 3 * 2 * side * side * 6 * 2;
   }
   g.cast_s = f->dram_bytes_per_s > 0 ? g.cast_bytes / f->dram_bytes_per_s : 0;
-  g.new_step_s = g.step_s - g.removed_s + g.gemm_s + g.cast_s;
+  g.new_step_s =
+      g.step_s - g.removed_s - g.attention_removed_s + g.gemm_s + g.attention_s + g.cast_s;
   g.gain = gain(g.step_s, g.new_step_s);
   if (ptf > 0) {
+    // TF32 moves the GEMMs only: fp32 attention stays as it is.
     g.tf32_rate = g.rate * ptf / pbf;
-    g.tf32_gain = gain(g.step_s, g.step_s - g.removed_s + g.fp32_flops / g.tf32_rate);
+    g.tf32_gain =
+        gain(g.step_s, g.step_s - g.removed_s + (g.fp32_flops - g.attention_flops) / g.tf32_rate);
   }
   return g;
 }
@@ -165,7 +196,7 @@ std::optional<FusionGain> fusion_gain(const EpochSummary& s) {
   const FlopEpochStats* f = s.sections.get<FlopEpochStats>();
   if (f == nullptr || !(f->unfused_attention_flops_per_step > 0)) return std::nullopt;
   FusionGain g;
-  g.step_s = step_seconds(s);
+  g.step_s = steady_step_seconds(s);
   if (!(g.step_s > 0)) return std::nullopt;
   const Calibration cal = calibration(f->device);
   const MathPrecision precision = f->dominant_precision;
@@ -186,6 +217,14 @@ std::optional<FusionGain> fusion_gain(const EpochSummary& s) {
       g.gemm_rate = peak * cal.gemm;
     }
     g.matmul_s = g.gemm_rate > 0 ? f->unfused_attention_flops_per_step / g.gemm_rate : 0;
+    // The attention matmuls write and read the score matrix (QK^T writes S, PV reads P; in
+    // backward 4 of the 7 passes): with a short head dimension they run at DRAM speed, not at
+    // the rate of the model's large GEMMs.
+    if (f->dram_bytes_per_s > 0) {
+      g.matmul_traffic_s = kMatmulScoreTrafficShare * f->unfused_attention_traffic_bytes_per_step /
+                           f->dram_bytes_per_s;
+      g.matmul_s = std::max(g.matmul_s, g.matmul_traffic_s);
+    }
     g.removed_s = g.pieces_s + g.matmul_s;
   } else if (f->dram_bytes_per_s > 0 && f->unfused_attention_traffic_bytes_per_step > 0 &&
              peak > 0) {
@@ -220,7 +259,7 @@ std::optional<LaunchBoundGain> launch_bound_gain(const EpochSummary& s) {
   }
   LaunchBoundGain g;
   g.factor = kLaunchBoundBatchFactor;
-  g.step_s = step_seconds(s);
+  g.step_s = steady_step_seconds(s);
   if (!(g.step_s > 0)) return std::nullopt;
   g.samples_per_step = s.samples > 0 ? static_cast<double>(s.samples) / s.steps : 0;
   g.launches = static_cast<double>(gpu->stats.kernels) / gpu->traced_steps;
@@ -239,8 +278,12 @@ std::optional<StarvationGain> starvation_gain(const EpochSummary& s) {
   const LoaderStats* l = s.sections.get<LoaderStats>();
   if (l == nullptr || l->produce_count == 0 || s.steps == 0) return std::nullopt;
   StarvationGain g;
-  g.step_s = step_seconds(s);
-  g.compute_s = positive(g.step_s - static_cast<double>(s.data_wait_ns) / 1e9 / s.steps);
+  // The step's own work: the median step less its wait (robust to warm-up and a trace window's
+  // stall, which are not waits), plus the mean wait: waits that come in bursts count in full.
+  const double wait_s = static_cast<double>(s.data_wait_ns) / 1e9 / s.steps;
+  g.compute_s = s.compute_p50_ns > 0 ? static_cast<double>(s.compute_p50_ns) / 1e9
+                                     : positive(step_seconds(s) - wait_s);
+  g.step_s = g.compute_s + wait_s;
   g.batch_cpu_s = static_cast<double>(l->produce_cpu_ns) / 1e9 / l->produce_count;
   g.usable_workers = std::max(1, l->max_workers - 1);
   g.delivery_s = g.batch_cpu_s / g.usable_workers;
@@ -254,7 +297,7 @@ std::optional<OptimizerGain> optimizer_gain(const EpochSummary& s) {
   const KernelClassStats* k = window(s);
   if (k == nullptr || k->per_parameter_optimizer_launches == 0) return std::nullopt;
   OptimizerGain g;
-  g.step_s = step_seconds(s);
+  g.step_s = steady_step_seconds(s);
   if (!(g.step_s > 0)) return std::nullopt;
   const double identified_s =
       per_step_s(*k, positive(k->ns[C(KernelClass::kOptimizer)] - k->fused_optimizer_ns));
@@ -265,8 +308,21 @@ std::optional<OptimizerGain> optimizer_gain(const EpochSummary& s) {
     g.per_launch_s =
         host_seconds(s, g.step_s) / (static_cast<double>(gpu->stats.kernels) / gpu->traced_steps);
   }
-  // The per-parameter update takes the longer of issuing its launches and running its kernels.
-  g.removed_s = std::min(g.step_s, std::max(g.per_parameter_kernels * g.per_launch_s, g.kernels_s));
+  g.host_s = g.per_parameter_kernels * g.per_launch_s;
+  // A phase the trainer named for its optimizer measures the update's host time directly. The
+  // step's mean cost per launch overstates it: a forward or backward op pays autograd and
+  // dispatch work an in-place optimizer op does not (H100, LibTorch 2.11, the planted GPT with
+  // per-parameter AdamW: 19 us per launch over the step, 12 us per launch the fused update saved).
+  if (const PhaseTotal* p = optimizer_phase(s)) {
+    g.host_s = static_cast<double>(p->ns) / 1e9 / s.steps;
+    g.host_from_phase = true;
+    g.phase = p->name;
+  }
+  // The per-parameter update takes the longer of issuing its launches and running its kernels;
+  // host time shortens the step only while the GPU waits for it (the window's idle share).
+  const double idle_s =
+      k->traced_ns > 0 ? g.step_s * k->idle_ns / static_cast<double>(k->traced_ns) : g.step_s;
+  g.removed_s = std::min(g.step_s, std::max(std::min(g.host_s, idle_s), g.kernels_s));
   g.fused_s = g.kernels_s * kFusedAdamBytes / kAdamPerParameterBytes;
   g.new_step_s = g.step_s - g.removed_s + g.fused_s;
   g.gain = gain(g.step_s, g.new_step_s);

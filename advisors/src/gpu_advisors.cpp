@@ -6,6 +6,8 @@
 
 #include "advice_text.h"
 #include "torchpilot/advisors/advisors.h"
+#include "torchpilot/advisors/gain_models.h"
+#include "torchpilot/runtime/device_peaks.h"
 #include "torchpilot/runtime/metrics.h"
 
 namespace torchpilot {
@@ -15,6 +17,7 @@ using detail::gain_from_removing;
 using detail::lower;
 using detail::num;
 using detail::pct;
+using gains::gain;
 
 // The traced share of time (detailed windows) a GPU figure refers to.
 double traced_share(const GpuStats& g, Nanos ns) {
@@ -23,6 +26,11 @@ double traced_share(const GpuStats& g, Nanos ns) {
 
 bool contains(const std::string& text, const char* word) {
   return lower(text).find(word) != std::string::npos;
+}
+
+// Ops that copy a tensor (a blocking one synchronizes).
+bool copy_op(const std::string& op) {
+  return op == "aten::to" || op == "aten::copy_" || op == "aten::_to_copy";
 }
 
 std::string short_name(const std::string& name) {
@@ -167,6 +175,22 @@ std::optional<Advice> advise_host_sync(const EpochSummary& s, const AdvisorsConf
       "tensor), use non_blocking copies into pinned memory, avoid ops whose output size depends "
       "on the data (nonzero, masked_select, unique, boolean indexing) in the step, and remove "
       "explicit synchronizations";
+  // A blocking .to(device) from pageable memory synchronizes (the partition counts it here, not
+  // as a pageable copy): when the top site is a copy and the window copied pageable bytes to the
+  // device, pinning is the fix to name first.
+  if (!gpu->top_sync_sites.empty() && g.h2d_pageable_bytes > 0 &&
+      copy_op(gpu->top_sync_sites.front().cause)) {
+    const double mb = static_cast<double>(g.h2d_pageable_bytes) / 1e6 / steps;
+    a.cause += "; " + num(mb, "%.1f") +
+               " MB per step went to the device from pageable memory, and a blocking copy from "
+               "pageable memory waits for the GPU to reach it";
+    a.action =
+        "pin the host tensors copied to the device (tensor.pin_memory(), or the loader's "
+        "pin_memory: TunableLoader pins with pin_memory or mode: autotune) and copy them "
+        "with non_blocking=true; then " +
+        a.action;
+    a.evidence.push_back({"pageable_mb_per_step", mb, "MB"});
+  }
   // Removing the syncs removes the idle they cause: new step = step - that idle.
   a.expected_gain = gain_from_removing(idle);
   a.gain_estimated = true;
@@ -204,7 +228,18 @@ std::optional<Advice> advise_pageable_copies(const EpochSummary& s, const Adviso
   a.action =
       "pin the batches (TunableLoader pin_memory, or tensor.pin_memory()) and copy with "
       "non_blocking=true; with mode: autotune the loader tries this itself";
-  a.expected_gain = gain_from_removing(idle);
+  // Gain: the idle removed, less the pinned copy that stays in the stream: the same bytes at the
+  // calibrated pinned host-to-device rate (device_peaks.h), as a share of the step.
+  const Calibration cal = calibration(gpu->device);
+  const double step_s = gains::steady_step_seconds(s);
+  const double pinned_s = mb * 1e6 / cal.h2d_pinned_bytes_per_s;
+  const double pinned = step_s > 0 ? std::min(idle, pinned_s / step_s) : 0.0;
+  a.expected_gain = gain(1.0, 1.0 - idle + pinned);
+  a.evidence.push_back({"predicted_pinned_copy_time", pinned_s * 1e3, "ms"});
+  a.evidence.push_back({"pinned_h2d_rate", cal.h2d_pinned_bytes_per_s / 1e9, "GB/s"});
+  a.action += "; estimated: the idle removed, less the pinned copy (" +
+              num(pinned_s * 1e3, "%.3g") + " ms at " +
+              num(cal.h2d_pinned_bytes_per_s / 1e9, "%.0f") + " GB/s)";
   a.gain_estimated = true;
   return a;
 }

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -87,8 +88,13 @@ std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const AdvisorsCo
       "keeping fp32 weights and optimizer state; or, with numerics closer to fp32, allow TF32: "
       "flops.allow_tf32: true (opt-in, changes numerics; estimated +" +
       pct(gain_tf32) + ") or at::globalContext().setAllowTF32CuBLAS(true). Estimated: in bf16 " +
-      "the same FLOPs take " + num(m.gemm_s * 1e3, "%.3g") + " ms at " + m.rate_source + ", plus " +
-      num(m.cast_s * 1e3, "%.3g") + " ms for the casts autocast adds (" +
+      "the same FLOPs take " + num(m.gemm_s * 1e3, "%.3g") + " ms at " + m.rate_source +
+      (m.attention_removed_s > 0
+           ? ", its fused attention " + num(m.attention_s * 1e3, "%.3g") + " ms instead of " +
+                 num(m.attention_removed_s * 1e3, "%.3g") +
+                 " ms (its FLOPs at the calibrated fused-attention rate)"
+           : std::string()) +
+      ", plus " + num(m.cast_s * 1e3, "%.3g") + " ms for the casts autocast adds (" +
       num(m.cast_bytes / 1e6, "%.3g") + " MB per step at DRAM bandwidth): a " +
       num(m.step_s * 1e3, "%.3g") + " ms step becomes " + num(m.new_step_s * 1e3, "%.3g") + " ms";
   a.evidence = {{"fp32_flops_share", share, "fraction"},
@@ -104,7 +110,12 @@ std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const AdvisorsCo
                 {"predicted_tensor_core_time", m.gemm_s * 1e3, "ms"},
                 {"autocast_cast_bytes", m.cast_bytes / 1e6, "MB"},
                 {"autocast_cast_time", m.cast_s * 1e3, "ms"},
-                {"predicted_step_time", m.new_step_s * 1e3, "ms"}};
+                {"predicted_step_time", m.new_step_s * 1e3, "ms"},
+                {"step_time", m.step_s * 1e3, "ms"}};
+  if (m.attention_removed_s > 0) {
+    a.evidence.push_back({"fp32_attention_kernel_time", m.attention_removed_s * 1e3, "ms"});
+    a.evidence.push_back({"predicted_attention_time", m.attention_s * 1e3, "ms"});
+  }
   if (ptf > 0) a.evidence.push_back({"tf32_peak", ptf / 1e12, "TFLOP/s"});
   a.expected_gain = gain_bf16;
   a.gain_estimated = true;
@@ -121,18 +132,21 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
   const double share = unfused / f.model_flops_per_step;
   if (!(share > config.attention.unfused_threshold)) return std::nullopt;
 
-  const double step_s = step_seconds(s);
   const double traffic = f.unfused_attention_traffic_bytes_per_step;
   // Gain: the measured kernels of the unfused attention against a fused kernel's predicted time
   // (gain_models.h); without a window, the score-matrix traffic at DRAM bandwidth.
   const std::optional<gains::FusionGain> model = gains::fusion_gain(s);
+  const double step_s = model ? model->step_s : step_seconds(s);
   const double saved_s = model ? model->removed_s - model->fused_s : kNotMeasured;
   const double gain = model ? model->gain : 0.0;
   std::string how;
   if (model && model->measured) {
     how = "the window's softmax/mask kernels (" + num(model->pieces_s * 1e3, "%.3g") +
-          " ms) and its attention matmuls' FLOPs at the " + num(model->gemm_rate / 1e12, "%.0f") +
-          " TFLOP/s the window's GEMMs ran (" + num(model->matmul_s * 1e3, "%.3g") + " ms)";
+          " ms) and its attention matmuls (" + num(model->matmul_s * 1e3, "%.3g") +
+          " ms: the longer of their FLOPs at the " + num(model->gemm_rate / 1e12, "%.0f") +
+          " TFLOP/s the window's GEMMs ran and their half of the score-matrix traffic at DRAM "
+          "bandwidth, " +
+          num(model->matmul_traffic_s * 1e3, "%.3g") + " ms)";
   } else if (model) {
     how = "no trace window: the score matrices' estimated traffic at " +
           num(f.dram_bytes_per_s / 1e9, "%.0f") + " GB/s (" + num(model->pieces_s * 1e3, "%.3g") +
@@ -192,9 +206,59 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
     a.evidence.push_back({"unfused_kernel_time", model->removed_s * 1e3, "ms"});
     a.evidence.push_back({"unfused_kernel_time_measured", model->measured ? 1.0 : 0.0, "bool"});
     a.evidence.push_back({"predicted_fused_time", model->fused_s * 1e3, "ms"});
+    a.evidence.push_back({"attention_matmul_time", model->matmul_s * 1e3, "ms"});
     a.evidence.push_back({"fused_attention_rate", model->fused_rate / 1e12, "TFLOP/s"});
   }
   a.expected_gain = gain;
+  a.gain_estimated = true;
+  return a;
+}
+
+std::optional<Advice> advise_per_parameter_optimizer(const EpochSummary& s,
+                                                     const AdvisorsConfig& config) {
+  if (s.steps == 0) return std::nullopt;
+  const std::optional<gains::OptimizerGain> model = gains::optimizer_gain(s);
+  if (!model) return std::nullopt;
+  const gains::OptimizerGain& m = *model;
+  const double share = m.removed_s / m.step_s;
+  if (!(share > config.optimizer.threshold)) return std::nullopt;
+  Advice a;
+  a.id = "per_parameter_optimizer";
+  a.severity = share >= 0.25 ? Severity::kHigh : Severity::kWarning;
+  a.finding = "the optimizer updates each parameter in its own kernels (per-parameter " +
+              std::string("addcmul_/addcdiv_ in the trace window: about ") +
+              num(m.per_parameter_kernels, "%.0f") + " launches per step); the update takes " +
+              num(m.removed_s * 1e3, "%.3g") + " ms of a " + num(m.step_s * 1e3, "%.3g") +
+              " ms step (" + pct(share) + "; threshold " + pct(config.optimizer.threshold) + ")";
+  a.cause =
+      m.host_s >= m.kernels_s
+          ? "the host issues 9 small kernels per parameter (" +
+                (m.host_from_phase
+                     ? "phase " + m.phase + " took " + num(m.host_s * 1e3, "%.3g") + " ms per step"
+                     : num(m.per_parameter_kernels, "%.0f") + " launches at " +
+                           num(m.per_launch_s * 1e6, "%.1f") +
+                           " us each, the step's cost per launch") +
+                ") while the GPU waits for them"
+          : "the per-parameter kernels move about 92 bytes per parameter element where a fused "
+            "update moves 28 (" +
+                num(m.kernels_s * 1e3, "%.3g") + " ms of kernels per step)";
+  a.action =
+      "update all parameters in one fused or multi-tensor call: at::_fused_adamw_ (LibTorch 2.x) "
+      "over the parameter, gradient and moment lists, or the foreach (_foreach_*) ops; estimated: "
+      "the update takes " +
+      num(m.fused_s * 1e3, "%.3g") + " ms of kernels fused, so a " + num(m.step_s * 1e3, "%.3g") +
+      " ms step becomes " + num(m.new_step_s * 1e3, "%.3g") + " ms";
+  a.evidence = {{"optimizer_share", share, "fraction"},
+                {"per_parameter_kernels_per_step", m.per_parameter_kernels, "kernels"},
+                {"optimizer_host_time", m.host_s * 1e3, "ms"},
+                {"optimizer_host_time_from_phase", m.host_from_phase ? 1.0 : 0.0, "bool"},
+                {"host_cost_per_launch", m.per_launch_s * 1e6, "us"},
+                {"optimizer_kernel_time", m.kernels_s * 1e3, "ms"},
+                {"predicted_fused_time", m.fused_s * 1e3, "ms"},
+                {"step_time", m.step_s * 1e3, "ms"},
+                {"predicted_step_time", m.new_step_s * 1e3, "ms"},
+                {"threshold", config.optimizer.threshold, "fraction"}};
+  a.expected_gain = m.gain;
   a.gain_estimated = true;
   return a;
 }
@@ -318,7 +382,6 @@ std::optional<Advice> advise_low_mfu(const EpochSummary& s, const AdvisorsConfig
   // Where the step goes: the traced steps' GPU time by kernel class, and idle by cause.
   const KernelClassStats& k = gpu->kernel_classes;
   const double traced = static_cast<double>(k.traced_ns);
-  const double step_s = step_seconds(s);
   std::string split;
   Advice a;
   a.id = "low_mfu";
@@ -368,45 +431,59 @@ std::optional<Advice> advise_low_mfu(const EpochSummary& s, const AdvisorsConfig
   if (pieces > 0 || f.unfused_attention_flops_per_step > 0) {
     if (const auto m = gains::fusion_gain(s)) {
       candidates.push_back(
-          {m->removed_s / std::max(step_s, 1e-12), m->gain,
+          {m->removed_s / std::max(m->step_s, 1e-12), m->gain,
            "an unfused attention (softmax/mask kernels and its matmuls) takes an estimated " +
                num(m->removed_s * 1e3, "%.3g") + " ms of the step",
            "use at::scaled_dot_product_attention (see the unfused_attention advice)"});
     }
   }
+  // The per-parameter optimizer's launches are among the launch gaps of a host-bound step: the
+  // share it removes is not counted again as launch gaps (one cause per idle second).
+  double optimizer_share = 0;
   if (const auto m = gains::optimizer_gain(s)) {
+    optimizer_share = m->removed_s / std::max(m->step_s, 1e-12);
     candidates.push_back(
-        {m->removed_s / std::max(step_s, 1e-12), m->gain,
+        {optimizer_share, m->gain,
          "a per-parameter Adam-style optimizer (addcmul/addcdiv per parameter, about " +
              num(m->per_parameter_kernels, "%.0f") + " kernels per step) takes an estimated " +
              num(m->removed_s * 1e3, "%.3g") + " ms of the step",
-         "update all parameters in a fused or multi-tensor optimizer: at::_fused_adamw_ "
-         "(LibTorch 2.x) over the parameter, gradient and moment lists, or the foreach "
-         "(_foreach_*) ops; a fused update moves 28 bytes per parameter where the per-parameter "
-         "one moves about 92, in 9 launches per parameter"});
+         "update all parameters in a fused or multi-tensor optimizer (see the "
+         "per_parameter_optimizer advice: at::_fused_adamw_ or the _foreach_* ops)"});
   }
   {
     const GpuStats& g = gpu->stats;
     const double t = static_cast<double>(std::max<Nanos>(1, g.traced_ns));
+    // Removing all of an idle cause is no promise: where the cause's advice has a gain model,
+    // its estimate bounds the gain stated here (launch gaps: the step at a larger batch; data
+    // wait: what the cores can deliver).
+    const double no_bound = std::numeric_limits<double>::infinity();
+    double launch_bound = no_bound, starvation = no_bound;
+    if (const auto m = gains::launch_bound_gain(s)) launch_bound = m->gain;
+    if (const auto m = gains::starvation_gain(s)) starvation = m->gain;
     const struct {
-      Nanos ns;
-      const char* what;
+      double share;
+      double bound;
+      std::string what;
       const char* action;
     } causes[] = {
-        {g.idle_data_wait_ns, "waiting for data", "see the data_starvation advice"},
-        {g.idle_host_sync_ns, "after host synchronizations",
+        {static_cast<double>(g.idle_data_wait_ns) / t, starvation, "waiting for data",
+         "see the data_starvation advice"},
+        {static_cast<double>(g.idle_host_sync_ns) / t, no_bound, "after host synchronizations",
          "see the host_sync advice: read values back every N steps"},
-        {g.idle_launch_gap_ns, "in launch gaps between kernels",
+        {std::max(0.0, static_cast<double>(g.idle_launch_gap_ns) / t - optimizer_share),
+         launch_bound,
+         std::string("in launch gaps between kernels") +
+             (optimizer_share > 0 ? " besides the optimizer's" : ""),
          "see the launch_bound advice: fewer, larger launches (larger batch, fused ops, CUDA "
          "graphs)"},
-        {g.idle_other_ns, "before the first or after the last kernel of the step",
+        {static_cast<double>(g.idle_other_ns) / t, no_bound,
+         "before the first or after the last kernel of the step",
          "move host work out of the step or overlap it with GPU work"},
     };
     for (const auto& c : causes) {
-      const double share = static_cast<double>(c.ns) / t;
-      if (share <= 0) continue;
-      candidates.push_back({share, gain_from_removing(share),
-                            "the GPU idles " + pct(share) + " of it " + c.what, c.action});
+      if (c.share <= 0) continue;
+      candidates.push_back({c.share, std::min(gain_from_removing(c.share), c.bound),
+                            "the GPU idles " + pct(c.share) + " of it " + c.what, c.action});
     }
   }
   const auto best =

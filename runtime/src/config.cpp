@@ -114,6 +114,7 @@ const std::vector<KeySpec>& schema() {
       TP_DOUBLE(advisors.launch_bound.threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.precision.fp32_matmul_threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.attention.unfused_threshold, 0.0, 1.0),
+      TP_DOUBLE(advisors.optimizer.threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.low_mfu.threshold, 0.0, 1.0),
       TP_INT(autotune.warmup_steps, 0, 1e9),
       TP_DOUBLE(autotune.warmup_seconds, 0.0, 86400.0),

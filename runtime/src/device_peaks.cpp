@@ -161,19 +161,23 @@ Calibration calibration(std::string_view device_name) {
   // "Peaks"); FlashAttention-2 reaches 35-40% of the peak on the H100 and cuDNN's
   // or FlashAttention-3's fused attention 55-75% (their papers): 0.4 sits at the library PyTorch
   // picks most often.
+  // Pinned host-to-device copies: PCIe Gen5 x16 on Hopper, 49 GB/s measured on an H100 SXM
+  // (bench/planted_pairs.cpp, pageable_copies fixed form: 38.5 MB in 0.785 ms per step); Gen4 x16
+  // on Ampere, about half; unknown: Gen3 x16's 12 GB/s, the slowest link in use.
   if (any({"h100", "h200", "gh200", "h800"})) {
     return {0.8, 0.4,
             "Hopper: bf16 GEMM 790/989.5 TFLOP/s measured on an H200; fused attention "
-            "as FlashAttention-2"};
+            "as FlashAttention-2",
+            49e9};
   }
   // Ampere: cuBLAS ~250 of 312 TFLOP/s; FlashAttention-2 50-73% forward, ~60% with backward.
   if (any({"a100", "a800", "a30", "a10"})) {
-    return {0.8, 0.5, "Ampere: cuBLAS and FlashAttention-2 published figures"};
+    return {0.8, 0.5, "Ampere: cuBLAS and FlashAttention-2 published figures", 24e9};
   }
   if (any({"b200", "gb200", "b100"})) {
-    return {0.75, 0.45, "Blackwell: assumed (not measured here)"};
+    return {0.75, 0.45, "Blackwell: assumed (not measured here)", 49e9};
   }
-  return {0.7, 0.4, "assumed: GPU generation not in the calibration table"};
+  return {0.7, 0.4, "assumed: GPU generation not in the calibration table", 12e9};
 }
 
 // ---- MFU ----------------------------------------------------------------------------------------

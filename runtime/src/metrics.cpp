@@ -84,6 +84,7 @@ void EpochAccumulator::add(const StepRecord& r) {
   data_wait_ns_ += r.data_wait_ns;
   for (int i = 0; i < kMaxPhases; ++i) phase_ns_[i] += r.phase_ns[i];
   step_times_.add(r.step_ns());
+  compute_times_.add(std::max<Nanos>(0, r.step_ns() - r.data_wait_ns));
 }
 
 EpochSummary EpochAccumulator::summarize(int64_t epoch,
@@ -98,6 +99,7 @@ EpochSummary EpochAccumulator::summarize(int64_t epoch,
   s.data_wait_fraction = fraction(data_wait_ns_, wall_ns_);
   s.step_p50_ns = step_times_.quantile(0.5);
   s.step_p90_ns = step_times_.quantile(0.9);
+  s.compute_p50_ns = compute_times_.quantile(0.5);
   if (wall_ns_ > 0) {
     s.steps_per_s = steps_ * 1e9 / static_cast<double>(wall_ns_);
     s.samples_per_s = samples_ * 1e9 / static_cast<double>(wall_ns_);

@@ -266,6 +266,7 @@ std::string epoch_json(const EpochSummary& s, const std::vector<Advice>& advice)
             {"data_wait_fraction", s.data_wait_fraction},
             {"step_p50_ms", ms(s.step_p50_ns)},
             {"step_p90_ms", ms(s.step_p90_ns)},
+            {"compute_p50_ms", ms(s.compute_p50_ns)},
             {"steps_per_s", s.steps_per_s},
             {"samples_per_s", s.samples_per_s},
             {"phases_ms", phases},

@@ -163,6 +163,25 @@ TEST(DataStarvationTest, CauseWorkersZeroAndCpuBound) {
   EXPECT_TRUE(contains(a->action, "estimated: with 7 cores producing")) << a->action;
 }
 
+TEST(DataStarvationTest, GainFromTheMedianComputeAndTheMeanWait) {
+  // One worker: a batch costs 8 ms of CPU, the step computes 2 ms and waits 6 ms; a 400 ms stall
+  // (a trace window's end) inflates the mean to (9 x 8 + 400) / 10 = 47.2 ms. Median compute 2 ms,
+  // mean wait 5.4 ms: a 7.4 ms step; 7 usable cores deliver a batch every 8/7 ms, so compute
+  // bounds it: 7.4 / 2 - 1.
+  EpochSummary s = make_summary(10, 47.2, 5.4);
+  s.compute_p50_ns = 2 * kMs;
+  s.sections.set<LoaderStats>(make_loader(1, 8.0));
+  const std::optional<Advice> a = advise_data_starvation(s, kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_NEAR(*evidence(*a, "predicted_step_time"), 2.0, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "steady_step_time"), 7.4, 1e-9);
+  EXPECT_NEAR(a->expected_gain, 7.4 / 2 - 1, 1e-9);
+  EXPECT_TRUE(contains(a->action, "a 7.40 ms step")) << a->action;
+  // Without the median, the mean step less the mean wait (41.8 ms) hides the starvation.
+  s.compute_p50_ns = 0;
+  EXPECT_LT(advise_data_starvation(s, kConfig)->expected_gain, 0.2);
+}
+
 TEST(DataStarvationTest, CauseTooFewWorkers) {
   const std::optional<Advice> a =
       advise_data_starvation(starved_with(make_loader(2, 200.0)), kConfig);

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
+#include <string>
 
 #include "torchpilot/advisors/advisors.h"
 #include "torchpilot/runtime/gpu_monitor.h"
@@ -486,6 +488,13 @@ TEST(HostSyncMonitorTest, EpochNamesTopCallSitesWithTheirPhase) {
 
 constexpr Nanos kMs = 1000000;
 
+std::optional<double> evidence(const Advice& a, const std::string& name) {
+  for (const auto& ev : a.evidence) {
+    if (ev.name == name) return ev.value;
+  }
+  return std::nullopt;
+}
+
 EpochSummary traced_summary() {
   EpochSummary s;
   s.steps = 10;
@@ -523,6 +532,27 @@ TEST(HostSyncAdvisorTest, StatesTheIdleCausedAndNamesTopCallSites) {
   EXPECT_EQ(a->severity, Severity::kHigh);
 }
 
+TEST(HostSyncAdvisorTest, BlockingPageableCopyNamesPinningFirst) {
+  EpochSummary s = traced_summary();
+  GpuEpochStats& e = *s.sections.get<GpuEpochStats>();
+  e.stats.host_sync_ns = 200 * kMs;
+  e.stats.idle_host_sync_ns = 300 * kMs;
+  e.stats.host_syncs = 10;
+  e.top_sync_sites = {{"aten::to", "cudaStreamSynchronize", "copy", 10, 200 * kMs, 300 * kMs}};
+  // No pageable bytes went to the device: a copy to the host (e.g. .cpu()), the general action.
+  auto a = advise_host_sync(s, AdvisorsConfig{});
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->action.find("pin the host tensors"), std::string::npos) << a->action;
+  // 385 MB to the device from pageable memory: pinning leads the action.
+  e.stats.h2d_bytes = e.stats.h2d_pageable_bytes = 385'000'000;
+  a = advise_host_sync(s, AdvisorsConfig{});
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->action.find("pin the host tensors"), 0u) << a->action;
+  EXPECT_NE(a->action.find("non_blocking=true"), std::string::npos) << a->action;
+  EXPECT_NE(a->cause.find("38.5 MB per step"), std::string::npos) << a->cause;
+  EXPECT_NEAR(a->expected_gain, 0.3 / 0.7, 1e-9);  // the gain is the sync's idle, as before
+}
+
 TEST(HostSyncAdvisorTest, PageableCopiesUseTheirIdleShare) {
   EpochSummary s = traced_summary();
   GpuEpochStats& e = *s.sections.get<GpuEpochStats>();
@@ -531,8 +561,17 @@ TEST(HostSyncAdvisorTest, PageableCopiesUseTheirIdleShare) {
   e.stats.idle_pageable_copy_ns = 50 * kMs;  // the GPU idled for half of the copy time
   const auto a = advise_pageable_copies(s, AdvisorsConfig{});
   ASSERT_TRUE(a);
-  EXPECT_NEAR(a->expected_gain, 0.05 / 0.95, 1e-9);
+  // The idle removed, less the 10 MB per step pinned at the uncalibrated 12 GB/s (0.83 ms of a
+  // 100 ms step) that stays in the stream.
+  const double pinned = 10e6 / 12e9 / 0.1;
+  EXPECT_NEAR(a->expected_gain, 1 / (1 - 0.05 + pinned) - 1, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "predicted_pinned_copy_time"), 10e6 / 12e9 * 1e3, 1e-9);
   EXPECT_NE(a->finding.find("idle for 5.0%"), std::string::npos) << a->finding;
+  // On a Hopper GPU, the link's calibrated 49 GB/s; the median step (50 ms) is the step.
+  e.device = "NVIDIA H100 80GB HBM3";
+  s.step_p50_ns = 50 * kMs;
+  EXPECT_NEAR(advise_pageable_copies(s, AdvisorsConfig{})->expected_gain,
+              1 / (1 - 0.05 + 10e6 / 49e9 / 0.05) - 1, 1e-9);
   // Copies while the GPU was kept busy (or whose idle a sync claimed) cost nothing: quiet.
   e.stats.idle_pageable_copy_ns = 1 * kMs;
   EXPECT_FALSE(advise_pageable_copies(s, AdvisorsConfig{}));

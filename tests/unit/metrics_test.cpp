@@ -286,6 +286,24 @@ TEST(EpochAccumulatorTest, ManyStepsMedianAndFraction) {
   EXPECT_GE(s.step_p90_ns, 30 * kMs - 1);
 }
 
+TEST(EpochAccumulatorTest, ComputeMedianIsStepLessWaitRobustToStalls) {
+  // 9 steps of 2 ms work after an 8 ms wait each, then one 400 ms stall (a window's end): the
+  // median step without its wait is the 2 ms of work, where wall / steps - wait is far above it.
+  EpochAccumulator acc;
+  Nanos t = 0;
+  for (int i = 0; i < 10; ++i) {
+    const Nanos d = (i == 9 ? 400 : 10) * kMs;
+    const Nanos w = (i == 9 ? 0 : 8) * kMs;
+    acc.add(make_step(i, t, d, w, 1));
+    t += d;
+  }
+  const EpochSummary s = acc.summarize(0, {});
+  EXPECT_GE(s.compute_p50_ns, 2 * kMs - 1);
+  EXPECT_LE(s.compute_p50_ns, 2 * kMs * 104 / 100);
+  EXPECT_GE(s.step_p50_ns, 10 * kMs - 1);
+  EXPECT_LE(s.step_p50_ns, 10 * kMs * 104 / 100);
+}
+
 TEST(LoaderDeltaTest, DifferencesAndLaterSettings) {
   LoaderStats earlier;
   earlier.name = "tunable";

@@ -145,6 +145,48 @@ TEST(PrecisionAdvisorTest, Fp32GainFromMeasuredKernelsAndCasts) {
   EXPECT_TRUE(contains(a->cause, "took 6 ms of the 10 ms step")) << a->cause;
 }
 
+TEST(PrecisionAdvisorTest, Fp32GainMovesFusedAttentionToBf16Too) {
+  // An fp32 model of 1 TFLOP per step, 0.2 of it in fused attention (SDPA in fp32: 2 ms of the
+  // window's attention kernels), 6 ms of fp32 GEMM kernels, on a 10 ms median step (the mean
+  // carries a stall: 20 ms).
+  const double F = 1e12;
+  auto flops = make_flops(kH100, {{MathPrecision::kFp32, F}}, 0.1);
+  flops.fused_attention_flops_per_step = 0.2 * F;
+  EpochSummary s = make_summary(20, 0, flops);
+  s.step_p50_ns = 10 * kMs;
+  GpuEpochStats g;
+  g.device = kH100;
+  g.traced_steps = 10;
+  g.kernel_classes.steps = 10;
+  g.kernel_classes.traced_ns = 100 * kMs;
+  g.kernel_classes.ns[static_cast<size_t>(KernelClass::kSimtGemm)] = 60 * kMs;
+  g.kernel_classes.ns[static_cast<size_t>(KernelClass::kAttention)] = 20 * kMs;
+  g.kernel_classes.fused_attention_ns = 20 * kMs;
+  s.sections.set<GpuEpochStats>(g);
+  const auto a = advise_fp32_matmul(s, kConfig);
+  ASSERT_TRUE(a.has_value());
+  // GEMMs: 0.8 TFLOP at 80% of 989.5; attention: 0.2 TFLOP at 40% of it instead of 2 ms.
+  const double gemm_ms = 0.8 / (989.5 * 0.8) * 1e3, attention_ms = 0.2 / (989.5 * 0.4) * 1e3;
+  EXPECT_NEAR(*evidence(*a, "step_time"), 10, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "predicted_tensor_core_time"), gemm_ms, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "fp32_attention_kernel_time"), 2, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "predicted_attention_time"), attention_ms, 1e-9);
+  EXPECT_NEAR(a->expected_gain, 10 / (10 - 6 - 2 + gemm_ms + attention_ms) - 1, 1e-9);
+  EXPECT_TRUE(contains(a->action, "its fused attention")) << a->action;
+  // TF32 moves only the GEMMs.
+  EXPECT_NEAR(*evidence(*a, "expected_gain_tf32"),
+              10 / (10 - 6 + 0.8 / (989.5 * 0.8 * 494.5 / 989.5) * 1e3) - 1, 1e-9);
+
+  // A bf16-dominant model's fused attention is already on the tensor cores: not moved.
+  auto mixed = make_flops(kH100, {{MathPrecision::kFp32, F}, {MathPrecision::kBf16, 2 * F}}, 0.1);
+  mixed.fused_attention_flops_per_step = 0.2 * F;
+  EpochSummary t = make_summary(10, 0, mixed);
+  t.sections.set<GpuEpochStats>(g);
+  const auto b = advise_fp32_matmul(t, kConfig);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_FALSE(evidence(*b, "fp32_attention_kernel_time").has_value());
+}
+
 TEST(PrecisionAdvisorTest, Fp32GainShrinksWithDataWait) {
   const double F = 1e12;
   const auto flops = make_flops(kH100, {{MathPrecision::kFp32, F}}, 0.1);
@@ -236,6 +278,30 @@ TEST(PrecisionAdvisorTest, PlantedUnfusedAttentionWithMeasuredKernels) {
   EXPECT_TRUE(contains(a->action, "softmax/mask kernels")) << a->action;
   EXPECT_TRUE(contains(a->action, "estimated")) << a->action;
   EXPECT_TRUE(contains(a->finding, "12 attentions")) << a->finding;
+}
+
+TEST(PrecisionAdvisorTest, UnfusedAttentionMatmulsAtLeastTheirScoreTraffic) {
+  // As above, with 19.2 GB of score-matrix traffic per step: the attention matmuls' half of it
+  // at the H200's 4.8 TB/s (2 ms) outlasts their FLOPs at the window's GEMM rate (1 ms).
+  const double F = 1e12;
+  EpochSummary s = make_summary(
+      10, 0,
+      with_unfused(make_flops("NVIDIA H200", {{MathPrecision::kBf16, F}}, 0.4), 0.2 * F, 19.2e9));
+  GpuEpochStats g;
+  g.device = "NVIDIA H200";
+  g.traced_steps = 10;
+  g.kernel_classes.steps = 10;
+  g.kernel_classes.traced_ns = 100 * kMs;
+  g.kernel_classes.ns[static_cast<size_t>(KernelClass::kAttention)] = 10 * kMs;
+  g.kernel_classes.ns[static_cast<size_t>(KernelClass::kTensorGemm)] = 50 * kMs;
+  s.sections.set<GpuEpochStats>(g);
+  const auto a = advise_unfused_attention(s, kConfig);
+  ASSERT_TRUE(a.has_value());
+  const double fused_ms = 0.2 * 7 / 6 / (989.5 * 0.4) * 1e3;
+  EXPECT_NEAR(*evidence(*a, "attention_matmul_time"), 2.0, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "unfused_kernel_time"), 3.0, 1e-9);
+  EXPECT_NEAR(a->expected_gain, 10 / (10 - 3 + fused_ms) - 1, 1e-9);
+  EXPECT_TRUE(contains(a->action, "score-matrix traffic")) << a->action;
 }
 
 TEST(PrecisionAdvisorTest, UnfusedAttentionEstimatedFromTrafficWithoutTrace) {

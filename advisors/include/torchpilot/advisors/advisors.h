@@ -84,6 +84,13 @@ std::optional<Advice> advise_fp32_matmul(const EpochSummary& summary, const Advi
 // predicted time (gain_models.h).
 std::optional<Advice> advise_unfused_attention(const EpochSummary& summary,
                                                const AdvisorsConfig& config);
+// A per-parameter Adam-style optimizer (addcmul/addcdiv kernels per parameter in the trace window)
+// whose update takes more than advisors.optimizer.threshold of the step: suggests a fused or
+// multi-tensor update (at::_fused_adamw_, _foreach_*); the gain sets its measured host time (the
+// optimizer phase, else its launches at the step's cost per launch) or kernel time against a fused
+// update's predicted kernel time (gain_models.h).
+std::optional<Advice> advise_per_parameter_optimizer(const EpochSummary& summary,
+                                                     const AdvisorsConfig& config);
 // MFU below advisors.low_mfu.threshold: where the step time goes (with a trace window: the traced
 // step's GPU time by kernel class; else counted FLOPs at peak, data wait, GPU idle, the rest) and
 // what to change for the largest fixable share, with its estimated gain. Info or warning, never

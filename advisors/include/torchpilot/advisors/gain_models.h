@@ -21,6 +21,13 @@ double gain(double old_step_s, double new_step_s);
 // The epoch's mean step time, seconds (0 without steps).
 double step_seconds(const EpochSummary& s);
 
+// The step a gain is stated for, seconds: the median step (EpochSummary::step_p50_ns), else the
+// mean. The mean carries the first steps' warm-up, the trace window's own cost and the stall at
+// its end, all of them minority steps: on the H100 planted pairs (bench/planted_pairs.cpp, LibTorch
+// 2.11) the epoch mean ran 1.1-2.9x the median, the median 0.96-1.24x the same trainer's step with
+// torchpilot off.
+double steady_step_seconds(const EpochSummary& s);
+
 // fp32 GEMM/conv kernels moved to the tensor cores (bf16 autocast; TF32 beside it).
 struct PrecisionGain {
   double step_s = 0;
@@ -29,10 +36,16 @@ struct PrecisionGain {
   double fp32_flops = 0;          // per step (hardware FLOPs: what the kernels ran)
   double rate = 0;                // predicted tensor-core FLOP/s (bf16)
   std::string rate_source;        // the calibration used
-  double gemm_s = 0;              // fp32_flops / rate
-  double cast_bytes = 0;          // autocast's casts per step (estimated)
-  double cast_s = 0;              // cast_bytes / DRAM bandwidth
-  double new_step_s = 0;          // step - removed + gemm + cast
+  double gemm_s = 0;              // (fp32_flops - attention_flops) / rate
+  // Fused attention (scaled_dot_product_attention) in an fp32 model runs fp32 kernels; autocast
+  // moves it to bf16 too: its measured time is removed, its FLOPs at the fused-attention rate
+  // added.
+  double attention_removed_s = 0;
+  double attention_flops = 0;
+  double attention_s = 0;
+  double cast_bytes = 0;  // autocast's casts per step (estimated)
+  double cast_s = 0;      // cast_bytes / DRAM bandwidth
+  double new_step_s = 0;  // step - removed - attention removed + gemm + attention + cast
   double gain = 0;
   double tf32_rate = 0;  // TF32 instead (no casts)
   double tf32_gain = 0;
@@ -42,14 +55,16 @@ std::optional<PrecisionGain> precision_gain(const EpochSummary& s);
 // An unfused attention replaced by a fused kernel (scaled_dot_product_attention).
 struct FusionGain {
   double step_s = 0;
-  double pieces_s = 0;     // measured softmax/mask kernels of the unfused attention, per step
-  double matmul_s = 0;     // its matmuls: their FLOPs at the window's measured GEMM rate
-  double gemm_rate = 0;    // FLOP/s of the window's GEMM kernels (or the calibrated rate)
-  bool measured = false;   // from a window (else the score-matrix traffic at DRAM bandwidth)
-  double removed_s = 0;    // pieces + matmuls
-  double fused_flops = 0;  // the fused kernels' FLOPs (backward recomputes the scores: x 7/6)
-  double fused_rate = 0;   // peak x calibrated fused-attention efficiency
-  double fused_s = 0;      // fused_flops / fused_rate
+  double pieces_s = 0;  // measured softmax/mask kernels of the unfused attention, per step
+  double matmul_s = 0;  // its matmuls: max(FLOPs at the window's GEMM rate, their score-matrix
+                        // passes at DRAM bandwidth)
+  double matmul_traffic_s = 0;  // the matmuls' share of the score-matrix traffic / DRAM bandwidth
+  double gemm_rate = 0;         // FLOP/s of the window's GEMM kernels (or the calibrated rate)
+  bool measured = false;        // from a window (else the score-matrix traffic at DRAM bandwidth)
+  double removed_s = 0;         // pieces + matmuls
+  double fused_flops = 0;       // the fused kernels' FLOPs (backward recomputes the scores: x 7/6)
+  double fused_rate = 0;        // peak x calibrated fused-attention efficiency
+  double fused_s = 0;           // fused_flops / fused_rate
   std::string calibration;
   double new_step_s = 0;
   double gain = 0;
@@ -76,8 +91,8 @@ std::optional<LaunchBoundGain> launch_bound_gain(const EpochSummary& s);
 // Data starvation: the loader with every usable core producing (the machine's cores less the
 // training thread's).
 struct StarvationGain {
-  double step_s = 0;
-  double compute_s = 0;    // step - data wait
+  double step_s = 0;       // compute + the mean data wait per step
+  double compute_s = 0;    // median of (step - data wait), else the mean
   double batch_cpu_s = 0;  // CPU time to produce one batch
   int usable_workers = 0;  // cores - 1 (at least 1)
   double delivery_s = 0;   // batch_cpu / usable: the fastest the cores deliver a batch
@@ -93,7 +108,10 @@ struct OptimizerGain {
   double per_parameter_kernels = 0;  // estimated launches per step (9 per parameter)
   double kernels_s = 0;              // their GPU time per step (estimated from addcmul/addcdiv)
   double per_launch_s = 0;           // measured host cost per launch
-  double removed_s = 0;              // max(launches x per-launch cost, kernel time)
+  double host_s = 0;                 // host time of the update per step (phase or launches)
+  bool host_from_phase = false;      // host_s is the optimizer phase's measured time
+  std::string phase;                 // that phase's name
+  double removed_s = 0;              // max(min(host_s, the step's GPU idle), kernel time)
   double fused_s = 0;                // kernel time x 28/92 (bytes a fused update moves)
   double new_step_s = 0;
   double gain = 0;

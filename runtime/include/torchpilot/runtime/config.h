@@ -95,6 +95,9 @@ struct PrecisionConfig {
 struct AttentionConfig {
   double unfused_threshold = 0.02;  // share of model FLOPs in unfused attention
 };
+struct OptimizerConfig {
+  double threshold = 0.05;  // per-parameter optimizer: share of step time its update takes
+};
 struct LowMfuConfig {
   double threshold = 0.3;  // MFU below this gets a breakdown
 };
@@ -106,6 +109,7 @@ struct AdvisorsConfig {
   LaunchBoundConfig launch_bound;
   PrecisionConfig precision;
   AttentionConfig attention;
+  OptimizerConfig optimizer;
   LowMfuConfig low_mfu;
 };
 

@@ -52,6 +52,9 @@ struct Calibration {
   double gemm;             // a large bf16/fp16/TF32 GEMM (cuBLAS) / the datasheet peak
   double fused_attention;  // fused attention forward + backward / the datasheet peak
   std::string source;      // where the figures come from
+  // Host-to-device copies from pinned memory, bytes/s (the host link as the GPU is usually
+  // attached): what a pageable copy takes once pinned.
+  double h2d_pinned_bytes_per_s = 12e9;
 };
 Calibration calibration(std::string_view device_name);
 

@@ -56,6 +56,7 @@ class EpochAccumulator {
   Nanos data_wait_ns_ = 0;
   std::array<Nanos, kMaxPhases> phase_ns_{};
   DurationHistogram step_times_;
+  DurationHistogram compute_times_;  // step - data wait
 };
 
 }  // namespace torchpilot

@@ -89,6 +89,9 @@ struct EpochSummary {
   double data_wait_fraction = 0;  // data_wait_ns / wall_ns
   Nanos step_p50_ns = 0;
   Nanos step_p90_ns = 0;
+  // Median of (step time - data wait) over the steps: the step's own work, robust to the first
+  // steps' warm-up and to a trace window's cost (gain models: docs/advice.md).
+  Nanos compute_p50_ns = 0;
   double steps_per_s = 0;
   double samples_per_s = 0;  // 0 when samples are not reported
   std::vector<PhaseTotal> phases;
