@@ -100,6 +100,7 @@ class CuptiBackend final : public GpuBackend {
 
   bool start_trace() override {
     bool ok = false;
+    const Nanos t0 = steady_now_ns();
     guard("start_trace", [&] {
       finish_release();  // windows rarely follow each other this closely
       if (activity_ == nullptr || (!activity_status_.active && !trace_busy_) || stopped_) return;
@@ -140,6 +141,8 @@ class CuptiBackend final : public GpuBackend {
       }
       ok = true;
     });
+    logger_.debug("GPU trace start took {:.2f} ms ({})", (steady_now_ns() - t0) / 1e6,
+                  ok ? "tracing" : "not tracing");
     return ok;
   }
 

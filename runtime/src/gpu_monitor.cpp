@@ -313,7 +313,9 @@ void GpuMonitor::on_step_end(StepRecord& r) {
     refresh_pm_status();
   }
 
-  if (a.flush) backend_->flush();  // the closed window's last kernels
+  // No flush on the training thread during a window's tail: converting a window's records
+  // can take tens of milliseconds for a long window; the release's forced flush
+  // delivers them off the training thread (the trace stopped once the GPU ran its last step).
   if (a.release) {
     backend_->release_trace();  // its final flush is drained once the release is done
     refresh_pm_status();        // PM sampling may not have come back
@@ -329,7 +331,6 @@ void GpuMonitor::maybe_stop_trace(Nanos now, bool force) {
   if (!gpu_done && !force && now < stop_deadline_) return;
   stop_pending_ = false;
   backend_->stop_trace();
-  backend_->flush();  // the tail's first flush; the records come with the next drain
   planner_.trace_stopped();
 }
 

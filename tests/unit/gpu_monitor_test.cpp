@@ -351,7 +351,9 @@ TEST(GpuMonitorTest, WindowsOpenAtTheFirstStepAgainEachEpochAndOnRequest) {
   for (int i = 0; i < 10; ++i) rig.step(10, 200, 1.0);
   EXPECT_EQ(rig.backend->trace_starts, 1);
   EXPECT_EQ(rig.backend->trace_stops, 1);
-  EXPECT_GE(rig.backend->flushes, 2);   // the tail waits for the window's last records
+  // The tail flushes nothing on the training thread: the release's forced flush (off the
+  // training thread in the real backend) delivers the window's last records.
+  EXPECT_EQ(rig.backend->flushes, 0);
   EXPECT_EQ(rig.backend->releases, 1);  // then CUPTI is detached
   rig.pilot->end_epoch();
   EXPECT_EQ(rig.sink->epochs[0].sections.get<GpuEpochStats>()->traced_steps, 3);

@@ -9,7 +9,8 @@
 // epoch). A window closes after its steps or with its epoch. The trace is stopped once the GPU has
 // run the window's last step (the monitor waits for that step's end marker and reports
 // trace_stopped(); without markers at once); the steps' records are final after a tail of
-// kTailSteps step ends from there (a flush each), then the trace is released.
+// kTailSteps step ends from there, then the trace is released (its forced flush collects them:
+// the monitor does not act on `flush`, which says the step is in the tail).
 //
 // Thread-safety: not thread-safe; the monitor calls it from the training thread only.
 // Failure behaviour: nothing throws; a failed trace start (trace_started(false)) or disable()
