@@ -417,6 +417,10 @@ std::string ActivityCollector::enable() {
     if (api_.enable_callback(1, subscriber_, c.domain, c.cbid) != CUPTI_SUCCESS) ++refused;
   }
   sync_callbacks_ = refused < static_cast<int>(std::size(kSyncCallbacks));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    all_sync_callers_known_ = refused == 0;
+  }
   if (refused > 0) {
     logger_.debug("CUPTI activity: {} of {} sync callbacks refused; their syncs' thread unknown",
                   refused, std::size(kSyncCallbacks));
@@ -430,7 +434,10 @@ void ActivityCollector::note_sync_call(uint32_t correlation_id, bool own_thread)
   std::lock_guard<std::mutex> lock(mutex_);
   // Entries whose record never came (dropped, or the other id of a runtime/driver pair) are
   // forgotten in bulk: a record whose entry went with them counts with its thread unknown.
-  if (sync_callers_.size() >= kMaxSyncCallers) sync_callers_.clear();
+  if (sync_callers_.size() >= kMaxSyncCallers) {
+    sync_callers_.clear();
+    all_sync_callers_known_ = false;
+  }
   sync_callers_[correlation_id] =
       !own_thread && std::this_thread::get_id() == trainer_ ? SyncThread::kTrainer : thread;
 }
@@ -541,7 +548,10 @@ void ActivityCollector::buffer_completed(uint8_t* buffer, size_t, size_t valid_s
   std::lock_guard<std::mutex> lock(mutex_);
   for (SyncRecord& s : batch.syncs) {
     const auto it = sync_callers_.find(static_cast<uint32_t>(s.correlation_id));
-    if (s.correlation_id < 0 || it == sync_callers_.end()) continue;
+    if (s.correlation_id < 0 || it == sync_callers_.end()) {
+      if (all_sync_callers_known_ && s.correlation_id >= 0) s.thread = SyncThread::kInternal;
+      continue;
+    }
     s.thread = it->second;
     sync_callers_.erase(it);
   }

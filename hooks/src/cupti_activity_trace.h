@@ -135,6 +135,9 @@ class ActivityCollector {
   bool routed_ = false;
   bool enabled_ = false;
   bool sync_callbacks_ = false;  // some sync callbacks enabled (enable() to disable())
+  // Every sync callback was enabled for the current window and no caller was forgotten: a sync
+  // record with no caller was made by no program call (SyncThread::kInternal).
+  bool all_sync_callers_known_ = false;
   std::vector<CUpti_ActivityKind> enabled_kinds_;
   static constexpr size_t kMaxSyncCallers = 4096;
 

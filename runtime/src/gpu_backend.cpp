@@ -29,6 +29,8 @@ const char* to_string(SyncThread thread) {
       return "other";
     case SyncThread::kOwn:
       return "torchpilot";
+    case SyncThread::kInternal:
+      return "internal";
     case SyncThread::kUnknown:
       break;
   }

@@ -356,7 +356,8 @@ void GpuMonitor::drain() {
   scopes.drain(incoming_.scopes);
   name_phases();
   for (const SyncRecord& s : incoming_.syncs) {
-    if (s.thread == SyncThread::kOwn && epoch_ != nullptr) ++epoch_->own_thread_syncs;
+    if ((s.thread == SyncThread::kOwn || s.thread == SyncThread::kInternal) && epoch_ != nullptr)
+      ++epoch_->own_thread_syncs;
   }
   append(events_.syncs, incoming_.syncs);
   append(events_.scopes, incoming_.scopes);

@@ -149,7 +149,7 @@ std::vector<SyncRecord> resolve_host_syncs(const GpuEventBatch& events, bool tra
   for (const SyncRecord& c : events.syncs) {
     // torchpilot's own threads (step markers, PM decode, the trace release) never hold up the
     // training loop: their calls are no host syncs, wherever they fall in time.
-    if (c.thread == SyncThread::kOwn) continue;
+    if (c.thread == SyncThread::kOwn || c.thread == SyncThread::kInternal) continue;
     if (is_near(c.begin, c.end)) candidates.push_back(c);
   }
   for (const CopyRecord& c : events.copies) {

@@ -313,6 +313,28 @@ TEST(HostSyncCauseTest, StepSitesGroupByCauseAndPhase) {
   EXPECT_EQ(fwd->idle_ns, 40);
 }
 
+// Seen on the H100 (torch 2.11): once per traced step, an event synchronize of ~0.7 ms whose
+// correlation id no program API call had while every sync callback was on: CUPTI's or the
+// driver's own. It never counts.
+TEST(HostSyncCauseTest, SyncsNoProgramCallMadeNeverCount) {
+  GpuEventBatch ev;
+  ev.kernels = {kernel(0, 10), kernel(12, 20), kernel(35, 45), kernel(60, 70)};
+  ev.scopes = {scope(45, 50, "aten::item", true, "forward")};
+  SyncRecord item = sync(46, 49);
+  item.thread = SyncThread::kTrainer;
+  SyncRecord internal = sync(22, 30, SyncApi::kEventSynchronize);
+  internal.phase = "forward";
+  internal.thread = SyncThread::kInternal;
+  ev.syncs = {internal, item};
+  const std::vector<SyncRecord> s = resolve_host_syncs(ev, true);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].cause, "aten::item");
+  const GpuStats g = gpu_step_stats(ev, traced({0, 70}), 100, 1, nullptr);
+  EXPECT_EQ(g.host_syncs, 1);
+  EXPECT_EQ(g.idle_launch_gap_ns, 17);  // [20, 35] stays a launch gap
+  EXPECT_EQ(idle_sum(g), idle_of(ev, {0, 70}));
+}
+
 TEST(HostSyncCauseTest, SyncsOfTorchpilotsOwnThreadsNeverCount) {
   // As on the H100 (issue 10): per step, an .item() in forward, and an event synchronize of
   // another thread of ours [22, 30] outside any op scope, in the middle of a launch gap. Only the

@@ -67,6 +67,10 @@ enum class SyncThread {
   kTrainer,  // the thread that runs the steps (the one that started the trace window)
   kOther,    // another thread of the program (autograd's device threads, a loader's)
   kOwn,      // a thread of torchpilot's (never a host sync of the training loop)
+  // No program call made it: the callbacks saw every synchronizing call of the window and none
+  // had its correlation id (CUPTI's or the driver's own; seen on the H100 once per traced step,
+  // an event synchronize of ~0.7 ms with no API call on any thread). Never a host sync.
+  kInternal,
 };
 const char* to_string(SyncThread thread);
 
