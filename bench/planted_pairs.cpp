@@ -145,6 +145,27 @@ class Workload {
   virtual void end() {}  // after a run, the device synchronized
 };
 
+// Forward, backward and update of `net` on a squared output, in the Pilot's phases; returns the
+// loss (on the device).
+torch::Tensor train_step(torchpilot::Pilot& pilot, torch::nn::Sequential& net,
+                         torch::optim::Optimizer& optimizer, const torch::Tensor& x) {
+  torch::Tensor loss;
+  {
+    auto p = pilot.phase("forward");
+    loss = net->forward(x).to(torch::kFloat).square().mean();
+  }
+  {
+    auto p = pilot.phase("backward");
+    optimizer.zero_grad();
+    loss.backward();
+  }
+  {
+    auto p = pilot.phase("optimizer");
+    optimizer.step();
+  }
+  return loss;
+}
+
 // An MLP of `layers` Linear + GELU blocks, in env.dtype, trained with SGD on a squared output.
 struct Mlp {
   torch::nn::Sequential net;
@@ -159,23 +180,8 @@ struct Mlp {
     optimizer =
         std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(1e-4));
   }
-  // Forward, backward and update, in the Pilot's phases; returns the loss (on the device).
   torch::Tensor train_step(torchpilot::Pilot& pilot, const torch::Tensor& x) {
-    torch::Tensor loss;
-    {
-      auto p = pilot.phase("forward");
-      loss = net->forward(x).to(torch::kFloat).square().mean();
-    }
-    {
-      auto p = pilot.phase("backward");
-      optimizer->zero_grad();
-      loss.backward();
-    }
-    {
-      auto p = pilot.phase("optimizer");
-      optimizer->step();
-    }
-    return loss;
+    return ::train_step(pilot, net, *optimizer, x);
   }
 };
 
@@ -277,20 +283,7 @@ class PageableCopies : public Workload {
         // that one, with pinning as its first action.)
         x = host_.to(env_.device, /*non_blocking=*/true).to(env_.dtype);
       }
-      torch::Tensor loss;
-      {
-        auto p = pilot.phase("forward");
-        loss = net_->forward(x).to(torch::kFloat).square().mean();
-      }
-      {
-        auto p = pilot.phase("backward");
-        optimizer_->zero_grad();
-        loss.backward();
-      }
-      {
-        auto p = pilot.phase("optimizer");
-        optimizer_->step();
-      }
+      train_step(pilot, net_, *optimizer_, x);
     }
   }
 

@@ -26,12 +26,9 @@ using detail::gain_from_removing;
 using detail::lower;
 using detail::num;
 using detail::pct;
+using gains::step_seconds;
 
 double clamp01(double v) { return std::isnan(v) ? 0.0 : std::min(1.0, std::max(0.0, v)); }
-
-double step_seconds(const EpochSummary& s) {
-  return s.steps > 0 ? static_cast<double>(s.wall_ns) / 1e9 / static_cast<double>(s.steps) : 0;
-}
 
 std::string device_name(const FlopEpochStats& f) {
   return f.device.empty() ? "this GPU" : f.device;

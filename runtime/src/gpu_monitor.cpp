@@ -250,7 +250,8 @@ void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
 }
 
 void GpuMonitor::on_phase_begin(int phase_id, const std::string& phase_name) {
-  if (host_ != nullptr) {
+  // Phase spans only name a window's host syncs: kept while a trace is attached, not every step.
+  if (host_ != nullptr && (planner_.trace_attached() || stop_pending_)) {
     phases_.push_back(
         {phase_id, phase_name, {host_->clock().now_ns(), std::numeric_limits<Nanos>::max()}});
     if (phases_.size() > kMaxPhaseSpans) phases_.pop_front();
@@ -396,8 +397,7 @@ void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
   if (spans.gpu_timed) ++epoch_->gpu_timed_steps;
   if (rec.stats.traced_ns > 0) epoch_->add_sync_sites(sites);
   if (step.traced) {
-    epoch_->add_kernels(events_.kernels, spans.gpu_timed ? spans.gpu : spans.host,
-                        device_.sm_count);
+    epoch_->add_kernels(events_.kernels, spans.figures(), device_.sm_count);
   }
   add_kernel_classes(epoch_->classes, events_, spans, device_.sm_count);
   if (host_ != nullptr) host_->publish(make_late_step(rec.step, rec.epoch, std::move(rec)));
@@ -434,7 +434,7 @@ void GpuMonitor::finish_ready_steps(bool all, Nanos now) {
     bool timed_out = false;
     bool ready = gpu_span(p, now, all, spans, timed_out);
     if (ready && !all && pending_.size() <= kMaxPendingSteps) {
-      const Nanos end = spans.gpu_timed ? spans.gpu.end : p.span.end;
+      const Nanos end = spans.figures().end;
       const bool pm_ready = !pm_active_ || pm_watermark_ >= end;
       // Traced steps: the window's records are final once its tail is over, and the tail starts
       // only after the GPU ran the window's last step.

@@ -195,7 +195,7 @@ std::vector<SyncRecord> resolve_host_syncs(const GpuEventBatch& events, bool tra
 GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int sm_count,
                         Nanos nvml_interval_ns, std::vector<SyncSite>* sites) {
   // GPU figures belong to the step whose GPU span contains them (host span when unknown).
-  Interval span = spans.gpu_timed ? spans.gpu : spans.host;
+  Interval span = spans.figures();
   const Interval data_wait = spans.data_wait;
   const bool traced = spans.traced;
   const Nanos trace_from = spans.trace_from;

@@ -195,8 +195,7 @@ void KernelClassStats::add(const KernelClassStats& o) {
 void add_kernel_classes(KernelClassStats& stats, const GpuEventBatch& events,
                         const StepSpans& spans, int sm_count) {
   if (!spans.traced) return;
-  Interval span = spans.gpu_timed ? spans.gpu : spans.host;
-  span.begin = std::max(span.begin, spans.trace_from);
+  const Interval span = spans.traced_part();
   if (span.end <= span.begin) return;
   KernelClassStats s;
   s.steps = 1;

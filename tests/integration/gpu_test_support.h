@@ -2,6 +2,7 @@
 // Pilot with a recording sink.
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 
@@ -38,6 +39,27 @@ struct PilotRun {
     return false;
   }
   const EpochSummary& epoch() const { return sink->epochs.back(); }
+  // Why a collector the test needs is off ("" when all run).
+  std::string missing(std::initializer_list<const char*> collectors) const {
+    for (const char* name : collectors) {
+      if (collector_active(name)) continue;
+      for (const auto& s : pilot->collector<GpuMonitor>()->status()) {
+        if (s.name == name) return std::string(name) + " unavailable: " + s.reason;
+      }
+      return std::string(name) + " unavailable";
+    }
+    return {};
+  }
 };
+
+// In a test body: fails without a GPU monitor (a GPU is present), skips the test with the reason
+// when a collector it needs is off (e.g. no counter permission).
+#define TORCHPILOT_REQUIRE_COLLECTORS(run, ...)                            \
+  do {                                                                     \
+    ASSERT_NE((run).pilot->collector<::torchpilot::GpuMonitor>(), nullptr) \
+        << "a GPU is present but the GPU monitor is off";                  \
+    const std::string tp_missing_ = (run).missing({__VA_ARGS__});          \
+    if (!tp_missing_.empty()) GTEST_SKIP() << tp_missing_;                 \
+  } while (0)
 
 }  // namespace torchpilot::testing_support

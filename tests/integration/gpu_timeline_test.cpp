@@ -49,17 +49,6 @@ class GpuTimelineTest : public ::testing::Test {
   void SetUp() override {
     if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   }
-  void require(PilotRun& run, std::initializer_list<const char*> collectors) {
-    ASSERT_NE(run.pilot->collector<GpuMonitor>(), nullptr)
-        << "a GPU is present but the GPU monitor is off";
-    for (const char* name : collectors) {
-      if (!run.collector_active(name)) {
-        for (const auto& s : run.pilot->collector<GpuMonitor>()->status()) {
-          if (s.name == name) GTEST_SKIP() << name << " unavailable: " << s.reason;
-        }
-      }
-    }
-  }
 };
 
 struct TracedRun {
@@ -179,7 +168,7 @@ TEST_F(GpuTimelineTest, SmEfficiencyOfHeavyAndIdleStepsLandsOnTheRightSteps) {
   Workload w;
   constexpr int kSteps = 14;
   PilotRun run(gpu_config(1000000, 1));  // no window: PM samples only
-  require(run, {"pm_sampling"});
+  TORCHPILOT_REQUIRE_COLLECTORS(run, "pm_sampling");
   for (int i = 0; i < kSteps; ++i) {
     auto step = run.pilot->step(1);
     if (i % 2 == 0) {

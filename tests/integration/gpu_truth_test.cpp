@@ -101,18 +101,6 @@ class GpuTruthTest : public ::testing::Test {
   void SetUp() override {
     if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   }
-  // The collectors this test needs, or a skip that says why (e.g. no counter permission).
-  void require(PilotRun& run, std::initializer_list<const char*> collectors) {
-    ASSERT_NE(run.pilot->collector<GpuMonitor>(), nullptr)
-        << "a GPU is present but the GPU monitor is off";
-    for (const char* name : collectors) {
-      if (!run.collector_active(name)) {
-        for (const auto& s : run.pilot->collector<GpuMonitor>()->status()) {
-          if (s.name == name) GTEST_SKIP() << name << " unavailable: " << s.reason;
-        }
-      }
-    }
-  }
 };
 
 // (1) One block on one SM for seconds: nvidia-smi's view says busy, the SMs say otherwise.
@@ -120,7 +108,7 @@ TEST_F(GpuTruthTest, OneSmKernelIsBusyButNotEfficient) {
   SpinKernel spin;
   ASSERT_TRUE(spin.ok()) << "could not load the spin kernel through the driver API";
   PilotRun run(gpu_config(1, 3));
-  require(run, {"pm_sampling", "activity"});
+  TORCHPILOT_REQUIRE_COLLECTORS(run, "pm_sampling", "activity");
   for (int i = 0; i < 6; ++i) {
     auto step = run.pilot->step(1);
     spin.launch(400 * 1000 * 1000);  // 0.4 s
@@ -151,7 +139,7 @@ TEST_F(GpuTruthTest, Bf16GemmLoopIsEfficient) {
   auto c = torch::mm(a, b);  // cuBLAS warm-up before measuring
   torch::cuda::synchronize();
   PilotRun run(gpu_config(1000000, 1));
-  require(run, {"pm_sampling"});
+  TORCHPILOT_REQUIRE_COLLECTORS(run, "pm_sampling");
   for (int i = 0; i < 8; ++i) {
     auto step = run.pilot->step(1);
     for (int k = 0; k < 30; ++k) c = torch::mm(a, b);
@@ -180,7 +168,7 @@ TEST_F(GpuTruthTest, PmSmActivityAgreesWithTraceBusyTime) {
   torch::cuda::synchronize();
   constexpr int kSteps = 16;
   PilotRun run(gpu_config(0, kSteps));  // the window opens after step 0: steps 1..16 traced
-  require(run, {"pm_sampling", "activity"});
+  TORCHPILOT_REQUIRE_COLLECTORS(run, "pm_sampling", "activity");
   for (int i = 0; i < kSteps + 1; ++i) {
     auto step = run.pilot->step(1);
     for (int k = 0; k < 8; ++k) x = x * 1.0001f + 0.5f;
@@ -236,7 +224,7 @@ TEST_F(GpuTruthTest, KernelClassesOfRealKernels) {
   auto c = torch::mm(a, a) + torch::mm(f, f).sum();
   torch::cuda::synchronize();
   PilotRun run(gpu_config(1, 4));
-  require(run, {"activity"});
+  TORCHPILOT_REQUIRE_COLLECTORS(run, "activity");
   for (int i = 0; i < 6; ++i) {
     auto step = run.pilot->step(1);
     for (int k = 0; k < 4; ++k) {

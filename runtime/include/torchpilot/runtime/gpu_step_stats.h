@@ -2,6 +2,7 @@
 // tested on hand-made and captured timelines (gpu_monitor_test, cupti_replay_test).
 #pragma once
 
+#include <algorithm>
 #include <limits>
 
 #include "torchpilot/runtime/gpu_backend.h"
@@ -20,6 +21,15 @@ struct StepSpans {
   bool traced = false;  // inside a detailed window
   // The trace covers the step from here on (a window's first step: from its scope's start).
   Nanos trace_from = std::numeric_limits<Nanos>::min();
+
+  // The span the step's GPU figures cover: its GPU span when known, else its host span.
+  Interval figures() const { return gpu_timed ? gpu : host; }
+  // ... and the part of it the trace covers.
+  Interval traced_part() const {
+    Interval s = figures();
+    s.begin = std::max(s.begin, trace_from);
+    return s;
+  }
 };
 
 // PM samples and NVML readings time-weighted over the step; when traced, kernel, copy and sync
