@@ -57,8 +57,9 @@ struct Args {
   std::vector<int> setups;  // configurations measured, off first (--configs)
 };
 
-enum Setup { kOff, kAdvise, kWindow, kCounting, kSetups };
-const char* kNames[kSetups] = {"off", "advise", "window", "counting"};
+enum Setup { kOff, kAdvise, kWindow, kCounting, kWindowNoOps, kSetups };
+// window-noops: a window without the op-name hook (gpu.sync_op_names off), to split its cost.
+const char* kNames[kSetups] = {"off", "advise", "window", "counting", "window-noops"};
 
 struct RoundResult {
   int round = 0;
@@ -117,6 +118,7 @@ torchpilot::Config config_for(Setup setup, const Args& a) {
     c.flops.skip_steps = std::min(c.flops.skip_steps, a.warmup - 1 - c.flops.count_steps);
   }
   c.flops.recount_every_steps = 0;
+  if (setup == kWindowNoOps) c.gpu.sync_op_names = false;
   return c;
 }
 
@@ -135,7 +137,7 @@ RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, j
   // A requested window starts at the end of the step it was requested in: request it in the last
   // warm-up step so that it covers exactly the measured steps. Every configuration runs the same.
   trainer.train(pilot, a.warmup - 1);
-  if (setup == kWindow && pilot.collector<torchpilot::GpuMonitor>() != nullptr)
+  if ((setup == kWindow || setup == kWindowNoOps) && pilot.collector<torchpilot::GpuMonitor>() != nullptr)
     pilot.request_window(a.steps);
   trainer.train(pilot, 1);
   trainer.synchronize();
@@ -232,7 +234,7 @@ int run(int argc, char** argv) {
   app.add_option("--configs", configs,
                  "configurations measured, comma-separated (off is always measured, first)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"off", "advise", "window", "counting"}))
+      ->check(CLI::IsMember({"off", "advise", "window", "counting", "window-noops"}))
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->type_name("LIST")
       ->capture_default_str();

@@ -2,13 +2,17 @@
 // of bringing the profiler API back (for PM sampling) after cuptiFinalize keeps kernel launches
 // fast. One variant per process (cuptiFinalize is process-wide):
 //   cupti_reattach_probe baseline | probe | nofinalize | finalize | reattach-subscribe |
-//                        reattach-timestamp | reattach-profiler | backend-pm | backend-nopm
+//                        reattach-timestamp | reattach-profiler | backend-pm | backend-nopm |
+//                        kinds-kernel | kinds-kernel-noprof | kinds-all | kinds-all-callbacks
+// (kinds-*: which activity kinds and callbacks make a launch dearer while a window is on.)
 // (backend-*: torchpilot's own GPU backend, PM sampling on or off, a window, release_trace().)
 // Prints the median time of a launch-bound step (2000 tiny kernels + synchronize) before the
 // window, during it, and after it. Not part of the library; results in bench/results/.
 #include <cupti_activity.h>
 #include <cupti_callbacks.h>
 #include <cupti_profiler_target.h>
+#include <cupti_driver_cbid.h>
+#include <cupti_runtime_cbid.h>
 #include <dlfcn.h>
 #include <torch/torch.h>
 
@@ -107,7 +111,9 @@ int main(int argc, char** argv) {
     p.structSize = CUpti_Profiler_Initialize_Params_STRUCT_SIZE;
     return static_cast<int>(prof_init(&p));
   };
-  int init_before = init_profiler();  // as the backend does at construction
+  const bool kinds = variant.rfind("kinds-", 0) == 0;
+  // As the backend does at construction (kinds-kernel-noprof: never, to see what it costs).
+  int init_before = variant == "kinds-kernel-noprof" ? -1 : init_profiler();
   CUpti_SubscriberHandle h = nullptr;
   subscribe(&h, no_op, nullptr);  // the construction-time probe
   unsubscribe(h);
@@ -116,11 +122,22 @@ int main(int argc, char** argv) {
   if (variant != "baseline" && variant != "probe") {
     subscribe(&h, no_op, nullptr);
     reg(requested, completed);
-    enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
-    enable(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION);
+    std::vector<CUpti_ActivityKind> on = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL};
+    if (!kinds || variant.rfind("kinds-all", 0) == 0) on.push_back(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION);
+    if (variant.rfind("kinds-all", 0) == 0) {
+      on.push_back(CUPTI_ACTIVITY_KIND_MEMCPY);
+      on.push_back(CUPTI_ACTIVITY_KIND_MEMSET);
+    }
+    for (auto k : on) enable(k);
+    if (variant == "kinds-all-callbacks") {
+      auto enable_cb = sym<decltype(&cuptiEnableCallback)>(lib, "cuptiEnableCallback");
+      enable_cb(1, h, CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020);
+      enable_cb(1, h, CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020);
+      enable_cb(1, h, CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize);
+      enable_cb(1, h, CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize);
+    }
     during = step_ms(y, 20);
-    disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
-    disable(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION);
+    for (auto k : on) disable(k);
     flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     unsubscribe(h);
     if (variant != "nofinalize") {

@@ -143,6 +143,7 @@ const std::vector<KeySpec>& schema() {
       TP_BOOL(gpu.nvtx),
       TP_BOOL(gpu.activity),
       TP_BOOL(gpu.step_markers),
+      TP_BOOL(gpu.sync_op_names),
       TP_INT(gpu.trace_first_step, 0, 1e9),
       TP_INT(gpu.trace_steps, 1, 100000),
       TP_INT(gpu.trace_every_epochs, 0, 1000000),

@@ -240,7 +240,7 @@ void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
     const bool ok = backend_->start_trace();
     planner_.trace_started(ok, !ok && backend_->trace_busy());
     // The op-scope hook names the window's host syncs (it costs every op a callback: windows only).
-    if (ok) HostOpScopes::instance().enable(true);
+    if (ok && config_.sync_op_names) HostOpScopes::instance().enable(true);
   }
   if (!config_.nvtx) return;
   char name[32];

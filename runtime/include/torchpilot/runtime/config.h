@@ -54,6 +54,7 @@ struct GpuConfig {
   bool nvtx = true;                   // NVTX ranges for steps and phases ("torchpilot" domain)
   bool activity = true;               // CUPTI activity trace in detailed windows
   bool step_markers = true;           // CUDA events at step boundaries: figures by GPU time
+  bool sync_op_names = true;          // windows name each host sync's op (a callback per op)
   int trace_first_step = 20;          // first window: from this step, or once auto-tune is done
   int trace_steps = 10;               // steps per detailed window
   int trace_every_epochs = 0;         // a window every N epochs (0: the first window only)
