@@ -137,7 +137,8 @@ RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, j
   // A requested window starts at the end of the step it was requested in: request it in the last
   // warm-up step so that it covers exactly the measured steps. Every configuration runs the same.
   trainer.train(pilot, a.warmup - 1);
-  if ((setup == kWindow || setup == kWindowNoOps) && pilot.collector<torchpilot::GpuMonitor>() != nullptr)
+  if ((setup == kWindow || setup == kWindowNoOps) &&
+      pilot.collector<torchpilot::GpuMonitor>() != nullptr)
     pilot.request_window(a.steps);
   trainer.train(pilot, 1);
   trainer.synchronize();

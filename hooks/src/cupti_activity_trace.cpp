@@ -1,14 +1,18 @@
 // CUPTI activity records -> vendor-neutral events; the activity buffer collector.
 #include "cupti_activity_trace.h"
 
+#include <cuda_runtime_api.h>
 #include <cupti_driver_cbid.h>
 #include <cupti_runtime_cbid.h>
 #include <cxxabi.h>
+#include <generated_cuda_runtime_api_meta.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -16,8 +20,10 @@
 #include <thread>
 #include <unordered_map>
 
+#include "op_symbols.h"
 #include "own_thread.h"
 #include "torchpilot/runtime/guard.h"
+#include "torchpilot/runtime/host_op_scopes.h"
 
 namespace torchpilot {
 namespace detail {
@@ -293,15 +299,118 @@ constexpr SyncCallbackId kSyncCallbacks[] = {
     {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize_v2},
 };
 
+// Copies the host may wait in (to pageable memory, the host waits inside the call): their op is
+// named like a synchronize's. The runtime's copies only: LibTorch copies through it.
+constexpr SyncCallbackId kCopyCallbacks[] = {
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_ptds_v7000},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_ptsz_v7000},
+};
+
+bool is_copy_call(CUpti_CallbackDomain domain, CUpti_CallbackId cbid) {
+  return std::any_of(std::begin(kCopyCallbacks), std::end(kCopyCallbacks),
+                     [&](const SyncCallbackId& c) { return c.domain == domain && c.cbid == cbid; });
+}
+
+// A copy to the host (or of a kind the runtime infers): one the host may block in. The four copy
+// calls' parameters begin alike (dst, src, count, kind).
+bool copies_to_host(const CUpti_CallbackData& info) {
+  static_assert(
+      offsetof(cudaMemcpyAsync_v3020_params, kind) == offsetof(cudaMemcpy_v3020_params, kind),
+      "copy parameters differ");
+  static_assert(
+      offsetof(cudaMemcpy_ptds_v7000_params, kind) == offsetof(cudaMemcpy_v3020_params, kind),
+      "copy parameters differ");
+  static_assert(
+      offsetof(cudaMemcpyAsync_ptsz_v7000_params, kind) == offsetof(cudaMemcpy_v3020_params, kind),
+      "copy parameters differ");
+  const auto* p = static_cast<const cudaMemcpy_v3020_params*>(info.functionParams);
+  return p == nullptr || p->kind == cudaMemcpyDeviceToHost || p->kind == cudaMemcpyDefault;
+}
+
+Nanos steady_now() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// The op a synchronizing call (or a copy to the host) was made from, while a window wants op
+// names (HostOpScopes enabled): its stack at the call's entry, a scope from entry to exit. A call
+// made inside another (the driver's synchronize inside the runtime's) is part of the outer one.
+struct CallCapture {
+  bool open = false;
+  CUpti_CallbackDomain domain = CUPTI_CB_DOMAIN_INVALID;
+  CUpti_CallbackId cbid = 0;
+  bool copy = false;
+  Nanos begin = 0;
+  OpCall call;
+};
+thread_local CallCapture t_capture;
+// The last scope's op call on this thread: a synchronize right after a copy from the same call
+// (an item(): the value's copy, then the wait) is the same op call.
+struct LastCall {
+  uintptr_t pc = 0, cfa = 0;
+  uint64_t id = 0;
+  bool copy = false;
+};
+thread_local LastCall t_last_call;
+std::atomic<uint64_t> next_call_id{1};
+constexpr Nanos kStaleCapture = 10'000'000'000;  // an exit never seen (callbacks switched off)
+
+void capture_enter(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, bool copy) {
+  CallCapture& c = t_capture;
+  const Nanos now = steady_now();
+  if (c.open && now - c.begin < kStaleCapture) return;  // inside an outer call
+  c.open = false;
+  if (!HostOpScopes::instance().enabled() || on_own_thread()) return;
+  const OpCall call = outermost_op_call();
+  if (call.op == nullptr) return;  // no op on the stack: the sync keeps its API's name
+  c.open = true;
+  c.domain = domain;
+  c.cbid = cbid;
+  c.copy = copy;
+  c.begin = now;
+  c.call = call;
+}
+
+void capture_exit(CUpti_CallbackDomain domain, CUpti_CallbackId cbid) {
+  CallCapture& c = t_capture;
+  if (!c.open || c.domain != domain || c.cbid != cbid) return;
+  c.open = false;
+  LastCall& last = t_last_call;
+  const bool same = !c.copy && last.copy && last.pc == c.call.pc && last.cfa == c.call.cfa;
+  const uint64_t id = same ? last.id : next_call_id.fetch_add(1, std::memory_order_relaxed);
+  last = {c.call.pc, c.call.cfa, id, c.copy};
+  HostOpScope scope;
+  scope.begin = c.begin;
+  scope.end = steady_now();
+  scope.op = *c.call.op;
+  scope.always = false;  // counted only where CUPTI saw the host wait
+  scope.call = id;
+  HostOpScopes::instance().push(std::move(scope));
+}
+
 // On the calling thread, inside the call: which thread made it, by its correlation id (a runtime
-// call and the driver call inside it each have one; the sync record carries one of them).
-void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId, const void* data) {
+// call and the driver call inside it each have one; the sync record carries one of them); and the
+// op it was made from.
+void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+                          const void* data) {
   if (domain != CUPTI_CB_DOMAIN_RUNTIME_API && domain != CUPTI_CB_DOMAIN_DRIVER_API) return;
   const auto* info = static_cast<const CUpti_CallbackData*>(data);
-  if (info == nullptr || info->callbackSite != CUPTI_API_ENTER) return;
-  std::shared_lock<std::shared_mutex> lock(route_mutex());
-  if (route() == nullptr) return;
+  if (info == nullptr) return;
   try {  // inside the program's CUDA call: nothing may unwind out of here
+    const bool copy = is_copy_call(domain, cbid);
+    if (info->callbackSite == CUPTI_API_EXIT) {
+      capture_exit(domain, cbid);
+      return;
+    }
+    if (info->callbackSite != CUPTI_API_ENTER) return;
+    if (copy && !copies_to_host(*info)) return;
+    capture_enter(domain, cbid, copy);
+    if (copy) return;  // a copy has no sync record to tag
+    std::shared_lock<std::shared_mutex> lock(route_mutex());
+    if (route() == nullptr) return;
     route()->note_sync_call(info->correlationId, on_own_thread());
   } catch (...) {
   }
@@ -369,6 +478,7 @@ std::string ActivityCollector::init() {
   }
   if (r != CUPTI_SUCCESS) return "cuptiSubscribe failed: " + cupti_error_name(api_, r);
   subscribed_ = true;
+  OpSymbolIndex::instance().build_async();  // ready long before a window names a sync's op
   {
     std::unique_lock<std::shared_mutex> lock(route_mutex());
     if (route() != nullptr && route() != this) {
@@ -416,6 +526,9 @@ std::string ActivityCollector::enable() {
   for (const SyncCallbackId& c : kSyncCallbacks) {
     if (api_.enable_callback(1, subscriber_, c.domain, c.cbid) != CUPTI_SUCCESS) ++refused;
   }
+  for (const SyncCallbackId& c : kCopyCallbacks) {  // op names only: a refusal loses no figure
+    api_.enable_callback(1, subscriber_, c.domain, c.cbid);
+  }
   sync_callbacks_ = refused < static_cast<int>(std::size(kSyncCallbacks));
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -448,6 +561,11 @@ void ActivityCollector::disable() {
       api_.enable_callback(0, subscriber_, c.domain, c.cbid);
     }
     sync_callbacks_ = false;
+  }
+  if (enabled_) {
+    for (const SyncCallbackId& c : kCopyCallbacks) {
+      api_.enable_callback(0, subscriber_, c.domain, c.cbid);
+    }
   }
   for (const auto kind : enabled_kinds_) api_.activity_disable(kind);
   enabled_kinds_.clear();

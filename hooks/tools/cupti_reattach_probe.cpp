@@ -10,8 +10,8 @@
 // window, during it, and after it. Not part of the library; results in bench/results/.
 #include <cupti_activity.h>
 #include <cupti_callbacks.h>
-#include <cupti_profiler_target.h>
 #include <cupti_driver_cbid.h>
+#include <cupti_profiler_target.h>
 #include <cupti_runtime_cbid.h>
 #include <dlfcn.h>
 #include <torch/torch.h>
@@ -123,7 +123,8 @@ int main(int argc, char** argv) {
     subscribe(&h, no_op, nullptr);
     reg(requested, completed);
     std::vector<CUpti_ActivityKind> on = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL};
-    if (!kinds || variant.rfind("kinds-all", 0) == 0) on.push_back(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION);
+    if (!kinds || variant.rfind("kinds-all", 0) == 0)
+      on.push_back(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION);
     if (variant.rfind("kinds-all", 0) == 0) {
       on.push_back(CUPTI_ACTIVITY_KIND_MEMCPY);
       on.push_back(CUPTI_ACTIVITY_KIND_MEMSET);
@@ -131,8 +132,10 @@ int main(int argc, char** argv) {
     for (auto k : on) enable(k);
     if (variant == "kinds-all-callbacks") {
       auto enable_cb = sym<decltype(&cuptiEnableCallback)>(lib, "cuptiEnableCallback");
-      enable_cb(1, h, CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020);
-      enable_cb(1, h, CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020);
+      enable_cb(1, h, CUPTI_CB_DOMAIN_RUNTIME_API,
+                CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020);
+      enable_cb(1, h, CUPTI_CB_DOMAIN_RUNTIME_API,
+                CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020);
       enable_cb(1, h, CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize);
       enable_cb(1, h, CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize);
     }

@@ -133,7 +133,16 @@ std::vector<SyncRecord> resolve_host_syncs(const GpuEventBatch& events, bool tra
   auto is_near = [near](Nanos begin, Nanos end) { return end >= near.begin && begin <= near.end; };
   std::vector<HostOpScope> scopes;
   for (const HostOpScope& s : events.scopes) {
-    if (is_near(s.begin, s.end)) scopes.push_back(s);
+    if (!is_near(s.begin, s.end)) continue;
+    // The CUDA calls of one op call (item(): a copy, then a synchronize) are one scope.
+    auto same = std::find_if(scopes.begin(), scopes.end(),
+                             [&](const HostOpScope& o) { return s.call != 0 && o.call == s.call; });
+    if (same == scopes.end()) {
+      scopes.push_back(s);
+    } else {
+      same->begin = std::min(same->begin, s.begin);
+      same->end = std::max(same->end, s.end);
+    }
   }
   std::vector<SyncRecord> out;
   if (!traced) {
@@ -166,9 +175,27 @@ std::vector<SyncRecord> resolve_host_syncs(const GpuEventBatch& events, bool tra
             [](const SyncRecord& a, const SyncRecord& b) { return a.begin < b.begin; });
   // One sync per op scope that holds any of them, named by the op; the API (and the thread and
   // ids) of its first.
+  // A wait made to copy from pageable memory to the device (the op that copies waits for the GPU
+  // to reach the copy, then for the staged transfer) is that copy's stall: the pageable-copy
+  // cause, whose remedy is pinning, not a host sync.
+  std::vector<Interval> pageable_in;
+  for (const CopyRecord& c : events.copies) {
+    if (pageable_h2d(c) && is_near(c.begin, c.end)) pageable_in.push_back({c.begin, c.end});
+  }
+  const auto copies_pageable = [&](Nanos begin, Nanos end) {
+    return std::any_of(pageable_in.begin(), pageable_in.end(), [&](const Interval& c) {
+      const Nanos mid = c.begin + (c.end - c.begin) / 2;
+      return mid >= begin && mid <= end;
+    });
+  };
   std::vector<std::pair<const HostOpScope*, const SyncRecord*>> hit;
   for (const SyncRecord& c : candidates) {
     const HostOpScope* scope = scope_of(scopes, c.begin, c.end);
+    if (c.api != SyncApi::kBlockingCopy &&
+        (scope != nullptr ? copies_pageable(scope->begin, scope->end)
+                          : copies_pageable(c.begin, c.end))) {
+      continue;
+    }
     if (scope == nullptr) {
       SyncRecord s = c;
       s.cause = to_string(c.api);

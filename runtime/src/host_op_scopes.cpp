@@ -5,26 +5,11 @@
 namespace torchpilot {
 
 HostOpScopes& HostOpScopes::instance() {
-  static HostOpScopes* scopes = new HostOpScopes();  // never destroyed: ops may end during exit
+  static HostOpScopes* scopes = new HostOpScopes();  // never destroyed: syncs may come during exit
   return *scopes;
 }
 
-void HostOpScopes::set_switch(std::function<void(bool)> on_off) {
-  std::lock_guard<std::mutex> lock(switch_mu_);
-  switch_ = std::move(on_off);
-  if (switch_) switch_(enabled());
-}
-
-bool HostOpScopes::has_switch() const {
-  std::lock_guard<std::mutex> lock(switch_mu_);
-  return static_cast<bool>(switch_);
-}
-
-void HostOpScopes::enable(bool on) {
-  std::lock_guard<std::mutex> lock(switch_mu_);
-  if (enabled_.exchange(on, std::memory_order_relaxed) == on) return;
-  if (switch_) switch_(on);
-}
+void HostOpScopes::enable(bool on) { enabled_.store(on, std::memory_order_relaxed); }
 
 bool HostOpScopes::push(HostOpScope scope) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -68,8 +68,8 @@ bool TrialEngine::budget_allows_another_trial() const {
          used_ns + need_ns <= config_.warmup_seconds * 1e9;
 }
 
-void TrialEngine::begin_settling() {
-  settle_left_ = config_.settle_steps;
+void TrialEngine::begin_settling(int extra) {
+  settle_left_ = config_.settle_steps + extra;
   if (settle_left_ == 0) begin_window();
 }
 
@@ -169,9 +169,10 @@ void TrialEngine::start_trial(const Setting& setting) {
     }
     return;
   }
+  const int extra = policy_->extra_settle_steps(current_, setting);
   current_ = setting;
-  begin_settling();
   trials_.push_back(std::move(trial));
+  begin_settling(std::max(0, extra));
 }
 
 void TrialEngine::conclude(const std::string& reason) {

@@ -254,6 +254,50 @@ TEST(HostSyncCauseTest, SyncRecordInsideAnOpScopeTakesTheOpAsCause) {
   EXPECT_EQ(s[1].api, SyncApi::kDeviceSynchronize);
 }
 
+TEST(HostSyncCauseTest, CudaCallsOfOneOpCallAreOneSync) {
+  // Ops named by their stack at each CUDA call: .item() makes a scope for its copy [12, 14] and
+  // one for its synchronize [14, 18], tied by the call id: one sync. A second item() (id 8) is
+  // a second sync.
+  GpuEventBatch ev;
+  ev.copies = {copy(12, 14, CopyKind::kDeviceToHost, true),
+               copy(32, 34, CopyKind::kDeviceToHost, true)};
+  ev.syncs = {sync(14, 18), sync(34, 38)};
+  HostOpScope a = scope(12, 14, "aten::item", false), b = scope(14, 18, "aten::item", false);
+  HostOpScope c = scope(32, 34, "aten::item", false), d = scope(34, 38, "aten::item", false);
+  a.call = b.call = 7;
+  c.call = d.call = 8;
+  ev.scopes = {a, b, c, d};
+  const std::vector<SyncRecord> s = resolve_host_syncs(ev, true);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].cause, "aten::item");
+  EXPECT_EQ(s[0].begin, 12);
+  EXPECT_EQ(s[0].end, 18);
+  EXPECT_EQ(s[1].begin, 32);
+  EXPECT_EQ(s[1].end, 38);
+}
+
+TEST(HostSyncCauseTest, WaitForAPageableCopyToTheDeviceIsACopyStallNotASync) {
+  // x.to(cuda, non_blocking) from pageable memory: the host waits in aten::to [10, 40] (a sync
+  // record [12, 38]) while the staged copy [30, 38] runs: the pageable-copy cause, not a sync.
+  // A later sync with no pageable copy inside stays one.
+  GpuEventBatch ev;
+  ev.copies = {copy(30, 38, CopyKind::kHostToDevice, true)};
+  ev.syncs = {sync(12, 38), sync(60, 70)};
+  ev.scopes = {scope(10, 40, "aten::to", false)};
+  const std::vector<SyncRecord> s = resolve_host_syncs(ev, true);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].begin, 60);
+  StepSpans spans;
+  spans.host = {0, 100};
+  spans.traced = true;
+  ev.kernels = {kernel(0, 5), kernel(45, 55), kernel(90, 100)};
+  const GpuStats g = gpu_step_stats(ev, spans, 100, 1);
+  EXPECT_EQ(g.host_syncs, 1);
+  EXPECT_GT(g.idle_pageable_copy_ns, 0);
+  EXPECT_EQ(g.idle_pageable_copy_ns, 35);  // [10, 45): from the op's entry to the next kernel
+  EXPECT_EQ(g.idle_host_sync_ns, 30);      // [60, 90)
+}
+
 TEST(HostSyncCauseTest, BlockingCopyWithoutSyncRecordBecomesASync) {
   // .cpu() into pageable memory: only a D2H copy record inside aten::to.
   GpuEventBatch ev;
@@ -398,13 +442,11 @@ TEST(HostOpScopesTest, BoundedAndSwitchedByTheMonitor) {
   std::vector<HostOpScope> out;
   h.drain(out);
   (void)h.take_dropped();
-  std::vector<bool> calls;
-  h.set_switch([&](bool on) { calls.push_back(on); });
+  EXPECT_FALSE(h.enabled());
   h.enable(true);
-  h.enable(true);  // no change, no call
+  EXPECT_TRUE(h.enabled());
   h.enable(false);
-  h.set_switch({});
-  EXPECT_EQ(calls, (std::vector<bool>{false, true, false}));  // the state at once, then changes
+  EXPECT_FALSE(h.enabled());
   for (size_t i = 0; i < HostOpScopes::kCapacity + 3; ++i) h.push(scope(1, 2, "aten::item"));
   out.clear();
   h.drain(out);
@@ -458,12 +500,12 @@ TEST(HostSyncMonitorTest, EpochNamesTopCallSitesWithTheirPhase) {
   o.clock = clock;
   o.sinks = {sink};
   o.collectors.push_back(make_gpu_monitor(c.gpu, backend, *logger));
-  std::vector<bool> switched;
-  HostOpScopes::instance().set_switch([&](bool on) { switched.push_back(on); });
+  std::vector<bool> switched;  // whether scopes were wanted, in each step
   {
     Pilot pilot(c, std::move(o));
     for (int i = 0; i < 4; ++i) {
       auto step = pilot.step(1);
+      switched.push_back(HostOpScopes::instance().enabled());
       const Nanos b = clock->now_ns();
       {
         auto p = pilot.phase("forward");
@@ -485,11 +527,8 @@ TEST(HostSyncMonitorTest, EpochNamesTopCallSitesWithTheirPhase) {
     }
     pilot.end_epoch();
   }
-  HostOpScopes::instance().set_switch({});
-  ASSERT_FALSE(switched.empty());
-  EXPECT_FALSE(switched.front());  // the state when set: off
   EXPECT_NE(std::find(switched.begin(), switched.end(), true), switched.end());
-  EXPECT_FALSE(switched.back()) << "off again after the window";
+  EXPECT_FALSE(HostOpScopes::instance().enabled()) << "off again after the window";
   ASSERT_EQ(sink->epochs.size(), 1u);
   const GpuEpochStats* gpu = sink->epochs[0].sections.get<GpuEpochStats>();
   ASSERT_NE(gpu, nullptr);

@@ -693,3 +693,26 @@ TEST(TrialEngineTest, PinningThatStarvesTheWorkersIsRetriedWithMoreWorkers) {
 
 }  // namespace
 }  // namespace torchpilot
+
+namespace torchpilot {
+namespace {
+
+TEST(LoaderPolicyTest, PinningSettlesUntilEveryBatchInFlightHasItsPinnedBlock) {
+  AutotuneConfig config;
+  const auto policy = make_loader_policy(config);
+  const Setting unpinned = {
+      {"loader.workers", 8}, {"loader.prefetch", 2}, {"loader.pin_memory", 0}};
+  Setting pinned = unpinned;
+  pinned["loader.pin_memory"] = 1;
+  EXPECT_EQ(policy->extra_settle_steps(unpinned, pinned), 8 * 2 + 2);
+  Setting deeper = pinned;
+  deeper["loader.prefetch"] = 4;
+  EXPECT_EQ(policy->extra_settle_steps(pinned, deeper), 8 * 4 + 2);  // more blocks in flight
+  Setting fewer = pinned;
+  fewer["loader.workers"] = 4;
+  EXPECT_EQ(policy->extra_settle_steps(pinned, fewer), 0);  // its blocks are cached already
+  EXPECT_EQ(policy->extra_settle_steps(pinned, unpinned), 0);
+}
+
+}  // namespace
+}  // namespace torchpilot

@@ -96,6 +96,8 @@ struct HostOpScope {
   bool always = true;  // synchronizes whenever its tensor is on the GPU (item, nonzero); false:
                        // only sometimes (copies: when CUPTI shows it blocked)
   std::string phase;   // set by the monitor
+  uint64_t call = 0;   // nonzero: scopes with the same value are one op call (an item()'s copy
+                       // and its synchronize), merged into one scope
 };
 
 // One PM-sampling interval (always on). Fractions in [0, 1]; NaN where the counter is missing.

@@ -1,17 +1,16 @@
-// The hand-over from the op-scope hook (hooks/src/torch_sync_scopes.cpp, LibTorch's
-// RecordFunction) to the GPU monitor: a small bounded buffer of HostOpScope (gpu_backend.h).
-// The monitor switches the hook on while a trace window runs and drains the scopes with the
-// backend's events; a CUPTI sync record inside a scope takes the scope's op as its cause
-// (docs/metrics.md, "Host syncs by cause").
+// The hand-over from the CUPTI callbacks on synchronizing calls (hooks/src/cupti_activity_trace.cpp
+// names each call's ATen op by its stack, hooks/src/op_symbols.h) to the GPU monitor: a small
+// bounded buffer of HostOpScope (gpu_backend.h). The monitor enables it while a trace window runs
+// and drains the scopes with the backend's events; a CUPTI sync record inside a scope takes the
+// scope's op as its cause (docs/metrics.md, "Host syncs by cause").
 //
-// One per process (the RecordFunction callback is process-wide). Thread-safety: push() from any
-// thread (ops run on the training thread and on autograd's); the rest from the training thread.
+// One per process (CUPTI's callbacks are process-wide). Thread-safety: push() from any thread
+// (syncs happen on the training thread and elsewhere); the rest from the training thread.
 // Nothing here throws after construction except std::bad_alloc.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -25,10 +24,6 @@ class HostOpScopes {
 
   static HostOpScopes& instance();
 
-  // The hook: `on_off(true)` turns its callback on, `on_off(false)` off. Called at once with the
-  // current state, then whenever it changes. An empty function unsets it.
-  void set_switch(std::function<void(bool)> on_off);
-  bool has_switch() const;
   // The monitor: scopes are wanted (a trace window runs) or not.
   void enable(bool on);
   bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
@@ -42,8 +37,6 @@ class HostOpScopes {
 
  private:
   std::atomic<bool> enabled_{false};
-  mutable std::mutex switch_mu_;  // held while the switch runs: on/off calls stay in order
-  std::function<void(bool)> switch_;
   std::mutex mu_;
   std::vector<HostOpScope> scopes_;
   int64_t dropped_ = 0;

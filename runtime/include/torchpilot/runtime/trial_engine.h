@@ -50,7 +50,7 @@ class TrialEngine {
 
  private:
   void start_trial(const Setting& setting);
-  void begin_settling();
+  void begin_settling(int extra = 0);
   bool budget_allows_another_trial() const;
   void begin_window();
   void finish_trial();

@@ -54,6 +54,10 @@ class TuningPolicy {
   // the incumbent; nullopt ends the search.
   virtual std::optional<Setting> propose(const std::vector<TrialResult>& trials, size_t incumbent,
                                          const KnobRegistry& knobs) = 0;
+  // Steps to settle after changing `from` to `to`, beyond the configured settle steps: a change
+  // whose first steps pay a one-off cost (e.g. new pinned buffers) would otherwise be measured
+  // with it.
+  virtual int extra_settle_steps(const Setting& from, const Setting& to) const { return 0; }
 };
 
 }  // namespace torchpilot
