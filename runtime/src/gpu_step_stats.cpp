@@ -106,6 +106,20 @@ class NextKernel {
     --it;
     return it->end;
   }
+  // The GPU's idle gaps from `t` on, in order, until they add up to `budget` or reach `stop`.
+  void gaps_after(Nanos t, Nanos budget, Nanos stop, std::vector<Interval>& out) const {
+    auto it = std::upper_bound(busy_.begin(), busy_.end(), t,
+                               [](Nanos v, const Interval& i) { return v < i.end; });
+    Nanos cursor = t;
+    for (; it != busy_.end() && budget > 0 && cursor < stop; ++it) {
+      if (it->begin > cursor) {
+        const Nanos end = std::min({it->begin, stop, cursor + budget});
+        out.push_back({cursor, end});
+        budget -= end - cursor;
+      }
+      cursor = std::max(cursor, it->end);
+    }
+  }
 
  private:
   std::vector<Interval> busy_;
@@ -333,13 +347,28 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
   // on after it returns until the GPU starts a kernel again (the queue it drained is empty until
   // the host refills it) unless a kernel is running when it returns.
   const NextKernel next(events.kernels, std::numeric_limits<Nanos>::max() / 2);
-  // Only syncs that end in the step or whose drain can reach into it (none before the last
-  // kernel that ended before the span: the GPU ran again after them).
-  const Interval near{std::min(whole.begin, next.last_end_before(span.begin)), whole.end};
+  // The syncs that end in the step or whose drain can reach into it: a drain reaches past later
+  // kernels (below), so those of the last second before the step too.
+  constexpr Nanos kSyncReach = 1'000'000'000;
+  const Nanos from = std::min(whole.begin, next.last_end_before(span.begin));
+  const Interval near{
+      from > std::numeric_limits<Nanos>::min() + kSyncReach ? from - kSyncReach : from, whole.end};
   const std::vector<SyncRecord> syncs = resolve_host_syncs(events, true, near);
-  std::vector<Interval> sync_cover;
-  for (const SyncRecord& sync : syncs) {
-    sync_cover.push_back({sync.begin, std::max(sync.end, next.at_or_after(sync.end))});
+  std::vector<std::vector<Interval>> sync_cover(syncs.size());
+  for (size_t i = 0; i < syncs.size(); ++i) {
+    const SyncRecord& sync = syncs[i];
+    const Nanos resume = next.at_or_after(sync.end);
+    sync_cover[i].push_back({sync.begin, std::max(sync.end, resume)});
+    // The queue the sync emptied stays empty while the host works on (an optimizer's kernels,
+    // then the next step's host work): the GPU gaps after the drain are the sync's too, up to the
+    // host time it took (without it the host would have been that far ahead of the GPU), until
+    // the next sync.
+    const Nanos budget = (sync.end - sync.begin) - std::max<Nanos>(0, resume - sync.end);
+    const Nanos stop = i + 1 < syncs.size() ? syncs[i + 1].begin : whole.end;
+    // Only where the GPU was idle when it returned: the queue drained (a kernel still running
+    // means work was queued after what it waited for).
+    if (resume > sync.end && budget > 0 && resume < stop)
+      next.gaps_after(resume, budget, stop, sync_cover[i]);
   }
   std::vector<Interval> copy_cover;
   std::vector<HostOpScope> near_scopes;
@@ -365,7 +394,7 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
   // Each sync, in order of its start, takes what earlier causes left: its site's idle.
   Nanos taken = g.idle_data_wait_ns;
   for (size_t i = 0; i < syncs.size(); ++i) {
-    claimed.push_back(sync_cover[i]);
+    claimed.insert(claimed.end(), sync_cover[i].begin(), sync_cover[i].end());
     const Nanos now = covered(gaps);
     const Nanos caused = now - taken;
     taken = now;

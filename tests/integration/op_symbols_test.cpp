@@ -7,8 +7,8 @@
 #include <c10/core/CPUAllocator.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
-#include <torch/version.h>
 
+#include <cstring>
 #include <string>
 
 namespace torchpilot {
@@ -52,20 +52,22 @@ TEST(OpSymbols, IndexFindsLoadedOps) {
 class AskingAllocator final : public c10::Allocator {
  public:
   explicit AskingAllocator(c10::Allocator* real) : real_(real) {}
-  c10::DataPtr allocate(size_t n) const override {
+  // LibTorch 1.13 declares allocate() const, 2.x not, and 2.x adds copy_data(): both signatures
+  // and copy_data without `override`, so that whichever the headers declare is overridden.
+  c10::DataPtr allocate(size_t n) const { return ask(n); }
+  c10::DataPtr allocate(size_t n) { return ask(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const {
+    std::memcpy(dest, src, count);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return real_->raw_deleter(); }
+  mutable std::string seen;
+
+ private:
+  c10::DataPtr ask(size_t n) const {
     const OpCall call = outermost_op_call();
     if (call.op != nullptr && seen.empty()) seen = *call.op;
     return real_->allocate(n);
   }
-  c10::DeleterFnPtr raw_deleter() const override { return real_->raw_deleter(); }
-#if TORCH_VERSION_MAJOR >= 2
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    real_->copy_data(dest, src, count);
-  }
-#endif
-  mutable std::string seen;
-
- private:
   c10::Allocator* real_;
 };
 

@@ -124,6 +124,24 @@ TEST(IdlePartitionTest, SyncEndingInsideAGapClaimsTheDrainUntilTheNextKernel) {
   EXPECT_EQ(g.host_sync_ns, 15);  // the host's own wait
 }
 
+TEST(IdlePartitionTest, SyncDrainRunsPastAShortKernelUpToTheHostTimeItTook) {
+  // loss.item() waits [10, 50] for the step's kernels [0, 50]; right after it the optimizer's
+  // kernel [52, 55]; then the host works (the next batch) and launches again at 85. Without the
+  // sync the host would have done that work while the GPU computed: [55, 85] is the sync's too.
+  GpuEventBatch ev;
+  ev.kernels = {kernel(0, 50), kernel(52, 55), kernel(85, 100)};
+  ev.syncs = {sync(10, 50)};
+  GpuStats g = gpu_step_stats(ev, traced({0, 100}), 100, 1);
+  EXPECT_EQ(g.idle_host_sync_ns, 2 + 30);  // [50, 52] and [55, 85]
+  EXPECT_EQ(idle_sum(g), 32);
+  // A short wait [45, 50] took the host 5: of the later gaps it claims 5 - 2 = 3, [55, 58].
+  ev.syncs = {sync(45, 50)};
+  g = gpu_step_stats(ev, traced({0, 100}), 100, 1);
+  EXPECT_EQ(g.idle_host_sync_ns, 2 + 3);
+  EXPECT_EQ(g.idle_launch_gap_ns + g.idle_other_ns, 27);
+  EXPECT_EQ(idle_sum(g), 32);
+}
+
 TEST(IdlePartitionTest, SyncReturningWhileAKernelRunsCausesNoDrain) {
   // An event synchronize returns at 20 while the kernel [15, 40] runs: the queue never drained,
   // so the gap [40, 50] is a launch gap, not the sync's.
