@@ -53,7 +53,8 @@ class Images : public torch::data::datasets::Dataset<Images> {
 struct NetImpl : torch::nn::Module {
   NetImpl()
       : c1(register_module("c1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 32, 3).padding(1)))),
-        c2(register_module("c2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)))),
+        c2(register_module("c2",
+                           torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)))),
         fc(register_module("fc", torch::nn::Linear(64 * 8 * 8, 10))) {}
   torch::Tensor forward(torch::Tensor x) {
     x = torch::max_pool2d(torch::relu(c1(x)), 2);
@@ -96,8 +97,9 @@ Run run(const Args& a, bool with_pilot, torch::Device device) {
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   auto loader = torch::data::make_data_loader(
       Images(static_cast<int64_t>(a.batch) * a.steps, 7).map(torch::data::transforms::Stack<>()),
-      torch::data::DataLoaderOptions().batch_size(static_cast<size_t>(a.batch)).workers(
-          static_cast<size_t>(a.workers)));
+      torch::data::DataLoaderOptions()
+          .batch_size(static_cast<size_t>(a.batch))
+          .workers(static_cast<size_t>(a.workers)));
   auto sync = [&] {
     if (device.is_cuda()) torch::cuda::synchronize();
   };
@@ -169,9 +171,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  const torch::Device device(a.device.empty()
-                                 ? (torch::cuda::is_available() ? "cuda" : "cpu")
-                                 : a.device);
+  const torch::Device device(a.device.empty() ? (torch::cuda::is_available() ? "cuda" : "cpu")
+                                              : a.device);
   json rounds = json::array();
   std::vector<double> ratios, off_all, def_all, cost_all, horizon_all;
   int64_t deferred = 0;
@@ -209,10 +210,10 @@ int main(int argc, char** argv) {
                       {"mean_ratio", mean(def.epoch_s) / mean(off.epoch_s)},
                       {"cost_fraction", def.cost_fraction},
                       {"deferred", def.deferred}});
-    std::printf("round %d: off %.4f s, default %.4f s per epoch (median), default/off %.4f, "
-                "mean %.4f; torchpilot's own share (median over epochs) %.3f%%\n",
-                k, o, d, d / o, mean(def.epoch_s) / mean(off.epoch_s),
-                100 * median(def.cost_fraction));
+    std::printf(
+        "round %d: off %.4f s, default %.4f s per epoch (median), default/off %.4f, "
+        "mean %.4f; torchpilot's own share (median over epochs) %.3f%%\n",
+        k, o, d, d / o, mean(def.epoch_s) / mean(off.epoch_s), 100 * median(def.cost_fraction));
   }
   const double ratio = median(ratios);
   std::printf("default_over_off %.4f (min %.4f, max %.4f) over %d rounds; budget 1.01\n", ratio,
