@@ -2,12 +2,14 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default ./gpu-out).
-#   scripts/gpu_run.sh [all|build|test|gputest|capture|example|bench|gpt|overhead|planted]...
+#   scripts/gpu_run.sh [all|build|test|gputest|capture|example|bench|gpt|overhead|planted|shortepochs]...
 #   (default: all)
 # gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs,
 # and the per-parameter AdamW beside the default fused one); overhead: bench/gpt_overhead
 # (torchpilot off vs advise vs a detailed window); planted: bench/planted_pairs (the advice on
-# planted bottlenecks and its estimated gain against the measured gain of the fix).
+# planted bottlenecks and its estimated gain against the measured gain of the fix); shortepochs:
+# bench/short_epochs (a small CNN with a stock loader, epochs of a fraction of a second: the
+# default configuration against no torchpilot, interleaved).
 # Dependencies the machine lacks (libjpeg, ...) may be carried as Debian packages unpacked into
 # .deps/root (scripts/fetch_gpu_deps.sh); the machine's own installs are preferred.
 set -uo pipefail
@@ -105,6 +107,13 @@ if want planted; then
   ./build-gpu/bench/planted_pairs --machine "$MACHINE" --commit "$COMMIT" --budget-s 900 \
     ${PLANTED_ARGS:-} --out "$OUT/planted-$MACHINE.json" 2>&1 | tee "$OUT/planted.log" \
     | grep -E "^(==|   |planted_pairs)" | tail -40
+fi
+
+if want shortepochs; then
+  # SHORT_EPOCHS_ARGS: e.g. "--rounds 7 --epochs 40".
+  log "bench: short epochs, default config vs off, interleaved"
+  ./build-gpu/bench/short_epochs --machine "$MACHINE" --commit "$COMMIT" ${SHORT_EPOCHS_ARGS:-} \
+    --out "$OUT/short-epochs-$MACHINE.json" 2>&1 | tee "$OUT/short-epochs.log" | tail -15
 fi
 
 if want example; then

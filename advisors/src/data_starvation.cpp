@@ -46,10 +46,44 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
 
   const LoaderStats* counters = s.sections.get<LoaderStats>();
   if (counters == nullptr || counters->produce_count == 0) {
-    a.cause = "the loader's internals are not visible (a watched or unknown loader)";
-    a.action =
-        "load in more worker threads or prefetch deeper; torchpilot::TunableLoader measures the "
-        "cause and, with mode: autotune, picks workers and prefetch itself";
+    const std::string tunable =
+        "torchpilot::TunableLoader measures how long a batch takes to produce and, with mode: "
+        "autotune, picks workers and prefetch itself";
+    if (counters == nullptr || !counters->settings_known) {
+      a.cause =
+          "the loader's settings and production time are not visible (no loader attached, "
+          "or one whose options cannot be read)";
+      a.action = "check the loader's worker count against the CPUs; " + tunable;
+      return a;
+    }
+    // A watched stock loader: its own settings, and why more workers would (or would not) help.
+    const LoaderStats& l = *counters;
+    const int workers = l.settings.workers;
+    a.evidence.push_back({"workers", static_cast<double>(workers), "threads"});
+    a.evidence.push_back({"cpus_available", static_cast<double>(l.max_workers), "cpus"});
+    if (workers == 0) {
+      a.cause =
+          "the loader has workers 0: batches are loaded on the training thread, so the step "
+          "waits for each one";
+      a.action =
+          "load in worker threads (DataLoaderOptions().workers(n)) so batches are produced "
+          "while the step computes; " +
+          tunable;
+    } else {
+      a.cause = "the loader has " + std::to_string(workers) + " workers" +
+                (l.max_jobs >= 0 ? " and queues " + std::to_string(l.max_jobs) + " jobs ahead"
+                                 : std::string()) +
+                ", and still no batch was ready: producing a batch takes its workers longer than "
+                "the step (how much longer is not visible from a stock loader)";
+      const bool spare = l.max_workers > workers + 1;  // the training thread needs a core
+      a.action =
+          (spare ? "more workers help only if production is CPU-bound with cores to spare (" +
+                       std::to_string(l.max_workers) + " CPUs, " + std::to_string(workers) +
+                       " workers) or waits on I/O; "
+                 : "the workers already use the CPUs (" + std::to_string(l.max_workers) +
+                       "): make batches cheaper to produce (decode less, cache), or ") +
+          tunable;
+    }
     return a;
   }
   const LoaderStats& l = *counters;

@@ -325,12 +325,16 @@ std::optional<Advice> low_mfu_from_flops(const EpochSummary& s, const AdvisorsCo
     a.expected_gain = wait < 1 ? wait / (1 - wait) : 0;
   } else if (idle_other >= rest) {
     a.cause =
-        "the largest loss is the GPU idling between kernels: launch overhead or the host "
-        "blocking in synchronizing calls";
+        "the largest loss is the GPU idling outside the data wait: host work on the training "
+        "thread, launch overhead or the host blocking in synchronizing calls";
     a.action =
-        "remove host synchronization from the step (.item(), .cpu(), printing tensors), "
-        "raise the micro-batch so kernels are larger, and launch fewer small ops";
-    a.expected_gain = idle_other < 1 ? idle_other / (1 - idle_other) : 0;
+        "see the host_bound advice; remove host synchronization from the step (.item(), .cpu(), "
+        "printing tensors), raise the micro-batch so kernels are larger, and launch fewer small "
+        "ops";
+    // Without a trace window the idle is not split by cause: no gain can be sized from it (it
+    // would be bounded only by step / GPU busy time).
+    a.expected_gain = 0;
+    a.action += "; gain not estimated without a trace window";
   } else {
     if (fp32_share > config.precision.fp32_matmul_threshold) {
       a.cause = "most of the step the GPU runs below peak, and " + pct(fp32_share) +
@@ -473,13 +477,19 @@ std::optional<Advice> advise_low_mfu(const EpochSummary& s, const AdvisorsConfig
              (optimizer_share > 0 ? " besides the optimizer's" : ""),
          "see the launch_bound advice: fewer, larger launches (larger batch, fused ops, CUDA "
          "graphs)"},
-        {static_cast<double>(g.idle_other_ns) / t, no_bound,
+        {static_cast<double>(g.idle_other_ns) / t, 0.0,
          "before the first or after the last kernel of the step",
-         "move host work out of the step or overlap it with GPU work"},
+         "move host work out of the step or overlap it with GPU work (see the host_bound "
+         "advice; gain not estimated: how much host work can leave the training thread is not "
+         "measured)"},
     };
+    // Whatever the model, no gain above the GPU running back to back at the speed its kernels
+    // ran: step time / GPU busy time.
+    const double busy = measured(g.gpu_utilization) ? clamp01(g.gpu_utilization) : 0.0;
+    const double physical = busy > 0 ? 1.0 / busy - 1.0 : no_bound;
     for (const auto& c : causes) {
       if (c.share <= 0) continue;
-      candidates.push_back({c.share, std::min(gain_from_removing(c.share), c.bound),
+      candidates.push_back({c.share, std::min({gain_from_removing(c.share), c.bound, physical}),
                             "the GPU idles " + pct(c.share) + " of it " + c.what, c.action});
     }
   }
@@ -487,6 +497,19 @@ std::optional<Advice> advise_low_mfu(const EpochSummary& s, const AdvisorsConfig
       std::max_element(candidates.begin(), candidates.end(),
                        [](const Candidate& x, const Candidate& y) { return x.gain < y.gain; });
   a.gain_estimated = true;
+  // An unsized cause (host work outside the kernels) is named when it is the largest share.
+  const auto largest =
+      std::max_element(candidates.begin(), candidates.end(),
+                       [](const Candidate& x, const Candidate& y) { return x.share < y.share; });
+  const bool sized = best != candidates.end() && best->gain > 0;
+  if (largest != candidates.end() && !(largest->gain > 0) &&
+      (!sized || largest->share > 2 * best->share)) {
+    a.cause = "the largest share: " + largest->what;
+    a.action = largest->action;
+    a.expected_gain = 0;
+    a.evidence.push_back({"fixable_share", largest->share, "fraction"});
+    return a;
+  }
   if (best == candidates.end() || !(best->gain > 0)) {
     a.cause =
         "no single fixable share stands out: the GPU runs its kernels below peak (small "

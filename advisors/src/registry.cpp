@@ -33,6 +33,10 @@ const std::vector<AdvisorEntry>& advisor_registry() {
        [](const EpochSummary& s, const Config& c) {
          return advise_per_parameter_optimizer(s, c.advisors);
        }},
+      {"host_bound",
+       [](const EpochSummary& s, const Config& c) { return advise_host_bound(s, c.advisors); }},
+      {"periodic_stall",
+       [](const EpochSummary& s, const Config& c) { return advise_periodic_stall(s, c.advisors); }},
       {"low_mfu",
        [](const EpochSummary& s, const Config& c) { return advise_low_mfu(s, c.advisors); }},
   };

@@ -4,13 +4,19 @@
 // callback on the call, matched by correlation id); gpu_step_stats drops these. Internal to hooks/.
 #pragma once
 
+#include "torchpilot/runtime/cost.h"
+
 namespace torchpilot {
 namespace detail {
 
 inline thread_local bool t_own_thread = false;
 
-// Called first thing on each thread torchpilot starts.
-inline void mark_own_thread() { t_own_thread = true; }
+// Called first thing on each thread torchpilot starts; its CPU time then counts as torchpilot's
+// (the epoch summary's "cost" section).
+inline void mark_own_thread() {
+  t_own_thread = true;
+  register_own_thread();
+}
 inline bool on_own_thread() { return t_own_thread; }
 
 }  // namespace detail

@@ -115,6 +115,8 @@ const std::vector<KeySpec>& schema() {
       TP_DOUBLE(advisors.precision.fp32_matmul_threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.attention.unfused_threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.optimizer.threshold, 0.0, 1.0),
+      TP_DOUBLE(advisors.host_bound.threshold, 0.0, 1.0),
+      TP_DOUBLE(advisors.periodic_stall.threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.low_mfu.threshold, 0.0, 1.0),
       TP_INT(autotune.warmup_steps, 0, 1e9),
       TP_DOUBLE(autotune.warmup_seconds, 0.0, 86400.0),
@@ -155,6 +157,9 @@ const std::vector<KeySpec>& schema() {
       TP_INT(flops.count_steps, 1, 10000),
       TP_INT(flops.recount_every_steps, 0, 1e9),
       TP_BOOL(flops.allow_tf32),
+      TP_DOUBLE(cost.budget, 0.0001, 1.0),
+      TP_DOUBLE(cost.horizon_s, 1.0, 1e7),
+      TP_DOUBLE(outliers.factor, 1.1, 1000.0),
   };
   return table;
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <utility>
@@ -187,6 +188,9 @@ GpuMonitor::GpuMonitor(const GpuConfig& config, std::shared_ptr<GpuBackend> back
       device_(backend_->device()),
       epoch_(std::make_unique<EpochAcc>()) {
   backend_->start();
+  planner_.allow_optional = [this](const char* kind, int steps) {
+    return allow_window(kind, steps);
+  };
   for (const auto& s : backend_->status()) {
     if (s.name == kPmSamplingCollector) pm_active_ = s.active;
     if (s.name == kActivityCollector && !s.active && !backend_->trace_busy()) planner_.disable();
@@ -286,8 +290,15 @@ void GpuMonitor::on_step_end(StepRecord& r) {
     backend_->range_pop();
     --open_ranges_;
   }
+  const bool attached_before = planner_.trace_attached() || stop_pending_;
   const GpuWindowPlanner::StepEndActions a = planner_.end_step(
-      r.step, r.step_in_epoch, r.begin_ns, r.end_ns, host_ == nullptr || !host_->tuning());
+      r.step, r.step_in_epoch, r.begin_ns, r.end_ns, host_ == nullptr || !host_->tuning(),
+      {r.data_wait_ns, r.own_ns, r.at_period});
+  account_window(r, a.traced || attached_before, a.traced);
+  if (host_ != nullptr && a.deferred) host_->cost_deferred(denied_, denied_estimate_ns_);
+  if (host_ != nullptr && a.anomaly) {
+    host_->log(LogLevel::kInfo, "anomaly trace window: " + planner_.anomaly_reason());
+  }
   PendingStep p;
   p.step = r.step;
   p.epoch = r.epoch;
@@ -324,6 +335,40 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   drain();
   maybe_stop_trace(r.end_ns, false);
   finish_ready_steps(false, r.end_ns);
+}
+
+bool GpuMonitor::allow_window(const char* kind, int steps) {
+  // The first window is how a window's cost here becomes known: it is not held back.
+  if (host_ == nullptr || last_window_cost_ns_ < 0) return true;
+  const Nanos estimate = last_window_cost_ns_ * steps / std::max(1, last_window_steps_);
+  if (host_->cost_allows(estimate)) return true;
+  denied_ = std::string(std::strcmp(kind, "anomaly") == 0 ? "an anomaly" : "a repeated") +
+            " trace window of " + std::to_string(steps) + " steps";
+  denied_estimate_ns_ = estimate;
+  return false;
+}
+
+void GpuMonitor::account_window(const StepRecord& r, bool in_window, bool traced) {
+  if (in_window && !window_costing_) {
+    window_costing_ = true;
+    window_cost_ns_ = 0;
+    window_cost_steps_ = 0;
+  }
+  if (!window_costing_) return;
+  // The trace slows the trainer's own launches: its work above the median is charged; the
+  // Pilot times torchpilot's calls (the window's start and stop) itself.
+  const Nanos median = planner_.median_work();
+  const Nanos work = std::max<Nanos>(0, r.step_ns() - r.data_wait_ns - r.own_ns);
+  const Nanos slowdown = median > 0 ? std::max<Nanos>(0, work - median) : 0;
+  if (host_ != nullptr && slowdown > 0) host_->charge_cost(slowdown);
+  window_cost_ns_ += slowdown + r.own_ns;
+  if (traced) ++window_cost_steps_;
+  if (!in_window) {
+    // The step after the release carries the release's own time: the window is paid for.
+    window_costing_ = false;
+    last_window_cost_ns_ = window_cost_ns_;
+    last_window_steps_ = std::max(1, window_cost_steps_);
+  }
 }
 
 void GpuMonitor::maybe_stop_trace(Nanos now, bool force) {

@@ -1,5 +1,8 @@
 #include "torchpilot/runtime/gpu_window_planner.h"
 
+#include <algorithm>
+#include <cstdio>
+
 #include "torchpilot/runtime/metrics.h"
 
 namespace torchpilot {
@@ -69,15 +72,19 @@ void GpuWindowPlanner::note_step_time(Nanos ns) {
     recent_step_ns_[recent_next_] = ns;
     recent_next_ = (recent_next_ + 1) % kAnomalyHistory;
   }
-  // The median moves slowly: sorting the history every step would only cost the step.
-  if (recent_step_ns_.size() == kAnomalyHistory && recent_next_ % kMedianRefreshSteps == 0) {
+  // The median moves slowly: sorting the history every step would only cost the step (until
+  // the history is full it is short, and a window's cost needs a median early).
+  const size_t n = recent_step_ns_.size();
+  if ((n >= kMinMedianSteps && n < kAnomalyHistory) ||
+      (n == kAnomalyHistory && recent_next_ % kMedianRefreshSteps == 0)) {
     recent_median_ns_ = median(recent_step_ns_);
   }
 }
 
 GpuWindowPlanner::StepEndActions GpuWindowPlanner::end_step(int64_t step, int64_t step_in_epoch,
                                                             Nanos begin, Nanos end,
-                                                            bool warmup_done) {
+                                                            bool warmup_done,
+                                                            const StepFacts& facts) {
   StepEndActions a;
   a.traced = window_left_ > 0;
   a.trace_from = window_first_step_ ? trace_from_ : begin;
@@ -89,20 +96,45 @@ GpuWindowPlanner::StepEndActions GpuWindowPlanner::end_step(int64_t step, int64_
     a.stop_trace = true;
   }
 
-  // Anomaly trigger: a step much slower than the recent median (not while tracing: the trace
-  // itself slows steps).
-  const Nanos step_ns = end - begin;
+  // Anomaly trigger: the step's own work (less its data wait and torchpilot's time) much slower
+  // than the recent median, two steps in a row (a window traces what comes after its trigger).
+  // Not while tracing (the trace itself slows steps), not at an epoch's first steps (a loader
+  // restarting), not at a known recurring stall.
+  const Nanos work = std::max<Nanos>(0, end - begin - facts.data_wait_ns - facts.own_ns);
   const bool tracing_now = a.traced || stopping_ || tail_ > 0 || anomaly_quiet_steps_ > 0;
   if (anomaly_quiet_steps_ > 0) --anomaly_quiet_steps_;
-  if (!tracing_now && warmup_done && config_.trace_anomaly_factor > 0 &&
-      recent_step_ns_.size() == kAnomalyHistory && !anomaly_window_used_) {
-    const double med = static_cast<double>(recent_median_ns_);
-    if (med > 0 && static_cast<double>(step_ns) > config_.trace_anomaly_factor * med) {
-      anomaly_window_used_ = true;
-      if (requested_window_ == 0) requested_window_ = config_.trace_steps;
+  const double med = static_cast<double>(recent_median_ns_);
+  const bool judged = !tracing_now && warmup_done && config_.trace_anomaly_factor > 0 &&
+                      recent_step_ns_.size() == kAnomalyHistory && med > 0;
+  const bool slow = judged && static_cast<double>(work) > config_.trace_anomaly_factor * med;
+  if (slow && step_in_epoch >= kEdgeSteps && !facts.at_period) {
+    if (slow_run_++ == 0) slow_first_ns_ = work;
+    if (slow_run_ >= kAnomalySteps && !anomaly_window_used_) {
+      const bool allowed = !allow_optional || allow_optional("anomaly", config_.trace_steps);
+      if (!allowed) {
+        a.deferred = true;
+      } else {
+        anomaly_window_used_ = true;
+        a.anomaly = true;
+        if (requested_window_ == 0) requested_window_ = config_.trace_steps;
+        char buf[320];
+        std::snprintf(buf, sizeof buf,
+                      "steps %lld-%lld did %.2f and %.2f ms of their own work (less data wait "
+                      "%.2f ms and torchpilot's %.2f ms in the last), %.1fx the median %.2f ms of "
+                      "recent untraced steps (factor %.3g); not an epoch's start, not a known "
+                      "periodic stall",
+                      static_cast<long long>(step - 1), static_cast<long long>(step),
+                      static_cast<double>(slow_first_ns_) / 1e6, static_cast<double>(work) / 1e6,
+                      static_cast<double>(facts.data_wait_ns) / 1e6,
+                      static_cast<double>(facts.own_ns) / 1e6, static_cast<double>(work) / med,
+                      med / 1e6, config_.trace_anomaly_factor);
+        anomaly_reason_ = buf;
+      }
     }
+  } else if (!tracing_now) {
+    slow_run_ = 0;
   }
-  if (!tracing_now) note_step_time(step_ns);
+  if (!tracing_now) note_step_time(work);
 
   // Does the next step open a window? Armed here, started when that step begins. None inside
   // auto-tune's trials.
@@ -118,7 +150,14 @@ GpuWindowPlanner::StepEndActions GpuWindowPlanner::end_step(int64_t step, int64_
     } else if (first_window_done_ && config_.trace_every_epochs > 0 &&
                epochs_since_window_ >= config_.trace_every_epochs &&
                step_in_epoch + 1 >= window_step_in_epoch_) {
-      arm(config_.trace_steps);
+      // A repeat waits (checked at each step end) until the budget has room for it.
+      if (!allow_optional || allow_optional("repeat", config_.trace_steps)) {
+        repeat_deferred_ = false;
+        arm(config_.trace_steps);
+      } else if (!repeat_deferred_) {
+        repeat_deferred_ = true;
+        a.deferred = true;
+      }
     }
   }
 
@@ -147,6 +186,7 @@ GpuWindowPlanner::EpochEndActions GpuWindowPlanner::end_epoch() {
   }
   ++epochs_since_window_;
   anomaly_window_used_ = false;
+  slow_run_ = 0;
   return a;
 }
 

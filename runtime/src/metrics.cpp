@@ -82,6 +82,12 @@ void EpochAccumulator::add(const StepRecord& r) {
   samples_ += r.samples;
   wall_ns_ += r.step_ns();
   data_wait_ns_ += r.data_wait_ns;
+  own_ns_ += r.own_ns;
+  if (r.cpu_ns >= 0) {
+    cpu_ns_ += r.cpu_ns;
+  } else {
+    cpu_known_ = false;
+  }
   for (int i = 0; i < kMaxPhases; ++i) phase_ns_[i] += r.phase_ns[i];
   step_times_.add(r.step_ns());
   compute_times_.add(std::max<Nanos>(0, r.step_ns() - r.data_wait_ns));
@@ -100,6 +106,8 @@ EpochSummary EpochAccumulator::summarize(int64_t epoch,
   s.step_p50_ns = step_times_.quantile(0.5);
   s.step_p90_ns = step_times_.quantile(0.9);
   s.compute_p50_ns = compute_times_.quantile(0.5);
+  s.own_ns = own_ns_;
+  s.cpu_ns = cpu_known_ ? cpu_ns_ : -1;
   if (wall_ns_ > 0) {
     s.steps_per_s = steps_ * 1e9 / static_cast<double>(wall_ns_);
     s.samples_per_s = samples_ * 1e9 / static_cast<double>(wall_ns_);

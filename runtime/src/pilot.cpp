@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <mutex>
 #include <optional>
 
@@ -129,6 +130,10 @@ Pilot::Pilot(Config config, PilotOptions options)
   // A logger handed in keeps its level.
   if (!options.logger) logger_->set_level(spdlog::level::from_str(config_.log.level));
   if (config_.mode == Mode::kOff) return;
+  cpu_clock_ = options.cpu_clock ? options.cpu_clock
+               : options.clock   ? nullptr
+                                 : std::make_shared<ThreadCpuClock>();
+  own_threads_mark_ = own_threads_cpu_ns();
   // The ring grows as steps come (up to records.step_history); only a default-sized start is
   // reserved, so a large history costs memory only once that many steps have run.
   history_.reserve(std::min<size_t>(static_cast<size_t>(config_.records.step_history), 4096));
@@ -255,10 +260,14 @@ StepScope Pilot::step(int64_t samples) {
   step_open_ = true;
   open_step_samples_ = samples;
   step_begin_ns_ = clock_->now_ns();
+  cost_.start(step_begin_ns_);
+  // An epoch's first step: its CPU time from here (the wait before it blocks, mostly).
+  if (last_boundary_ns_ < 0 && cpu_clock_) cpu_mark_ = cpu_clock_->now_ns();
   if (!collectors_.empty()) {
     const int64_t n = next_step_;
     const Nanos t = step_begin_ns_;
     for_each_collector("on_step_begin", [&](Collector& o) { o.on_step_begin(n, t); });
+    spend_own(t, clock_->now_ns());
   }
   return StepScope(this, next_step_);
 }
@@ -284,21 +293,76 @@ PhaseScope Pilot::phase(int id) {
     const std::string& name = static_cast<size_t>(id) < phase_names_.size()
                                   ? phase_names_[static_cast<size_t>(id)]
                                   : unnamed;
+    const Nanos t = clock_->now_ns();
     for_each_collector("on_phase_begin", [&](Collector& o) { o.on_phase_begin(id, name); });
+    const Nanos begin = clock_->now_ns();
+    spend_own(t, begin);
+    return PhaseScope(this, id, begin);
   }
   return PhaseScope(this, id, clock_->now_ns());
 }
 
 void Pilot::end_phase(int id, Nanos begin) {
-  phase_ns_[id] += clock_->now_ns() - begin;
+  const Nanos now = clock_->now_ns();
+  phase_ns_[id] += now - begin;
   if (!collectors_.empty()) {
     for_each_collector("on_phase_end", [&](Collector& o) { o.on_phase_end(id); });
+    spend_own(now, clock_->now_ns());
   }
 }
+
+void Pilot::spend_own(Nanos since, Nanos now) {
+  const Nanos ns = std::max<Nanos>(0, now - since);
+  own_pending_ns_ += ns;
+  epoch_step_calls_ns_ += ns;
+  cost_.spend(now, ns);
+}
+
+bool Pilot::cost_allows(Nanos estimate_ns) const {
+  return cost_.allows(clock_->now_ns(), estimate_ns);
+}
+
+void Pilot::cost_deferred(const std::string& what, Nanos estimate_ns) {
+  ++epoch_deferred_;
+  if (warned_budget_) return;
+  warned_budget_ = true;
+  const Nanos now = clock_->now_ns();
+  char buf[320];
+  std::snprintf(
+      buf, sizeof buf,
+      "cost budget: %s deferred (about %.1f ms): torchpilot took %.1f ms of the %.1f ms "
+      "its budget (%.2g%% of run time, cost.budget) allows over the last %.0f s; optional "
+      "work waits until it fits (each epoch's 'torchpilot:' line counts what waited)",
+      what.c_str(), static_cast<double>(estimate_ns) / 1e6,
+      static_cast<double>(cost_.spent(now)) / 1e6, static_cast<double>(cost_.allowance(now)) / 1e6,
+      100 * cost_.budget(), cost_.horizon_s());
+  logger_->info("{}", buf);
+}
+
+void Pilot::charge_cost(Nanos ns) {
+  if (ns <= 0) return;
+  epoch_window_ns_ += ns;
+  cost_.spend(clock_->now_ns(), ns);
+}
+
+namespace {
+// Times the rest of a Pilot call as torchpilot's own, however it returns.
+template <typename Fn>
+struct AtExit {
+  Fn fn;
+  ~AtExit() { fn(); }
+};
+template <typename Fn>
+AtExit<Fn> at_exit(Fn fn) {
+  return AtExit<Fn>{std::move(fn)};
+}
+}  // namespace
 
 void Pilot::end_step() {
   const int64_t samples = open_step_samples_;
   const Nanos now = clock_->now_ns();
+  // What follows lands in the next step's span: it is that step's own time.
+  const auto own = at_exit([this, now] { spend_own(now, clock_->now_ns()); });
   const Nanos wait = pending_wait_ns_.exchange(0, std::memory_order_relaxed);
   StepRecord r;
   r.step = next_step_++;
@@ -311,8 +375,18 @@ void Pilot::end_step() {
   r.samples = samples;
   r.phase_ns = phase_ns_;
   phase_ns_.fill(0);
+  r.own_ns = own_pending_ns_;
+  own_pending_ns_ = 0;
+  if (cpu_clock_) {
+    const Nanos cpu = cpu_clock_->now_ns();
+    r.cpu_ns = cpu_mark_ >= 0 && cpu >= cpu_mark_ ? cpu - cpu_mark_ : -1;
+    cpu_mark_ = cpu;
+  }
   last_boundary_ns_ = now;
   step_open_ = false;
+  // Before the collectors: a slow step at a known period is no anomaly for the GPU monitor.
+  stalls_.add(r);
+  r.at_period = stalls_.at_period(r.step);
 
   const size_t history = static_cast<size_t>(config_.records.step_history);
   if (history_.size() < history) {
@@ -378,9 +452,11 @@ void Pilot::end_epoch() {
   if (config_.mode == Mode::kOff) return;
   if (step_open_) end_step();
   if (accumulator_.empty()) return;
+  const Nanos began = clock_->now_ns();
+  summary_cut_ns_ = -1;
   // Summarizing runs collectors, advisors and sinks (each guarded on its own); anything else that
   // goes wrong loses this epoch's summary, never the training loop, and the next epoch starts.
-  if (const auto failed = failure_of([&] { summarize_epoch(); })) {
+  if (const auto failed = failure_of([&] { summarize_epoch(began); })) {
     logger_->error("the summary of epoch {} failed and is skipped{}", epoch_,
                    reason_suffix(*failed));
   }
@@ -391,13 +467,44 @@ void Pilot::end_epoch() {
   last_boundary_ns_ = -1;
   pending_wait_ns_.store(0, std::memory_order_relaxed);
   flush();
+  // The epoch end's work: its summary counted it up to the sinks; the rest (log and record
+  // writing) goes into the next epoch's figure.
+  const Nanos done = clock_->now_ns();
+  cost_.spend(done, done - began);
+  epoch_end_carry_ns_ += done - (summary_cut_ns_ >= 0 ? summary_cut_ns_ : began);
+  own_pending_ns_ = 0;  // between epochs: in no step
+  cpu_mark_ = -1;
 }
 
-void Pilot::summarize_epoch() {
+CostStats Pilot::epoch_cost(const EpochSummary& summary, Nanos began, Nanos now) {
+  CostStats c;
+  c.step_calls_ns = epoch_step_calls_ns_;
+  c.epoch_end_ns = epoch_end_carry_ns_ + std::max<Nanos>(0, now - began);
+  c.window_ns = epoch_window_ns_;
+  c.training_thread_ns = c.step_calls_ns + c.epoch_end_ns + c.window_ns;
+  c.epoch_ns = summary.wall_ns + std::max<Nanos>(0, now - began);
+  c.fraction = fraction(c.training_thread_ns, c.epoch_ns);
+  // The budget's view includes this epoch end so far (spent at its end).
+  c.horizon_fraction = cost_.horizon_fraction(now);
+  c.budget = cost_.budget();
+  c.horizon_s = cost_.span_s(now);
+  c.deferred = epoch_deferred_;
+  const Nanos threads = own_threads_cpu_ns();
+  c.own_threads_cpu_ns = std::max<Nanos>(0, threads - own_threads_mark_);
+  own_threads_mark_ = threads;
+  epoch_step_calls_ns_ = 0;
+  epoch_window_ns_ = 0;
+  epoch_end_carry_ns_ = 0;
+  epoch_deferred_ = 0;
+  return c;
+}
+
+void Pilot::summarize_epoch(Nanos began) {
   EpochSummary summary = accumulator_.summarize(epoch_, phase_names_);
   summary.tuning_steps = epoch_tuning_steps_;
   summary.tuned = engine_ && engine_->finished() && !engine_->decision()->trials.empty();
   for_each_collector("on_epoch_end", [&](Collector& o) { o.on_epoch_end(summary); });
+  summary.sections.set(stalls_.summarize(summary, phase_names_));
   std::vector<Advice> advice;
   std::vector<std::string> advisor_errors;
   if (const auto failed =
@@ -406,6 +513,8 @@ void Pilot::summarize_epoch() {
   }
   for (const auto& e : advisor_errors) logger_->error("advisor failed for epoch {}: {}", epoch_, e);
   for (auto& a : advice) a.epoch = epoch_;
+  summary_cut_ns_ = clock_->now_ns();
+  summary.sections.set(epoch_cost(summary, began, summary_cut_ns_));
   for_each_sink("on_epoch", [&](Sink& s) { s.on_epoch(summary, advice); });
   epoch_summaries_.push_back(std::move(summary));
   last_advice_ = std::move(advice);

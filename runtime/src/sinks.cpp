@@ -234,6 +234,8 @@ std::string step_json(const StepRecord& r, const std::vector<std::string>& names
             {"end_ns", r.end_ns},
             {"step_ms", ms(r.step_ns())},
             {"data_wait_ms", ms(r.data_wait_ns)},
+            {"own_ms", ms(r.own_ns)},
+            {"cpu_ms", r.cpu_ns >= 0 ? json(ms(r.cpu_ns)) : json(nullptr)},
             {"samples", r.samples},
             {"phases_ms", phases}};
   // Collectors' figures by section: {"flops": {"model_flops": ..., "mfu": ...}}.
@@ -267,6 +269,8 @@ std::string epoch_json(const EpochSummary& s, const std::vector<Advice>& advice)
             {"step_p50_ms", ms(s.step_p50_ns)},
             {"step_p90_ms", ms(s.step_p90_ns)},
             {"compute_p50_ms", ms(s.compute_p50_ns)},
+            {"own_ms", ms(s.own_ns)},
+            {"cpu_ms", s.cpu_ns >= 0 ? json(ms(s.cpu_ns)) : json(nullptr)},
             {"steps_per_s", s.steps_per_s},
             {"samples_per_s", s.samples_per_s},
             {"phases_ms", phases},

@@ -348,6 +348,39 @@ TEST(Watch, MeasuresAStockDataLoader) {
   EXPECT_EQ(recording->advice[0].at(0).id, "data_starvation");
 }
 
+TEST(Watch, ReportsTheStockLoadersOwnOptions) {
+  // Issue 15: a loader made with 4 workers is reported with 4, not the default 0, and the
+  // starvation advice says how many it has instead of telling it to add some.
+  auto recording = std::make_shared<torchpilot::RecordingSink>();
+  torchpilot::PilotOptions po;
+  po.sinks.push_back(recording);
+  torchpilot::Pilot pilot(quiet_config(torchpilot::Mode::kAdvise), po);
+  auto loader = torch::data::make_data_loader(
+      stacked(60, -1, 2000),
+      torch::data::DataLoaderOptions().batch_size(6).workers(4).max_jobs(5).timeout(
+          std::chrono::milliseconds(30000)));
+  for (auto& batch : torchpilot::watch(*loader, pilot)) auto step = pilot.step(batch.data.size(0));
+  ASSERT_EQ(recording->epochs.size(), 1u);
+  const auto* l = recording->epochs[0].sections.get<torchpilot::LoaderStats>();
+  ASSERT_NE(l, nullptr);
+  EXPECT_TRUE(l->settings_known);
+  EXPECT_EQ(l->settings.workers, 4);
+  EXPECT_EQ(l->batch_size, 6);
+  EXPECT_EQ(l->max_jobs, 5);
+  EXPECT_EQ(l->timeout_ms, 30000);
+  std::vector<std::string> lines;
+  section_text(*l, recording->epochs[0], lines);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("workers 4, batch size 6, max jobs 5, timeout 30000 ms"),
+            std::string::npos)
+      << lines[0];
+  for (const auto& a : recording->advice[0]) {
+    if (a.id != "data_starvation") continue;
+    EXPECT_NE(a.cause.find("the loader has 4 workers"), std::string::npos) << a.cause;
+    EXPECT_EQ(a.action.find("load in more worker threads"), std::string::npos) << a.action;
+  }
+}
+
 TEST(Watch, StockLoaderWithWorkers) {
   torchpilot::Pilot pilot(quiet_config(torchpilot::Mode::kAdvise));
   auto loader = torch::data::make_data_loader(

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include <deque>
+#include <functional>
 #include <limits>
 #include <sstream>
 
@@ -52,7 +53,9 @@ class FakeBackend : public GpuBackend {
   GpuDeviceInfo device() const override { return info; }
   std::vector<CollectorStatus> status() const override { return statuses; }
   void start() override { ++starts; }
+  std::function<void()> on_start_trace;  // e.g. the start's cost on a manual clock
   bool start_trace() override {
+    if (on_start_trace) on_start_trace();
     for (const auto& s : statuses) {
       if (s.name == "activity" && !s.active) return false;
     }
@@ -472,13 +475,124 @@ TEST(GpuMonitorTest, SlowStepOpensAnAnomalyWindow) {
   Rig rig(c);
   for (int i = 0; i < 70; ++i) rig.step(10, 200, 1.0);
   EXPECT_EQ(rig.backend->trace_starts, 0);
-  rig.step(50, 200, 1.0);  // 5x the median: a window is armed ...
+  rig.step(50, 200, 1.0);  // 5x the median ...
+  rig.step(50, 200, 1.0);  // ... twice in a row: a window is armed ...
   EXPECT_EQ(rig.backend->trace_starts, 0);
   rig.step(10, 200, 1.0);  // ... and opens when the next step begins
   EXPECT_EQ(rig.backend->trace_starts, 1);
   for (int i = 0; i < 4; ++i) rig.step(10, 200, 1.0);
   rig.pilot->end_epoch();
   EXPECT_EQ(rig.sink->epochs[0].sections.get<GpuEpochStats>()->traced_steps, 2);
+  // The log says why it fired.
+  EXPECT_NE(rig.log.str().find("anomaly trace window: steps 70-71 did 50.00 and 50.00 ms"),
+            std::string::npos)
+      << rig.log.str();
+}
+
+TEST(GpuMonitorTest, SlowFirstStepsOfEachEpochOpenNoAnomalyWindow) {
+  // Issue 15: a stock loader restarts its workers at each epoch: its first steps are slow.
+  Config c = Rig::base_config();
+  c.gpu.trace_anomaly_factor = 3;
+  Rig rig(c);
+  for (int epoch = 0; epoch < 6; ++epoch) {
+    rig.step(300, 200, 1.0);
+    rig.step(200, 200, 1.0);
+    for (int i = 0; i < 30; ++i) rig.step(10, 200, 1.0);
+    rig.pilot->end_epoch();
+  }
+  EXPECT_EQ(rig.backend->trace_starts, 0) << rig.log.str();
+  const OutlierStats* o = rig.sink->epochs.back().sections.get<OutlierStats>();
+  ASSERT_NE(o, nullptr);
+  EXPECT_EQ(o->edge_count, 2);
+  EXPECT_EQ(o->period, 0);
+}
+
+TEST(GpuMonitorTest, ACheckpointEveryNStepsIsAPeriodicStallNotAnAnomaly) {
+  // Issue 17: a slow step every 20 steps, in a phase "checkpoint", blocked (little CPU time).
+  Config c = Rig::base_config();
+  c.gpu.trace_anomaly_factor = 3;
+  Rig rig(c, false);
+  auto cpu = std::make_shared<ManualClock>();
+  {
+    PilotOptions o;
+    auto logger = std::make_shared<spdlog::logger>(
+        "gpu-test", std::make_shared<spdlog::sinks::ostream_sink_st>(rig.log));
+    o.logger = logger;
+    o.clock = rig.clock;
+    o.cpu_clock = cpu;
+    o.sinks = {rig.sink};
+    if (auto m = make_gpu_monitor(c.gpu, rig.backend, *logger))
+      o.collectors.push_back(std::move(m));
+    rig.pilot = std::make_unique<Pilot>(c, std::move(o));
+  }
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    for (int i = 0; i < 100; ++i) {
+      const int64_t step = rig.pilot->steps();
+      auto s = rig.pilot->step(1);
+      if (step % 20 == 10) {
+        auto p = rig.pilot->phase("checkpoint");
+        rig.clock->advance(40 * kMs);
+        cpu->advance(4 * kMs);
+      }
+      rig.clock->advance(10 * kMs);
+      cpu->advance(9 * kMs);
+    }
+    rig.pilot->end_epoch();
+  }
+  EXPECT_EQ(rig.backend->trace_starts, 0) << rig.log.str();
+  const EpochSummary& e = rig.sink->epochs.back();
+  const OutlierStats* o = e.sections.get<OutlierStats>();
+  ASSERT_NE(o, nullptr);
+  EXPECT_EQ(o->period, 20);
+  EXPECT_EQ(o->periodic_count, 5);
+  // 5 x 40 ms above the median of a 1,200 ms epoch.
+  EXPECT_NEAR(o->periodic_share, 200.0 / 1200.0, 0.01);
+  EXPECT_EQ(o->phase, "checkpoint");
+  EXPECT_NEAR(o->cpu_share, 0.1, 0.05);
+  const auto& advice = rig.sink->advice.back();
+  auto it = std::find_if(advice.begin(), advice.end(),
+                         [](const Advice& a) { return a.id == "periodic_stall"; });
+  ASSERT_NE(it, advice.end());
+  EXPECT_NE(it->finding.find("every 20 steps"), std::string::npos) << it->finding;
+  EXPECT_NE(it->action.find("checkpoint asynchronously"), std::string::npos) << it->action;
+  EXPECT_NEAR(it->expected_gain, 200.0 / 1000.0, 0.01);
+  EXPECT_NE(rig.log.str().find("every 20 steps"), std::string::npos);
+}
+
+TEST(GpuMonitorTest, BudgetDefersARepeatedWindowThatWouldExceedIt) {
+  // Issue 15: a window's start costs 100 ms here; steps take 10 ms, epochs 20 steps (0.2 s).
+  Config c = Rig::base_config();
+  c.gpu.trace_first_step = 5;
+  c.gpu.trace_steps = 2;
+  c.gpu.trace_every_epochs = 1;
+  Rig rig(c, false);
+  rig.backend->on_start_trace = [&] { rig.clock->advance(100 * kMs); };
+  rig.make(c);
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    for (int i = 0; i < 20; ++i) rig.step(10, 200, 1.0);
+    rig.pilot->end_epoch();
+  }
+  EXPECT_EQ(rig.backend->trace_starts, 1) << "the first window measures the cost: later ones wait";
+  const CostStats* first = rig.sink->epochs[0].sections.get<CostStats>();
+  ASSERT_NE(first, nullptr);
+  EXPECT_GE(first->step_calls_ns, 100 * kMs);
+  EXPECT_NEAR(first->fraction, 100.0 / 300.0, 0.01);
+  const CostStats* second = rig.sink->epochs[1].sections.get<CostStats>();
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ(second->deferred, 1);
+  EXPECT_EQ(second->step_calls_ns, 0);
+  const std::string log = rig.log.str();
+  EXPECT_NE(log.find("cost budget: a repeated trace window of 2 steps deferred"), std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("cost budget:"), log.rfind("cost budget:")) << "one log line";
+  EXPECT_NE(log.find("torchpilot: 100.00 ms, 33.3% of the epoch"), std::string::npos) << log;
+  // Once 1% of the run has room for the first window's 100 ms and the repeat's (20 s), it runs.
+  for (int epoch = 0; epoch < 110; ++epoch) {
+    for (int i = 0; i < 20; ++i) rig.step(10, 200, 1.0);
+    rig.pilot->end_epoch();
+  }
+  EXPECT_EQ(rig.backend->trace_starts, 2);
+  EXPECT_LE(rig.sink->epochs.back().sections.get<CostStats>()->horizon_fraction, 0.0105);
 }
 
 TEST(GpuMonitorTest, NvtxRangesAreBalanced) {

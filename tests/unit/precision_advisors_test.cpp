@@ -385,8 +385,10 @@ TEST(PrecisionAdvisorTest, LowMfuBreakdownNamesGpuIdle) {
   EXPECT_EQ(a->severity, Severity::kInfo) << "MFU above half the threshold";
   EXPECT_NEAR(*evidence(*a, "gpu_idle_outside_data_wait"), 0.5, 1e-9);
   EXPECT_NEAR(*evidence(*a, "below_peak_fraction"), 0.25, 1e-9);
-  EXPECT_TRUE(contains(a->cause, "idling between kernels")) << a->cause;
-  EXPECT_NEAR(a->expected_gain, 1.0, 1e-9);
+  EXPECT_TRUE(contains(a->cause, "idling outside the data wait")) << a->cause;
+  // Without a trace the idle is not split by cause: no gain is sized from it (issue 15).
+  EXPECT_EQ(a->expected_gain, 0.0);
+  EXPECT_TRUE(contains(a->action, "host_bound")) << a->action;
 }
 
 TEST(PrecisionAdvisorTest, LowMfuBelowPeakNamesKernelsOrPrecision) {

@@ -18,6 +18,7 @@
 #include "torchpilot/runtime/gpu_records.h"
 #include "torchpilot/runtime/loader_records.h"
 #include "torchpilot/runtime/records.h"
+#include "torchpilot/runtime/step_outliers.h"
 
 namespace torchpilot {
 
@@ -91,6 +92,17 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& summary,
 // update's predicted kernel time (gain_models.h).
 std::optional<Advice> advise_per_parameter_optimizer(const EpochSummary& summary,
                                                      const AdvisorsConfig& config);
+// Host-bound steps (advisors/src/host_advisors.cpp): the GPU idles more than
+// advisors.host_bound.threshold of the step outside data waits, host syncs and torchpilot's own
+// time (GpuEpochStats' busy share: traced, else counters, else NVML). Says where (phases, the
+// thread's CPU time: busy or blocked) and what to do; the gain is not estimated (how much host
+// work can leave the thread is not measured): its bound, step / GPU busy time, is evidence.
+std::optional<Advice> advise_host_bound(const EpochSummary& summary, const AdvisorsConfig& config);
+// Periodic stalls: outliers every N steps (OutlierStats) whose time above the median is more
+// than advisors.periodic_stall.threshold of the epoch; the cause from data wait, phase and the
+// thread's CPU time, actions by cause, the gain from removing that excess.
+std::optional<Advice> advise_periodic_stall(const EpochSummary& summary,
+                                            const AdvisorsConfig& config);
 // MFU below advisors.low_mfu.threshold: where the step time goes (with a trace window: the traced
 // step's GPU time by kernel class; else counted FLOPs at peak, data wait, GPU idle, the rest) and
 // what to change for the largest fixable share, with its estimated gain. Info or warning, never

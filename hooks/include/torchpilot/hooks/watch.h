@@ -11,6 +11,9 @@
 #include <torch/data/iterator.h>
 
 #include <atomic>
+#include <thread>
+#include <type_traits>
+#include <utility>
 
 #include "torchpilot/runtime/pilot.h"
 
@@ -67,6 +70,8 @@ class WatchedLoader final : public LoaderProbe {
   LoaderStats stats() const override {
     LoaderStats s;
     s.name = "watched";
+    s.max_workers = static_cast<int>(std::thread::hardware_concurrency());
+    read_options(loader_, s, 0);
     s.batches = batches_.load(std::memory_order_relaxed);
     s.blocked_count = s.batches;
     s.wait_ns = wait_ns_.load(std::memory_order_relaxed);
@@ -75,6 +80,25 @@ class WatchedLoader final : public LoaderProbe {
   void forget_pilot() override { pilot_ = nullptr; }
 
  private:
+  // The stock loader's options (torch::data::DataLoaderBase::options(), the same in LibTorch
+  // 1.13 and 2.x; timeout is c10::optional there, std::optional here: both read alike). Another
+  // loader type: unknown.
+  template <typename L>
+  static auto read_options(const L& loader, LoaderStats& s, int)
+      -> decltype((void)loader.options().max_jobs, void()) {
+    const auto& o = loader.options();
+    s.settings_known = true;
+    s.settings.workers = static_cast<int>(o.workers);
+    s.settings.prefetch = o.workers > 0 ? static_cast<int>(o.max_jobs / o.workers) : 1;
+    s.batch_size = static_cast<int64_t>(o.batch_size);
+    s.max_jobs = static_cast<int64_t>(o.max_jobs);
+    s.timeout_ms = o.timeout.has_value() ? static_cast<int64_t>(o.timeout->count()) : 0;
+  }
+  template <typename L>
+  static void read_options(const L&, LoaderStats& s, long) {
+    s.settings_known = false;
+  }
+
   // Runs one fetch, reports its wait, and ends the pilot's epoch when the loader is exhausted.
   template <typename Fetch>
   void timed(Fetch&& fetch) {

@@ -45,6 +45,13 @@ class CollectorHost {
   virtual bool tuning() const = 0;
   // A step's figures that became known after the step (sent to every sink's on_late_step).
   virtual void publish(const LateStepRecord& record) = 0;
+  // The cost budget (cost.h): would optional work costing `estimate_ns` of the training thread
+  // fit now? Work that does not fit is deferred or skipped and reported with cost_deferred().
+  virtual bool cost_allows(Nanos estimate_ns) const { return true; }
+  virtual void cost_deferred(const std::string& what, Nanos estimate_ns) {}
+  // What the collector cost the training thread outside its own callbacks (a trace window's
+  // slower launches); the host times the callbacks itself.
+  virtual void charge_cost(Nanos ns) {}
 };
 
 class Collector {

@@ -63,6 +63,17 @@ struct GpuConfig {
   std::string cupti_path;  // libcupti to load; empty: LibTorch's, then the default search
 };
 
+// What torchpilot may cost (runtime/cost.h; docs/metrics.md, "Cost").
+struct CostConfig {
+  double budget = 0.01;    // most of the run time torchpilot may take on the training thread ...
+  double horizon_s = 600;  // ... counted over this sliding horizon; optional work waits for room
+};
+
+// Step-time outliers (runtime/step_outliers.h; docs/metrics.md, "Outliers").
+struct OutliersConfig {
+  double factor = 3.0;  // a step slower than this x the median of recent steps is an outlier
+};
+
 // FLOP counting and MFU (hooks/flop_counter); docs/metrics.md, "MFU".
 struct FlopConfig {
   double peak_tflops = 0;       // dense peak for MFU; 0: from the device table
@@ -99,6 +110,12 @@ struct AttentionConfig {
 struct OptimizerConfig {
   double threshold = 0.05;  // per-parameter optimizer: share of step time its update takes
 };
+struct HostBoundConfig {
+  double threshold = 0.2;  // host-bound: GPU idle outside waits and syncs, share of step time
+};
+struct PeriodicStallConfig {
+  double threshold = 0.02;  // periodic stall: recurring outliers' excess time, share of the epoch
+};
 struct LowMfuConfig {
   double threshold = 0.3;  // MFU below this gets a breakdown
 };
@@ -111,6 +128,8 @@ struct AdvisorsConfig {
   PrecisionConfig precision;
   AttentionConfig attention;
   OptimizerConfig optimizer;
+  HostBoundConfig host_bound;
+  PeriodicStallConfig periodic_stall;
   LowMfuConfig low_mfu;
 };
 
@@ -122,6 +141,8 @@ struct Config {
   AutotuneConfig autotune;
   GpuConfig gpu;
   FlopConfig flops;
+  CostConfig cost;
+  OutliersConfig outliers;
 
   // Defaults, then TORCHPILOT_CONFIG's file if that variable is set, then TORCHPILOT_* overrides,
   // then the cross-key checks on the merged values.

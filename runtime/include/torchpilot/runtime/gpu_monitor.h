@@ -86,6 +86,10 @@ class GpuMonitor : public Collector {
   void finish_ready_steps(bool all, Nanos now);
   void finish(const PendingStep& step, const StepSpans& spans);
   void prune_events();
+  bool allow_window(const char* kind, int steps);
+  // A window's cost: its steps' work above the median and torchpilot's time in them, from its
+  // start to the step after its release.
+  void account_window(const StepRecord& r, bool in_window, bool traced);
 
   GpuConfig config_;
   std::shared_ptr<GpuBackend> backend_;
@@ -126,6 +130,13 @@ class GpuMonitor : public Collector {
   std::deque<PhaseSpan> phases_;
   int steps_since_status_ = 0;
   Nanos max_step_call_ns_ = 0;  // the longest step-boundary call this epoch
+  Nanos window_cost_ns_ = 0;    // the open window's cost so far
+  int window_cost_steps_ = 0;   // its traced steps
+  bool window_costing_ = false;
+  Nanos last_window_cost_ns_ = -1;  // the latest finished window's (-1: none yet)
+  int last_window_steps_ = 0;
+  std::string denied_;  // the optional window the budget held back last, and its estimate
+  Nanos denied_estimate_ns_ = 0;
 
   // Epoch accumulation.
   struct EpochAcc;

@@ -19,6 +19,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "torchpilot/runtime/clock.h"
@@ -26,12 +28,27 @@
 
 namespace torchpilot {
 
+// What a step carries besides its span: the parts of it with a known cause.
+struct WindowStepFacts {
+  Nanos data_wait_ns = 0;  // waiting for its batch
+  Nanos own_ns = 0;        // torchpilot's own calls
+  bool at_period = false;  // at a recurring stall's known period
+};
+
 class GpuWindowPlanner {
  public:
   static constexpr int kTailSteps = 2;  // flushes for a window's records: at the stop, then at
                                         // step ends
   static constexpr size_t kAnomalyHistory = 64;      // step times the anomaly median is over
   static constexpr size_t kMedianRefreshSteps = 16;  // ... recomputed every this many steps
+
+  static constexpr int64_t kEdgeSteps = 2;      // an epoch's first steps never trigger an anomaly
+  static constexpr int kAnomalySteps = 2;       // slow steps in a row that make an anomaly
+  static constexpr size_t kMinMedianSteps = 8;  // a median for window costs from this many steps
+
+  using StepFacts = WindowStepFacts;
+  // Optional windows ask this first ("anomaly" or "repeat"); null: always allowed.
+  std::function<bool(const char* kind, int steps)> allow_optional;
 
   // What to do at a step's end, in this order: stop the trace, flush, release.
   struct StepEndActions {
@@ -41,6 +58,8 @@ class GpuWindowPlanner {
                               // trace, flush, and report trace_stopped()
     bool flush = false;       // a closed window's tail: flush for its last records
     bool release = false;     // the tail is over (after the flush): release the trace
+    bool anomaly = false;     // an anomaly armed a window (anomaly_reason() says why)
+    bool deferred = false;    // an optional window was deferred or skipped for the budget
   };
   // What to do at an epoch's end: stop the trace, (always) flush, release.
   struct EpochEndActions {
@@ -63,7 +82,12 @@ class GpuWindowPlanner {
 
   // A step [begin, end] ended; `warmup_done`: auto-tune is over (no window inside its trials).
   StepEndActions end_step(int64_t step, int64_t step_in_epoch, Nanos begin, Nanos end,
-                          bool warmup_done);
+                          bool warmup_done, const StepFacts& facts = {});
+  // Why the latest anomaly armed a window, in words.
+  const std::string& anomaly_reason() const { return anomaly_reason_; }
+  // The median work of recent untraced steps (0 before kMinMedianSteps): a window's slowdown is
+  // its steps' work above it.
+  Nanos median_work() const { return recent_median_ns_; }
   EpochEndActions end_epoch();
   // The monitor stopped the trace of the window that end_step() closed, and flushed: the rest of
   // the tail (kTailSteps - 1 step ends) starts.
@@ -100,9 +124,13 @@ class GpuWindowPlanner {
   int64_t window_step_in_epoch_ = -1;  // where the first window started, for repeats
   bool anomaly_window_used_ = false;   // one anomaly window per epoch
   int anomaly_quiet_steps_ = 0;        // steps after a release that neither trigger nor count
-  std::vector<Nanos> recent_step_ns_;  // for the anomaly trigger (bounded ring)
+  std::vector<Nanos> recent_step_ns_;  // steps' work, for the anomaly trigger (bounded ring)
   size_t recent_next_ = 0;
   Nanos recent_median_ns_ = 0;  // of recent_step_ns_, refreshed every few steps
+  int slow_run_ = 0;            // unexplained slow steps in a row
+  Nanos slow_first_ns_ = 0;     // the run's first step's work
+  std::string anomaly_reason_;
+  bool repeat_deferred_ = false;  // the due repeat was deferred (counted once)
   bool trace_failed_ = false;
   bool stopping_ = false;  // closed, the trace not stopped yet (the GPU runs behind)
   int tail_ = 0;           // step ends left before the closed window's steps are final

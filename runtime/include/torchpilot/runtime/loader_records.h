@@ -33,6 +33,12 @@ struct LoaderStats {
   Nanos produce_cpu_ns = 0;   // CPU time of the producing threads meanwhile (I/O waits not)
   int64_t blocked_count = 0;  // next() calls that had to wait
   Nanos wait_ns = 0;          // total time next() blocked
+  // A watched stock loader's options (DataLoaderOptions), as read from it; -1: not known. When
+  // settings_known is false the loader's options could not be read: `settings` are not its own.
+  bool settings_known = true;
+  int64_t batch_size = -1;
+  int64_t max_jobs = -1;    // jobs queued ahead for the workers (LibTorch: 2 x workers)
+  int64_t timeout_ms = -1;  // the wait limit for a batch; 0: none
 };
 
 std::string section_json(const LoaderStats& loader);

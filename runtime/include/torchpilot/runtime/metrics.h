@@ -54,6 +54,9 @@ class EpochAccumulator {
   int64_t samples_ = 0;
   Nanos wall_ns_ = 0;
   Nanos data_wait_ns_ = 0;
+  Nanos own_ns_ = 0;
+  Nanos cpu_ns_ = 0;
+  bool cpu_known_ = true;
   std::array<Nanos, kMaxPhases> phase_ns_{};
   DurationHistogram step_times_;
   DurationHistogram compute_times_;  // step - data wait

@@ -16,7 +16,9 @@
 // record_data_wait() may be called from any thread.
 // Failure behaviour: the constructor throws (bad config, JSON file that cannot be opened). After
 // that nothing throws: a failing sink is logged once and skipped, advisor errors are logged.
-// Cost: a step scope is two clock reads and a ring-buffer write plus the sinks' on_step.
+// Cost: a step scope is a few clock reads (its own cost is timed too: cost.h), a read of the
+// thread's CPU clock and a ring-buffer write plus the sinks' on_step. What torchpilot costs the
+// training thread is the epoch summary's "cost" section, kept under cost.budget.
 #pragma once
 
 #include <atomic>
@@ -30,12 +32,14 @@
 #include "torchpilot/runtime/clock.h"
 #include "torchpilot/runtime/collector.h"
 #include "torchpilot/runtime/config.h"
+#include "torchpilot/runtime/cost.h"
 #include "torchpilot/runtime/knobs.h"
 #include "torchpilot/runtime/loader_records.h"
 #include "torchpilot/runtime/logging.h"
 #include "torchpilot/runtime/metrics.h"
 #include "torchpilot/runtime/records.h"
 #include "torchpilot/runtime/sink.h"
+#include "torchpilot/runtime/step_outliers.h"
 #include "torchpilot/runtime/tuning.h"
 
 namespace spdlog {
@@ -94,8 +98,11 @@ class LoaderProbe {
 class TrialEngine;
 
 struct PilotOptions {
-  std::shared_ptr<spdlog::logger> logger;    // advisory log; default: "torchpilot" on stderr
-  std::shared_ptr<Clock> clock;              // default: the steady clock
+  std::shared_ptr<spdlog::logger> logger;  // advisory log; default: "torchpilot" on stderr
+  std::shared_ptr<Clock> clock;            // default: the steady clock
+  // The training thread's CPU time (StepRecord::cpu_ns); default: ThreadCpuClock when `clock` is
+  // the default one, else none (a test's manual clock has no CPU time to go with it).
+  std::shared_ptr<Clock> cpu_clock;
   std::vector<std::shared_ptr<Sink>> sinks;  // in addition to the log and the JSON-lines file
   // Collectors the Pilot owns, added after the default ones (tests pass a GpuMonitor over a fake
   // backend here). A default collector whose name one of these has is not created.
@@ -176,11 +183,17 @@ class Pilot : private CollectorHost {
   friend class PhaseScope;
   void end_step();
   void autotune_step(const StepRecord& record);
-  void summarize_epoch();
+  void summarize_epoch(Nanos began);
   // CollectorHost
   bool steady_clock() const override;
   bool tuning() const override;
   void publish(const LateStepRecord& record) override;
+  bool cost_allows(Nanos estimate_ns) const override;
+  void cost_deferred(const std::string& what, Nanos estimate_ns) override;
+  void charge_cost(Nanos ns) override;
+  // Time spent in torchpilot's own calls on the training thread, from `since` to now.
+  void spend_own(Nanos since, Nanos now);
+  CostStats epoch_cost(const EpochSummary& summary, Nanos began, Nanos now);
   void add_default_collectors(std::vector<std::shared_ptr<Collector>> given);
   void insert_collector(Collector* collector, bool front);
   bool owns_open_step(int64_t step) const { return step_open_ && next_step_ == step; }
@@ -220,6 +233,18 @@ class Pilot : private CollectorHost {
   template <typename Fn>
   void for_each_collector(const char* what, Fn&& fn);
   void drop_collector(size_t index);
+
+  // What torchpilot costs (cost.h) and the steps far above the median (step_outliers.h).
+  std::shared_ptr<Clock> cpu_clock_;  // null: not measured
+  Nanos cpu_mark_ = -1;               // CPU time at the last step boundary
+  CostBudget cost_{config_.cost};
+  Nanos own_pending_ns_ = 0;  // own time since the last step boundary (the next record's own_ns)
+  Nanos epoch_step_calls_ns_ = 0, epoch_window_ns_ = 0, epoch_end_carry_ns_ = 0;
+  int64_t epoch_deferred_ = 0;
+  Nanos summary_cut_ns_ = -1;  // when this epoch end's cost was written into its summary
+  Nanos own_threads_mark_ = 0;
+  bool warned_budget_ = false;
+  StallTracker stalls_{config_.outliers.factor};
 
   KnobRegistry knobs_;
   LoaderProbe* loader_ = nullptr;

@@ -70,7 +70,10 @@ struct StepRecord {
   Nanos data_wait_ns = 0;     // training thread blocked on the next batch, within [begin, end]
   int64_t samples = 0;        // samples in the step's batch, 0 if not reported
   std::array<Nanos, kMaxPhases> phase_ns{};  // time in each phase, by phase id
-  StepMetrics metrics;  // collectors' figures (the FLOP counter's flops.mfu, ...)
+  Nanos own_ns = 0;        // torchpilot's own time on the training thread within [begin, end]
+  Nanos cpu_ns = -1;       // the training thread's CPU time within the step (-1: not measured)
+  bool at_period = false;  // the step sits at a recurring stall's period (step_outliers.h)
+  StepMetrics metrics;     // collectors' figures (the FLOP counter's flops.mfu, ...)
   Nanos step_ns() const { return end_ns - begin_ns; }
 };
 
@@ -94,6 +97,8 @@ struct EpochSummary {
   Nanos compute_p50_ns = 0;
   double steps_per_s = 0;
   double samples_per_s = 0;  // 0 when samples are not reported
+  Nanos own_ns = 0;          // torchpilot's own time on the training thread inside the steps
+  Nanos cpu_ns = -1;         // the training thread's CPU time over the steps (-1: not measured)
   std::vector<PhaseTotal> phases;
   int64_t tuning_steps = 0;  // steps of this epoch run under auto-tune trials (mixed settings)
   bool tuned = false;        // auto-tune has decided the knob settings (before this epoch ended)

@@ -1,0 +1,247 @@
+// short_epochs: what torchpilot's default configuration costs a trainer whose epochs last a
+// fraction of a second (issue 15): a small CNN, batch 512, a stock LibTorch loader with 4
+// workers, integrated as the README says (a Pilot from the default config, a FlopCounter,
+// torchpilot::watch(loader, pilot), one pilot.step() per batch).
+//
+// Configurations: off (no Pilot, no FlopCounter, the loader iterated directly) and default.
+// Rounds alternate their order (off, default; default, off; ...); in a round each configuration
+// runs --epochs epochs with one Pilot (a run's start-up, its first trace window and every epoch
+// end included), the device synchronized at each epoch's end. Its figure is the median epoch time
+// over the round's epochs after the first (the first pays cuDNN's and the allocator's warm-up).
+// Reported: default_over_off = median over rounds of the per-round ratio default / off, its
+// spread, and the default runs' own "cost" sections (torchpilot's share of each epoch). Written to
+// --out (bench/results/short-epochs-<machine>.json).
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli_flags.h"
+#include "torchpilot/torchpilot.h"
+
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// Synthetic 3x32x32 images in memory: the loader's work is indexing and stacking.
+class Images : public torch::data::datasets::Dataset<Images> {
+ public:
+  Images(int64_t n, uint64_t seed) {
+    torch::manual_seed(seed);
+    data_ = torch::randn({n, 3, 32, 32});
+    targets_ = torch::randint(0, 10, {n}, torch::kLong);
+  }
+  torch::data::Example<> get(size_t i) override {
+    const auto k = static_cast<int64_t>(i);
+    return {data_[k], targets_[k]};
+  }
+  torch::optional<size_t> size() const override { return static_cast<size_t>(data_.size(0)); }
+
+ private:
+  torch::Tensor data_, targets_;
+};
+
+struct NetImpl : torch::nn::Module {
+  NetImpl()
+      : c1(register_module("c1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 32, 3).padding(1)))),
+        c2(register_module("c2",
+                           torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)))),
+        fc(register_module("fc", torch::nn::Linear(64 * 8 * 8, 10))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::max_pool2d(torch::relu(c1(x)), 2);
+    x = torch::max_pool2d(torch::relu(c2(x)), 2);
+    return fc(x.flatten(1));
+  }
+  torch::nn::Conv2d c1, c2;
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(Net);
+
+struct Args {
+  int rounds = 5;
+  int epochs = 30;  // per round and configuration
+  int batch = 512;
+  int workers = 4;
+  int steps = 20;  // batches per epoch
+  std::string device;
+  std::string machine = "unnamed", commit = "unknown", out;
+};
+
+struct Run {
+  std::vector<double> epoch_s;
+  std::vector<double> cost_fraction;  // the default's "cost" sections
+  std::vector<double> horizon_fraction;
+  int64_t deferred = 0;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+Run run(const Args& a, bool with_pilot, torch::Device device) {
+  torch::manual_seed(1);
+  Net net;
+  net->to(device);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  auto loader = torch::data::make_data_loader(
+      Images(static_cast<int64_t>(a.batch) * a.steps, 7).map(torch::data::transforms::Stack<>()),
+      torch::data::DataLoaderOptions()
+          .batch_size(static_cast<size_t>(a.batch))
+          .workers(static_cast<size_t>(a.workers)));
+  auto sync = [&] {
+    if (device.is_cuda()) torch::cuda::synchronize();
+  };
+  auto train = [&](torch::data::Example<>& b) {
+    auto x = b.data.to(device, true);
+    auto y = b.target.to(device, true);
+    opt.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(net->forward(x), y);
+    loss.backward();
+    opt.step();
+  };
+  Run r;
+  if (!with_pilot) {
+    for (int e = 0; e < a.epochs; ++e) {
+      const auto t0 = Clock::now();
+      for (auto& b : *loader) train(b);
+      sync();
+      r.epoch_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    return r;
+  }
+  torchpilot::Config config;  // the defaults, as a new user has them
+  config.log.level = "warn";
+  torchpilot::Pilot pilot(config);
+  torchpilot::FlopCounter flops(pilot);
+  for (int e = 0; e < a.epochs; ++e) {
+    const auto t0 = Clock::now();
+    for (auto& b : torchpilot::watch(*loader, pilot)) {
+      auto step = pilot.step(b.data.size(0));
+      train(b);
+    }  // the watched loader's end ends the Pilot's epoch
+    sync();
+    r.epoch_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  for (const auto& s : pilot.epoch_summaries()) {
+    if (const auto* c = s.sections.get<torchpilot::CostStats>()) {
+      r.cost_fraction.push_back(c->fraction);
+      r.horizon_fraction.push_back(c->horizon_fraction);
+      r.deferred += c->deferred;
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app(
+      "short_epochs: torchpilot's default configuration against no torchpilot on a trainer with "
+      "epochs of a fraction of a second (small CNN, stock loader with workers), interleaved "
+      "rounds (bench/README.md).",
+      "short_epochs");
+  example_cli::last_wins(app);
+  example_cli::add_int(app, "--rounds", a.rounds, 1, 1000, "rounds")->capture_default_str();
+  example_cli::add_int(app, "--epochs", a.epochs, 2, 100000, "epochs per round and configuration")
+      ->capture_default_str();
+  example_cli::add_int(app, "--batch", a.batch, 1, 1 << 20, "batch size")->capture_default_str();
+  example_cli::add_int(app, "--workers", a.workers, 0, 1024, "loader workers")
+      ->capture_default_str();
+  example_cli::add_int(app, "--steps", a.steps, 1, 1 << 20, "batches per epoch")
+      ->capture_default_str();
+  app.add_option("--device", a.device, "cpu, cuda or cuda:N; default cuda when available");
+  app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
+  app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
+  app.add_option("--out", a.out, "JSON results file");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  const torch::Device device(a.device.empty() ? (torch::cuda::is_available() ? "cuda" : "cpu")
+                                              : a.device);
+  json rounds = json::array();
+  std::vector<double> ratios, off_all, def_all, cost_all, horizon_all;
+  int64_t deferred = 0;
+  for (int k = 0; k < a.rounds; ++k) {
+    Run off, def;
+    if (k % 2 == 0) {
+      off = run(a, false, device);
+      def = run(a, true, device);
+    } else {
+      def = run(a, true, device);
+      off = run(a, false, device);
+    }
+    auto steady = [](const std::vector<double>& v) {
+      return median(std::vector<double>(v.begin() + 1, v.end()));
+    };
+    const double o = steady(off.epoch_s), d = steady(def.epoch_s);
+    ratios.push_back(d / o);
+    off_all.push_back(o);
+    def_all.push_back(d);
+    cost_all.insert(cost_all.end(), def.cost_fraction.begin(), def.cost_fraction.end());
+    if (!def.horizon_fraction.empty()) horizon_all.push_back(def.horizon_fraction.back());
+    deferred += def.deferred;
+    // The mean over all epochs too: a first window or start-up cost shows there, not in medians.
+    auto mean = [](const std::vector<double>& v) {
+      double s = 0;
+      for (double x : v) s += x;
+      return v.empty() ? 0 : s / static_cast<double>(v.size());
+    };
+    rounds.push_back({{"order", k % 2 == 0 ? "off,default" : "default,off"},
+                      {"off_epoch_s", off.epoch_s},
+                      {"default_epoch_s", def.epoch_s},
+                      {"off_median_s", o},
+                      {"default_median_s", d},
+                      {"ratio", d / o},
+                      {"mean_ratio", mean(def.epoch_s) / mean(off.epoch_s)},
+                      {"cost_fraction", def.cost_fraction},
+                      {"deferred", def.deferred}});
+    std::printf(
+        "round %d: off %.4f s, default %.4f s per epoch (median), default/off %.4f, "
+        "mean %.4f; torchpilot's own share (median over epochs) %.3f%%\n",
+        k, o, d, d / o, mean(def.epoch_s) / mean(off.epoch_s), 100 * median(def.cost_fraction));
+  }
+  const double ratio = median(ratios);
+  std::printf("default_over_off %.4f (min %.4f, max %.4f) over %d rounds; budget 1.01\n", ratio,
+              *std::min_element(ratios.begin(), ratios.end()),
+              *std::max_element(ratios.begin(), ratios.end()), a.rounds);
+  json out = {{"bench", "short_epochs"},
+              {"machine", a.machine},
+              {"commit", a.commit},
+              {"torch", TORCH_VERSION},
+              {"device", device.str()},
+              {"unix_time_s", static_cast<int64_t>(std::time(nullptr))},
+              {"batch", a.batch},
+              {"workers", a.workers},
+              {"steps_per_epoch", a.steps},
+              {"epochs_per_round", a.epochs},
+              {"default_over_off", ratio},
+              {"ratio_min", *std::min_element(ratios.begin(), ratios.end())},
+              {"ratio_max", *std::max_element(ratios.begin(), ratios.end())},
+              {"off_epoch_median_s", median(off_all)},
+              {"default_epoch_median_s", median(def_all)},
+              {"cost_fraction_median", median(cost_all)},
+              {"horizon_fraction_at_end_median", median(horizon_all)},
+              {"deferred_windows", deferred},
+              {"budget", 0.01},
+              {"rounds", rounds}};
+  if (!a.out.empty()) {
+    std::ofstream f(a.out);
+    f << out.dump(1) << "\n";
+  }
+  return 0;
+}

@@ -1,0 +1,219 @@
+#include "torchpilot/runtime/step_outliers.h"
+
+#include <algorithm>
+#include <map>
+
+#include "format.h"
+#include "torchpilot/runtime/metrics.h"
+
+namespace torchpilot {
+
+StallTracker::StallTracker(double factor) : factor_(factor) { recent_.reserve(kHistory); }
+
+bool StallTracker::add(const StepRecord& r) {
+  // torchpilot's own time (a window's start, an epoch end's work) is its cost, not a stall.
+  const Nanos ns = std::max<Nanos>(0, r.step_ns() - r.own_ns);
+  ++steps_;
+  sums_.step_ns += r.step_ns();
+  sums_.data_wait_ns += r.data_wait_ns;
+  sums_.own_ns += r.own_ns;
+  if (r.cpu_ns >= 0) {
+    sums_.cpu_ns += r.cpu_ns;
+  } else {
+    cpu_known_ = false;
+  }
+  for (int i = 0; i < kMaxPhases; ++i) sums_.phase_ns[i] += r.phase_ns[i];
+
+  const bool judged = recent_.size() >= kMinHistory && median_ns_ > 0;
+  const bool outlier =
+      judged && static_cast<double>(ns) > factor_ * static_cast<double>(median_ns_);
+  if (outlier) {
+    ++count_;
+    if (outliers_.size() < kMaxEpochOutliers) {
+      Step s;
+      s.step = r.step;
+      s.step_in_epoch = r.step_in_epoch;
+      s.step_ns = r.step_ns();
+      s.data_wait_ns = r.data_wait_ns;
+      s.own_ns = r.own_ns;
+      s.cpu_ns = r.cpu_ns;
+      s.phase_ns = r.phase_ns;
+      outliers_.push_back(s);
+    }
+    // A run of slow steps is one event; an epoch's first steps are its edge, not a period.
+    if (r.step != last_outlier_ + 1 && r.step_in_epoch >= kEdgeSteps) note_outlier_start(r.step);
+    last_outlier_ = r.step;
+    return true;  // outliers stay out of the median
+  }
+  if (recent_.size() < kHistory) {
+    recent_.push_back(ns);
+  } else {
+    recent_[recent_next_] = ns;
+    recent_next_ = (recent_next_ + 1) % kHistory;
+  }
+  // The median moves slowly: sorting every step would only cost the step.
+  if (++since_refresh_ >= kRefreshSteps || median_ns_ == 0) {
+    since_refresh_ = 0;
+    if (recent_.size() >= kMinHistory) median_ns_ = torchpilot::median(recent_);
+  }
+  return false;
+}
+
+void StallTracker::note_outlier_start(int64_t step) {
+  starts_.push_back(step);
+  if (starts_.size() > kRecentOutliers) starts_.pop_front();
+  // The period: the most common gap between recent events (within one step), found at least
+  // twice and in at least half of the gaps. A single slow step makes no period.
+  std::vector<int64_t> gaps;
+  for (size_t i = 1; i < starts_.size(); ++i) gaps.push_back(starts_[i] - starts_[i - 1]);
+  int64_t best = 0;
+  size_t best_n = 0;
+  for (int64_t g : gaps) {
+    size_t n = 0;
+    for (int64_t h : gaps) n += (h >= g - 1 && h <= g + 1) ? 1 : 0;
+    if (n > best_n || (n == best_n && g < best)) {
+      best = g;
+      best_n = n;
+    }
+  }
+  if (best_n >= 2 && 2 * best_n >= gaps.size() && best > 1) {
+    period_ = best;
+    anchor_ = step;
+  } else if (period_ > 0 && !at_period(step)) {
+    // Off the period: keep it only while most recent events still follow it.
+    size_t on = 0;
+    for (int64_t s : starts_) on += at_period(s) ? 1 : 0;
+    if (2 * on < starts_.size()) period_ = 0;
+  }
+}
+
+bool StallTracker::at_period(int64_t step) const {
+  if (period_ <= 0) return false;
+  const int64_t d = ((step - anchor_) % period_ + period_) % period_;
+  return d <= 1 || d >= period_ - 1;
+}
+
+OutlierStats StallTracker::summarize(const EpochSummary& e,
+                                     const std::vector<std::string>& phase_names) {
+  OutlierStats o;
+  o.factor = factor_;
+  o.median_ns = median_ns_;
+  o.count = count_;
+  o.period = period_;
+  Step periodic;  // sums over the outliers analysed (the periodic ones, else the non-edge ones)
+  int64_t analysed = 0;
+  for (const Step& s : outliers_) {
+    const Nanos excess = std::max<Nanos>(0, s.step_ns - s.own_ns - median_ns_);
+    o.time_ns += s.step_ns;
+    o.excess_ns += excess;
+    if (s.step_in_epoch < kEdgeSteps) ++o.edge_count;
+    if (o.steps.size() < OutlierStats::kListed) o.steps.push_back(s.step);
+    const bool is_periodic = at_period(s.step) && s.step_in_epoch >= kEdgeSteps;
+    if (is_periodic) {
+      ++o.periodic_count;
+      o.periodic_excess_ns += excess;
+    }
+  }
+  for (const Step& s : outliers_) {
+    const bool take = period_ > 0 ? at_period(s.step) && s.step_in_epoch >= kEdgeSteps
+                                  : s.step_in_epoch >= kEdgeSteps;
+    if (!take) continue;
+    ++analysed;
+    periodic.step_ns += s.step_ns;
+    periodic.data_wait_ns += s.data_wait_ns;
+    periodic.own_ns += s.own_ns;
+    periodic.cpu_ns += std::max<Nanos>(0, s.cpu_ns);
+    for (int i = 0; i < kMaxPhases; ++i) periodic.phase_ns[i] += s.phase_ns[i];
+  }
+  const Nanos wall = std::max<Nanos>(1, e.wall_ns);
+  o.share = fraction(o.time_ns, wall);
+  o.excess_share = fraction(o.excess_ns, wall);
+  o.periodic_share = fraction(o.periodic_excess_ns, wall);
+
+  // Excess over what the same number of the epoch's other steps take, part by part.
+  const int64_t others = steps_ - count_;
+  if (analysed > 0 && others > 0) {
+    auto excess_of = [&](Nanos outliers_sum, Nanos all_sum, Nanos all_outliers_sum) {
+      const double normal = static_cast<double>(all_sum - all_outliers_sum) / others;
+      return static_cast<double>(outliers_sum) - normal * analysed;
+    };
+    Step all_outliers;
+    for (const Step& s : outliers_) {
+      all_outliers.step_ns += s.step_ns;
+      all_outliers.data_wait_ns += s.data_wait_ns;
+      all_outliers.own_ns += s.own_ns;
+      all_outliers.cpu_ns += std::max<Nanos>(0, s.cpu_ns);
+      for (int i = 0; i < kMaxPhases; ++i) all_outliers.phase_ns[i] += s.phase_ns[i];
+    }
+    const double excess = excess_of(periodic.step_ns, sums_.step_ns, all_outliers.step_ns);
+    if (excess > 0) {
+      o.data_wait_share = std::clamp(
+          excess_of(periodic.data_wait_ns, sums_.data_wait_ns, all_outliers.data_wait_ns) / excess,
+          0.0, 1.0);
+      o.own_share = std::clamp(
+          excess_of(periodic.own_ns, sums_.own_ns, all_outliers.own_ns) / excess, 0.0, 1.0);
+      double best = 0;
+      for (size_t i = 0; i < phase_names.size() && i < static_cast<size_t>(kMaxPhases); ++i) {
+        const double p =
+            excess_of(periodic.phase_ns[i], sums_.phase_ns[i], all_outliers.phase_ns[i]) / excess;
+        if (p > best) {
+          best = p;
+          o.phase = phase_names[i];
+        }
+      }
+      if (!o.phase.empty()) o.phase_share = std::min(1.0, best);
+      // The excess outside data waits: on the CPU, or blocked (I/O, a GPU sync, a lock)?
+      const double waited = std::max(
+          0.0, excess_of(periodic.data_wait_ns, sums_.data_wait_ns, all_outliers.data_wait_ns));
+      if (cpu_known_ && excess - waited > 0) {
+        o.cpu_share = std::clamp(
+            excess_of(periodic.cpu_ns, sums_.cpu_ns, all_outliers.cpu_ns) / (excess - waited), 0.0,
+            1.0);
+      }
+    }
+  }
+  outliers_.clear();
+  count_ = 0;
+  sums_ = Step();
+  steps_ = 0;
+  cpu_known_ = true;
+  return o;
+}
+
+std::string section_json(const OutlierStats& o) {
+  using namespace detail;
+  return dump(json{{"factor", o.factor},
+                   {"median_ms", ms(o.median_ns)},
+                   {"count", o.count},
+                   {"edge_count", o.edge_count},
+                   {"time_ms", ms(o.time_ns)},
+                   {"excess_ms", ms(o.excess_ns)},
+                   {"share", o.share},
+                   {"excess_share", o.excess_share},
+                   {"period", o.period},
+                   {"periodic_count", o.periodic_count},
+                   {"periodic_excess_ms", ms(o.periodic_excess_ns)},
+                   {"periodic_share", o.periodic_share},
+                   {"data_wait_share", number(o.data_wait_share)},
+                   {"own_share", number(o.own_share)},
+                   {"phase", o.phase},
+                   {"phase_share", number(o.phase_share)},
+                   {"cpu_share", number(o.cpu_share)},
+                   {"steps", o.steps}});
+}
+
+void section_text(const OutlierStats& o, const EpochSummary&, std::vector<std::string>& lines) {
+  using namespace detail;
+  if (o.count == 0) return;
+  std::string line = "  outliers (> " + fmt_num(o.factor) + "x the median " + fmt_ms(o.median_ns) +
+                     "): " + std::to_string(o.count) + " steps, " + fmt_pct(o.share) +
+                     " of the epoch (" + fmt_pct(o.excess_share) + " above the median)";
+  if (o.edge_count > 0) line += ", " + std::to_string(o.edge_count) + " at the epoch's start";
+  if (o.period > 0) {
+    line += "; every " + std::to_string(o.period) + " steps: " + std::to_string(o.periodic_count) +
+            " this epoch, " + fmt_pct(o.periodic_share) + " of it";
+  }
+  lines.push_back(line);
+}
+
+}  // namespace torchpilot

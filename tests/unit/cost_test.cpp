@@ -1,0 +1,283 @@
+// What torchpilot costs and the budget it keeps (cost.h), step-time outliers and periodic stalls
+// (step_outliers.h), and the host-side advisors (host_bound, periodic_stall, low_mfu's bound).
+#include "torchpilot/runtime/cost.h"
+
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <sstream>
+
+#include "torchpilot/advisors/advisors.h"
+#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/runtime/step_outliers.h"
+
+namespace torchpilot {
+namespace {
+
+constexpr Nanos kMs = 1000000;
+constexpr Nanos kS = 1000000000;
+
+CostConfig budget(double fraction, double horizon_s) {
+  CostConfig c;
+  c.budget = fraction;
+  c.horizon_s = horizon_s;
+  return c;
+}
+
+TEST(CostBudgetTest, AllowanceGrowsWithTheRunUpToTheHorizon) {
+  CostBudget b(budget(0.01, 100));
+  EXPECT_FALSE(b.allows(0, 1)) << "nothing before the run starts";
+  b.start(0);
+  EXPECT_EQ(b.allowance(10 * kS), 100 * kMs);
+  EXPECT_EQ(b.allowance(1000 * kS), 1000 * kMs) << "1% of the 100 s horizon";
+  b.spend(5 * kS, 60 * kMs);
+  EXPECT_TRUE(b.allows(10 * kS, 40 * kMs));
+  EXPECT_FALSE(b.allows(10 * kS, 41 * kMs));
+  EXPECT_NEAR(b.horizon_fraction(10 * kS), 0.006, 1e-9);
+}
+
+TEST(CostBudgetTest, SpendingLeavesTheHorizon) {
+  CostBudget b(budget(0.01, 64));  // one-second slices
+  b.start(0);
+  b.spend(kS, 500 * kMs);
+  EXPECT_EQ(b.spent(60 * kS), 500 * kMs);
+  EXPECT_FALSE(b.allows(60 * kS, 200 * kMs));
+  EXPECT_EQ(b.spent(70 * kS), 0) << "spent 69 s ago: out of the 64 s horizon";
+  EXPECT_TRUE(b.allows(70 * kS, 600 * kMs));
+}
+
+// A collector that takes 1 ms of the training thread at each step's start.
+class SlowCollector final : public Collector {
+ public:
+  explicit SlowCollector(ManualClock& clock) : clock_(clock) {}
+  std::string name() const override { return "slow"; }
+  void on_step_begin(int64_t, Nanos) override { clock_.advance(kMs); }
+  void on_epoch_end(EpochSummary&) override { clock_.advance(5 * kMs); }
+
+ private:
+  ManualClock& clock_;
+};
+
+struct PilotRig {
+  std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>();
+  std::shared_ptr<ManualClock> cpu = std::make_shared<ManualClock>();
+  std::shared_ptr<RecordingSink> sink = std::make_shared<RecordingSink>();
+  std::ostringstream log;
+  std::unique_ptr<Pilot> pilot;
+  explicit PilotRig(Config c = {}, bool slow = true) {
+    PilotOptions o;
+    o.logger = std::make_shared<spdlog::logger>(
+        "cost-test", std::make_shared<spdlog::sinks::ostream_sink_st>(log));
+    o.clock = clock;
+    o.cpu_clock = cpu;
+    o.sinks = {sink};
+    o.default_collectors = false;
+    if (slow) o.collectors.push_back(std::make_shared<SlowCollector>(*clock));
+    pilot = std::make_unique<Pilot>(std::move(c), std::move(o));
+  }
+  void step(Nanos ms, Nanos cpu_ms) {
+    auto s = pilot->step(1);
+    clock->advance(ms * kMs);
+    cpu->advance(cpu_ms * kMs);
+  }
+};
+
+TEST(PilotCostTest, OwnTimeOnTheTrainingThreadIsMeasuredAndReported) {
+  PilotRig rig;
+  for (int i = 0; i < 10; ++i) rig.step(10, 10);
+  rig.pilot->end_epoch();
+  for (const StepRecord& r : rig.pilot->recent_steps()) EXPECT_EQ(r.own_ns, kMs) << r.step;
+  ASSERT_EQ(rig.sink->epochs.size(), 1u);
+  const EpochSummary& e = rig.sink->epochs[0];
+  EXPECT_EQ(e.own_ns, 10 * kMs);
+  EXPECT_EQ(e.cpu_ns, 100 * kMs);
+  const CostStats* c = e.sections.get<CostStats>();
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->step_calls_ns, 10 * kMs);
+  EXPECT_EQ(c->epoch_end_ns, 5 * kMs) << "the collectors' epoch-end work";
+  EXPECT_EQ(c->training_thread_ns, 15 * kMs);
+  EXPECT_EQ(c->epoch_ns, 115 * kMs);
+  EXPECT_NEAR(c->fraction, 15.0 / 115.0, 1e-9);
+  EXPECT_DOUBLE_EQ(c->budget, 0.01);
+  EXPECT_NE(rig.log.str().find("torchpilot: 15.00 ms, 13.0% of the epoch (steps 10.00 ms, "
+                               "epoch end 5.00 ms)"),
+            std::string::npos)
+      << rig.log.str();
+  const std::string json = epoch_json(e, {});
+  EXPECT_NE(json.find("\"cost\":{"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"training_thread_ms\":15.0"), std::string::npos) << json;
+}
+
+TEST(PilotCostTest, NoCpuClockMeansCpuTimeNotMeasured) {
+  Config c;
+  PilotOptions o;
+  o.clock = std::make_shared<ManualClock>();
+  o.default_collectors = false;
+  o.logger = std::make_shared<spdlog::logger>("quiet");
+  Pilot pilot(c, std::move(o));
+  { auto s = pilot.step(1); }
+  EXPECT_EQ(pilot.recent_steps()[0].cpu_ns, -1);
+}
+
+// --- outliers -------------------------------------------------------------------------------
+
+StepRecord record(int64_t step, int64_t in_epoch, Nanos ms) {
+  StepRecord r;
+  r.step = step;
+  r.step_in_epoch = in_epoch;
+  r.begin_ns = step * 1000 * kMs;
+  r.end_ns = r.begin_ns + ms * kMs;
+  return r;
+}
+
+TEST(StallTrackerTest, ASingleSlowStepMakesNoPeriod) {
+  StallTracker t(3.0);
+  for (int64_t i = 0; i < 50; ++i) t.add(record(i, i, 10));
+  EXPECT_TRUE(t.add(record(50, 50, 100)));
+  for (int64_t i = 51; i < 200; ++i) t.add(record(i, i, 10));
+  EXPECT_EQ(t.period(), 0);
+  EpochSummary e;
+  e.wall_ns = 200 * 10 * kMs + 90 * kMs;
+  const OutlierStats o = t.summarize(e, {});
+  EXPECT_EQ(o.count, 1);
+  EXPECT_EQ(o.period, 0);
+  EXPECT_EQ(o.excess_ns, 90 * kMs);
+}
+
+TEST(StallTrackerTest, TwoSlowStepsMakeNoPeriodThreeEquallySpacedDo) {
+  StallTracker t(3.0);
+  for (int64_t i = 0; i < 150; ++i) {
+    const bool slow = i == 40 || i == 77 || i == 114;  // every 37 steps
+    t.add(record(i, i, slow ? 60 : 10));
+    if (i == 77) EXPECT_EQ(t.period(), 0) << "one gap is no period";
+  }
+  EXPECT_EQ(t.period(), 37);
+  EXPECT_TRUE(t.at_period(151));
+  EXPECT_TRUE(t.at_period(150));  // one step either side
+  EXPECT_FALSE(t.at_period(140));
+}
+
+TEST(StallTrackerTest, AStallThatLastsTwoStepsIsOneEvent) {
+  StallTracker t(3.0);
+  for (int64_t i = 0; i < 200; ++i) {
+    const bool slow = i % 50 == 20 || i % 50 == 21;
+    t.add(record(i, i, slow ? 60 : 10));
+  }
+  EXPECT_EQ(t.period(), 50);
+}
+
+// --- advisors -------------------------------------------------------------------------------
+
+EpochSummary host_bound_summary(double busy, Nanos cpu_ms) {
+  EpochSummary s;
+  s.steps = 100;
+  s.wall_ns = 100 * 10 * kMs;
+  s.step_p50_ns = 10 * kMs;
+  s.cpu_ns = cpu_ms * kMs;
+  GpuEpochStats g;
+  g.device = "Fake GPU";
+  g.stats.counter_utilization = busy;
+  s.sections.set(g);
+  return s;
+}
+
+TEST(HostBoundTest, AHostBoundStepIsNamedWithNoUnboundedGain) {
+  // The GPU busy 0.1% of the step; the thread busy on the CPU (host work, no loader attached).
+  const EpochSummary s = host_bound_summary(0.001, 950);
+  const auto a = advise_host_bound(s, AdvisorsConfig{});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->severity, Severity::kHigh);
+  EXPECT_NE(a->finding.find("idles 99.9% of the step"), std::string::npos) << a->finding;
+  EXPECT_NE(a->cause.find("mostly busy"), std::string::npos) << a->cause;
+  EXPECT_NE(a->action.find("torchpilot::watch"), std::string::npos) << a->action;
+  EXPECT_NE(a->action.find("move host work off the training thread"), std::string::npos);
+  EXPECT_EQ(a->expected_gain, 0.0) << "how much host work can move is not measured";
+  // Run through the catalog: no advice states an unbounded gain.
+  Config c;
+  for (const Advice& x : run_advisors(s, c)) EXPECT_LE(x.expected_gain, 1.0 / 0.001) << x.id;
+}
+
+TEST(HostBoundTest, BlockedThreadPointsAtTheUnmeasuredWait) {
+  const auto a = advise_host_bound(host_bound_summary(0.3, 100), AdvisorsConfig{});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_NE(a->cause.find("mostly blocked"), std::string::npos) << a->cause;
+  EXPECT_NE(a->action.find("torchpilot::watch"), std::string::npos) << a->action;
+}
+
+TEST(HostBoundTest, QuietOnABusyGpuOrWithoutGpuFigures) {
+  EXPECT_FALSE(advise_host_bound(host_bound_summary(0.95, 950), AdvisorsConfig{}).has_value());
+  EpochSummary s = host_bound_summary(0.1, 950);
+  s.data_wait_ns = 850 * kMs;  // the idle is the measured data wait
+  s.data_wait_fraction = 0.85;
+  EXPECT_FALSE(advise_host_bound(s, AdvisorsConfig{}).has_value());
+  EpochSummary no_gpu;
+  no_gpu.steps = 10;
+  no_gpu.wall_ns = 100 * kMs;
+  EXPECT_FALSE(advise_host_bound(no_gpu, AdvisorsConfig{}).has_value());
+}
+
+TEST(LowMfuTest, HostIdleWithoutATraceStatesNoGain) {
+  EpochSummary s = host_bound_summary(0.0012, 950);
+  FlopEpochStats f;
+  f.mfu = 0.0005;
+  f.model_flops_per_step = 1e9;
+  f.peak_flops_per_s = 1e15;
+  s.sections.set(f);
+  const auto a = advise_low_mfu(s, AdvisorsConfig{});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->expected_gain, 0.0) << a->action;
+  EXPECT_NE(a->action.find("host_bound"), std::string::npos) << a->action;
+}
+
+TEST(LowMfuTest, TracedHostIdleStatesNoGain) {
+  EpochSummary s = host_bound_summary(0.0012, 950);
+  GpuEpochStats g = *s.sections.get<GpuEpochStats>();
+  g.traced_steps = 10;
+  g.stats.traced_ns = 100 * kMs;
+  g.stats.gpu_utilization = 0.0012;
+  g.stats.idle_other_ns = static_cast<Nanos>(0.9988 * 100 * kMs);
+  g.kernel_classes.steps = 10;
+  g.kernel_classes.traced_ns = 100 * kMs;
+  g.kernel_classes.idle_ns = 0.9988 * 100 * kMs;
+  s.sections.set(g);
+  FlopEpochStats f;
+  f.mfu = 0.0005;
+  f.model_flops_per_step = 1e9;
+  f.peak_flops_per_s = 1e15;
+  s.sections.set(f);
+  const auto a = advise_low_mfu(s, AdvisorsConfig{});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->expected_gain, 0.0) << a->cause << " / " << a->action;
+  EXPECT_NE(a->cause.find("before the first or after the last kernel"), std::string::npos)
+      << a->cause;
+}
+
+TEST(PeriodicStallTest, QuietWithoutAPeriodOrBelowThreshold) {
+  EpochSummary s;
+  s.steps = 100;
+  s.wall_ns = 1000 * kMs;
+  OutlierStats o;
+  o.count = 1;
+  o.excess_ns = 200 * kMs;
+  o.excess_share = 0.2;
+  s.sections.set(o);
+  EXPECT_FALSE(advise_periodic_stall(s, AdvisorsConfig{}).has_value()) << "one slow step";
+  o.period = 20;
+  o.periodic_count = 5;
+  o.periodic_excess_ns = 10 * kMs;
+  o.periodic_share = 0.01;
+  s.sections.set(o);
+  EXPECT_FALSE(advise_periodic_stall(s, AdvisorsConfig{}).has_value()) << "below 2%";
+  o.periodic_excess_ns = 100 * kMs;
+  o.periodic_share = 0.1;
+  o.median_ns = 10 * kMs;
+  s.sections.set(o);
+  const auto a = advise_periodic_stall(s, AdvisorsConfig{});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_NEAR(a->expected_gain, 100.0 / 900.0, 1e-9);
+  EXPECT_NE(a->action.find("pilot.phase(\"checkpoint\")"), std::string::npos) << a->action;
+}
+
+}  // namespace
+}  // namespace torchpilot
