@@ -116,6 +116,7 @@ const std::vector<KeySpec>& schema() {
       TP_DOUBLE(advisors.attention.unfused_threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.optimizer.threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.low_mfu.threshold, 0.0, 1.0),
+      TP_DOUBLE(advisors.checkpoint.threshold, 0.0, 1.0),
       TP_INT(autotune.warmup_steps, 0, 1e9),
       TP_DOUBLE(autotune.warmup_seconds, 0.0, 86400.0),
       TP_INT(autotune.settle_steps, 0, 10000),
@@ -154,6 +155,11 @@ const std::vector<KeySpec>& schema() {
       TP_INT(flops.count_steps, 1, 10000),
       TP_INT(flops.recount_every_steps, 0, 1e9),
       TP_BOOL(flops.allow_tf32),
+      TP_STRING(report.trace_dir),
+      TP_STRING(report.html_path),
+      TP_INT(report.prometheus_port, 0, 65535),
+      TP_STRING(report.prometheus_address),
+      TP_STRING(report.journal_path),
   };
   return table;
 }

@@ -38,6 +38,8 @@ class logger;
 
 namespace torchpilot {
 
+struct GpuWindowRecord;
+
 class GpuMonitor : public Collector {
  public:
   // How long (host time after a step's end) its markers may take to resolve before the step is
@@ -86,6 +88,10 @@ class GpuMonitor : public Collector {
   void finish_ready_steps(bool all, Nanos now);
   void finish(const PendingStep& step, const StepSpans& spans);
   void prune_events();
+  // A detailed window's timeline for the trace files (report.trace_dir): each traced step's
+  // records as it finishes; published as a GpuWindowRecord once the window's steps are done.
+  void capture_window(const PendingStep& step, const StepSpans& spans);
+  void publish_window();
 
   GpuConfig config_;
   std::shared_ptr<GpuBackend> backend_;
@@ -126,6 +132,9 @@ class GpuMonitor : public Collector {
   std::deque<PhaseSpan> phases_;
   int steps_since_status_ = 0;
   Nanos max_step_call_ns_ = 0;  // the longest step-boundary call this epoch
+
+  std::unique_ptr<GpuWindowRecord> window_;  // the window being captured
+  Nanos window_until_ = 0;                   // its records are taken up to here
 
   // Epoch accumulation.
   struct EpochAcc;
