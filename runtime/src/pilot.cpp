@@ -9,6 +9,7 @@
 
 #include "torchpilot/advisors/advisors.h"
 #include "torchpilot/runtime/guard.h"
+#include "torchpilot/runtime/html_report.h"
 #include "torchpilot/runtime/loader_policy.h"
 #include "torchpilot/runtime/logging.h"
 #include "torchpilot/runtime/trace_events.h"
@@ -135,8 +136,12 @@ Pilot::Pilot(Config config, PilotOptions options)
   history_.reserve(std::min<size_t>(static_cast<size_t>(config_.records.step_history), 4096));
   sinks_.push_back(make_log_sink(logger_));
   if (!config_.log.json_path.empty()) sinks_.push_back(make_json_lines_sink(config_.log.json_path));
-  if (!config_.report.trace_dir.empty())
+  if (!config_.report.trace_dir.empty()) {
     sinks_.push_back(make_trace_sink(config_.report.trace_dir));
+  }
+  if (!config_.report.html_path.empty()) {
+    sinks_.push_back(make_html_report(config_.report.html_path));
+  }
   for (auto& s : options.sinks) sinks_.push_back(std::move(s));
   sink_failed_.assign(sinks_.size(), false);
   logger_->info("mode {}{}", to_string(config_.mode),
