@@ -86,6 +86,23 @@ std::vector<CollectorFactory> default_collectors() {
   return registry();
 }
 
+namespace {
+std::vector<SinkFactory>& sink_registry() {
+  static std::vector<SinkFactory> factories;
+  return factories;
+}
+}  // namespace
+
+void register_default_sink(SinkFactory factory) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  sink_registry().push_back(factory);
+}
+
+std::vector<SinkFactory> default_sinks() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  return sink_registry();
+}
+
 // --- scopes ---------------------------------------------------------------------------------
 
 StepScope::StepScope(StepScope&& other) noexcept : pilot_(other.pilot_), step_(other.step_) {
@@ -141,6 +158,20 @@ Pilot::Pilot(Config config, PilotOptions options)
   }
   if (!config_.report.html_path.empty()) {
     sinks_.push_back(make_html_report(config_.report.html_path));
+  }
+  const std::vector<SinkFactory> factories = default_sinks();
+  for (SinkFactory factory : factories) {
+    // A registered sink that cannot start (a port in use) says so itself and returns null.
+    std::shared_ptr<Sink> sink;
+    if (const auto failed = failure_of([&] { sink = factory(config_, *logger_); })) {
+      logger_->warn("a default sink failed to start{}", reason_suffix(*failed));
+    }
+    if (sink) sinks_.push_back(std::move(sink));
+  }
+  if (config_.report.prometheus_port != 0 && factories.empty()) {
+    logger_->warn(
+        "report.prometheus_port is set but this build has no metrics endpoint (cpp-httplib was "
+        "not found at configure time)");
   }
   for (auto& s : options.sinks) sinks_.push_back(std::move(s));
   sink_failed_.assign(sinks_.size(), false);
