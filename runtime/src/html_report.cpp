@@ -16,6 +16,7 @@
 #include "torchpilot/runtime/config.h"
 #include "torchpilot/runtime/flop_records.h"
 #include "torchpilot/runtime/gpu_records.h"
+#include "torchpilot/runtime/run_journal.h"
 
 namespace torchpilot {
 namespace {
@@ -360,7 +361,6 @@ struct HtmlReport::State {
   std::vector<std::vector<Advice>> advice;
   std::vector<std::pair<TrialResult, bool>> trials;
   std::optional<TuningDecision> decision;
-  std::string ettr;
   int64_t last_step = -1;
   std::string started;
 };
@@ -379,11 +379,6 @@ HtmlReport::HtmlReport(std::string path) : s_(std::make_unique<State>()), path_(
 }
 
 HtmlReport::~HtmlReport() = default;
-
-void HtmlReport::set_ettr_text(std::string text) {
-  s_->ettr = std::move(text);
-  dirty_ = true;
-}
 
 void HtmlReport::on_step(const StepRecord& r, const std::vector<std::string>& phase_names) {
   if (phase_names.size() > s_->phase_names.size()) s_->phase_names = phase_names;
@@ -467,7 +462,14 @@ std::string HtmlReport::html() const {
   h += "<p class=\"muted\">run started " + esc(s.started) + "; " + std::to_string(s.epochs.size()) +
        " epochs, " + std::to_string(s.last_step + 1) + " steps" +
        (device.empty() ? std::string() : "; GPU " + esc(device)) + "</p>\n";
-  if (!s.ettr.empty()) h += "<p id=\"ettr\">" + esc(s.ettr) + "</p>\n";
+  // ETTR across restarts, from the run journal (report.journal_path).
+  if (!s.epochs.empty()) {
+    if (const auto* j = s.epochs.back().sections.get<RunJournalStats>()) {
+      h += "<p id=\"ettr\">ETTR " + pct(j->ettr) + " over " + std::to_string(j->runs) +
+           " runs: " + std::to_string(j->failures) + " failures, " + num(j->lost_s, "%.0f") +
+           " s of work lost, " + std::to_string(j->checkpoints) + " checkpoints</p>\n";
+    }
+  }
 
   // Epochs.
   h += "<h2>Epochs</h2>\n<table id=\"epochs\"><tr><th>epoch</th><th>steps</th><th>samples/s</th>"

@@ -12,6 +12,7 @@
 #include "torchpilot/runtime/html_report.h"
 #include "torchpilot/runtime/loader_policy.h"
 #include "torchpilot/runtime/logging.h"
+#include "torchpilot/runtime/run_journal.h"
 #include "torchpilot/runtime/trace_events.h"
 #include "torchpilot/runtime/trial_engine.h"
 
@@ -177,6 +178,15 @@ Pilot::Pilot(Config config, PilotOptions options)
   sink_failed_.assign(sinks_.size(), false);
   logger_->info("mode {}{}", to_string(config_.mode),
                 config_.log.json_path.empty() ? "" : ", records to " + config_.log.json_path);
+  if (!config_.report.journal_path.empty()) {
+    journal_ = std::make_shared<RunJournal>(config_.report.journal_path);
+    const RunJournalStats j = journal_->stats();
+    logger_->info(
+        "run journal {}: run {}, {} failures before it, ETTR {:.1f}% ({:.0f} s of work lost)",
+        config_.report.journal_path, j.runs, j.failures, measured(j.ettr) ? 100 * j.ettr : 100.0,
+        j.lost_s);
+    add_collector(journal_);
+  }
   if (!options.default_collectors) {
     for (auto& c : options.collectors) add_collector(std::move(c));
     return;
@@ -453,6 +463,13 @@ void Pilot::summarize_epoch() {
 void Pilot::add_sink(std::shared_ptr<Sink> sink) {
   sinks_.push_back(std::move(sink));
   sink_failed_.push_back(false);
+}
+
+void Pilot::checkpoint_saved(int64_t step) {
+  if (journal_ == nullptr) return;
+  if (const auto failed = failure_of([&] { journal_->checkpoint_saved(step); })) {
+    logger_->error("the run journal failed to record a checkpoint{}", reason_suffix(*failed));
+  }
 }
 
 void Pilot::flush() {

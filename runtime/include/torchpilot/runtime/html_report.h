@@ -47,8 +47,6 @@ class HtmlReport : public Sink {
   void flush() override;
 
   std::string html() const;
-  // ETTR line from the run journal (set by the Pilot when report.journal_path is set).
-  void set_ettr_text(std::string text);
 
  private:
   struct State;

@@ -92,6 +92,7 @@ class LoaderProbe {
 };
 
 class TrialEngine;
+class RunJournal;
 
 struct PilotOptions {
   std::shared_ptr<spdlog::logger> logger;    // advisory log; default: "torchpilot" on stderr
@@ -127,6 +128,9 @@ class Pilot : private CollectorHost {
 
   void add_sink(std::shared_ptr<Sink> sink);
   void flush();
+  // The trainer saved a checkpoint at `step` (its own step count): a record in the run journal
+  // (report.journal_path; docs/reports.md, "ETTR"). Does nothing without a journal.
+  void checkpoint_saved(int64_t step);
 
   // --- for hooks -------------------------------------------------------------------------------
   void record_data_wait(Nanos ns) {
@@ -222,6 +226,7 @@ class Pilot : private CollectorHost {
   void drop_collector(size_t index);
 
   KnobRegistry knobs_;
+  std::shared_ptr<RunJournal> journal_;  // also among the owned collectors
   LoaderProbe* loader_ = nullptr;
   std::unique_ptr<TrialEngine> engine_;
   bool warned_nothing_to_tune_ = false;
