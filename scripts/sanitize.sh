@@ -51,6 +51,8 @@ run_pass() {
   local targets=(torchpilot_unit_tests torchpilot_integration_tests)
   ninja -C "$dir" -t query torchpilot_gpu_backend_tests >/dev/null 2>&1 &&
     targets+=(torchpilot_gpu_backend_tests)
+  ninja -C "$dir" -t query torchpilot_prometheus_tests >/dev/null 2>&1 &&
+    targets+=(torchpilot_prometheus_tests)
   cmake --build "$dir" -j "$jobs" --target "${targets[@]}" || {
     timings+=("$pass: configure+build FAILED after $((SECONDS - t0)) s"); return 1; }
   local t1=$SECONDS

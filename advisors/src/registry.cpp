@@ -39,6 +39,8 @@ const std::vector<AdvisorEntry>& advisor_registry() {
        [](const EpochSummary& s, const Config& c) { return advise_periodic_stall(s, c.advisors); }},
       {"low_mfu",
        [](const EpochSummary& s, const Config& c) { return advise_low_mfu(s, c.advisors); }},
+      {"checkpoint",
+       [](const EpochSummary& s, const Config& c) { return advise_checkpoint(s, c.advisors); }},
   };
   return rules;
 }

@@ -118,6 +118,7 @@ const std::vector<KeySpec>& schema() {
       TP_DOUBLE(advisors.host_bound.threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.periodic_stall.threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.low_mfu.threshold, 0.0, 1.0),
+      TP_DOUBLE(advisors.checkpoint.threshold, 0.0, 1.0),
       TP_INT(autotune.warmup_steps, 0, 1e9),
       TP_DOUBLE(autotune.warmup_seconds, 0.0, 86400.0),
       TP_INT(autotune.settle_steps, 0, 10000),
@@ -160,6 +161,11 @@ const std::vector<KeySpec>& schema() {
       TP_DOUBLE(cost.budget, 0.0001, 1.0),
       TP_DOUBLE(cost.horizon_s, 1.0, 1e7),
       TP_DOUBLE(outliers.factor, 1.1, 1000.0),
+      TP_STRING(report.trace_dir),
+      TP_STRING(report.html_path),
+      TP_INT(report.prometheus_port, 0, 65535),
+      TP_STRING(report.prometheus_address),
+      TP_STRING(report.journal_path),
   };
   return table;
 }

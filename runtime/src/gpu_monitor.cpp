@@ -13,6 +13,7 @@
 #include "torchpilot/runtime/guard.h"
 #include "torchpilot/runtime/host_op_scopes.h"
 #include "torchpilot/runtime/metrics.h"
+#include "torchpilot/runtime/trace_events.h"
 
 namespace torchpilot {
 namespace {
@@ -445,7 +446,69 @@ void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
     epoch_->add_kernels(events_.kernels, spans.figures(), device_.sm_count);
   }
   add_kernel_classes(epoch_->classes, events_, spans, device_.sm_count);
+  if (host_ != nullptr && !host_->config().report.trace_dir.empty()) {
+    if (step.traced) {
+      capture_window(step, spans);
+    } else {
+      publish_window();
+    }
+  }
   if (host_ != nullptr) host_->publish(make_late_step(rec.step, rec.epoch, std::move(rec)));
+}
+
+void GpuMonitor::capture_window(const PendingStep& step, const StepSpans& spans) {
+  if (window_ != nullptr && window_->epoch != step.epoch) publish_window();
+  if (window_ == nullptr) {
+    window_ = std::make_unique<GpuWindowRecord>();
+    window_->epoch = step.epoch;
+    window_->device = device_.name;
+    window_until_ = spans.traced_part().begin;
+  }
+  GpuWindowRecord& w = *window_;
+  // Each record once: those that begin between the previous traced step's end and this one's.
+  const Interval take{window_until_, std::max(window_until_, spans.figures().end)};
+  auto in = [&take](Nanos t) { return t >= take.begin && t < take.end; };
+  WindowStep ws;
+  ws.step = step.step;
+  ws.host = spans.host;
+  ws.data_wait = spans.data_wait;
+  ws.gpu_timed = spans.gpu_timed;
+  ws.gpu = spans.gpu;
+  w.steps.push_back(ws);
+  for (const PhaseSpan& p : phases_) {
+    if (p.span.end != std::numeric_limits<Nanos>::max() && p.span.begin >= spans.host.begin &&
+        p.span.begin < spans.host.end) {
+      w.phases.push_back({p.name, p.span});
+    }
+  }
+  for (const KernelRecord& k : events_.kernels) {
+    if (in(k.begin)) w.kernels.push_back(k);
+  }
+  for (const CopyRecord& c : events_.copies) {
+    if (in(c.begin)) w.copies.push_back(c);
+  }
+  // A sample that began before the window but runs into it is its first counter value.
+  const bool first = w.steps.size() == 1;
+  for (const PmSample& p : events_.pm) {
+    if (in(p.begin) || (first && p.begin < take.begin && p.end > take.begin)) w.pm.push_back(p);
+  }
+  // Host syncs by the host's time: those that began in this step's host span.
+  for (SyncRecord& s : resolve_host_syncs(events_, true, spans.host)) {
+    if (s.thread == SyncThread::kOwn || s.thread == SyncThread::kInternal) continue;
+    if (s.begin >= spans.host.begin && s.begin < spans.host.end) {
+      w.host_syncs.push_back(std::move(s));
+    }
+  }
+  window_until_ = take.end;
+}
+
+void GpuMonitor::publish_window() {
+  if (window_ == nullptr) return;
+  std::unique_ptr<GpuWindowRecord> w = std::move(window_);
+  if (host_ == nullptr || w->steps.empty()) return;
+  const int64_t step = w->steps.back().step;
+  const int64_t epoch = w->epoch;
+  host_->publish(make_late_step(step, epoch, std::move(*w)));
 }
 
 bool GpuMonitor::gpu_span(const PendingStep& p, Nanos now, bool all, StepSpans& spans,
@@ -572,6 +635,7 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   if (a.release) refresh_pm_status();
   drain();
   finish_ready_steps(true, latest_ns_);
+  publish_window();      // a window does not run across epochs
   boundary_marker_ = 0;  // the next epoch's first step records its own start
 
   GpuEpochStats e;

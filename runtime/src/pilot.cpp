@@ -10,8 +10,11 @@
 
 #include "torchpilot/advisors/advisors.h"
 #include "torchpilot/runtime/guard.h"
+#include "torchpilot/runtime/html_report.h"
 #include "torchpilot/runtime/loader_policy.h"
 #include "torchpilot/runtime/logging.h"
+#include "torchpilot/runtime/run_journal.h"
+#include "torchpilot/runtime/trace_events.h"
 #include "torchpilot/runtime/trial_engine.h"
 
 namespace torchpilot {
@@ -85,6 +88,23 @@ std::vector<CollectorFactory> default_collectors() {
   return registry();
 }
 
+namespace {
+std::vector<SinkFactory>& sink_registry() {
+  static std::vector<SinkFactory> factories;
+  return factories;
+}
+}  // namespace
+
+void register_default_sink(SinkFactory factory) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  sink_registry().push_back(factory);
+}
+
+std::vector<SinkFactory> default_sinks() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  return sink_registry();
+}
+
 // --- scopes ---------------------------------------------------------------------------------
 
 StepScope::StepScope(StepScope&& other) noexcept : pilot_(other.pilot_), step_(other.step_) {
@@ -139,10 +159,39 @@ Pilot::Pilot(Config config, PilotOptions options)
   history_.reserve(std::min<size_t>(static_cast<size_t>(config_.records.step_history), 4096));
   sinks_.push_back(make_log_sink(logger_));
   if (!config_.log.json_path.empty()) sinks_.push_back(make_json_lines_sink(config_.log.json_path));
+  if (!config_.report.trace_dir.empty()) {
+    sinks_.push_back(make_trace_sink(config_.report.trace_dir));
+  }
+  if (!config_.report.html_path.empty()) {
+    sinks_.push_back(make_html_report(config_.report.html_path));
+  }
+  const std::vector<SinkFactory> factories = default_sinks();
+  for (SinkFactory factory : factories) {
+    // A registered sink that cannot start (a port in use) says so itself and returns null.
+    std::shared_ptr<Sink> sink;
+    if (const auto failed = failure_of([&] { sink = factory(config_, *logger_); })) {
+      logger_->warn("a default sink failed to start{}", reason_suffix(*failed));
+    }
+    if (sink) sinks_.push_back(std::move(sink));
+  }
+  if (config_.report.prometheus_port != 0 && factories.empty()) {
+    logger_->warn(
+        "report.prometheus_port is set but this build has no metrics endpoint (cpp-httplib was "
+        "not found at configure time)");
+  }
   for (auto& s : options.sinks) sinks_.push_back(std::move(s));
   sink_failed_.assign(sinks_.size(), false);
   logger_->info("mode {}{}", to_string(config_.mode),
                 config_.log.json_path.empty() ? "" : ", records to " + config_.log.json_path);
+  if (!config_.report.journal_path.empty()) {
+    journal_ = std::make_shared<RunJournal>(config_.report.journal_path);
+    const RunJournalStats j = journal_->stats();
+    logger_->info(
+        "run journal {}: run {}, {} failures before it, ETTR {:.1f}% ({:.0f} s of work lost)",
+        config_.report.journal_path, j.runs, j.failures, measured(j.ettr) ? 100 * j.ettr : 100.0,
+        j.lost_s);
+    add_collector(journal_);
+  }
   if (!options.default_collectors) {
     for (auto& c : options.collectors) add_collector(std::move(c));
     return;
@@ -523,6 +572,13 @@ void Pilot::summarize_epoch(Nanos began) {
 void Pilot::add_sink(std::shared_ptr<Sink> sink) {
   sinks_.push_back(std::move(sink));
   sink_failed_.push_back(false);
+}
+
+void Pilot::checkpoint_saved(int64_t step) {
+  if (journal_ == nullptr) return;
+  if (const auto failed = failure_of([&] { journal_->checkpoint_saved(step); })) {
+    logger_->error("the run journal failed to record a checkpoint{}", reason_suffix(*failed));
+  }
 }
 
 void Pilot::flush() {

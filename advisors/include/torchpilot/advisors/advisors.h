@@ -109,4 +109,9 @@ std::optional<Advice> advise_periodic_stall(const EpochSummary& summary,
 // high.
 std::optional<Advice> advise_low_mfu(const EpochSummary& summary, const AdvisorsConfig& config);
 
+// Checkpoints too rare for the failure rate the run journal saw (RunJournalStats): the expected
+// share of wall time lost, half a checkpoint interval per failure (or, without checkpoints, the
+// measured loss), above advisors.checkpoint.threshold.
+std::optional<Advice> advise_checkpoint(const EpochSummary& summary, const AdvisorsConfig& config);
+
 }  // namespace torchpilot

@@ -116,6 +116,9 @@ struct HostBoundConfig {
 struct PeriodicStallConfig {
   double threshold = 0.02;  // periodic stall: recurring outliers' excess time, share of the epoch
 };
+struct CheckpointConfig {
+  double threshold = 0.05;  // work lost to failures, expected share of wall time
+};
 struct LowMfuConfig {
   double threshold = 0.3;  // MFU below this gets a breakdown
 };
@@ -131,6 +134,16 @@ struct AdvisorsConfig {
   HostBoundConfig host_bound;
   PeriodicStallConfig periodic_stall;
   LowMfuConfig low_mfu;
+  CheckpointConfig checkpoint;
+};
+
+// Reports (docs/reports.md): trace files, the HTML report, the metrics endpoint, the run journal.
+struct ReportConfig {
+  std::string trace_dir;    // Chrome/Perfetto trace JSON per detailed window; empty: none
+  std::string html_path;    // self-contained HTML report, rewritten per epoch; empty: none
+  int prometheus_port = 0;  // Prometheus text endpoint on this port; 0: off
+  std::string prometheus_address = "127.0.0.1";  // the address it binds (loopback by default)
+  std::string journal_path;  // ETTR run journal, JSON lines appended; empty: none
 };
 
 struct Config {
@@ -143,6 +156,7 @@ struct Config {
   FlopConfig flops;
   CostConfig cost;
   OutliersConfig outliers;
+  ReportConfig report;
 
   // Defaults, then TORCHPILOT_CONFIG's file if that variable is set, then TORCHPILOT_* overrides,
   // then the cross-key checks on the merged values.

@@ -38,6 +38,8 @@ class logger;
 
 namespace torchpilot {
 
+struct GpuWindowRecord;
+
 class GpuMonitor : public Collector {
  public:
   // How long (host time after a step's end) its markers may take to resolve before the step is
@@ -90,6 +92,10 @@ class GpuMonitor : public Collector {
   // A window's cost: its steps' work above the median and torchpilot's time in them, from its
   // start to the step after its release.
   void account_window(const StepRecord& r, bool in_window, bool traced);
+  // A detailed window's timeline for the trace files (report.trace_dir): each traced step's
+  // records as it finishes; published as a GpuWindowRecord once the window's steps are done.
+  void capture_window(const PendingStep& step, const StepSpans& spans);
+  void publish_window();
 
   GpuConfig config_;
   std::shared_ptr<GpuBackend> backend_;
@@ -137,6 +143,9 @@ class GpuMonitor : public Collector {
   int last_window_steps_ = 0;
   std::string denied_;  // the optional window the budget held back last, and its estimate
   Nanos denied_estimate_ns_ = 0;
+
+  std::unique_ptr<GpuWindowRecord> window_;  // the window being captured
+  Nanos window_until_ = 0;                   // its records are taken up to here
 
   // Epoch accumulation.
   struct EpochAcc;

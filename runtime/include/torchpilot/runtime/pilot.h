@@ -96,6 +96,7 @@ class LoaderProbe {
 };
 
 class TrialEngine;
+class RunJournal;
 
 struct PilotOptions {
   std::shared_ptr<spdlog::logger> logger;  // advisory log; default: "torchpilot" on stderr
@@ -134,6 +135,9 @@ class Pilot : private CollectorHost {
 
   void add_sink(std::shared_ptr<Sink> sink);
   void flush();
+  // The trainer saved a checkpoint at `step` (its own step count): a record in the run journal
+  // (report.journal_path; docs/reports.md, "ETTR"). Does nothing without a journal.
+  void checkpoint_saved(int64_t step);
 
   // --- for hooks -------------------------------------------------------------------------------
   void record_data_wait(Nanos ns) {
@@ -247,6 +251,7 @@ class Pilot : private CollectorHost {
   StallTracker stalls_{config_.outliers.factor};
 
   KnobRegistry knobs_;
+  std::shared_ptr<RunJournal> journal_;  // also among the owned collectors
   LoaderProbe* loader_ = nullptr;
   std::unique_ptr<TrialEngine> engine_;
   bool warned_nothing_to_tune_ = false;

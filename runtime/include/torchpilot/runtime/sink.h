@@ -32,6 +32,15 @@ class Sink {
   virtual void flush() {}
 };
 
+struct Config;
+
+// A sink a library layer registers (hooks/: the Prometheus endpoint); every Pilot not in mode off
+// calls each factory once at construction, which returns null when its config keys leave it off.
+// Thread-safe; usually called during static initialization of the registering library.
+using SinkFactory = std::shared_ptr<Sink> (*)(const Config& config, spdlog::logger& logger);
+void register_default_sink(SinkFactory factory);
+std::vector<SinkFactory> default_sinks();
+
 // The advisory log: epoch summaries, advice and tuning decisions as readable lines.
 std::shared_ptr<Sink> make_log_sink(std::shared_ptr<spdlog::logger> logger);
 

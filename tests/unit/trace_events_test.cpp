@@ -1,0 +1,255 @@
+// Chrome/Perfetto trace files of detailed windows: the format (trace_event_check.h) and what a
+// window written by a Pilot over a fake GPU backend holds.
+#include "torchpilot/runtime/trace_events.h"
+
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "temp_dir.h"
+#include "torchpilot/runtime/gpu_monitor.h"
+#include "torchpilot/runtime/pilot.h"
+#include "trace_event_check.h"
+
+namespace torchpilot {
+namespace {
+
+using nlohmann::json;
+constexpr Nanos kMs = 1000000;
+
+// Hands out what the test queued while a trace runs.
+class FakeBackend : public GpuBackend {
+ public:
+  GpuEventBatch queued;
+  bool tracing = false;
+  GpuDeviceInfo device() const override { return {0, "Fake GPU", "FAKE", 100}; }
+  std::vector<CollectorStatus> status() const override {
+    return {
+        {"pm_sampling", true, ""}, {"activity", true, ""}, {"nvml", true, ""}, {"nvtx", true, ""}};
+  }
+  void start() override {}
+  bool start_trace() override { return tracing = true; }
+  void stop_trace() override { tracing = false; }
+  void release_trace() override {}
+  void flush() override {}
+  void drain(GpuEventBatch& out) override {
+    auto move = [](auto& to, auto& from) {
+      to.insert(to.end(), from.begin(), from.end());
+      from.clear();
+    };
+    move(out.kernels, queued.kernels);
+    move(out.copies, queued.copies);
+    move(out.syncs, queued.syncs);
+    move(out.pm, queued.pm);
+    move(out.nvml, queued.nvml);
+  }
+  void stop() override {}
+  void range_push(const char*) override {}
+  void range_pop() override {}
+};
+
+KernelRecord kernel(Nanos b, Nanos e, uint32_t stream, std::string name) {
+  KernelRecord k;
+  k.begin = b;
+  k.end = e;
+  k.blocks = 1;
+  k.stream = stream;
+  k.name = std::move(name);
+  return k;
+}
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return json::parse(ss.str());
+}
+
+std::vector<json> events_named(const json& trace, const std::string& ph, const std::string& name) {
+  std::vector<json> out;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == ph && (name.empty() || e["name"] == name)) out.push_back(e);
+  }
+  return out;
+}
+
+TEST(TraceEventCheckTest, FindsCrossingSlicesAndMissingFields) {
+  json bad = {{"traceEvents",
+               {{{"ph", "X"}, {"name", "a"}, {"pid", 1}, {"tid", 1}, {"ts", 0}, {"dur", 10}},
+                {{"ph", "X"}, {"name", "b"}, {"pid", 1}, {"tid", 1}, {"ts", 5}, {"dur", 10}},
+                {{"ph", "X"}, {"name", "c"}, {"pid", 1}, {"ts", 5}},
+                {{"ph", "C"}, {"name", "k"}, {"pid", 1}, {"ts", 5}, {"args", {{"k", "x"}}}}}}};
+  const auto problems = torchpilot_test::trace_event_problems(bad);
+  EXPECT_EQ(problems.size(), 4u);  // c: no tid, no dur; C: not a number; b crosses a
+  json good = {{"traceEvents",
+                {{{"ph", "X"}, {"name", "a"}, {"pid", 1}, {"tid", 1}, {"ts", 0}, {"dur", 10}},
+                 {{"ph", "X"}, {"name", "b"}, {"pid", 1}, {"tid", 1}, {"ts", 5}, {"dur", 5}}}}};
+  EXPECT_TRUE(torchpilot_test::trace_event_problems(good).empty());
+}
+
+TEST(TraceEventsTest, OverlappingSlicesOfATrackGoToLanesThatNest) {
+  GpuWindowRecord w;
+  w.epoch = 2;
+  w.device = "Fake GPU";
+  w.steps.push_back({7, {1000, 9000}, {1000, 2000}, false, {}});
+  w.phases.push_back({"forward", {2000, 5000}});
+  w.phases.push_back({"backward", {5000, 8500}});
+  // Crossing kernels on one stream (CUPTI clocks can do that around a boundary): two lanes.
+  w.kernels = {kernel(2000, 4000, 7, "a"), kernel(3000, 6000, 7, "b"), kernel(4500, 5000, 9, "c")};
+  PmSample p;
+  p.begin = 1000;
+  p.end = 3000;
+  p.sm_efficiency = 0.25;
+  w.pm = {p};
+  Advice a;
+  a.id = "launch_bound";
+  a.finding = "gaps";
+  a.expected_gain = 0.5;
+  const json t = json::parse(window_trace_json(w, {a}));
+  const auto problems = torchpilot_test::trace_event_problems(t);
+  EXPECT_TRUE(problems.empty()) << problems.front();
+  EXPECT_EQ(window_trace_file_name(w), "window_e2_s7-7.json");
+  std::set<std::string> threads;
+  for (const auto& e : events_named(t, "M", "thread_name")) threads.insert(e["args"]["name"]);
+  EXPECT_TRUE(threads.count("stream 7"));
+  EXPECT_TRUE(threads.count("stream 7 (lane 2)"));
+  EXPECT_TRUE(threads.count("stream 9"));
+  EXPECT_TRUE(threads.count("steps and phases"));
+  EXPECT_TRUE(threads.count("data wait"));
+  // Times from the window's start, in microseconds.
+  const auto step = events_named(t, "X", "step 7");
+  ASSERT_EQ(step.size(), 1u);
+  EXPECT_DOUBLE_EQ(step[0]["ts"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(step[0]["dur"].get<double>(), 8.0);
+  const auto sm = events_named(t, "C", "sm_efficiency");
+  ASSERT_EQ(sm.size(), 1u);
+  EXPECT_DOUBLE_EQ(sm[0]["args"]["sm_efficiency"].get<double>(), 0.25);
+  EXPECT_TRUE(events_named(t, "C", "tensor_activity").empty());  // not measured: no point
+  const auto advice = events_named(t, "i", "ADVICE launch_bound");
+  ASSERT_EQ(advice.size(), 1u);
+  EXPECT_DOUBLE_EQ(advice[0]["args"]["expected_gain"].get<double>(), 0.5);
+  EXPECT_EQ(t["otherData"]["steady_clock_origin_ns"], 1000);
+}
+
+TEST(TraceEventsTest, APilotWritesEachWindowWithItsStepsRecordsAndAdvice) {
+  torchpilot_test::TempDir dir;
+  auto clock = std::make_shared<ManualClock>();
+  auto backend = std::make_shared<FakeBackend>();
+  std::ostringstream log;
+  auto logger = std::make_shared<spdlog::logger>(
+      "trace-test", std::make_shared<spdlog::sinks::ostream_sink_st>(log));
+  Config c;
+  c.gpu.trace_first_step = 3;
+  c.gpu.trace_steps = 4;
+  c.gpu.trace_anomaly_factor = 0;
+  c.gpu.step_markers = false;
+  c.report.trace_dir = dir.file("traces");
+  auto sink = std::make_shared<RecordingSink>();
+  PilotOptions o;
+  o.logger = logger;
+  o.clock = clock;
+  o.sinks = {sink};
+  o.collectors.push_back(make_gpu_monitor(c.gpu, backend, *logger));
+  {
+    Pilot pilot(c, o);
+    for (int i = 0; i < 10; ++i) {
+      pilot.record_data_wait(1 * kMs);
+      clock->advance(1 * kMs);  // the wait for the batch, before the scope
+      const Nanos b = clock->now_ns();
+      auto s = pilot.step(1);
+      {
+        auto f = pilot.phase("forward");
+        clock->advance(4 * kMs);
+      }
+      {
+        auto bw = pilot.phase("backward");
+        clock->advance(4 * kMs);
+      }
+      const Nanos e = clock->now_ns();
+      PmSample p;
+      p.begin = b - kMs;
+      p.end = e;
+      p.sm_efficiency = 0.01;
+      p.counter_utilization = 1.0;
+      backend->queued.pm.push_back(p);
+      if (backend->tracing) {
+        // One SM busy the whole step on stream 7 (plants busy_inefficient), a copy, a sync.
+        backend->queued.kernels.push_back(kernel(b, e, 7, "spin_kernel"));
+        backend->queued.kernels.push_back(kernel(b, b + kMs, 13, "side_kernel"));
+        CopyRecord cp;
+        cp.begin = b;
+        cp.end = b + kMs / 2;
+        cp.bytes = 4096;
+        cp.kind = CopyKind::kHostToDevice;
+        cp.pageable = true;
+        backend->queued.copies.push_back(cp);
+        SyncRecord sy;
+        sy.begin = e - kMs;
+        sy.end = e - kMs / 2;
+        sy.api = SyncApi::kStreamSynchronize;
+        sy.thread = SyncThread::kTrainer;
+        backend->queued.syncs.push_back(sy);
+      }
+    }
+    pilot.end_epoch();
+  }
+  ASSERT_EQ(sink->late<GpuWindowRecord>().size(), 1u);
+  const std::string path = dir.file("traces") + "/window_e0_s3-6.json";
+  ASSERT_TRUE(std::filesystem::exists(path)) << log.str();
+  const json t = read_json(path);
+  const auto problems = torchpilot_test::trace_event_problems(t);
+  EXPECT_TRUE(problems.empty()) << problems.front();
+
+  for (int s = 3; s <= 6; ++s)
+    EXPECT_EQ(events_named(t, "X", "step " + std::to_string(s)).size(), 1u);
+  EXPECT_TRUE(events_named(t, "X", "step 2").empty());
+  EXPECT_EQ(events_named(t, "X", "forward").size(), 4u);
+  EXPECT_EQ(events_named(t, "X", "backward").size(), 4u);
+  EXPECT_EQ(events_named(t, "X", "data wait").size(), 4u);
+  EXPECT_EQ(events_named(t, "X", "spin_kernel").size(), 4u);
+  EXPECT_EQ(events_named(t, "X", "side_kernel").size(), 4u);
+  EXPECT_EQ(events_named(t, "X", "HtoD (pageable)").size(), 4u);
+  EXPECT_EQ(events_named(t, "X", "cudaStreamSynchronize").size(), 4u);
+  EXPECT_EQ(events_named(t, "C", "sm_efficiency").size(), 4u);
+  // Each phase lies inside its step on the same track.
+  const auto steps = events_named(t, "X", "step 4");
+  const auto fwd = events_named(t, "X", "forward");
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(fwd[1]["tid"], steps[0]["tid"]);
+  EXPECT_GE(fwd[1]["ts"].get<double>(), steps[0]["ts"].get<double>());
+  // The epoch's advice, as instant events.
+  EXPECT_EQ(events_named(t, "i", "ADVICE busy_inefficient").size(), 1u) << log.str();
+}
+
+TEST(TraceEventsTest, NoTraceDirNoWindowRecords) {
+  auto clock = std::make_shared<ManualClock>();
+  auto backend = std::make_shared<FakeBackend>();
+  std::ostringstream log;
+  auto logger = std::make_shared<spdlog::logger>(
+      "trace-test", std::make_shared<spdlog::sinks::ostream_sink_st>(log));
+  Config c;
+  c.gpu.trace_first_step = 1;
+  c.gpu.trace_steps = 2;
+  auto sink = std::make_shared<RecordingSink>();
+  PilotOptions o;
+  o.logger = logger;
+  o.clock = clock;
+  o.sinks = {sink};
+  o.collectors.push_back(make_gpu_monitor(c.gpu, backend, *logger));
+  Pilot pilot(c, o);
+  for (int i = 0; i < 5; ++i) {
+    auto s = pilot.step(1);
+    clock->advance(kMs);
+  }
+  pilot.end_epoch();
+  EXPECT_TRUE(sink->late<GpuWindowRecord>().empty());
+  EXPECT_FALSE(sink->late_steps.empty());
+}
+
+}  // namespace
+}  // namespace torchpilot
