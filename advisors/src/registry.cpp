@@ -35,6 +35,16 @@ const std::vector<AdvisorEntry>& advisor_registry() {
        }},
       {"low_mfu",
        [](const EpochSummary& s, const Config& c) { return advise_low_mfu(s, c.advisors); }},
+      {"exposed_communication",
+       [](const EpochSummary& s, const Config& c) {
+         return advise_exposed_communication(s, c.advisors);
+       }},
+      {"low_bus_bandwidth",
+       [](const EpochSummary& s, const Config& c) {
+         return advise_low_bus_bandwidth(s, c.advisors);
+       }},
+      {"straggler_rank",
+       [](const EpochSummary& s, const Config& c) { return advise_straggler_rank(s, c.advisors); }},
   };
   return rules;
 }

@@ -116,6 +116,11 @@ const std::vector<KeySpec>& schema() {
       TP_DOUBLE(advisors.attention.unfused_threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.optimizer.threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.low_mfu.threshold, 0.0, 1.0),
+      TP_DOUBLE(advisors.exposed_communication.threshold, 0.0, 1.0),
+      TP_DOUBLE(advisors.low_bus_bandwidth.fraction, 0.0, 1.0),
+      TP_INT(advisors.low_bus_bandwidth.small_message_bytes, 0, int64_t{1} << 40),
+      TP_DOUBLE(advisors.low_bus_bandwidth.threshold, 0.0, 1.0),
+      TP_DOUBLE(advisors.straggler_rank.threshold, 0.0, 10.0),
       TP_INT(autotune.warmup_steps, 0, 1e9),
       TP_DOUBLE(autotune.warmup_seconds, 0.0, 86400.0),
       TP_INT(autotune.settle_steps, 0, 10000),
@@ -154,6 +159,10 @@ const std::vector<KeySpec>& schema() {
       TP_INT(flops.count_steps, 1, 10000),
       TP_INT(flops.recount_every_steps, 0, 1e9),
       TP_BOOL(flops.allow_tf32),
+      TP_BOOL(comm.enabled),
+      TP_DOUBLE(comm.exchange_timeout_ms, 1.0, 86400000.0),
+      TP_DOUBLE(comm.watchdog_ms, 0.0, 86400000.0),
+      TP_DOUBLE(comm.link_peak_gbps, 0.0, 1e6),
   };
   return table;
 }

@@ -101,6 +101,17 @@ struct OptimizerConfig {
 struct LowMfuConfig {
   double threshold = 0.3;  // MFU below this gets a breakdown
 };
+struct ExposedCommunicationConfig {
+  double threshold = 0.05;  // exposed communication: share of step time
+};
+struct LowBusBandwidthConfig {
+  double fraction = 0.5;                 // bus bandwidth below this fraction of the link's peak
+  int64_t small_message_bytes = 1 << 20;  // ... or a mean all-reduce message below this size
+  double threshold = 0.05;               // ... while communication takes this share of step time
+};
+struct StragglerRankConfig {
+  double threshold = 0.1;  // compute or data wait above the other ranks' median by this x step
+};
 struct AdvisorsConfig {
   DataStarvationConfig data_starvation;
   BusyInefficientConfig busy_inefficient;
@@ -111,6 +122,17 @@ struct AdvisorsConfig {
   AttentionConfig attention;
   OptimizerConfig optimizer;
   LowMfuConfig low_mfu;
+  ExposedCommunicationConfig exposed_communication;
+  LowBusBandwidthConfig low_bus_bandwidth;
+  StragglerRankConfig straggler_rank;
+};
+
+// Collectives (docs/collectives.md).
+struct CommConfig {
+  bool enabled = true;                 // observe collectives on c10d process groups
+  double exchange_timeout_ms = 10000;  // a rank missing a cross-rank exchange this long: reported
+  double watchdog_ms = 60000;          // a collective outstanding this long is logged (0: off)
+  double link_peak_gbps = 0;           // the link's peak bus bandwidth, GB/s (0: unknown)
 };
 
 struct Config {
@@ -121,6 +143,7 @@ struct Config {
   AutotuneConfig autotune;
   GpuConfig gpu;
   FlopConfig flops;
+  CommConfig comm;
 
   // Defaults, then TORCHPILOT_CONFIG's file if that variable is set, then TORCHPILOT_* overrides,
   // then the cross-key checks on the merged values.
