@@ -4,10 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# libasan8, libubsan1, libtsan2: the sanitizer runtimes of scripts/sanitize.sh (g++ 12 depends on
-# them already; named so the sanitizer passes do not rest on that).
+# libgloo-dev: the Gloo headers c10d's ProcessGroupGloo needs (the collectives tests and the GPT
+# example's ranks on the CPU). libasan8, libubsan1, libtsan2: the sanitizer runtimes of
+# scripts/sanitize.sh (g++ 12 depends on them already; named so the sanitizer passes do not rest
+# on that).
 packages=(cmake ninja-build g++ ccache libtorch-dev libspdlog-dev libyaml-cpp-dev nlohmann-json3-dev
-          libgtest-dev libgmock-dev libjpeg62-turbo-dev libcli11-dev libasan8 libubsan1 libtsan2)
+          libgtest-dev libgmock-dev libjpeg62-turbo-dev libcli11-dev libasan8 libubsan1 libtsan2
+          libgloo-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

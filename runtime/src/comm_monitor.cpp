@@ -175,6 +175,27 @@ void CommMonitor::collective_end(int64_t seq) {
   }
 }
 
+void CommMonitor::collective_counted(CommOp op, std::string_view name, int64_t bytes,
+                                     std::string dtype) {
+  try {
+    std::lock_guard<std::mutex> lock(mu_);
+    CollectiveRecord r;
+    r.op = op;
+    r.name = std::string(name);
+    r.bytes = bytes;
+    r.dtype = std::move(dtype);
+    r.group_size = world_size_;
+    r.seq = next_seq_++;
+    step_.stats.collectives += 1;
+    step_.stats.bytes += bytes;
+    CommOpStats& o = step_.ops[op];
+    o.op = op;
+    o.count += 1;
+    o.bytes += bytes;
+  } catch (...) {
+  }
+}
+
 std::vector<CollectiveRecord> CommMonitor::outstanding() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<CollectiveRecord> out;

@@ -62,6 +62,9 @@ class CommMonitor : public Collector {
   int64_t collective_begin(CommOp op, std::string_view name, int64_t bytes, std::string dtype,
                            int group_size = 0);
   void collective_end(int64_t seq);
+  // A collective whose interval is not known here (NCCL: the scope covers its launch; its time
+  // comes from the GPU's kernels): counted with its bytes, not timed.
+  void collective_counted(CommOp op, std::string_view name, int64_t bytes, std::string dtype);
   // Collectives started and not completed, oldest first; and how many have started.
   std::vector<CollectiveRecord> outstanding() const;
   int64_t started() const;
