@@ -25,12 +25,21 @@ std::optional<Advice> advise_exposed_communication(const EpochSummary& s,
   if (c == nullptr || c->steps == 0 || c->step_wall_ns <= 0 || c->stats.comm_ns <= 0) {
     return std::nullopt;
   }
-  const double exposed = c->exposed_fraction();
-  if (!measured(exposed) || exposed < config.exposed_communication.threshold) return std::nullopt;
   const double steps = static_cast<double>(c->steps);
   const double step_ms = c->step_wall_ns / 1e6 / steps;
   const double comm_ms = c->stats.comm_ns / 1e6 / steps;
-  const double exposed_ms = c->stats.exposed_ns / 1e6 / steps;
+  double exposed_ms = c->stats.exposed_ns / 1e6 / steps;
+  // Waiting for a straggler shows as exposed time on the other ranks: straggler_rank speaks for
+  // that part (rank 0's table; other ranks cannot tell).
+  double straggler_ms = 0;
+  if (const RankEpochStats* r = s.sections.get<RankEpochStats>()) {
+    if (!r->stragglers.empty() && r->stragglers.front().rank != c->rank) {
+      straggler_ms = std::min(exposed_ms, r->stragglers.front().excess_ns / 1e6);
+      exposed_ms -= straggler_ms;
+    }
+  }
+  const double exposed = exposed_ms / step_ms;
+  if (!measured(exposed) || exposed < config.exposed_communication.threshold) return std::nullopt;
   const double overlap = c->stats.overlap();
   Advice a;
   a.id = "exposed_communication";
@@ -46,6 +55,7 @@ std::optional<Advice> advise_exposed_communication(const EpochSummary& s,
                 {"overlap", measured(overlap) ? overlap : 0.0, "fraction"},
                 {"step_time", step_ms, "ms"},
                 {"threshold", config.exposed_communication.threshold, "fraction"}};
+  if (straggler_ms > 0) a.evidence.push_back({"straggler_wait_excluded", straggler_ms, "ms"});
   // Fully overlapped, a step takes the longer of its compute (step - exposed) and its
   // communication: removed = step - max(step - exposed, comm).
   const double predicted_ms = std::max(step_ms - exposed_ms, comm_ms);
@@ -90,7 +100,7 @@ std::optional<Advice> advise_low_bus_bandwidth(const EpochSummary& s,
   Advice a;
   a.id = "low_bus_bandwidth";
   a.severity = Severity::kWarning;
-  a.finding = "collectives reach " + num(gbps(c->busbw), "%.2f") + " GB/s bus bandwidth" +
+  a.finding = "collectives reach " + num(gbps(c->busbw), "%.3g") + " GB/s bus bandwidth" +
               (peak_known ? " (" + pct(c->busbw / c->link_peak) + " of the " + c->link + "'s " +
                                 num(gbps(c->link_peak), "%.0f") + " GB/s)"
                           : std::string()) +

@@ -309,6 +309,7 @@ std::vector<RankOutput> run_ranks(const std::string& scenario, int world, bool t
     e["MASTER_PORT"] = std::to_string(port);
     if (!tcp) e["TP_COLL_FILESTORE"] = dir + "/store";
     e["TORCHPILOT_LOG_JSON_PATH"] = dir + "/rank" + std::to_string(r) + ".jsonl";
+    std::fflush(nullptr);  // or the children flush the parent's buffered output again
     const pid_t pid = ::fork();
     if (pid == 0) {
       for (const auto& [k, v] : e) ::setenv(k.c_str(), v.c_str(), 1);

@@ -516,6 +516,15 @@ TEST(CommAdvisors, ExposedCommunicationSpeaksWithAGainAndStaysQuietWhenOverlappe
   quiet.sections.set(comm_epoch(30 * kMs, 10 * kMs, kMs / 2, 64 << 20));
   EXPECT_FALSE(advise_exposed_communication(quiet, config));
   EXPECT_FALSE(advise_exposed_communication(EpochSummary{}, config));
+  // Rank 0 waits 10 ms for a straggler (rank 1): straggler_rank's finding, not this one.
+  EpochSummary waiting = s;
+  RankEpochStats ranks;
+  Straggler slow;
+  slow.rank = 1;
+  slow.excess_ns = 10 * kMs;
+  ranks.stragglers.push_back(slow);
+  waiting.sections.set(ranks);
+  EXPECT_FALSE(advise_exposed_communication(waiting, config));
 }
 
 TEST(CommAdvisors, LowBusBandwidthForSmallMessagesOrAFarFromPeakLink) {
