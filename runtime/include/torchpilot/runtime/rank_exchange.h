@@ -8,7 +8,7 @@
 //    others stop too (see all_gather).
 //  - RankCollector: at each epoch's end every rank posts its summary (RankSummary); rank 0 gathers
 //    them (bounded wait) and adds the section "ranks" (per-rank table, stragglers).
-//  - make_trial_agreement: the trial engine's cross-rank agreement (trial_engine.h).
+//  - make_trial_agreement: the trial engine's cross-rank agreement (TrialAgreement, tuning.h).
 //  - CommWatchdog: a thread that publishes how many collectives this rank has started and logs,
 //    once, a collective outstanding longer than a threshold with the ranks that have and have not
 //    reached it.
