@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -352,6 +353,8 @@ std::vector<RankOutput> run_ranks(const std::string& scenario, int world, bool t
       if (!j.is_discarded()) out[r].records.push_back(j);
     }
   }
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
   return out;
 }
 
