@@ -60,6 +60,11 @@ if want test; then
   (cd build-gpu && ctest --output-on-failure -j 4 2>&1) | tee "$OUT/ctest.log" | tail -25
 fi
 
+if want collectives; then
+  log "collectives: NCCL world size 1 (GPU test, verbose)"
+  ./build-gpu/tests/torchpilot_collectives_gpu_tests 2>&1 | tee "$OUT/collectives-gpu.log" | tail -15
+fi
+
 if want gputest; then
   log "gpu-labelled tests, verbose"
   (cd build-gpu && ctest -L gpu --output-on-failure -V 2>&1) | tee "$OUT/ctest-gpu.log" \

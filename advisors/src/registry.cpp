@@ -41,6 +41,16 @@ const std::vector<AdvisorEntry>& advisor_registry() {
        [](const EpochSummary& s, const Config& c) { return advise_low_mfu(s, c.advisors); }},
       {"checkpoint",
        [](const EpochSummary& s, const Config& c) { return advise_checkpoint(s, c.advisors); }},
+      {"exposed_communication",
+       [](const EpochSummary& s, const Config& c) {
+         return advise_exposed_communication(s, c.advisors);
+       }},
+      {"low_bus_bandwidth",
+       [](const EpochSummary& s, const Config& c) {
+         return advise_low_bus_bandwidth(s, c.advisors);
+       }},
+      {"straggler_rank",
+       [](const EpochSummary& s, const Config& c) { return advise_straggler_rank(s, c.advisors); }},
   };
   return rules;
 }

@@ -119,6 +119,11 @@ const std::vector<KeySpec>& schema() {
       TP_DOUBLE(advisors.periodic_stall.threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.low_mfu.threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.checkpoint.threshold, 0.0, 1.0),
+      TP_DOUBLE(advisors.exposed_communication.threshold, 0.0, 1.0),
+      TP_DOUBLE(advisors.low_bus_bandwidth.fraction, 0.0, 1.0),
+      TP_INT(advisors.low_bus_bandwidth.small_message_bytes, 0, int64_t{1} << 40),
+      TP_DOUBLE(advisors.low_bus_bandwidth.threshold, 0.0, 1.0),
+      TP_DOUBLE(advisors.straggler_rank.threshold, 0.0, 10.0),
       TP_INT(autotune.warmup_steps, 0, 1e9),
       TP_DOUBLE(autotune.warmup_seconds, 0.0, 86400.0),
       TP_INT(autotune.settle_steps, 0, 10000),
@@ -166,6 +171,10 @@ const std::vector<KeySpec>& schema() {
       TP_INT(report.prometheus_port, 0, 65535),
       TP_STRING(report.prometheus_address),
       TP_STRING(report.journal_path),
+      TP_BOOL(comm.enabled),
+      TP_DOUBLE(comm.exchange_timeout_ms, 1.0, 86400000.0),
+      TP_DOUBLE(comm.watchdog_ms, 0.0, 86400000.0),
+      TP_DOUBLE(comm.link_peak_gbps, 0.0, 1e6),
   };
   return table;
 }

@@ -472,6 +472,7 @@ void Pilot::autotune_step(const StepRecord& r) {
   if (!engine_) {
     engine_ = std::make_unique<TrialEngine>(knobs_, make_loader_policy(config_.autotune),
                                             config_.autotune);
+    engine_->agreement = trial_agreement_;
     engine_->on_trial = [this](const TrialResult& t, bool kept) {
       for_each_sink("on_trial", [&](Sink& s) { s.on_trial(t, kept); });
     };
@@ -641,6 +642,11 @@ std::vector<StepRecord> Pilot::recent_steps() const {
 const std::optional<TuningDecision>& Pilot::tuning_decision() const {
   static const std::optional<TuningDecision> none;
   return engine_ ? engine_->decision() : none;
+}
+
+void Pilot::set_trial_agreement(TrialAgreement agreement) {
+  trial_agreement_ = std::move(agreement);
+  if (engine_ && !engine_->finished()) engine_->agreement = trial_agreement_;
 }
 
 bool Pilot::tuning_finished() const { return engine_ && engine_->finished(); }

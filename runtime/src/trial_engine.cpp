@@ -46,16 +46,20 @@ void TrialEngine::on_step(const StepRecord& record) {
   window_wait_ns_ += record.data_wait_ns;
   window_samples_.push_back(record.samples);
   window_total_ns_ += record.step_ns();
-  // A window needs both enough steps and enough time: a few fast steps are mostly jitter.
-  if (static_cast<int>(window_ns_.size()) >= config_.measure_steps &&
-      window_total_ns_ >= static_cast<Nanos>(config_.min_window_ms * 1e6)) {
+  // A window needs both enough steps and enough time: a few fast steps are mostly jitter. With
+  // ranks agreeing, the count of steps is agreed instead (each rank's time differs).
+  if (agreement) {
+    if (static_cast<int64_t>(window_ns_.size()) >= window_target_) finish_trial();
+  } else if (static_cast<int>(window_ns_.size()) >= config_.measure_steps &&
+             window_total_ns_ >= static_cast<Nanos>(config_.min_window_ms * 1e6)) {
     finish_trial();
   }
 }
 
 bool TrialEngine::budget_allows_another_trial() const {
   const int64_t used_steps = last_step_ - first_step_ + 1;
-  const Nanos used_ns = last_end_ns_ - first_begin_ns_;
+  const Nanos used_ns =
+      agreed_elapsed_ns_ >= 0 ? agreed_elapsed_ns_ : last_end_ns_ - first_begin_ns_;
   const TrialResult& last = trials_.back();
   // The next trial costs about what the last one did: settle + window, in steps and in time.
   const double step_ns = std::max<double>(1.0, static_cast<double>(last.mean_step_ns));
@@ -74,6 +78,8 @@ void TrialEngine::begin_settling(int extra) {
 }
 
 void TrialEngine::begin_window() {
+  window_target_ = config_.measure_steps;
+  round_ = 0;
   window_supply_start_.reset();
   if (supply_probe) window_supply_start_ = supply_probe();
 }
@@ -122,6 +128,7 @@ void TrialEngine::finish_trial() {
     }
   }
   t.data_wait_fraction = fraction(window_wait_ns_, total_ns);
+  if (agreement && !agree_on(t)) return;
   window_ns_.clear();
   window_samples_.clear();
   window_wait_ns_ = 0;
@@ -151,6 +158,21 @@ void TrialEngine::finish_trial() {
 void TrialEngine::start_trial(const Setting& setting) {
   TrialResult trial;
   trial.setting = setting;
+  local_failure_.clear();
+  if (agreement) {
+    // Every rank must measure this trial over the same steps: a setter failure here runs the
+    // window with the incumbent and fails the trial on all ranks when the windows are combined.
+    if (const auto failed = failure_of([&] { knobs_.apply(setting); })) {
+      local_failure_ = "applying the setting failed: " + *failed;
+      if (const auto again = failure_of([&] { knobs_.apply(trials_[incumbent_].setting); })) {
+        local_failure_ += "; restoring the incumbent failed: " + *again;
+      }
+    }
+    current_ = setting;
+    begin_settling();
+    trials_.push_back(std::move(trial));
+    return;
+  }
   // A setter is user code: whatever it throws (std or not) fails the trial, never the step.
   if (const auto failed = failure_of([&] { knobs_.apply(setting); })) {
     trial.failed = true;
@@ -173,6 +195,53 @@ void TrialEngine::start_trial(const Setting& setting) {
   current_ = setting;
   trials_.push_back(std::move(trial));
   begin_settling(std::max(0, extra));
+}
+
+bool TrialEngine::agree_on(TrialResult& t) {
+  TrialWindow mine;
+  mine.trial = static_cast<int64_t>(trials_.size()) - 1;
+  mine.round = round_;
+  mine.first_step = t.first_step;
+  mine.last_step = t.last_step;
+  mine.throughput = t.throughput;
+  mine.demand = t.demand;
+  mine.supply_capacity = t.supply_capacity;
+  mine.supply_limited = t.supply_limited;
+  mine.mean_step_ns = t.mean_step_ns;
+  mine.relative_error = t.relative_error;
+  mine.data_wait_fraction = t.data_wait_fraction;
+  mine.window_ns = window_total_ns_;
+  mine.elapsed_ns = last_end_ns_ - first_begin_ns_;
+  mine.failed = !local_failure_.empty();
+  mine.note = local_failure_;
+  std::optional<TrialWindow> agreed;
+  if (const auto failed = failure_of([&] { agreed = agreement(mine); })) agreed.reset();
+  if (!agreed) {
+    // Some rank did not answer: every rank keeps the settings it started with.
+    incumbent_ = 0;
+    conclude("a rank missed the tuning exchange: the starting settings are kept");
+    return false;
+  }
+  const auto min_window = static_cast<Nanos>(config_.min_window_ms * 1e6);
+  if (agreed->window_ns < min_window && round_ < kMaxRounds) {
+    const double step = std::max<double>(1.0, static_cast<double>(agreed->mean_step_ns));
+    const auto extra = static_cast<int64_t>(
+        std::ceil(static_cast<double>(min_window - agreed->window_ns) / step));
+    window_target_ += std::max<int64_t>(1, extra);
+    ++round_;
+    return false;
+  }
+  t.throughput = agreed->throughput;
+  t.demand = agreed->demand;
+  t.supply_capacity = agreed->supply_capacity;
+  t.supply_limited = agreed->supply_limited;
+  t.mean_step_ns = agreed->mean_step_ns;
+  t.relative_error = agreed->relative_error;
+  t.data_wait_fraction = agreed->data_wait_fraction;
+  t.failed = agreed->failed;
+  if (agreed->failed) t.note = agreed->note.empty() ? "failed on another rank" : agreed->note;
+  agreed_elapsed_ns_ = agreed->elapsed_ns;
+  return true;
 }
 
 void TrialEngine::conclude(const std::string& reason) {

@@ -113,5 +113,20 @@ std::optional<Advice> advise_low_mfu(const EpochSummary& summary, const Advisors
 // share of wall time lost, half a checkpoint interval per failure (or, without checkpoints, the
 // measured loss), above advisors.checkpoint.threshold.
 std::optional<Advice> advise_checkpoint(const EpochSummary& summary, const AdvisorsConfig& config);
+// Exposed communication: collectives block the step more than
+// advisors.exposed_communication.threshold of step time (section "comm"). Gain: the step at
+// max(compute, communication) once fully overlapped.
+std::optional<Advice> advise_exposed_communication(const EpochSummary& summary,
+                                                   const AdvisorsConfig& config);
+// Low bus bandwidth: while communication takes advisors.low_bus_bandwidth.threshold of step time,
+// the bus bandwidth is below .fraction of the link's peak, or all-reduces average fewer than
+// .small_message_bytes. Gain: the exposed time at the reference rate.
+std::optional<Advice> advise_low_bus_bandwidth(const EpochSummary& summary,
+                                               const AdvisorsConfig& config);
+// Straggler rank (rank 0, section "ranks"): the rank whose compute or data wait exceeds the
+// others' median by advisors.straggler_rank.threshold of the step, its cause and the others' wait.
+// Gain: its excess removed from every rank's step.
+std::optional<Advice> advise_straggler_rank(const EpochSummary& summary,
+                                            const AdvisorsConfig& config);
 
 }  // namespace torchpilot

@@ -122,6 +122,17 @@ struct CheckpointConfig {
 struct LowMfuConfig {
   double threshold = 0.3;  // MFU below this gets a breakdown
 };
+struct ExposedCommunicationConfig {
+  double threshold = 0.05;  // exposed communication: share of step time
+};
+struct LowBusBandwidthConfig {
+  double fraction = 0.5;                 // bus bandwidth below this fraction of the link's peak
+  int64_t small_message_bytes = 1 << 20;  // ... or a mean all-reduce message below this size
+  double threshold = 0.05;               // ... while communication takes this share of step time
+};
+struct StragglerRankConfig {
+  double threshold = 0.1;  // compute or data wait above the other ranks' median by this x step
+};
 struct AdvisorsConfig {
   DataStarvationConfig data_starvation;
   BusyInefficientConfig busy_inefficient;
@@ -135,6 +146,9 @@ struct AdvisorsConfig {
   PeriodicStallConfig periodic_stall;
   LowMfuConfig low_mfu;
   CheckpointConfig checkpoint;
+  ExposedCommunicationConfig exposed_communication;
+  LowBusBandwidthConfig low_bus_bandwidth;
+  StragglerRankConfig straggler_rank;
 };
 
 // Reports (docs/reports.md): trace files, the HTML report, the metrics endpoint, the run journal.
@@ -144,6 +158,14 @@ struct ReportConfig {
   int prometheus_port = 0;  // Prometheus text endpoint on this port; 0: off
   std::string prometheus_address = "127.0.0.1";  // the address it binds (loopback by default)
   std::string journal_path;  // ETTR run journal, JSON lines appended; empty: none
+};
+
+// Collectives (docs/collectives.md).
+struct CommConfig {
+  bool enabled = true;                 // observe collectives on c10d process groups
+  double exchange_timeout_ms = 10000;  // a rank missing a cross-rank exchange this long: reported
+  double watchdog_ms = 60000;          // a collective outstanding this long is logged (0: off)
+  double link_peak_gbps = 0;           // the link's peak bus bandwidth, GB/s (0: unknown)
 };
 
 struct Config {
@@ -157,6 +179,7 @@ struct Config {
   CostConfig cost;
   OutliersConfig outliers;
   ReportConfig report;
+  CommConfig comm;
 
   // Defaults, then TORCHPILOT_CONFIG's file if that variable is set, then TORCHPILOT_* overrides,
   // then the cross-key checks on the merged values.

@@ -147,6 +147,9 @@ class Pilot : private CollectorHost {
   void attach_loader(LoaderProbe* probe, std::vector<Knob> knobs);
   void detach_loader(LoaderProbe* probe);
   KnobRegistry& knobs() { return knobs_; }
+  // Ranks of a data-parallel run tune together (rank_exchange.h's make_trial_agreement); set it
+  // before the first step. Null: this process decides alone.
+  void set_trial_agreement(TrialAgreement agreement);
   // Collectors (collector.h) see every step and epoch. A collector added by pointer (the FLOP
   // counter adds itself) is not owned: it removes itself before it is destroyed, and the Pilot
   // detaches the ones left (attach(nullptr)) when it is destroyed. In mode off nothing is added.
@@ -253,6 +256,7 @@ class Pilot : private CollectorHost {
   KnobRegistry knobs_;
   std::shared_ptr<RunJournal> journal_;  // also among the owned collectors
   LoaderProbe* loader_ = nullptr;
+  TrialAgreement trial_agreement_;
   std::unique_ptr<TrialEngine> engine_;
   bool warned_nothing_to_tune_ = false;
 };

@@ -47,6 +47,12 @@ class TrialEngine {
     int parallelism = 0;  // producers running in parallel (0: the training thread produces)
   };
   std::function<SupplySample()> supply_probe;
+  // Optional: several ranks tune together (rank_exchange.h). Each window then ends after a count
+  // of steps (measure_steps, extended by agreed rounds while the slowest rank's window is shorter
+  // than min_window_ms), the ranks' windows are combined (the slowest rank governs), the time
+  // budget is the slowest rank's, and a setter that throws fails the trial on every rank after
+  // its window. No agreement (a rank missing): the starting settings are kept.
+  TrialAgreement agreement;
 
  private:
   void start_trial(const Setting& setting);
@@ -55,9 +61,11 @@ class TrialEngine {
   void begin_window();
   void finish_trial();
   void conclude(const std::string& reason);
+  bool agree_on(TrialResult& t);  // false: the window goes on, or the search ended
   bool better(const TrialResult& candidate, const TrialResult& incumbent) const;
 
   static constexpr double kMaxNoiseMargin = 0.10;
+  static constexpr int64_t kMaxRounds = 8;  // window extensions per trial, with an agreement
   static constexpr int64_t kMinSupplyUnits = 3;  // fewer units produced: capacity not measurable
 
   KnobRegistry& knobs_;
@@ -80,6 +88,12 @@ class TrialEngine {
   std::vector<TrialResult> trials_;
   size_t incumbent_ = 0;
   std::optional<TuningDecision> decision_;
+  // With an agreement: the window's length in steps, its extension round, this rank's setter
+  // failure in the current trial, the agreed elapsed time.
+  int64_t window_target_ = 0;
+  int64_t round_ = 0;
+  std::string local_failure_;
+  Nanos agreed_elapsed_ns_ = -1;
 };
 
 }  // namespace torchpilot

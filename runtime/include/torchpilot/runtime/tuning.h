@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,6 +46,29 @@ struct TuningDecision {
   std::string reason;               // why the search ended
   std::vector<TrialResult> trials;  // trials[0] is the baseline
 };
+
+// A trial's measured window as the ranks of a data-parallel run exchange it: every rank runs the
+// same trials over the same steps, and all take the same decision from the combined windows.
+struct TrialWindow {
+  int64_t trial = 0;  // index in the trial list (0: the baseline)
+  int64_t round = 0;  // 0, then 1, 2, ... when the window was extended to reach min_window_ms
+  int64_t first_step = 0;
+  int64_t last_step = 0;
+  double throughput = 0;
+  double demand = 0;
+  double supply_capacity = 0;
+  bool supply_limited = false;
+  Nanos mean_step_ns = 0;
+  double relative_error = 0;
+  double data_wait_fraction = 0;
+  Nanos window_ns = 0;   // the window's summed step time
+  Nanos elapsed_ns = 0;  // from the first trial step to the window's end (the time budget)
+  bool failed = false;
+  std::string note;
+};
+// Given this rank's window, the combination of every rank's (the same on every rank), or nullopt
+// when some rank did not answer in time: the search then ends with the starting settings.
+using TrialAgreement = std::function<std::optional<TrialWindow>(const TrialWindow& mine)>;
 
 class TuningPolicy {
  public:

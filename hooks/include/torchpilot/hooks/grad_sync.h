@@ -1,0 +1,82 @@
+// GradSync: data-parallel gradient averaging worth using from C++ (LibTorch has no
+// DistributedDataParallel). Gradients go into buckets of about bucket_mb MiB (parameters in
+// reverse order, the order backward produces them); with overlap on, each bucket is all-reduced
+// asynchronously from the gradient accumulators' post hooks as soon as its last gradient is
+// ready, while backward goes on; synchronize() waits for them (issuing what backward did not
+// reach), divides by the world size and writes the averaged gradients back. With overlap off,
+// synchronize() all-reduces every bucket after backward (the usual hand-written loop), for
+// comparison.
+//
+//   torchpilot::GradSync sync(model->parameters(), pg, {/*bucket_mb=*/25, /*overlap=*/true});
+//   loss.backward();
+//   sync.synchronize();            // before the optimizer step
+//   optimizer.step();
+//
+// Buckets are issued in the same order on every rank (bucket i waits for buckets before it), so
+// ranks running the same model issue the same collectives in the same order, as c10d requires.
+// The result equals one process's gradients on the concatenated batch (up to the sum's rounding).
+//
+// Thread-safety: the hooks run on autograd's threads, synchronize() and the setters on the training
+// thread, never during backward. Failure behaviour: an all-reduce that fails (a peer gone) makes
+// synchronize() throw c10::Error naming the bucket (the trainer's own communication failed: it
+// decides); hooks never throw into backward.
+#pragma once
+
+#if __has_include(<torch/csrc/distributed/c10d/Work.hpp>)
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <vector>
+
+#include "torchpilot/runtime/knobs.h"
+
+namespace torchpilot {
+
+struct GradSyncOptions {
+  double bucket_mb = 25;  // bucket size, MiB; 0: one bucket per parameter
+  bool overlap = true;    // all-reduce from backward's hooks; false: all after backward
+  bool average = true;    // divide the sum by the world size
+};
+
+class GradSync {
+ public:
+  // Sums tensors in place across the ranks, asynchronously.
+  using AllReduce = std::function<c10::intrusive_ptr<c10d::Work>(std::vector<at::Tensor>&)>;
+  GradSync(std::vector<at::Tensor> params, AllReduce all_reduce, int world_size,
+           GradSyncOptions options = {});
+  // A c10d ProcessGroup (or, in LibTorch 2.x, a Backend such as ProcessGroupNCCL).
+  template <typename Group>
+  GradSync(std::vector<at::Tensor> params, const c10::intrusive_ptr<Group>& group,
+           GradSyncOptions options = {})
+      : GradSync(
+            std::move(params), [group](std::vector<at::Tensor>& t) { return group->allreduce(t); },
+            group->getSize(), options) {}
+  ~GradSync();  // removes the hooks
+  GradSync(const GradSync&) = delete;
+  GradSync& operator=(const GradSync&) = delete;
+
+  // After backward, before the optimizer step.
+  void synchronize();
+
+  // Take effect from the next backward.
+  void set_bucket_mb(double mb);
+  void set_overlap(bool overlap);
+  double bucket_mb() const { return options_.bucket_mb; }
+  bool overlap() const { return options_.overlap; }
+  int buckets() const;
+  // "grad_sync.bucket_mb" over `choices` (MiB) for a Pilot's knob registry.
+  Knob knob(std::vector<int64_t> choices = {1, 4, 16, 25, 64});
+
+  struct State;  // shared with the hooks
+
+ private:
+  std::shared_ptr<State> state_;
+  GradSyncOptions options_;
+};
+
+}  // namespace torchpilot
+#endif

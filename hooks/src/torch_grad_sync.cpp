@@ -1,0 +1,232 @@
+// GradSync (hooks/include/torchpilot/hooks/grad_sync.h).
+#include "torchpilot/hooks/grad_sync.h"
+
+#if __has_include(<torch/csrc/distributed/c10d/Work.hpp>)
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+
+namespace torchpilot {
+
+struct GradSync::State {
+  struct Bucket {
+    std::vector<size_t> params;  // indices into State::params
+    std::vector<int64_t> offsets;
+    int64_t numel = 0;
+    at::Tensor buffer;
+    c10::intrusive_ptr<c10d::Work> work;
+    size_t pending = 0;  // gradients not ready yet in this backward
+    bool issued = false;
+  };
+  std::vector<at::Tensor> params;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  std::vector<uintptr_t> hook_keys;
+  AllReduce all_reduce;
+  int world_size = 1;
+  bool overlap = true;
+  bool average = true;
+  double bucket_mb = 25;
+  std::mutex mu;
+  std::vector<Bucket> buckets;
+  std::vector<size_t> bucket_of;  // by parameter
+  size_t next_issue = 0;
+  std::string failure;  // an all-reduce that could not be issued
+
+  void build() {
+    buckets.clear();
+    bucket_of.assign(params.size(), 0);
+    const double limit = bucket_mb * 1024.0 * 1024.0;
+    // Reverse order: backward produces the last layers' gradients first.
+    for (size_t k = params.size(); k-- > 0;) {
+      const at::Tensor& p = params[k];
+      const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+      bool fits = !buckets.empty();
+      if (fits) {
+        const Bucket& b = buckets.back();
+        const at::Tensor& first = params[b.params.front()];
+        fits = first.scalar_type() == p.scalar_type() && first.device() == p.device() &&
+               static_cast<double>((b.numel + p.numel()) * p.element_size()) <= limit;
+      }
+      if (!fits) buckets.emplace_back();
+      Bucket& b = buckets.back();
+      b.params.push_back(k);
+      b.offsets.push_back(b.numel);
+      b.numel += p.numel();
+      bucket_of[k] = buckets.size() - 1;
+      (void)bytes;
+    }
+    reset();
+  }
+
+  void reset() {
+    for (Bucket& b : buckets) {
+      b.pending = b.params.size();
+      b.issued = false;
+      b.work.reset();
+    }
+    next_issue = 0;
+  }
+
+  // mu held. Copies the bucket's gradients (zeros for a missing one) and starts its all-reduce.
+  void issue(Bucket& b) {
+    at::NoGradGuard no_grad;
+    const at::Tensor& first = params[b.params.front()];
+    if (!b.buffer.defined() || b.buffer.numel() != b.numel || b.buffer.device() != first.device()) {
+      b.buffer = at::empty({b.numel}, first.options().requires_grad(false));
+    }
+    for (size_t i = 0; i < b.params.size(); ++i) {
+      const at::Tensor& p = params[b.params[i]];
+      at::Tensor slice = b.buffer.narrow(0, b.offsets[i], p.numel());
+      const at::Tensor& g = p.grad();
+      if (g.defined()) {
+        slice.copy_(g.reshape({-1}));
+      } else {
+        slice.zero_();
+      }
+    }
+    std::vector<at::Tensor> t{b.buffer};
+    b.issued = true;
+    try {
+      b.work = all_reduce(t);
+    } catch (const std::exception& e) {
+      if (failure.empty()) failure = e.what();
+    } catch (...) {
+      if (failure.empty()) failure = "unknown exception";
+    }
+  }
+
+  // mu held. Issues buckets in order while they are complete.
+  void issue_ready() {
+    while (next_issue < buckets.size() && buckets[next_issue].pending == 0) {
+      issue(buckets[next_issue++]);
+    }
+  }
+
+  void ready(size_t param) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!overlap || param >= bucket_of.size()) return;
+    Bucket& b = buckets[bucket_of[param]];
+    if (b.pending > 0) --b.pending;
+    issue_ready();
+  }
+};
+
+namespace {
+
+class ReadyHook final : public torch::autograd::FunctionPostHook {
+ public:
+  ReadyHook(std::weak_ptr<GradSync::State> state, size_t param)
+      : state_(std::move(state)), param_(param) {}
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list& /*inputs*/) override {
+    if (auto s = state_.lock()) {
+      try {
+        s->ready(param_);
+      } catch (...) {  // never into backward: synchronize() issues what is left
+      }
+    }
+    return outputs;
+  }
+
+ private:
+  std::weak_ptr<GradSync::State> state_;
+  size_t param_;
+};
+
+}  // namespace
+
+GradSync::GradSync(std::vector<at::Tensor> params, AllReduce all_reduce, int world_size,
+                   GradSyncOptions options)
+    : state_(std::make_shared<State>()), options_(options) {
+  State& s = *state_;
+  for (auto& p : params) {
+    if (p.requires_grad()) s.params.push_back(p);
+  }
+  s.all_reduce = std::move(all_reduce);
+  s.world_size = std::max(1, world_size);
+  s.overlap = options.overlap;
+  s.average = options.average;
+  s.bucket_mb = std::max(0.0, options.bucket_mb);
+  s.build();
+  for (size_t k = 0; k < s.params.size(); ++k) {
+    // The parameter holds its accumulator weakly: keep it alive, or the hook goes with it.
+    auto acc = torch::autograd::impl::grad_accumulator(s.params[k]);
+    s.hook_keys.push_back(acc->add_post_hook(std::make_unique<ReadyHook>(state_, k)));
+    s.accumulators.push_back(std::move(acc));
+  }
+}
+
+GradSync::~GradSync() {
+  State& s = *state_;
+  for (size_t k = 0; k < s.accumulators.size(); ++k) {
+    s.accumulators[k]->del_post_hook(s.hook_keys[k]);
+  }
+}
+
+void GradSync::synchronize() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  // Whatever backward did not reach (overlap off, unused parameters), in order.
+  while (s.next_issue < s.buckets.size()) s.issue(s.buckets[s.next_issue++]);
+  std::string failure = s.failure;
+  for (size_t i = 0; i < s.buckets.size() && failure.empty(); ++i) {
+    State::Bucket& b = s.buckets[i];
+    if (!b.work) continue;
+    try {
+      b.work->wait();
+    } catch (const std::exception& e) {
+      failure = "bucket " + std::to_string(i) + ": " + e.what();
+    }
+  }
+  if (!failure.empty()) {
+    s.failure.clear();
+    s.reset();
+    TORCH_CHECK(false, "torchpilot::GradSync: the gradient all-reduce failed: ", failure);
+  }
+  at::NoGradGuard no_grad;
+  for (State::Bucket& b : s.buckets) {
+    if (s.average && s.world_size > 1) b.buffer.div_(s.world_size);
+    for (size_t i = 0; i < b.params.size(); ++i) {
+      at::Tensor& p = s.params[b.params[i]];
+      at::Tensor slice = b.buffer.narrow(0, b.offsets[i], p.numel()).view(p.sizes());
+      if (p.grad().defined()) {
+        p.mutable_grad().copy_(slice);
+      } else {
+        p.mutable_grad() = slice.clone();
+      }
+    }
+  }
+  if (s.bucket_mb != options_.bucket_mb) {
+    s.bucket_mb = options_.bucket_mb;
+    s.build();
+  } else {
+    s.reset();
+  }
+  s.overlap = options_.overlap;
+}
+
+void GradSync::set_bucket_mb(double mb) { options_.bucket_mb = std::max(0.0, mb); }
+void GradSync::set_overlap(bool overlap) { options_.overlap = overlap; }
+
+int GradSync::buckets() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return static_cast<int>(state_->buckets.size());
+}
+
+Knob GradSync::knob(std::vector<int64_t> choices) {
+  Knob k;
+  k.name = "grad_sync.bucket_mb";
+  std::sort(choices.begin(), choices.end());
+  k.domain = std::move(choices);
+  k.get = [this] { return static_cast<int64_t>(options_.bucket_mb); };
+  k.set = [this](int64_t v) { set_bucket_mb(static_cast<double>(v)); };
+  return k;
+}
+
+}  // namespace torchpilot
+#endif

@@ -1,0 +1,154 @@
+// Collectives: what a collective looks like to torchpilot (op, bytes, dtype, group size, sequence
+// number, times), the per-step and per-epoch communication figures, the per-rank summaries rank 0
+// gathers, and the bus-bandwidth conventions (docs/metrics.md, "Communication").
+//
+// Communication time: the union of the intervals in which collectives run (CPU/Gloo: from the
+// backend's start of the work to its completion). Exposed communication: the part of it in which
+// the training thread is blocked (neither on a CPU nor waiting for one), i.e. its wait() on the
+// result; on the GPU, the part in which no compute kernel runs. Overlap = 1 - exposed /
+// communication. Algorithm bandwidth = bytes / time; bus bandwidth = algbw x the nccl-tests factor
+// of the op (bus_bandwidth_factor).
+//
+// Thread-safety: plain values. Failure behaviour: nothing here throws except allocation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "torchpilot/runtime/clock.h"
+#include "torchpilot/runtime/records.h"
+
+namespace torchpilot {
+
+enum class CommOp {
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kBroadcast,
+  kReduce,
+  kAllToAll,
+  kBarrier,
+  kSend,
+  kRecv,
+  kGather,
+  kScatter,
+  kOther
+};
+constexpr int kCommOps = 12;
+
+// "all_reduce", ...
+const char* to_string(CommOp op);
+// The op of a backend's profiling title or op name: "gloo:all_reduce", "nccl:all_reduce",
+// "c10d::allreduce_", "allreduce", "all_gather_into_tensor", "_reduce_scatter_base", ...
+// kOther when unknown.
+CommOp comm_op_from_name(std::string_view name);
+// nccl-tests' bus bandwidth factor for `ranks` ranks: all-reduce 2(n-1)/n, all-gather,
+// reduce-scatter and all-to-all (n-1)/n, broadcast, reduce, send/recv 1; 0 for a barrier (no
+// payload) and for one rank where the factor is 0 (no bus traffic).
+double bus_bandwidth_factor(CommOp op, int ranks);
+
+// One collective as observed in this process.
+struct CollectiveRecord {
+  CommOp op = CommOp::kOther;
+  std::string name;    // as the backend called it ("gloo:all_reduce")
+  int64_t bytes = 0;   // payload of this rank's input (all tensors)
+  std::string dtype;   // of the first tensor ("Float")
+  int group_size = 0;  // ranks in the group (0: unknown)
+  int64_t seq = 0;     // this process's collectives in start order, from 1
+  Nanos begin_ns = 0;  // the backend started it
+  Nanos end_ns = 0;    // completed (0: outstanding)
+};
+
+// Communication figures of a set of steps.
+struct CommStats {
+  int64_t collectives = 0;  // completed
+  int64_t bytes = 0;
+  Nanos comm_ns = 0;     // union of the collectives' intervals
+  Nanos exposed_ns = 0;  // of which the training thread was blocked (or no compute kernel ran)
+  Nanos busy_ns = 0;     // sum of the collectives' own durations (for bandwidth)
+  // 1 - exposed / comm; NaN without communication.
+  double overlap() const;
+};
+
+// Per op, over an epoch.
+struct CommOpStats {
+  CommOp op = CommOp::kOther;
+  int64_t count = 0;
+  int64_t bytes = 0;
+  Nanos busy_ns = 0;  // sum of durations
+  double algbw = 0;   // bytes / s over the op's summed duration
+  double busbw = 0;   // algbw x bus_bandwidth_factor
+  int64_t mean_bytes() const { return count > 0 ? bytes / count : 0; }
+};
+
+// The epoch's section "comm".
+struct CommEpochStats {
+  static constexpr const char* kSectionName = "comm";
+  std::string backend;  // "gloo", "nccl", "" when unknown
+  int rank = 0;
+  int world_size = 1;
+  std::string method;            // how exposed time was measured ("training thread blocked", ...)
+  int64_t steps = 0;             // steps of the epoch
+  CommStats stats;               // totals over the epoch's steps
+  Nanos step_wall_ns = 0;        // the same steps' wall time
+  std::vector<CommOpStats> ops;  // most bytes first
+  double busbw = 0;              // all ops together: bytes-weighted (sum bytes x factor / busy)
+  double link_peak = kNotMeasured;  // bytes/s of the link the ranks share, when known
+  std::string link;                 // its name ("NVLink", "PCIe", "loopback", ...)
+  int64_t outstanding = 0;          // collectives still running at the epoch's end
+  // Fractions of the epoch's step time.
+  double comm_fraction() const;
+  double exposed_fraction() const;
+};
+std::string section_json(const CommEpochStats& c);
+void section_text(const CommEpochStats& c, const EpochSummary& epoch,
+                  std::vector<std::string>& lines);
+
+// One rank's epoch, as rank 0 gathers it through the store (per-step means, ns; NaN: not measured).
+struct RankSummary {
+  int rank = 0;
+  int64_t steps = 0;
+  double step_ns = 0;  // mean step time
+  double data_wait_ns = 0;
+  double compute_ns = 0;  // step - data wait - exposed communication
+  double comm_ns = 0;
+  double exposed_ns = 0;
+  double gpu_utilization = kNotMeasured;
+  double sm_efficiency = kNotMeasured;
+  double sm_clock_mhz = kNotMeasured;  // not measured yet (NVML clocks): NaN
+  double host_sync_ns = kNotMeasured;  // GPU idle after host syncs, per step, when traced
+};
+std::string to_json(const RankSummary& r);
+// False when the text is not a RankSummary's JSON.
+bool from_json(const std::string& text, RankSummary& out);
+
+// A rank whose compute or data time per step exceeds the ranks' median by more than the
+// threshold (fraction of the median step).
+struct Straggler {
+  int rank = 0;
+  std::string cause;          // "data wait", "compute", "slower GPU (SM efficiency)", ...
+  double excess_ns = 0;       // its (compute + data wait) above the median, per step
+  double others_wait_ns = 0;  // the other ranks' exposed communication per step attributable
+                              // to it (each rank's exposed time, bounded by the excess), summed
+};
+
+// The epoch's per-rank table on rank 0: section "ranks".
+struct RankEpochStats {
+  static constexpr const char* kSectionName = "ranks";
+  int world_size = 0;
+  std::vector<RankSummary> ranks;  // by rank; the missing ones absent
+  std::vector<int> missing;        // ranks that did not report within the timeout
+  std::vector<Straggler> stragglers;
+  double threshold = 0;  // as configured
+};
+std::string section_json(const RankEpochStats& r);
+void section_text(const RankEpochStats& r, const EpochSummary& epoch,
+                  std::vector<std::string>& lines);
+
+// Stragglers among `ranks` (at least 2 needed): compute or data wait above the median by more
+// than threshold x the median step time.
+std::vector<Straggler> find_stragglers(const std::vector<RankSummary>& ranks, double threshold);
+
+}  // namespace torchpilot

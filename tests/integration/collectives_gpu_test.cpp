@@ -1,0 +1,78 @@
+// Collectives on the GPU (label gpu; skips without one): NCCL with world size 1 through GradSync,
+// the NCCL collectives counted by the observer with their bytes, and their kernels seen in a
+// trace window (kernel class communication) with the overlap computed from the kernel intervals.
+// NCCL with one rank may shortcut an in-place sum without a kernel: the all-reduce here averages
+// (ReduceOp AVG), and the failure message says what was seen.
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+
+#include "gpu_test_support.h"
+#include "torchpilot/hooks/collectives.h"
+#include "torchpilot/hooks/grad_sync.h"
+#include "torchpilot/runtime/gpu_records.h"
+
+namespace torchpilot {
+namespace {
+
+TEST(CollectivesGpu, NcclKernelsAreSeenAndTheirOverlapComputed) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, 0, 1);
+  testing_support::PilotRun run(testing_support::gpu_config(/*trace_first_step=*/5, 6));
+  TORCHPILOT_REQUIRE_COLLECTORS(run, "activity");
+  Collectives collectives(*run.pilot, pg, store);
+  torch::manual_seed(1);
+  torch::nn::Sequential model(torch::nn::Linear(2048, 2048), torch::nn::ReLU(),
+                              torch::nn::Linear(2048, 2048), torch::nn::ReLU(),
+                              torch::nn::Linear(2048, 2048));
+  model->to(torch::kCUDA);
+  int64_t param_bytes = 0;
+  for (const auto& p : model->parameters()) param_bytes += p.numel() * p.element_size();
+  GradSyncOptions options;
+  options.bucket_mb = 8;
+  GradSync sync(
+      model->parameters(),
+      [pg](std::vector<at::Tensor>& t) {
+        c10d::AllreduceOptions o;
+        o.reduceOp = c10d::ReduceOp::AVG;
+        return pg->allreduce(t, o);
+      },
+      1, options);
+  torch::optim::SGD opt(model->parameters(), 0.01);
+  const auto x = torch::randn({256, 2048}, torch::kCUDA);
+  const int steps = 16;
+  for (int s = 0; s < steps; ++s) {
+    auto step = run.pilot->step(256);
+    opt.zero_grad();
+    model->forward(x).square().mean().backward();
+    sync.synchronize();
+    opt.step();
+  }
+  torch::cuda::synchronize();
+  run.pilot->end_epoch();
+  const EpochSummary& e = run.epoch();
+  const CommEpochStats* comm = e.sections.get<CommEpochStats>();
+  ASSERT_NE(comm, nullptr);
+  EXPECT_EQ(comm->backend, "nccl");
+  EXPECT_EQ(comm->stats.bytes, steps * param_bytes);  // counted from the nccl: scopes
+  const GpuEpochStats* gpu = e.sections.get<GpuEpochStats>();
+  ASSERT_NE(gpu, nullptr);
+  const auto cls = static_cast<size_t>(KernelClass::kCommunication);
+  const KernelClassStats& k = gpu->kernel_classes;
+  std::printf("traced steps %lld: communication %.3f ms/step, %lld launches; top kernels:",
+              static_cast<long long>(k.steps), k.steps > 0 ? k.ns[cls] / 1e6 / k.steps : 0.0,
+              static_cast<long long>(k.launches[cls]));
+  for (const auto& t : gpu->top_kernels) std::printf(" %s;", t.name.c_str());
+  std::printf("\n");
+  ASSERT_GT(gpu->traced_steps, 0) << run.missing({"activity"});
+  EXPECT_GT(k.launches[cls], 0) << "no NCCL kernel in the trace window (NCCL's one-rank path?)";
+  EXPECT_GT(k.ns[cls], 0);
+}
+
+}  // namespace
+}  // namespace torchpilot

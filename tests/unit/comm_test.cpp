@@ -1,0 +1,558 @@
+// Collectives' pure parts: bus-bandwidth factors, the CommMonitor's communication and exposed
+// time (fake training-thread times, manual clock), stragglers, the store exchange with its
+// timeouts, tuning agreed across ranks (simulated ranks on threads), the watchdog, and the three
+// communication advisors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "torchpilot/advisors/advisors.h"
+#include "torchpilot/runtime/comm_monitor.h"
+#include "torchpilot/runtime/comm_records.h"
+#include "torchpilot/runtime/loader_policy.h"
+#include "torchpilot/runtime/rank_exchange.h"
+#include "torchpilot/runtime/trial_engine.h"
+
+namespace torchpilot {
+namespace {
+
+constexpr Nanos kMs = 1000000;
+
+TEST(CommRecords, BusBandwidthFactorsFollowNcclTests) {
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor(CommOp::kAllReduce, 4), 1.5);
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor(CommOp::kAllReduce, 2), 1.0);
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor(CommOp::kAllGather, 4), 0.75);
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor(CommOp::kReduceScatter, 8), 0.875);
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor(CommOp::kBroadcast, 4), 1.0);
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor(CommOp::kAllReduce, 1), 0.0);
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor(CommOp::kBarrier, 4), 0.0);
+}
+
+TEST(CommRecords, OpNamesOfBackendsAndDispatcher) {
+  EXPECT_EQ(comm_op_from_name("gloo:all_reduce"), CommOp::kAllReduce);
+  EXPECT_EQ(comm_op_from_name("nccl:all_reduce"), CommOp::kAllReduce);
+  EXPECT_EQ(comm_op_from_name("c10d::allreduce_"), CommOp::kAllReduce);
+  EXPECT_EQ(comm_op_from_name("nccl:_reduce_scatter_base"), CommOp::kReduceScatter);
+  EXPECT_EQ(comm_op_from_name("nccl:all_gather_into_tensor_coalesced"), CommOp::kAllGather);
+  EXPECT_EQ(comm_op_from_name("gloo:broadcast"), CommOp::kBroadcast);
+  EXPECT_EQ(comm_op_from_name("gloo:reduce"), CommOp::kReduce);
+  EXPECT_EQ(comm_op_from_name("gloo:barrier"), CommOp::kBarrier);
+  EXPECT_EQ(comm_op_from_name("aten::mm"), CommOp::kOther);
+}
+
+// A training thread whose CPU time the test sets.
+struct FakeThread {
+  std::shared_ptr<std::atomic<Nanos>> cpu = std::make_shared<std::atomic<Nanos>>(0);
+  std::shared_ptr<std::atomic<Nanos>> runnable = std::make_shared<std::atomic<Nanos>>(0);
+  ThreadTimesProbe probe() const {
+    auto c = cpu;
+    auto r = runnable;
+    return [c, r](ThreadTimes& t) {
+      t.on_cpu_ns = c->load();
+      t.runnable_ns = r->load();
+      return true;
+    };
+  }
+};
+
+StepRecord step_record(int64_t step, Nanos begin, Nanos end) {
+  StepRecord r;
+  r.step = step;
+  r.begin_ns = begin;
+  r.end_ns = end;
+  return r;
+}
+
+TEST(CommMonitor, ExposedIsTheTrainingThreadsBlockedTimeWhileCollectivesRun) {
+  auto clock = std::make_shared<ManualClock>(0);
+  FakeThread thread;
+  CommMonitor monitor({thread.probe(), clock});
+  monitor.set_group("gloo", 0, 2);
+  monitor.on_step_begin(0, 0);
+  // Collective A: 0..10 ms, the thread computes 4 ms of it and waits 6 ms.
+  const int64_t a =
+      monitor.collective_begin(CommOp::kAllReduce, "gloo:all_reduce", 4000000, "Float");
+  clock->set(4 * kMs);
+  thread.cpu->store(4 * kMs);
+  // Collective B overlaps: 4..12 ms; the thread waits throughout.
+  const int64_t b =
+      monitor.collective_begin(CommOp::kAllReduce, "gloo:all_reduce", 2000000, "Float");
+  clock->set(10 * kMs);
+  monitor.collective_end(a);
+  EXPECT_EQ(monitor.outstanding().size(), 1u);
+  clock->set(12 * kMs);
+  monitor.collective_end(b);
+  // The thread runs alone (no collective) from 12 to 20 ms.
+  clock->set(20 * kMs);
+  thread.cpu->store(12 * kMs);
+  StepRecord r = step_record(0, 0, 20 * kMs);
+  monitor.on_step_end(r);
+  EXPECT_DOUBLE_EQ(r.metrics.get("comm", "time_ms"), 12.0);
+  EXPECT_DOUBLE_EQ(r.metrics.get("comm", "exposed_ms"), 8.0);
+  EXPECT_DOUBLE_EQ(r.metrics.get("comm", "bytes"), 6e6);
+  EpochSummary s;
+  monitor.on_epoch_end(s);
+  const CommEpochStats* c = s.sections.get<CommEpochStats>();
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->stats.collectives, 2);
+  EXPECT_EQ(c->stats.bytes, 6000000);
+  EXPECT_NEAR(c->stats.overlap(), 1.0 - 8.0 / 12.0, 1e-12);
+  EXPECT_NEAR(c->exposed_fraction(), 8.0 / 20.0, 1e-12);
+  ASSERT_EQ(c->ops.size(), 1u);
+  // algbw: 6 MB over 10 + 8 ms of the collectives' own time; busbw x 2(n-1)/n = x1 for 2 ranks.
+  EXPECT_NEAR(c->ops[0].algbw, 6e6 / 18e-3, 1.0);
+  EXPECT_NEAR(c->busbw, 6e6 / 18e-3, 1.0);
+  EXPECT_NE(s.sections.all().front()->json().find("\"exposed_ms\":8.0"), std::string::npos);
+}
+
+TEST(CommMonitor, RunnableButPreemptedIsNotExposed) {
+  auto clock = std::make_shared<ManualClock>(0);
+  FakeThread thread;
+  CommMonitor monitor({thread.probe(), clock});
+  monitor.on_step_begin(0, 0);
+  const int64_t a = monitor.collective_begin(CommOp::kAllReduce, "gloo:all_reduce", 8, "Float");
+  clock->set(10 * kMs);
+  thread.cpu->store(3 * kMs);
+  thread.runnable->store(7 * kMs);  // waited for a CPU, not for the collective
+  monitor.collective_end(a);
+  StepRecord r = step_record(0, 0, 10 * kMs);
+  monitor.on_step_end(r);
+  EXPECT_DOUBLE_EQ(r.metrics.get("comm", "exposed_ms"), 0.0);
+  EXPECT_DOUBLE_EQ(r.metrics.get("comm", "time_ms"), 10.0);
+}
+
+TEST(CommMonitor, ACollectiveAcrossAStepBoundaryIsSplit) {
+  auto clock = std::make_shared<ManualClock>(0);
+  FakeThread thread;
+  CommMonitor monitor({thread.probe(), clock});
+  monitor.on_step_begin(0, 0);
+  clock->set(6 * kMs);
+  thread.cpu->store(6 * kMs);
+  const int64_t a = monitor.collective_begin(CommOp::kAllReduce, "gloo:all_reduce", 8, "Float");
+  clock->set(10 * kMs);
+  StepRecord r0 = step_record(0, 0, 10 * kMs);
+  monitor.on_step_end(r0);
+  monitor.on_step_begin(1, 10 * kMs);
+  clock->set(13 * kMs);
+  monitor.collective_end(a);
+  clock->set(20 * kMs);
+  thread.cpu->store(13 * kMs);
+  StepRecord r1 = step_record(1, 10 * kMs, 20 * kMs);
+  monitor.on_step_end(r1);
+  EXPECT_DOUBLE_EQ(r0.metrics.get("comm", "time_ms"), 4.0);
+  EXPECT_DOUBLE_EQ(r0.metrics.get("comm", "exposed_ms"), 4.0);
+  EXPECT_DOUBLE_EQ(r1.metrics.get("comm", "time_ms"), 3.0);
+  EXPECT_DOUBLE_EQ(r1.metrics.get("comm", "exposed_ms"), 3.0);
+}
+
+TEST(CommMonitor, CountedCollectivesHaveBytesButNoTime) {
+  auto clock = std::make_shared<ManualClock>(0);
+  CommMonitor monitor({FakeThread().probe(), clock});
+  monitor.on_step_begin(0, 0);
+  monitor.collective_counted(CommOp::kAllReduce, "nccl:all_reduce", 1024, "BFloat16");
+  StepRecord r = step_record(0, 0, kMs);
+  monitor.on_step_end(r);
+  EXPECT_DOUBLE_EQ(r.metrics.get("comm", "bytes"), 1024);
+  EXPECT_DOUBLE_EQ(r.metrics.get("comm", "time_ms"), 0.0);
+  EXPECT_EQ(monitor.started(), 1);
+}
+
+TEST(CommMonitor, RealThreadTimesProbeReadsThisThread) {
+  ThreadTimesProbe probe = current_thread_times_probe();
+  ASSERT_TRUE(probe);
+  ThreadTimes before;
+  ASSERT_TRUE(probe(before));
+  volatile double x = 0;
+  for (int i = 0; i < 2000000; ++i) x = x + std::sqrt(static_cast<double>(i));
+  ThreadTimes after;
+  ASSERT_TRUE(probe(after));
+  EXPECT_GT(after.on_cpu_ns, before.on_cpu_ns);
+}
+
+RankSummary rank(int r, double step_ms, double data_ms, double compute_ms, double exposed_ms) {
+  RankSummary s;
+  s.rank = r;
+  s.steps = 10;
+  s.step_ns = step_ms * 1e6;
+  s.data_wait_ns = data_ms * 1e6;
+  s.compute_ns = compute_ms * 1e6;
+  s.exposed_ns = exposed_ms * 1e6;
+  s.comm_ns = exposed_ms * 1e6;
+  return s;
+}
+
+TEST(Stragglers, TheSlowRankIsNamedWithItsCauseAndTheOthersWait) {
+  // Rank 2 computes 30 ms where the others compute 20 and wait 10 in the all-reduce for it.
+  std::vector<RankSummary> ranks = {rank(0, 31, 0.5, 20, 10.5), rank(1, 31, 0.5, 20, 10.5),
+                                    rank(2, 31, 0.5, 30, 0.5), rank(3, 31, 0.5, 20.5, 10)};
+  auto s = find_stragglers(ranks, 0.1);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].rank, 2);
+  EXPECT_NE(s[0].cause.find("compute"), std::string::npos);
+  EXPECT_NEAR(s[0].excess_ns, 10e6, 1e3);
+  EXPECT_NEAR(s[0].others_wait_ns, 30e6, 1e3);
+  // A data-bound straggler (two ranks).
+  auto d = find_stragglers({rank(0, 20, 0, 10, 8), rank(1, 20, 8, 10, 0)}, 0.1);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].rank, 1);
+  EXPECT_NE(d[0].cause.find("data wait"), std::string::npos);
+  // Balanced ranks: none.
+  EXPECT_TRUE(find_stragglers({rank(0, 20, 0, 19, 1), rank(1, 20, 0, 19.5, 0.5)}, 0.1).empty());
+}
+
+TEST(RankSummaryJson, RoundTrips) {
+  RankSummary r = rank(3, 12.5, 1, 10, 1.5);
+  r.sm_efficiency = 0.75;
+  RankSummary back;
+  ASSERT_TRUE(from_json(to_json(r), back));
+  EXPECT_EQ(back.rank, 3);
+  EXPECT_DOUBLE_EQ(back.step_ns, r.step_ns);
+  EXPECT_DOUBLE_EQ(back.sm_efficiency, 0.75);
+  EXPECT_TRUE(std::isnan(back.gpu_utilization));
+  EXPECT_FALSE(from_json("{\"rank\":1}", back));
+  EXPECT_FALSE(from_json("not json", back));
+}
+
+TEST(RankExchange, AllGatherAcrossThreadsAndTimeoutAbortsTheFamily) {
+  auto store = std::make_shared<InMemoryStore>();
+  std::vector<std::optional<std::vector<std::string>>> got(3);
+  {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        RankExchange ex(store, r, 3, 5000 * kMs);
+        got[r] = ex.all_gather("t", "t/0", "v" + std::to_string(r), nullptr);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(got[r]);
+    EXPECT_EQ(*got[r], (std::vector<std::string>{"v0", "v1", "v2"}));
+  }
+  // Rank 2 never posts "t/1": ranks 0 and 1 time out (bounded), naming it.
+  RankExchange r0(store, 0, 3, 100 * kMs);
+  std::vector<int> missing;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(r0.all_gather("t", "t/1", "x", &missing));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_EQ(missing, (std::vector<int>{1, 2}));
+  // Rank 1 and 2 arrive late: the family is aborted, so they stop too, though all values would
+  // now be there.
+  RankExchange r1(store, 1, 3, 100 * kMs);
+  r1.post("t/1", "y");
+  RankExchange r2(store, 2, 3, 100 * kMs);
+  EXPECT_FALSE(r2.all_gather("t", "t/1", "z", nullptr));
+}
+
+TrialWindow window(int64_t trial, double throughput, Nanos mean, bool failed = false) {
+  TrialWindow w;
+  w.trial = trial;
+  w.first_step = 10;
+  w.last_step = 19;
+  w.throughput = throughput;
+  w.mean_step_ns = mean;
+  w.window_ns = 10 * mean;
+  w.elapsed_ns = 20 * mean;
+  w.failed = failed;
+  return w;
+}
+
+TEST(TrialAgreement, TheSlowestRankGoverns) {
+  auto c = combine_trial_windows({window(1, 100, 10), window(1, 80, 12), window(1, 90, 11)});
+  ASSERT_TRUE(c);
+  EXPECT_DOUBLE_EQ(c->throughput, 80);
+  EXPECT_EQ(c->mean_step_ns, 12);
+  EXPECT_FALSE(c->failed);
+  auto f = combine_trial_windows({window(1, 100, 10), window(1, 80, 12, true)});
+  ASSERT_TRUE(f);
+  EXPECT_TRUE(f->failed);
+  TrialWindow other = window(1, 100, 10);
+  other.last_step = 20;
+  EXPECT_FALSE(combine_trial_windows({window(1, 100, 10), other}));
+  TrialWindow back;
+  ASSERT_TRUE(from_json(to_json(*c), back));
+  EXPECT_DOUBLE_EQ(back.throughput, 80);
+}
+
+// A rank whose step time is a function of its workers knob; rank `slow` needs more workers.
+struct SimRank {
+  int rank = 0;
+  double batch_ms = 40;
+  double compute_ms = 10;
+  int64_t workers = 0;
+  int64_t prefetch = 2;
+  KnobRegistry knobs;
+  SimRank() {
+    knobs.add({"loader.workers",
+               {0, 1, 2, 3, 4, 5, 6, 7, 8},
+               [this] { return workers; },
+               [this](int64_t v) { workers = v; }});
+    knobs.add({"loader.prefetch",
+               {1, 2, 4, 8},
+               [this] { return prefetch; },
+               [this](int64_t v) { prefetch = v; }});
+  }
+  Nanos step_ns() const {
+    double ms = std::max(compute_ms, batch_ms / std::max<int64_t>(1, workers));
+    if (workers == 0) ms += batch_ms;
+    return static_cast<Nanos>(ms * 1e6);
+  }
+};
+
+AutotuneConfig sim_autotune() {
+  AutotuneConfig c;
+  c.settle_steps = 2;
+  c.measure_steps = 5;
+  c.min_window_ms = 120;  // longer than 5 fast steps: windows are extended by agreed rounds
+  c.warmup_steps = 400;
+  c.warmup_seconds = 0;
+  c.max_workers = 8;
+  return c;
+}
+
+struct RankRun {
+  std::optional<TuningDecision> decision;
+  std::vector<Nanos> steps_ns;
+};
+
+RankRun run_rank(SimRank& sim, std::shared_ptr<KeyValueStore> store, int world, int64_t max_steps,
+                 Nanos timeout, int64_t stop_at = -1) {
+  auto exchange = std::make_shared<RankExchange>(store, sim.rank, world, timeout);
+  TrialEngine engine(sim.knobs, make_loader_policy(sim_autotune()), sim_autotune());
+  engine.agreement = make_trial_agreement(exchange, nullptr);
+  RankRun out;
+  Nanos now = 0;
+  for (int64_t s = 0; s < max_steps && !engine.finished(); ++s) {
+    if (s == stop_at) return out;  // this rank "dies"
+    StepRecord r;
+    r.step = s;
+    r.begin_ns = now;
+    now += sim.step_ns();
+    r.end_ns = now;
+    r.samples = 32;
+    engine.on_step(r);
+  }
+  out.decision = engine.decision();
+  return out;
+}
+
+TEST(TrialAgreement, RanksDecideTheSameAtTheSameStepAndTheSlowestGoverns) {
+  auto store = std::make_shared<InMemoryStore>();
+  SimRank a, b;
+  a.rank = 0;
+  b.rank = 1;
+  b.batch_ms = 80;  // rank 1 needs twice the workers
+  RankRun ra, rb;
+  std::thread ta([&] { ra = run_rank(a, store, 2, 2000, 10000 * kMs); });
+  std::thread tb([&] { rb = run_rank(b, store, 2, 2000, 10000 * kMs); });
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(ra.decision && rb.decision);
+  EXPECT_EQ(ra.decision->decided_at_step, rb.decision->decided_at_step);
+  EXPECT_EQ(ra.decision->chosen, rb.decision->chosen);
+  EXPECT_EQ(a.workers, b.workers);
+  // Rank 1 governs: at least 8 workers hide its 80 ms batches behind 10 ms of compute.
+  EXPECT_GE(b.workers, 8);
+  ASSERT_EQ(ra.decision->trials.size(), rb.decision->trials.size());
+  for (size_t i = 0; i < ra.decision->trials.size(); ++i) {
+    EXPECT_DOUBLE_EQ(ra.decision->trials[i].throughput, rb.decision->trials[i].throughput);
+    EXPECT_EQ(ra.decision->trials[i].last_step, rb.decision->trials[i].last_step);
+  }
+}
+
+TEST(TrialAgreement, ARankMissingTheExchangeLeavesEveryoneWithTheStartingSettings) {
+  auto store = std::make_shared<InMemoryStore>();
+  SimRank a, b;
+  a.rank = 0;
+  b.rank = 1;
+  RankRun ra, rb;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread ta([&] { ra = run_rank(a, store, 2, 2000, 200 * kMs); });
+  std::thread tb([&] { rb = run_rank(b, store, 2, 2000, 200 * kMs, /*stop_at=*/40); });
+  ta.join();
+  tb.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  ASSERT_TRUE(ra.decision);
+  EXPECT_NE(ra.decision->reason.find("missed the tuning exchange"), std::string::npos);
+  EXPECT_EQ(a.workers, 0);  // the starting setting
+  EXPECT_EQ(ra.decision->chosen, ra.decision->baseline);
+}
+
+TEST(RankCollector, RankZeroGathersTheTableAndNamesTheStraggler) {
+  auto store = std::make_shared<InMemoryStore>();
+  auto e0 = std::make_shared<RankExchange>(store, 0, 2, 2000 * kMs);
+  auto e1 = std::make_shared<RankExchange>(store, 1, 2, 2000 * kMs);
+  RankCollector c0(e0, 0.1), c1(e1, 0.1);
+  auto summary = [](Nanos wait_per_step, Nanos exposed_per_step) {
+    EpochSummary s;
+    s.epoch = 0;
+    s.steps = 10;
+    s.wall_ns = 10 * 30 * kMs;
+    s.data_wait_ns = 10 * wait_per_step;
+    CommEpochStats c;
+    c.steps = 10;
+    c.stats.comm_ns = 10 * (exposed_per_step + kMs);
+    c.stats.exposed_ns = 10 * exposed_per_step;
+    s.sections.set(c);
+    return s;
+  };
+  EpochSummary s1 = summary(12 * kMs, 0);  // rank 1 waits for data 12 ms per step
+  c1.on_epoch_end(s1);
+  EXPECT_EQ(s1.sections.get<RankEpochStats>(), nullptr);  // only rank 0 keeps the table
+  EpochSummary s0 = summary(0, 12 * kMs);  // rank 0 waits for rank 1 in the all-reduce
+  c0.on_epoch_end(s0);
+  const RankEpochStats* r = s0.sections.get<RankEpochStats>();
+  ASSERT_NE(r, nullptr);
+  ASSERT_EQ(r->ranks.size(), 2u);
+  ASSERT_EQ(r->stragglers.size(), 1u);
+  EXPECT_EQ(r->stragglers[0].rank, 1);
+  EXPECT_NE(r->stragglers[0].cause.find("data wait"), std::string::npos);
+  EXPECT_NEAR(r->stragglers[0].others_wait_ns, 12e6, 1e3);
+  AdvisorsConfig config;
+  auto advice = advise_straggler_rank(s0, config);
+  ASSERT_TRUE(advice);
+  EXPECT_NE(advice->finding.find("rank 1"), std::string::npos);
+  EXPECT_GT(advice->expected_gain, 0.5);  // 12 of 30 ms: 1 / (1 - 0.4) - 1
+}
+
+TEST(RankCollector, AMissingRankIsReportedAfterTheTimeout) {
+  auto store = std::make_shared<InMemoryStore>();
+  auto e0 = std::make_shared<RankExchange>(store, 0, 3, 100 * kMs);
+  RankCollector c0(e0, 0.1);
+  EpochSummary s;
+  s.steps = 5;
+  s.wall_ns = 5 * kMs;
+  const auto t0 = std::chrono::steady_clock::now();
+  c0.on_epoch_end(s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  const RankEpochStats* r = s.sections.get<RankEpochStats>();
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->missing, (std::vector<int>{1, 2}));
+  std::vector<std::string> lines;
+  section_text(*r, s, lines);
+  bool said = false;
+  for (const auto& l : lines) said = said || l.find("did not report") != std::string::npos;
+  EXPECT_TRUE(said);
+}
+
+TEST(CommWatchdog, AnOutstandingCollectiveIsLoggedOnceWithWhoReachedIt) {
+  auto store = std::make_shared<InMemoryStore>();
+  auto clock = std::make_shared<ManualClock>(0);
+  CommMonitor monitor({FakeThread().probe(), clock});
+  // Rank 1 has started 3 collectives, rank 2 only 1; rank 3 never reported.
+  RankExchange(store, 1, 4, kMs).post("coll/started", "3");
+  RankExchange(store, 2, 4, kMs).post("coll/started", "1");
+  monitor.collective_begin(CommOp::kAllReduce, "gloo:all_reduce", 64, "Float");
+  const int64_t seq =
+      monitor.collective_begin(CommOp::kAllReduce, "gloo:all_reduce", 4096, "Float");
+  ASSERT_EQ(seq, 2);
+  std::vector<std::string> logged;
+  std::mutex mu;
+  auto exchange = std::make_shared<RankExchange>(store, 0, 4, kMs);
+  CommWatchdog dog(exchange, &monitor, 1000 * kMs, [&](const std::string& m) {
+    std::lock_guard<std::mutex> lock(mu);
+    logged.push_back(m);
+  });
+  dog.poll();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_TRUE(logged.empty());  // not outstanding long enough
+  }
+  clock->set(1500 * kMs);
+  dog.poll();
+  dog.poll();
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(logged.size(), 2u);  // seq 1 and seq 2, once each
+  const std::string& m = logged[1];
+  EXPECT_NE(m.find("seq 2 (4096 bytes"), std::string::npos) << m;
+  EXPECT_NE(m.find("reached by ranks 0, 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("not reached by 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("no report from 3"), std::string::npos) << m;
+  EXPECT_EQ(RankExchange(store, 3, 4, kMs).peek("coll/started", 0).value_or(""), "2");
+}
+
+CommEpochStats comm_epoch(Nanos step_ns, Nanos comm_ns, Nanos exposed_ns, int64_t mean_bytes) {
+  CommEpochStats c;
+  c.world_size = 2;
+  c.steps = 10;
+  c.step_wall_ns = 10 * step_ns;
+  c.stats.comm_ns = 10 * comm_ns;
+  c.stats.exposed_ns = 10 * exposed_ns;
+  c.stats.collectives = 40;
+  c.stats.bytes = 40 * mean_bytes;
+  c.stats.busy_ns = c.stats.comm_ns;
+  CommOpStats o;
+  o.op = CommOp::kAllReduce;
+  o.count = 40;
+  o.bytes = 40 * mean_bytes;
+  o.busy_ns = c.stats.comm_ns;
+  o.algbw = static_cast<double>(o.bytes) / (o.busy_ns / 1e9);
+  o.busbw = o.algbw;
+  c.ops.push_back(o);
+  c.busbw = o.busbw;
+  return c;
+}
+
+TEST(CommAdvisors, ExposedCommunicationSpeaksWithAGainAndStaysQuietWhenOverlapped) {
+  AdvisorsConfig config;
+  EpochSummary s;
+  s.steps = 10;
+  // No overlap: 10 of a 30 ms step exposed; fully overlapped the step is max(20, 10) = 20 ms.
+  s.sections.set(comm_epoch(30 * kMs, 10 * kMs, 10 * kMs, 64 << 20));
+  auto a = advise_exposed_communication(s, config);
+  ASSERT_TRUE(a);
+  EXPECT_NEAR(a->expected_gain, 0.5, 1e-9);
+  EXPECT_NE(a->action.find("GradSync"), std::string::npos);
+  EpochSummary quiet;
+  quiet.steps = 10;
+  quiet.sections.set(comm_epoch(30 * kMs, 10 * kMs, kMs / 2, 64 << 20));
+  EXPECT_FALSE(advise_exposed_communication(quiet, config));
+  EXPECT_FALSE(advise_exposed_communication(EpochSummary{}, config));
+  // Rank 0 waits 10 ms for a straggler (rank 1): straggler_rank's finding, not this one.
+  EpochSummary waiting = s;
+  RankEpochStats ranks;
+  Straggler slow;
+  slow.rank = 1;
+  slow.excess_ns = 10 * kMs;
+  ranks.stragglers.push_back(slow);
+  waiting.sections.set(ranks);
+  EXPECT_FALSE(advise_exposed_communication(waiting, config));
+}
+
+TEST(CommAdvisors, LowBusBandwidthForSmallMessagesOrAFarFromPeakLink) {
+  AdvisorsConfig config;
+  EpochSummary small;
+  small.steps = 10;
+  small.sections.set(comm_epoch(30 * kMs, 10 * kMs, 10 * kMs, 4096));
+  auto a = advise_low_bus_bandwidth(small, config);
+  ASSERT_TRUE(a);
+  EXPECT_NE(a->cause.find("small"), std::string::npos);
+  EpochSummary big;
+  big.steps = 10;
+  CommEpochStats c = comm_epoch(30 * kMs, 10 * kMs, 10 * kMs, 64 << 20);
+  EXPECT_FALSE(advise_low_bus_bandwidth(
+      [&] {
+        EpochSummary e = big;
+        e.sections.set(c);
+        return e;
+      }(),
+      config));
+  c.link_peak = 100 * c.busbw;  // far below the link's peak
+  c.link = "NVLink";
+  big.sections.set(c);
+  auto b = advise_low_bus_bandwidth(big, config);
+  ASSERT_TRUE(b);
+  EXPECT_NE(b->cause.find("PCIe"), std::string::npos);
+  EXPECT_GT(b->expected_gain, 0);
+}
+
+}  // namespace
+}  // namespace torchpilot
