@@ -45,11 +45,15 @@ std::string demangle(const char* name) {
 }
 
 bool is_communication_kernel(const std::string& name) {
-  static constexpr char kNeedle[] = "nccl";
-  const auto it = std::search(name.begin(), name.end(), kNeedle, kNeedle + 4, [](char a, char b) {
-    return std::tolower(static_cast<unsigned char>(a)) == b;
-  });
-  return it != name.end();
+  // NCCL's kernels say "nccl"; with one rank it reduces in a kernel of its onerank.cu instead
+  // ("oneRankReduce", seen on the H100 for an AVG all-reduce with NCCL 2.x).
+  auto contains = [&](const char* needle) {
+    const size_t n = std::strlen(needle);
+    return std::search(name.begin(), name.end(), needle, needle + n, [](char a, char b) {
+             return std::tolower(static_cast<unsigned char>(a)) == b;
+           }) != name.end();
+  };
+  return contains("nccl") || contains("onerankreduce");
 }
 
 CopyKind to_copy_kind(uint8_t kind) {

@@ -144,7 +144,8 @@ const char* label(KernelClass c) {
 
 KernelKind classify_kernel(std::string_view name, bool communication) {
   const std::string n = lower(name);
-  if (communication || has(n, {"nccl"})) return {KernelClass::kCommunication, false};
+  if (communication || has(n, {"nccl", "onerankreduce"}))
+    return {KernelClass::kCommunication, false};
   // Optimizers: multi-tensor (foreach, fused Adam, AMP's unscale) before anything else, since
   // their functors carry elementwise names; addcmul/addcdiv are per-parameter Adam's.
   if (has(n, {"multi_tensor_apply", "fused_adam", "fusedadam", "fused_sgd", "amp_update_scale",

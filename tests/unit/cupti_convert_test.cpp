@@ -68,6 +68,9 @@ TEST(CuptiConvert, NcclKernelsAreCommunication) {
   EXPECT_TRUE(is_communication_kernel("void at::native::Nccl_copy()"));
   EXPECT_FALSE(is_communication_kernel("ampere_bf16_s16816gemm_bf16_128x64_ldg8"));
   EXPECT_FALSE(is_communication_kernel("ncc"));
+  EXPECT_TRUE(is_communication_kernel(
+      "__nv_static_32__b4148644_10_onerank_cu_fdf47990__ZN43_GLOBAL__N__b4148644_10_onerank_cu_"
+      "fdf4799013oneRankReduceI13FuncPreMulSumIfEEEvPvS3_mmb"));
 }
 
 TEST(CuptiConvert, DemangleFallsBackToTheRawName) {
