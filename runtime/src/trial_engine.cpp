@@ -225,8 +225,8 @@ bool TrialEngine::agree_on(TrialResult& t) {
   const auto min_window = static_cast<Nanos>(config_.min_window_ms * 1e6);
   if (agreed->window_ns < min_window && round_ < kMaxRounds) {
     const double step = std::max<double>(1.0, static_cast<double>(agreed->mean_step_ns));
-    const auto extra = static_cast<int64_t>(
-        std::ceil(static_cast<double>(min_window - agreed->window_ns) / step));
+    const auto extra =
+        static_cast<int64_t>(std::ceil(static_cast<double>(min_window - agreed->window_ns) / step));
     window_target_ += std::max<int64_t>(1, extra);
     ++round_;
     return false;

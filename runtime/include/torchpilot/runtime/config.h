@@ -126,9 +126,9 @@ struct ExposedCommunicationConfig {
   double threshold = 0.05;  // exposed communication: share of step time
 };
 struct LowBusBandwidthConfig {
-  double fraction = 0.5;                 // bus bandwidth below this fraction of the link's peak
+  double fraction = 0.5;                  // bus bandwidth below this fraction of the link's peak
   int64_t small_message_bytes = 1 << 20;  // ... or a mean all-reduce message below this size
-  double threshold = 0.05;               // ... while communication takes this share of step time
+  double threshold = 0.05;                // ... while communication takes this share of step time
 };
 struct StragglerRankConfig {
   double threshold = 0.1;  // compute or data wait above the other ranks' median by this x step

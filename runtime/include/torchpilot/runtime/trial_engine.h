@@ -65,7 +65,7 @@ class TrialEngine {
   bool better(const TrialResult& candidate, const TrialResult& incumbent) const;
 
   static constexpr double kMaxNoiseMargin = 0.10;
-  static constexpr int64_t kMaxRounds = 8;  // window extensions per trial, with an agreement
+  static constexpr int64_t kMaxRounds = 8;       // window extensions per trial, with an agreement
   static constexpr int64_t kMinSupplyUnits = 3;  // fewer units produced: capacity not measurable
 
   KnobRegistry& knobs_;
