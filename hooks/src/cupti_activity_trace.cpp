@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
-#include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -24,6 +23,7 @@
 #include "own_thread.h"
 #include "torchpilot/runtime/guard.h"
 #include "torchpilot/runtime/host_op_scopes.h"
+#include "torchpilot/runtime/kernel_classes.h"
 
 namespace torchpilot {
 namespace detail {
@@ -42,18 +42,6 @@ std::string demangle(const char* name) {
   std::string result(out);
   std::free(out);
   return result;
-}
-
-bool is_communication_kernel(const std::string& name) {
-  // NCCL's kernels say "nccl"; with one rank it reduces in a kernel of its onerank.cu instead
-  // ("oneRankReduce", seen on the H100 for an AVG all-reduce with NCCL 2.x).
-  auto contains = [&](const char* needle) {
-    const size_t n = std::strlen(needle);
-    return std::search(name.begin(), name.end(), needle, needle + n, [](char a, char b) {
-             return std::tolower(static_cast<unsigned char>(a)) == b;
-           }) != name.end();
-  };
-  return contains("nccl") || contains("onerankreduce");
 }
 
 CopyKind to_copy_kind(uint8_t kind) {
@@ -333,12 +321,6 @@ bool copies_to_host(const CUpti_CallbackData& info) {
   return p == nullptr || p->kind == cudaMemcpyDeviceToHost || p->kind == cudaMemcpyDefault;
 }
 
-Nanos steady_now() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // The op a synchronizing call (or a copy to the host) was made from, while a window wants op
 // names (HostOpScopes enabled): its stack at the call's entry, a scope from entry to exit. A call
 // made inside another (the driver's synchronize inside the runtime's) is part of the outer one.
@@ -364,7 +346,7 @@ constexpr Nanos kStaleCapture = 10'000'000'000;  // an exit never seen (callback
 
 void capture_enter(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, bool copy) {
   CallCapture& c = t_capture;
-  const Nanos now = steady_now();
+  const Nanos now = steady_now_ns();
   if (c.open && now - c.begin < kStaleCapture) return;  // inside an outer call
   c.open = false;
   if (!HostOpScopes::instance().enabled() || on_own_thread()) return;
@@ -388,7 +370,7 @@ void capture_exit(CUpti_CallbackDomain domain, CUpti_CallbackId cbid) {
   last = {c.call.pc, c.call.cfa, id, c.copy};
   HostOpScope scope;
   scope.begin = c.begin;
-  scope.end = steady_now();
+  scope.end = steady_now_ns();
   scope.op = *c.call.op;
   scope.always = false;  // counted only where CUPTI saw the host wait
   scope.call = id;

@@ -40,8 +40,6 @@ inline constexpr const char* kAnotherCuptiClient = "another CUPTI client";
 
 // abi::__cxa_demangle for "_Z..." names; anything else (or a failure) comes back unchanged.
 std::string demangle(const char* name);
-// An NCCL kernel: the name contains "nccl", case-insensitive.
-bool is_communication_kernel(const std::string& name);
 // CUpti_ActivityMemcpyKind -> CopyKind (array copies count as their host/device side).
 CopyKind to_copy_kind(uint8_t cupti_copy_kind);
 

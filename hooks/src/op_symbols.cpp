@@ -166,15 +166,11 @@ OpSymbolIndex& OpSymbolIndex::instance() {
   return *index;
 }
 
-const std::string* OpSymbolIndex::intern(const std::string& op) {
-  for (const std::string& n : names_) {
-    if (n == op) return &n;
-  }
-  names_.push_back(op);
-  return &names_.back();
-}
-
-void OpSymbolIndex::publish(std::vector<Entry> entries) {
+void OpSymbolIndex::build_locked() {
+  if (ready_.load(std::memory_order_acquire)) return;
+  std::vector<Entry> entries;
+  Collect c{this, &entries};
+  dl_iterate_phdr(&collect_library, &c);
   std::sort(entries.begin(), entries.end(),
             [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
   entries_ = std::move(entries);
@@ -183,12 +179,8 @@ void OpSymbolIndex::publish(std::vector<Entry> entries) {
 
 void OpSymbolIndex::build() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (ready_.load(std::memory_order_acquire)) return;
   started_ = true;
-  std::vector<Entry> entries;
-  Collect c{this, &entries};
-  dl_iterate_phdr(&collect_library, &c);
-  publish(std::move(entries));
+  build_locked();
 }
 
 void OpSymbolIndex::build_async() {
@@ -201,20 +193,10 @@ void OpSymbolIndex::build_async() {
     std::thread([this] {
       mark_own_thread();
       std::lock_guard<std::mutex> lock(mu_);
-      if (ready_.load(std::memory_order_acquire)) return;
-      std::vector<Entry> entries;
-      Collect c{this, &entries};
-      dl_iterate_phdr(&collect_library, &c);
-      publish(std::move(entries));
+      build_locked();
     }).detach();
   } catch (...) {  // no thread: syncs keep their API names
   }
-}
-
-void OpSymbolIndex::build_from(std::vector<Entry> entries) {
-  std::lock_guard<std::mutex> lock(mu_);
-  started_ = true;
-  publish(std::move(entries));
 }
 
 bool OpSymbolIndex::ready() const { return ready_.load(std::memory_order_acquire); }

@@ -11,9 +11,9 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace torchpilot {
@@ -52,19 +52,18 @@ class OpSymbolIndex {
   // The op whose code holds `pc`, or nullptr.
   const std::string* op_at(uintptr_t pc) const;
 
-  // For tests: index these ranges instead of the loaded libraries'.
-  void build_from(std::vector<Entry> entries);
-  const std::string* intern(const std::string& op);
+  // While building: the one stored copy of an op name.
+  const std::string* intern(const std::string& op) { return &*names_.insert(op).first; }
 
  private:
   OpSymbolIndex() = default;
-  void publish(std::vector<Entry> entries);
+  void build_locked();  // reads the libraries and publishes the index; mu_ held
 
-  std::mutex mu_;         // build and intern
+  std::mutex mu_;         // the build
   bool started_ = false;  // a build began
   std::atomic<bool> ready_{false};
-  std::vector<Entry> entries_;     // sorted by begin; written once, before ready_
-  std::deque<std::string> names_;  // interned op names (stable addresses)
+  std::vector<Entry> entries_;             // sorted by begin; written once, before ready_
+  std::unordered_set<std::string> names_;  // op names (node-based: stable addresses)
 };
 
 // The outermost ATen op on the calling thread's stack (the one the program called: `item` rather

@@ -142,10 +142,13 @@ const char* label(KernelClass c) {
   return "other kernels";
 }
 
+bool is_communication_kernel(std::string_view name) {
+  return has(lower(name), {"nccl", "onerankreduce"});
+}
+
 KernelKind classify_kernel(std::string_view name, bool communication) {
+  if (communication || is_communication_kernel(name)) return {KernelClass::kCommunication, false};
   const std::string n = lower(name);
-  if (communication || has(n, {"nccl", "onerankreduce"}))
-    return {KernelClass::kCommunication, false};
   // Optimizers: multi-tensor (foreach, fused Adam, AMP's unscale) before anything else, since
   // their functors carry elementwise names; addcmul/addcdiv are per-parameter Adam's.
   if (has(n, {"multi_tensor_apply", "fused_adam", "fusedadam", "fused_sgd", "amp_update_scale",

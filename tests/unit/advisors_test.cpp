@@ -8,6 +8,7 @@
 #include <regex>
 #include <string>
 
+#include "advice_test_util.h"
 #include "torchpilot/runtime/metrics.h"
 
 namespace torchpilot {
@@ -42,16 +43,8 @@ LoaderStats make_loader(int workers, double batch_ms, int max_workers = 8, int p
   return l;
 }
 
-std::optional<double> evidence(const Advice& a, const std::string& name) {
-  for (const auto& e : a.evidence) {
-    if (e.name == name) return e.value;
-  }
-  return std::nullopt;
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using test::contains;
+using test::evidence;
 
 const AdvisorsConfig kConfig;  // defaults: data_starvation threshold 0.05, high severity 0.25
 

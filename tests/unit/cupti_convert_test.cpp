@@ -11,6 +11,7 @@
 #include "cupti_activity_trace.h"
 #include "cupti_api.h"
 #include "cupti_pm_sampling.h"
+#include "torchpilot/runtime/kernel_classes.h"
 
 namespace torchpilot {
 namespace detail {

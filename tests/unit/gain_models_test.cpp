@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "advice_test_util.h"
 #include "torchpilot/advisors/advisors.h"
 #include "torchpilot/runtime/device_peaks.h"
 #include "torchpilot/runtime/kernel_classes.h"
@@ -19,16 +20,8 @@ namespace {
 constexpr Nanos kMs = 1000 * 1000;
 constexpr size_t C(KernelClass c) { return static_cast<size_t>(c); }
 
-std::optional<double> evidence(const Advice& a, const std::string& name) {
-  for (const auto& e : a.evidence) {
-    if (e.name == name) return e.value;
-  }
-  return std::nullopt;
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using test::contains;
+using test::evidence;
 
 // 10 steps of `step_ms` (all traced), `wait_ms` of data wait and `sync_ms` of host sync each,
 // `kernels` launches per step, 32 samples per step.

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "advice_test_util.h"
 #include "torchpilot/advisors/advisors.h"
 #include "torchpilot/runtime/gpu_monitor.h"
 #include "torchpilot/runtime/gpu_step_stats.h"
@@ -567,13 +568,7 @@ TEST(HostSyncMonitorTest, EpochNamesTopCallSitesWithTheirPhase) {
 
 constexpr Nanos kMs = 1000000;
 
-std::optional<double> evidence(const Advice& a, const std::string& name) {
-  for (const auto& ev : a.evidence) {
-    if (ev.name == name) return ev.value;
-  }
-  return std::nullopt;
-}
-
+using test::evidence;
 EpochSummary traced_summary() {
   EpochSummary s;
   s.steps = 10;

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "advice_test_util.h"
 #include "torchpilot/advisors/advisors.h"
 #include "torchpilot/runtime/device_peaks.h"
 #include "torchpilot/runtime/kernel_classes.h"
@@ -18,16 +19,8 @@ namespace {
 constexpr Nanos kMs = 1000 * 1000;
 constexpr size_t P(MathPrecision p) { return static_cast<size_t>(p); }
 
-std::optional<double> evidence(const Advice& a, const std::string& name) {
-  for (const auto& e : a.evidence) {
-    if (e.name == name) return e.value;
-  }
-  return std::nullopt;
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using test::contains;
+using test::evidence;
 
 // FLOP figures of an epoch on `device` ("" = CPU): `flops` per step by precision, MFU as given.
 FlopEpochStats make_flops(const std::string& device,

@@ -40,6 +40,9 @@ struct KernelKind {
   // one. Optimizer: a multi-tensor or fused kernel, not a per-parameter one.
   bool fused = false;
 };
+// A collective's kernel, by its name: NCCL's say "nccl"; with one rank it reduces in a kernel of
+// its onerank.cu instead ("oneRankReduce", seen on the H100 for an AVG all-reduce).
+bool is_communication_kernel(std::string_view name);
 // The class of a kernel from its (demangled) name; `communication` is the trace's NCCL flag.
 KernelKind classify_kernel(std::string_view name, bool communication = false);
 
