@@ -67,7 +67,7 @@ fi
 
 if want gputest; then
   log "gpu-labelled tests, verbose"
-  (cd build-gpu && ctest -L gpu --output-on-failure -V 2>&1) | tee "$OUT/ctest-gpu.log" \
+  (cd build-gpu && ctest -L gpu ${GPUTEST_REGEX:+-R "$GPUTEST_REGEX"} --output-on-failure -V 2>&1) | tee "$OUT/ctest-gpu.log" \
     | grep -E "^\[|collector|torch profiler|traced steps|Passed|Failed|Skipped|tests passed|SKIP" | tail -60
 fi
 

@@ -205,6 +205,12 @@ class CuptiBackend final : public GpuBackend {
     });
   }
 
+  void request_flush() override {
+    guard("request_flush", [&] {
+      if (pm_ != nullptr && !release_running()) pm_->request_decode();
+    });
+  }
+
   bool record_marker(uint64_t id) override {
     return markers_ != nullptr && markers_->record(id);  // noexcept in practice; no guard cost
   }

@@ -383,7 +383,10 @@ std::string PmSampler::start() {
 void PmSampler::run() {
   const auto period = std::chrono::milliseconds(std::max(1, options_.decode_period_ms));
   std::unique_lock<std::mutex> state(state_mutex_);
-  while (!wake_.wait_for(state, period, [this] { return stop_requested_; })) {
+  for (;;) {
+    wake_.wait_for(state, period, [this] { return stop_requested_ || decode_requested_; });
+    if (stop_requested_) return;
+    decode_requested_ = false;
     state.unlock();
     bool ok = false;
     try {  // nothing may escape a collector thread (std::terminate would end the training)
@@ -413,6 +416,14 @@ void PmSampler::decode_now() {
     std::lock_guard<std::mutex> state(state_mutex_);
     reason_ = "PM sampling stopped: unknown exception";
   }
+}
+
+void PmSampler::request_decode() {
+  {
+    std::lock_guard<std::mutex> state(state_mutex_);
+    decode_requested_ = true;
+  }
+  wake_.notify_all();
 }
 
 void PmSampler::fail_on_exception(const char* what) {

@@ -92,6 +92,8 @@ class PmSampler {
   std::string start();
   // Decodes what the hardware buffer holds now (flush()); serialized with the decode thread.
   void decode_now();
+  // Wakes the decode thread to decode now; returns at once.
+  void request_decode();
   // Stop, decode until the end of the records, Disable, HostDeinitialize. Idempotent.
   void stop();
   // Set when decoding failed on its own (sampling stopped); empty while it works.
@@ -142,6 +144,7 @@ class PmSampler {
   mutable std::mutex state_mutex_;
   std::condition_variable wake_;
   bool stop_requested_ = false;
+  bool decode_requested_ = false;  // request_decode(): decode before the period is up
   std::string reason_;
 };
 

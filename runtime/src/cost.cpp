@@ -72,6 +72,10 @@ double CostBudget::horizon_fraction(Nanos now) const {
 
 std::string section_json(const CostStats& c) {
   using namespace detail;
+  json parts = json::object();
+  for (const auto& [name, ns] : c.epoch_end_parts) parts[name] = ms(ns);
+  json step_parts = json::object();
+  for (const auto& [name, ns] : c.step_parts) step_parts[name] = ms(ns);
   return dump(json{{"training_thread_ms", ms(c.training_thread_ns)},
                    {"step_calls_ms", ms(c.step_calls_ns)},
                    {"epoch_end_ms", ms(c.epoch_end_ns)},
@@ -83,15 +87,26 @@ std::string section_json(const CostStats& c) {
                    {"horizon_s", c.horizon_s},
                    {"deferred", c.deferred},
                    {"own_threads_cpu_ms",
-                    c.own_threads_cpu_ns >= 0 ? json(ms(c.own_threads_cpu_ns)) : json(nullptr)}});
+                    c.own_threads_cpu_ns >= 0 ? json(ms(c.own_threads_cpu_ns)) : json(nullptr)},
+                   {"epoch_end_parts_ms", parts},
+                   {"step_parts_ms", step_parts}});
 }
 
 void section_text(const CostStats& c, const EpochSummary&, std::vector<std::string>& lines) {
   using namespace detail;
+  // Where the time went: the parts of 0.1 ms and more, largest first.
+  auto parts = [](const std::vector<std::pair<std::string, Nanos>>& of) {
+    std::string out;
+    for (const auto& [name, ns] : of) {
+      if (ns < 100000) continue;
+      out += (out.empty() ? ": " : ", ") + name + " " + fmt_ms(ns);
+    }
+    return out;
+  };
   std::string line = "  torchpilot: " + fmt_ms(c.training_thread_ns) + ", " + fmt_pct(c.fraction) +
-                     " of the epoch (steps " + fmt_ms(c.step_calls_ns) + ", epoch end " +
-                     fmt_ms(c.epoch_end_ns);
-  if (c.window_ns > 0) line += ", trace windows " + fmt_ms(c.window_ns);
+                     " of the epoch (steps " + fmt_ms(c.step_calls_ns) + parts(c.step_parts) +
+                     "; epoch end " + fmt_ms(c.epoch_end_ns) + parts(c.epoch_end_parts);
+  if (c.window_ns > 0) line += "; trace windows " + fmt_ms(c.window_ns);
   line += "); " + fmt_pct(c.horizon_fraction) + " of run time over the last " +
           fmt_num(c.horizon_s) + " s (budget " + fmt_pct(c.budget) + ")";
   if (c.own_threads_cpu_ns >= 0) {

@@ -28,6 +28,12 @@ constexpr size_t kMaxPhaseSpans = 256;
 // oldest unfinished step began.
 constexpr Nanos kSyncKeepNs = 2'000'000'000;
 
+Nanos steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 Nanos overlap(Interval a, Interval b) {
   return std::max<Nanos>(0, std::min(a.end, b.end) - std::max(a.begin, b.begin));
 }
@@ -71,6 +77,7 @@ struct GpuMonitor::EpochAcc {
   GpuStats traced;  // integer sums over traced steps
   int64_t traced_steps = 0;
   int64_t gpu_timed_steps = 0, marker_timeouts = 0;
+  int64_t steps = 0, earlier_steps = 0;
   int64_t own_thread_syncs = 0;
   std::map<std::string, Kernel> kernels;
   KernelClassStats classes;
@@ -286,6 +293,7 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   const uint64_t end_marker = record_marker();
   boundary_marker_ = end_marker;
   latest_ns_ = std::max(latest_ns_, r.end_ns);
+  latest_epoch_ = r.epoch;
   // The step's NVTX range (phases left open by the program are closed with it).
   while (config_.nvtx && open_ranges_ > 0) {
     backend_->range_pop();
@@ -440,10 +448,13 @@ void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
   rec.stats = gpu_step_stats(events_, spans, device_.sm_count, nvml_ns, &sites);
   last_finished_end_ = std::max(last_finished_end_, step.span.end);
   epoch_->add(rec.stats);
+  ++epoch_->steps;
+  if (step.epoch < latest_epoch_) ++epoch_->earlier_steps;
   if (spans.gpu_timed) ++epoch_->gpu_timed_steps;
   if (rec.stats.traced_ns > 0) epoch_->add_sync_sites(sites);
   if (step.traced) {
     epoch_->add_kernels(events_.kernels, spans.figures(), device_.sm_count);
+    traced_finished_ = true;
   }
   add_kernel_classes(epoch_->classes, events_, spans, device_.sm_count);
   if (host_ != nullptr && !host_->config().report.trace_dir.empty()) {
@@ -535,7 +546,7 @@ bool GpuMonitor::gpu_span(const PendingStep& p, Nanos now, bool all, StepSpans& 
   return false;
 }
 
-void GpuMonitor::finish_ready_steps(bool all, Nanos now) {
+void GpuMonitor::finish_ready_steps(bool all, Nanos now, bool pm_flushed) {
   while (!pending_.empty()) {
     const PendingStep& p = pending_.front();
     StepSpans spans;
@@ -543,7 +554,9 @@ void GpuMonitor::finish_ready_steps(bool all, Nanos now) {
     bool ready = gpu_span(p, now, all, spans, timed_out);
     if (ready && !all && pending_.size() <= kMaxPendingSteps) {
       const Nanos end = spans.figures().end;
-      const bool pm_ready = !pm_active_ || pm_watermark_ >= end;
+      // Just flushed: the samples there are, are all there will be for a step the GPU has run
+      // (but the one being taken).
+      const bool pm_ready = !pm_active_ || pm_flushed || pm_watermark_ >= end;
       // Traced steps: the window's records are final once its tail is over, and the tail starts
       // only after the GPU ran the window's last step.
       // A release running off the training thread still holds the window's last records.
@@ -612,30 +625,62 @@ void GpuMonitor::prune_events() {
   prune(events_.scopes, [](const HostOpScope& s) { return s.end + kSyncKeepNs; });
 }
 
+Nanos GpuMonitor::now_ns() const {
+  return host_ != nullptr ? host_->clock().now_ns() : steady_ns();
+}
+
 void GpuMonitor::on_epoch_end(EpochSummary& summary) {
-  // The epoch's steps by GPU time: wait (bounded) for the GPU to reach its last boundary, so
-  // that its last steps' spans, samples and kernels are known (trainers that run ahead usually
-  // synchronize at an epoch's end anyway; then this returns at once).
-  if (boundary_marker_ != 0 && marker_times_.count(boundary_marker_) == 0) {
-    backend_->await_marker(boundary_marker_, kEpochEndMarkerWaitNs);
+  const Nanos t0 = now_ns();
+  // How long the epoch's end may wait for the GPU: gpu.epoch_end_wait_ms, and no more than the
+  // cost budget's share of the epoch (a 40 ms epoch may not wait 5 ms). What is not final then
+  // (the last steps' markers or PM samples, a window's release) counts in the next epoch.
+  Nanos allowed = static_cast<Nanos>(config_.epoch_end_wait_ms * 1e6);
+  if (host_ != nullptr) {
+    allowed = std::min<Nanos>(
+        allowed, static_cast<Nanos>(host_->config().cost.budget *
+                                    static_cast<double>(std::max<Nanos>(0, summary.wall_ns))));
+  }
+  // A window still open or closing at the epoch's end stops once the GPU ran its last step (its
+  // kernels would be lost otherwise): that wait is the window's, bounded as before.
+  const bool closing_window = planner_.tracing() || planner_.stopping() || stop_pending_;
+  const Nanos marker_wait = closing_window ? kEpochEndMarkerWaitNs : allowed;
+  if (boundary_marker_ != 0 && marker_times_.count(boundary_marker_) == 0 && marker_wait > 0) {
+    backend_->await_marker(boundary_marker_, marker_wait);
   }
   drain();
   const GpuWindowPlanner::EpochEndActions a = planner_.end_epoch();
-  if (a.stop_trace) {
+  if (a.stop_trace || stop_pending_) {
     // A window does not run across epochs; one closed earlier may still wait for the GPU.
     stop_pending_ = false;
     backend_->stop_trace();
     HostOpScopes::instance().enable(false);
   }
-  backend_->flush();
+  // Decoding on this thread costs milliseconds: only when the wait allowed covers the last one;
+  // otherwise the decode thread is woken and the next steps pick the samples up.
+  const Nanos left = allowed - (now_ns() - t0);
+  const bool flushed = a.stop_trace || (left > 0 && last_flush_ns_ <= left);
+  if (flushed) {
+    const Nanos f0 = now_ns();
+    backend_->flush();
+    last_flush_ns_ = now_ns() - f0;
+  } else {
+    backend_->request_flush();
+  }
+  // The release (cuptiFinalize, PM sampling's restart) takes 0.1-0.4 s off this thread. Waited
+  // for only when that fits in the wait allowed, or for the run's first window (not held back,
+  // like its start: a short run's only epoch would otherwise never show it); otherwise the
+  // window's steps finish when it is done and count in the next epoch.
   if (a.release) backend_->release_trace();
-  // The epoch's traced steps need the window's last records: wait for a release still running
-  // (only when a window closed at the epoch's end).
-  if (backend_->trace_releasing()) backend_->finish_release();
-  if (a.release) refresh_pm_status();
+  if (backend_->trace_releasing() &&
+      (!traced_finished_ || kReleaseEstimateNs <= allowed - (now_ns() - t0))) {
+    backend_->finish_release();
+  }
+  if (a.release || !backend_->trace_releasing()) refresh_pm_status();
   drain();
-  finish_ready_steps(true, latest_ns_);
-  publish_window();      // a window does not run across epochs
+  finish_ready_steps(false, latest_ns_, flushed);
+  bool traced_pending = false;
+  for (const PendingStep& p : pending_) traced_pending = traced_pending || p.traced;
+  if (!traced_pending) publish_window();  // a window does not run across epochs
   boundary_marker_ = 0;  // the next epoch's first step records its own start
 
   GpuEpochStats e;
@@ -645,6 +690,10 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.traced_steps = epoch_->traced_steps;
   e.gpu_timed_steps = epoch_->gpu_timed_steps;
   e.marker_timeouts = epoch_->marker_timeouts;
+  e.steps = epoch_->steps;
+  e.earlier_steps = epoch_->earlier_steps;
+  e.carried_steps = static_cast<int64_t>(pending_.size());
+  e.epoch_end_wait_ns = now_ns() - t0;
   e.own_thread_syncs = epoch_->own_thread_syncs;
   e.top_kernels = epoch_->top_kernels();
   e.top_sync_sites = epoch_->top_sync_sites();
@@ -656,6 +705,27 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   events_.dropped = 0;
   summary.sections.set(std::move(e));
   epoch_ = std::make_unique<EpochAcc>();
+}
+
+void GpuMonitor::on_close() {
+  // The run ends: the steps still held (the last epoch's, which its summary left to a next
+  // epoch) are published with what the GPU gives within gpu.epoch_end_wait_ms.
+  if (pending_.empty()) return;
+  const auto wait = static_cast<Nanos>(config_.epoch_end_wait_ms * 1e6);
+  const PendingStep& last = pending_.back();
+  if (last.end_marker != 0 && marker_times_.count(last.end_marker) == 0 && wait > 0) {
+    backend_->await_marker(last.end_marker, wait);
+  }
+  if (stop_pending_) {
+    stop_pending_ = false;
+    backend_->stop_trace();
+    HostOpScopes::instance().enable(false);
+  }
+  backend_->finish_release();
+  backend_->flush();
+  drain();
+  finish_ready_steps(true, latest_ns_);
+  publish_window();
 }
 
 std::unique_ptr<GpuMonitor> make_gpu_monitor(const GpuConfig& config,

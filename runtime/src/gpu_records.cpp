@@ -97,6 +97,10 @@ std::string section_json(const GpuEpochStats& e) {
   j["traced_steps"] = e.traced_steps;
   j["gpu_timed_steps"] = e.gpu_timed_steps;
   j["marker_timeouts"] = e.marker_timeouts;
+  j["steps"] = e.steps;
+  j["carried_steps"] = e.carried_steps;
+  j["earlier_steps"] = e.earlier_steps;
+  j["epoch_end_wait_ms"] = ms(e.epoch_end_wait_ns);
   j["dropped_records"] = e.dropped_records;
   j["own_thread_syncs"] = e.own_thread_syncs;
   j["top_kernels"] = kernels;
@@ -139,6 +143,13 @@ void section_text(const GpuEpochStats& gpu, const EpochSummary& s,
         ", occupancy " + fmt_opt_pct(g.achieved_occupancy);
     if (flops != nullptr) {
       line += "; MFU " + fmt_opt_pct(flops->mfu) + " (HFU " + fmt_opt_pct(flops->hfu) + ")";
+    }
+    // Short epochs end before the GPU's figures of their last steps are final (the end does not
+    // wait long): say which steps these figures are over.
+    if (gpu.carried_steps > 0 || gpu.earlier_steps > 0) {
+      line += " (over " + std::to_string(gpu.steps) + " steps, " +
+              std::to_string(gpu.earlier_steps) + " of them from earlier epochs; " +
+              std::to_string(gpu.carried_steps) + " still running go to the next epoch)";
     }
     lines.push_back(line);
   }

@@ -221,6 +221,7 @@ Pilot::~Pilot() {
       logger_->error("the attached loader failed to let go of the Pilot{}", reason_suffix(*failed));
     }
   }
+  for_each_collector("on_close", [](Collector& c) { c.on_close(); });
   for (Collector* c : collectors_) {
     try {
       c->attach(nullptr);
@@ -287,6 +288,23 @@ void Pilot::drop_collector(size_t i) {
 }
 
 template <typename Fn>
+void Pilot::for_each_collector_timed(const char* what, Fn&& fn) {
+  // Each collector's share of the step calls (CostStats::step_parts): two clock reads each.
+  for_each_collector(what, [&](Collector& c) {
+    const Nanos t0 = clock_->now_ns();
+    fn(c);
+    const Nanos ns = clock_->now_ns() - t0;
+    for (auto& [who, sum] : step_parts_) {
+      if (who == &c) {
+        sum += ns;
+        return;
+      }
+    }
+    step_parts_.emplace_back(&c, ns);
+  });
+}
+
+template <typename Fn>
 void Pilot::for_each_collector(const char* what, Fn&& fn) {
   for (size_t i = 0; i < collectors_.size();) {
     Collector* c = collectors_[i];
@@ -315,7 +333,7 @@ StepScope Pilot::step(int64_t samples) {
   if (!collectors_.empty()) {
     const int64_t n = next_step_;
     const Nanos t = step_begin_ns_;
-    for_each_collector("on_step_begin", [&](Collector& o) { o.on_step_begin(n, t); });
+    for_each_collector_timed("on_step_begin", [&](Collector& o) { o.on_step_begin(n, t); });
     spend_own(t, clock_->now_ns());
   }
   return StepScope(this, next_step_);
@@ -448,7 +466,7 @@ void Pilot::end_step() {
     history_[history_next_] = r;
     history_next_ = (history_next_ + 1) % history_.size();
   }
-  for_each_collector("on_step_end", [&](Collector& o) { o.on_step_end(r); });
+  for_each_collector_timed("on_step_end", [&](Collector& o) { o.on_step_end(r); });
   accumulator_.add(r);
   for_each_sink("on_step", [&](Sink& s) { s.on_step(r, phase_names_); });
 
@@ -522,6 +540,7 @@ void Pilot::end_epoch() {
   const Nanos done = clock_->now_ns();
   cost_.spend(done, done - began);
   epoch_end_carry_ns_ += done - (summary_cut_ns_ >= 0 ? summary_cut_ns_ : began);
+  log_carry_ns_ += done - (summary_cut_ns_ >= 0 ? summary_cut_ns_ : began);
   own_pending_ns_ = 0;  // between epochs: in no step
   cpu_mark_ = -1;
 }
@@ -542,6 +561,23 @@ CostStats Pilot::epoch_cost(const EpochSummary& summary, Nanos began, Nanos now)
   const Nanos threads = own_threads_cpu_ns();
   c.own_threads_cpu_ns = std::max<Nanos>(0, threads - own_threads_mark_);
   own_threads_mark_ = threads;
+  Nanos collectors_ns = 0;
+  for (const auto& [who, ns] : step_parts_) {
+    // A collector dropped since is no longer in collectors_: its name is not to be asked.
+    const bool live = std::find(collectors_.begin(), collectors_.end(), who) != collectors_.end();
+    c.step_parts.emplace_back(live ? who->name() : std::string("removed"), ns);
+    collectors_ns += ns;
+  }
+  c.step_parts.emplace_back("pilot", std::max<Nanos>(0, c.step_calls_ns - collectors_ns));
+  std::stable_sort(c.step_parts.begin(), c.step_parts.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  step_parts_.clear();
+  c.epoch_end_parts = std::move(epoch_end_parts_);
+  c.epoch_end_parts.emplace_back("log", log_carry_ns_);
+  std::stable_sort(c.epoch_end_parts.begin(), c.epoch_end_parts.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  epoch_end_parts_.clear();
+  log_carry_ns_ = 0;
   epoch_step_calls_ns_ = 0;
   epoch_window_ns_ = 0;
   epoch_end_carry_ns_ = 0;
@@ -550,10 +586,21 @@ CostStats Pilot::epoch_cost(const EpochSummary& summary, Nanos began, Nanos now)
 }
 
 void Pilot::summarize_epoch(Nanos began) {
+  epoch_end_parts_.clear();
+  Nanos mark = began;
+  auto part = [&](std::string name) {  // the time since the previous part
+    const Nanos now = clock_->now_ns();
+    epoch_end_parts_.emplace_back(std::move(name), std::max<Nanos>(0, now - mark));
+    mark = now;
+  };
   EpochSummary summary = accumulator_.summarize(epoch_, phase_names_);
   summary.tuning_steps = epoch_tuning_steps_;
   summary.tuned = engine_ && engine_->finished() && !engine_->decision()->trials.empty();
-  for_each_collector("on_epoch_end", [&](Collector& o) { o.on_epoch_end(summary); });
+  part("summary");
+  for_each_collector("on_epoch_end", [&](Collector& o) {
+    o.on_epoch_end(summary);
+    part(o.name());
+  });
   summary.sections.set(stalls_.summarize(summary, phase_names_));
   std::vector<Advice> advice;
   std::vector<std::string> advisor_errors;
@@ -563,6 +610,7 @@ void Pilot::summarize_epoch(Nanos began) {
   }
   for (const auto& e : advisor_errors) logger_->error("advisor failed for epoch {}: {}", epoch_, e);
   for (auto& a : advice) a.epoch = epoch_;
+  part("advisors");
   summary_cut_ns_ = clock_->now_ns();
   summary.sections.set(epoch_cost(summary, began, summary_cut_ns_));
   for_each_sink("on_epoch", [&](Sink& s) { s.on_epoch(summary, advice); });

@@ -287,9 +287,11 @@ TEST(TunableLoader, ReportsWaitsToThePilotAndEndsItsEpochs) {
 
 TEST(TunableLoader, AutotuneAddsWorkersForASlowDataset) {
   torchpilot::Config config = quiet_config(torchpilot::Mode::kAutotune);
-  config.autotune.warmup_steps = 80;
-  config.autotune.settle_steps = 2;
-  config.autotune.measure_steps = 5;
+  // Windows long enough that a loaded CI machine (ctest -j2) cannot flip the ranking: 5-step
+  // windows once measured 2 workers no faster than none there.
+  config.autotune.warmup_steps = 240;
+  config.autotune.settle_steps = 4;
+  config.autotune.measure_steps = 14;
   config.autotune.max_workers = 4;
   config.autotune.warmup_seconds = 0;  // budget and windows in steps only
   config.autotune.min_window_ms = 0;
@@ -303,10 +305,10 @@ TEST(TunableLoader, AutotuneAddsWorkersForASlowDataset) {
   TunableLoader<Stacked> loader(stacked(64, -1, 1500), options);
   loader.attach(pilot);
   int steps = 0;
-  while (!pilot.tuning_finished() && steps < 200) {
+  while (!pilot.tuning_finished() && steps < 600) {
     for (auto& batch : loader) {
       auto step = pilot.step(batch.data.size(0));
-      if (++steps >= 200 || pilot.tuning_finished()) break;
+      if (++steps >= 600 || pilot.tuning_finished()) break;
     }
   }
   ASSERT_TRUE(pilot.tuning_finished());

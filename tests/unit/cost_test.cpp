@@ -100,13 +100,20 @@ TEST(PilotCostTest, OwnTimeOnTheTrainingThreadIsMeasuredAndReported) {
   EXPECT_EQ(c->epoch_ns, 115 * kMs);
   EXPECT_NEAR(c->fraction, 15.0 / 115.0, 1e-9);
   EXPECT_DOUBLE_EQ(c->budget, 0.01);
-  EXPECT_NE(rig.log.str().find("torchpilot: 15.00 ms, 13.0% of the epoch (steps 10.00 ms, "
-                               "epoch end 5.00 ms)"),
+  // Where the epoch end went, by part: the slow collector's 5 ms.
+  ASSERT_FALSE(c->epoch_end_parts.empty());
+  EXPECT_EQ(c->epoch_end_parts[0].first, "slow");
+  EXPECT_EQ(c->epoch_end_parts[0].second, 5 * kMs);
+  ASSERT_FALSE(c->step_parts.empty());
+  EXPECT_EQ(c->step_parts[0], std::make_pair(std::string("slow"), 10 * kMs));
+  EXPECT_NE(rig.log.str().find("torchpilot: 15.00 ms, 13.0% of the epoch (steps 10.00 ms: slow "
+                               "10.00 ms; epoch end 5.00 ms: slow 5.00 ms)"),
             std::string::npos)
       << rig.log.str();
   const std::string json = epoch_json(e, {});
   EXPECT_NE(json.find("\"cost\":{"), std::string::npos) << json;
   EXPECT_NE(json.find("\"training_thread_ms\":15.0"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"epoch_end_parts_ms\":{"), std::string::npos) << json;
 }
 
 TEST(PilotCostTest, NoCpuClockMeansCpuTimeNotMeasured) {

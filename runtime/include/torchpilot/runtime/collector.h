@@ -69,6 +69,8 @@ class Collector {
   virtual void on_step_end(StepRecord& record) {}
   // The epoch ended; the collector adds its section before advisors run.
   virtual void on_epoch_end(EpochSummary& summary) {}
+  // The run ends (the Pilot goes): publish what is still held back (late step records).
+  virtual void on_close() {}
   // Someone asked for a detailed measurement window of `steps` steps from the next step.
   virtual void on_window_request(int steps) {}
 };

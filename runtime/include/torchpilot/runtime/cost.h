@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "torchpilot/runtime/clock.h"
@@ -74,6 +75,12 @@ struct CostStats {
   double horizon_s = 0;           // cost.horizon_s (shorter while the run is younger)
   int64_t deferred = 0;           // optional work deferred or skipped for the budget this epoch
   Nanos own_threads_cpu_ns = -1;  // CPU time of torchpilot's threads this epoch (-1: unknown)
+  // Where epoch_end_ns went: each collector by name ("gpu": its wait for the GPU and flush),
+  // "summary", "advisors", "log" (the previous epoch end's sinks), largest first.
+  std::vector<std::pair<std::string, Nanos>> epoch_end_parts;
+  // Where step_calls_ns went: each collector's step-boundary calls by name, "pilot" the rest
+  // (the Pilot's own bookkeeping and the sinks' per-step calls), largest first.
+  std::vector<std::pair<std::string, Nanos>> step_parts;
 };
 std::string section_json(const CostStats& cost);
 void section_text(const CostStats& cost, const EpochSummary& epoch,

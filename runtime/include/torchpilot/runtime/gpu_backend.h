@@ -178,6 +178,9 @@ class GpuBackend {
   // Makes what has completed so far available to drain(): flushes CUPTI's activity buffers and
   // decodes pending PM samples. May take a few milliseconds; called at window and epoch ends.
   virtual void flush() = 0;
+  // Asks the collectors' own threads to make what has completed available soon (PM samples
+  // decoded now rather than at the next period); returns at once. Short epochs' ends.
+  virtual void request_flush() {}
   // Moves the events that arrived since the last call into `out` (appends).
   virtual void drain(GpuEventBatch& out) = 0;
   // Step-boundary markers (docs/metrics.md, "GPU time of a step"): records marker `id` on the

@@ -10,8 +10,10 @@
 // or when they do not resolve within kMarkerWaitNs, the host span. A detailed window's trace is
 // stopped only once the GPU ran its last step. A step's figures are published
 // (Sink::on_late_step, a GpuStepRecord) once its span is known and samples covering its end
-// arrived; the epoch's figures are the summary's "gpu" section (GpuEpochStats) at end_epoch
-// (after a flush of the collectors). hooks/ registers a default collector that makes one over the
+// arrived; the epoch's figures are the summary's "gpu" section (GpuEpochStats) at end_epoch,
+// over the steps finished by then: the epoch's end waits for the GPU no longer than
+// gpu.epoch_end_wait_ms and cost.budget x the epoch's time, and the steps it left count in the
+// next epoch (a short epoch must not pay a wait or a PM decode at its end). hooks/ registers a default collector that makes one over the
 // CUPTI backend for every Pilot; tests add one over a fake backend (PilotOptions::collectors).
 //
 // Thread-safety: training thread only (it is a Collector of the Pilot).
@@ -47,6 +49,9 @@ class GpuMonitor : public Collector {
   static constexpr Nanos kMarkerWaitNs = 2000000000;
   // An epoch's end waits at most this long for the GPU to reach its last boundary.
   static constexpr Nanos kEpochEndMarkerWaitNs = 1000000000;
+  // What a window's release takes off the training thread (measured 0.1-0.4 s): an epoch's end
+  // waits for one still running only when this fits in its allowance (or for the first window).
+  static constexpr Nanos kReleaseEstimateNs = 400000000;
 
   // Starts the backend's always-on collectors.
   GpuMonitor(const GpuConfig& config, std::shared_ptr<GpuBackend> backend);
@@ -60,6 +65,7 @@ class GpuMonitor : public Collector {
   void on_phase_end(int phase_id) override;
   void on_step_end(StepRecord& record) override;
   void on_epoch_end(EpochSummary& summary) override;
+  void on_close() override;
 
   // Opens a detailed window of `steps` steps at the next step boundary (ignored while one runs).
   void request_window(int steps);
@@ -85,7 +91,10 @@ class GpuMonitor : public Collector {
   // The step's spans, the GPU span when both markers resolved; false while that is still to
   // come. `timed_out`: they were recorded but did not resolve in time (host span).
   bool gpu_span(const PendingStep& step, Nanos now, bool all, StepSpans& spans, bool& timed_out);
-  void finish_ready_steps(bool all, Nanos now);
+  // all: every pending step now (markers not resolved: host span). pm_flushed: the collectors
+  // were just flushed, so PM samples do not hold back a step the GPU has run.
+  void finish_ready_steps(bool all, Nanos now, bool pm_flushed = false);
+  Nanos now_ns() const;  // the host's clock
   void finish(const PendingStep& step, const StepSpans& spans);
   void prune_events();
   bool allow_window(const char* kind, int steps);
@@ -123,6 +132,9 @@ class GpuMonitor : public Collector {
   uint64_t stop_marker_ = 0;
   Nanos stop_deadline_ = 0;
   Nanos latest_ns_ = 0;  // the latest host time seen (step ends), for the markers' wait bound
+  int64_t latest_epoch_ = 0;  // the epoch of the latest step seen
+  Nanos last_flush_ns_ = 0;   // the latest flush on the training thread took this long
+  bool traced_finished_ = false;  // a window's step has been reported (the first window is over)
 
   Nanos pruned_before_ = 0;
   Nanos last_finished_end_ = 0;

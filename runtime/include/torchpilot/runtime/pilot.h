@@ -239,6 +239,9 @@ class Pilot : private CollectorHost {
   std::unique_ptr<Collector> loader_collector_;  // the attached loader's epoch counters
   template <typename Fn>
   void for_each_collector(const char* what, Fn&& fn);
+  template <typename Fn>
+  void for_each_collector_timed(const char* what, Fn&& fn);
+  std::vector<std::pair<const Collector*, Nanos>> step_parts_;  // this epoch's, per collector
   void drop_collector(size_t index);
 
   // What torchpilot costs (cost.h) and the steps far above the median (step_outliers.h).
@@ -248,7 +251,9 @@ class Pilot : private CollectorHost {
   Nanos own_pending_ns_ = 0;  // own time since the last step boundary (the next record's own_ns)
   Nanos epoch_step_calls_ns_ = 0, epoch_window_ns_ = 0, epoch_end_carry_ns_ = 0;
   int64_t epoch_deferred_ = 0;
-  Nanos summary_cut_ns_ = -1;  // when this epoch end's cost was written into its summary
+  Nanos summary_cut_ns_ = -1;
+  std::vector<std::pair<std::string, Nanos>> epoch_end_parts_;  // this epoch end's, so far
+  Nanos log_carry_ns_ = 0;  // the previous epoch end's sinks and flush  // when this epoch end's cost was written into its summary
   Nanos own_threads_mark_ = 0;
   bool warned_budget_ = false;
   StallTracker stalls_{config_.outliers.factor};
