@@ -631,14 +631,15 @@ Nanos GpuMonitor::now_ns() const {
 
 void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   const Nanos t0 = now_ns();
-  // How long the epoch's end may wait for the GPU: gpu.epoch_end_wait_ms, and no more than the
-  // cost budget's share of the epoch (a 40 ms epoch may not wait 5 ms). What is not final then
-  // (the last steps' markers or PM samples, a window's release) counts in the next epoch.
+  // How long the epoch's end may wait for the GPU: gpu.epoch_end_wait_ms, and no more than what
+  // the epoch's budget share (cost.budget x its time) has left after torchpilot's step calls (a
+  // 40 ms epoch may not wait 5 ms). What is not final then (the last steps' markers or PM samples,
+  // a window's release) counts in the next epoch.
   Nanos allowed = static_cast<Nanos>(config_.epoch_end_wait_ms * 1e6);
   if (host_ != nullptr) {
-    allowed = std::min<Nanos>(
-        allowed, static_cast<Nanos>(host_->config().cost.budget *
-                                    static_cast<double>(std::max<Nanos>(0, summary.wall_ns))));
+    const auto share = static_cast<Nanos>(
+        host_->config().cost.budget * static_cast<double>(std::max<Nanos>(0, summary.wall_ns)));
+    allowed = std::max<Nanos>(0, std::min<Nanos>(allowed, share - host_->epoch_cost_ns()));
   }
   // A window still open or closing at the epoch's end stops once the GPU ran its last step (its
   // kernels would be lost otherwise): that wait is the window's, bounded as before.

@@ -1,6 +1,6 @@
 // GPU tests (label gpu; they skip without a GPU) of issues 15 and 17 on real trainers: a real
 // torch::save every N steps is a periodic stall with its measured share, and a short-epoch
-// trainer's own torchpilot cost is reported each epoch and stays within the budget.
+// trainer's own torchpilot cost is reported each epoch, every step counted in one epoch.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -101,7 +101,7 @@ class Images : public torch::data::datasets::Dataset<Images> {
   torch::Tensor data_, y_;
 };
 
-TEST(GpuHostStall, ShortEpochTrainersCostIsReportedAndWithinBudget) {
+TEST(GpuHostStall, ShortEpochTrainersCostIsReportedAndEveryStepCountedOnce) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const torch::Device dev(torch::kCUDA);
   SmallCnn net;
@@ -126,21 +126,29 @@ TEST(GpuHostStall, ShortEpochTrainersCostIsReportedAndWithinBudget) {
     torch::cuda::synchronize();
   }
   ASSERT_EQ(sink->epochs.size(), 40u);
+  // Reported each epoch, with where it went. No timed assertion here (bench/short_epochs
+  // measures what it costs the epoch); the accounting must hold: every step's GPU figures count
+  // in exactly one epoch, those the epoch's end did not wait for in the next.
   std::vector<double> fractions;
+  int64_t counted = 0;
   for (const auto& e : sink->epochs) {
     const auto* c = e.sections.get<torchpilot::CostStats>();
     ASSERT_NE(c, nullptr) << "epoch " << e.epoch;
     EXPECT_GT(c->training_thread_ns, 0);
+    EXPECT_FALSE(c->step_parts.empty());
+    EXPECT_FALSE(c->epoch_end_parts.empty());
     fractions.push_back(c->fraction);
+    const auto* g = e.sections.get<torchpilot::GpuEpochStats>();
+    ASSERT_NE(g, nullptr) << "epoch " << e.epoch;
+    counted += g->steps;
   }
+  const auto& last_gpu = *sink->epochs.back().sections.get<torchpilot::GpuEpochStats>();
+  EXPECT_EQ(counted + last_gpu.carried_steps, 40 * 20);
   std::sort(fractions.begin(), fractions.end());
   const auto* last = sink->epochs.back().sections.get<torchpilot::CostStats>();
   std::printf("torchpilot's share per epoch: median %.3f%%, max %.3f%%; over the run %.3f%%\n",
               100 * fractions[fractions.size() / 2], 100 * fractions.back(),
               100 * last->horizon_fraction);
-  EXPECT_LE(fractions[fractions.size() / 2], 0.01) << "the typical epoch within 1%";
-  // The run as a whole: within the budget plus the first window, which is not held back.
-  EXPECT_LE(last->horizon_fraction, 0.05);
 }
 
 }  // namespace

@@ -52,6 +52,8 @@ class CollectorHost {
   // What the collector cost the training thread outside its own callbacks (a trace window's
   // slower launches); the host times the callbacks itself.
   virtual void charge_cost(Nanos ns) {}
+  // torchpilot's time on the training thread in the open epoch so far (its step calls, windows).
+  virtual Nanos epoch_cost_ns() const { return 0; }
 };
 
 class Collector {

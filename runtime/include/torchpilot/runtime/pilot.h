@@ -198,6 +198,9 @@ class Pilot : private CollectorHost {
   bool cost_allows(Nanos estimate_ns) const override;
   void cost_deferred(const std::string& what, Nanos estimate_ns) override;
   void charge_cost(Nanos ns) override;
+  Nanos epoch_cost_ns() const override {
+    return epoch_step_calls_ns_ + epoch_window_ns_ + epoch_end_carry_ns_;
+  }
   // Time spent in torchpilot's own calls on the training thread, from `since` to now.
   void spend_own(Nanos since, Nanos now);
   CostStats epoch_cost(const EpochSummary& summary, Nanos began, Nanos now);
