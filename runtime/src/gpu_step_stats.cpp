@@ -244,7 +244,12 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
   g.wall_ns = std::max<Nanos>(0, span.end - span.begin);
   if (g.wall_ns == 0) return g;
 
-  const auto& pm = events.pm;
+  // Only the samples that overlap the step: the monitor keeps tens of them (every sample since
+  // the oldest unfinished step began), and this runs for every step.
+  std::vector<PmSample> pm;
+  for (const PmSample& s : events.pm) {
+    if (s.end > span.begin && s.begin < span.end) pm.push_back(s);
+  }
   // The part of the step the samples cover: the epoch weighs the step's PM means by it (a step
   // half in a sampling gap, e.g. while a window's release restarts PM sampling, weighs half).
   {
