@@ -637,8 +637,8 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   // a window's release) counts in the next epoch.
   Nanos allowed = static_cast<Nanos>(config_.epoch_end_wait_ms * 1e6);
   if (host_ != nullptr) {
-    const auto share = static_cast<Nanos>(
-        host_->config().cost.budget * static_cast<double>(std::max<Nanos>(0, summary.wall_ns)));
+    const auto share = static_cast<Nanos>(host_->config().cost.budget *
+                                          static_cast<double>(std::max<Nanos>(0, summary.wall_ns)));
     allowed = std::max<Nanos>(0, std::min<Nanos>(allowed, share - host_->epoch_cost_ns()));
   }
   // A window still open or closing at the epoch's end stops once the GPU ran its last step (its
@@ -682,7 +682,7 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   bool traced_pending = false;
   for (const PendingStep& p : pending_) traced_pending = traced_pending || p.traced;
   if (!traced_pending) publish_window();  // a window does not run across epochs
-  boundary_marker_ = 0;  // the next epoch's first step records its own start
+  boundary_marker_ = 0;                   // the next epoch's first step records its own start
 
   GpuEpochStats e;
   e.device = device_.name;

@@ -837,7 +837,10 @@ TEST(GpuMonitorTest, AShortEpochsEndDoesNotWaitItsUnfinishedStepsCountInTheNext)
 
   for (int i = 0; i < 9; ++i) rig.step(10, 100, 0.5);
   const Nanos b = rig.clock->now_ns();
-  { auto s = rig.pilot->step(1); rig.clock->advance(10 * kMs); }  // no sample covers it yet
+  {
+    auto s = rig.pilot->step(1);
+    rig.clock->advance(10 * kMs);
+  }                        // no sample covers it yet
   rig.pilot->end_epoch();  // a 5 ms flush does not fit in 1 ms: the decode thread is asked
   const auto& g1 = *rig.sink->epochs[1].sections.get<GpuEpochStats>();
   EXPECT_EQ(rig.backend->flushes, 1);

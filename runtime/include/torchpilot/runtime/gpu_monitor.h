@@ -13,8 +13,9 @@
 // arrived; the epoch's figures are the summary's "gpu" section (GpuEpochStats) at end_epoch,
 // over the steps finished by then: the epoch's end waits for the GPU no longer than
 // gpu.epoch_end_wait_ms and cost.budget x the epoch's time, and the steps it left count in the
-// next epoch (a short epoch must not pay a wait or a PM decode at its end). hooks/ registers a default collector that makes one over the
-// CUPTI backend for every Pilot; tests add one over a fake backend (PilotOptions::collectors).
+// next epoch (a short epoch must not pay a wait or a PM decode at its end). hooks/ registers a
+// default collector that makes one over the CUPTI backend for every Pilot; tests add one over a
+// fake backend (PilotOptions::collectors).
 //
 // Thread-safety: training thread only (it is a Collector of the Pilot).
 #pragma once
@@ -131,7 +132,7 @@ class GpuMonitor : public Collector {
   bool stop_pending_ = false;
   uint64_t stop_marker_ = 0;
   Nanos stop_deadline_ = 0;
-  Nanos latest_ns_ = 0;  // the latest host time seen (step ends), for the markers' wait bound
+  Nanos latest_ns_ = 0;       // the latest host time seen (step ends), for the markers' wait bound
   int64_t latest_epoch_ = 0;  // the epoch of the latest step seen
   Nanos last_flush_ns_ = 0;   // the latest flush on the training thread took this long
   bool traced_finished_ = false;  // a window's step has been reported (the first window is over)

@@ -97,10 +97,10 @@ struct GpuEpochStats {
   int64_t marker_timeouts = 0;  // steps whose markers did not resolve in time: host span used
   // The epoch's end does not wait long for the GPU (gpu.epoch_end_wait_ms, cost.budget): steps
   // whose GPU work or samples were not final then count in the next epoch's figures.
-  int64_t steps = 0;              // steps whose figures are in this section
-  int64_t carried_steps = 0;      // this epoch's steps left to the next epoch's section
-  int64_t earlier_steps = 0;      // steps of earlier epochs counted here
-  Nanos epoch_end_wait_ns = 0;    // how long the epoch's end waited for the GPU
+  int64_t steps = 0;                       // steps whose figures are in this section
+  int64_t carried_steps = 0;               // this epoch's steps left to the next epoch's section
+  int64_t earlier_steps = 0;               // steps of earlier epochs counted here
+  Nanos epoch_end_wait_ns = 0;             // how long the epoch's end waited for the GPU
   std::vector<KernelSummary> top_kernels;  // by traced time, longest first
   std::vector<SyncSite> top_sync_sites;    // traced steps; by idle caused, then host wait
   std::vector<CollectorStatus> collectors;

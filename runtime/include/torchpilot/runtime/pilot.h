@@ -256,7 +256,8 @@ class Pilot : private CollectorHost {
   int64_t epoch_deferred_ = 0;
   Nanos summary_cut_ns_ = -1;
   std::vector<std::pair<std::string, Nanos>> epoch_end_parts_;  // this epoch end's, so far
-  Nanos log_carry_ns_ = 0;  // the previous epoch end's sinks and flush  // when this epoch end's cost was written into its summary
+  Nanos log_carry_ns_ = 0;  // the previous epoch end's sinks and flush  // when this epoch end's
+                            // cost was written into its summary
   Nanos own_threads_mark_ = 0;
   bool warned_budget_ = false;
   StallTracker stalls_{config_.outliers.factor};
