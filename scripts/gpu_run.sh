@@ -2,7 +2,7 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default ./gpu-out).
-#   scripts/gpu_run.sh [all|build|test|gputest|capture|example|bench|gpt|overhead|planted|shortepochs]...
+#   scripts/gpu_run.sh [all|build|test|gputest|capture|kineto|example|bench|gpt|overhead|planted|shortepochs]...
 #   (default: all)
 # gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs,
 # and the per-parameter AdamW beside the default fused one); overhead: bench/gpt_overhead
@@ -63,6 +63,13 @@ fi
 if want collectives; then
   log "collectives: NCCL world size 1 (GPU test, verbose)"
   ./build-gpu/tests/torchpilot_collectives_gpu_tests 2>&1 | tee "$OUT/collectives-gpu.log" | tail -15
+fi
+
+if want kineto; then
+  # PyTorch profiler traces of small planted trainers: torchpilot-analyze's fixtures
+  # (tests/fixtures/kineto, committed from $OUT/kineto).
+  log "kineto: profiler traces for torchpilot-analyze"
+  python3 scripts/make_kineto_fixtures.py --out "$OUT/kineto" 2>&1 | tee "$OUT/kineto.log" | tail -12
 fi
 
 if want gputest; then
