@@ -16,6 +16,9 @@
 //                       scaled_dot_product_attention
 //   optimizer           the GPT example (small batch) with per-parameter torch::optim::AdamW vs
 //                       at::_fused_adamw_ (foreach where fused is unavailable)
+//   checkpoint          an MLP whose parameters are saved every --checkpoint-every steps:
+//                       torch::save of the CUDA tensors on the training thread vs copied on a
+//                       side stream into pinned memory and written by a background thread
 // For each pair:
 //  1. Advised run: the bad form with a Pilot in advise mode (GPU collectors, a detailed window of
 //     --window-steps steps from step --window-first, a FLOP counter), one epoch of
@@ -40,9 +43,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -63,7 +68,10 @@
 #include "torchpilot/runtime/sink.h"
 
 #if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #endif
 
 namespace {
@@ -82,10 +90,11 @@ struct Args {
   int window_steps = 10;
   bool advise_fixed = true;
   double budget_s = 1200;
-  double sample_us = 20;  // data_starvation: CPU work per sample
-  double host_us = 3000;  // host_sync: host work per step (async_sync_every_n: / micro-steps)
-  int micro_steps = 4;    // async_sync_every_n
-  int sync_every = 8;     // async_sync_every_n, fixed form: .item() every N optimizer steps
+  double sample_us = 20;      // data_starvation: CPU work per sample
+  double host_us = 3000;      // host_sync: host work per step (async_sync_every_n: / micro-steps)
+  int micro_steps = 4;        // async_sync_every_n
+  int sync_every = 8;         // async_sync_every_n, fixed form: .item() every N optimizer steps
+  int checkpoint_every = 50;  // checkpoint: steps between saves
   // launch_bound: the fixed form's batch factor, the one the advice's estimate is for.
   int launch_batch_factor = static_cast<int>(torchpilot::kLaunchBoundBatchFactor);
   std::vector<std::string> pairs;  // empty: all
@@ -424,6 +433,103 @@ gpt_example::TrainOptions gpt_options(const Env& env, int64_t d, int64_t layers,
   return o;
 }
 
+// checkpoint: the parameters saved every `every` steps, at the middle of each period (a timed
+// run's last save is followed by half a period, in which the fixed form's writer finishes).
+// Bad: torch::save of the CUDA parameters on the training thread: the copies to pageable host
+// memory wait for the GPU's queue, then the file is written while the GPU idles. Fixed: copied on
+// a side stream into pinned buffers (the training stream waits for the copies on the GPU, not the
+// host), then written from a background thread; a save still running at the next checkpoint is
+// waited for. Nothing names the work as a phase: the cause comes from the sync probe.
+class Checkpointing : public Workload {
+ public:
+  Checkpointing(const Env& env, const Args& a, bool fixed)
+      : env_(env),
+        fixed_(fixed),
+        every_(a.checkpoint_every),
+        batch_(env.small ? 64 : 8192),
+        mlp_(env, env.small ? 256 : 2048, env.small ? 256 : 2048, env.small ? 2 : 4,
+             env.small ? 256 : 2048) {
+    x_ = torch::randn({batch_, env.small ? 256 : 2048},
+                      torch::TensorOptions().device(env.device).dtype(env.dtype));
+    params_ = mlp_.net->parameters();
+    path_ = std::string(std::getenv("TMPDIR") != nullptr ? std::getenv("TMPDIR") : "/tmp") +
+            "/torchpilot-planted-checkpoint-" + (fixed ? "async" : "sync") + ".pt";
+  }
+  ~Checkpointing() override {
+    try {
+      end();
+    } catch (...) {
+    }
+    std::remove(path_.c_str());
+  }
+  int64_t samples_per_step() const override { return batch_; }
+  void steps(torchpilot::Pilot& pilot, int n) override {
+    for (int i = 0; i < n; ++i) {
+      auto step = pilot.step(batch_);
+      mlp_.train_step(pilot, x_);
+      if (++count_ % every_ == every_ / 2) fixed_ ? save_async() : save();
+    }
+  }
+  void end() override {
+    if (writer_.valid()) writer_.get();
+  }
+  double megabytes() const {
+    double b = 0;
+    for (const auto& p : params_) b += static_cast<double>(p.nbytes());
+    return b / 1e6;
+  }
+
+ private:
+  void save() { torch::save(params_, path_); }
+  void save_async() {
+    if (writer_.valid()) writer_.get();  // its buffers are about to be reused
+    if (host_.empty()) {
+      for (const auto& p : params_) {
+        host_.push_back(torch::empty(
+            p.sizes(), torch::TensorOptions().dtype(p.dtype()).pinned_memory(env_.cuda)));
+      }
+    }
+#if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
+    if (env_.cuda) {
+      if (!side_) side_ = c10::cuda::getStreamFromPool(false, env_.device.index());
+      auto train = c10::cuda::getCurrentCUDAStream(env_.device.index());
+      ready_.record(train);
+      ready_.block(*side_);
+      {
+        c10::cuda::CUDAStreamGuard guard(*side_);
+        for (size_t i = 0; i < params_.size(); ++i) {
+          host_[i].copy_(params_[i].detach(), /*non_blocking=*/true);
+        }
+      }
+      copied_.record(*side_);
+      copied_.block(train);  // the next optimizer step waits for the copies, on the GPU
+      writer_ = std::async(std::launch::async, [this] {
+        copied_.synchronize();
+        torch::save(host_, path_);
+      });
+      return;
+    }
+#endif
+    for (size_t i = 0; i < params_.size(); ++i) host_[i].copy_(params_[i].detach());
+    writer_ = std::async(std::launch::async, [this] { torch::save(host_, path_); });
+  }
+
+  Env env_;
+  bool fixed_;
+  int every_;
+  int64_t batch_;
+  Mlp mlp_;
+  torch::Tensor x_;
+  std::vector<torch::Tensor> params_, host_;
+  std::string path_;
+  int64_t count_ = 0;
+  std::future<void> writer_;
+#if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
+  std::optional<c10::cuda::CUDAStream> side_;
+  at::cuda::CUDAEvent ready_, copied_;
+#endif
+};
+
 // --- pairs ------------------------------------------------------------------------------------
 
 struct Pair {
@@ -436,6 +542,20 @@ struct Pair {
   std::function<std::string(const Env&)> unavailable;
   std::function<std::unique_ptr<Workload>(const Env&, const Args&, bool fixed)> make;
 };
+
+// Steps of the advised run and of each timed run: --advise-steps and --steps, more where a pair
+// needs it. checkpoint: the period is known after three stalls and the sync probe probes the next
+// ones (6.5 periods); a timed run holds whole periods (4).
+int advise_steps_for(const Pair& pair, const Args& a) {
+  if (pair.name == "checkpoint") {
+    return std::max(a.advise_steps, 6 * a.checkpoint_every + a.checkpoint_every / 2);
+  }
+  return a.advise_steps;
+}
+int timed_steps_for(const Pair& pair, const Args& a) {
+  if (pair.name == "checkpoint") return std::max(a.steps, 4 * a.checkpoint_every);
+  return a.steps;
+}
 
 std::vector<Pair> all_pairs() {
   std::vector<Pair> pairs;
@@ -507,6 +627,15 @@ std::vector<Pair> all_pairs() {
                                          : gpt_example::Optimizer::kPerParameter;
                      return std::make_unique<Gpt>(o);
                    }});
+  pairs.push_back({"checkpoint", "periodic_stall", "checkpoint", true,
+                   "a 2048-wide 4-layer MLP at batch 8192, torch::save of its CUDA parameters "
+                   "every --checkpoint-every steps",
+                   "the parameters copied on a side stream into pinned memory and saved from a "
+                   "background thread",
+                   nullptr,
+                   [](const Env& env, const Args& a, bool fixed) -> std::unique_ptr<Workload> {
+                     return std::make_unique<Checkpointing>(env, a, fixed);
+                   }});
   return pairs;
 }
 
@@ -560,7 +689,7 @@ struct AdvisedRun {
   double samples_per_s = std::nan("");  // the epoch's, with torchpilot on
 };
 
-AdvisedRun advised_run(Workload& w, const Env& env, const Args& a) {
+AdvisedRun advised_run(Workload& w, const Env& env, const Args& a, int steps) {
   auto sink = std::make_shared<torchpilot::RecordingSink>();
   torchpilot::PilotOptions po;
   po.sinks = {sink};
@@ -569,7 +698,7 @@ AdvisedRun advised_run(Workload& w, const Env& env, const Args& a) {
     torchpilot::Pilot pilot(advise_config(a), po);
     torchpilot::FlopCounter flops(pilot);
     w.begin(pilot);
-    w.steps(pilot, a.advise_steps);
+    w.steps(pilot, steps);
     sync(env);
     pilot.end_epoch();  // before end(): the loader's counters are read at the epoch's end
     w.end();
@@ -636,7 +765,12 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
     }
 
     stage = "the advised run of the bad form";
-    const AdvisedRun advised = advised_run(*bad, env, a);
+    const int advise_steps = advise_steps_for(pair, a);
+    const int timed_steps = timed_steps_for(pair, a);
+    row["advise_steps"] = advise_steps;
+    row["timed_steps"] = timed_steps;
+    if (auto* c = dynamic_cast<Checkpointing*>(bad.get())) row["checkpoint_mb"] = c->megabytes();
+    const AdvisedRun advised = advised_run(*bad, env, a, advise_steps);
     json others = json::array();
     for (const auto& x : advised.advice) {
       if (x.id == pair.advice) {
@@ -661,7 +795,7 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
 
     if (a.advise_fixed) {
       stage = "the advised run of the fixed form";
-      const AdvisedRun after = advised_run(*fixed, env, a);
+      const AdvisedRun after = advised_run(*fixed, env, a, advise_steps);
       json ids = json::array();
       for (const auto& x : after.advice) {
         ids.push_back({{"id", x.id}, {"expected_gain", number(x.expected_gain)}});
@@ -681,7 +815,7 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
       const bool bad_first = round % 2 == 0;
       for (int k = 0; k < 2; ++k) {
         const bool run_bad = (k == 0) == bad_first;
-        const double sps = timed_run(run_bad ? *bad : *fixed, env, a.warmup, a.steps);
+        const double sps = timed_run(run_bad ? *bad : *fixed, env, a.warmup, timed_steps);
         (run_bad ? bad_sps : fixed_sps).push_back(sps);
       }
     }
@@ -772,6 +906,9 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   example_cli::add_int(app, "--sync-every", a.sync_every, 1, 1000000,
                        "async_sync_every_n, fixed form: .item() every N optimizer steps")
+      ->capture_default_str();
+  example_cli::add_int(app, "--checkpoint-every", a.checkpoint_every, 2, 1000000,
+                       "checkpoint: steps between saves")
       ->capture_default_str();
   example_cli::add_int(app, "--launch-batch-factor", a.launch_batch_factor, 2, 1024,
                        "launch_bound: the fixed form's batch / the bad form's")

@@ -168,6 +168,14 @@ std::optional<Advice> advise_periodic_stall(const EpochSummary& s, const Advisor
     a.evidence.push_back({"data_wait_share", o->data_wait_share, "fraction"});
   if (measured(o->phase_share)) a.evidence.push_back({"phase_share", o->phase_share, "fraction"});
   if (measured(o->cpu_share)) a.evidence.push_back({"thread_cpu_share", o->cpu_share, "fraction"});
+  const bool probed = o->probed > 0 && measured(o->sync_share);
+  if (probed) {
+    a.evidence.push_back({"sync_share", o->sync_share, "fraction"});
+    if (measured(o->d2h_mb_per_stall))
+      a.evidence.push_back({"d2h_mb_per_stall", o->d2h_mb_per_stall, "MB"});
+    if (measured(o->syncs_per_stall))
+      a.evidence.push_back({"syncs_per_stall", o->syncs_per_stall, "ops"});
+  }
   std::string kind = "other";
   if (data) {
     cause = pct(o->data_wait_share) +
@@ -188,6 +196,19 @@ std::optional<Advice> advise_periodic_stall(const EpochSummary& s, const Advisor
         kind = "log";
     } else {
       cause = "the extra time is outside the marked phases";
+    }
+    // The sync probe: ops that wait for the GPU or copy to the host in the probed stalls.
+    if (probed) {
+      const bool copies = measured(o->d2h_mb_per_stall) && o->d2h_mb_per_stall >= 1.0;
+      cause += "; " + pct(o->sync_share) + " of it waits for the GPU or copies to the host";
+      if (copies) {
+        cause += " (" + num(o->d2h_mb_per_stall, "%.4g") +
+                 " MB device-to-host per stall: state copied to the host, as a checkpoint does)";
+      } else if (measured(o->syncs_per_stall) && o->syncs_per_stall > 0) {
+        cause += " (" + num(o->syncs_per_stall, "%.3g") +
+                 " reads per stall: item(), .cpu() of small tensors, as logging does)";
+      }
+      if (kind == "other" && o->sync_share >= 0.3) kind = copies ? "host_copy" : "log";
     }
     if (measured(o->cpu_share)) {
       cause += o->cpu_share >= 0.5
@@ -214,6 +235,10 @@ std::optional<Advice> advise_periodic_stall(const EpochSummary& s, const Advisor
     a.action = eval;
   } else if (kind == "log") {
     a.action = log;
+  } else if (kind == "host_copy") {
+    a.action = "if this is a checkpoint: " + checkpoint +
+               "; if it reads results back: copy them non_blocking into pinned memory and read "
+               "them a step later";
   } else if (kind == "data") {
     a.action = "prefetch deeper or spread the loader's periodic work (see data_starvation)";
   } else if (kind == "own") {

@@ -467,6 +467,7 @@ void Pilot::end_step() {
     history_next_ = (history_next_ + 1) % history_.size();
   }
   for_each_collector_timed("on_step_end", [&](Collector& o) { o.on_step_end(r); });
+  stalls_.add_probe(r);
   accumulator_.add(r);
   for_each_sink("on_step", [&](Sink& s) { s.on_step(r, phase_names_); });
 

@@ -59,6 +59,29 @@ bool StallTracker::add(const StepRecord& r) {
   return false;
 }
 
+void StallTracker::add_probe(const StepRecord& r) {
+  // The probe covers the steps at the period and the one after them: skip the rest cheaply.
+  const bool look = r.at_period || after_period_;
+  after_period_ = r.at_period;
+  if (!look) return;
+  const double probed = r.metrics.get("sync", "probed");
+  if (!(probed > 0)) return;
+  const double ms = r.metrics.get("sync", "ms");
+  if (!measured(ms)) return;
+  const auto sync_ns = static_cast<Nanos>(ms * 1e6);
+  if (!outliers_.empty() && outliers_.back().step == r.step) {
+    Step& s = outliers_.back();
+    s.sync_ns = sync_ns;
+    const double ops = r.metrics.get("sync", "ops");
+    const double mb = r.metrics.get("sync", "d2h_mb");
+    s.syncs = measured(ops) ? ops : 0;
+    s.d2h_bytes = measured(mb) ? mb * 1e6 : 0;
+  } else if (last_outlier_ != r.step) {
+    ++probed_steps_;
+    probed_sync_ns_ += sync_ns;
+  }
+}
+
 void StallTracker::note_outlier_start(int64_t step) {
   starts_.push_back(step);
   if (starts_.size() > kRecentOutliers) starts_.pop_front();
@@ -172,9 +195,33 @@ OutlierStats StallTracker::summarize(const EpochSummary& e,
       }
     }
   }
+  // The probed stalls: their time in ops that wait for the GPU or copy to the host, above what
+  // the ordinary steps probed beside them spend there.
+  {
+    const double baseline =
+        probed_steps_ > 0 ? static_cast<double>(probed_sync_ns_) / probed_steps_ : 0.0;
+    double sync = 0, excess = 0, syncs = 0, bytes = 0;
+    for (const Step& s : outliers_) {
+      const bool take = period_ > 0 ? at_period(s.step) && s.step_in_epoch >= kEdgeSteps
+                                    : s.step_in_epoch >= kEdgeSteps;
+      if (!take || s.sync_ns < 0) continue;
+      ++o.probed;
+      sync += static_cast<double>(s.sync_ns) - baseline;
+      excess += static_cast<double>(std::max<Nanos>(0, s.step_ns - s.own_ns - median_ns_));
+      syncs += s.syncs;
+      bytes += s.d2h_bytes;
+    }
+    if (o.probed > 0) {
+      if (excess > 0) o.sync_share = std::clamp(sync / excess, 0.0, 1.0);
+      o.syncs_per_stall = syncs / static_cast<double>(o.probed);
+      o.d2h_mb_per_stall = bytes / 1e6 / static_cast<double>(o.probed);
+    }
+  }
   outliers_.clear();
   count_ = 0;
   sums_ = Step();
+  probed_steps_ = 0;
+  probed_sync_ns_ = 0;
   steps_ = 0;
   cpu_known_ = true;
   return o;
@@ -199,6 +246,10 @@ std::string section_json(const OutlierStats& o) {
                    {"phase", o.phase},
                    {"phase_share", number(o.phase_share)},
                    {"cpu_share", number(o.cpu_share)},
+                   {"probed", o.probed},
+                   {"sync_share", number(o.sync_share)},
+                   {"syncs_per_stall", number(o.syncs_per_stall)},
+                   {"d2h_mb_per_stall", number(o.d2h_mb_per_stall)},
                    {"steps", o.steps}});
 }
 
@@ -212,6 +263,11 @@ void section_text(const OutlierStats& o, const EpochSummary&, std::vector<std::s
   if (o.period > 0) {
     line += "; every " + std::to_string(o.period) + " steps: " + std::to_string(o.periodic_count) +
             " this epoch, " + fmt_pct(o.periodic_share) + " of it";
+  }
+  if (o.probed > 0 && measured(o.sync_share)) {
+    line += "; " + fmt_pct(o.sync_share) + " of their extra time waits for the GPU or copies to " +
+            "the host (" + fmt_num(o.d2h_mb_per_stall) + " MB device-to-host per stall, " +
+            std::to_string(o.probed) + " probed)";
   }
   lines.push_back(line);
 }

@@ -71,6 +71,19 @@ TEST(GpuHostStall, TorchSaveEveryNStepsIsAPeriodicStallWithItsMeasuredShare) {
       saved_s * 1e3, 100 * measured_share, static_cast<double>(out->periodic_excess_ns) / 1e6,
       100 * out->periodic_share, out->cpu_share);
   EXPECT_NEAR(out->periodic_share, measured_share, 0.2 * measured_share);
+  // The sync probe saw the saves' copies of the parameters to the host (torch::save copies each
+  // CUDA tensor to host memory): every stall of the last epoch probed, with the model's bytes.
+  double model_mb = 0;
+  for (const auto& p : net->parameters()) model_mb += static_cast<double>(p.nbytes()) / 1e6;
+  std::printf(
+      "probed %lld stalls: sync share %.2f, %.1f syncs and %.1f MB to the host each "
+      "(model %.1f MB)\n",
+      static_cast<long long>(out->probed), out->sync_share, out->syncs_per_stall,
+      out->d2h_mb_per_stall, model_mb);
+  EXPECT_EQ(out->probed, out->periodic_count);
+  EXPECT_NEAR(out->d2h_mb_per_stall, model_mb, 0.02 * model_mb);
+  EXPECT_GT(out->sync_share, 0.0);
+  EXPECT_LE(out->sync_share, 1.0);
   bool named = false;
   for (const auto& a : sink->advice.back()) named = named || a.id == "periodic_stall";
   EXPECT_TRUE(named || out->periodic_share <= c.advisors.periodic_stall.threshold);

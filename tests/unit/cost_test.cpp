@@ -174,6 +174,58 @@ TEST(StallTrackerTest, AStallThatLastsTwoStepsIsOneEvent) {
   EXPECT_EQ(t.period(), 50);
 }
 
+// The sync probe's figures (sync.*) on the probed steps: the stalls' time in syncs and host
+// copies above what the ordinary steps probed beside them spend there.
+TEST(StallTrackerTest, ProbedStallsGetTheirSyncShareAboveTheOrdinaryProbedSteps) {
+  StallTracker t(3.0);
+  constexpr int64_t kPeriod = 20;
+  int64_t probed_stalls = 0;
+  for (int64_t i = 0; i < 200; ++i) {
+    const bool slow = i % kPeriod == 5;
+    StepRecord r = record(i, i, slow ? 110 : 10);
+    t.add(r);
+    r.at_period = t.at_period(i);
+    // What the probe does (hooks/src/torch_sync_probe.cpp): it probes from the step after one
+    // at the period; here every step at the period is probed, as are the one after them.
+    if (r.at_period || (i > 0 && t.at_period(i - 1))) {
+      r.metrics.set("sync", "probed", 1);
+      r.metrics.set("sync", "ms", slow ? 62.0 : 2.0);  // 60 ms of the 100 ms excess, 2 ms always
+      r.metrics.set("sync", "ops", slow ? 40 : 1);
+      r.metrics.set("sync", "d2h_mb", slow ? 200 : 0.0);
+      probed_stalls += slow ? 1 : 0;
+    }
+    t.add_probe(r);
+  }
+  EXPECT_EQ(t.period(), kPeriod);
+  EpochSummary e;
+  e.steps = 200;
+  e.wall_ns = 190 * 10 * kMs + 10 * 110 * kMs;
+  const OutlierStats o = t.summarize(e, {});
+  ASSERT_GT(probed_stalls, 0);
+  EXPECT_EQ(o.probed, probed_stalls);
+  EXPECT_NEAR(o.sync_share, 0.6, 1e-6);
+  EXPECT_NEAR(o.d2h_mb_per_stall, 200, 1e-9);
+  EXPECT_NEAR(o.syncs_per_stall, 40, 1e-9);
+  const std::string json = section_json(o);
+  EXPECT_NE(json.find("\"sync_share\":0.6"), std::string::npos) << json;
+}
+
+TEST(StallTrackerTest, UnprobedStallsHaveNoSyncShare) {
+  StallTracker t(3.0);
+  for (int64_t i = 0; i < 200; ++i) {
+    StepRecord r = record(i, i, i % 20 == 5 ? 110 : 10);
+    t.add(r);
+    r.at_period = t.at_period(i);
+    t.add_probe(r);
+  }
+  EpochSummary e;
+  e.wall_ns = 3000 * kMs;
+  const OutlierStats o = t.summarize(e, {});
+  EXPECT_EQ(o.probed, 0);
+  EXPECT_FALSE(measured(o.sync_share));
+  EXPECT_EQ(section_json(o).find("\"sync_share\":0"), std::string::npos);
+}
+
 // --- advisors -------------------------------------------------------------------------------
 
 EpochSummary host_bound_summary(double busy, Nanos cpu_ms) {
@@ -284,6 +336,47 @@ TEST(PeriodicStallTest, QuietWithoutAPeriodOrBelowThreshold) {
   ASSERT_TRUE(a.has_value());
   EXPECT_NEAR(a->expected_gain, 100.0 / 900.0, 1e-9);
   EXPECT_NE(a->action.find("pilot.phase(\"checkpoint\")"), std::string::npos) << a->action;
+}
+
+TEST(PeriodicStallTest, ProbedHostCopiesNameTheCopyAndTheAsynchronousCheckpoint) {
+  EpochSummary s;
+  s.steps = 100;
+  s.wall_ns = 1000 * kMs;
+  OutlierStats o;
+  o.count = o.periodic_count = 5;
+  o.period = 20;
+  o.median_ns = 8 * kMs;
+  o.periodic_excess_ns = 150 * kMs;
+  o.periodic_share = 0.15;
+  o.cpu_share = 0.2;
+  o.probed = 2;
+  o.sync_share = 0.7;
+  o.syncs_per_stall = 6;
+  o.d2h_mb_per_stall = 201.3;
+  s.sections.set(o);
+  auto a = advise_periodic_stall(s, AdvisorsConfig{});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_NE(a->cause.find("70.0% of it waits for the GPU or copies to the host (201.3 MB"),
+            std::string::npos)
+      << a->cause;
+  EXPECT_NE(a->action.find("if this is a checkpoint: checkpoint asynchronously"), std::string::npos)
+      << a->action;
+  // Few bytes: reads for logging.
+  o.d2h_mb_per_stall = 0.001;
+  s.sections.set(o);
+  a = advise_periodic_stall(s, AdvisorsConfig{});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_NE(a->cause.find("6 reads per stall"), std::string::npos) << a->cause;
+  EXPECT_NE(a->action.find("without synchronizing every time"), std::string::npos) << a->action;
+  // A marked phase still names the work; the probe's share is only added to the cause.
+  o.d2h_mb_per_stall = 201.3;
+  o.phase = "eval";
+  o.phase_share = 0.9;
+  s.sections.set(o);
+  a = advise_periodic_stall(s, AdvisorsConfig{});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_NE(a->cause.find("in the phase 'eval'"), std::string::npos) << a->cause;
+  EXPECT_NE(a->action.find("evaluate less often"), std::string::npos) << a->action;
 }
 
 }  // namespace

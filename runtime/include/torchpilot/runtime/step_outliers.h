@@ -43,7 +43,13 @@ struct OutlierStats {
   std::string phase;                      // the marked phase that took most of it
   double phase_share = kNotMeasured;      // ... its share of the excess
   double cpu_share = kNotMeasured;  // the training thread's CPU time over the excess' wall time
-  std::vector<int64_t> steps;       // the first outliers' step numbers (at most kListed)
+  // The sync probe (hooks' torch_sync_probe.cpp) times the ops that wait for the GPU or copy to
+  // the host in the steps around each periodic stall once a period is known.
+  int64_t probed = 0;                // analysed outliers that were probed
+  double sync_share = kNotMeasured;  // share of their excess in such ops (above ordinary steps)
+  double syncs_per_stall = kNotMeasured;   // such ops per probed stall
+  double d2h_mb_per_stall = kNotMeasured;  // MB copied device-to-host per probed stall
+  std::vector<int64_t> steps;              // the first outliers' step numbers (at most kListed)
   static constexpr size_t kListed = 16;
 };
 std::string section_json(const OutlierStats& outliers);
@@ -63,6 +69,8 @@ class StallTracker {
 
   // Judges a finished step (its time less torchpilot's own). Returns true for an outlier.
   bool add(const StepRecord& record);
+  // The same step after the collectors added their metrics: the sync probe's figures (sync.*).
+  void add_probe(const StepRecord& record);
   // The step sits at the recurring period (one step either side): a slow step there is known.
   bool at_period(int64_t step) const;
   int64_t period() const { return period_; }
@@ -75,6 +83,8 @@ class StallTracker {
     int64_t step = 0, step_in_epoch = 0;
     Nanos step_ns = 0, data_wait_ns = 0, own_ns = 0, cpu_ns = -1;
     std::array<Nanos, kMaxPhases> phase_ns{};
+    Nanos sync_ns = -1;  // the sync probe's figures (-1: not probed)
+    double syncs = 0, d2h_bytes = 0;
   };
   void note_outlier_start(int64_t step);
 
@@ -93,6 +103,10 @@ class StallTracker {
   Step sums_;  // every step's sums (step_ns, data wait, own, cpu, phases)
   int64_t steps_ = 0;
   bool cpu_known_ = true;
+  // Probed ordinary steps this epoch (the baseline the stalls' sync time is compared with).
+  bool after_period_ = false;  // the last step was at the period
+  int64_t probed_steps_ = 0;
+  Nanos probed_sync_ns_ = 0;
 };
 
 }  // namespace torchpilot
