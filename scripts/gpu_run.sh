@@ -2,7 +2,7 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default ./gpu-out).
-#   scripts/gpu_run.sh [all|build|test|gputest|capture|kineto|example|bench|gpt|overhead|planted|shortepochs]...
+#   scripts/gpu_run.sh [all|build|test|gputest|capture|kineto|clocks|example|bench|gpt|overhead|planted|shortepochs]...
 #   (default: all)
 # gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs,
 # and the per-parameter AdamW beside the default fused one); overhead: bench/gpt_overhead
@@ -63,6 +63,12 @@ fi
 if want collectives; then
   log "collectives: NCCL world size 1 (GPU test, verbose)"
   ./build-gpu/tests/torchpilot_collectives_gpu_tests 2>&1 | tee "$OUT/collectives-gpu.log" | tail -15
+fi
+
+if want clocks; then
+  log "clocks: what a clock read costs here"
+  g++ -O2 -std=c++17 bench/clock_cost.cpp -o "$OUT/clock_cost" && "$OUT/clock_cost" | tee "$OUT/clock-cost-$MACHINE.json"
+  rm -f "$OUT/clock_cost"
 fi
 
 if want kineto; then
