@@ -208,7 +208,12 @@ std::optional<Advice> advise_periodic_stall(const EpochSummary& s, const Advisor
         cause += " (" + num(o->syncs_per_stall, "%.3g") +
                  " reads per stall: item(), .cpu() of small tensors, as logging does)";
       }
-      if (kind == "other" && o->sync_share >= 0.3) kind = copies ? "host_copy" : "log";
+      // Megabytes going to the host at every stall are state leaving the GPU (a checkpoint's
+      // copies; serializing and writing them is the rest of the stall): named even when the
+      // copies themselves are a small part. A few small reads name logging only when they are
+      // most of the stall.
+      if (kind == "other" && copies && o->sync_share >= 0.05) kind = "host_copy";
+      if (kind == "other" && !copies && o->sync_share >= 0.3) kind = "log";
     }
     if (measured(o->cpu_share)) {
       cause += o->cpu_share >= 0.5

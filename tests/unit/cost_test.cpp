@@ -361,8 +361,22 @@ TEST(PeriodicStallTest, ProbedHostCopiesNameTheCopyAndTheAsynchronousCheckpoint)
       << a->cause;
   EXPECT_NE(a->action.find("if this is a checkpoint: checkpoint asynchronously"), std::string::npos)
       << a->action;
-  // Few bytes: reads for logging.
+  // The copies a small part of the stall (serializing and writing the rest): still named.
+  o.sync_share = 0.26;
+  o.cpu_share = 0.85;
+  s.sections.set(o);
+  a = advise_periodic_stall(s, AdvisorsConfig{});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_NE(a->action.find("if this is a checkpoint: checkpoint asynchronously"), std::string::npos)
+      << a->action;
+  // Few bytes: reads for logging, named only when they are most of the stall.
   o.d2h_mb_per_stall = 0.001;
+  o.sync_share = 0.26;
+  s.sections.set(o);
+  a = advise_periodic_stall(s, AdvisorsConfig{});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_NE(a->action.find("mark the periodic work"), std::string::npos) << a->action;
+  o.sync_share = 0.7;
   s.sections.set(o);
   a = advise_periodic_stall(s, AdvisorsConfig{});
   ASSERT_TRUE(a.has_value());
