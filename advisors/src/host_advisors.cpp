@@ -7,6 +7,7 @@
 #include "advice_text.h"
 #include "torchpilot/advisors/advisors.h"
 #include "torchpilot/runtime/metrics.h"
+#include "torchpilot/runtime/run_journal.h"
 #include "torchpilot/runtime/step_outliers.h"
 
 namespace torchpilot {
@@ -234,14 +235,34 @@ std::optional<Advice> advise_periodic_stall(const EpochSummary& s, const Advisor
   const std::string log =
       "log and reduce metrics without synchronizing every time: accumulate on the GPU and read "
       "back every N steps, or copy non_blocking into pinned memory";
+  // With failures in the run journal: Young's interval, sqrt(2 x checkpoint cost x MTBF), the
+  // interval that loses the least to checkpoints and failures together.
+  std::string interval;
+  const auto* j = s.sections.get<RunJournalStats>();
+  const double median_s = static_cast<double>(o->median_ns) / 1e9;
+  if ((kind == "checkpoint" || kind == "host_copy") && j != nullptr && j->failures > 0 &&
+      measured(j->mtbf_s) && j->mtbf_s > 0 && median_s > 0 && each_ms > 0) {
+    const double cost_s = each_ms / 1e3;
+    const double young_s = std::sqrt(2 * cost_s * j->mtbf_s);
+    const double now_s = static_cast<double>(o->period) * median_s;
+    const auto young_steps = static_cast<long long>(std::max(1.0, std::round(young_s / median_s)));
+    a.evidence.push_back({"mtbf", j->mtbf_s, "s"});
+    a.evidence.push_back({"young_interval", young_s, "s"});
+    interval =
+        " (the run journal's " + std::to_string(j->failures) + " failure(s), MTBF " +
+        num(j->mtbf_s, "%.3g") + " s, and " + num(each_ms, "%.3g") +
+        " ms per stall give Young's interval sqrt(2 x cost x MTBF) = " + num(young_s, "%.3g") +
+        " s, about every " + std::to_string(young_steps) + " steps against every " +
+        std::to_string(o->period) + " now" + (young_s > now_s ? ")" : ": no less often)");
+  }
   if (kind == "checkpoint") {
-    a.action = checkpoint;
+    a.action = checkpoint + interval;
   } else if (kind == "eval") {
     a.action = eval;
   } else if (kind == "log") {
     a.action = log;
   } else if (kind == "host_copy") {
-    a.action = "if this is a checkpoint: " + checkpoint +
+    a.action = "if this is a checkpoint: " + checkpoint + interval +
                "; if it reads results back: copy them non_blocking into pinned memory and read "
                "them a step later";
   } else if (kind == "data") {

@@ -10,6 +10,7 @@
 
 #include "torchpilot/advisors/advisors.h"
 #include "torchpilot/runtime/pilot.h"
+#include "torchpilot/runtime/run_journal.h"
 #include "torchpilot/runtime/step_outliers.h"
 
 namespace torchpilot {
@@ -391,6 +392,45 @@ TEST(PeriodicStallTest, ProbedHostCopiesNameTheCopyAndTheAsynchronousCheckpoint)
   ASSERT_TRUE(a.has_value());
   EXPECT_NE(a->cause.find("in the phase 'eval'"), std::string::npos) << a->cause;
   EXPECT_NE(a->action.find("evaluate less often"), std::string::npos) << a->action;
+}
+
+TEST(PeriodicStallTest, RunJournalFailuresGiveYoungsCheckpointInterval) {
+  EpochSummary s;
+  s.steps = 100;
+  s.wall_ns = 1000 * kMs;
+  OutlierStats o;
+  o.count = o.periodic_count = 5;
+  o.period = 20;  // every 20 x 8 ms = 0.16 s
+  o.median_ns = 8 * kMs;
+  o.periodic_excess_ns = 150 * kMs;  // 30 ms per stall
+  o.periodic_share = 0.15;
+  o.phase = "checkpoint";
+  o.phase_share = 0.9;
+  s.sections.set(o);
+  // No journal, or one without failures: no interval.
+  auto a = advise_periodic_stall(s, AdvisorsConfig{});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->action.find("Young"), std::string::npos) << a->action;
+  RunJournalStats j;
+  j.runs = 3;
+  j.failures = 2;
+  j.wall_s = 1200;
+  j.mtbf_s = 600;
+  s.sections.set(j);
+  a = advise_periodic_stall(s, AdvisorsConfig{});
+  ASSERT_TRUE(a.has_value());
+  // sqrt(2 x 0.03 s x 600 s) = 6 s = 750 steps of 8 ms.
+  EXPECT_NE(a->action.find("Young's interval sqrt(2 x cost x MTBF) = 6 s, about every 750 steps "
+                           "against every 20 now)"),
+            std::string::npos)
+      << a->action;
+  // Already rarer than that: not to be checkpointed less often.
+  o.period = 1000;
+  s.sections.set(o);
+  a = advise_periodic_stall(s, AdvisorsConfig{});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_NE(a->action.find("against every 1000 now: no less often)"), std::string::npos)
+      << a->action;
 }
 
 }  // namespace
