@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -81,6 +82,9 @@ struct Run {
   std::vector<double> cost_fraction;  // the default's "cost" sections
   std::vector<double> horizon_fraction;
   int64_t deferred = 0;
+  // Where torchpilot's time went, per epoch (after the first): each step part ("gpu", "flops",
+  // "pilot") and each epoch-end part ("epoch end: gpu", ...), in microseconds.
+  std::map<std::string, std::vector<double>> parts_us;
 };
 
 double median(std::vector<double> v) {
@@ -121,7 +125,9 @@ Run run(const Args& a, bool with_pilot, torch::Device device) {
     }
     return r;
   }
-  torchpilot::Config config;  // the defaults, as a new user has them
+  // The defaults, as a new user has them; TORCHPILOT_* variables isolate one part's cost
+  // (e.g. TORCHPILOT_GPU_NVTX=false).
+  torchpilot::Config config = torchpilot::Config::load();
   config.log.level = "warn";
   torchpilot::Pilot pilot(config);
   torchpilot::FlopCounter flops(pilot);
@@ -139,6 +145,12 @@ Run run(const Args& a, bool with_pilot, torch::Device device) {
       r.cost_fraction.push_back(c->fraction);
       r.horizon_fraction.push_back(c->horizon_fraction);
       r.deferred += c->deferred;
+      if (s.epoch == 0) continue;  // start-up
+      for (const auto& [who, ns] : c->step_parts) r.parts_us["step: " + who].push_back(ns / 1e3);
+      for (const auto& [who, ns] : c->epoch_end_parts) {
+        r.parts_us["epoch end: " + who].push_back(ns / 1e3);
+      }
+      r.parts_us["window"].push_back(c->window_ns / 1e3);
     }
   }
   return r;
@@ -174,7 +186,8 @@ int main(int argc, char** argv) {
   const torch::Device device(a.device.empty() ? (torch::cuda::is_available() ? "cuda" : "cpu")
                                               : a.device);
   json rounds = json::array();
-  std::vector<double> ratios, off_all, def_all, cost_all, horizon_all;
+  std::vector<double> ratios, mean_ratios, off_all, def_all, cost_all, horizon_all;
+  std::map<std::string, std::vector<double>> parts_all;
   int64_t deferred = 0;
   for (int k = 0; k < a.rounds; ++k) {
     Run off, def;
@@ -195,12 +208,16 @@ int main(int argc, char** argv) {
     cost_all.insert(cost_all.end(), def.cost_fraction.begin(), def.cost_fraction.end());
     if (!def.horizon_fraction.empty()) horizon_all.push_back(def.horizon_fraction.back());
     deferred += def.deferred;
+    for (const auto& [part, v] : def.parts_us) {
+      parts_all[part].insert(parts_all[part].end(), v.begin(), v.end());
+    }
     // The mean over all epochs too: a first window or start-up cost shows there, not in medians.
     auto mean = [](const std::vector<double>& v) {
       double s = 0;
       for (double x : v) s += x;
       return v.empty() ? 0 : s / static_cast<double>(v.size());
     };
+    mean_ratios.push_back(mean(def.epoch_s) / mean(off.epoch_s));
     rounds.push_back({{"order", k % 2 == 0 ? "off,default" : "default,off"},
                       {"off_epoch_s", off.epoch_s},
                       {"default_epoch_s", def.epoch_s},
@@ -216,6 +233,19 @@ int main(int argc, char** argv) {
         k, o, d, d / o, mean(def.epoch_s) / mean(off.epoch_s), 100 * median(def.cost_fraction));
   }
   const double ratio = median(ratios);
+  json parts = json::object();
+  json parts_max = json::object();  // a window's epoch shows here
+  for (const auto& [part, v] : parts_all) {
+    parts[part] = median(v);
+    parts_max[part] = *std::max_element(v.begin(), v.end());
+  }
+  std::printf("torchpilot per epoch (median us):");
+  for (const auto& [part, v] : parts_all) std::printf(" %s %.1f;", part.c_str(), median(v));
+  std::printf("\ntorchpilot per epoch (max us):");
+  for (const auto& [part, v] : parts_all) {
+    std::printf(" %s %.1f;", part.c_str(), *std::max_element(v.begin(), v.end()));
+  }
+  std::printf("\n");
   std::printf("default_over_off %.4f (min %.4f, max %.4f) over %d rounds; budget 1.01\n", ratio,
               *std::min_element(ratios.begin(), ratios.end()),
               *std::max_element(ratios.begin(), ratios.end()), a.rounds);
@@ -232,6 +262,9 @@ int main(int argc, char** argv) {
               {"default_over_off", ratio},
               {"ratio_min", *std::min_element(ratios.begin(), ratios.end())},
               {"ratio_max", *std::max_element(ratios.begin(), ratios.end())},
+              {"mean_ratio_median", median(mean_ratios)},
+              {"cost_parts_median_us", parts},
+              {"cost_parts_max_us", parts_max},
               {"off_epoch_median_s", median(off_all)},
               {"default_epoch_median_s", median(def_all)},
               {"cost_fraction_median", median(cost_all)},
