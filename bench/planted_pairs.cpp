@@ -665,6 +665,7 @@ torchpilot::Config advise_config(const Args& a) {
   c.gpu.trace_steps = a.window_steps;
   c.gpu.trace_every_epochs = 0;
   c.gpu.trace_anomaly_factor = 0;  // one window, where the bench puts it
+  c.cost.budget = 1;               // not deferred by the budget: the advice needs the window
   return c;
 }
 

@@ -88,18 +88,33 @@ void StepFlopsSum::add(const StepFlops& s) {
   sum_.unfused_attention_traffic_bytes += s.unfused_attention_traffic_bytes;
   sum_.fused_attention_flops += s.fused_attention_flops;
   sum_.unparsed_calls += s.unparsed_calls;
-  for (const OpFlops& o : s.ops) {
-    OpFlops& t = ops_[{o.op, o.precision}];
+  if (s.id != 0) {
+    Repeated& r = repeated_[s.id];
+    if (r.steps++ == 0) {
+      r.ops = s.ops;
+      r.modules = s.modules;
+    }
+    return;
+  }
+  merge(s.ops, s.modules, 1, ops_, modules_);
+}
+
+void StepFlopsSum::merge(const std::vector<OpFlops>& ops, const std::vector<OpFlops>& modules,
+                         double times,
+                         std::map<std::pair<std::string, MathPrecision>, OpFlops>& to_ops,
+                         std::map<std::string, OpFlops>& to_modules) const {
+  for (const OpFlops& o : ops) {
+    OpFlops& t = to_ops[{o.op, o.precision}];
     t.op = o.op;
     t.precision = o.precision;
-    t.flops_per_step += o.flops_per_step;
-    t.calls_per_step += o.calls_per_step;
+    t.flops_per_step += times * o.flops_per_step;
+    t.calls_per_step += times * o.calls_per_step;
   }
-  for (const OpFlops& o : s.modules) {
-    OpFlops& t = modules_[o.op];
+  for (const OpFlops& o : modules) {
+    OpFlops& t = to_modules[o.op];
     t.op = o.op;
-    t.flops_per_step += o.flops_per_step;
-    t.calls_per_step += o.calls_per_step;
+    t.flops_per_step += times * o.flops_per_step;
+    t.calls_per_step += times * o.calls_per_step;
   }
 }
 
@@ -119,13 +134,18 @@ StepFlops StepFlopsSum::mean() const {
   m.unfused_attention_traffic_bytes = sum_.unfused_attention_traffic_bytes / n;
   m.fused_attention_flops = sum_.fused_attention_flops / n;
   m.unparsed_calls = static_cast<int64_t>(std::ceil(static_cast<double>(sum_.unparsed_calls) / n));
-  for (const auto& [key, o] : ops_) {
+  auto ops = ops_;
+  auto modules = modules_;
+  for (const auto& [id, r] : repeated_) {
+    merge(r.ops, r.modules, static_cast<double>(r.steps), ops, modules);
+  }
+  for (const auto& [key, o] : ops) {
     m.ops.push_back({o.op, o.precision, o.flops_per_step / n, o.calls_per_step / n});
   }
   std::stable_sort(m.ops.begin(), m.ops.end(), [](const OpFlops& a, const OpFlops& b) {
     return a.flops_per_step > b.flops_per_step;
   });
-  for (const auto& [name, o] : modules_) {
+  for (const auto& [name, o] : modules) {
     m.modules.push_back({o.op, MathPrecision::kOther, o.flops_per_step / n, o.calls_per_step / n});
   }
   std::stable_sort(m.modules.begin(), m.modules.end(), [](const OpFlops& a, const OpFlops& b) {

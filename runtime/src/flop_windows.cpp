@@ -2,6 +2,7 @@
 #include "torchpilot/runtime/flop_windows.h"
 
 #include <algorithm>
+#include <atomic>
 #include <utility>
 
 namespace torchpilot {
@@ -24,6 +25,8 @@ const StepFlops* FlopWindowPlanner::count_for(int64_t samples) const {
 }
 
 void FlopWindowPlanner::store(int64_t samples, StepFlops count) {
+  static std::atomic<uint64_t> next_id{1};  // unique across planners: sums key on it
+  count.id = next_id.fetch_add(1, std::memory_order_relaxed);
   cache_.erase(std::remove_if(cache_.begin(), cache_.end(),
                               [&](const auto& e) { return e.first == samples; }),
                cache_.end());

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -255,8 +256,8 @@ void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
     if (ok && config_.sync_op_names) HostOpScopes::instance().enable(true);
   }
   if (!config_.nvtx) return;
-  char name[32];
-  std::snprintf(name, sizeof name, "step %lld", static_cast<long long>(step));
+  char name[32] = "step ";  // to_chars: no locale, no format parsing (every step)
+  *std::to_chars(name + 5, name + sizeof name - 1, step).ptr = '\0';
   backend_->range_push(name);
   ++open_ranges_;
 }
@@ -341,18 +342,32 @@ void GpuMonitor::on_step_end(StepRecord& r) {
     backend_->release_trace();  // its final flush is drained once the release is done
     refresh_pm_status();        // PM sampling may not have come back
   }
-  drain();
-  maybe_stop_trace(r.end_ns, false);
-  finish_ready_steps(false, r.end_ns);
+  // Outside a window the steps' GPU figures come from markers and PM samples resolved off this
+  // thread: collected every kCollectEveryNs of host time, not at every step (a collection takes
+  // the backend's locks; 3-4 us a step on the H100 and H200). A window collects at every step.
+  const bool window = a.release || a.traced || attached_before || stop_pending_ ||
+                      planner_.trace_attached() || backend_->trace_releasing();
+  if (window || r.end_ns - last_collect_ns_ >= kCollectEveryNs || last_collect_ns_ < 0 ||
+      pending_.size() >= kCollectMaxPending) {
+    last_collect_ns_ = r.end_ns;
+    drain();
+    maybe_stop_trace(r.end_ns, false);
+    finish_ready_steps(false, r.end_ns);
+  }
 }
 
 bool GpuMonitor::allow_window(const char* kind, int steps) {
-  // The first window is how a window's cost here becomes known: it is not held back.
-  if (host_ == nullptr || last_window_cost_ns_ < 0) return true;
-  const Nanos estimate = last_window_cost_ns_ * steps / std::max(1, last_window_steps_);
+  if (host_ == nullptr) return true;
+  // The latest window's cost scaled to this one's steps; before any, a prior (the first window
+  // measures what windows cost here).
+  const Nanos estimate = last_window_cost_ns_ < 0
+                             ? kFirstWindowEstimateNs
+                             : last_window_cost_ns_ * steps / std::max(1, last_window_steps_);
   if (host_->cost_allows(estimate)) return true;
-  denied_ = std::string(std::strcmp(kind, "anomaly") == 0 ? "an anomaly" : "a repeated") +
-            " trace window of " + std::to_string(steps) + " steps";
+  const std::string what = std::strcmp(kind, "anomaly") == 0 ? "an anomaly"
+                           : std::strcmp(kind, "first") == 0 ? "the first"
+                                                             : "a repeated";
+  denied_ = what + " trace window of " + std::to_string(steps) + " steps";
   denied_estimate_ns_ = estimate;
   return false;
 }
@@ -632,12 +647,13 @@ Nanos GpuMonitor::now_ns() const {
 void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   const Nanos t0 = now_ns();
   // How long the epoch's end may wait for the GPU: gpu.epoch_end_wait_ms, and no more than what
-  // the epoch's budget share (cost.budget x its time) has left after torchpilot's step calls (a
-  // 40 ms epoch may not wait 5 ms). What is not final then (the last steps' markers or PM samples,
-  // a window's release) counts in the next epoch.
+  // half the epoch's budget share (cost.budget x its time / 2) has left after torchpilot's step
+  // calls (a 40 ms epoch may not wait 5 ms; the wait never takes the whole share). What is not
+  // final then (the last steps' markers or PM samples, a window's release) counts in the next
+  // epoch.
   Nanos allowed = static_cast<Nanos>(config_.epoch_end_wait_ms * 1e6);
   if (host_ != nullptr) {
-    const auto share = static_cast<Nanos>(host_->config().cost.budget *
+    const auto share = static_cast<Nanos>(host_->config().cost.budget / 2 *
                                           static_cast<double>(std::max<Nanos>(0, summary.wall_ns)));
     allowed = std::max<Nanos>(0, std::min<Nanos>(allowed, share - host_->epoch_cost_ns()));
   }
@@ -668,12 +684,14 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
     backend_->request_flush();
   }
   // The release (cuptiFinalize, PM sampling's restart) takes 0.1-0.4 s off this thread. Waited
-  // for only when that fits in the wait allowed, or for the run's first window (not held back,
-  // like its start: a short run's only epoch would otherwise never show it); otherwise the
-  // window's steps finish when it is done and count in the next epoch.
+  // for only when that fits in the wait allowed, or for the run's first window when the budget
+  // has room for it (a short run's only epoch would otherwise never show it); otherwise the
+  // window's steps finish when it is done and count in the next epoch (or at close()).
   if (a.release) backend_->release_trace();
+  const bool first_fits =
+      !traced_finished_ && (host_ == nullptr || host_->cost_allows(kReleaseEstimateNs));
   if (backend_->trace_releasing() &&
-      (!traced_finished_ || kReleaseEstimateNs <= allowed - (now_ns() - t0))) {
+      (first_fits || kReleaseEstimateNs <= allowed - (now_ns() - t0))) {
     backend_->finish_release();
   }
   if (a.release || !backend_->trace_releasing()) refresh_pm_status();

@@ -144,9 +144,16 @@ GpuWindowPlanner::StepEndActions GpuWindowPlanner::end_step(int64_t step, int64_
       arm(requested_window_);
       requested_window_ = 0;
     } else if (!first_window_done_ && step + 1 >= config_.trace_first_step) {
-      first_window_done_ = true;
-      window_step_in_epoch_ = step_in_epoch + 1;
-      arm(config_.trace_steps);
+      // Like a repeat, the first window waits (checked at each step end) for room in the budget.
+      if (!allow_optional || allow_optional("first", config_.trace_steps)) {
+        first_window_done_ = true;
+        first_deferred_ = false;
+        window_step_in_epoch_ = step_in_epoch + 1;
+        arm(config_.trace_steps);
+      } else if (!first_deferred_) {
+        first_deferred_ = true;
+        a.deferred = true;
+      }
     } else if (first_window_done_ && config_.trace_every_epochs > 0 &&
                epochs_since_window_ >= config_.trace_every_epochs &&
                step_in_epoch + 1 >= window_step_in_epoch_) {

@@ -71,6 +71,7 @@ class LogSink final : public Sink {
   explicit LogSink(std::shared_ptr<spdlog::logger> logger) : logger_(std::move(logger)) {}
   std::string name() const override { return "log"; }
   void on_epoch(const EpochSummary& summary, const std::vector<Advice>& advice) override {
+    if (!logger_->should_log(spdlog::level::info)) return;  // not formatted for nothing
     for (const auto& line : format_epoch(summary, advice)) logger_->info("{}", line);
   }
   void on_trial(const TrialResult& trial, bool kept) override {

@@ -12,10 +12,11 @@
 namespace torchpilot::testing_support {
 
 // Advise mode; a window of `trace_steps` steps armed after step `trace_first_step`; no anomaly
-// windows; PM samples every 2 ms.
+// windows; PM samples every 2 ms; no cost budget (a test's short run would defer its window).
 inline Config gpu_config(int trace_first_step, int trace_steps) {
   Config c;
   c.mode = Mode::kAdvise;
+  c.cost.budget = 1;
   c.gpu.trace_first_step = trace_first_step;
   c.gpu.trace_steps = trace_steps;
   c.gpu.trace_anomaly_factor = 0;

@@ -509,6 +509,7 @@ TEST(HostSyncMonitorTest, EpochNamesTopCallSitesWithTheirPhase) {
   auto sink = std::make_shared<RecordingSink>();
   Config c;
   c.gpu.trace_first_step = 0;
+  c.cost.budget = 1;  // the window opens when due (a short fake run)
   c.gpu.trace_steps = 3;
   c.gpu.trace_anomaly_factor = 0;
   c.gpu.nvtx = false;

@@ -145,6 +145,7 @@ TEST(TraceEventsTest, APilotWritesEachWindowWithItsStepsRecordsAndAdvice) {
       "trace-test", std::make_shared<spdlog::sinks::ostream_sink_st>(log));
   Config c;
   c.gpu.trace_first_step = 3;
+  c.cost.budget = 1;  // the window opens when due (a short fake run)
   c.gpu.trace_steps = 4;
   c.gpu.trace_anomaly_factor = 0;
   c.gpu.step_markers = false;
@@ -234,6 +235,7 @@ TEST(TraceEventsTest, NoTraceDirNoWindowRecords) {
       "trace-test", std::make_shared<spdlog::sinks::ostream_sink_st>(log));
   Config c;
   c.gpu.trace_first_step = 1;
+  c.cost.budget = 1;  // the window opens when due (a short fake run)
   c.gpu.trace_steps = 2;
   auto sink = std::make_shared<RecordingSink>();
   PilotOptions o;

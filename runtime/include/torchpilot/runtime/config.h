@@ -61,7 +61,7 @@ struct GpuConfig {
   double trace_anomaly_factor = 3.0;  // a step slower than this x the median opens one (0: off)
   int trace_buffer_mb = 32;           // most memory for activity buffers
   // The most an epoch's end waits for the GPU to finish the epoch's steps; it waits no longer
-  // than cost.budget x the epoch's time less torchpilot's time in it either. Steps not finished
+  // than cost.budget / 2 x the epoch's time less torchpilot's time in it either. Steps not finished
   // count in the next epoch.
   double epoch_end_wait_ms = 1000;
   std::string cupti_path;  // libcupti to load; empty: LibTorch's, then the default search

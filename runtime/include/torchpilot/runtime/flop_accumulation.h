@@ -42,6 +42,9 @@ struct StepFlops {
   double unfused_attention_traffic_bytes = 0;
   double fused_attention_flops = 0;
   int64_t unparsed_calls = 0;
+  // Nonzero: a cached count (FlopWindowPlanner) that many steps repeat; sums merge its ops and
+  // modules once per id, not at every step.
+  uint64_t id = 0;
 };
 
 // Sums of the ops counted in a window (the hook serializes calls).
@@ -82,6 +85,16 @@ class StepFlopsSum {
   StepFlops sum_;
   std::map<std::pair<std::string, MathPrecision>, OpFlops> ops_;
   std::map<std::string, OpFlops> modules_;
+  // Cached counts by id: one copy and how many steps added it (merged into ops_ and modules_ by
+  // mean()); a step costs an integer lookup instead of a string-keyed map update per op.
+  struct Repeated {
+    int64_t steps = 0;
+    std::vector<OpFlops> ops, modules;
+  };
+  std::map<uint64_t, Repeated> repeated_;
+  void merge(const std::vector<OpFlops>& ops, const std::vector<OpFlops>& modules, double times,
+             std::map<std::pair<std::string, MathPrecision>, OpFlops>& to_ops,
+             std::map<std::string, OpFlops>& to_modules) const;
 };
 
 // An epoch's steps -> FlopEpochStats.

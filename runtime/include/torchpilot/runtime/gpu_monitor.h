@@ -53,6 +53,13 @@ class GpuMonitor : public Collector {
   // What a window's release takes off the training thread (measured 0.1-0.4 s): an epoch's end
   // waits for one still running only when this fits in its allowance (or for the first window).
   static constexpr Nanos kReleaseEstimateNs = 400000000;
+  // What a window costs the training thread before one has been measured here (its start, stop
+  // and slower launches; the release apart): the budget's estimate for the first window.
+  static constexpr Nanos kFirstWindowEstimateNs = 50000000;
+  // Outside windows, steps' GPU figures are collected this often (host time), or once this many
+  // steps wait.
+  static constexpr Nanos kCollectEveryNs = 10000000;
+  static constexpr size_t kCollectMaxPending = 64;
 
   // Starts the backend's always-on collectors.
   GpuMonitor(const GpuConfig& config, std::shared_ptr<GpuBackend> backend);
@@ -153,6 +160,7 @@ class GpuMonitor : public Collector {
   int window_cost_steps_ = 0;   // its traced steps
   bool window_costing_ = false;
   Nanos last_window_cost_ns_ = -1;  // the latest finished window's (-1: none yet)
+  Nanos last_collect_ns_ = -1;      // host time of the latest drain and step finishing
   int last_window_steps_ = 0;
   std::string denied_;  // the optional window the budget held back last, and its estimate
   Nanos denied_estimate_ns_ = 0;

@@ -131,6 +131,7 @@ class GpuWindowPlanner {
   Nanos slow_first_ns_ = 0;     // the run's first step's work
   std::string anomaly_reason_;
   bool repeat_deferred_ = false;  // the due repeat was deferred (counted once)
+  bool first_deferred_ = false;   // the first window was deferred (counted once)
   bool trace_failed_ = false;
   bool stopping_ = false;  // closed, the trace not stopped yet (the GPU runs behind)
   int tail_ = 0;           // step ends left before the closed window's steps are final

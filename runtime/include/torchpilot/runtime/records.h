@@ -34,8 +34,10 @@ class StepMetrics {
   };
   void set(const char* section, const char* name, double value) {
     for (int i = 0; i < size_; ++i) {
-      if (std::string_view(items_[i].section) == section &&
-          std::string_view(items_[i].name) == name) {
+      // Callers pass the same literals every step: pointers first, text only when they differ.
+      if ((items_[i].section == section && items_[i].name == name) ||
+          (std::string_view(items_[i].section) == section &&
+           std::string_view(items_[i].name) == name)) {
         items_[i].value = value;
         return;
       }
