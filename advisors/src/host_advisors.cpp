@@ -275,13 +275,26 @@ std::optional<Advice> advise_periodic_stall(const EpochSummary& s, const Advisor
         "if it is a checkpoint: " +
         checkpoint + "; if evaluation or logging: " + log;
   }
-  // Removing the stalls' time above the median, at most.
-  const double excess = static_cast<double>(o->periodic_excess_ns);
+  // Removing the stalls' time above the median, at most; in GPU time where the step markers give
+  // it: while the host stalls, the GPU runs what was queued before, and only its idle is lost.
+  const double host_excess = static_cast<double>(o->periodic_excess_ns);
+  const bool gpu_timed = o->periodic_gpu_excess_ns >= 0 && o->gpu_timed > 0;
+  const double excess =
+      gpu_timed ? std::min(host_excess, static_cast<double>(o->periodic_gpu_excess_ns)) : host_excess;
   const double rest = static_cast<double>(s.wall_ns) - excess;
   a.expected_gain = rest > 0 ? excess / rest : 0;
   a.gain_estimated = true;
-  a.action += "; estimated +" + pct(a.expected_gain) +
-              " throughput at most (the stalls' time above the median step removed)";
+  if (gpu_timed) {
+    const double n = static_cast<double>(o->periodic_count);
+    a.evidence.push_back({"gpu_excess_per_stall", excess / n / 1e6, "ms"});
+    a.action += "; estimated +" + pct(a.expected_gain) +
+                " throughput at most (the GPU's idle in the stalls removed: " +
+                num(excess / n / 1e6, "%.3g") + " ms per stall above its median step, of the " +
+                num(each_ms, "%.3g") + " ms the host stalls; the GPU ran queued work meanwhile)";
+  } else {
+    a.action += "; estimated +" + pct(a.expected_gain) +
+                " throughput at most (the stalls' time above the median step removed)";
+  }
   return a;
 }
 

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "torchpilot/advisors/advisors.h"
+#include "torchpilot/runtime/gpu_records.h"
 #include "torchpilot/runtime/guard.h"
 #include "torchpilot/runtime/html_report.h"
 #include "torchpilot/runtime/loader_policy.h"
@@ -273,6 +274,12 @@ void Pilot::request_window(int steps) {
 }
 
 void Pilot::publish(const LateStepRecord& record) {
+  // A step's GPU span: what a periodic stall cost the GPU (OutlierStats).
+  if (record.record_type == GpuStepRecord::kRecordType) {
+    if (const auto* g = record.get<GpuStepRecord>(); g != nullptr && g->gpu_timed) {
+      stalls_.add_gpu_span(record.step, g->gpu_end_ns - g->gpu_begin_ns);
+    }
+  }
   for_each_sink("on_late_step", [&](Sink& s) { s.on_late_step(record); });
 }
 

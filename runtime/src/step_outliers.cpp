@@ -110,6 +110,26 @@ void StallTracker::note_outlier_start(int64_t step) {
   }
 }
 
+void StallTracker::add_gpu_span(int64_t step, Nanos gpu_ns) {
+  if (gpu_ns <= 0) return;
+  for (auto it = outliers_.rbegin(); it != outliers_.rend(); ++it) {
+    if (it->step == step) {
+      it->gpu_ns = gpu_ns;
+      return;
+    }
+    if (it->step < step) break;  // outliers_ is in step order
+  }
+  // Steps beside a stall are ordinary on the host but not on the GPU (the queue drains and
+  // refills around it): left out of the ordinary spans.
+  if (step == last_outlier_ + 1 || at_period(step)) return;
+  if (gpu_recent_.size() < kHistory) {
+    gpu_recent_.push_back(gpu_ns);
+  } else {
+    gpu_recent_[gpu_next_] = gpu_ns;
+    gpu_next_ = (gpu_next_ + 1) % kHistory;
+  }
+}
+
 bool StallTracker::at_period(int64_t step) const {
   if (period_ <= 0) return false;
   const int64_t d = ((step - anchor_) % period_ + period_) % period_;
@@ -147,6 +167,24 @@ OutlierStats StallTracker::summarize(const EpochSummary& e,
     periodic.own_ns += s.own_ns;
     periodic.cpu_ns += std::max<Nanos>(0, s.cpu_ns);
     for (int i = 0; i < kMaxPhases; ++i) periodic.phase_ns[i] += s.phase_ns[i];
+  }
+  // The same excess in GPU time, from the periodic outliers whose GPU span has come.
+  if (o.periodic_count > 0 && gpu_recent_.size() >= kMinHistory) {
+    std::vector<Nanos> spans = gpu_recent_;
+    std::nth_element(spans.begin(), spans.begin() + static_cast<std::ptrdiff_t>(spans.size() / 2),
+                     spans.end());
+    o.gpu_median_ns = spans[spans.size() / 2];
+    Nanos gpu_excess = 0;
+    for (const Step& s : outliers_) {
+      if (!at_period(s.step) || s.step_in_epoch < kEdgeSteps || s.gpu_ns < 0) continue;
+      ++o.gpu_timed;
+      gpu_excess += std::max<Nanos>(0, s.gpu_ns - o.gpu_median_ns);
+    }
+    if (o.gpu_timed > 0) {
+      o.periodic_gpu_excess_ns = static_cast<Nanos>(static_cast<double>(gpu_excess) *
+                                                    static_cast<double>(o.periodic_count) /
+                                                    static_cast<double>(o.gpu_timed));
+    }
   }
   const Nanos wall = std::max<Nanos>(1, e.wall_ns);
   o.share = fraction(o.time_ns, wall);
@@ -250,6 +288,10 @@ std::string section_json(const OutlierStats& o) {
                    {"sync_share", number(o.sync_share)},
                    {"syncs_per_stall", number(o.syncs_per_stall)},
                    {"d2h_mb_per_stall", number(o.d2h_mb_per_stall)},
+                   {"gpu_timed", o.gpu_timed},
+                   {"gpu_median_ms", o.gpu_median_ns >= 0 ? json(ms(o.gpu_median_ns)) : json()},
+                   {"periodic_gpu_excess_ms",
+                    o.periodic_gpu_excess_ns >= 0 ? json(ms(o.periodic_gpu_excess_ns)) : json()},
                    {"steps", o.steps}});
 }
 
@@ -268,6 +310,11 @@ void section_text(const OutlierStats& o, const EpochSummary&, std::vector<std::s
     line += "; " + fmt_pct(o.sync_share) + " of their extra time waits for the GPU or copies to " +
             "the host (" + fmt_num(o.d2h_mb_per_stall) + " MB device-to-host per stall, " +
             std::to_string(o.probed) + " probed)";
+  }
+  if (o.periodic_gpu_excess_ns >= 0 && o.periodic_count > 0) {
+    line += "; on the GPU " + fmt_ms(o.periodic_gpu_excess_ns / o.periodic_count) +
+            " per stall above its median step " + fmt_ms(o.gpu_median_ns) + " (" +
+            std::to_string(o.gpu_timed) + " timed)";
   }
   lines.push_back(line);
 }

@@ -211,6 +211,47 @@ TEST(StallTrackerTest, ProbedStallsGetTheirSyncShareAboveTheOrdinaryProbedSteps)
   EXPECT_NE(json.find("\"sync_share\":0.6"), std::string::npos) << json;
 }
 
+// A GPU-bound trainer: the host stalls 100 ms every 20 steps, but the GPU runs the work queued
+// before the stall for 70 ms of it: the stall costs the GPU 30 ms, and that is the gain.
+TEST(StallTrackerTest, GpuSpansGiveTheStallsCostInGpuTime) {
+  StallTracker t(3.0);
+  std::vector<std::pair<int64_t, Nanos>> late;  // GPU spans come after their steps
+  for (int64_t i = 0; i < 200; ++i) {
+    const bool slow = i % 20 == 5;
+    t.add(record(i, i, slow ? 110 : 10));
+    late.emplace_back(i, (slow ? 40 : 10) * kMs);
+    if (late.size() > 3) {  // three steps behind
+      t.add_gpu_span(late.front().first, late.front().second);
+      late.erase(late.begin());
+    }
+  }
+  EpochSummary e;
+  e.steps = 200;
+  e.wall_ns = 190 * 10 * kMs + 10 * 110 * kMs;
+  OutlierStats o = t.summarize(e, {});
+  EXPECT_EQ(o.periodic_count, 9);  // the first stall comes before the median is known
+  EXPECT_EQ(o.gpu_timed, 9);
+  EXPECT_EQ(o.gpu_median_ns, 10 * kMs);
+  EXPECT_EQ(o.periodic_excess_ns, 9 * 100 * kMs);
+  EXPECT_EQ(o.periodic_gpu_excess_ns, 9 * 30 * kMs);
+  EpochSummary s = e;
+  s.sections.set(o);
+  auto a = advise_periodic_stall(s, AdvisorsConfig{});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_NEAR(a->expected_gain, 270.0 / (3000.0 - 270.0), 1e-6);
+  EXPECT_NE(a->action.find("the GPU's idle in the stalls removed: 30 ms per stall above its median "
+                           "step, of the 100 ms the host stalls"),
+            std::string::npos)
+      << a->action;
+  // Without GPU spans: the host's excess.
+  o.periodic_gpu_excess_ns = -1;
+  o.gpu_timed = 0;
+  s.sections.set(o);
+  a = advise_periodic_stall(s, AdvisorsConfig{});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_NEAR(a->expected_gain, 900.0 / (3000.0 - 900.0), 1e-6);
+}
+
 TEST(StallTrackerTest, UnprobedStallsHaveNoSyncShare) {
   StallTracker t(3.0);
   for (int64_t i = 0; i < 200; ++i) {

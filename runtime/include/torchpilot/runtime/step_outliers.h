@@ -49,6 +49,12 @@ struct OutlierStats {
   double sync_share = kNotMeasured;  // share of their excess in such ops (above ordinary steps)
   double syncs_per_stall = kNotMeasured;   // such ops per probed stall
   double d2h_mb_per_stall = kNotMeasured;  // MB copied device-to-host per probed stall
+  // GPU time (step markers): the periodic outliers' GPU spans above the median GPU span of
+  // ordinary steps, scaled to all of them from those with a span (the GPU's idle the stalls
+  // caused: a host stall the queued work covered costs the GPU nothing). -1: no GPU spans.
+  int64_t gpu_timed = 0;          // periodic outliers with a GPU span
+  Nanos gpu_median_ns = -1;       // median GPU span of ordinary steps
+  Nanos periodic_gpu_excess_ns = -1;
   std::vector<int64_t> steps;              // the first outliers' step numbers (at most kListed)
   static constexpr size_t kListed = 16;
 };
@@ -71,6 +77,8 @@ class StallTracker {
   bool add(const StepRecord& record);
   // The same step after the collectors added their metrics: the sync probe's figures (sync.*).
   void add_probe(const StepRecord& record);
+  // A step's GPU span (the GPU monitor's late record, from its step markers), as it comes.
+  void add_gpu_span(int64_t step, Nanos gpu_ns);
   // The step sits at the recurring period (one step either side): a slow step there is known.
   bool at_period(int64_t step) const;
   int64_t period() const { return period_; }
@@ -84,6 +92,7 @@ class StallTracker {
     Nanos step_ns = 0, data_wait_ns = 0, own_ns = 0, cpu_ns = -1;
     std::array<Nanos, kMaxPhases> phase_ns{};
     Nanos sync_ns = -1;  // the sync probe's figures (-1: not probed)
+    Nanos gpu_ns = -1;   // its GPU span (-1: not known yet)
     double syncs = 0, d2h_bytes = 0;
   };
   void note_outlier_start(int64_t step);
@@ -107,6 +116,9 @@ class StallTracker {
   bool after_period_ = false;  // the last step was at the period
   int64_t probed_steps_ = 0;
   Nanos probed_sync_ns_ = 0;
+  // Recent ordinary steps' GPU spans (a ring): their median is the GPU's ordinary step.
+  std::vector<Nanos> gpu_recent_;
+  size_t gpu_next_ = 0;
 };
 
 }  // namespace torchpilot
