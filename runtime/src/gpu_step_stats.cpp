@@ -246,14 +246,17 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
 
   // Only the samples that overlap the step: the monitor keeps tens of them (every sample since
   // the oldest unfinished step began), and this runs for every step.
-  std::vector<PmSample> pm;
+  // Scratch kept per thread: this runs for every step, and allocating costs more than the work.
+  thread_local std::vector<PmSample> pm;
+  pm.clear();
   for (const PmSample& s : events.pm) {
     if (s.end > span.begin && s.begin < span.end) pm.push_back(s);
   }
   // The part of the step the samples cover: the epoch weighs the step's PM means by it (a step
   // half in a sampling gap, e.g. while a window's release restarts PM sampling, weighs half).
   {
-    std::vector<Interval> covered;
+    thread_local std::vector<Interval> covered;
+    covered.clear();
     for (const PmSample& s : pm) {
       if (measured(s.counter_utilization) || measured(s.sm_efficiency))
         covered.push_back({s.begin, s.end});

@@ -70,7 +70,9 @@ class WatchedLoader final : public LoaderProbe {
   LoaderStats stats() const override {
     LoaderStats s;
     s.name = "watched";
-    s.max_workers = static_cast<int>(std::thread::hardware_concurrency());
+    // Read once: glibc reads /sys for it (tens of microseconds at every epoch's end).
+    static const int cpus = static_cast<int>(std::thread::hardware_concurrency());
+    s.max_workers = cpus;
     read_options(loader_, s, 0);
     s.batches = batches_.load(std::memory_order_relaxed);
     s.blocked_count = s.batches;
