@@ -92,6 +92,10 @@ std::optional<Advice> advise_low_bus_bandwidth(const EpochSummary& s,
   for (const CommOpStats& o : c->ops) {
     if (o.op == CommOp::kAllReduce) ar = &o;
   }
+  // A straggler's wait is in the collectives' time: their rate says nothing of the link then.
+  if (const RankEpochStats* r = s.sections.get<RankEpochStats>(); r && !r->stragglers.empty()) {
+    return std::nullopt;
+  }
   const bool peak_known = measured(c->link_peak) && c->link_peak > 0;
   const bool slow = peak_known && c->busbw < config.low_bus_bandwidth.fraction * c->link_peak;
   const bool small = ar != nullptr && ar->count > 0 &&
@@ -127,7 +131,20 @@ std::optional<Advice> advise_low_bus_bandwidth(const EpochSummary& s,
     a.evidence.push_back({"reference_busbw", gbps(target), "GB/s"});
   }
   a.gain_estimated = true;
-  if (small) {
+  // One all-reduce a step: the whole gradient is one message already; buckets cannot grow it.
+  const double per_step =
+      ar != nullptr ? static_cast<double>(ar->count) / static_cast<double>(c->steps) : 0;
+  if (small && per_step <= 1.5) {
+    a.evidence.push_back({"allreduce_per_step", per_step, "collectives"});
+    a.cause = "the whole gradient is one all-reduce of " +
+              num(static_cast<double>(ar->mean_bytes()) / 1e3, "%.1f") +
+              " kB a step: the model is small for its ranks, and each step pays the "
+              "collective's latency";
+    a.action =
+        "all-reduce less often: accumulate gradients over several micro-batches and average "
+        "them once (GradSync::synchronize() after the last), or give each rank more work per "
+        "step; a larger bucket cannot help";
+  } else if (small) {
     a.cause =
         "messages are small: each collective pays its latency for little payload (a "
         "bucket too small, or one all-reduce per parameter)";

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "gpt_data.h"
+#include "gpt_dist.h"
 #include "gpt_model.h"
 #include "torchpilot/hooks/compat.h"
 
@@ -21,6 +23,8 @@ const char* to_string(Precision precision) {
 }
 
 bool cuda_available() { return torch::cuda::is_available(); }
+
+void set_intra_op_threads(int n) { torch::set_num_threads(n); }
 
 const char* to_string(Optimizer optimizer) {
   switch (optimizer) {
@@ -165,6 +169,7 @@ struct Trainer::Impl {
   torch::Tensor loss_sum;  // running sum on the device (no sync per step)
   int64_t loss_steps = 0;
   int64_t corpus_tokens = 0;
+  std::unique_ptr<DataParallel> dist;  // world_size > 1
 };
 
 Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
@@ -181,6 +186,17 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
     }
     if (m.device.is_cuda() && !m.device.has_index()) m.device = torch::Device(torch::kCUDA, 0);
   }
+  if (options.world_size > 1 && m.device.is_cuda() &&
+      options.device.find(':') == std::string::npos) {
+    // One GPU per rank: this host's rank picks its own.
+    const int gpus = static_cast<int>(torch::cuda::device_count());
+    if (options.world_size > gpus) {
+      throw std::runtime_error(std::to_string(options.world_size) + " ranks need as many GPUs; " +
+                               std::to_string(gpus) + " visible (or run with --device cpu)");
+    }
+    m.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(options.local_rank));
+  }
+  if (m.device.is_cuda()) torch::cuda::synchronize(m.device.index());  // creates its context
   m.precision = m.device.is_cuda() ? options.precision : Precision::kFp32;
   if (options.precision == Precision::kBf16 && !m.device.is_cuda()) {
     std::printf("gpt: bf16 autocast is for CUDA; running fp32 on the CPU\n");
@@ -249,6 +265,16 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
         options.lr, m.optimizer_kind == Optimizer::kFused);
   }
   m.loss_sum = torch::zeros({}, torch::TensorOptions().device(m.device));
+  if (options.world_size > 1) {
+    DistRank r;
+    r.rank = options.rank;
+    r.world = options.world_size;
+    r.local_rank = options.local_rank;
+    m.dist = std::make_unique<DataParallel>(r, m.device, m.model->parameters(), options.bucket_mb,
+                                            options.grad_overlap);
+    // The same weights on every rank (same seed above); each rank its own batches.
+    torch::manual_seed(options.seed + 7919 * static_cast<uint64_t>(options.rank));
+  }
   if (m.device.is_cuda()) torch::cuda::synchronize();
 }
 
@@ -266,10 +292,20 @@ void Trainer::train(torchpilot::Pilot& pilot, int64_t steps) {
   const int forward = pilot.phase_id("forward");
   const int backward = pilot.phase_id("backward");
   const int optimizer = pilot.phase_id("optimizer");
+  const int grad_sync = m.dist ? pilot.phase_id("grad_sync") : -1;
+  const int host = m.options.host_ms > 0 ? pilot.phase_id("host") : -1;
+  if (m.dist) m.dist->attach(pilot);  // before the first step
   const auto long_on_device = torch::TensorOptions().dtype(torch::kLong).device(m.device);
   namespace I = torch::indexing;
   for (int64_t i = 0; i < steps; ++i) {
     auto step = pilot.step(b * t);  // samples = tokens
+    if (m.options.host_ms > 0) {
+      auto p = pilot.phase(host);
+      const auto until = std::chrono::steady_clock::now() +
+                         std::chrono::microseconds(static_cast<int64_t>(m.options.host_ms * 1e3));
+      while (std::chrono::steady_clock::now() < until) {
+      }
+    }
     // The batch, on the device: B random window starts, windows of T+1 tokens.
     torch::Tensor starts = torch::randint(m.corpus_tokens - t - 1, {b, 1}, long_on_device);
     torch::Tensor tokens = torch::take(m.corpus, starts + m.window).to(torch::kLong);
@@ -293,6 +329,10 @@ void Trainer::train(torchpilot::Pilot& pilot, int64_t steps) {
         m.list_optimizer->zero_grad();
       }
       loss.backward();
+    }
+    if (m.dist) {
+      auto p = pilot.phase(grad_sync);
+      m.dist->synchronize();
     }
     {
       auto p = pilot.phase(optimizer);
@@ -340,5 +380,6 @@ Precision Trainer::precision() const { return impl_->precision; }
 Optimizer Trainer::optimizer() const { return impl_->optimizer_kind; }
 int64_t Trainer::parameter_count() const { return impl_->model->parameter_count(); }
 int64_t Trainer::corpus_size() const { return impl_->corpus_tokens; }
+std::string Trainer::comm_backend() const { return impl_->dist ? impl_->dist->backend() : ""; }
 
 }  // namespace gpt_example

@@ -39,6 +39,8 @@ const char* to_string(Optimizer optimizer);  // "fused", "foreach", "per-paramet
 bool fused_adamw_compiled();
 // Whether LibTorch sees a CUDA device.
 bool cuda_available();
+// LibTorch's intra-op threads (ranks sharing a host's cores).
+void set_intra_op_threads(int n);
 
 struct TrainOptions {
   int64_t d_model = 256;
@@ -55,6 +57,17 @@ struct TrainOptions {
   std::string text_path;                    // empty: the generated corpus
   size_t corpus_bytes = size_t{4} << 20;    // size of the generated corpus
   uint64_t seed = 1;
+  // Data parallelism (gpt_dist.h): with world_size > 1 this process is rank `rank`, joined to the
+  // others through MASTER_ADDR:MASTER_PORT; gradients are averaged by torchpilot::GradSync in
+  // buckets of bucket_mb MiB, from backward's hooks (grad_overlap) or after backward. The model
+  // starts alike on every rank; each rank draws its own batches.
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  bool grad_overlap = true;
+  double bucket_mb = 25;
+  // Host work on the training thread at each step's start (a busy loop, ms): plants a straggler.
+  double host_ms = 0;
 };
 
 class Trainer {
@@ -81,7 +94,8 @@ class Trainer {
   Precision precision() const;   // the precision run (kFp32 on the CPU)
   Optimizer optimizer() const;   // the optimizer run (kForeach when kFused is unavailable)
   int64_t parameter_count() const;
-  int64_t corpus_size() const;  // tokens
+  int64_t corpus_size() const;       // tokens
+  std::string comm_backend() const;  // "gloo" or "nccl" with world_size > 1, else
 
  private:
   struct Impl;

@@ -3,6 +3,7 @@
 // the loss, tokens/s and the analytic against the counted model FLOPs per step. torchpilot's
 // advisory log (MFU, GPU figures, advice) is printed by the Pilot itself at each epoch's end.
 // `--attention unfused` and `--precision fp32` plant the fusion and precision advisors.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -11,8 +12,11 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "cli_flags.h"
+#include "gpt_dist.h"
 #include "gpt_flops.h"
 #include "gpt_trainer.h"
 #include "torchpilot/hooks/flop_counter.h"
@@ -31,6 +35,9 @@ int main(int argc, char** argv) {
   double corpus_mb = static_cast<double>(options.corpus_bytes) / (1 << 20);
   std::string attention = "fused", precision = "bf16", optimizer = "fused";
   std::string mode, config_path, json_path;
+  int world_size = 1, straggler_rank = -1;
+  double straggler_ms = 0;
+  bool no_overlap = false;
 
   CLI::App app(
       "gpt_trainer: trains a GPT-style decoder-only model on byte-level text with AdamW (weight "
@@ -87,7 +94,27 @@ int main(int argc, char** argv) {
   example_cli::add_path(app, "--config", config_path, "FILE", "torchpilot YAML config file")
       ->check(example_cli::ExistingFile());
   example_cli::add_path(app, "--json", json_path, "FILE", "write torchpilot's JSON records here");
+  example_cli::add_int(app, "--world-size", world_size, 1, 1024,
+                       "data-parallel ranks on this host (one process each, Gloo on the CPU, NCCL "
+                       "on CUDA, one GPU per rank); under torchrun its RANK and WORLD_SIZE count")
+      ->capture_default_str();
+  app.add_flag("--no-overlap", no_overlap,
+               "all-reduce the gradients after backward instead of from backward's hooks "
+               "(plants exposed communication)");
+  example_cli::add_number(app, "--bucket-mb", options.bucket_mb, 0, 1 << 20,
+                          "gradient bucket size, MiB (0: one bucket per parameter)")
+      ->capture_default_str();
+  example_cli::add_int(app, "--straggler-rank", straggler_rank, 0, 1023,
+                       "this rank does --straggler-ms of host work per step (plants a straggler)");
+  example_cli::add_number(app, "--straggler-ms", straggler_ms, 0, 1e6,
+                          "host work per step on --straggler-rank, ms")
+      ->capture_default_str();
   example_cli::parse_or_exit(app, argc, argv);
+  if (straggler_rank >= world_size && app.count("--world-size") > 0) {
+    example_cli::fail(app, "--straggler-rank",
+                      std::to_string(straggler_rank) + " is not a rank of --world-size " +
+                          std::to_string(world_size));
+  }
   if (options.d_model % options.heads != 0) {
     example_cli::fail(app, "--heads",
                       "--d-model " + std::to_string(options.d_model) +
@@ -106,14 +133,38 @@ int main(int argc, char** argv) {
     sizes_given = sizes_given || app.count(size) > 0;
   }
 
+  std::vector<int> ranks;  // the ranks this process started (rank 0 of --world-size N)
   try {
+    // Data parallelism: under torchrun, its variables; else --world-size N starts ranks 1..N-1.
+    if (std::getenv("RANK") == nullptr && world_size > 1) {
+      ranks = gpt_example::launch_ranks(world_size, argv);
+    }
+    const gpt_example::DistRank dist = gpt_example::dist_rank_from_env();
+    options.rank = dist.rank;
+    options.world_size = dist.world;
+    options.local_rank = dist.local_rank;
+    options.grad_overlap = !no_overlap;
+    if (straggler_rank == dist.rank) options.host_ms = straggler_ms;
+    const bool speak = dist.rank == 0;  // rank 0 prints; the others' torchpilot logs warnings
     torchpilot::Config config = config_path.empty()
                                     ? torchpilot::Config::load()
                                     : torchpilot::Config::from_yaml_file(config_path);
     if (!mode.empty()) {
       config.mode = torchpilot::Config::from_yaml_string("mode: " + mode, "--mode").mode;
     }
-    if (!json_path.empty()) config.log.json_path = json_path;
+    if (!json_path.empty()) {
+      config.log.json_path =
+          dist.world > 1 ? json_path + ".rank" + std::to_string(dist.rank) : json_path;
+    }
+    if (!speak && config.log.level != "error" && config.log.level != "off") {
+      config.log.level = "warn";
+    }
+    if (dist.world > 1 &&
+        (options.device == "cpu" || (options.device.empty() && !gpt_example::cuda_available()))) {
+      // Ranks share this host's cores.
+      const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+      gpt_example::set_intra_op_threads(std::max(1, static_cast<int>(cores) / dist.world));
+    }
 
     // The reference model is far too slow for a CPU: a small default there.
     if (!sizes_given &&
@@ -123,34 +174,51 @@ int main(int argc, char** argv) {
       options.heads = 4;
       options.seq = 64;
       options.batch = 8;
-      std::printf("gpt: no GPU: the small CPU model (d 128, 2 layers, T 64, batch 8)\n");
+      if (speak) std::printf("gpt: no GPU: the small CPU model (d 128, 2 layers, T 64, batch 8)\n");
     }
+    // The Pilot before the trainer: the trainer's data-parallel group observes it (Collectives)
+    // and must go first.
+    torchpilot::Pilot pilot(config);
     gpt_example::Trainer trainer(options);
+    char straggler_buf[96];
+    std::snprintf(straggler_buf, sizeof straggler_buf, "; rank %d does %g ms of host work a step",
+                  straggler_rank, straggler_ms);
+    const std::string straggler_note = straggler_buf;
+    if (speak && dist.world > 1) {
+      std::printf("gpt: data parallel: %d ranks, %s, gradients in %g MiB buckets %s%s\n",
+                  dist.world, trainer.comm_backend().c_str(), options.bucket_mb,
+                  options.grad_overlap ? "all-reduced from backward's hooks"
+                                       : "all-reduced after backward (--no-overlap)",
+                  straggler_rank >= 0 ? straggler_note.c_str() : "");
+    }
     const gpt_example::GptShape shape = trainer.shape();
     const double analytic = gpt_example::model_flops_per_step(shape);
-    std::printf(
-        "gpt: d %lld, %lld layers, %lld heads, T %lld, batch %lld (%lld tokens/step), vocab %lld; "
-        "%s attention, %s, %s AdamW, device %s, mode %s\n",
-        static_cast<long long>(shape.d_model), static_cast<long long>(shape.layers),
-        static_cast<long long>(options.heads), static_cast<long long>(shape.seq),
-        static_cast<long long>(shape.batch),
-        static_cast<long long>(gpt_example::tokens_per_step(shape)),
-        static_cast<long long>(shape.vocab), trainer.fused_attention() ? "fused" : "unfused",
-        gpt_example::to_string(trainer.precision()), gpt_example::to_string(trainer.optimizer()),
-        trainer.device().c_str(), torchpilot::to_string(config.mode));
-    std::printf(
-        "gpt: %.2fM parameters, N = %.2fM matmul weights (blocks + untied LM head); corpus %lld "
-        "tokens (%s)\n",
-        static_cast<double>(trainer.parameter_count()) / 1e6,
-        static_cast<double>(gpt_example::matmul_params(shape)) / 1e6,
-        static_cast<long long>(trainer.corpus_size()),
-        options.text_path.empty() ? "generated" : options.text_path.c_str());
-    std::printf("gpt: analytic FLOPs/step %.4g = 6 N tokens %.4g + attention 12 B L T^2 d %.4g\n",
-                analytic, gpt_example::matmul_flops_per_step(shape),
-                gpt_example::attention_flops_per_step(shape));
+    if (speak)
+      std::printf(
+          "gpt: d %lld, %lld layers, %lld heads, T %lld, batch %lld (%lld tokens/step), vocab "
+          "%lld; "
+          "%s attention, %s, %s AdamW, device %s, mode %s\n",
+          static_cast<long long>(shape.d_model), static_cast<long long>(shape.layers),
+          static_cast<long long>(options.heads), static_cast<long long>(shape.seq),
+          static_cast<long long>(shape.batch),
+          static_cast<long long>(gpt_example::tokens_per_step(shape)),
+          static_cast<long long>(shape.vocab), trainer.fused_attention() ? "fused" : "unfused",
+          gpt_example::to_string(trainer.precision()), gpt_example::to_string(trainer.optimizer()),
+          trainer.device().c_str(), torchpilot::to_string(config.mode));
+    if (speak)
+      std::printf(
+          "gpt: %.2fM parameters, N = %.2fM matmul weights (blocks + untied LM head); corpus %lld "
+          "tokens (%s)\n",
+          static_cast<double>(trainer.parameter_count()) / 1e6,
+          static_cast<double>(gpt_example::matmul_params(shape)) / 1e6,
+          static_cast<long long>(trainer.corpus_size()),
+          options.text_path.empty() ? "generated" : options.text_path.c_str());
+    if (speak)
+      std::printf("gpt: analytic FLOPs/step %.4g = 6 N tokens %.4g + attention 12 B L T^2 d %.4g\n",
+                  analytic, gpt_example::matmul_flops_per_step(shape),
+                  gpt_example::attention_flops_per_step(shape));
     std::fflush(stdout);
 
-    torchpilot::Pilot pilot(config);
     std::optional<torchpilot::FlopCounter> counter;
     if (flops) counter.emplace(pilot);
 
@@ -165,11 +233,12 @@ int main(int argc, char** argv) {
       pilot.end_epoch();  // torchpilot's epoch summary and advice
       const double tokens =
           static_cast<double>(steps) * static_cast<double>(gpt_example::tokens_per_step(shape));
-      std::printf(
-          "gpt: epoch %lld: %lld steps, loss %.4f, %.0f tokens/s, %.1f ms/step, analytic "
-          "%.2f TFLOP/s\n",
-          e, steps, last_loss, tokens / seconds, 1e3 * seconds / static_cast<double>(steps),
-          analytic * static_cast<double>(steps) / seconds / 1e12);
+      if (speak)
+        std::printf(
+            "gpt: epoch %lld: %lld steps, loss %.4f, %.0f tokens/s, %.1f ms/step, analytic "
+            "%.2f TFLOP/s\n",
+            e, steps, last_loss, tokens / seconds, 1e3 * seconds / static_cast<double>(steps),
+            analytic * static_cast<double>(steps) / seconds / 1e12);
       if (!pilot.epoch_summaries().empty() &&
           pilot.epoch_summaries().back().sections.get<torchpilot::FlopEpochStats>()) {
         const torchpilot::FlopEpochStats& f =
@@ -177,25 +246,36 @@ int main(int argc, char** argv) {
         // steps_with_count: steps carrying a count (from a counting window in this epoch or,
         // for the same tokens per step, an earlier one); counted_steps: this epoch's window.
         if (f.steps_with_count > 0 && f.model_flops_per_step > 0) {
-          std::printf(
-              "gpt: epoch %lld: counted FLOPs/step %.4g (%lld steps counted this epoch), "
-              "analytic %.4g, counted/analytic %.4f (%+.2f%%)\n",
-              e, f.model_flops_per_step, static_cast<long long>(f.counted_steps), analytic,
-              f.model_flops_per_step / analytic, 100 * (f.model_flops_per_step / analytic - 1));
+          if (speak)
+            std::printf(
+                "gpt: epoch %lld: counted FLOPs/step %.4g (%lld steps counted this epoch), "
+                "analytic %.4g, counted/analytic %.4f (%+.2f%%)\n",
+                e, f.model_flops_per_step, static_cast<long long>(f.counted_steps), analytic,
+                f.model_flops_per_step / analytic, 100 * (f.model_flops_per_step / analytic - 1));
         } else {
-          std::printf("gpt: epoch %lld: counted FLOPs/step: no count yet\n", e);
+          if (speak) std::printf("gpt: epoch %lld: counted FLOPs/step: no count yet\n", e);
         }
       }
       std::fflush(stdout);
     }
     const double wall = std::chrono::duration<double>(Clock::now() - start).count();
-    std::printf("gpt: %lld steps in %.1f s; last epoch loss %.4f\n", steps * epochs, wall,
-                last_loss);
+    if (speak)
+      std::printf("gpt: %lld steps in %.1f s; last epoch loss %.4f\n", steps * epochs, wall,
+                  last_loss);
+    if (!ranks.empty()) {
+      const int code = gpt_example::wait_ranks(ranks);
+      if (code != 0) {
+        std::fprintf(stderr, "gpt_trainer: a rank exited with status %d\n", code);
+        return 1;
+      }
+    }
   } catch (const torchpilot::ConfigError& e) {
     std::fprintf(stderr, "%s\n", e.what());
+    if (!ranks.empty()) gpt_example::stop_ranks(ranks);
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_trainer: %s\n", e.what());
+    if (!ranks.empty()) gpt_example::stop_ranks(ranks);
     return 1;
   }
   return 0;

@@ -535,6 +535,27 @@ TEST(CommAdvisors, LowBusBandwidthForSmallMessagesOrAFarFromPeakLink) {
   auto a = advise_low_bus_bandwidth(small, config);
   ASSERT_TRUE(a);
   EXPECT_NE(a->cause.find("small"), std::string::npos);
+  EXPECT_NE(a->action.find("bucket_mb"), std::string::npos) << "4 all-reduces a step";
+  // One all-reduce a step (the whole gradient): no bucket advice, all-reduce less often.
+  CommEpochStats one = comm_epoch(30 * kMs, 10 * kMs, 10 * kMs, 4096);
+  one.ops[0].count = 10;
+  one.ops[0].bytes = 10 * 4096;
+  EpochSummary whole;
+  whole.steps = 10;
+  whole.sections.set(one);
+  auto w = advise_low_bus_bandwidth(whole, config);
+  ASSERT_TRUE(w);
+  EXPECT_NE(w->cause.find("the whole gradient is one all-reduce of 4.1 kB a step"),
+            std::string::npos)
+      << w->cause;
+  EXPECT_EQ(w->action.find("bucket_mb"), std::string::npos) << w->action;
+  // Waiting for a straggler is in the collectives' time: no bandwidth finding.
+  RankEpochStats ranks;
+  Straggler slow;
+  slow.rank = 1;
+  ranks.stragglers.push_back(slow);
+  small.sections.set(ranks);
+  EXPECT_FALSE(advise_low_bus_bandwidth(small, config));
   EpochSummary big;
   big.steps = 10;
   CommEpochStats c = comm_epoch(30 * kMs, 10 * kMs, 10 * kMs, 64 << 20);
