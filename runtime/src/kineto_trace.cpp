@@ -497,13 +497,15 @@ KinetoTrace parse_kineto_trace(std::string_view text) {
     }
   }
   // When the GPU reaches a marker recorded at host time `at` on that stream: once the work
-  // launched on it before `at` has run (never before `at` itself).
+  // launched on it before `at` has run (never before `at` itself). Work whose launch is not in
+  // the trace was launched before profiling began (the schedule's warm-up steps, still queued):
+  // the first step's span starts after it.
   auto reached = [&](Nanos at) {
     Nanos r = at;
     for (const GpuActivity& a : activities) {
-      if (a.stream != t.marker_stream || a.correlation < 0) continue;
+      if (a.stream != t.marker_stream) continue;
       const auto l = launches.find(a.correlation);
-      if (l != launches.end() && l->second.begin < at) r = std::max(r, a.end);
+      if (l == launches.end() || l->second.begin < at) r = std::max(r, a.end);
     }
     return r;
   };
