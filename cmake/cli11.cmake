@@ -1,3 +1,4 @@
+include_guard(GLOBAL)
 # Command-line flags of the examples and the benchmarks: CLI11 (header-only; Debian's
 # libcli11-dev installs a CMake config in share/cmake/CLI11). Not a dependency of the library.
 # Where no config file is found (another packaging), the header alone, searched on

@@ -490,6 +490,7 @@ const char* const kConfigPathVariable = "TORCHPILOT_CONFIG";
 const char* const kNonKeyVariables[] = {
     kConfigPathVariable,         "TORCHPILOT_GPU_COLLECTORS", "TORCHPILOT_BUILD_TESTS",
     "TORCHPILOT_BUILD_EXAMPLES", "TORCHPILOT_BUILD_BENCH",    "TORCHPILOT_INSTALL",
+    "TORCHPILOT_BUILD_TOOLS",
 };
 
 bool is_non_key_variable(const std::string& name) {

@@ -11,6 +11,7 @@
 #include <map>
 #include <utility>
 
+#include "torchpilot/runtime/gpu_epoch_accumulator.h"
 #include "torchpilot/runtime/guard.h"
 #include "torchpilot/runtime/host_op_scopes.h"
 #include "torchpilot/runtime/metrics.h"
@@ -20,10 +21,7 @@ namespace torchpilot {
 namespace {
 
 constexpr size_t kMaxPendingSteps = 1024;  // PM samples stalled: finish steps without them
-constexpr size_t kTopKernels = 10;
-constexpr size_t kMaxEvents = 1 << 20;  // per kind; a window of huge steps loses its oldest
-constexpr size_t kTopSyncSites = 5;
-constexpr size_t kMaxSyncSites = 256;  // distinct (cause, phase) per epoch; beyond: not listed
+constexpr size_t kMaxEvents = 1 << 20;     // per kind; a window of huge steps loses its oldest
 constexpr size_t kMaxPhaseSpans = 256;
 // A sync's drain may run into later steps: syncs and op scopes are kept this long after the
 // oldest unfinished step began.
@@ -35,159 +33,12 @@ Nanos steady_ns() {
       .count();
 }
 
-Nanos overlap(Interval a, Interval b) {
-  return std::max<Nanos>(0, std::min(a.end, b.end) - std::max(a.begin, b.begin));
-}
-
 }  // namespace
 
 // --- epoch accumulation ----------------------------------------------------------------------
 
-// Sums of value x weight for the time-weighted epoch means; a field counts only where measured.
-struct GpuMonitor::EpochAcc {
-  struct Mean {
-    double sum = 0, weight = 0;
-    void add(double v, double w) {
-      if (measured(v) && w > 0) {
-        sum += v * w;
-        weight += w;
-      }
-    }
-    double get() const { return weight > 0 ? sum / weight : kNotMeasured; }
-  };
-  struct Sum {
-    double sum = 0;
-    bool any = false;
-    void add(double v) {
-      if (measured(v)) {
-        sum += v;
-        any = true;
-      }
-    }
-    double get() const { return any ? sum : kNotMeasured; }
-  };
-  struct Kernel {
-    int64_t launches = 0;
-    Nanos ns = 0;
-    double blocks_ns = 0, eff_ns = 0;
-  };
-  Nanos wall_ns = 0, pm_covered_ns = 0;
-  Mean counter_utilization, sm_efficiency, tensor_activity, dram_throughput, achieved_occupancy,
-      nvml_utilization, gpu_utilization, estimated_sm_efficiency;
-  Sum pcie_read, pcie_write;
-  GpuStats traced;  // integer sums over traced steps
-  int64_t traced_steps = 0;
-  int64_t gpu_timed_steps = 0, marker_timeouts = 0;
-  int64_t steps = 0, earlier_steps = 0;
-  int64_t own_thread_syncs = 0;
-  std::map<std::string, Kernel> kernels;
-  KernelClassStats classes;
-  std::map<std::pair<std::string, std::string>, SyncSite> sync_sites;  // by (cause, phase)
-
-  void add(const GpuStats& g) {
-    const double w = static_cast<double>(g.wall_ns);
-    wall_ns += g.wall_ns;
-    // PM means by the time the samples cover, not the steps' wall time: a step that lies mostly in
-    // a sampling gap must not weigh as much as one sampled throughout.
-    const double pw = static_cast<double>(g.pm_covered_ns);
-    counter_utilization.add(g.counter_utilization, pw);
-    sm_efficiency.add(g.sm_efficiency, pw);
-    tensor_activity.add(g.tensor_activity, pw);
-    dram_throughput.add(g.dram_throughput, pw);
-    achieved_occupancy.add(g.achieved_occupancy, pw);
-    pm_covered_ns += g.pm_covered_ns;
-    nvml_utilization.add(g.nvml_utilization, w);
-    pcie_read.add(g.pcie_read_bytes);
-    pcie_write.add(g.pcie_write_bytes);
-    if (g.traced_ns <= 0) return;
-    ++traced_steps;
-    gpu_utilization.add(g.gpu_utilization, static_cast<double>(g.traced_ns));
-    estimated_sm_efficiency.add(g.estimated_sm_efficiency, static_cast<double>(g.traced_ns));
-    traced.traced_ns += g.traced_ns;
-    traced.kernels += g.kernels;
-    traced.host_sync_ns += g.host_sync_ns;
-    traced.host_syncs += g.host_syncs;
-    traced.h2d_bytes += g.h2d_bytes;
-    traced.h2d_pageable_bytes += g.h2d_pageable_bytes;
-    traced.h2d_pageable_ns += g.h2d_pageable_ns;
-    traced.idle_data_wait_ns += g.idle_data_wait_ns;
-    traced.idle_host_sync_ns += g.idle_host_sync_ns;
-    traced.idle_pageable_copy_ns += g.idle_pageable_copy_ns;
-    traced.idle_launch_gap_ns += g.idle_launch_gap_ns;
-    traced.idle_other_ns += g.idle_other_ns;
-  }
-
-  void add_kernels(const std::vector<KernelRecord>& records, Interval span, int sm_count) {
-    for (const KernelRecord& k : records) {
-      const Nanos ns = overlap({k.begin, k.end}, span);
-      if (ns <= 0) continue;
-      Kernel& s = kernels[k.name];
-      if (k.begin >= span.begin) ++s.launches;
-      s.ns += ns;
-      const double per_sm = static_cast<double>(k.blocks) / std::max(1, sm_count);
-      s.blocks_ns += per_sm * static_cast<double>(ns);
-      s.eff_ns += std::min(1.0, per_sm) * static_cast<double>(ns);
-    }
-  }
-
-  void add_sync_sites(const std::vector<SyncSite>& sites) {
-    for (const SyncSite& s : sites) {
-      const auto key = std::make_pair(s.cause, s.phase);
-      auto it = sync_sites.find(key);
-      if (it == sync_sites.end()) {
-        if (sync_sites.size() >= kMaxSyncSites) continue;
-        it = sync_sites.emplace(key, SyncSite{s.cause, s.api, s.phase, 0, 0, 0}).first;
-      }
-      it->second.count += s.count;
-      it->second.host_wait_ns += s.host_wait_ns;
-      it->second.idle_ns += s.idle_ns;
-      it->second.trainer_calls += s.trainer_calls;
-      it->second.other_thread_calls += s.other_thread_calls;
-      if (s.stream_id >= 0) it->second.stream_id = s.stream_id;
-      if (s.event_id >= 0) it->second.event_id = s.event_id;
-    }
-  }
-
-  std::vector<SyncSite> top_sync_sites() const {
-    std::vector<SyncSite> out;
-    for (const auto& [key, site] : sync_sites) out.push_back(site);
-    std::sort(out.begin(), out.end(), [](const SyncSite& a, const SyncSite& b) {
-      return a.idle_ns != b.idle_ns ? a.idle_ns > b.idle_ns : a.host_wait_ns > b.host_wait_ns;
-    });
-    if (out.size() > kTopSyncSites) out.resize(kTopSyncSites);
-    return out;
-  }
-
-  GpuStats stats() const {
-    GpuStats g = traced;
-    g.wall_ns = wall_ns;
-    g.pm_covered_ns = pm_covered_ns;
-    g.counter_utilization = counter_utilization.get();
-    g.sm_efficiency = sm_efficiency.get();
-    g.tensor_activity = tensor_activity.get();
-    g.dram_throughput = dram_throughput.get();
-    g.achieved_occupancy = achieved_occupancy.get();
-    g.nvml_utilization = nvml_utilization.get();
-    g.pcie_read_bytes = pcie_read.get();
-    g.pcie_write_bytes = pcie_write.get();
-    g.gpu_utilization = gpu_utilization.get();
-    g.estimated_sm_efficiency = estimated_sm_efficiency.get();
-    return g;
-  }
-
-  std::vector<KernelSummary> top_kernels() const {
-    std::vector<KernelSummary> out;
-    for (const auto& [name, k] : kernels) {
-      const double ns = static_cast<double>(std::max<Nanos>(1, k.ns));
-      out.push_back({name, k.launches, k.ns, k.blocks_ns / ns, k.eff_ns / ns});
-    }
-    std::sort(out.begin(), out.end(), [](const KernelSummary& a, const KernelSummary& b) {
-      return a.total_ns > b.total_ns;
-    });
-    if (out.size() > kTopKernels) out.resize(kTopKernels);
-    return out;
-  }
-};
+// The epoch's sums (gpu_epoch_accumulator.h: shared with the Kineto trace analyzer).
+struct GpuMonitor::EpochAcc : GpuEpochAccumulator {};
 
 // --- GpuMonitor ------------------------------------------------------------------------------
 

@@ -1,0 +1,295 @@
+// The Kineto trace analyzer (runtime/src/kineto_trace.cpp, docs/analyze.md): hand-made traces
+// with hand-computed figures, then the real fixtures (tests/fixtures/kineto) against the advice
+// their planted trainers must produce.
+#include "torchpilot/runtime/kineto_trace.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "torchpilot/advisors/advisors.h"
+#include "torchpilot/runtime/config.h"
+
+namespace torchpilot {
+namespace {
+
+using json = nlohmann::json;
+constexpr Nanos kUs = 1000;
+
+// A trace of hand-made events (times in µs, as Kineto writes them).
+class TraceBuilder {
+ public:
+  TraceBuilder() {
+    doc_ = {{"schemaVersion", 1},
+            {"record_shapes", 1},
+            {"deviceProperties",
+             json::array({{{"id", 0}, {"name", "NVIDIA H100 80GB HBM3"}, {"numSms", 132}}})},
+            {"traceEvents", json::array()}};
+  }
+  TraceBuilder& span(const std::string& cat, const std::string& name, double ts, double dur,
+                     json args = json::object(), int64_t tid = 1) {
+    doc_["traceEvents"].push_back({{"ph", "X"},
+                                   {"cat", cat},
+                                   {"name", name},
+                                   {"pid", 1},
+                                   {"tid", tid},
+                                   {"ts", ts},
+                                   {"dur", dur},
+                                   {"args", args}});
+    return *this;
+  }
+  TraceBuilder& step(int n, double ts, double dur) {
+    return span("user_annotation", "ProfilerStep#" + std::to_string(n), ts, dur);
+  }
+  // A kernel launched from the host at `launch` (cudaLaunchKernel, 5 µs), run on stream 7.
+  TraceBuilder& kernel(const std::string& name, double launch, double ts, double dur,
+                       int64_t blocks = 132) {
+    const int64_t corr = next_corr_++;
+    span("cuda_runtime", "cudaLaunchKernel", launch, 5, {{"correlation", corr}});
+    return span(
+        "kernel", name, ts, dur,
+        {{"correlation", corr}, {"stream", 7}, {"grid", {blocks, 1, 1}}, {"block", {128, 1, 1}}},
+        /*tid=*/7);
+  }
+  std::string text() const { return doc_.dump(); }
+
+ private:
+  json doc_;
+  int64_t next_corr_ = 1;
+};
+
+TEST(KinetoTrace, StepSpansDataWaitAndIdlePartition) {
+  TraceBuilder b;
+  b.step(3, 1000, 1000).step(4, 2000, 1000);
+  b.span("user_annotation", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 1000,
+         300);
+  b.kernel("void at::native::vectorized_elementwise_kernel<4>", 1400, 1500, 300);
+  b.kernel("void at::native::vectorized_elementwise_kernel<4>", 2100, 2200, 300);
+  const KinetoTrace t = parse_kineto_trace(b.text());
+  ASSERT_EQ(t.steps.size(), 2u);
+  EXPECT_EQ(t.device, "NVIDIA H100 80GB HBM3");
+  EXPECT_EQ(t.sm_count, 132);
+  EXPECT_EQ(t.steps[0].number, 3);
+  EXPECT_EQ(t.steps[0].spans.host.begin, 1000 * kUs);
+  EXPECT_EQ(t.steps[0].spans.host.end, 2000 * kUs);
+  // The GPU had run everything launched in the step by its end: the span is the host's.
+  EXPECT_EQ(t.steps[0].spans.gpu.end, 2000 * kUs);
+  EXPECT_EQ(t.steps[0].data_wait_ns, 300 * kUs);
+  EXPECT_EQ(t.steps[1].data_wait_ns, 0);
+
+  const EpochSummary s = kineto_epoch_summary(t);
+  EXPECT_EQ(s.steps, 2);
+  EXPECT_EQ(s.wall_ns, 2000 * kUs);
+  EXPECT_EQ(s.data_wait_ns, 300 * kUs);
+  EXPECT_DOUBLE_EQ(s.data_wait_fraction, 0.15);
+  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
+  ASSERT_NE(gpu, nullptr);
+  EXPECT_EQ(gpu->traced_steps, 2);
+  EXPECT_EQ(gpu->stats.kernels, 2);
+  EXPECT_EQ(gpu->stats.traced_ns, 2000 * kUs);
+  EXPECT_DOUBLE_EQ(gpu->stats.gpu_utilization, 0.3);
+  // Idle 1.4 ms: step 3's wait for its batch (0.3 ms), the rest before/after the kernels.
+  EXPECT_EQ(gpu->stats.idle_data_wait_ns, 300 * kUs);
+  EXPECT_EQ(gpu->stats.idle_host_sync_ns, 0);
+  EXPECT_EQ(gpu->stats.idle_launch_gap_ns, 0);
+  EXPECT_EQ(gpu->stats.idle_other_ns, 1100 * kUs);
+  EXPECT_FALSE(measured(gpu->stats.sm_efficiency));  // no PM sampling in a trace
+}
+
+TEST(KinetoTrace, OverlappingKernelsAndLaunchGaps) {
+  TraceBuilder b;
+  b.step(1, 0, 1000);
+  b.kernel("ampere_sgemm_128x64_nn", 10, 100, 200);          // [100, 300]
+  b.kernel("void at::native::reduce_kernel", 20, 200, 200);  // [200, 400]: overlaps
+  b.kernel("void at::native::reduce_kernel", 30, 600, 100);  // [600, 700]: a 200 µs gap
+  const EpochSummary s = kineto_epoch_summary(parse_kineto_trace(b.text()));
+  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
+  ASSERT_NE(gpu, nullptr);
+  EXPECT_DOUBLE_EQ(gpu->stats.gpu_utilization, 0.4);  // union 400 µs of 1 ms
+  EXPECT_EQ(gpu->stats.idle_launch_gap_ns, 200 * kUs);
+  EXPECT_EQ(gpu->stats.idle_other_ns, 400 * kUs);  // [0, 100] and [700, 1000]
+  const KernelClassStats& k = gpu->kernel_classes;
+  // [200, 300] is shared by two kernels: half to each class.
+  EXPECT_DOUBLE_EQ(k.ns[static_cast<size_t>(KernelClass::kSimtGemm)], 150.0 * kUs);
+  EXPECT_DOUBLE_EQ(k.ns[static_cast<size_t>(KernelClass::kElementwise)], 250.0 * kUs);
+  EXPECT_DOUBLE_EQ(k.idle_ns, 600.0 * kUs);
+}
+
+TEST(KinetoTrace, SyncThenIdleIsHostSyncIdleNamedByItsOp) {
+  TraceBuilder b;
+  b.step(1, 0, 1000);
+  b.kernel("void at::native::vectorized_elementwise_kernel<4>", 10, 20, 480);  // [20, 500]
+  b.span("cpu_op", "aten::item", 90, 415);
+  b.span("cpu_op", "aten::_local_scalar_dense", 95, 405);
+  b.span("cuda_runtime", "cudaStreamSynchronize", 100, 400, {{"correlation", 100}});
+  b.kernel("void at::native::vectorized_elementwise_kernel<4>", 700, 710, 90);  // [710, 800]
+  b.kernel("void at::native::vectorized_elementwise_kernel<4>", 890, 900, 50);  // [900, 950]
+  // The profiler's own synchronize at its stop, after the last step: no host sync.
+  b.span("cuda_runtime", "cudaDeviceSynchronize", 1100, 50, {{"correlation", 101}});
+  const EpochSummary s = kineto_epoch_summary(parse_kineto_trace(b.text()));
+  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
+  ASSERT_NE(gpu, nullptr);
+  EXPECT_EQ(gpu->stats.host_syncs, 1);
+  EXPECT_EQ(gpu->stats.host_sync_ns, 415 * kUs);  // the op's extent: the host's wait
+  // The drain until the next kernel ([500, 710] of GPU idle), then the later gaps between kernels
+  // up to the wait's length less the drain (415 - 205 = 210 µs): [800, 900].
+  EXPECT_EQ(gpu->stats.idle_host_sync_ns, 310 * kUs);
+  EXPECT_EQ(gpu->stats.idle_launch_gap_ns, 0);
+  EXPECT_EQ(gpu->stats.idle_other_ns, 70 * kUs);  // [0, 20] and [950, 1000]
+  ASSERT_EQ(gpu->top_sync_sites.size(), 1u);
+  EXPECT_EQ(gpu->top_sync_sites[0].cause, "aten::item");
+  EXPECT_EQ(gpu->top_sync_sites[0].count, 1);
+  EXPECT_EQ(gpu->top_sync_sites[0].trainer_calls, 1);
+  EXPECT_EQ(gpu->top_sync_sites[0].idle_ns, 310 * kUs);
+}
+
+TEST(KinetoTrace, FlopsFromRecordedShapesLeafOpsOnly) {
+  TraceBuilder b;
+  b.step(1, 0, 1000);
+  const json mm_args = {{"Input Dims", {{64, 128}, {128, 32}}},
+                        {"Input type", {"float", "float"}},
+                        {"Concrete Inputs", {"", ""}}};
+  // aten::linear has no formula; the addmm inside counts; a matmul around an mm counts once.
+  b.span("cpu_op", "aten::linear", 100, 100);
+  b.span("cpu_op", "aten::addmm", 110, 50,
+         {{"Input Dims", {{32}, {64, 128}, {128, 32}, {}, {}}},
+          {"Input type", {"float", "float", "float", "Scalar", "Scalar"}},
+          {"Concrete Inputs", {"", "", "", "1", "1"}}});
+  b.span("cpu_op", "aten::mm", 300, 50, mm_args);
+  b.span("cpu_op", "aten::mm", 310, 20, mm_args);  // nested: the outer one is not a leaf
+  b.kernel("ampere_sgemm_128x64_nn", 120, 130, 400);
+  const KinetoTrace t = parse_kineto_trace(b.text());
+  ASSERT_EQ(t.steps.size(), 1u);
+  const double one = 2.0 * 64 * 128 * 32;
+  EXPECT_DOUBLE_EQ(t.steps[0].flops.model_flops, 2 * one);
+  const EpochSummary s = kineto_epoch_summary(t);
+  const FlopEpochStats* f = s.sections.get<FlopEpochStats>();
+  ASSERT_NE(f, nullptr);
+  EXPECT_DOUBLE_EQ(f->model_flops_per_step, 2 * one);
+  EXPECT_EQ(f->dominant_precision, MathPrecision::kFp32);
+  // MFU against the H100 SXM's fp32 peak (67 TFLOP/s) over the 1 ms step.
+  EXPECT_NEAR(f->mfu, 2 * one / 1e-3 / 67e12, 1e-12);
+  // --peak-tflops replaces it.
+  KinetoOptions o;
+  o.peak_tflops = 100;
+  const FlopEpochStats* g = kineto_epoch_summary(t, o).sections.get<FlopEpochStats>();
+  ASSERT_NE(g, nullptr);
+  EXPECT_NEAR(g->mfu, 2 * one / 1e-3 / 100e12, 1e-12);
+}
+
+TEST(KinetoTrace, RejectsWhatIsNotAKinetoTrace) {
+  EXPECT_THROW(parse_kineto_trace("not json"), KinetoError);
+  EXPECT_THROW(parse_kineto_trace(R"({"a": 1})"), KinetoError);
+  EXPECT_THROW(parse_kineto_trace(R"([1, 2])"), KinetoError);
+  // A trace without profiler steps: nothing to call a step.
+  EXPECT_THROW(parse_kineto_trace(R"({"traceEvents": []})"), KinetoError);
+  EXPECT_THROW(read_trace_file("/nonexistent/trace.json"), KinetoError);
+}
+
+// ---- the fixtures: real traces of planted trainers (scripts/make_kineto_fixtures.py)
+// -------------
+
+struct Analysis {
+  KinetoTrace trace;
+  EpochSummary summary;
+  std::vector<Advice> advice;
+  const Advice* find(const std::string& id) const {
+    for (const Advice& a : advice) {
+      if (a.id == id) return &a;
+    }
+    return nullptr;
+  }
+};
+
+Analysis analyze(const std::string& name) {
+  Analysis a;
+  a.trace = parse_kineto_trace(
+      read_trace_file(std::string(TORCHPILOT_SOURCE_DIR) + "/tests/fixtures/kineto/" + name));
+  a.summary = kineto_epoch_summary(a.trace);
+  a.advice = run_advisors(a.summary, Config{});
+  return a;
+}
+
+TEST(KinetoFixtures, DataWaitIsDataStarvation) {
+  const Analysis a = analyze("data_wait.json.gz");
+  EXPECT_EQ(a.summary.steps, 5);
+  EXPECT_GT(a.summary.data_wait_fraction, 0.5);  // a worker sleeping 0.5 ms per sample, 64/batch
+  const Advice* d = a.find("data_starvation");
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->severity, Severity::kHigh);
+  EXPECT_EQ(a.find("host_sync"), nullptr);
+}
+
+TEST(KinetoFixtures, HostSyncIsNamedItem) {
+  const Analysis a = analyze("host_sync.json.gz");
+  const Advice* h = a.find("host_sync");
+  ASSERT_NE(h, nullptr);
+  const GpuEpochStats* gpu = a.summary.sections.get<GpuEpochStats>();
+  ASSERT_NE(gpu, nullptr);
+  ASSERT_FALSE(gpu->top_sync_sites.empty());
+  EXPECT_EQ(gpu->top_sync_sites[0].cause, "aten::item");
+  EXPECT_EQ(gpu->stats.host_syncs, 5);  // one loss.item() per step
+  EXPECT_EQ(a.find("data_starvation"), nullptr);
+}
+
+TEST(KinetoFixtures, PageableCopiesArePageable) {
+  const Analysis a = analyze("pageable_copies.json.gz");
+  const Advice* p = a.find("pageable_copies");
+  ASSERT_NE(p, nullptr);
+  const GpuEpochStats* gpu = a.summary.sections.get<GpuEpochStats>();
+  ASSERT_NE(gpu, nullptr);
+  EXPECT_EQ(gpu->stats.h2d_pageable_bytes, gpu->stats.h2d_bytes);
+  EXPECT_EQ(gpu->stats.h2d_bytes, 5LL * 256 * 3 * 64 * 64 * 4);  // the batch, every step
+  EXPECT_EQ(gpu->stats.host_syncs, 0);                           // the profiler's stop is not one
+}
+
+TEST(KinetoFixtures, LaunchBoundIsLaunchBound) {
+  const Analysis a = analyze("launch_bound.json.gz");
+  const Advice* l = a.find("launch_bound");
+  ASSERT_NE(l, nullptr);
+  EXPECT_EQ(l->severity, Severity::kHigh);
+}
+
+TEST(KinetoFixtures, Fp32MatmulIsThePrecisionAdvice) {
+  const Analysis a = analyze("fp32_matmul.json.gz");
+  const Advice* p = a.find("fp32_matmul");
+  ASSERT_NE(p, nullptr);
+  EXPECT_GT(p->expected_gain, 0.5);
+  const FlopEpochStats* f = a.summary.sections.get<FlopEpochStats>();
+  ASSERT_NE(f, nullptr);
+  // 3 matmuls per linear (forward, two gradients; the first layer's input gradient is skipped by
+  // autograd: x needs none), 2 layers of 2048 x 4096 x 4096: 5 x 2 x 2048 x 4096 x 4096.
+  EXPECT_DOUBLE_EQ(f->model_flops_per_step, 5.0 * 2 * 2048 * 4096 * 4096);
+  EXPECT_EQ(f->dominant_precision, MathPrecision::kFp32);
+}
+
+TEST(KinetoFixtures, NcclWithOneRankRunsNoKernelSoNothingIsExposed) {
+  // World size 1: NCCL's in-place all-reduce with one rank launches no kernel (the trace has
+  // none), so there is no communication time and exposed_communication stays quiet.
+  const Analysis a = analyze("nccl_allreduce.json.gz");
+  const CommEpochStats* c = a.summary.sections.get<CommEpochStats>();
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->backend, "nccl");
+  EXPECT_EQ(c->world_size, 1);
+  EXPECT_EQ(c->stats.collectives, 20);  // 4 parameters x 5 steps
+  EXPECT_EQ(c->stats.comm_ns, 0);
+  EXPECT_EQ(a.find("exposed_communication"), nullptr);
+}
+
+TEST(KinetoFixtures, HealthyHasNoPlantedProblem) {
+  // The conv net on data already on the GPU: no data wait, no sync, no copies, no plain fp32
+  // convolutions (cuDNN's TF32 default). It is still launch-bound on an H100 (about 0.43 ms of
+  // kernels in a 1.76 ms step without the profiler): launch_bound and host_bound say so.
+  const Analysis a = analyze("healthy.json.gz");
+  for (const char* id : {"data_starvation", "host_sync", "pageable_copies", "fp32_matmul",
+                         "exposed_communication", "busy_inefficient"}) {
+    EXPECT_EQ(a.find(id), nullptr) << id;
+  }
+}
+
+}  // namespace
+}  // namespace torchpilot

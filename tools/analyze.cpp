@@ -1,0 +1,99 @@
+// torchpilot-analyze: the advisors over a PyTorch profiler (Kineto) trace (docs/analyze.md).
+//
+//   torchpilot-analyze TRACE.json[.gz] [--config FILE] [--json] [--peak-tflops X]
+//                      [--device-name NAME]
+//
+// The profiled steps are one epoch: the same summary the live library builds (kineto_trace.h),
+// the same advisors (run_advisors) and the same text (format_epoch) or JSON (epoch_json, as the
+// JSON-lines sink writes it). Exit 0 with the advice printed; 2 on a bad flag or a file that is
+// missing, unreadable or not a Kineto trace (one line on stderr).
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "cli_flags.h"
+#include "torchpilot/advisors/advisors.h"
+#include "torchpilot/runtime/config.h"
+#include "torchpilot/runtime/kineto_trace.h"
+#include "torchpilot/runtime/sink.h"
+
+int main(int argc, char** argv) {
+  using namespace torchpilot;
+  CLI::App app{
+      "torchpilot-analyze: reads a PyTorch profiler (Kineto) trace and prints torchpilot's "
+      "advice for the profiled steps (docs/analyze.md)"};
+  example_cli::last_wins(app);
+  std::string trace_path, config_path, device_name;
+  double peak_tflops = 0;
+  bool as_json = false;
+  app.add_option("TRACE", trace_path, "the trace: .json or .json.gz (torch.profiler's export)")
+      ->required()
+      ->check(example_cli::Path())
+      ->type_name("FILE");
+  example_cli::add_path(app, "--config", config_path, "FILE",
+                        "a torchpilot YAML config (advisors' thresholds, flops.peak_tflops, ...)")
+      ->check(example_cli::ExistingFile());
+  app.add_flag(
+      "--json", as_json,
+      "print the epoch's summary and advice as one JSON line (as log.json_path's records)");
+  example_cli::add_number(app, "--peak-tflops", peak_tflops, 0, 1e6,
+                          "dense peak TFLOP/s for MFU, every precision (default: the device table "
+                          "row of the trace's GPU, or flops.peak_tflops)");
+  app.add_option("--device-name", device_name,
+                 "the GPU's name for the peak table (default: the trace's deviceProperties)")
+      ->check(CLI::Validator(
+          [](std::string& s) { return s.empty() ? std::string("an empty name") : std::string(); },
+          ""))
+      ->type_name("NAME");
+  example_cli::parse_or_exit(app, argc, argv);
+
+  Config config;
+  if (!config_path.empty()) {
+    try {
+      config = Config::from_yaml_file(config_path);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "torchpilot-analyze: --config: %s\n", e.what());
+      return 2;
+    }
+  }
+  KinetoTrace trace;
+  try {
+    trace = parse_kineto_trace(read_trace_file(trace_path));
+  } catch (const KinetoError& e) {
+    const std::string what = e.what();
+    // read_trace_file names the file; the parser's messages do not.
+    const bool named = what.rfind(trace_path, 0) == 0;
+    std::fprintf(stderr, "torchpilot-analyze: %s%s\n", named ? "" : (trace_path + ": ").c_str(),
+                 what.c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "torchpilot-analyze: %s: %s\n", trace_path.c_str(), e.what());
+    return 2;
+  }
+  KinetoOptions options;
+  options.peak_tflops = peak_tflops > 0 ? peak_tflops : config.flops.peak_tflops;
+  options.device_name = device_name;
+  options.link_peak_gbps = config.comm.link_peak_gbps;
+  const EpochSummary summary = kineto_epoch_summary(trace, options);
+  std::vector<std::string> errors;
+  const std::vector<Advice> advice = run_advisors(summary, config, &errors);
+
+  if (as_json) {
+    std::printf("%s\n", epoch_json(summary, advice).c_str());
+  } else {
+    std::printf("trace %s: %zu profiled steps (ProfilerStep#%lld..#%lld) on %s\n",
+                trace_path.c_str(), trace.steps.size(),
+                static_cast<long long>(trace.steps.front().number),
+                static_cast<long long>(trace.steps.back().number),
+                trace.device.empty() ? "no GPU" : trace.device.c_str());
+    for (const std::string& note : trace.notes) std::printf("  (%s)\n", note.c_str());
+    for (const std::string& line : format_epoch(summary, advice)) {
+      std::printf("%s\n", line.c_str());
+    }
+  }
+  for (const std::string& e : errors) {
+    std::fprintf(stderr, "torchpilot-analyze: advisor failed: %s\n", e.c_str());
+  }
+  return 0;
+}
