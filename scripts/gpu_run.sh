@@ -37,7 +37,7 @@ if want build; then
   log "machine $MACHINE, commit $COMMIT"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/machine.txt"
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$OUT/machine.txt"
-  for h in spdlog/spdlog.h yaml-cpp/yaml.h nlohmann/json.hpp gtest/gtest.h jpeglib.h CLI/CLI.hpp; do
+  for h in spdlog/spdlog.h yaml-cpp/yaml.h nlohmann/json.hpp gtest/gtest.h jpeglib.h CLI/CLI.hpp zlib.h; do
     if [ -e /usr/include/$h ] || [ -e /usr/local/include/$h ]; then echo "system: $h"
     elif [ -e "$DEPS/usr/include/$h" ]; then echo ".deps: $h"; else echo "MISSING: $h"; fi
   done | tee -a "$OUT/machine.txt"

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -15,7 +16,9 @@
 #include <vector>
 
 #include "gpu_test_support.h"
+#include "torchpilot/advisors/advisors.h"
 #include "torchpilot/runtime/gpu_monitor.h"
+#include "torchpilot/runtime/kineto_trace.h"
 #include "torchpilot/torchpilot.h"
 
 #if TORCHPILOT_TORCH_CUDA && TORCHPILOT_TORCH_AT_LEAST(2, 0)
@@ -204,6 +207,101 @@ TEST(GpuProfilerTest, StepsAsideWhilePyTorchProfilerRunsAndResumesAfter) {
   EXPECT_TRUE(measured(after->stats.sm_efficiency)) << "PM figures must come back";
   EXPECT_GT(after->stats.sm_efficiency, 0.3) << "4096^2 matmuls keep most SMs busy";
   EXPECT_LE(occurrences(log, "line up with the steps again"), occurrences(log, "sample times are"));
+}
+
+// Issue 14: one planted trainer (host work, GPU work, loss.item() every step: the planted
+// host_sync pair's bad form) analysed live, by a Pilot with a detailed window, and offline, from
+// its PyTorch profiler trace by torchpilot-analyze's functions (kineto_trace.h): both give the
+// host_sync advice, with estimated gains within a factor of 2 of each other.
+TEST(GpuProfilerTest, LiveAndTraceGiveTheSameAdviceOnAPlantedHostSync) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(3);
+  torch::nn::Sequential mlp;
+  for (int i = 0; i < 6; ++i) mlp->push_back(torch::nn::Linear(2048, 2048));
+  mlp->to(torch::kCUDA);
+  torch::optim::SGD opt(mlp->parameters(), torch::optim::SGDOptions(1e-4));
+  const auto x = torch::randn({2048, 2048}, torch::kCUDA);
+  volatile double sink = 0;
+  auto train_step = [&] {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(3);
+    double acc = 0;  // host work: preprocessing on the training thread
+    while (std::chrono::steady_clock::now() < until) acc += 1e-9;
+    sink = sink + acc;
+    opt.zero_grad();
+    auto loss = mlp->forward(x).square().mean();
+    loss.backward();
+    opt.step();
+    sink = sink + loss.item<float>();  // the planted sync
+  };
+  for (int i = 0; i < 5; ++i) train_step();  // cuBLAS and the allocator warm up
+  torch::cuda::synchronize();
+  constexpr int kSteps = 14;
+
+  // Live: a Pilot, a window over steps 4-11.
+  std::vector<Advice> live;
+  {
+    PilotRun run(gpu_config(4, 8));
+    if (!run.collector_active("activity")) GTEST_SKIP() << run.missing({"activity"});
+    for (int i = 0; i < kSteps; ++i) {
+      auto step = run.pilot->step(2048);
+      train_step();
+    }
+    run.pilot->end_epoch();
+    live = run.sink->advice.back();
+  }
+
+  // Offline: the same steps under PyTorch's profiler, one ProfilerStep#N span each.
+  namespace prof = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  using torch::profiler::impl::ProfilerConfig;
+  using torch::profiler::impl::ProfilerState;
+  const ProfilerConfig config(ProfilerState::KINETO, /*report_input_shapes=*/true, false, false,
+                              false, false);
+  const std::set<ActivityType> activities{ActivityType::CPU, ActivityType::CUDA};
+  prof::prepareProfiler(config, activities);
+  prof::enableProfiler(config, activities);
+  for (int i = 0; i < kSteps; ++i) {
+    RECORD_USER_SCOPE("ProfilerStep#" + std::to_string(i));
+    train_step();
+  }
+  torch::cuda::synchronize();
+  auto result = prof::disableProfiler();
+  ASSERT_TRUE(result);
+  char path[] = "/tmp/torchpilot-live-vs-trace-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  result->save(path);
+  const KinetoTrace trace = parse_kineto_trace(read_trace_file(path));
+  std::remove(path);
+  const EpochSummary offline_summary = kineto_epoch_summary(trace);
+  const std::vector<Advice> offline = run_advisors(offline_summary, Config{});
+
+  auto find = [](const std::vector<Advice>& all, const std::string& id) -> const Advice* {
+    for (const Advice& a : all) {
+      if (a.id == id) return &a;
+    }
+    return nullptr;
+  };
+  auto ids = [](const std::vector<Advice>& all) {
+    std::string out;
+    for (const Advice& a : all) out += a.id + (a.gain_estimated ? "" : "(no gain)") + " ";
+    return out;
+  };
+  std::printf("  live: %s\n  trace (%zu steps): %s\n", ids(live).c_str(), trace.steps.size(),
+              ids(offline).c_str());
+  const Advice* l = find(live, "host_sync");
+  const Advice* o = find(offline, "host_sync");
+  ASSERT_NE(l, nullptr) << "live: " << ids(live);
+  ASSERT_NE(o, nullptr) << "trace: " << ids(offline);
+  std::printf("  host_sync live %+.1f%%, trace %+.1f%%\n  live: %s\n  trace: %s\n",
+              100 * l->expected_gain, 100 * o->expected_gain, l->finding.c_str(),
+              o->finding.c_str());
+  ASSERT_GT(l->expected_gain, 0);
+  ASSERT_GT(o->expected_gain, 0);
+  const double ratio = o->expected_gain / l->expected_gain;
+  EXPECT_GT(ratio, 0.5);
+  EXPECT_LT(ratio, 2.0);
 }
 
 #else
