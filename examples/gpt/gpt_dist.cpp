@@ -19,7 +19,11 @@
 #include "torchpilot/hooks/collectives.h"
 
 // c10d's backends are compiled in only with their macros (USE_C10D_GLOO, USE_C10D_NCCL: set by
-// Debian's Torch config, or by examples/CMakeLists.txt where it finds their headers).
+// Debian's Torch config, or by examples/CMakeLists.txt where it finds their headers). The PyTorch
+// wheel sets USE_C10D_GLOO without shipping Gloo's headers: Gloo only where they are.
+#if defined(USE_C10D_GLOO) && !__has_include(<gloo/algorithm.h>)
+#undef USE_C10D_GLOO
+#endif
 #if TORCHPILOT_HAVE_C10D && (defined(USE_C10D_GLOO) || defined(USE_C10D_NCCL))
 #define GPT_HAVE_DIST 1
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
