@@ -56,6 +56,7 @@ class TraceBuilder {
         /*tid=*/7);
   }
   std::string text() const { return doc_.dump(); }
+  json& doc() { return doc_; }
 
  private:
   json doc_;
@@ -117,6 +118,41 @@ TEST(KinetoTrace, OverlappingKernelsAndLaunchGaps) {
   EXPECT_DOUBLE_EQ(k.ns[static_cast<size_t>(KernelClass::kSimtGemm)], 150.0 * kUs);
   EXPECT_DOUBLE_EQ(k.ns[static_cast<size_t>(KernelClass::kElementwise)], 250.0 * kUs);
   EXPECT_DOUBLE_EQ(k.idle_ns, 600.0 * kUs);
+}
+
+// Two NCCL ranks: a compute kernel [100, 500] µs on the trainer's stream, the all-reduce's NCCL
+// kernel [400, 800] on its own stream: 400 µs of communication, 300 of them exposed.
+TEST(KinetoTrace, NcclKernelsGiveCommunicationAndItsExposedPart) {
+  TraceBuilder b;
+  b.doc()["distributedInfo"] = {{"backend", "nccl"}, {"rank", 0}, {"world_size", 2}};
+  b.step(1, 0, 1000);
+  b.span("cpu_op", "record_param_comms", 40, 20,
+         {{"Collective name", "allreduce"},
+          {"In msg nelems", 1 << 20},
+          {"dtype", "Float"},
+          {"Group size", 2}});
+  b.kernel("ampere_sgemm_128x64_nn", 10, 100, 400);
+  b.span("cuda_runtime", "cudaLaunchKernel", 50, 5, {{"correlation", 900}});
+  b.span("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 400, 400,
+         {{"correlation", 900}, {"stream", 20}, {"grid", {2, 1, 1}}, {"block", {512, 1, 1}}},
+         /*tid=*/20);
+  const EpochSummary s = kineto_epoch_summary(parse_kineto_trace(b.text()));
+  const CommEpochStats* c = s.sections.get<CommEpochStats>();
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->backend, "nccl");
+  EXPECT_EQ(c->world_size, 2);
+  EXPECT_EQ(c->stats.collectives, 1);
+  EXPECT_EQ(c->stats.bytes, 4 << 20);
+  EXPECT_EQ(c->stats.comm_ns, 400 * kUs);
+  EXPECT_EQ(c->stats.exposed_ns, 300 * kUs);
+  // All-reduce bus bandwidth, nccl-tests' convention: 4 MiB in 400 µs x 2(n-1)/n.
+  ASSERT_EQ(c->ops.size(), 1u);
+  EXPECT_NEAR(c->ops[0].busbw, (4 << 20) / 400e-6 * 1.0, 1e3);
+  const std::vector<Advice> advice = run_advisors(s, Config{});
+  const bool exposed = std::any_of(advice.begin(), advice.end(), [](const Advice& a) {
+    return a.id == "exposed_communication";
+  });
+  EXPECT_TRUE(exposed) << "300 of a 1 ms step exposed";
 }
 
 TEST(KinetoTrace, SyncThenIdleIsHostSyncIdleNamedByItsOp) {
