@@ -39,6 +39,10 @@ const std::vector<AdvisorEntry>& advisor_registry() {
        [](const EpochSummary& s, const Config& c) { return advise_periodic_stall(s, c.advisors); }},
       {"low_mfu",
        [](const EpochSummary& s, const Config& c) { return advise_low_mfu(s, c.advisors); }},
+      {"memory_pressure",
+       [](const EpochSummary& s, const Config& c) {
+         return advise_memory_pressure(s, c.advisors);
+       }},
       {"checkpoint",
        [](const EpochSummary& s, const Config& c) { return advise_checkpoint(s, c.advisors); }},
       {"exposed_communication",

@@ -12,6 +12,7 @@
 #include "torchpilot/runtime/config.h"
 #include "torchpilot/runtime/knobs.h"
 #include "torchpilot/runtime/loader_core.h"
+#include "torchpilot/runtime/memory_records.h"
 #include "torchpilot/runtime/pilot.h"
 #include "torchpilot/runtime/records.h"
 #include "torchpilot/runtime/sink.h"

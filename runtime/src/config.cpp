@@ -119,6 +119,7 @@ const std::vector<KeySpec>& schema() {
       TP_DOUBLE(advisors.periodic_stall.threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.low_mfu.threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.checkpoint.threshold, 0.0, 1.0),
+      TP_DOUBLE(advisors.memory_pressure.threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.exposed_communication.threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.low_bus_bandwidth.fraction, 0.0, 1.0),
       TP_INT(advisors.low_bus_bandwidth.small_message_bytes, 0, int64_t{1} << 40),

@@ -164,4 +164,46 @@ TEST(GpuHostStall, ShortEpochTrainersCostIsReportedAndEveryStepCountedOnce) {
               100 * last->horizon_fraction);
 }
 
+// The memory collector: each epoch reports its own allocator peak (the peaks are reset at each
+// epoch's end), and the device's capacity.
+TEST(GpuMemory, EachEpochReportsItsOwnPeak) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto sink = std::make_shared<torchpilot::RecordingSink>();
+  torchpilot::PilotOptions o;
+  o.sinks = {sink};
+  torchpilot::Config c;
+  c.gpu.trace_first_step = 1000000;
+  torchpilot::Pilot pilot(c, o);
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (int i = 0; i < 3; ++i) {
+      auto step = pilot.step(1);
+      // Epoch 0 holds 2 GiB at once; epoch 1 only 64 MiB.
+      const int64_t bytes = epoch == 0 ? 2 * kGiB : 64 << 20;
+      auto t = torch::empty({bytes / 4}, torch::TensorOptions().device(torch::kCUDA));
+      t.fill_(1.0f);
+    }
+    torch::cuda::synchronize();
+    pilot.end_epoch();
+  }
+  ASSERT_EQ(sink->epochs.size(), 2u);
+  const auto* m0 = sink->epochs[0].sections.get<torchpilot::MemoryEpochStats>();
+  const auto* m1 = sink->epochs[1].sections.get<torchpilot::MemoryEpochStats>();
+  ASSERT_NE(m0, nullptr);
+  ASSERT_NE(m1, nullptr);
+  std::printf(
+      "  epoch 0: peak allocated %.3f GiB, reserved %.3f GiB of %.1f GiB; epoch 1: %.3f, "
+      "%.3f\n",
+      static_cast<double>(m0->peak_allocated_bytes) / kGiB,
+      static_cast<double>(m0->peak_reserved_bytes) / kGiB,
+      static_cast<double>(m0->capacity_bytes) / kGiB,
+      static_cast<double>(m1->peak_allocated_bytes) / kGiB,
+      static_cast<double>(m1->peak_reserved_bytes) / kGiB);
+  EXPECT_GE(m0->peak_allocated_bytes, 2 * kGiB);
+  EXPECT_GE(m0->peak_reserved_bytes, m0->peak_allocated_bytes);
+  EXPECT_GT(m0->capacity_bytes, 8 * kGiB);
+  EXPECT_LT(m1->peak_allocated_bytes, kGiB) << "the peak was reset at epoch 0's end";
+  EXPECT_EQ(m1->ooms, 0);
+}
+
 }  // namespace

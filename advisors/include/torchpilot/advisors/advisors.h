@@ -109,6 +109,13 @@ std::optional<Advice> advise_periodic_stall(const EpochSummary& summary,
 // high.
 std::optional<Advice> advise_low_mfu(const EpochSummary& summary, const AdvisorsConfig& config);
 
+// GPU memory under pressure (MemoryEpochStats): peak reserved above advisors.memory_pressure
+// .threshold of the device's memory, or allocator retries or OOMs this epoch. Evidence: peaks,
+// the cache's slack (fragmentation), retries, OOMs; actions by what dominates. Its effect is in
+// memory (the slack expandable segments can return), not throughput: no gain is estimated.
+std::optional<Advice> advise_memory_pressure(const EpochSummary& summary,
+                                             const AdvisorsConfig& config);
+
 // Checkpoints too rare for the failure rate the run journal saw (RunJournalStats): the expected
 // share of wall time lost, half a checkpoint interval per failure (or, without checkpoints, the
 // measured loss), above advisors.checkpoint.threshold.

@@ -123,6 +123,9 @@ struct PeriodicStallConfig {
 struct CheckpointConfig {
   double threshold = 0.05;  // work lost to failures, expected share of wall time
 };
+struct MemoryPressureConfig {
+  double threshold = 0.9;  // peak reserved above this share of device memory is pressure
+};
 struct LowMfuConfig {
   double threshold = 0.3;  // MFU below this gets a breakdown
 };
@@ -150,6 +153,7 @@ struct AdvisorsConfig {
   PeriodicStallConfig periodic_stall;
   LowMfuConfig low_mfu;
   CheckpointConfig checkpoint;
+  MemoryPressureConfig memory_pressure;
   ExposedCommunicationConfig exposed_communication;
   LowBusBandwidthConfig low_bus_bandwidth;
   StragglerRankConfig straggler_rank;
