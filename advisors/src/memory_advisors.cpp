@@ -1,8 +1,10 @@
 // memory_pressure: the CUDA caching allocator's figures of an epoch (MemoryEpochStats).
+#include <algorithm>
 #include <string>
 
 #include "advice_text.h"
 #include "torchpilot/advisors/advisors.h"
+#include "torchpilot/runtime/gpu_records.h"
 #include "torchpilot/runtime/memory_records.h"
 
 namespace torchpilot {
@@ -74,6 +76,45 @@ std::optional<Advice> advise_memory_pressure(const EpochSummary& s, const Adviso
   }
   a.gain_estimated = false;
   a.action += "; the effect is in memory (headroom), not estimated as throughput";
+  return a;
+}
+
+std::optional<Advice> advise_small_micro_batch(const EpochSummary& s,
+                                               const AdvisorsConfig& config) {
+  const MemoryEpochStats* m = s.sections.get<MemoryEpochStats>();
+  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
+  if (m == nullptr || m->capacity_bytes <= 0 || m->peak_allocated_bytes <= 0 || gpu == nullptr ||
+      gpu->traced_steps == 0 || gpu->stats.traced_ns <= 0 || m->alloc_retries > 0 || m->ooms > 0) {
+    return std::nullopt;
+  }
+  const double gaps = static_cast<double>(gpu->stats.idle_launch_gap_ns) /
+                      static_cast<double>(gpu->stats.traced_ns);
+  if (gaps <= config.launch_bound.threshold) return std::nullopt;
+  // Everything counted as growing with the batch (parameters and optimizer state do not): a
+  // conservative factor.
+  const double room = config.memory_pressure.threshold * static_cast<double>(m->capacity_bytes);
+  const int k =
+      static_cast<int>(std::min(8.0, room / static_cast<double>(m->peak_allocated_bytes)));
+  if (k < 2) return std::nullopt;
+  Advice a;
+  a.id = "small_micro_batch";
+  a.severity = Severity::kInfo;
+  a.finding = "memory allows a " + std::to_string(k) + "x larger micro-batch (peak allocated " +
+              gib(m->peak_allocated_bytes) + ", " + pct(m->peak_allocated_fraction()) + " of " +
+              gib(m->capacity_bytes) + ") while the GPU idles " + pct(gaps) +
+              " of step time between kernels";
+  a.evidence = {{"max_factor", static_cast<double>(k), "x"},
+                {"peak_allocated", static_cast<double>(m->peak_allocated_bytes), "bytes"},
+                {"capacity", static_cast<double>(m->capacity_bytes), "bytes"},
+                {"launch_gap_share", gaps, "fraction"}};
+  a.cause =
+      "the step launches the same kernels for few samples: their launches, not the GPU's "
+      "work, set the pace";
+  a.action = "raise the micro-batch, up to " + std::to_string(k) + "x (" + std::to_string(k) +
+             " x the peak stays within " + pct(config.memory_pressure.threshold) +
+             " of the device, counting all memory as growing with it), with fewer accumulation "
+             "steps for the same global batch; the gain is launch_bound's estimate";
+  a.gain_estimated = false;
   return a;
 }
 

@@ -43,6 +43,10 @@ const std::vector<AdvisorEntry>& advisor_registry() {
        [](const EpochSummary& s, const Config& c) {
          return advise_memory_pressure(s, c.advisors);
        }},
+      {"small_micro_batch",
+       [](const EpochSummary& s, const Config& c) {
+         return advise_small_micro_batch(s, c.advisors);
+       }},
       {"checkpoint",
        [](const EpochSummary& s, const Config& c) { return advise_checkpoint(s, c.advisors); }},
       {"exposed_communication",

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "torchpilot/advisors/advisors.h"
+#include "torchpilot/runtime/gpu_records.h"
 #include "torchpilot/runtime/memory_records.h"
 
 namespace torchpilot {
@@ -55,6 +56,34 @@ TEST(MemoryPressure, RetriesWithALargeSlackAreFragmentation) {
       << a->cause;
   EXPECT_NE(a->action.find("expandable_segments:True"), std::string::npos) << a->action;
   EXPECT_NE(a->action.find("each retry frees the allocator's cache"), std::string::npos);
+}
+
+TEST(SmallMicroBatch, LaunchBoundWithRoomInMemory) {
+  EpochSummary s = with_memory(10 * kGiB, 12 * kGiB);  // 12.5% of 80 GiB
+  GpuEpochStats g;
+  g.traced_steps = 4;
+  g.stats.traced_ns = 400000000;
+  g.stats.idle_launch_gap_ns = 200000000;  // half the traced time between kernels
+  s.sections.set(g);
+  auto a = advise_small_micro_batch(s, AdvisorsConfig{});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->severity, Severity::kInfo);
+  // 0.9 x 80 GiB = 72 GiB holds 7 x 10 GiB.
+  EXPECT_NE(a->finding.find("memory allows a 7x larger micro-batch (peak allocated 10.00 GiB, "
+                            "12.5% of 80.00 GiB) while the GPU idles 50.0%"),
+            std::string::npos)
+      << a->finding;
+  EXPECT_FALSE(a->gain_estimated);
+  // Not launch-bound, or no room for twice the peak, or the allocator retrying: quiet.
+  g.stats.idle_launch_gap_ns = 10000000;
+  s.sections.set(g);
+  EXPECT_FALSE(advise_small_micro_batch(s, AdvisorsConfig{}));
+  g.stats.idle_launch_gap_ns = 200000000;
+  s.sections.set(g);
+  EXPECT_FALSE(advise_small_micro_batch(with_memory(40 * kGiB, 44 * kGiB), AdvisorsConfig{}));
+  EpochSummary retrying = with_memory(10 * kGiB, 12 * kGiB, 3);
+  retrying.sections.set(g);
+  EXPECT_FALSE(advise_small_micro_batch(retrying, AdvisorsConfig{}));
 }
 
 TEST(MemoryPressure, TheSectionSaysItsFigures) {

@@ -116,6 +116,13 @@ std::optional<Advice> advise_low_mfu(const EpochSummary& summary, const Advisors
 std::optional<Advice> advise_memory_pressure(const EpochSummary& summary,
                                              const AdvisorsConfig& config);
 
+// A micro-batch memory would allow larger while the step is launch-bound (detailed windows: launch
+// gaps above advisors.launch_bound.threshold): the largest factor k (2..8) with k x the peak
+// allocated within advisors.memory_pressure.threshold of the device. Info; the gain of a larger
+// batch is launch_bound's (not repeated here).
+std::optional<Advice> advise_small_micro_batch(const EpochSummary& summary,
+                                               const AdvisorsConfig& config);
+
 // Checkpoints too rare for the failure rate the run journal saw (RunJournalStats): the expected
 // share of wall time lost, half a checkpoint interval per failure (or, without checkpoints, the
 // measured loss), above advisors.checkpoint.threshold.
