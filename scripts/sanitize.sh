@@ -53,6 +53,8 @@ run_pass() {
     targets+=(torchpilot_gpu_backend_tests)
   ninja -C "$dir" -t query torchpilot_prometheus_tests >/dev/null 2>&1 &&
     targets+=(torchpilot_prometheus_tests)
+  # The analyzer's command-line test (label unit) runs the tool itself.
+  ninja -C "$dir" -t query torchpilot-analyze >/dev/null 2>&1 && targets+=(torchpilot-analyze)
   cmake --build "$dir" -j "$jobs" --target "${targets[@]}" || {
     timings+=("$pass: configure+build FAILED after $((SECONDS - t0)) s"); return 1; }
   local t1=$SECONDS

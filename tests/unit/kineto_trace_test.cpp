@@ -212,7 +212,8 @@ TEST(KinetoTrace, FlopsFromRecordedShapesLeafOpsOnly) {
   // --peak-tflops replaces it.
   KinetoOptions o;
   o.peak_tflops = 100;
-  const FlopEpochStats* g = kineto_epoch_summary(t, o).sections.get<FlopEpochStats>();
+  const EpochSummary with_peak = kineto_epoch_summary(t, o);  // the section lives in it
+  const FlopEpochStats* g = with_peak.sections.get<FlopEpochStats>();
   ASSERT_NE(g, nullptr);
   EXPECT_NEAR(g->mfu, 2 * one / 1e-3 / 100e12, 1e-12);
 }
