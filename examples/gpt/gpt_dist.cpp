@@ -135,6 +135,7 @@ struct DataParallel::Impl {
 #endif
   std::unique_ptr<torchpilot::GradSync> sync;
   std::unique_ptr<torchpilot::Collectives> collectives;
+  const torchpilot::Pilot* pilot = nullptr;  // the one the collectives report to
 };
 
 DataParallel::DataParallel(DistRank rank, const c10::Device& device,
@@ -179,7 +180,9 @@ DataParallel::~DataParallel() = default;
 
 void DataParallel::attach(torchpilot::Pilot& pilot) {
   Impl& m = *impl_;
-  if (m.collectives) return;
+  if (m.collectives && m.pilot == &pilot) return;
+  m.collectives.reset();  // one Collectives at a time (its observer is global)
+  m.pilot = &pilot;
 #if defined(USE_C10D_NCCL)
   if (m.nccl) {
     m.collectives = std::make_unique<torchpilot::Collectives>(pilot, m.nccl, m.store);
@@ -189,6 +192,11 @@ void DataParallel::attach(torchpilot::Pilot& pilot) {
 #if defined(USE_C10D_GLOO)
   m.collectives = std::make_unique<torchpilot::Collectives>(pilot, m.gloo, m.store);
 #endif
+}
+
+void DataParallel::detach() {
+  impl_->collectives.reset();
+  impl_->pilot = nullptr;
 }
 
 void DataParallel::synchronize() { impl_->sync->synchronize(); }
@@ -211,6 +219,7 @@ DataParallel::DataParallel(DistRank, const c10::Device&, const std::vector<at::T
 }
 DataParallel::~DataParallel() = default;
 void DataParallel::attach(torchpilot::Pilot&) {}
+void DataParallel::detach() {}
 void DataParallel::synchronize() {}
 std::string DataParallel::backend() const { return "none"; }
 

@@ -55,8 +55,11 @@ class DataParallel {
   DataParallel(DistRank rank, const c10::Device& device, const std::vector<at::Tensor>& params,
                double bucket_mb, bool overlap);
   ~DataParallel();
-  // Observes the group's collectives and joins the ranks' summaries: once, before the first step.
+  // Observes the group's collectives and joins the ranks' summaries for `pilot`: before its first
+  // step. Another Pilot later takes over (the previous one's observer goes first).
   void attach(torchpilot::Pilot& pilot);
+  // Stops reporting to the attached Pilot: before that Pilot goes.
+  void detach();
   // Averages the gradients: after backward, before the optimizer step.
   void synchronize();
   std::string backend() const;  // "gloo" or "nccl"

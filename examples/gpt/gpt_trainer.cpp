@@ -357,6 +357,10 @@ double Trainer::take_mean_loss() {
   return mean;
 }
 
+void Trainer::detach_pilot() {
+  if (impl_->dist) impl_->dist->detach();
+}
+
 void Trainer::synchronize() {
   if (impl_->device.is_cuda()) torch::cuda::synchronize(impl_->device.index());
 }

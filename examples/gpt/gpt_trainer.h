@@ -85,6 +85,9 @@ class Trainer {
   double take_mean_loss();
   // Waits for all work queued on the device (no-op on the CPU).
   void synchronize();
+  // With data parallelism, the collectives are observed for the Pilot train() was last given:
+  // call this before that Pilot goes when another one follows (benchmarks).
+  void detach_pilot();
 
   const TrainOptions& options() const;
   GptShape shape() const;
