@@ -61,7 +61,8 @@ struct Run {
 };
 
 Run run(gpt_example::Trainer& trainer, const Args& a, bool advise) {
-  // The defaults; TORCHPILOT_* variables isolate a part's cost (e.g. TORCHPILOT_COMM_ENABLED=false).
+  // The defaults; TORCHPILOT_* variables isolate a part's cost (e.g.
+  // TORCHPILOT_COMM_ENABLED=false).
   torchpilot::Config c = torchpilot::Config::load();
   c.mode = advise ? torchpilot::Mode::kAdvise : torchpilot::Mode::kOff;
   c.log.level = "warn";

@@ -90,10 +90,10 @@ struct Args {
   int window_steps = 10;
   bool advise_fixed = true;
   double budget_s = 1200;
-  double sample_us = 20;      // data_starvation: CPU work per sample
-  double host_us = 3000;      // host_sync: host work per step (async_sync_every_n: / micro-steps)
-  int micro_steps = 4;        // async_sync_every_n
-  int sync_every = 8;         // async_sync_every_n, fixed form: .item() every N optimizer steps
+  double sample_us = 20;       // data_starvation: CPU work per sample
+  double host_us = 3000;       // host_sync: host work per step (async_sync_every_n: / micro-steps)
+  int micro_steps = 4;         // async_sync_every_n
+  int sync_every = 8;          // async_sync_every_n, fixed form: .item() every N optimizer steps
   int checkpoint_every = 150;  // checkpoint: steps between saves (longer than a save takes)
   // launch_bound: the fixed form's batch factor, the one the advice's estimate is for.
   int launch_batch_factor = static_cast<int>(torchpilot::kLaunchBoundBatchFactor);

@@ -279,8 +279,9 @@ std::optional<Advice> advise_periodic_stall(const EpochSummary& s, const Advisor
   // it: while the host stalls, the GPU runs what was queued before, and only its idle is lost.
   const double host_excess = static_cast<double>(o->periodic_excess_ns);
   const bool gpu_timed = o->periodic_gpu_excess_ns >= 0 && o->gpu_timed > 0;
-  const double excess =
-      gpu_timed ? std::min(host_excess, static_cast<double>(o->periodic_gpu_excess_ns)) : host_excess;
+  const double excess = gpu_timed
+                            ? std::min(host_excess, static_cast<double>(o->periodic_gpu_excess_ns))
+                            : host_excess;
   const double rest = static_cast<double>(s.wall_ns) - excess;
   a.expected_gain = rest > 0 ? excess / rest : 0;
   a.gain_estimated = true;

@@ -39,10 +39,8 @@ const std::vector<AdvisorEntry>& advisor_registry() {
        [](const EpochSummary& s, const Config& c) { return advise_periodic_stall(s, c.advisors); }},
       {"low_mfu",
        [](const EpochSummary& s, const Config& c) { return advise_low_mfu(s, c.advisors); }},
-      {"memory_pressure",
-       [](const EpochSummary& s, const Config& c) {
-         return advise_memory_pressure(s, c.advisors);
-       }},
+      {"memory_pressure", [](const EpochSummary& s,
+                             const Config& c) { return advise_memory_pressure(s, c.advisors); }},
       {"small_micro_batch",
        [](const EpochSummary& s, const Config& c) {
          return advise_small_micro_batch(s, c.advisors);

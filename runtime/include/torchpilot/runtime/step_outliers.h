@@ -52,10 +52,10 @@ struct OutlierStats {
   // GPU time (step markers): the periodic outliers' GPU spans above the median GPU span of
   // ordinary steps, scaled to all of them from those with a span (the GPU's idle the stalls
   // caused: a host stall the queued work covered costs the GPU nothing). -1: no GPU spans.
-  int64_t gpu_timed = 0;          // periodic outliers with a GPU span
-  Nanos gpu_median_ns = -1;       // median GPU span of ordinary steps
+  int64_t gpu_timed = 0;     // periodic outliers with a GPU span
+  Nanos gpu_median_ns = -1;  // median GPU span of ordinary steps
   Nanos periodic_gpu_excess_ns = -1;
-  std::vector<int64_t> steps;              // the first outliers' step numbers (at most kListed)
+  std::vector<int64_t> steps;  // the first outliers' step numbers (at most kListed)
   static constexpr size_t kListed = 16;
 };
 std::string section_json(const OutlierStats& outliers);
