@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -42,14 +43,6 @@
 namespace gpt_example {
 
 namespace {
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  return end != nullptr && *end == '\0' ? static_cast<int>(n) : fallback;
-}
-
 // A port nobody listens on now (the store's server binds it a moment later).
 int free_loopback_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -72,9 +65,10 @@ int free_loopback_port() {
 
 DistRank dist_rank_from_env() {
   DistRank r;
-  r.world = std::max(1, env_int("WORLD_SIZE", 1));
-  r.rank = env_int("RANK", 0);
-  r.local_rank = env_int("LOCAL_RANK", r.rank);
+  const torchpilot::DistEnv e = torchpilot::dist_env();  // torchrun's variables, -1 when unset
+  r.world = std::max(1, e.world_size);
+  r.rank = e.rank == -1 ? 0 : e.rank;  // unset: a single process
+  r.local_rank = e.local_rank >= 0 ? e.local_rank : r.rank;
   if (r.rank < 0 || r.rank >= r.world) {
     throw std::runtime_error("RANK " + std::to_string(r.rank) + " is not in [0, WORLD_SIZE " +
                              std::to_string(r.world) + ")");
@@ -143,16 +137,16 @@ DataParallel::DataParallel(DistRank rank, const c10::Device& device,
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.rank = rank;
-  const char* addr = std::getenv("MASTER_ADDR");
-  if (addr == nullptr || *addr == '\0') {
+  const torchpilot::DistEnv env = torchpilot::dist_env();
+  if (env.master_addr.empty()) {
     throw std::runtime_error("MASTER_ADDR is not set (start with --world-size, or with torchrun)");
   }
   c10d::TCPStoreOptions o;
-  o.port = static_cast<uint16_t>(env_int("MASTER_PORT", 29500));
+  o.port = static_cast<uint16_t>(env.master_port > 0 ? env.master_port : 29500);
   o.isServer = rank.rank == 0;
   o.numWorkers = rank.world;
   o.timeout = std::chrono::seconds(60);
-  m.store = c10::make_intrusive<c10d::TCPStore>(addr, o);
+  m.store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
   torchpilot::GradSyncOptions g;
   g.bucket_mb = bucket_mb;
   g.overlap = overlap;

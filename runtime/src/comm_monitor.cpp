@@ -278,22 +278,9 @@ void CommMonitor::on_epoch_end(EpochSummary& summary) {
   c.stats = acc.stats;
   epoch_steps_ = 0;
   epoch_wall_ns_ = 0;
-  double weighted = 0;
-  Nanos busy = 0;
-  for (auto& [op, o] : acc.ops) {
-    const double s = static_cast<double>(o.busy_ns) / 1e9;
-    o.algbw = s > 0 ? static_cast<double>(o.bytes) / s : 0;
-    const double factor = bus_bandwidth_factor(op, c.world_size);
-    o.busbw = o.algbw * factor;
-    if (factor > 0) {
-      weighted += static_cast<double>(o.bytes) * factor;
-      busy += o.busy_ns;
-    }
-    c.ops.push_back(o);
-  }
-  c.busbw = busy > 0 ? weighted * 1e9 / static_cast<double>(busy) : 0;
-  std::sort(c.ops.begin(), c.ops.end(),
-            [](const CommOpStats& a, const CommOpStats& b) { return a.bytes > b.bytes; });
+  std::vector<CommOpStats> ops;
+  for (const auto& [op, o] : acc.ops) ops.push_back(o);
+  set_op_bandwidths(c, std::move(ops));
   summary.sections.set(std::move(c));
 }
 

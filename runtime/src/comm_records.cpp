@@ -68,6 +68,25 @@ CommOp comm_op_from_name(std::string_view name) {
   return CommOp::kOther;
 }
 
+void set_op_bandwidths(CommEpochStats& c, std::vector<CommOpStats> ops) {
+  double weighted = 0;
+  Nanos busy = 0;
+  for (CommOpStats& o : ops) {
+    const double s = static_cast<double>(o.busy_ns) / 1e9;
+    o.algbw = s > 0 ? static_cast<double>(o.bytes) / s : 0;
+    const double factor = bus_bandwidth_factor(o.op, c.world_size);
+    o.busbw = o.algbw * factor;
+    if (factor > 0) {
+      weighted += static_cast<double>(o.bytes) * factor;
+      busy += o.busy_ns;
+    }
+  }
+  c.busbw = busy > 0 ? weighted * 1e9 / static_cast<double>(busy) : 0;
+  std::sort(ops.begin(), ops.end(),
+            [](const CommOpStats& a, const CommOpStats& b) { return a.bytes > b.bytes; });
+  c.ops = std::move(ops);
+}
+
 double bus_bandwidth_factor(CommOp op, int ranks) {
   if (ranks < 1) return 0;
   const double n = ranks;

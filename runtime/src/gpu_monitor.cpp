@@ -196,8 +196,9 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   // Outside a window the steps' GPU figures come from markers and PM samples resolved off this
   // thread: collected every kCollectEveryNs of host time, not at every step (a collection takes
   // the backend's locks; 3-4 us a step on the H100 and H200). A window collects at every step.
-  const bool window = a.release || a.traced || attached_before || stop_pending_ ||
-                      planner_.trace_attached() || backend_->trace_releasing();
+  // (A traced step had its trace attached before its end: attached_before covers it.)
+  const bool window = attached_before || planner_.trace_attached() || stop_pending_ || a.release ||
+                      backend_->trace_releasing();
   if (window || r.end_ns - last_collect_ns_ >= kCollectEveryNs || last_collect_ns_ < 0 ||
       pending_.size() >= kCollectMaxPending) {
     last_collect_ns_ = r.end_ns;

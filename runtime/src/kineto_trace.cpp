@@ -739,27 +739,16 @@ EpochSummary kineto_epoch_summary(const KinetoTrace& t, const KinetoOptions& opt
       c.stats.exposed_ns += m.exposed_comm_ns;
     }
     // Per op: the kernels' time shared by bytes (a kernel is not tied to its collective here).
-    double weighted = 0;
-    Nanos busy = 0;
+    std::vector<CommOpStats> op_stats;
     for (auto& [op, o] : ops) {
       o.busy_ns = c.stats.bytes > 0 ? static_cast<Nanos>(static_cast<double>(c.stats.busy_ns) *
                                                          static_cast<double>(o.bytes) /
                                                          static_cast<double>(c.stats.bytes))
                                     : 0;
-      const double s = static_cast<double>(o.busy_ns) / 1e9;
-      o.algbw = s > 0 ? static_cast<double>(o.bytes) / s : 0;
-      const double factor = bus_bandwidth_factor(op, c.world_size);
-      o.busbw = o.algbw * factor;
-      if (factor > 0) {
-        weighted += static_cast<double>(o.bytes) * factor;
-        busy += o.busy_ns;
-      }
-      c.ops.push_back(o);
+      op_stats.push_back(o);
     }
-    c.busbw = busy > 0 ? weighted * 1e9 / static_cast<double>(busy) : 0;
+    set_op_bandwidths(c, std::move(op_stats));
     if (options.link_peak_gbps > 0) c.link_peak = options.link_peak_gbps * 1e9;
-    std::sort(c.ops.begin(), c.ops.end(),
-              [](const CommOpStats& a, const CommOpStats& b) { return a.bytes > b.bytes; });
     summary.sections.set(std::move(c));
   }
   return summary;

@@ -102,6 +102,9 @@ struct CommEpochStats {
   double comm_fraction() const;
   double exposed_fraction() const;
 };
+// The epoch's ops (their bytes and busy time set) into c.ops, most bytes first, each with its
+// algorithm and bus bandwidth (the nccl-tests conventions, c.world_size ranks), and c.busbw.
+void set_op_bandwidths(CommEpochStats& c, std::vector<CommOpStats> ops);
 std::string section_json(const CommEpochStats& c);
 void section_text(const CommEpochStats& c, const EpochSummary& epoch,
                   std::vector<std::string>& lines);
