@@ -10,7 +10,13 @@
 #include <utility>
 #include <vector>
 
+#include "comm_observer.h"
+#include "nvml_sampler.h"
 #include "torchpilot/hooks/collectives.h"
+
+#if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #if TORCHPILOT_HAVE_C10D
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -145,7 +151,42 @@ class C10dStore final : public KeyValueStore {
 
 std::string what_of(const std::exception& e) { return e.what(); }
 
+// The NVLink peak of this rank's GPU (LOCAL_RANK, else the current device) as the comm section's
+// link, said once either way.
+void detect_link(CommMonitor& monitor, Pilot& pilot, const std::string& who, int local_rank) {
+#if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
+  int device = local_rank;
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) device = 0;
+  char bus[32] = {0};
+  if (cudaDeviceGetPCIBusId(bus, sizeof bus, device) != cudaSuccess) bus[0] = '\0';
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    major = 0;
+  }
+  std::string error;
+  const detail::NvlinkPeak p = detail::nvlink_peak_of(device, bus, major, &error);
+  if (p.links > 0) {
+    const std::string name = "NVLink, " + std::to_string(p.links) + " links";
+    monitor.set_link(name, p.bytes_per_s);
+    pilot.log(LogLevel::kInfo, who + "link " + name + ", " +
+                                   std::to_string(static_cast<int>(p.bytes_per_s / 1e9)) +
+                                   " GB/s per direction (the bus-bandwidth reference)");
+    return;
+  }
+  pilot.log(LogLevel::kInfo,
+            who + "no NVLink seen on GPU " + std::to_string(device) +
+                (error.empty() ? std::string() : " (" + error + ")") +
+                ": bus bandwidth is not compared with a link's peak (comm.link_peak_gbps sets one)");
+#else
+  (void)monitor, (void)pilot, (void)who, (void)local_rank;
+#endif
+}
+
 }  // namespace
+
+namespace detail {
+std::shared_ptr<CommMonitor> observing_comm_monitor() { return std::atomic_load(&g_monitor); }
+}  // namespace detail
 
 std::shared_ptr<KeyValueStore> adapt_store(c10::intrusive_ptr<c10d::Store> store) {
   return store ? std::make_shared<C10dStore>(std::move(store)) : nullptr;
@@ -165,14 +206,17 @@ Collectives::Collectives(Pilot& pilot, GroupInfo group, c10::intrusive_ptr<c10d:
   monitor_->set_group(group.backend, rank_, world_size_);
   if (config.comm.link_peak_gbps > 0) {
     monitor_->set_link("configured link", config.comm.link_peak_gbps * 1e9);
+  } else if (group.backend == "nccl" && world_size_ > 1) {
+    detect_link(*monitor_, pilot, who, env.local_rank);
   }
   pilot.add_collector(monitor_);
   install_observer(monitor_);
   observing_ = true;
   if (group.backend == "nccl") {
-    pilot.log(LogLevel::kInfo, who +
-                                   "NCCL collectives are counted from their launches; their time "
-                                   "and overlap come from the kernels in trace windows");
+    pilot.log(LogLevel::kInfo,
+              who +
+                  "NCCL collectives are counted from their launches; torchpilot::GradSync's are "
+                  "timed on the GPU (CUDA events), the others in trace windows");
   }
 
   if (world_size_ < 2) {

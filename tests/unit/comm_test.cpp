@@ -164,6 +164,66 @@ TEST(CommMonitor, CountedCollectivesHaveBytesButNoTime) {
   EXPECT_EQ(monitor.started(), 1);
 }
 
+TEST(CommMonitor, GpuTimedSyncsGiveLaunchCountedCollectivesTheirTimeAndExposure) {
+  auto clock = std::make_shared<ManualClock>(0);
+  CommMonitor monitor({FakeThread().probe(), clock});
+  monitor.set_group("nccl", 0, 2);
+  monitor.set_link("NVLink, 18 links", 450e9);
+  // 4 steps of 10 ms, each one all-reduce of 100 MB counted at launch; the GPU timing of three
+  // syncs arrives (a step behind): 2 ms of all-reduce each, 0.5 ms of it exposed.
+  for (int s = 0; s < 4; ++s) {
+    monitor.on_step_begin(s, s * 10 * kMs);
+    monitor.collective_counted(CommOp::kAllReduce, "nccl:all_reduce", 100'000'000, "BFloat16");
+    if (s > 0) {
+      CommMonitor::GpuTiming t;
+      t.collectives = 1;
+      t.bytes = 100'000'000;
+      t.busy_ns = 2 * kMs;
+      t.exposed_ns = kMs / 2;
+      monitor.add_gpu_timing(t);
+    }
+    StepRecord r = step_record(s, s * 10 * kMs, (s + 1) * 10 * kMs);
+    monitor.on_step_end(r);
+  }
+  EpochSummary e;
+  monitor.on_epoch_end(e);
+  const CommEpochStats* c = e.sections.get<CommEpochStats>();
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->gpu_timed_syncs, 3);
+  EXPECT_EQ(c->stats.collectives, 4);
+  EXPECT_EQ(c->stats.comm_ns, 4 * 2 * kMs);  // per timed sync, for each of the 4 steps
+  EXPECT_EQ(c->stats.exposed_ns, 4 * kMs / 2);
+  EXPECT_NEAR(c->stats.overlap(), 0.75, 1e-9);
+  ASSERT_FALSE(c->ops.empty());
+  // 100 MB in 2 ms: 50 GB/s algorithm bandwidth, x 2(n-1)/n = 1 for two ranks.
+  EXPECT_NEAR(c->ops.front().algbw, 50e9, 1e6);
+  EXPECT_NEAR(c->busbw, 50e9, 1e6);
+  EXPECT_NE(c->method.find("GPU time"), std::string::npos) << c->method;
+  EXPECT_NE(section_json(*c).find("\"gpu_timed_syncs\":3"), std::string::npos);
+}
+
+TEST(CommMonitor, HostTimedCollectivesKeepTheirOwnFigures) {
+  auto clock = std::make_shared<ManualClock>(0);
+  CommMonitor monitor({FakeThread().probe(), clock});
+  monitor.on_step_begin(0, 0);
+  const int64_t seq = monitor.collective_begin(CommOp::kAllReduce, "gloo:all_reduce", 1000, "Float");
+  clock->set(3 * kMs);
+  monitor.collective_end(seq);
+  CommMonitor::GpuTiming t;
+  t.collectives = 1;
+  t.bytes = 1000;
+  t.busy_ns = 9 * kMs;
+  monitor.add_gpu_timing(t);
+  StepRecord r = step_record(0, 0, 10 * kMs);
+  monitor.on_step_end(r);
+  EpochSummary e;
+  monitor.on_epoch_end(e);
+  const CommEpochStats* c = e.sections.get<CommEpochStats>();
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->stats.comm_ns, 3 * kMs);
+  EXPECT_EQ(c->gpu_timed_syncs, 0);
+}
+
 TEST(CommMonitor, RealThreadTimesProbeReadsThisThread) {
   ThreadTimesProbe probe = current_thread_times_probe();
   ASSERT_TRUE(probe);

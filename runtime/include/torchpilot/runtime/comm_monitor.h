@@ -65,6 +65,17 @@ class CommMonitor : public Collector {
   // A collective whose interval is not known here (NCCL: the scope covers its launch; its time
   // comes from the GPU's kernels): counted with its bytes, not timed.
   void collective_counted(CommOp op, std::string_view name, int64_t bytes, std::string dtype);
+  // One gradient sync's collectives timed on the GPU (CUDA events; hooks/src/torch_grad_sync.cpp),
+  // reported once the GPU has run them, a step or two after their host step. NCCL collectives are
+  // counted from their launches (collective_counted); their time comes from here.
+  struct GpuTiming {
+    CommOp op = CommOp::kAllReduce;
+    int64_t collectives = 0;
+    int64_t bytes = 0;
+    Nanos busy_ns = 0;     // the collectives' summed GPU durations (NCCL runs a group's in order)
+    Nanos exposed_ns = 0;  // how long the compute stream waited for them after backward
+  };
+  void add_gpu_timing(const GpuTiming& timing);
   // Collectives started and not completed, oldest first; and how many have started.
   std::vector<CollectiveRecord> outstanding() const;
   int64_t started() const;
@@ -79,6 +90,10 @@ class CommMonitor : public Collector {
   struct Acc {
     CommStats stats;
     std::map<CommOp, CommOpStats> ops;
+    // GPU-timed gradient syncs (add_gpu_timing), whichever host step they belong to.
+    int64_t gpu_timed = 0;
+    CommStats gpu;
+    std::map<CommOp, CommOpStats> gpu_ops;
   };
   void open_union(Nanos now);              // mu_ held
   void close_union(Nanos now);             // mu_ held: credits the segment to step_
