@@ -76,8 +76,9 @@ elif want collectives2; then
   nvidia-smi topo -m 2>&1 | tee "$OUT/topology.txt" | head -8
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   ./build-gpu/bench/collectives --world-size 2 --suite full --d-model 1024 --layers 8 --heads 16 \
-    --seq 512 --batch 8 --rounds 5 --steps 30 --warmup 5 --buckets 4 --buckets 25 --buckets 100 \
-    --autotune-start 4 --autotune-warmup 150 --straggler-ms 20 --machine "$MACHINE-x2" \
+    --seq 1024 --batch 16 --rounds 7 --steps 30 --warmup 5 --buckets 4 --buckets 16 \
+    --buckets 25 --buckets 64 --buckets 128 --autotune-start 4 --autotune-warmup 150 \
+    --straggler-ms 20 --machine "$MACHINE-x2" \
     --commit "$COMMIT" ${COLL_ARGS:-} --out "$OUT/collectives-$MACHINE-x2.json" 2>&1 \
     | tee "$OUT/collectives2.log" | grep -vE "^\s*$" | tail -40
 fi

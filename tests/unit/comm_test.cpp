@@ -16,6 +16,7 @@
 #include "torchpilot/advisors/advisors.h"
 #include "torchpilot/runtime/comm_monitor.h"
 #include "torchpilot/runtime/comm_records.h"
+#include "torchpilot/runtime/gpu_records.h"
 #include "torchpilot/runtime/loader_policy.h"
 #include "torchpilot/runtime/rank_exchange.h"
 #include "torchpilot/runtime/trial_engine.h"
@@ -265,6 +266,37 @@ TEST(Stragglers, TheSlowRankIsNamedWithItsCauseAndTheOthersWait) {
   EXPECT_NE(d[0].cause.find("data wait"), std::string::npos);
   // Balanced ranks: none.
   EXPECT_TRUE(find_stragglers({rank(0, 20, 0, 19, 1), rank(1, 20, 0, 19.5, 0.5)}, 0.1).empty());
+}
+
+TEST(RankSummary, AnAsynchronousRanksStepIsItsGpuSpanNotItsHostStep) {
+  // Two ranks of one data-parallel run: the host of rank 1 runs further ahead of its GPU, so its
+  // host steps are shorter; on the GPU both take 20 ms, 1 ms of it waiting for communication.
+  auto epoch = [](double host_ms) {
+    EpochSummary e;
+    e.steps = 10;
+    e.wall_ns = static_cast<Nanos>(10 * host_ms * kMs);
+    CommEpochStats c;
+    c.steps = 10;
+    c.stats.comm_ns = 10 * 3 * kMs;
+    c.stats.exposed_ns = 10 * kMs;
+    e.sections.set(c);
+    GpuEpochStats g;
+    g.steps = 10;
+    g.gpu_timed_steps = 10;
+    g.stats.wall_ns = 10 * 20 * kMs;
+    e.sections.set(g);
+    return e;
+  };
+  const RankSummary a = summarize_rank(epoch(20), 0);
+  const RankSummary b = summarize_rank(epoch(12), 1);
+  EXPECT_DOUBLE_EQ(a.step_ns, 20.0 * kMs);
+  EXPECT_DOUBLE_EQ(b.step_ns, 20.0 * kMs);
+  EXPECT_DOUBLE_EQ(b.compute_ns, 19.0 * kMs);
+  EXPECT_TRUE(find_stragglers({a, b}, 0.1).empty());
+  // Without GPU spans: the host's steps.
+  EpochSummary host = epoch(12);
+  host.sections.set(GpuEpochStats{});
+  EXPECT_DOUBLE_EQ(summarize_rank(host, 1).step_ns, 12.0 * kMs);
 }
 
 TEST(RankSummaryJson, RoundTrips) {

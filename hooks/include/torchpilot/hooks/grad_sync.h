@@ -91,7 +91,7 @@ class GradSync {
   bool overlap() const { return options_.overlap; }
   int buckets() const;
   // "grad_sync.bucket_mb" over `choices` (MiB) for a Pilot's knob registry.
-  Knob knob(std::vector<int64_t> choices = {1, 4, 16, 25, 64});
+  Knob knob(std::vector<int64_t> choices = {1, 4, 16, 25, 64, 128, 256});
 
   struct State;  // shared with the hooks
 
