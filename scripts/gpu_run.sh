@@ -75,7 +75,8 @@ elif want collectives2; then
   log "collectives2: $(nvidia-smi -L | wc -l) GPUs; topology:"
   nvidia-smi topo -m 2>&1 | tee "$OUT/topology.txt" | head -8
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-  ./build-gpu/bench/collectives --world-size 2 --suite full --d-model 1024 --layers 8 --heads 16 \
+  ./build-gpu/bench/collectives --world-size 2 --suite full --compare-observer --d-model 1024 \
+    --layers 8 --heads 16 \
     --seq 1024 --batch 16 --rounds 7 --steps 30 --warmup 5 --buckets 4 --buckets 16 \
     --buckets 25 --buckets 64 --buckets 128 --autotune-start 4 --autotune-warmup 150 \
     --straggler-ms 20 --machine "$MACHINE-x2" \

@@ -116,9 +116,16 @@ void on_end(const at::RecordFunction&, at::ObserverContext* ctx) {
   if (s->monitor) s->monitor->collective_end(s->seq);
 }
 
-void install_observer(std::shared_ptr<CommMonitor> monitor) {
+// The monitor hooks report to (GradSync), and with `callback` the RecordFunction observer of
+// every collective: a global callback makes LibTorch build a RecordFunction for every op, which
+// costs about 1% of a GPT trainer's step (bench/results/collectives-*.json).
+void install_observer(std::shared_ptr<CommMonitor> monitor, bool callback) {
   std::lock_guard<std::mutex> lock(g_install_mu);
   std::atomic_store(&g_monitor, std::move(monitor));
+  if (!callback) {
+    if (g_installed.exchange(false)) at::removeCallback(g_handle);
+    return;
+  }
   if (g_installed.exchange(true)) return;
   // USER_SCOPE only: the backends' profiling titles. Inputs are boxed for these scopes alone.
   g_handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
@@ -210,13 +217,20 @@ Collectives::Collectives(Pilot& pilot, GroupInfo group, c10::intrusive_ptr<c10d:
     detect_link(*monitor_, pilot, who, env.local_rank);
   }
   pilot.add_collector(monitor_);
-  install_observer(monitor_);
+  // NCCL scopes cover only the launch: the observer would count them and pay a RecordFunction
+  // for every op of the trainer. GradSync counts and times its own all-reduces instead.
+  const bool callback = group.backend != "nccl" || config.comm.observe_nccl_ops;
+  monitor_->set_hooks_count(!callback);
+  install_observer(monitor_, callback);
   observing_ = true;
   if (group.backend == "nccl") {
     pilot.log(LogLevel::kInfo,
-              who +
-                  "NCCL collectives are counted from their launches; torchpilot::GradSync's are "
-                  "timed on the GPU (CUDA events), the others in trace windows");
+              who + (callback ? "NCCL collectives are counted from their launches (a "
+                                "RecordFunction observer, comm.observe_nccl_ops); "
+                              : "torchpilot::GradSync's all-reduces are counted; other NCCL "
+                                "collectives are seen in trace windows (comm.observe_nccl_ops "
+                                "counts them all, at about 1% of step time); ") +
+                  "GradSync's are timed on the GPU (CUDA events)");
   }
 
   if (world_size_ < 2) {

@@ -160,6 +160,12 @@ struct GradSync::State {
     }
     std::vector<at::Tensor> t{b.buffer};
     b.issued = true;
+    // Counted here when no observer sees the backend's collectives (NCCL by default).
+    if (auto monitor = detail::observing_comm_monitor(); monitor && monitor->hooks_count()) {
+      monitor->collective_counted(CommOp::kAllReduce, "grad_sync:all_reduce",
+                                  b.numel * static_cast<int64_t>(b.buffer.element_size()),
+                                  std::string(c10::toString(b.buffer.scalar_type())));
+    }
     try {
       b.work = all_reduce(t);
     } catch (const std::exception& e) {

@@ -121,6 +121,7 @@ const std::vector<KeySpec>& schema() {
       TP_DOUBLE(advisors.checkpoint.threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.memory_pressure.threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.exposed_communication.threshold, 0.0, 1.0),
+      TP_DOUBLE(advisors.exposed_communication.interference, 0.0, 1.0),
       TP_DOUBLE(advisors.low_bus_bandwidth.fraction, 0.0, 1.0),
       TP_INT(advisors.low_bus_bandwidth.small_message_bytes, 0, int64_t{1} << 40),
       TP_DOUBLE(advisors.low_bus_bandwidth.threshold, 0.0, 1.0),
@@ -177,6 +178,7 @@ const std::vector<KeySpec>& schema() {
       TP_DOUBLE(comm.exchange_timeout_ms, 1.0, 86400000.0),
       TP_DOUBLE(comm.watchdog_ms, 0.0, 86400000.0),
       TP_DOUBLE(comm.link_peak_gbps, 0.0, 1e6),
+      TP_BOOL(comm.observe_nccl_ops),
   };
   return table;
 }

@@ -14,6 +14,7 @@
 // time spent runnable but preempted counts as exposed.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -58,6 +59,9 @@ class CommMonitor : public Collector {
   // The group the collectives run on (the first one registered names the section).
   void set_group(std::string backend, int rank, int world_size);
   void set_link(std::string name, double peak_bytes_per_s);
+  // Hooks that issue collectives (GradSync) count them here themselves: no observer sees them.
+  void set_hooks_count(bool on) { hooks_count_.store(on, std::memory_order_relaxed); }
+  bool hooks_count() const { return hooks_count_.load(std::memory_order_relaxed); }
   // A collective started (returns its sequence number) and completed.
   int64_t collective_begin(CommOp op, std::string_view name, int64_t bytes, std::string dtype,
                            int group_size = 0);
@@ -101,6 +105,7 @@ class CommMonitor : public Collector {
 
   Options options_;
   std::shared_ptr<Clock> clock_;
+  std::atomic<bool> hooks_count_{false};
   CollectorHost* host_ = nullptr;
 
   mutable std::mutex mu_;
