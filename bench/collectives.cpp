@@ -44,6 +44,7 @@
 #include "gpt_trainer.h"
 #include "torchpilot/runtime/comm_records.h"
 #include "torchpilot/runtime/config.h"
+#include "torchpilot/runtime/cost.h"
 #include "torchpilot/runtime/gpu_records.h"
 #include "torchpilot/runtime/pilot.h"
 
@@ -86,6 +87,7 @@ struct Run {
   int64_t traced_steps = 0;
   double window_comm_ms = -1, window_exposed_ms = -1;
   json advice = json::array();  // id, expected_gain
+  json cost;                    // torchpilot's own cost (section "cost") of the measured epoch
   json ranks;                   // rank 0's section "ranks"
   json decision;                // autotune
 };
@@ -159,6 +161,9 @@ Run run(gpt_example::Trainer& trainer, const Args& a, const RunOptions& o) {
           r.window_exposed_ms =
               static_cast<double>(gpu->stats.exposed_comm_ns) / 1e6 / gpu->traced_steps;
         }
+      }
+      if (const auto* cost = e.sections.get<torchpilot::CostStats>()) {
+        r.cost = json::parse(torchpilot::section_json(*cost));
       }
       if (const auto* ranks = e.sections.get<torchpilot::RankEpochStats>()) {
         r.ranks = json::parse(torchpilot::section_json(*ranks));
@@ -478,6 +483,7 @@ int main(int argc, char** argv) {
                         {"advise_step_ms", 1e3 * adv.step_s},
                         {"ratio", adv.step_s / off.step_s},
                         {"observer_step_ms", a.compare_observer ? json(1e3 * obs.step_s) : json()},
+                        {"advise_cost", adv.cost},
                         {"comm_ms_per_step", adv.comm_ms},
                         {"exposed_ms_per_step", adv.exposed_ms},
                         {"overlap", adv.overlap}});

@@ -262,7 +262,13 @@ Collectives::Collectives(Pilot& pilot, GroupInfo group, c10::intrusive_ptr<c10d:
     return;
   }
   const auto timeout = static_cast<Nanos>(config.comm.exchange_timeout_ms * 1e6);
-  exchange_ = std::make_shared<RankExchange>(adapt_store(store), rank_, world_size_, timeout);
+  // Keys of this Collectives' exchanges: a later one (a new Pilot on the same store) must not
+  // read the epochs and trials an earlier one posted. Every rank creates its Collectives in the
+  // same order, so the count is the same on every rank.
+  static std::atomic<int> generation{0};
+  const std::string prefix = "torchpilot/" + std::to_string(generation++) + "/";
+  exchange_ =
+      std::make_shared<RankExchange>(adapt_store(store), rank_, world_size_, timeout, prefix);
   ranks_ = std::make_shared<RankCollector>(exchange_, config.advisors.straggler_rank.threshold);
   pilot.add_collector(ranks_);
   Pilot* p = &pilot;
