@@ -181,8 +181,8 @@ std::unique_ptr<TuningPolicy> make_micro_batch_policy(const AutotuneConfig&) {
   return std::make_unique<MicroBatchPolicy>(std::make_shared<std::set<size_t>>());
 }
 
-std::unique_ptr<TuningPolicy> make_sequence_policy(std::vector<PolicyStage> stages,
-                                                   int max_passes, std::string repeat_knob) {
+std::unique_ptr<TuningPolicy> make_sequence_policy(std::vector<PolicyStage> stages, int max_passes,
+                                                   std::string repeat_knob) {
   return std::make_unique<SequencePolicy>(std::move(stages), max_passes, std::move(repeat_knob));
 }
 

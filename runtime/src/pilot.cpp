@@ -9,10 +9,10 @@
 #include <optional>
 
 #include "torchpilot/advisors/advisors.h"
+#include "torchpilot/runtime/batch_policy.h"
 #include "torchpilot/runtime/gpu_records.h"
 #include "torchpilot/runtime/guard.h"
 #include "torchpilot/runtime/html_report.h"
-#include "torchpilot/runtime/batch_policy.h"
 #include "torchpilot/runtime/logging.h"
 #include "torchpilot/runtime/run_journal.h"
 #include "torchpilot/runtime/trace_events.h"

@@ -51,22 +51,23 @@ json advice_json(const Advice& a) {
 }
 
 json trial_object(const TrialResult& t) {
-  return {{"setting", setting_json(t.setting)},
-          {"first_step", t.first_step},
-          {"last_step", t.last_step},
-          {"mean_step_ms", ms(t.mean_step_ns)},
-          {"relative_error", t.relative_error},
-          {"throughput", t.throughput},
-          {"unit", t.unit},
-          {"data_wait_fraction", t.data_wait_fraction},
-          {"supply_capacity", t.supply_capacity},
-          {"supply_limited", t.supply_limited},
-          {"demand", t.demand},
-          {"peak_memory_fraction",
-           t.peak_memory_fraction >= 0 ? json(t.peak_memory_fraction) : json(nullptr)},
-          {"peak_memory_bytes", t.peak_memory_bytes >= 0 ? json(t.peak_memory_bytes) : json(nullptr)},
-          {"failed", t.failed},
-          {"note", t.note}};
+  return {
+      {"setting", setting_json(t.setting)},
+      {"first_step", t.first_step},
+      {"last_step", t.last_step},
+      {"mean_step_ms", ms(t.mean_step_ns)},
+      {"relative_error", t.relative_error},
+      {"throughput", t.throughput},
+      {"unit", t.unit},
+      {"data_wait_fraction", t.data_wait_fraction},
+      {"supply_capacity", t.supply_capacity},
+      {"supply_limited", t.supply_limited},
+      {"demand", t.demand},
+      {"peak_memory_fraction",
+       t.peak_memory_fraction >= 0 ? json(t.peak_memory_fraction) : json(nullptr)},
+      {"peak_memory_bytes", t.peak_memory_bytes >= 0 ? json(t.peak_memory_bytes) : json(nullptr)},
+      {"failed", t.failed},
+      {"note", t.note}};
 }
 
 class LogSink final : public Sink {

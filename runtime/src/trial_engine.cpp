@@ -213,10 +213,11 @@ void TrialEngine::read_memory_peak(TrialResult& t) {
   if (t.peak_memory_fraction <= config_.memory_headroom) return;
   // Over the headroom: a later step (other shapes, a fragmented cache) could run out where the
   // trial did not. With ranks agreeing, the failure travels in this rank's window.
-  const std::string why = "peak allocated " + std::to_string(t.peak_memory_bytes >> 20) +
-                          " MiB = " + std::to_string(static_cast<int>(t.peak_memory_fraction * 100)) +
-                          "% of the device's memory, above autotune.memory_headroom " +
-                          std::to_string(static_cast<int>(config_.memory_headroom * 100)) + "%";
+  const std::string why =
+      "peak allocated " + std::to_string(t.peak_memory_bytes >> 20) +
+      " MiB = " + std::to_string(static_cast<int>(t.peak_memory_fraction * 100)) +
+      "% of the device's memory, above autotune.memory_headroom " +
+      std::to_string(static_cast<int>(config_.memory_headroom * 100)) + "%";
   if (agreement) {
     if (local_failure_.empty()) local_failure_ = why;
   } else {

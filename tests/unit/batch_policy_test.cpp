@@ -203,7 +203,9 @@ TEST(MicroBatchPolicy, RunsAfterTheLoaderSearchAndBothAgainWhenItMoved) {
     return sim.workers == 0 ? compute + 40.0 : std::max(compute, 40.0 / sim.workers);
   };
   KnobRegistry knobs;
-  knobs.add({"loader.workers", {0, 1, 2, 4}, [&sim] { return sim.workers; },
+  knobs.add({"loader.workers",
+             {0, 1, 2, 4},
+             [&sim] { return sim.workers; },
              [&sim](int64_t v) { sim.workers = v; }});
   register_micro(knobs, sim, kDomain);
   const AutotuneConfig config = config_for_test();
@@ -237,10 +239,14 @@ TEST(MicroBatchPolicy, RunsAfterTheLoaderSearchAndBothAgainWhenItMoved) {
 
 TEST(MicroBatchPolicy, WithoutTheKnobTheLoaderSearchRunsAsAlone) {
   SimTrainer sim;
-  sim.step_ms = [&sim](int64_t) { return sim.workers == 0 ? 60.0 : std::max(10.0, 40.0 / sim.workers); };
+  sim.step_ms = [&sim](int64_t) {
+    return sim.workers == 0 ? 60.0 : std::max(10.0, 40.0 / sim.workers);
+  };
   KnobRegistry a, b;
   for (KnobRegistry* k : {&a, &b}) {
-    k->add({"loader.workers", {0, 1, 2, 4}, [&sim] { return sim.workers; },
+    k->add({"loader.workers",
+            {0, 1, 2, 4},
+            [&sim] { return sim.workers; },
             [&sim](int64_t v) { sim.workers = v; }});
   }
   const AutotuneConfig config = config_for_test();
@@ -278,7 +284,8 @@ TEST(MicroBatchPolicy, AnOutOfMemoryOnOneRankFailsTheTrialOnAll) {
   for (int r = 0; r < 2; ++r) {
     sims[r].step_ms = [](int64_t m) { return 16.0 + 64.0 / static_cast<double>(m); };
     register_micro(knobs[r], sims[r], kDomain);
-    engines.push_back(std::make_unique<TrialEngine>(knobs[r], make_autotune_policy(config), config));
+    engines.push_back(
+        std::make_unique<TrialEngine>(knobs[r], make_autotune_policy(config), config));
   }
   // Rank 0 runs first and keeps its windows (alone, its own window is its combination); rank 1
   // then combines each of its windows with rank 0's of the same trial and round, as the store
@@ -300,8 +307,8 @@ TEST(MicroBatchPolicy, AnOutOfMemoryOnOneRankFailsTheTrialOnAll) {
   }
   ASSERT_TRUE(oom);
   // Rank 0's own window of the 16 trial says failed (the rank that ran out tells the others).
-  const auto it = std::find_if(windows0.begin(), windows0.end(),
-                               [](const TrialWindow& w) { return w.failed; });
+  const auto it =
+      std::find_if(windows0.begin(), windows0.end(), [](const TrialWindow& w) { return w.failed; });
   ASSERT_NE(it, windows0.end());
   EXPECT_EQ(it->note, "out of memory at batch.micro=16");
   // Rank 1 never ran out: combined with rank 0's windows, its trial at 16 fails too.

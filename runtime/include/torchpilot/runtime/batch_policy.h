@@ -42,14 +42,15 @@ struct PolicyStage {
   bool whole_history = true;
 };
 std::unique_ptr<TuningPolicy> make_sequence_policy(std::vector<PolicyStage> stages,
-                                                   int max_passes = 1, std::string repeat_knob = {});
+                                                   int max_passes = 1,
+                                                   std::string repeat_knob = {});
 
 // What auto-tune runs (pilot.cpp): the loader's search, then the micro-batch's
 // (autotune.tune_micro_batch), and both once more when the micro-batch search moved the best's
-// micro-batch (kAutotunePasses passes at most). The loader comes first: a starved loader makes every micro-batch look alike
-// (the steps wait for data). The second pass is there because a loader sized for the start's
-// slower steps can starve a faster micro-batch. Without the micro-batch knob there is no second
-// pass: the loader's search runs as alone.
+// micro-batch (kAutotunePasses passes at most). The loader comes first: a starved loader makes
+// every micro-batch look alike (the steps wait for data). The second pass is there because a loader
+// sized for the start's slower steps can starve a faster micro-batch. Without the micro-batch knob
+// there is no second pass: the loader's search runs as alone.
 inline constexpr int kAutotunePasses = 2;
 std::unique_ptr<TuningPolicy> make_autotune_policy(const AutotuneConfig& config);
 
