@@ -158,6 +158,7 @@ int run(int argc, char** argv) {
     torchpilot::Pilot pilot(config_for(a, torchpilot::Mode::kAdvise));
     gpt_example::Trainer trainer(options_with(a.micro));
     device = trainer.device();
+    precision = gpt_example::to_string(trainer.precision());  // fp32 on the CPU
     start_tps = measure(trainer, pilot, a);
     trainer.detach_pilot();
   }

@@ -37,9 +37,18 @@ std::string first_line(const std::string& what) {
 
 }  // namespace
 
+struct Accumulation::Link final : Collector {
+  explicit Link(Accumulation* owner) : owner(owner) {}
+  std::string name() const override { return "accumulation"; }
+  void attach(CollectorHost* host) override {
+    if (host == nullptr) owner->pilot_ = nullptr;  // the Pilot goes: no knob, no recovery
+  }
+  Accumulation* owner;
+};
+
 Accumulation::Accumulation(Pilot& pilot, std::vector<at::Tensor> parameters,
                            AccumulationOptions options)
-    : pilot_(pilot), parameters_(std::move(parameters)), options_(std::move(options)) {
+    : pilot_(&pilot), parameters_(std::move(parameters)), options_(std::move(options)) {
   if (options_.world_size < 1) throw std::invalid_argument("Accumulation: world_size must be >= 1");
   if (options_.global_batch < 1 || options_.global_batch % options_.world_size != 0) {
     throw std::invalid_argument(
@@ -71,7 +80,9 @@ Accumulation::Accumulation(Pilot& pilot, std::vector<at::Tensor> parameters,
       break;
     }
   }
-  if (!options_.tune || pilot_.mode() == Mode::kOff) return;
+  if (!options_.tune || pilot.mode() == Mode::kOff) return;
+  link_ = std::make_unique<Link>(this);
+  pilot.add_collector(link_.get());
   Knob knob;
   knob.name = kMicroBatchKnob;
   knob.domain = domain_;
@@ -83,19 +94,21 @@ Accumulation::Accumulation(Pilot& pilot, std::vector<at::Tensor> parameters,
     }
     micro_ = value;
   };
-  pilot_.knobs().add(std::move(knob));
+  pilot_->knobs().add(std::move(knob));
   knob_added_ = true;
   install_memory_probe();
 }
 
 Accumulation::~Accumulation() {
-  if (knob_added_) pilot_.knobs().remove_prefix("batch.");
-  if (probe_set_) pilot_.set_memory_probe({});
+  if (pilot_ == nullptr) return;
+  if (link_) pilot_->remove_collector(link_.get());
+  if (knob_added_) pilot_->knobs().remove_prefix("batch.");
+  if (probe_set_) pilot_->set_memory_probe({});
 }
 
 void Accumulation::install_memory_probe() {
   const bool searching =
-      pilot_.mode() == Mode::kAutotune && pilot_.config().autotune.tune_micro_batch;
+      pilot_->mode() == Mode::kAutotune && pilot_->config().autotune.tune_micro_batch;
 #if TORCHPILOT_ACCUMULATION_CUDA
   if (cuda_) {
     int64_t capacity = 0;
@@ -108,7 +121,7 @@ void Accumulation::install_memory_probe() {
     if (capacity > 0) {
       auto warned = std::make_shared<bool>(false);
       const auto device = static_cast<c10::DeviceIndex>(device_);
-      Pilot* pilot = &pilot_;
+      Pilot* pilot = pilot_;
       MemoryProbe probe;
       probe.reset = [device] { c10::cuda::CUDACachingAllocator::resetPeakStats(device); };
       probe.read = [device, capacity, warned, pilot, searching]() -> std::optional<MemoryPeak> {
@@ -127,19 +140,19 @@ void Accumulation::install_memory_probe() {
           return std::nullopt;
         }
       };
-      pilot_.set_memory_probe(std::move(probe));
+      pilot_->set_memory_probe(std::move(probe));
       probe_set_ = true;
       return;
     }
   }
 #endif
   if (searching) {
-    pilot_.log(LogLevel::kInfo,
-               std::string("micro-batch search: memory figures missing (") +
-                   (cuda_                          ? "the device's capacity is unknown"
-                    : TORCHPILOT_ACCUMULATION_CUDA ? "the parameters are on the CPU"
-                                                   : "LibTorch without CUDA") +
-                   "); micro-batches judged by samples/s alone, autotune.memory_headroom unused");
+    pilot_->log(LogLevel::kInfo,
+                std::string("micro-batch search: memory figures missing (") +
+                    (cuda_                          ? "the device's capacity is unknown"
+                     : TORCHPILOT_ACCUMULATION_CUDA ? "the parameters are on the CPU"
+                                                    : "LibTorch without CUDA") +
+                    "); micro-batches judged by samples/s alone, autotune.memory_headroom unused");
   }
 }
 
@@ -186,8 +199,8 @@ void Accumulation::run(const std::vector<at::Tensor>& batch, int64_t n, int64_t 
 bool Accumulation::recover(const std::string& what, int64_t micro,
                            std::vector<Setting>& attempted) {
   // Outside auto-tune an out-of-memory error is the trainer's own.
-  if (!pilot_.autotuning()) return false;
-  const Setting before = pilot_.knobs().snapshot();
+  if (pilot_ == nullptr || !pilot_->autotuning()) return false;
+  const Setting before = pilot_->knobs().snapshot();
   attempted.push_back(before);
   drop_gradients();
 #if TORCHPILOT_ACCUMULATION_CUDA
@@ -201,9 +214,9 @@ bool Accumulation::recover(const std::string& what, int64_t micro,
   ++recoveries_;
   // The trial engine restores the incumbent's setting (or starts a smaller micro-batch when the
   // start itself failed) through the knobs' setters before this returns.
-  const bool failed = pilot_.fail_trial("out of memory at batch.micro=" + std::to_string(micro) +
-                                        ": " + first_line(what));
-  const Setting after = pilot_.knobs().snapshot();
+  const bool failed = pilot_->fail_trial("out of memory at batch.micro=" + std::to_string(micro) +
+                                         ": " + first_line(what));
+  const Setting after = pilot_->knobs().snapshot();
   const bool moved = failed && after != before &&
                      std::find(attempted.begin(), attempted.end(), after) == attempted.end();
   if (!moved) {
@@ -220,18 +233,18 @@ bool Accumulation::recover(const std::string& what, int64_t micro,
       if (m < smallest_failed) smaller = m;
     }
     if (smaller == 0) {
-      pilot_.log(LogLevel::kError, "out of memory at batch.micro=" + std::to_string(micro) +
-                                       ", the smallest micro-batch: nothing left to try");
+      pilot_->log(LogLevel::kError, "out of memory at batch.micro=" + std::to_string(micro) +
+                                        ", the smallest micro-batch: nothing left to try");
       return false;
     }
     micro_ = smaller;
   }
-  pilot_.log(LogLevel::kWarn,
-             "out of memory at batch.micro=" + std::to_string(micro) +
-                 " during auto-tune: the step's gradients dropped, the cache "
-                 "emptied, the same " +
-                 std::to_string(rank_batch_) +
-                 "-sample batch runs again at batch.micro=" + std::to_string(micro_));
+  pilot_->log(LogLevel::kWarn,
+              "out of memory at batch.micro=" + std::to_string(micro) +
+                  " during auto-tune: the step's gradients dropped, the cache "
+                  "emptied, the same " +
+                  std::to_string(rank_batch_) +
+                  "-sample batch runs again at batch.micro=" + std::to_string(micro_));
   return true;
 }
 

@@ -11,6 +11,7 @@
 
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -237,6 +238,29 @@ TEST(Accumulation, OutOfMemoryOutsideAutotuneIsTheTrainersOwn) {
                c10::Error);
   EXPECT_EQ(acc2.recoveries(), 0);
   EXPECT_THROW(acc2.step({ids, ids.narrow(0, 0, 3)}, {}, {}), std::invalid_argument);
+}
+
+TEST(Accumulation, ThePilotMayGoFirst) {
+  auto pilot = std::make_unique<Pilot>(config_for(Mode::kAutotune));
+  ExactlyOnce t;
+  auto acc = std::make_unique<Accumulation>(*pilot, std::vector<at::Tensor>{t.w},
+                                            AccumulationOptions{ExactlyOnce::kBatch, 1, 4});
+  ASSERT_NE(pilot->knobs().find(kMicroBatchKnob), nullptr);
+  pilot.reset();  // the Accumulation hears it (sanitizer builds catch a use after free)
+  const auto ids = torch::arange(0, ExactlyOnce::kBatch);
+  acc->step(
+      {ids}, [&](const std::vector<at::Tensor>& mb, const MicroBatch& m) { t.micro_step(mb, m); },
+      [&] { t.optimizer_step(); });
+  EXPECT_EQ(t.runs[0], 1.0);
+  // Without its Pilot nothing is recovered: the error is the trainer's.
+  EXPECT_THROW(acc->step(
+                   {ids},
+                   [&](const std::vector<at::Tensor>&, const MicroBatch&) {
+                     throw_oom(OomKind::kOutOfMemoryError);
+                   },
+                   [] {}),
+               c10::OutOfMemoryError);
+  acc.reset();
 }
 
 // stderr (the advisory log) captured into a file: this translation unit cannot include spdlog

@@ -45,7 +45,9 @@
 // running out where the trial did not (fragmentation).
 //
 // Thread-safety: one training thread (step(), the getters and the knob's setter, which the trial
-// engine calls between steps or from step()). The Pilot must outlive the Accumulation.
+// engine calls between steps or from step()). Either may go first: when the Pilot goes, the
+// Accumulation hears it (as a collector) and from then on runs its loop without tuning or
+// recovery.
 // Failure behaviour: the constructor throws std::invalid_argument on inconsistent sizes; step()
 // throws std::invalid_argument on an empty batch or tensors of different lengths along dim 0,
 // before any work, and lets the callbacks' errors through except the out-of-memory errors it
@@ -115,8 +117,10 @@ class Accumulation {
   bool recover(const std::string& what, int64_t micro, std::vector<Setting>& attempted);
   void drop_gradients();
   void install_memory_probe();
+  struct Link;  // a collector that hears when the Pilot goes
 
-  Pilot& pilot_;
+  Pilot* pilot_;  // null once the Pilot went
+  std::unique_ptr<Link> link_;
   std::vector<at::Tensor> parameters_;
   AccumulationOptions options_;
   int64_t rank_batch_ = 0;
