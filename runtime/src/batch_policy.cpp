@@ -16,8 +16,13 @@ class MicroBatchPolicy final : public TuningPolicy {
  public:
   // `own`: the indexes of the trials proposed by this search, shared by its passes (a failure
   // is the micro-batch's only in those trials and the baseline).
-  explicit MicroBatchPolicy(std::shared_ptr<std::set<size_t>> own) : own_(std::move(own)) {}
-  std::string name() const override { return "micro-batch search"; }
+  // `rescue_only`: proposes only while no micro-batch has run (the start does not fit), so that it
+  // can go before other searches, whose trials would all fail at the start's micro-batch.
+  explicit MicroBatchPolicy(std::shared_ptr<std::set<size_t>> own, bool rescue_only = false)
+      : own_(std::move(own)), rescue_only_(rescue_only) {}
+  std::string name() const override {
+    return rescue_only_ ? "micro-batch rescue" : "micro-batch search";
+  }
 
   std::optional<Setting> propose(const std::vector<TrialResult>& trials, size_t incumbent,
                                  const KnobRegistry& knobs) override {
@@ -67,6 +72,7 @@ class MicroBatchPolicy final : public TuningPolicy {
       }
       return std::nullopt;
     }
+    if (rescue_only_) return std::nullopt;
     const int64_t current = micro_of(best);
     for (int64_t micro : k->domain) {
       if (micro <= current) continue;
@@ -86,6 +92,7 @@ class MicroBatchPolicy final : public TuningPolicy {
  private:
   static constexpr double kDecline = 0.85;  // as the loader's sweep
   std::shared_ptr<std::set<size_t>> own_;
+  bool rescue_only_;
 };
 
 class SequencePolicy final : public TuningPolicy {
@@ -97,15 +104,16 @@ class SequencePolicy final : public TuningPolicy {
         repeat_knob_(std::move(repeat_knob)) {
     start_pass();
   }
-  // The stages that proposed a trial ("loader coordinate search, then micro-batch search"); the
-  // first stage's name when none did.
+  // The stages that proposed a trial ("loader coordinate search, then micro-batch search"); every
+  // stage's when none did.
   std::string name() const override {
-    std::string n;
+    std::string used, all;
     for (size_t i = 0; i < stages_.size(); ++i) {
-      if (used_[i]) n += (n.empty() ? "" : ", then ") + stages_[i]->name();
+      if (used_[i]) used += (used.empty() ? "" : ", then ") + stages_[i]->name();
+      all += (all.empty() ? "" : ", then ") + stages_[i]->name();
     }
-    if (n.empty() && !stages_.empty()) n = stages_.front()->name();
-    return n.empty() ? "none" : n;
+    if (!used.empty()) return used;
+    return all.empty() ? "none" : all;
   }
   std::optional<Setting> propose(const std::vector<TrialResult>& trials, size_t incumbent,
                                  const KnobRegistry& knobs) override {
@@ -188,12 +196,16 @@ std::unique_ptr<TuningPolicy> make_sequence_policy(std::vector<PolicyStage> stag
 
 std::unique_ptr<TuningPolicy> make_autotune_policy(const AutotuneConfig& config) {
   std::vector<PolicyStage> stages;
+  // The micro-batch's keeps every pass's failures (a micro-batch that ran out of memory is not
+  // tried again); a start that does not fit is rescued first (smaller micro-batches), before
+  // the loader's trials, which would all fail at it.
+  auto own = std::make_shared<std::set<size_t>>();
+  if (config.tune_micro_batch) {
+    stages.push_back({[own] { return std::make_unique<MicroBatchPolicy>(own, true); }, true});
+  }
   // The loader's search reads worker counts tried under any setting as tried: afresh each pass.
   stages.push_back({[config] { return make_loader_policy(config); }, false});
   if (config.tune_micro_batch) {
-    // The micro-batch's keeps every pass's failures (a micro-batch that ran out of memory is not
-    // tried again).
-    auto own = std::make_shared<std::set<size_t>>();
     stages.push_back({[own] { return std::make_unique<MicroBatchPolicy>(own); }, true});
   }
   // offload.enabled would join here, after the micro-batch (see batch_policy.h).

@@ -159,6 +159,39 @@ TEST(MicroBatchPolicy, GoesSmallerWhenTheStartDoesNotFit) {
   EXPECT_EQ(tried(engine), (std::vector<int64_t>{16, 8}));
 }
 
+TEST(MicroBatchPolicy, AStartThatDoesNotFitIsRescuedBeforeTheLoaderSearch) {
+  SimTrainer sim;
+  sim.micro = 16;
+  sim.step_ms = [&sim](int64_t m) {
+    return std::max(16.0 + 64.0 / static_cast<double>(m), sim.workers == 0 ? 30.0 : 10.0);
+  };
+  sim.peak_fraction = [](int64_t m) { return 0.1 * static_cast<double>(m); };  // 16: 1.6
+  KnobRegistry knobs;
+  knobs.add({"loader.workers",
+             {0, 1, 2},
+             [&sim] { return sim.workers; },
+             [&sim](int64_t v) { sim.workers = v; }});
+  register_micro(knobs, sim, kDomain);
+  const AutotuneConfig config = config_for_test();
+  TrialEngine engine(knobs, make_autotune_policy(config), config);
+  engine.memory_probe = probe_of(sim);
+  Driver driver{sim};
+  driver.run(engine);
+  ASSERT_TRUE(engine.finished());
+  const auto& trials = engine.decision()->trials;
+  ASSERT_GE(trials.size(), 3u);
+  EXPECT_TRUE(trials[0].failed);
+  // The first proposal is a smaller micro-batch, not a loader trial at the start that cannot fit.
+  EXPECT_EQ(trials[1].setting.at(kMicroBatchKnob), 8);
+  EXPECT_EQ(trials[1].setting.at("loader.workers"), 0);
+  EXPECT_FALSE(trials[1].failed);
+  for (const auto& t : trials) {
+    if (t.setting.at(kMicroBatchKnob) == 16) EXPECT_EQ(&t, &trials[0]) << "16 tried again";
+  }
+  EXPECT_EQ(engine.decision()->chosen.at(kMicroBatchKnob), 8);
+  EXPECT_GE(engine.decision()->chosen.at("loader.workers"), 1);
+}
+
 TEST(MicroBatchPolicy, AFailureFromOutsideRestoresTheIncumbentAtOnce) {
   SimTrainer sim;
   sim.step_ms = [](int64_t m) { return 16.0 + 64.0 / static_cast<double>(m); };
