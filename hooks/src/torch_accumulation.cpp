@@ -122,13 +122,19 @@ void Accumulation::install_memory_probe() {
       auto warned = std::make_shared<bool>(false);
       const auto device = static_cast<c10::DeviceIndex>(device_);
       Pilot* pilot = pilot_;
+      peak_seen_ = std::make_shared<int64_t>(0);
+      auto seen = peak_seen_;
       MemoryProbe probe;
-      probe.reset = [device] { c10::cuda::CUDACachingAllocator::resetPeakStats(device); };
-      probe.read = [device, capacity, warned, pilot, searching]() -> std::optional<MemoryPeak> {
+      probe.reset = [device, seen] {
+        *seen = 0;
+        c10::cuda::CUDACachingAllocator::resetPeakStats(device);
+      };
+      probe.read = [device, capacity, warned, pilot, searching,
+                    seen]() -> std::optional<MemoryPeak> {
         try {
           const auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
           constexpr size_t kAll = 0;  // StatType::AGGREGATE: every pool
-          return MemoryPeak{s.allocated_bytes[kAll].peak, capacity};
+          return MemoryPeak{std::max<int64_t>(*seen, s.allocated_bytes[kAll].peak), capacity};
         } catch (const std::exception& e) {
           if (!*warned && searching) {
             *warned = true;
@@ -179,6 +185,21 @@ void Accumulation::step(const std::vector<at::Tensor>& batch, const MicroStep& m
     }
   }
   optimizer_step();
+  if (peak_seen_ && pilot_ != nullptr && pilot_->autotuning()) note_peak();
+}
+
+void Accumulation::note_peak() {
+  // The memory collector resets the allocator's peak at each epoch's end: the trial's peak so far
+  // is kept here, read after each of its steps.
+#if TORCHPILOT_ACCUMULATION_CUDA
+  try {
+    const auto s =
+        c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device_));
+    constexpr size_t kAll = 0;
+    *peak_seen_ = std::max<int64_t>(*peak_seen_, s.allocated_bytes[kAll].peak);
+  } catch (...) {  // the probe's read says the figures are missing
+  }
+#endif
 }
 
 void Accumulation::run(const std::vector<at::Tensor>& batch, int64_t n, int64_t micro,

@@ -117,6 +117,7 @@ class Accumulation {
   bool recover(const std::string& what, int64_t micro, std::vector<Setting>& attempted);
   void drop_gradients();
   void install_memory_probe();
+  void note_peak();
   struct Link;  // a collector that hears when the Pilot goes
 
   Pilot* pilot_;  // null once the Pilot went
@@ -128,6 +129,8 @@ class Accumulation {
   std::vector<int64_t> domain_;
   int64_t recoveries_ = 0;
   bool cuda_ = false;  // the parameters live on a CUDA device
+  // The running trial's peak of allocated bytes, noted after each step (CUDA only; null: none).
+  std::shared_ptr<int64_t> peak_seen_;
   int device_ = -1;
   bool knob_added_ = false;
   bool probe_set_ = false;
