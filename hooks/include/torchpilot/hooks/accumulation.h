@@ -24,7 +24,8 @@
 // its micro-batches, and collectives issued from backward's hooks would not match the other
 // ranks'. Gradients must be zero or none when step() starts (zero them after the optimizer step).
 //
-// Knob: "batch.micro" (domain: `choices`, or powers of two up to the rank's batch, and the start).
+// Knob: "batch.micro" (domain: `choices`, or powers of two up to the rank's batch and the rank's
+// batch; the start is always in it).
 // In mode autotune the trial engine searches it after the loader's knobs (batch_policy.h): larger
 // micro-batches from the start, smaller ones if the start does not fit; the best measured
 // samples/s wins within autotune.memory_headroom of the device's memory (each trial's own peak of
