@@ -219,8 +219,9 @@ void Accumulation::run(const std::vector<at::Tensor>& batch, int64_t n, int64_t 
 
 bool Accumulation::recover(const std::string& what, int64_t micro,
                            std::vector<Setting>& attempted) {
-  // Outside auto-tune an out-of-memory error is the trainer's own.
-  if (pilot_ == nullptr || !pilot_->autotuning()) return false;
+  // Outside auto-tune an out-of-memory error is the trainer's own (so it is without the knob:
+  // mode off, tune off; or once the Pilot went).
+  if (!link_ || pilot_ == nullptr || !pilot_->autotuning()) return false;
   const Setting before = pilot_->knobs().snapshot();
   attempted.push_back(before);
   drop_gradients();

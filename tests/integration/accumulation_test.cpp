@@ -238,6 +238,21 @@ TEST(Accumulation, OutOfMemoryOutsideAutotuneIsTheTrainersOwn) {
                c10::Error);
   EXPECT_EQ(acc2.recoveries(), 0);
   EXPECT_THROW(acc2.step({ids, ids.narrow(0, 0, 3)}, {}, {}), std::invalid_argument);
+  // A fixed micro-batch (tune off) in mode autotune: no knob, no recovery.
+  Pilot fixed_pilot(config_for(Mode::kAutotune));
+  AccumulationOptions fixed_options{ExactlyOnce::kBatch, 1, 4};
+  fixed_options.tune = false;
+  Accumulation fixed(fixed_pilot, {t.w}, fixed_options);
+  EXPECT_EQ(fixed_pilot.knobs().find(kMicroBatchKnob), nullptr);
+  auto fixed_step = fixed_pilot.step(ExactlyOnce::kBatch);
+  EXPECT_THROW(fixed.step(
+                   {ids},
+                   [&](const std::vector<at::Tensor>&, const MicroBatch&) {
+                     throw_oom(OomKind::kOutOfMemoryError);
+                   },
+                   [] {}),
+               c10::OutOfMemoryError);
+  EXPECT_EQ(fixed.micro_batch(), 4);
 }
 
 TEST(Accumulation, ThePilotMayGoFirst) {

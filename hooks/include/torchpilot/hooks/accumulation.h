@@ -74,7 +74,9 @@ struct AccumulationOptions {
   // Micro-batches the search may try (within [1, rank batch]); empty: powers of two up to the
   // rank's batch, the rank's batch itself and the start.
   std::vector<int64_t> choices;
-  bool tune = true;  // register the knob "batch.micro" (mode autotune searches it)
+  // Register the knob "batch.micro" (mode autotune searches it); false: a fixed micro-batch and
+  // no out-of-memory recovery.
+  bool tune = true;
 };
 
 // One micro-batch of a step, as the micro-step callback sees it.
