@@ -2,14 +2,16 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default ./gpu-out).
-#   scripts/gpu_run.sh [all|build|test|gputest|capture|kineto|clocks|example|bench|gpt|overhead|planted|shortepochs|collectives2]...
-#   (default: all; collectives2 needs two GPUs)
+#   scripts/gpu_run.sh [all|build|test|gputest|capture|kineto|clocks|example|bench|gpt|overhead|planted|shortepochs|collectives2|memory]...
+#   (default: all; collectives2 needs two GPUs; memory only when named)
 # gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs,
 # and the per-parameter AdamW beside the default fused one); overhead: bench/gpt_overhead
 # (torchpilot off vs advise vs a detailed window); planted: bench/planted_pairs (the advice on
 # planted bottlenecks and its estimated gain against the measured gain of the fix); shortepochs:
 # bench/short_epochs (a small CNN with a stock loader, epochs of a fraction of a second: the
-# default configuration against no torchpilot, interleaved).
+# default configuration against no torchpilot, interleaved); memory: bench/memory (the micro-batch
+# search from micro 2 x accumulation 16 against a grid, then large micro-batches that run out of
+# memory; docs/memory.md) and the GPT example tuning its micro-batch.
 # Dependencies the machine lacks (libjpeg, ...) may be carried as Debian packages unpacked into
 # .deps/root (scripts/fetch_gpu_deps.sh); the machine's own installs are preferred.
 set -uo pipefail
@@ -19,6 +21,7 @@ mkdir -p "$OUT"
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(all)
 want() { for s in "${steps[@]}"; do [ "$s" = all ] || [ "$s" = "$1" ] && return 0; done; return 1; }
+named() { for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 log() { echo "== $(date -u +%H:%M:%S) $*"; }
 
 DEPS=$PWD/.deps/root
@@ -151,6 +154,23 @@ if want shortepochs; then
   log "bench: short epochs, default config vs off, interleaved"
   ./build-gpu/bench/short_epochs --machine "$MACHINE" --commit "$COMMIT" ${SHORT_EPOCHS_ARGS:-} \
     --out "$OUT/short-epochs-$MACHINE.json" 2>&1 | tee "$OUT/short-epochs.log" | tail -15
+fi
+
+if named memory; then
+  # MEMORY_ARGS / MEMORY_OOM_ARGS: extra flags for each run (e.g. "--steps 30").
+  log "bench: micro-batch search, micro 2 x accumulation 16 vs tuned vs grid"
+  ./build-gpu/bench/memory --batch 32 --micro 2 --machine "$MACHINE" --commit "$COMMIT" \
+    ${MEMORY_ARGS:-} --out "$OUT/memory-$MACHINE.json" 2>&1 | tee "$OUT/memory.log" \
+    | grep -E "^memory:|autotune (trial|decision)|out of memory" | tail -40
+  log "bench: micro-batch search into micro-batches that do not fit"
+  ./build-gpu/bench/memory --batch 512 --micro 32 --grid 32,64,128,256,512 --steps 10 --prime 2 \
+    --machine "$MACHINE" --commit "$COMMIT" ${MEMORY_OOM_ARGS:-} \
+    --out "$OUT/memory-oom-$MACHINE.json" 2>&1 | tee "$OUT/memory-oom.log" \
+    | grep -E "^memory:|autotune (trial|decision)|out of memory" | tail -40
+  log "example: gpt_trainer --batch 32 --micro-batch 2 --mode autotune"
+  ./build-gpu/examples/gpt_trainer --batch 32 --micro-batch 2 --mode autotune --steps 100 \
+    --epochs 3 2>&1 | tee "$OUT/gpt-micro.log" \
+    | grep -E "^gpt:|autotune (trial|decision)|memory|out of memory" | tail -40
 fi
 
 if want example; then

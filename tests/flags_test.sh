@@ -51,6 +51,8 @@ rows=(
   "gpt_trainer|$gpt --d-model 4294967312|--d-model"
   "gpt_trainer|$gpt --layers 1.5|--layers"
   "gpt_trainer|$gpt --seq -3|--seq"
+  "gpt_trainer|$gpt --micro-batch -1|--micro-batch"
+  "gpt_trainer|$gpt --micro-batch 3|--micro-batch"
   "gpt_trainer|$gpt --lr inf|--lr"
   "gpt_trainer|$gpt --lr nan|--lr"
   "gpt_trainer|$gpt --lr -1|--lr"

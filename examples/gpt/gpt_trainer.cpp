@@ -14,6 +14,7 @@
 #include "gpt_data.h"
 #include "gpt_dist.h"
 #include "gpt_model.h"
+#include "torchpilot/hooks/accumulation.h"
 #include "torchpilot/hooks/compat.h"
 
 namespace gpt_example {
@@ -170,12 +171,34 @@ struct Trainer::Impl {
   int64_t loss_steps = 0;
   int64_t corpus_tokens = 0;
   std::unique_ptr<DataParallel> dist;  // world_size > 1
+  // options.micro_batch > 0: the accumulation loop, for the Pilot train() was last given.
+  std::unique_ptr<torchpilot::Accumulation> acc;
+  torchpilot::Pilot* acc_pilot = nullptr;
 };
+
+namespace {
+// CUDA autocast on for a scope, off again however the scope ends (an out-of-memory error in
+// forward must not leave it on for the retry's backward).
+struct AutocastScope {
+  bool on;
+  explicit AutocastScope(bool enable) : on(enable) {
+    if (on) torchpilot::compat::set_cuda_autocast(true);
+  }
+  ~AutocastScope() {
+    if (on) torchpilot::compat::set_cuda_autocast(false);
+  }
+};
+}  // namespace
 
 Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.options = options;
   if (options.batch <= 0) throw std::invalid_argument("batch must be positive");
+  if (options.micro_batch < 0 || options.micro_batch > options.batch) {
+    throw std::invalid_argument("micro-batch must be in [0, batch]");
+  }
+  // Backward's hooks would all-reduce each micro-batch's partial gradients: once, after the last.
+  if (options.micro_batch > 0 && options.world_size > 1) m.options.grad_overlap = false;
   if (options.device.empty()) {
     m.device = torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::kCPU;
   } else {
@@ -271,7 +294,7 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
     r.world = options.world_size;
     r.local_rank = options.local_rank;
     m.dist = std::make_unique<DataParallel>(r, m.device, m.model->parameters(), options.bucket_mb,
-                                            options.grad_overlap);
+                                            m.options.grad_overlap);
     // The same weights on every rank (same seed above); each rank its own batches.
     torch::manual_seed(options.seed + 7919 * static_cast<uint64_t>(options.rank));
   }
@@ -297,6 +320,35 @@ void Trainer::train(torchpilot::Pilot& pilot, int64_t steps) {
   if (m.dist) m.dist->attach(pilot);  // before the first step
   const auto long_on_device = torch::TensorOptions().dtype(torch::kLong).device(m.device);
   namespace I = torch::indexing;
+  if (m.options.micro_batch > 0 && m.acc_pilot != &pilot) {
+    m.acc.reset();  // before its Pilot may go
+    torchpilot::AccumulationOptions a;
+    a.global_batch = b * m.options.world_size;
+    a.world_size = m.options.world_size;
+    a.micro_batch = m.options.micro_batch;
+    a.choices = m.options.micro_choices;
+    m.acc = std::make_unique<torchpilot::Accumulation>(pilot, m.model->parameters(), a);
+    m.acc_pilot = &pilot;
+  }
+  auto zero_grad = [&] {
+    if (m.optimizer) {
+      m.optimizer->zero_grad();
+    } else {
+      m.list_optimizer->zero_grad();
+    }
+  };
+  auto optimizer_step = [&] {
+    if (m.dist) {
+      auto p = pilot.phase(grad_sync);
+      m.dist->synchronize();
+    }
+    auto p = pilot.phase(optimizer);
+    if (m.optimizer) {
+      m.optimizer->step();
+    } else {
+      m.list_optimizer->step();
+    }
+  };
   for (int64_t i = 0; i < steps; ++i) {
     auto step = pilot.step(b * t);  // samples = tokens
     if (m.options.host_ms > 0) {
@@ -311,6 +363,35 @@ void Trainer::train(torchpilot::Pilot& pilot, int64_t steps) {
     torch::Tensor tokens = torch::take(m.corpus, starts + m.window).to(torch::kLong);
     torch::Tensor input = tokens.index({I::Slice(), I::Slice(0, t)});
     torch::Tensor target = tokens.index({I::Slice(), I::Slice(1, t + 1)});
+    if (m.acc) {
+      // Micro-batches of the same B rows; the loss of the step is the scaled losses' sum (a
+      // retry after an out-of-memory error starts again from the first micro-batch).
+      torch::Tensor step_loss;
+      zero_grad();
+      m.acc->step(
+          {input, target},
+          [&](const std::vector<at::Tensor>& mb, const torchpilot::MicroBatch& mbi) {
+            torch::Tensor loss;
+            {
+              auto p = pilot.phase(forward);
+              const AutocastScope scope(autocast);
+              torch::Tensor logits = m.model->forward(mb[0]);
+              loss = torch::nn::functional::cross_entropy(logits.reshape({mbi.size * t, vocab}),
+                                                          mb[1].reshape({mbi.size * t}));
+            }
+            {
+              auto p = pilot.phase(backward);
+              (loss * mbi.loss_scale).backward();
+            }
+            const torch::Tensor scaled = loss.detach().to(torch::kFloat) * mbi.loss_scale;
+            step_loss = mbi.index == 0 ? scaled : step_loss + scaled;
+          },
+          optimizer_step);
+      m.loss_sum += step_loss;
+      ++m.loss_steps;
+      if (autocast) torchpilot::compat::clear_autocast_cache();
+      continue;
+    }
     torch::Tensor loss;
     {
       auto p = pilot.phase(forward);
@@ -323,30 +404,19 @@ void Trainer::train(torchpilot::Pilot& pilot, int64_t steps) {
     }
     {
       auto p = pilot.phase(backward);
-      if (m.optimizer) {
-        m.optimizer->zero_grad();
-      } else {
-        m.list_optimizer->zero_grad();
-      }
+      zero_grad();
       loss.backward();
     }
-    if (m.dist) {
-      auto p = pilot.phase(grad_sync);
-      m.dist->synchronize();
-    }
-    {
-      auto p = pilot.phase(optimizer);
-      if (m.optimizer) {
-        m.optimizer->step();
-      } else {
-        m.list_optimizer->step();
-      }
-    }
+    optimizer_step();
     m.loss_sum += loss.detach().to(torch::kFloat);
     ++m.loss_steps;
     if (autocast) torchpilot::compat::clear_autocast_cache();
   }
 }
+
+int64_t Trainer::micro_batch() const { return impl_->acc ? impl_->acc->micro_batch() : 0; }
+int64_t Trainer::accumulation() const { return impl_->acc ? impl_->acc->accumulation() : 0; }
+int64_t Trainer::oom_recoveries() const { return impl_->acc ? impl_->acc->recoveries() : 0; }
 
 double Trainer::take_mean_loss() {
   Impl& m = *impl_;
@@ -359,6 +429,8 @@ double Trainer::take_mean_loss() {
 
 void Trainer::detach_pilot() {
   if (impl_->dist) impl_->dist->detach();
+  impl_->acc.reset();  // its knob leaves the Pilot that goes
+  impl_->acc_pilot = nullptr;
 }
 
 void Trainer::set_grad_sync(bool overlap, double bucket_mb) {

@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gpt_flops.h"
 #include "torchpilot/runtime/pilot.h"
@@ -68,6 +69,15 @@ struct TrainOptions {
   double bucket_mb = 25;
   // Host work on the training thread at each step's start (a busy loop, ms): plants a straggler.
   double host_ms = 0;
+  // Gradient accumulation (torchpilot::Accumulation, hooks/accumulation.h): each step's `batch`
+  // rows run as micro-batches of this many rows, the optimizer stepping once per batch (global
+  // batch = batch x world_size, unchanged); in mode autotune torchpilot searches the micro-batch
+  // ("batch.micro") and recovers from an out-of-memory trial. 0: the whole batch at once, no
+  // Accumulation (the default). With world_size > 1 gradients are all-reduced after the last
+  // micro-batch (grad_overlap off).
+  int64_t micro_batch = 0;
+  // Micro-batches the search may try (empty: powers of two up to the batch, the batch, the start).
+  std::vector<int64_t> micro_choices;
 };
 
 class Trainer {
@@ -83,6 +93,11 @@ class Trainer {
   // The mean loss of the steps since the last call (reads it from the device: synchronizes);
   // NaN if none.
   double take_mean_loss();
+  // With options.micro_batch: the micro-batch the next step runs, its accumulation count, and the
+  // out-of-memory errors recovered from (0, 0, 0 without accumulation or before train()).
+  int64_t micro_batch() const;
+  int64_t accumulation() const;
+  int64_t oom_recoveries() const;
   // Waits for all work queued on the device (no-op on the CPU).
   void synchronize();
   // With data parallelism, the collectives are observed for the Pilot train() was last given:

@@ -51,6 +51,11 @@ int main(int argc, char** argv) {
       "Sizes: the reference model by default; on the CPU (no GPU, or --device cpu) when no size "
       "is given: d 128, 2 layers, 4 heads, T 64, batch 8.");
   example_cli::add_int(app, "--batch", options.batch, 1, 65536, "batch B")->capture_default_str();
+  example_cli::add_int(app, "--micro-batch", options.micro_batch, 0, 65536,
+                       "run each batch as micro-batches of this many rows with gradient "
+                       "accumulation (torchpilot::Accumulation; in mode autotune torchpilot "
+                       "picks it); 0: the whole batch at once")
+      ->capture_default_str();
   example_cli::add_int(app, "--seq", options.seq, 1, 1 << 20, "sequence length T")
       ->capture_default_str();
   example_cli::add_int(app, "--d-model", options.d_model, 1, 65536,
@@ -115,6 +120,11 @@ int main(int argc, char** argv) {
                       std::to_string(straggler_rank) + " is not a rank of --world-size " +
                           std::to_string(world_size));
   }
+  if (options.micro_batch > options.batch && app.count("--batch") > 0) {
+    example_cli::fail(app, "--micro-batch",
+                      std::to_string(options.micro_batch) + " is larger than --batch " +
+                          std::to_string(options.batch));
+  }
   if (options.d_model % options.heads != 0) {
     example_cli::fail(app, "--heads",
                       "--d-model " + std::to_string(options.d_model) +
@@ -173,8 +183,10 @@ int main(int argc, char** argv) {
       options.layers = 2;
       options.heads = 4;
       options.seq = 64;
-      options.batch = 8;
-      if (speak) std::printf("gpt: no GPU: the small CPU model (d 128, 2 layers, T 64, batch 8)\n");
+      options.batch = std::max<int64_t>(8, options.micro_batch);
+      if (speak)
+        std::printf("gpt: no GPU: the small CPU model (d 128, 2 layers, T 64, batch %lld)\n",
+                    static_cast<long long>(options.batch));
     }
     // The Pilot before the trainer: the trainer's data-parallel group observes it (Collectives)
     // and must go first.
@@ -190,6 +202,14 @@ int main(int argc, char** argv) {
                   options.grad_overlap ? "all-reduced from backward's hooks"
                                        : "all-reduced after backward (--no-overlap)",
                   straggler_rank >= 0 ? straggler_note.c_str() : "");
+    }
+    if (speak && options.micro_batch > 0) {
+      std::printf(
+          "gpt: gradient accumulation: micro-batch %lld x %lld of batch %lld per rank%s\n",
+          static_cast<long long>(options.micro_batch),
+          static_cast<long long>((options.batch + options.micro_batch - 1) / options.micro_batch),
+          static_cast<long long>(options.batch),
+          config.mode == torchpilot::Mode::kAutotune ? "; torchpilot tunes the micro-batch" : "");
     }
     const gpt_example::GptShape shape = trainer.shape();
     const double analytic = gpt_example::model_flops_per_step(shape);
@@ -262,6 +282,14 @@ int main(int argc, char** argv) {
     if (speak)
       std::printf("gpt: %lld steps in %.1f s; last epoch loss %.4f\n", steps * epochs, wall,
                   last_loss);
+    if (speak && options.micro_batch > 0) {
+      std::printf(
+          "gpt: micro-batch at the end %lld x accumulation %lld; out-of-memory errors "
+          "recovered %lld\n",
+          static_cast<long long>(trainer.micro_batch()),
+          static_cast<long long>(trainer.accumulation()),
+          static_cast<long long>(trainer.oom_recoveries()));
+    }
     if (!ranks.empty()) {
       const int code = gpt_example::wait_ranks(ranks);
       if (code != 0) {

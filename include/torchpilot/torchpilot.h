@@ -4,10 +4,12 @@
 #pragma once
 
 #include "torchpilot/advisors/advisors.h"
+#include "torchpilot/hooks/accumulation.h"
 #include "torchpilot/hooks/flop_counter.h"
 #include "torchpilot/hooks/tunable_loader.h"
 #include "torchpilot/hooks/watch.h"
 #include "torchpilot/runtime/advice.h"
+#include "torchpilot/runtime/batch_policy.h"
 #include "torchpilot/runtime/clock.h"
 #include "torchpilot/runtime/config.h"
 #include "torchpilot/runtime/knobs.h"

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -39,10 +40,10 @@ class LoaderPolicy final : public TuningPolicy {
                                  const KnobRegistry& knobs) override {
     const Setting& best = trials[incumbent].setting;
     // A knob value whose setter threw (out of memory, refused) is not tried again elsewhere.
-    for (size_t i = 1; i < trials.size() && i - 1 < changes_.size(); ++i) {
+    for (const auto& [i, changed] : changes_) {
       // Only a one-knob change pins the failure on a value.
-      if (trials[i].failed && changes_[i - 1].size() == 1)
-        failed_values_.insert(changes_[i - 1][0]);
+      if (i < trials.size() && trials[i].failed && changed.size() == 1)
+        failed_values_.insert(changed[0]);
     }
     auto tried = [&](const Setting& s) {
       for (const auto& [knob, value] : s) {
@@ -83,7 +84,9 @@ class LoaderPolicy final : public TuningPolicy {
           break;
       }
       if (next) {
-        auto& changed = changes_.emplace_back();
+        // Keyed by the index the proposed trial will have: another policy's trials may come
+        // before (batch_policy.h runs the loader's search again after the micro-batch's).
+        auto& changed = changes_[trials.size()];
         for (const auto& [knob, value] : *next) {
           auto it = best.find(knob);
           if (it == best.end() || it->second != value) changed.emplace_back(knob, value);
@@ -281,8 +284,8 @@ class LoaderPolicy final : public TuningPolicy {
   Stage stage_ = kStageSweep;
   Setting pass_start_;  // the best when the current pass over pin..bisect began
   int passes_ = 0;
-  // Per proposal (trial 1, 2, ...): the knob values it changed from the best of its time.
-  std::vector<std::vector<std::pair<std::string, int64_t>>> changes_;
+  // Per proposal, by its trial's index: the knob values it changed from the best of its time.
+  std::map<size_t, std::vector<std::pair<std::string, int64_t>>> changes_;
   std::set<std::pair<std::string, int64_t>> failed_values_;
 };
 

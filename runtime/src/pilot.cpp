@@ -9,10 +9,10 @@
 #include <optional>
 
 #include "torchpilot/advisors/advisors.h"
+#include "torchpilot/runtime/batch_policy.h"
 #include "torchpilot/runtime/gpu_records.h"
 #include "torchpilot/runtime/guard.h"
 #include "torchpilot/runtime/html_report.h"
-#include "torchpilot/runtime/loader_policy.h"
 #include "torchpilot/runtime/logging.h"
 #include "torchpilot/runtime/run_journal.h"
 #include "torchpilot/runtime/trace_events.h"
@@ -499,9 +499,10 @@ void Pilot::end_step() {
 
 void Pilot::autotune_step(const StepRecord& r) {
   if (!engine_) {
-    engine_ = std::make_unique<TrialEngine>(knobs_, make_loader_policy(config_.autotune),
+    engine_ = std::make_unique<TrialEngine>(knobs_, make_autotune_policy(config_.autotune),
                                             config_.autotune);
     engine_->agreement = trial_agreement_;
+    engine_->memory_probe = memory_probe_;
     engine_->on_trial = [this](const TrialResult& t, bool kept) {
       for_each_sink("on_trial", [&](Sink& s) { s.on_trial(t, kept); });
     };
@@ -516,15 +517,44 @@ void Pilot::autotune_step(const StepRecord& r) {
   }
   ++epoch_tuning_steps_;
   engine_->on_step(r);
-  if (engine_->finished()) {
-    const TuningDecision& d = *engine_->decision();
-    if (d.trials.empty() && !warned_nothing_to_tune_) {
-      warned_nothing_to_tune_ = true;
-      logger_->warn("autotune: nothing to tune ({}); attach a torchpilot::TunableLoader", d.reason);
-      return;
-    }
-    for_each_sink("on_decision", [&](Sink& s) { s.on_decision(d); });
+  if (engine_->finished()) publish_decision();
+}
+
+void Pilot::publish_decision() {
+  const TuningDecision& d = *engine_->decision();
+  if (d.trials.empty() && !warned_nothing_to_tune_) {
+    warned_nothing_to_tune_ = true;
+    logger_->warn(
+        "autotune: nothing to tune ({}); attach a torchpilot::TunableLoader or a "
+        "torchpilot::Accumulation",
+        d.reason);
+    return;
   }
+  for_each_sink("on_decision", [&](Sink& s) { s.on_decision(d); });
+}
+
+bool Pilot::autotuning() const {
+  return config_.mode == Mode::kAutotune && !(engine_ && engine_->finished());
+}
+
+bool Pilot::fail_trial(const std::string& reason) {
+  if (!engine_ || engine_->finished()) return false;
+  bool failed = false;
+  // The engine calls knob setters (user code): whatever they throw stops tuning, as in end_step.
+  if (const auto error = failure_of([&] { failed = engine_->fail_current_trial(reason); })) {
+    logger_->error("autotune stopped after an internal error{}", reason_suffix(*error));
+    (void)failure_of([&] { engine_->abandon("internal error" + reason_suffix(*error)); });
+    engine_.reset();
+    config_.mode = Mode::kAdvise;
+    return false;
+  }
+  if (engine_->finished()) publish_decision();
+  return failed;
+}
+
+void Pilot::set_memory_probe(MemoryProbe probe) {
+  memory_probe_ = std::move(probe);
+  if (engine_ && !engine_->finished()) engine_->memory_probe = memory_probe_;
 }
 
 void Pilot::end_epoch() {

@@ -264,6 +264,8 @@ std::string to_json(const TrialWindow& w) {
                    {"data_wait_fraction", w.data_wait_fraction},
                    {"window_ns", w.window_ns},
                    {"elapsed_ns", w.elapsed_ns},
+                   {"peak_memory_fraction", w.peak_memory_fraction},
+                   {"peak_memory_bytes", w.peak_memory_bytes},
                    {"failed", w.failed},
                    {"note", w.note}});
 }
@@ -286,6 +288,9 @@ bool from_json(const std::string& text, TrialWindow& out) {
     w.data_wait_fraction = j.at("data_wait_fraction").get<double>();
     w.window_ns = j.at("window_ns").get<Nanos>();
     w.elapsed_ns = j.at("elapsed_ns").get<Nanos>();
+    // Absent in a window from an older build: unknown.
+    w.peak_memory_fraction = j.value("peak_memory_fraction", -1.0);
+    w.peak_memory_bytes = j.value("peak_memory_bytes", int64_t{-1});
     w.failed = j.at("failed").get<bool>();
     w.note = j.at("note").get<std::string>();
     out = std::move(w);
@@ -320,6 +325,11 @@ std::optional<TrialWindow> combine_trial_windows(const std::vector<TrialWindow>&
     c.relative_error = std::max(c.relative_error, w.relative_error);
     c.window_ns = std::max(c.window_ns, w.window_ns);
     c.elapsed_ns = std::max(c.elapsed_ns, w.elapsed_ns);
+    // The rank nearest to running out governs (the fraction; its bytes go with it).
+    if (w.peak_memory_fraction > c.peak_memory_fraction) {
+      c.peak_memory_fraction = w.peak_memory_fraction;
+      c.peak_memory_bytes = w.peak_memory_bytes;
+    }
     if (w.failed) {
       c.failed = true;
       if (c.note.empty()) c.note = w.note;

@@ -51,19 +51,23 @@ json advice_json(const Advice& a) {
 }
 
 json trial_object(const TrialResult& t) {
-  return {{"setting", setting_json(t.setting)},
-          {"first_step", t.first_step},
-          {"last_step", t.last_step},
-          {"mean_step_ms", ms(t.mean_step_ns)},
-          {"relative_error", t.relative_error},
-          {"throughput", t.throughput},
-          {"unit", t.unit},
-          {"data_wait_fraction", t.data_wait_fraction},
-          {"supply_capacity", t.supply_capacity},
-          {"supply_limited", t.supply_limited},
-          {"demand", t.demand},
-          {"failed", t.failed},
-          {"note", t.note}};
+  return {
+      {"setting", setting_json(t.setting)},
+      {"first_step", t.first_step},
+      {"last_step", t.last_step},
+      {"mean_step_ms", ms(t.mean_step_ns)},
+      {"relative_error", t.relative_error},
+      {"throughput", t.throughput},
+      {"unit", t.unit},
+      {"data_wait_fraction", t.data_wait_fraction},
+      {"supply_capacity", t.supply_capacity},
+      {"supply_limited", t.supply_limited},
+      {"demand", t.demand},
+      {"peak_memory_fraction",
+       t.peak_memory_fraction >= 0 ? json(t.peak_memory_fraction) : json(nullptr)},
+      {"peak_memory_bytes", t.peak_memory_bytes >= 0 ? json(t.peak_memory_bytes) : json(nullptr)},
+      {"failed", t.failed},
+      {"note", t.note}};
 }
 
 class LogSink final : public Sink {
@@ -318,7 +322,7 @@ std::vector<std::string> format_epoch(const EpochSummary& s, const std::vector<A
   lines.push_back(head);
   if (s.tuning_steps > 0) {
     lines.push_back("  " + std::to_string(s.tuning_steps) +
-                    " of these steps ran auto-tune trials: the figures mix loader settings");
+                    " of these steps ran auto-tune trials: the figures mix the settings tried");
   }
   std::string phases;
   for (const auto& p : s.phases) {
@@ -346,6 +350,9 @@ std::string format_trial(const TrialResult& t, bool kept) {
          " (mean step " + fmt_ms(t.mean_step_ns) + " +-" + fmt_pct(t.relative_error) +
          ", data wait " + fmt_pct(t.data_wait_fraction) +
          (t.supply_limited ? ", capped at the loader's capacity (steps ran on a backlog)" : "") +
+         (t.peak_memory_fraction >= 0
+              ? ", peak memory " + fmt_pct(t.peak_memory_fraction) + " of the device's"
+              : "") +
          ", steps " + std::to_string(t.first_step) + "-" + std::to_string(t.last_step) + ")" +
          (kept ? " -> best so far" : "");
 }

@@ -29,6 +29,7 @@ void TrialEngine::on_step(const StepRecord& record) {
     last_end_ns_ = record.end_ns;
     // The step that just ended ran with the baseline; measurement starts after settling.
     current_ = knobs_.snapshot();
+    if (memory_probe) (void)failure_of([&] { memory_probe.reset(); });
     begin_settling();
     TrialResult baseline;
     baseline.setting = current_;
@@ -128,6 +129,7 @@ void TrialEngine::finish_trial() {
     }
   }
   t.data_wait_fraction = fraction(window_wait_ns_, total_ns);
+  read_memory_peak(t);
   if (agreement && !agree_on(t)) return;
   window_ns_.clear();
   window_samples_.clear();
@@ -141,7 +143,10 @@ void TrialEngine::finish_trial() {
     kept = true;
   }
   if (on_trial) on_trial(t, kept);
+  next_trial();
+}
 
+void TrialEngine::next_trial() {
   if (!budget_allows_another_trial()) {
     conclude("warm-up budget reached (" + std::to_string(config_.warmup_steps) + " steps or " +
              std::to_string(static_cast<int>(config_.warmup_seconds)) + " s, whichever is larger)");
@@ -194,7 +199,69 @@ void TrialEngine::start_trial(const Setting& setting) {
   const int extra = policy_->extra_settle_steps(current_, setting);
   current_ = setting;
   trials_.push_back(std::move(trial));
+  if (memory_probe) (void)failure_of([&] { memory_probe.reset(); });
   begin_settling(std::max(0, extra));
+}
+
+void TrialEngine::read_memory_peak(TrialResult& t) {
+  if (!memory_probe) return;
+  std::optional<MemoryPeak> peak;
+  if (failure_of([&] { peak = memory_probe.read(); }) || !peak || peak->capacity_bytes <= 0) return;
+  t.peak_memory_bytes = peak->peak_allocated_bytes;
+  t.peak_memory_fraction =
+      static_cast<double>(peak->peak_allocated_bytes) / static_cast<double>(peak->capacity_bytes);
+  if (t.peak_memory_fraction <= config_.memory_headroom) return;
+  // Over the headroom: a later step (other shapes, a fragmented cache) could run out where the
+  // trial did not. With ranks agreeing, the failure travels in this rank's window.
+  const std::string why =
+      "peak allocated " + std::to_string(t.peak_memory_bytes >> 20) +
+      " MiB = " + std::to_string(static_cast<int>(t.peak_memory_fraction * 100)) +
+      "% of the device's memory, above autotune.memory_headroom " +
+      std::to_string(static_cast<int>(config_.memory_headroom * 100)) + "%";
+  if (agreement) {
+    if (local_failure_.empty()) local_failure_ = why;
+  } else {
+    t.failed = true;
+    t.note = why;
+  }
+}
+
+bool TrialEngine::fail_current_trial(const std::string& reason) {
+  if (!trial_running() || trials_.empty()) return false;
+  const size_t index = trials_.size() - 1;
+  if (agreement) {
+    // Every rank measures the same steps: this rank runs the rest of the window with the
+    // incumbent and the trial fails on all ranks when the windows are combined.
+    if (local_failure_.empty()) local_failure_ = reason;
+    if (index != incumbent_) {
+      if (const auto failed = failure_of([&] { knobs_.apply(trials_[incumbent_].setting); })) {
+        local_failure_ += "; restoring the incumbent failed: " + *failed;
+      }
+    }
+    return true;
+  }
+  TrialResult& t = trials_.back();
+  t.failed = true;
+  t.note = reason;
+  t.first_step = last_step_ + 1;  // the step that failed (it has not ended yet)
+  t.last_step = last_step_ + 1;
+  window_ns_.clear();
+  window_samples_.clear();
+  window_wait_ns_ = 0;
+  window_total_ns_ = 0;
+  settle_left_ = 0;
+  if (on_trial) on_trial(t, false);
+  if (index != incumbent_) {
+    if (const auto again = failure_of([&] { knobs_.apply(trials_[incumbent_].setting); })) {
+      conclude("restoring the incumbent failed: " + *again);
+      return true;
+    }
+    current_ = trials_[incumbent_].setting;
+  }
+  next_trial();
+  // The failed step ends under the next trial's setting, slowed by the failure: not measured.
+  if (!finished() && settle_left_ == 0) settle_left_ = 1;
+  return true;
 }
 
 bool TrialEngine::agree_on(TrialResult& t) {
@@ -212,6 +279,8 @@ bool TrialEngine::agree_on(TrialResult& t) {
   mine.data_wait_fraction = t.data_wait_fraction;
   mine.window_ns = window_total_ns_;
   mine.elapsed_ns = last_end_ns_ - first_begin_ns_;
+  mine.peak_memory_fraction = t.peak_memory_fraction;
+  mine.peak_memory_bytes = t.peak_memory_bytes;
   mine.failed = !local_failure_.empty();
   mine.note = local_failure_;
   std::optional<TrialWindow> agreed;
@@ -238,6 +307,8 @@ bool TrialEngine::agree_on(TrialResult& t) {
   t.mean_step_ns = agreed->mean_step_ns;
   t.relative_error = agreed->relative_error;
   t.data_wait_fraction = agreed->data_wait_fraction;
+  t.peak_memory_fraction = agreed->peak_memory_fraction;
+  t.peak_memory_bytes = agreed->peak_memory_bytes;
   t.failed = agreed->failed;
   if (agreed->failed) t.note = agreed->note.empty() ? "failed on another rank" : agreed->note;
   agreed_elapsed_ns_ = agreed->elapsed_ns;

@@ -41,6 +41,11 @@ struct AutotuneConfig {
   std::vector<int> prefetch_choices = {1, 2, 4, 8};  // batches in flight per worker
   bool tune_pin_memory = true;                       // only where LibTorch has CUDA
   bool tune_device_prefetch = true;                  // only where LibTorch has CUDA
+  // The micro-batch search (a torchpilot::Accumulation attached): after the loader's knobs.
+  bool tune_micro_batch = true;
+  // A trial whose peak allocated memory exceeds this share of the device's memory fails: room
+  // left for what a trial does not see (other shapes, a fragmented cache).
+  double memory_headroom = 0.9;
 };
 
 // GPU collectors (hooks/: CUPTI PM sampling and activity, NVML, NVTX); docs/metrics.md, "GPU".

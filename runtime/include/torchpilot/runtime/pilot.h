@@ -147,6 +147,16 @@ class Pilot : private CollectorHost {
   void attach_loader(LoaderProbe* probe, std::vector<Knob> knobs);
   void detach_loader(LoaderProbe* probe);
   KnobRegistry& knobs() { return knobs_; }
+  // Auto-tune trials may still run: mode autotune and no decision yet (a hook that can recover
+  // from a failed setting recovers only then).
+  bool autotuning() const;
+  // The running trial's setting failed in a step (an out-of-memory error: hooks/accumulation.h):
+  // the trial fails and the incumbent's setting is applied before this returns (the trial
+  // engine's fail_current_trial). False when no trial is running (nothing changed). Never throws.
+  bool fail_trial(const std::string& reason);
+  // The device memory each trial uses (tuning.h, MemoryProbe); a hook that knows the allocator
+  // sets it (hooks/accumulation.h). Trials above autotune.memory_headroom then fail.
+  void set_memory_probe(MemoryProbe probe);
   // Ranks of a data-parallel run tune together (rank_exchange.h's make_trial_agreement); set it
   // before the first step. Null: this process decides alone.
   void set_trial_agreement(TrialAgreement agreement);
@@ -266,7 +276,9 @@ class Pilot : private CollectorHost {
   std::shared_ptr<RunJournal> journal_;  // also among the owned collectors
   LoaderProbe* loader_ = nullptr;
   TrialAgreement trial_agreement_;
+  MemoryProbe memory_probe_;
   std::unique_ptr<TrialEngine> engine_;
+  void publish_decision();
   bool warned_nothing_to_tune_ = false;
 };
 

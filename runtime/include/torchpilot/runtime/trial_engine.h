@@ -6,7 +6,10 @@
 // policy has nothing more to try, or the next trial would exceed the warm-up budget (warmup_steps
 // or warmup_seconds, whichever is larger), the best setting is applied and the decision recorded.
 // Thread-safety: training thread only (it calls knob setters between steps).
-// Failure behaviour: a knob setter that throws fails that trial; the incumbent is restored.
+// Failure behaviour: a knob setter that throws fails that trial; the incumbent is restored. A hook
+// that sees a trial's setting fail while it runs (an out-of-memory error in a step: hooks/
+// accumulation.h) fails it with fail_current_trial(). A trial whose memory peak (memory_probe)
+// exceeds autotune.memory_headroom of the device's capacity fails at its window's end.
 #pragma once
 
 #include <functional>
@@ -34,6 +37,16 @@ class TrialEngine {
   void abandon(const std::string& reason) {
     if (!finished()) conclude(reason);
   }
+  // A trial's setting is on (from the first step after knobs were found until the decision).
+  bool trial_running() const { return started_ && !finished(); }
+  // The running trial's setting failed while it ran (out of memory in a step). Alone: the trial
+  // is recorded as failed now, the incumbent is restored (its setter is called before this
+  // returns, so the caller can redo its work under it) and the next trial starts; when the failed
+  // trial is the incumbent itself (the baseline), the policy's next proposal is applied instead.
+  // With an agreement: this rank goes back to the incumbent for the rest of the window and the
+  // trial fails on every rank when the windows are combined (the same as a setter failure).
+  // Returns false when no trial is running (nothing was changed).
+  bool fail_current_trial(const std::string& reason);
   const std::optional<TuningDecision>& decision() const { return decision_; }
   const std::vector<TrialResult>& trials() const { return trials_; }
 
@@ -53,8 +66,13 @@ class TrialEngine {
   // budget is the slowest rank's, and a setter that throws fails the trial on every rank after
   // its window. No agreement (a rank missing): the starting settings are kept.
   TrialAgreement agreement;
+  // Optional: the device memory each trial used (its peak, from the allocator). Without it, or
+  // when it reads nothing, trials are judged by throughput alone.
+  MemoryProbe memory_probe;
 
  private:
+  void next_trial();
+  void read_memory_peak(TrialResult& t);
   void start_trial(const Setting& setting);
   void begin_settling(int extra = 0);
   bool budget_allows_another_trial() const;

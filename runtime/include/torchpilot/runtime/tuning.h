@@ -30,6 +30,12 @@ struct TrialResult {
   double supply_capacity = 0;
   bool supply_limited = false;  // the cap applied
   double demand = 0;            // the window's throughput before the cap
+  // The most device memory tensors held at once while the setting ran (its settle steps and its
+  // window), from the allocator's own peak, as a share of the device's capacity; -1 when unknown
+  // (the CPU, no memory probe, the allocator's statistics unavailable). A trial above
+  // autotune.memory_headroom fails.
+  double peak_memory_fraction = -1;
+  int64_t peak_memory_bytes = -1;
   bool failed = false;
   std::string note;  // why it failed
 };
@@ -63,12 +69,27 @@ struct TrialWindow {
   double data_wait_fraction = 0;
   Nanos window_ns = 0;   // the window's summed step time
   Nanos elapsed_ns = 0;  // from the first trial step to the window's end (the time budget)
+  double peak_memory_fraction = -1;  // -1: unknown; combined: the largest of the ranks'
+  int64_t peak_memory_bytes = -1;
   bool failed = false;
   std::string note;
 };
 // Given this rank's window, the combination of every rank's (the same on every rank), or nullopt
 // when some rank did not answer in time: the search then ends with the starting settings.
 using TrialAgreement = std::function<std::optional<TrialWindow>(const TrialWindow& mine)>;
+
+// The device memory a trial used, as a hook reads it from the allocator (hooks/: the CUDA caching
+// allocator's peak of allocated bytes). reset() starts a trial's peak; read() gives the peak since
+// then, or nullopt when the figures are missing (the trial is then judged by throughput alone).
+struct MemoryPeak {
+  int64_t peak_allocated_bytes = 0;
+  int64_t capacity_bytes = 0;
+};
+struct MemoryProbe {
+  std::function<void()> reset;
+  std::function<std::optional<MemoryPeak>()> read;
+  explicit operator bool() const { return reset && read; }
+};
 
 class TuningPolicy {
  public:

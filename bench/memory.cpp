@@ -1,0 +1,281 @@
+// bench/memory: the micro-batch search on the GPT example (docs/memory.md). Measures, each in
+// its own run of the same model:
+//   start  the starting setting (micro-batch --micro x accumulation batch/micro), mode advise;
+//   tuned  mode autotune from the same start until the decision (failed trials, out-of-memory
+//          recoveries), then the tuned setting measured in the same process;
+//   grid   each micro-batch of --grid in mode advise (an out-of-memory point is recorded as such);
+// tokens/s of each (device synchronized around the measured steps), the tuned/start ratio and the
+// tuned setting against the grid's best (goal: within 5%). JSON with machine, date and commit.
+//
+// GPU (the reference model, bf16): build/bench/memory --batch 32 --micro 2 --out
+// bench/results/memory-<machine>.json --machine <machine> --commit $(git rev-parse --short HEAD)
+// CPU smoke (tiny sizes): --device cpu --d-model 32 --layers 1 --heads 2 --seq 16 --batch 8
+// --micro 2 --steps 5 --warmup-steps 40 --settle-steps 1 --measure-steps 3 --min-window-ms 0
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli_flags.h"
+#include "gpt_trainer.h"
+#include "torchpilot/runtime/batch_policy.h"
+#include "torchpilot/runtime/config.h"
+#include "torchpilot/runtime/pilot.h"
+
+namespace {
+
+using nlohmann::json;
+
+struct Args {
+  gpt_example::TrainOptions train;
+  int64_t micro = 2;
+  std::vector<int64_t> grid;  // empty: powers of two up to the batch
+  int steps = 50;             // measured steps per setting
+  int prime = 5;              // untimed steps before each measurement
+  int max_tune_steps = 2000;  // the search's steps at most (it decides within its budget)
+  torchpilot::AutotuneConfig autotune;
+  std::string machine = "unnamed";
+  std::string commit = "unknown";
+  std::string out;
+};
+
+torchpilot::Config config_for(const Args& a, torchpilot::Mode mode) {
+  torchpilot::Config c;
+  c.mode = mode;
+  c.log.level = mode == torchpilot::Mode::kAutotune ? "info" : "warn";
+  c.autotune = a.autotune;
+  return c;
+}
+
+bool is_oom(const std::string& what) { return what.find("out of memory") != std::string::npos; }
+
+// tokens/s over `steps` steps after `prime` untimed ones.
+double measure(gpt_example::Trainer& trainer, torchpilot::Pilot& pilot, const Args& a) {
+  trainer.train(pilot, a.prime);
+  trainer.synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  trainer.train(pilot, a.steps);
+  trainer.synchronize();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return static_cast<double>(a.steps * a.train.batch * a.train.seq) / s;
+}
+
+json trials_json(const torchpilot::TuningDecision& d) {
+  json out = json::array();
+  for (const auto& t : d.trials) {
+    out.push_back({{"micro_batch", t.setting.count(torchpilot::kMicroBatchKnob)
+                                       ? json(t.setting.at(torchpilot::kMicroBatchKnob))
+                                       : json(nullptr)},
+                   {"throughput", t.throughput},
+                   {"unit", t.unit},
+                   {"peak_memory_fraction",
+                    t.peak_memory_fraction >= 0 ? json(t.peak_memory_fraction) : json(nullptr)},
+                   {"failed", t.failed},
+                   {"note", t.note}});
+  }
+  return out;
+}
+
+int run(int argc, char** argv) {
+  Args a;
+  a.train.d_model = 1024;
+  a.train.layers = 12;
+  a.train.heads = 16;
+  a.train.seq = 1024;
+  a.train.batch = 32;
+  std::string precision = "bf16";
+  CLI::App app{"bench/memory: the micro-batch search against its start and a grid"};
+  example_cli::last_wins(app);
+  example_cli::add_int(app, "--d-model", a.train.d_model, 1, 65536, "model width d")
+      ->capture_default_str();
+  example_cli::add_int(app, "--layers", a.train.layers, 1, 4096, "blocks")->capture_default_str();
+  example_cli::add_int(app, "--heads", a.train.heads, 1, 4096, "attention heads (divide d)")
+      ->capture_default_str();
+  example_cli::add_int(app, "--seq", a.train.seq, 1, 1 << 20, "sequence length T")
+      ->capture_default_str();
+  example_cli::add_int(app, "--batch", a.train.batch, 1, 65536,
+                       "the rank's batch (rows per optimizer step)")
+      ->capture_default_str();
+  example_cli::add_int(app, "--micro", a.micro, 1, 65536, "the starting micro-batch")
+      ->capture_default_str();
+  app.add_option("--grid", a.grid, "micro-batches of the grid; default powers of two to --batch");
+  app.add_option("--precision", precision, "bf16 autocast on CUDA, or fp32")
+      ->check(CLI::IsMember({"bf16", "fp32"}))
+      ->capture_default_str();
+  app.add_option("--device", a.train.device, "cpu, cuda or cuda:N; default cuda when available");
+  example_cli::add_int(app, "--steps", a.steps, 1, 1000000, "measured steps per setting")
+      ->capture_default_str();
+  example_cli::add_int(app, "--prime", a.prime, 0, 1000000, "untimed steps before each")
+      ->capture_default_str();
+  example_cli::add_int(app, "--max-tune-steps", a.max_tune_steps, 1, 10000000,
+                       "most steps the search may take")
+      ->capture_default_str();
+  example_cli::add_int(app, "--warmup-steps", a.autotune.warmup_steps, 0, 1000000000,
+                       "autotune.warmup_steps")
+      ->capture_default_str();
+  example_cli::add_number(app, "--warmup-seconds", a.autotune.warmup_seconds, -1e-9, 86400,
+                          "autotune.warmup_seconds")
+      ->capture_default_str();
+  example_cli::add_int(app, "--settle-steps", a.autotune.settle_steps, 0, 10000,
+                       "autotune.settle_steps")
+      ->capture_default_str();
+  example_cli::add_int(app, "--measure-steps", a.autotune.measure_steps, 3, 10000,
+                       "autotune.measure_steps")
+      ->capture_default_str();
+  example_cli::add_number(app, "--min-window-ms", a.autotune.min_window_ms, -1e-9, 600000,
+                          "autotune.min_window_ms")
+      ->capture_default_str();
+  example_cli::add_number(app, "--headroom", a.autotune.memory_headroom, 0.05, 1,
+                          "autotune.memory_headroom")
+      ->capture_default_str();
+  app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
+  app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
+  app.add_option("--out", a.out, "write the results here (JSON)");
+  example_cli::parse_or_exit(app, argc, argv);
+  if (a.micro > a.train.batch) example_cli::fail(app, "--micro", "larger than --batch");
+  a.train.precision =
+      precision == "bf16" ? gpt_example::Precision::kBf16 : gpt_example::Precision::kFp32;
+  if (a.grid.empty()) {
+    for (int64_t m = 1; m <= a.train.batch; m *= 2) a.grid.push_back(m);
+    if (a.grid.back() != a.train.batch) a.grid.push_back(a.train.batch);
+  }
+
+  auto options_with = [&](int64_t micro) {
+    gpt_example::TrainOptions o = a.train;
+    o.micro_batch = micro;
+    o.micro_choices = a.grid;
+    return o;
+  };
+
+  // start
+  double start_tps = 0;
+  std::string device;
+  {
+    torchpilot::Pilot pilot(config_for(a, torchpilot::Mode::kAdvise));
+    gpt_example::Trainer trainer(options_with(a.micro));
+    device = trainer.device();
+    precision = gpt_example::to_string(trainer.precision());  // fp32 on the CPU
+    start_tps = measure(trainer, pilot, a);
+    trainer.detach_pilot();
+  }
+  std::printf("memory: start micro %lld x %lld: %.0f tokens/s\n", static_cast<long long>(a.micro),
+              static_cast<long long>((a.train.batch + a.micro - 1) / a.micro), start_tps);
+
+  // tuned
+  json tuned = json::object();
+  double tuned_tps = 0;
+  int64_t tuned_micro = 0;
+  {
+    torchpilot::Pilot pilot(config_for(a, torchpilot::Mode::kAutotune));
+    gpt_example::Trainer trainer(options_with(a.micro));
+    int64_t steps = 0;
+    while (!pilot.tuning_finished() && steps < a.max_tune_steps) {
+      trainer.train(pilot, 1);
+      ++steps;
+    }
+    trainer.synchronize();
+    tuned_micro = trainer.micro_batch();
+    tuned["search_steps"] = steps;
+    tuned["oom_recoveries"] = trainer.oom_recoveries();
+    if (pilot.tuning_decision()) {
+      const auto& d = *pilot.tuning_decision();
+      tuned["trials"] = trials_json(d);
+      tuned["reason"] = d.reason;
+      int64_t failed = 0;
+      for (const auto& t : d.trials) failed += t.failed ? 1 : 0;
+      tuned["failed_trials"] = failed;
+    }
+    tuned_tps = measure(trainer, pilot, a);
+    tuned["micro_batch"] = tuned_micro;
+    tuned["accumulation"] = trainer.accumulation();
+    tuned["tokens_per_s"] = tuned_tps;
+    trainer.detach_pilot();
+  }
+  std::printf(
+      "memory: tuned micro %lld: %.0f tokens/s (%.3fx the start), %lld out-of-memory "
+      "recoveries\n",
+      static_cast<long long>(tuned_micro), tuned_tps, tuned_tps / start_tps,
+      static_cast<long long>(tuned["oom_recoveries"].get<int64_t>()));
+
+  // grid
+  json grid = json::array();
+  double best = 0;
+  int64_t best_micro = 0;
+  for (int64_t m : a.grid) {
+    json point = {{"micro_batch", m}};
+    try {
+      torchpilot::Pilot pilot(config_for(a, torchpilot::Mode::kAdvise));
+      gpt_example::Trainer trainer(options_with(m));
+      const double tps = measure(trainer, pilot, a);
+      trainer.detach_pilot();
+      point["tokens_per_s"] = tps;
+      if (tps > best) {
+        best = tps;
+        best_micro = m;
+      }
+      std::printf("memory: grid micro %lld: %.0f tokens/s\n", static_cast<long long>(m), tps);
+    } catch (const std::exception& e) {
+      if (!is_oom(e.what())) throw;
+      point["out_of_memory"] = true;
+      std::printf("memory: grid micro %lld: out of memory\n", static_cast<long long>(m));
+    }
+    grid.push_back(point);
+  }
+  const double within = best > 0 ? tuned_tps / best : 0;
+  std::printf("memory: tuned/start %.3f; tuned/grid best (micro %lld) %.3f (goal >= 0.95)\n",
+              tuned_tps / start_tps, static_cast<long long>(best_micro), within);
+
+  if (!a.out.empty()) {
+    char date[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    json j = {{"benchmark", "memory"},
+              {"machine", a.machine},
+              {"date", date},
+              {"commit", a.commit},
+              {"device", device},
+              {"model",
+               {{"d_model", a.train.d_model},
+                {"layers", a.train.layers},
+                {"heads", a.train.heads},
+                {"seq", a.train.seq},
+                {"batch", a.train.batch},
+                {"precision", precision}}},
+              {"autotune",
+               {{"warmup_steps", a.autotune.warmup_steps},
+                {"warmup_seconds", a.autotune.warmup_seconds},
+                {"settle_steps", a.autotune.settle_steps},
+                {"measure_steps", a.autotune.measure_steps},
+                {"min_window_ms", a.autotune.min_window_ms},
+                {"memory_headroom", a.autotune.memory_headroom}}},
+              {"steps", a.steps},
+              {"start",
+               {{"micro_batch", a.micro},
+                {"accumulation", (a.train.batch + a.micro - 1) / a.micro},
+                {"tokens_per_s", start_tps}}},
+              {"tuned", tuned},
+              {"tuned_vs_start", tuned_tps / start_tps},
+              {"grid", grid},
+              {"grid_best_micro_batch", best_micro},
+              {"tuned_vs_grid_best", within}};
+    std::ofstream out(a.out);
+    out << j.dump(2) << "\n";
+    if (!out) throw std::runtime_error("cannot write " + a.out);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "memory: %s\n", e.what());
+    return 1;
+  }
+}
