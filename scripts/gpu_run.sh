@@ -2,14 +2,16 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default ./gpu-out).
-#   scripts/gpu_run.sh [all|build|test|gputest|capture|kineto|clocks|example|bench|gpt|overhead|planted|shortepochs]...
+#   scripts/gpu_run.sh [all|build|test|gputest|capture|kineto|clocks|example|bench|gpt|overhead|planted|shortepochs|offload]...
 #   (default: all)
 # gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs,
 # and the per-parameter AdamW beside the default fused one); overhead: bench/gpt_overhead
 # (torchpilot off vs advise vs a detailed window); planted: bench/planted_pairs (the advice on
 # planted bottlenecks and its estimated gain against the measured gain of the fix); shortepochs:
 # bench/short_epochs (a small CNN with a stock loader, epochs of a fraction of a second: the
-# default configuration against no torchpilot, interleaved).
+# default configuration against no torchpilot, interleaved); offload: bench/gpt_offload (activation
+# offloading on the GPT example: peak memory and step time with and without, the largest
+# micro-batch each fits).
 # Dependencies the machine lacks (libjpeg, ...) may be carried as Debian packages unpacked into
 # .deps/root (scripts/fetch_gpu_deps.sh); the machine's own installs are preferred.
 set -uo pipefail
@@ -132,6 +134,13 @@ if want shortepochs; then
   log "bench: short epochs, default config vs off, interleaved"
   ./build-gpu/bench/short_epochs --machine "$MACHINE" --commit "$COMMIT" ${SHORT_EPOCHS_ARGS:-} \
     --out "$OUT/short-epochs-$MACHINE.json" 2>&1 | tee "$OUT/short-epochs.log" | tail -15
+fi
+
+if want offload; then
+  # OFFLOAD_ARGS: e.g. "--batch 8 --rounds 5 --search 8,16,32,64"; bench/README.md, gpt_offload.
+  log "bench: activation offloading on the GPT example (peak memory, step time, largest micro-batch)"
+  ./build-gpu/bench/gpt_offload --machine "$MACHINE" --commit "$COMMIT" ${OFFLOAD_ARGS:-} \
+    --out "$OUT/offload-$MACHINE.json" 2>&1 | tee "$OUT/offload.log" | tail -30
 fi
 
 if want example; then

@@ -417,6 +417,7 @@ class OffloadHooks final : public torch::autograd::SavedVariableHooks {
     if (s.depth <= 0) return;
     std::vector<uint64_t> candidates;
     auto it = s.live.find(entry_->seq);
+    if (it == s.live.end()) return;
     // Walk down from this entry: the nearest earlier live entries that need a fetch.
     int hops = 0;
     while (it != s.live.begin() && candidates.size() < static_cast<size_t>(s.depth) &&
@@ -428,7 +429,8 @@ class OffloadHooks final : public torch::autograd::SavedVariableHooks {
       hold.push_back(std::move(e));
     }
     for (uint64_t seq : detail::prefetch_order(entry_->seq, candidates, s.depth)) {
-      std::shared_ptr<Entry> e = s.live[seq].lock();
+      const auto found = s.live.find(seq);
+      std::shared_ptr<Entry> e = found == s.live.end() ? nullptr : found->second.lock();
       if (!e) continue;
       try {
         s.mover->fetch(*e);
@@ -562,10 +564,14 @@ void ActivationOffload::init(bool host_copies) {
     }
   }
   reason_ = problem;
-  if (!problem.empty() && options_.enabled) {
-    log_(LogLevel::kWarn,
-         "activation offloading refused: " + problem + "; training goes on without it");
-  }
+  if (options_.enabled) log_refusal();
+}
+
+void ActivationOffload::log_refusal() {
+  if (available() || refusal_logged_) return;
+  refusal_logged_ = true;
+  log_(LogLevel::kWarn,
+       "activation offloading refused: " + reason_ + "; training goes on without it");
 }
 
 ActivationOffload::~ActivationOffload() {
@@ -577,9 +583,7 @@ std::string ActivationOffload::unavailable_reason() const { return reason_; }
 bool ActivationOffload::refused() const { return !available() || state_->refused.load(); }
 
 void ActivationOffload::set_enabled(bool enabled) {
-  if (enabled && !enabled_ && !available()) {
-    log_(LogLevel::kWarn, "activation offloading refused: " + reason_);
-  }
+  if (enabled) log_refusal();
   enabled_ = enabled;
 }
 

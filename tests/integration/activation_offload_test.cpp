@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "offload_test_model.h"
+#include "torchpilot/runtime/config.h"
+#include "torchpilot/runtime/pilot.h"
 
 namespace torchpilot {
 namespace {
@@ -82,6 +84,8 @@ TEST(ActivationOffload, CpuModelIsRefusedWithOneLine) {
     });
     EXPECT_TRUE(bitwise_equal(plain, with));
   }
+  offload.set_enabled(false);  // the knob turning it off and on again: no second line
+  offload.set_enabled(true);
   for (const auto& l : log.lines) std::printf("  log: %s\n", l.c_str());
   ASSERT_EQ(log.lines.size(), 1u);
   EXPECT_EQ(log.count("activation offloading refused"), 1);
@@ -101,6 +105,25 @@ TEST(ActivationOffload, NotAskedForSaysNothing) {
   ActivationOffload offload(o, log.fn());
   EXPECT_TRUE(log.lines.empty());
   EXPECT_FALSE(offload.enabled());
+}
+
+TEST(ActivationOffload, FromAPilotTakesItsConfigAndItsKnobGoesWithIt) {
+  Config c;
+  c.log.level = "off";
+  c.gpu.enabled = false;
+  c.offload.enabled = true;
+  c.offload.min_bytes = 4096;
+  c.offload.depth = 2;
+  Pilot pilot(c);
+  {
+    ActivationOffload offload(pilot);
+    EXPECT_TRUE(offload.options().enabled);
+    EXPECT_EQ(offload.options().min_bytes, 4096);
+    EXPECT_EQ(offload.options().depth, 2);
+    // The knob where offloading is available (a GPU), none here without one.
+    EXPECT_EQ(pilot.knobs().find("offload.enabled") != nullptr, offload.available());
+  }
+  EXPECT_EQ(pilot.knobs().find("offload.enabled"), nullptr);
 }
 
 struct HostRun {

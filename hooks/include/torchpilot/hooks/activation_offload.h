@@ -42,9 +42,8 @@
 //
 // Thread-safety: construct, destroy, set_enabled() and the knob on the training thread; scopes on
 // any thread (each thread's own); the hooks run on the forward thread (pack) and on autograd's
-// threads (unpack) and share the offload's state under a mutex. An ActivationOffload must outlive
-// the backward of every forward it offloaded (the saved tensors keep its state alive, the log
-// callback too).
+// threads (unpack) and share the offload's state under a mutex. Close its scopes before it goes;
+// a backward after it went still works (the saved tensors keep its state alive).
 #pragma once
 
 #include <atomic>
@@ -146,10 +145,12 @@ class ActivationOffload {
   struct TestTag {};
   ActivationOffload(OffloadOptions options, LogFn log, TestTag);
   void init(bool host_copies);
+  void log_refusal();  // once, when not available
 
   OffloadOptions options_;
   std::atomic<bool> enabled_{false};
   LogFn log_;
+  bool refusal_logged_ = false;
   std::string reason_;      // why not available
   Pilot* pilot_ = nullptr;  // whose knob registry holds offload.enabled
   std::shared_ptr<State> state_;
