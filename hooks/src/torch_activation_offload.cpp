@@ -24,6 +24,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <typeinfo>
 #include <utility>
 
@@ -126,8 +127,10 @@ struct Entry {
 
 class HostCopyMover final : public Mover {
  public:
+  explicit HostCopyMover(bool failing) : failing_(failing) {}
   bool movable(const at::Tensor& t) const override { return t.device().is_cpu(); }
   void offload(Entry& e, const at::Tensor& flat) override {
+    if (failing_) throw std::runtime_error("no pinned memory left (a test's failing copies)");
     e.host = flat.clone();
     e.src = flat;
   }
@@ -135,6 +138,9 @@ class HostCopyMover final : public Mover {
   void fetch(Entry& e) override { e.dev = e.host.clone(); }
   void consume(Entry&) override {}
   void release(Entry&) noexcept override {}
+
+ private:
+  bool failing_;
 };
 
 #if TORCHPILOT_OFFLOAD_CUDA
@@ -259,6 +265,7 @@ struct ActivationOffload::State : std::enable_shared_from_this<State> {
   OffloadStats stats;
   int64_t large_movable = 0, large_other = 0;  // for the CPU-model judgement
   bool judged = false;
+  bool offload_failed = false;  // logged once
 
   // Forget entries that are gone (amortized: when the maps doubled since the last pass).
   void prune() {
@@ -284,6 +291,14 @@ struct ActivationOffload::State : std::enable_shared_from_this<State> {
 namespace {
 
 thread_local ActivationOffload::State* tl_state = nullptr;
+
+// An error's message on one line (c10::Error without its backtrace).
+std::string one_line(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  std::string m = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+  const size_t newline = m.find('\n');
+  return newline == std::string::npos ? m : m.substr(0, newline);
+}
 
 // A parameter, or a view / cast of one (the weight's t() in linear, autocast's bf16 copy).
 bool parameter_derived(const at::Tensor& t) {
@@ -371,8 +386,21 @@ class OffloadHooks final : public torch::autograd::SavedVariableHooks {
     e->dtype = tensor.scalar_type();
     e->version = saved_version_;
     e->mover = s.mover;
-    const at::Tensor flat = tensor.detach().as_strided({facts.storage_bytes / itemsize}, {1}, 0);
-    s.mover->offload(*e, flat);
+    try {
+      const at::Tensor flat = tensor.detach().as_strided({facts.storage_bytes / itemsize}, {1}, 0);
+      s.mover->offload(*e, flat);
+    } catch (const std::exception& ex) {
+      // No pinned memory left, a CUDA error: this tensor stays on the GPU, forward goes on.
+      ++s.stats.kept_other;
+      kept_ = tensor.detach();
+      if (!s.offload_failed && s.log) {
+        s.offload_failed = true;
+        s.log(LogLevel::kWarn,
+              "activation offloading: copying a saved tensor to the host failed (" + one_line(ex) +
+                  "); such tensors stay on the GPU");
+      }
+      return;
+    }
     ++s.stats.offloaded;
     s.stats.offloaded_bytes += facts.storage_bytes;
     s.prune();
@@ -492,7 +520,7 @@ std::string install_engine() {
       }
       torch::autograd::set_default_engine_stub(&offload_engine);
     } catch (const std::exception& e) {
-      problem = std::string("installing the autograd engine failed: ") + e.what();
+      problem = "installing the autograd engine failed: " + one_line(e);
     }
   });
   return problem;
@@ -503,7 +531,7 @@ std::string cuda_problem() {
   try {
     if (!torch::cuda::is_available()) return "no CUDA device is visible";
   } catch (const std::exception& e) {
-    return std::string("CUDA is not usable: ") + e.what();
+    return "CUDA is not usable: " + one_line(e);
   }
   return {};
 #else
@@ -535,18 +563,18 @@ ActivationOffload::ActivationOffload(OffloadOptions options, LogFn log)
   init(/*host_copies=*/false);
 }
 
-ActivationOffload::ActivationOffload(OffloadOptions options, LogFn log, TestTag)
+ActivationOffload::ActivationOffload(OffloadOptions options, LogFn log, TestTag tag)
     : options_(options), log_(log ? std::move(log) : LogFn(&log_stderr)) {
-  init(/*host_copies=*/true);
+  init(/*host_copies=*/true, tag.failing_copies);
 }
 
 std::unique_ptr<ActivationOffload> ActivationOffload::for_testing_host_copies(
-    OffloadOptions options, LogFn log) {
+    OffloadOptions options, LogFn log, bool failing_copies) {
   return std::unique_ptr<ActivationOffload>(
-      new ActivationOffload(options, std::move(log), TestTag{}));
+      new ActivationOffload(options, std::move(log), TestTag{failing_copies}));
 }
 
-void ActivationOffload::init(bool host_copies) {
+void ActivationOffload::init(bool host_copies, bool failing_copies) {
   enabled_ = options_.enabled;
   state_ = std::make_shared<State>();
   state_->min_bytes = std::max<int64_t>(options_.min_bytes, 1);
@@ -556,7 +584,7 @@ void ActivationOffload::init(bool host_copies) {
   if (problem.empty()) problem = install_engine();
   if (problem.empty()) {
     if (host_copies) {
-      state_->mover = std::make_shared<HostCopyMover>();
+      state_->mover = std::make_shared<HostCopyMover>(failing_copies);
     } else {
 #if TORCHPILOT_OFFLOAD_CUDA
       state_->mover = std::make_shared<CudaMover>();

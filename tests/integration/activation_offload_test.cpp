@@ -233,6 +233,31 @@ TEST(ActivationOffload, OutsideAScopeAndWhenDisabledNothingIsSaved) {
   EXPECT_GT(offload->stats().offloaded, 0);
 }
 
+// A copy to the host that fails (no pinned memory left): the tensor stays, forward and backward
+// go on with the same gradients, one line says so.
+TEST(ActivationOffload, AFailingCopyKeepsTheTensorWithOneLine) {
+  torch::manual_seed(8);
+  TinyModel model(32, 4, 2);
+  const auto x = torch::randn({2, 16, 32});
+  const auto plain =
+      gradients(model, x, [&](torch::Tensor in) { return model->forward(in).sum(); });
+  Lines log;
+  OffloadOptions o;
+  o.min_bytes = 1024;
+  auto offload = ActivationOffload::for_testing_host_copies(o, log.fn(), /*failing_copies=*/true);
+  for (int i = 0; i < 2; ++i) {
+    const auto with = gradients(model, x, [&](torch::Tensor in) {
+      auto s = offload->scope();
+      return model->forward(in).sum();
+    });
+    EXPECT_TRUE(bitwise_equal(plain, with));
+  }
+  EXPECT_EQ(offload->stats().offloaded, 0);
+  EXPECT_GT(offload->stats().kept_other, 0);
+  ASSERT_EQ(log.lines.size(), 1u);
+  EXPECT_EQ(log.count("copying a saved tensor to the host failed"), 1) << log.lines[0];
+}
+
 // A saved tensor changed in place after it was saved: autograd's error, offloaded or not.
 TEST(ActivationOffload, InPlaceChangeOfASavedTensorIsStillAnError) {
   OffloadOptions o;

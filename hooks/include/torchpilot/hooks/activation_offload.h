@@ -94,9 +94,11 @@ class ActivationOffload {
   ActivationOffload& operator=(const ActivationOffload&) = delete;
 
   // For tests on a machine without a GPU: "offloads" CPU tensors by copying their storage into
-  // another host buffer and back, through the same hooks, bookkeeping and engine.
+  // another host buffer and back, through the same hooks, bookkeeping and engine. With
+  // `failing_copies` every copy to the host throws (the fallback path).
   static std::unique_ptr<ActivationOffload> for_testing_host_copies(OffloadOptions options,
-                                                                    LogFn log = {});
+                                                                    LogFn log = {},
+                                                                    bool failing_copies = false);
 
   // While it lives, tensors saved for backward by ops on this thread are offloaded (when enabled
   // and available). Nests: the innermost scope's offload decides. Move-only.
@@ -142,9 +144,11 @@ class ActivationOffload {
   struct State;  // shared with the hooks
 
  private:
-  struct TestTag {};
-  ActivationOffload(OffloadOptions options, LogFn log, TestTag);
-  void init(bool host_copies);
+  struct TestTag {
+    bool failing_copies = false;
+  };
+  ActivationOffload(OffloadOptions options, LogFn log, TestTag tag);
+  void init(bool host_copies, bool failing_copies = false);
   void log_refusal();  // once, when not available
 
   OffloadOptions options_;
