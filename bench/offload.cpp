@@ -6,12 +6,15 @@
 //      wall time / steps; peak = the allocator's peak allocated bytes in the window.
 //   2. Micro-batch search (--search B1,B2,...; empty: skipped): for each setting, each batch in
 //      ascending order on a fresh trainer (`search-warmup` + `search-steps` steps) until the first
-//      out-of-memory; reported: tokens/s and peak of each batch that fits, the largest that fits.
+//      out-of-memory (with offloading, or until the pinned host memory it would take, estimated
+//      from step 1's bytes per sample, passes --host-fraction of the host's memory); reported:
+//      tokens/s and peak of each batch that fits, the largest that fits.
 // torchpilot itself is off (mode off) so that only offloading is measured. Writes JSON (--out)
 // with machine, date and commit; prints a summary. Without CUDA in LibTorch or a GPU the peaks
 // are -1 and offloading is refused (one line): the method still runs (smoke test on the CPU).
 #include <torch/torch.h>
 #include <torch/version.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -48,9 +51,10 @@ struct Args {
   int rounds = 3;
   int steps = 20;
   int warmup = 5;
-  std::string search = "8,12,16,24,32,48,64,96,128";
+  std::string search = "8,16,32,64,96,128,160,192,256";
   int search_warmup = 3;
   int search_steps = 8;
+  double host_fraction = 0.5;  // of the host's memory that offloaded activations may pin
   std::string machine = "unnamed";
   std::string commit = "unknown";
   std::string out;
@@ -72,6 +76,10 @@ void empty_cache() {
 #if TP_BENCH_CUDA
   if (torch::cuda::is_available()) c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
+}
+
+double host_memory_bytes() {
+  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
 }
 
 bool is_oom(const std::exception& e) {
@@ -176,6 +184,10 @@ int main(int argc, char** argv) {
   example_cli::add_int(app, "--search-steps", a.search_steps, 1, 1000000,
                        "measured steps per micro-batch in the search")
       ->capture_default_str();
+  example_cli::add_number(app, "--host-fraction", a.host_fraction, 0, 1,
+                          "the search skips micro-batches whose offloaded activations would pin "
+                          "more than this share of the host's memory (estimated)")
+      ->capture_default_str();
   app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
   app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
   example_cli::add_path(app, "--out", a.out, "FILE", "write the results here (JSON)");
@@ -208,6 +220,7 @@ int main(int argc, char** argv) {
   off_config.mode = torchpilot::Mode::kOff;
   off_config.gpu.enabled = false;
   json j;
+  double offloaded_per_sample = 0;  // bytes, measured at the fixed micro-batch
   try {
     // 1. Fixed micro-batch, interleaved.
     gpt_example::Trainer trainer(a.train);
@@ -247,6 +260,8 @@ int main(int argc, char** argv) {
       }
       std::printf("\n");
     }
+    offloaded_per_sample =
+        static_cast<double>(on_stats.offloaded_bytes) / a.steps / static_cast<double>(shape.batch);
     const double ms_off = median(ms[0]), ms_on = median(ms[1]);
     const double peak_off = median(peak[0]), peak_on = median(peak[1]);
     std::printf(
@@ -297,6 +312,20 @@ int main(int argc, char** argv) {
     double largest_tps = 0, best_tps = 0;
     int64_t best_batch = 0;
     for (int64_t b : batches) {
+      // Offloaded bytes live in pinned host memory: no micro-batch that would pin more than
+      // --host-fraction of the host's memory (the estimate scales the fixed run's bytes/sample).
+      const double pinned = offloaded_per_sample * static_cast<double>(b);
+      if (on == 1 && pinned > a.host_fraction * host_memory_bytes()) {
+        tried.push_back({{"batch", b},
+                         {"fits", false},
+                         {"skipped", "estimated pinned host memory above --host-fraction"},
+                         {"estimated_pinned_bytes", pinned}});
+        std::printf(
+            "  search on : micro-batch %lld: skipped, would pin an estimated %.1f GiB of "
+            "host memory\n",
+            static_cast<long long>(b), pinned / (1 << 30));
+        break;
+      }
       gpt_example::TrainOptions o = a.train;
       o.batch = b;
       o.offload_activations = on == 1;
@@ -358,7 +387,9 @@ int main(int argc, char** argv) {
         "round; per round and setting warm-up steps, then measured steps between device "
         "synchronizations; step time = window / steps; peak = the CUDA caching allocator's peak "
         "allocated bytes in the window; medians over rounds. Search: a fresh trainer per "
-        "micro-batch, ascending, until the first out-of-memory. torchpilot mode off.";
+        "micro-batch, ascending, until the first out-of-memory (with offloading, or until the "
+        "estimated "
+        "pinned host memory passes --host-fraction of the host's). torchpilot mode off.";
     std::ofstream(a.out) << j.dump(2) << "\n";
     std::printf("wrote %s\n", a.out.c_str());
   }
