@@ -15,6 +15,19 @@
 // the per-round ratios, and the advise runs' communication figures (communication, exposed,
 // overlap per step, from the always-on measure). With --no-overlap the same for GradSync's
 // all-reduce after backward. Written to --out (bench/results/collectives-<machine>.json).
+//
+// --suite full adds, in the same ranks and process (the two-GPU run, issue 12; "suite" in the JSON):
+//   overlap   - interleaved rounds of GradSync's overlap on and off (advise mode): step time and the
+//               always-on communication figures, exposed_communication's estimated gain in the
+//               no-overlap runs against the measured gain of overlap; then one run of each with a
+//               detailed window (the window's communication and exposed time from the NCCL kernels);
+//   buckets   - interleaved rounds over --buckets (MiB): step time and the all-reduce's bus bandwidth
+//               against the link's peak;
+//   autotune  - mode autotune from --autotune-start MiB with the bucket knob: every rank's decision
+//               (step, setting) and the chosen size's throughput against the best of the grid;
+//   straggler - rank --straggler-rank runs --straggler-ms of host work per step, every rank reading
+//               its loss each step (as trainers that log it do): rank 0's straggler advice (rank,
+//               cause) and the other ranks' wait per step against the planted delay.
 #include <torch/version.h>
 
 #include <algorithm>
@@ -31,6 +44,8 @@
 #include "gpt_trainer.h"
 #include "torchpilot/runtime/comm_records.h"
 #include "torchpilot/runtime/config.h"
+#include "torchpilot/runtime/cost.h"
+#include "torchpilot/runtime/gpu_records.h"
 #include "torchpilot/runtime/pilot.h"
 
 namespace {
@@ -45,6 +60,13 @@ struct Args {
   int steps = 30;
   int warmup = 5;
   bool no_overlap = false;
+  bool compare_observer = false;   // a third configuration: advise with comm.observe_nccl_ops
+  std::string suite = "overhead";  // or "full"
+  std::vector<int> buckets{4, 25, 100};
+  int autotune_start = 25;
+  int autotune_warmup = 120;
+  int straggler_rank = 1;
+  double straggler_ms = 20;
   std::string machine = "unnamed", commit = "unknown", out;
 };
 
@@ -58,29 +80,67 @@ double median(std::vector<double> v) {
 struct Run {
   double step_s = 0;
   double comm_ms = -1, exposed_ms = -1, overlap = -1;
+  double busbw_gbps = -1, link_peak_gbps = -1;
+  std::string link, method;
+  int64_t gpu_timed_syncs = 0;
+  // From a detailed window (the NCCL kernels), per traced step.
+  int64_t traced_steps = 0;
+  double window_comm_ms = -1, window_exposed_ms = -1;
+  json advice = json::array();  // id, expected_gain
+  json cost;                    // torchpilot's own cost (section "cost") of the measured epoch
+  json ranks;                   // rank 0's section "ranks"
+  json decision;                // autotune
 };
 
-Run run(gpt_example::Trainer& trainer, const Args& a, bool advise) {
+struct RunOptions {
+  torchpilot::Mode mode = torchpilot::Mode::kAdvise;
+  int steps = 0;
+  int window_steps = 0;          // a detailed window of this many steps after the warm-up
+  bool read_loss_each_step = false;
+  bool observe_nccl_ops = false;  // the RecordFunction observer on NCCL too (comm.observe_nccl_ops)
+};
+
+// One Pilot over --warmup + steps steps; the figures of the measured steps' epoch.
+Run run(gpt_example::Trainer& trainer, const Args& a, const RunOptions& o) {
   // The defaults; TORCHPILOT_* variables isolate a part's cost (e.g.
   // TORCHPILOT_COMM_ENABLED=false).
   torchpilot::Config c = torchpilot::Config::load();
-  c.mode = advise ? torchpilot::Mode::kAdvise : torchpilot::Mode::kOff;
+  c.mode = o.mode;
   c.log.level = "warn";
   c.gpu.trace_first_step = 1000000000;  // no window: the always-on cost
   c.gpu.trace_anomaly_factor = 0;
+  if (o.observe_nccl_ops) c.comm.observe_nccl_ops = true;
+  if (o.window_steps > 0) {
+    c.gpu.trace_first_step = a.warmup + 2;
+    c.gpu.trace_steps = o.window_steps;
+    c.cost.budget = 1;  // the window is what is measured here
+  }
+  if (o.mode == torchpilot::Mode::kAutotune) {
+    c.autotune.warmup_steps = a.autotune_warmup;
+    c.autotune.warmup_seconds = 0;
+  }
+  const int steps = o.steps > 0 ? o.steps : a.steps;
   Run r;
   {
     torchpilot::Pilot pilot(c);
-    trainer.train(pilot, a.warmup);
+    auto train = [&](int n) {
+      if (!o.read_loss_each_step) return trainer.train(pilot, n);
+      for (int i = 0; i < n; ++i) {
+        trainer.train(pilot, 1);
+        (void)trainer.take_mean_loss();
+      }
+    };
+    train(a.warmup);
     trainer.synchronize();
+    pilot.end_epoch();  // the measured steps get an epoch of their own
     const auto t0 = Clock::now();
-    trainer.train(pilot, a.steps);
+    train(steps);
     trainer.synchronize();
-    r.step_s = std::chrono::duration<double>(Clock::now() - t0).count() / a.steps;
+    r.step_s = std::chrono::duration<double>(Clock::now() - t0).count() / steps;
     pilot.end_epoch();
     if (!pilot.epoch_summaries().empty()) {
-      if (const auto* comm =
-              pilot.epoch_summaries().back().sections.get<torchpilot::CommEpochStats>()) {
+      const torchpilot::EpochSummary& e = pilot.epoch_summaries().back();
+      if (const auto* comm = e.sections.get<torchpilot::CommEpochStats>()) {
         if (comm->steps > 0) {
           r.comm_ms = static_cast<double>(comm->stats.comm_ns) / 1e6 / comm->steps;
           r.exposed_ms = static_cast<double>(comm->stats.exposed_ns) / 1e6 / comm->steps;
@@ -88,11 +148,228 @@ Run run(gpt_example::Trainer& trainer, const Args& a, bool advise) {
                                                         static_cast<double>(comm->stats.comm_ns)
                                               : -1;
         }
+        r.busbw_gbps = comm->busbw / 1e9;
+        if (comm->link_peak > 0) r.link_peak_gbps = comm->link_peak / 1e9;
+        r.link = comm->link;
+        r.method = comm->method;
+        r.gpu_timed_syncs = comm->gpu_timed_syncs;
       }
+      if (const auto* gpu = e.sections.get<torchpilot::GpuEpochStats>()) {
+        r.traced_steps = gpu->traced_steps;
+        if (gpu->traced_steps > 0) {
+          r.window_comm_ms = static_cast<double>(gpu->stats.comm_ns) / 1e6 / gpu->traced_steps;
+          r.window_exposed_ms =
+              static_cast<double>(gpu->stats.exposed_comm_ns) / 1e6 / gpu->traced_steps;
+        }
+      }
+      if (const auto* cost = e.sections.get<torchpilot::CostStats>()) {
+        r.cost = json::parse(torchpilot::section_json(*cost));
+      }
+      if (const auto* ranks = e.sections.get<torchpilot::RankEpochStats>()) {
+        r.ranks = json::parse(torchpilot::section_json(*ranks));
+      }
+    }
+    for (const torchpilot::Advice& adv : pilot.last_advice()) {
+      r.advice.push_back({{"advice", adv.id}, {"expected_gain", adv.expected_gain}});
+    }
+    if (const auto& d = pilot.tuning_decision()) {
+      r.decision = {{"decided_at_step", d->decided_at_step},
+                    {"chosen", torchpilot::to_string(d->chosen)},
+                    {"baseline", torchpilot::to_string(d->baseline)},
+                    {"chosen_throughput", d->chosen_throughput},
+                    {"baseline_throughput", d->baseline_throughput},
+                    {"unit", d->unit},
+                    {"trials", d->trials.size()},
+                    {"reason", d->reason}};
     }
     trainer.detach_pilot();  // before this Pilot goes
   }
   return r;
+}
+
+Run run(gpt_example::Trainer& trainer, const Args& a, bool advise) {
+  RunOptions o;
+  o.mode = advise ? torchpilot::Mode::kAdvise : torchpilot::Mode::kOff;
+  return run(trainer, a, o);
+}
+
+json run_json(const Run& r) {
+  return {{"step_ms", 1e3 * r.step_s},
+          {"comm_ms_per_step", r.comm_ms},
+          {"exposed_ms_per_step", r.exposed_ms},
+          {"overlap", r.overlap},
+          {"busbw_gbps", r.busbw_gbps},
+          {"link_peak_gbps", r.link_peak_gbps},
+          {"link", r.link},
+          {"method", r.method},
+          {"gpu_timed_syncs", r.gpu_timed_syncs},
+          {"traced_steps", r.traced_steps},
+          {"window_comm_ms_per_step", r.window_comm_ms},
+          {"window_exposed_ms_per_step", r.window_exposed_ms},
+          {"advice", r.advice}};
+}
+
+double gain_of(const Run& r, const std::string& id) {
+  for (const auto& a : r.advice) {
+    if (a["advice"] == id) return a["expected_gain"].get<double>();
+  }
+  return 0;
+}
+
+// The parts of --suite full (the header says what each measures). Every rank runs the same
+// sequence; rank 0's figures are returned, and each rank's autotune decision is written beside
+// --out (<out>.rank<r>.json) to compare them.
+json full_suite(gpt_example::Trainer& trainer, const Args& a, int rank) {
+  json suite;
+  const double start_mb = a.train.bucket_mb;
+  auto say = [&](const char* part, const Run& r) {
+    if (rank != 0) return;
+    std::printf("%s: %.3f ms/step; comm %.2f ms, exposed %.2f ms, overlap %.2f, busbw %.1f GB/s "
+                "(link %s %.0f GB/s), %lld GPU-timed syncs; window: %lld steps, comm %.2f ms, "
+                "exposed %.2f ms; advice %s\n",
+                part, 1e3 * r.step_s, r.comm_ms, r.exposed_ms, r.overlap, r.busbw_gbps,
+                r.link.c_str(), r.link_peak_gbps, static_cast<long long>(r.gpu_timed_syncs),
+                static_cast<long long>(r.traced_steps), r.window_comm_ms, r.window_exposed_ms,
+                r.advice.dump().c_str());
+    std::fflush(stdout);
+  };
+
+  // Overlap on and off, interleaved, always-on figures.
+  {
+    std::vector<double> on_s, off_s, gains, measured;
+    json rounds = json::array();
+    for (int k = 0; k < a.rounds; ++k) {
+      Run on, off;
+      for (int i = 0; i < 2; ++i) {
+        const bool overlap = (i == 0) == (k % 2 == 0);
+        trainer.set_grad_sync(overlap, start_mb);
+        (overlap ? on : off) = run(trainer, a, RunOptions{});
+      }
+      on_s.push_back(on.step_s);
+      off_s.push_back(off.step_s);
+      gains.push_back(gain_of(off, "exposed_communication"));
+      measured.push_back(off.step_s / on.step_s - 1);
+      rounds.push_back({{"overlap", run_json(on)}, {"no_overlap", run_json(off)}});
+      say("overlap on", on);
+      say("overlap off", off);
+    }
+    RunOptions w;
+    w.window_steps = 6;
+    trainer.set_grad_sync(true, start_mb);
+    const Run on_w = run(trainer, a, w);
+    say("overlap on, window", on_w);
+    trainer.set_grad_sync(false, start_mb);
+    const Run off_w = run(trainer, a, w);
+    say("overlap off, window", off_w);
+    trainer.set_grad_sync(true, start_mb);
+    const double est = median(gains), meas = median(measured);
+    suite["overlap"] = {{"bucket_mb", start_mb},
+                        {"overlap_step_ms_median", 1e3 * median(on_s)},
+                        {"no_overlap_step_ms_median", 1e3 * median(off_s)},
+                        {"exposed_communication_estimated_gain", est},
+                        {"measured_gain_of_overlap", meas},
+                        {"ratio", meas > 0 ? est / meas : 0.0},
+                        {"window_overlap", run_json(on_w)},
+                        {"window_no_overlap", run_json(off_w)},
+                        {"rounds", rounds}};
+  }
+  // Bucket sizes, interleaved.
+  {
+    std::vector<std::vector<double>> step(a.buckets.size()), busbw(a.buckets.size());
+    json per = json::array();
+    double peak = -1;
+    std::string link;
+    for (int k = 0; k < a.rounds; ++k) {
+      for (size_t j = 0; j < a.buckets.size(); ++j) {
+        const size_t i = k % 2 == 0 ? j : a.buckets.size() - 1 - j;
+        trainer.set_grad_sync(true, a.buckets[i]);
+        const Run r = run(trainer, a, RunOptions{});
+        step[i].push_back(r.step_s);
+        busbw[i].push_back(r.busbw_gbps);
+        peak = r.link_peak_gbps;
+        link = r.link;
+        if (k == 0) say(("bucket " + std::to_string(a.buckets[i]) + " MiB").c_str(), r);
+      }
+    }
+    for (size_t i = 0; i < a.buckets.size(); ++i) {
+      per.push_back({{"bucket_mb", a.buckets[i]},
+                     {"step_ms_median", 1e3 * median(step[i])},
+                     {"busbw_gbps_median", median(busbw[i])},
+                     {"busbw_over_link_peak", peak > 0 ? json(median(busbw[i]) / peak) : json()}});
+    }
+    suite["buckets"] = {{"link", link}, {"link_peak_gbps", peak}, {"sizes", per}};
+  }
+  // Autotune of the bucket size from --autotune-start; then the chosen size against the grid.
+  {
+    trainer.set_grad_sync(true, a.autotune_start);
+    RunOptions t;
+    t.mode = torchpilot::Mode::kAutotune;
+    t.steps = a.autotune_warmup + a.steps;
+    const Run r = run(trainer, a, t);
+    if (!a.out.empty()) {
+      std::ofstream(a.out + ".rank" + std::to_string(rank) + ".json")
+          << json{{"rank", rank}, {"decision", r.decision}}.dump(1) << "\n";
+    }
+    double best_ms = 0;
+    int best_mb = 0;
+    for (const auto& b : suite["buckets"]["sizes"]) {
+      const double ms = b["step_ms_median"].get<double>();
+      if (best_ms == 0 || ms < best_ms) {
+        best_ms = ms;
+        best_mb = b["bucket_mb"].get<int>();
+      }
+    }
+    suite["autotune"] = {{"start_mb", a.autotune_start}, {"decision", r.decision},
+                         {"grid_best_mb", best_mb}, {"grid_best_step_ms", best_ms}};
+    if (rank == 0) std::printf("autotune: %s\n", r.decision.dump().c_str());
+    trainer.set_grad_sync(true, start_mb);
+  }
+  // The overlap's measured gain at the best bucket of the grid too (the advice leaves the bucket
+  // size to autotune).
+  {
+    double best_ms = 0;
+    for (const auto& b : suite["buckets"]["sizes"]) {
+      const double ms = b["step_ms_median"].get<double>();
+      if (best_ms == 0 || ms < best_ms) best_ms = ms;
+    }
+    const double off_ms = suite["overlap"]["no_overlap_step_ms_median"].get<double>();
+    const double meas = off_ms / best_ms - 1;
+    const double est = suite["overlap"]["exposed_communication_estimated_gain"].get<double>();
+    suite["overlap"]["measured_gain_at_best_bucket"] = meas;
+    suite["overlap"]["ratio_at_best_bucket"] = meas > 0 ? est / meas : 0.0;
+  }
+  // A planted straggler.
+  {
+    trainer.set_host_ms(rank == a.straggler_rank ? a.straggler_ms : 0);
+    RunOptions s;
+    s.read_loss_each_step = true;
+    const Run r = run(trainer, a, s);
+    trainer.set_host_ms(0);
+    const Run base = run(trainer, a, s);
+    say("straggler", r);
+    say("no straggler", base);
+    suite["straggler"] = {{"rank", a.straggler_rank},
+                          {"planted_ms", a.straggler_ms},
+                          {"run", run_json(r)},
+                          {"ranks", r.ranks},
+                          {"baseline", run_json(base)},
+                          {"baseline_ranks", base.ranks}};
+    // The same with the all-reduce after backward: no NCCL kernel waits for the straggler beside
+    // the other rank's backward (an overlapped one, spinning, slows it), so its wait is exposed.
+    trainer.set_grad_sync(false, start_mb);
+    trainer.set_host_ms(rank == a.straggler_rank ? a.straggler_ms : 0);
+    const Run r2 = run(trainer, a, s);
+    trainer.set_host_ms(0);
+    const Run base2 = run(trainer, a, s);
+    trainer.set_grad_sync(true, start_mb);
+    say("straggler, no overlap", r2);
+    say("no straggler, no overlap", base2);
+    suite["straggler_no_overlap"] = {{"run", run_json(r2)},
+                                     {"ranks", r2.ranks},
+                                     {"baseline", run_json(base2)},
+                                     {"baseline_ranks", base2.ranks}};
+  }
+  return suite;
 }
 
 }  // namespace
@@ -127,6 +404,25 @@ int main(int argc, char** argv) {
   app.add_option("--device", a.train.device, "cpu, cuda; default cuda when available")
       ->check(example_cli::Device());
   app.add_flag("--no-overlap", a.no_overlap, "all-reduce after backward (GradSync overlap off)");
+  app.add_flag("--compare-observer", a.compare_observer,
+               "also advise with the RecordFunction observer on NCCL (comm.observe_nccl_ops)");
+  app.add_option("--suite", a.suite, "overhead, or full: also overlap, buckets, autotune, straggler")
+      ->check(CLI::IsMember({"overhead", "full"}))
+      ->capture_default_str();
+  app.add_option("--buckets", a.buckets, "bucket sizes (MiB) for the buckets part")
+      ->capture_default_str();
+  example_cli::add_int(app, "--autotune-start", a.autotune_start, 0, 1 << 20,
+                       "starting bucket size (MiB) of the autotune part")
+      ->capture_default_str();
+  example_cli::add_int(app, "--autotune-warmup", a.autotune_warmup, 10, 1000000,
+                       "autotune warm-up steps")
+      ->capture_default_str();
+  example_cli::add_int(app, "--straggler-rank", a.straggler_rank, 0, 1 << 20,
+                       "the planted straggler's rank")
+      ->capture_default_str();
+  app.add_option("--straggler-ms", a.straggler_ms, "its host work per step, ms")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
   app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
   app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
   app.add_option("--out", a.out, "JSON results file (rank 0)");
@@ -158,17 +454,22 @@ int main(int argc, char** argv) {
       trainer.synchronize();
       trainer.detach_pilot();
     }
-    std::vector<double> off_s, advise_s, ratios, comm, exposed, overlap;
+    std::vector<double> off_s, advise_s, ratios, comm, exposed, overlap, observer_ratios;
     json rounds = json::array();
     for (int k = 0; k < a.rounds; ++k) {
-      Run off, adv;
+      Run off, adv, obs;
+      RunOptions observed;
+      observed.observe_nccl_ops = true;
       if (k % 2 == 0) {
         off = run(trainer, a, false);
         adv = run(trainer, a, true);
+        if (a.compare_observer) obs = run(trainer, a, observed);
       } else {
+        if (a.compare_observer) obs = run(trainer, a, observed);
         adv = run(trainer, a, true);
         off = run(trainer, a, false);
       }
+      if (a.compare_observer) observer_ratios.push_back(obs.step_s / off.step_s);
       off_s.push_back(off.step_s);
       advise_s.push_back(adv.step_s);
       ratios.push_back(adv.step_s / off.step_s);
@@ -181,6 +482,8 @@ int main(int argc, char** argv) {
                         {"off_step_ms", 1e3 * off.step_s},
                         {"advise_step_ms", 1e3 * adv.step_s},
                         {"ratio", adv.step_s / off.step_s},
+                        {"observer_step_ms", a.compare_observer ? json(1e3 * obs.step_s) : json()},
+                        {"advise_cost", adv.cost},
                         {"comm_ms_per_step", adv.comm_ms},
                         {"exposed_ms_per_step", adv.exposed_ms},
                         {"overlap", adv.overlap}});
@@ -193,6 +496,8 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
+    json suite;
+    if (a.suite == "full") suite = full_suite(trainer, a, dist.rank);
     if (dist.rank == 0) {
       const double ratio = median(ratios);
       std::printf(
@@ -226,6 +531,13 @@ int main(int argc, char** argv) {
                   {"exposed_ms_per_step_median", median(exposed)},
                   {"overlap_median", overlap.empty() ? json() : json(median(overlap))},
                   {"rounds", rounds}};
+      if (!suite.is_null()) out["suite"] = suite;
+      if (a.compare_observer) {
+        out["observer_over_off"] = median(observer_ratios);
+        out["observer_ratio_min"] = *std::min_element(observer_ratios.begin(), observer_ratios.end());
+        out["observer_ratio_max"] = *std::max_element(observer_ratios.begin(), observer_ratios.end());
+        std::printf("with comm.observe_nccl_ops: observer_over_off %.4f\n", median(observer_ratios));
+      }
       if (!a.out.empty()) std::ofstream(a.out) << out.dump(1) << "\n";
     }
   } catch (const std::exception& e) {

@@ -2,8 +2,8 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default ./gpu-out).
-#   scripts/gpu_run.sh [all|build|test|gputest|capture|kineto|clocks|example|bench|gpt|overhead|planted|shortepochs|offload]...
-#   (default: all)
+#   scripts/gpu_run.sh [all|build|test|gputest|capture|kineto|clocks|example|bench|gpt|overhead|planted|shortepochs|collectives2|offload]...
+#   (default: all; collectives2 needs two GPUs)
 # gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs,
 # and the per-parameter AdamW beside the default fused one); overhead: bench/gpt_overhead
 # (torchpilot off vs advise vs a detailed window); planted: bench/planted_pairs (the advice on
@@ -65,6 +65,25 @@ fi
 if want collectives; then
   log "collectives: NCCL world size 1 (GPU test, verbose)"
   ./build-gpu/tests/torchpilot_collectives_gpu_tests 2>&1 | tee "$OUT/collectives-gpu.log" | tail -15
+fi
+
+if want collectives2 && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -lt 2 ]; then
+  log "collectives2: skipped (fewer than 2 GPUs)"
+elif want collectives2; then
+  # Two GPUs of one host (issue 12): the data-parallel GPT example on 2 NCCL ranks, bf16. The
+  # suite: off vs advise, overlap vs no overlap (always-on and window figures, the advisor's
+  # estimate against the measured gain), bucket sizes and bus bandwidth against NVLink, the bucket
+  # auto-tune, a planted straggler. COLL_ARGS overrides the model or rounds.
+  log "collectives2: $(nvidia-smi -L | wc -l) GPUs; topology:"
+  nvidia-smi topo -m 2>&1 | tee "$OUT/topology.txt" | head -8
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  ./build-gpu/bench/collectives --world-size 2 --suite full --compare-observer --d-model 1024 \
+    --layers 8 --heads 16 \
+    --seq 1024 --batch 16 --rounds 7 --steps 30 --warmup 5 --buckets 4 --buckets 16 \
+    --buckets 25 --buckets 64 --buckets 128 --autotune-start 4 --autotune-warmup 150 \
+    --straggler-ms 20 --machine "$MACHINE-x2" \
+    --commit "$COMMIT" ${COLL_ARGS:-} --out "$OUT/collectives-$MACHINE-x2.json" 2>&1 \
+    | tee "$OUT/collectives2.log" | grep -vE "^\s*$" | tail -40
 fi
 
 if want clocks; then

@@ -129,7 +129,7 @@ struct DataParallel::Impl {
 #endif
   std::unique_ptr<torchpilot::GradSync> sync;
   std::unique_ptr<torchpilot::Collectives> collectives;
-  const torchpilot::Pilot* pilot = nullptr;  // the one the collectives report to
+  torchpilot::Pilot* pilot = nullptr;  // the one the collectives report to
 };
 
 DataParallel::DataParallel(DistRank rank, const c10::Device& device,
@@ -176,7 +176,10 @@ void DataParallel::attach(torchpilot::Pilot& pilot) {
   Impl& m = *impl_;
   if (m.collectives && m.pilot == &pilot) return;
   m.collectives.reset();  // one Collectives at a time (its observer is global)
+  if (m.pilot != nullptr) m.pilot->knobs().remove_prefix("grad_sync.");
   m.pilot = &pilot;
+  // In autotune mode the bucket size is tuned with the other knobs, the same on every rank.
+  if (pilot.mode() == torchpilot::Mode::kAutotune) pilot.knobs().add(m.sync->knob());
 #if defined(USE_C10D_NCCL)
   if (m.nccl) {
     m.collectives = std::make_unique<torchpilot::Collectives>(pilot, m.nccl, m.store);
@@ -190,10 +193,13 @@ void DataParallel::attach(torchpilot::Pilot& pilot) {
 
 void DataParallel::detach() {
   impl_->collectives.reset();
+  if (impl_->pilot != nullptr) impl_->pilot->knobs().remove_prefix("grad_sync.");
   impl_->pilot = nullptr;
 }
 
 void DataParallel::synchronize() { impl_->sync->synchronize(); }
+void DataParallel::set_overlap(bool overlap) { impl_->sync->set_overlap(overlap); }
+void DataParallel::set_bucket_mb(double mb) { impl_->sync->set_bucket_mb(mb); }
 
 std::string DataParallel::backend() const {
 #if defined(USE_C10D_GLOO)
@@ -215,6 +221,8 @@ DataParallel::~DataParallel() = default;
 void DataParallel::attach(torchpilot::Pilot&) {}
 void DataParallel::detach() {}
 void DataParallel::synchronize() {}
+void DataParallel::set_overlap(bool) {}
+void DataParallel::set_bucket_mb(double) {}
 std::string DataParallel::backend() const { return "none"; }
 
 #endif

@@ -62,6 +62,11 @@ class DataParallel {
   void detach();
   // Averages the gradients: after backward, before the optimizer step.
   void synchronize();
+  // GradSync's settings, from the next backward on (every rank must change them alike). In
+  // autotune mode attach() also adds GradSync's bucket knob (grad_sync.bucket_mb) to the Pilot's
+  // registry; detach() removes it.
+  void set_overlap(bool overlap);
+  void set_bucket_mb(double mb);
   std::string backend() const;  // "gloo" or "nccl"
 
  private:

@@ -371,6 +371,18 @@ void Trainer::detach_pilot() {
   if (impl_->dist) impl_->dist->detach();
 }
 
+void Trainer::set_grad_sync(bool overlap, double bucket_mb) {
+  Impl& m = *impl_;
+  m.options.grad_overlap = overlap;
+  m.options.bucket_mb = bucket_mb;
+  if (m.dist) {
+    m.dist->set_overlap(overlap);
+    m.dist->set_bucket_mb(bucket_mb);
+  }
+}
+
+void Trainer::set_host_ms(double ms) { impl_->options.host_ms = ms; }
+
 void Trainer::synchronize() {
   if (impl_->device.is_cuda()) torch::cuda::synchronize(impl_->device.index());
 }

@@ -97,6 +97,10 @@ class Trainer {
   // With data parallelism, the collectives are observed for the Pilot train() was last given:
   // call this before that Pilot goes when another one follows (benchmarks).
   void detach_pilot();
+  // Data parallelism's gradient sync (from the next step; every rank alike) and the planted host
+  // work per step (ms; 0: none). Benchmarks switch them between runs.
+  void set_grad_sync(bool overlap, double bucket_mb);
+  void set_host_ms(double ms);
 
   const TrainOptions& options() const;
   GptShape shape() const;

@@ -21,6 +21,7 @@ class DlopenNvml final : public NvmlApi {
     resolve(handle, by_pci_, "nvmlDeviceGetHandleByPciBusId_v2");
     resolve(handle, utilization_, "nvmlDeviceGetUtilizationRates");
     resolve(handle, error_string_, "nvmlErrorString");
+    resolve(handle, nvlink_state_, "nvmlDeviceGetNvLinkState");
   }
 
   NvmlReturn init() override { return call(init_); }
@@ -33,6 +34,9 @@ class DlopenNvml final : public NvmlApi {
   }
   NvmlReturn device_get_utilization_rates(NvmlDevice d, NvmlUtilization* u) override {
     return call(utilization_, d, u);
+  }
+  NvmlReturn device_get_nvlink_state(NvmlDevice d, unsigned link, int* active) override {
+    return call(nvlink_state_, d, link, active);
   }
   std::string error_string(NvmlReturn r) override {
     const char* s = error_string_ != nullptr ? error_string_(r) : nullptr;
@@ -57,6 +61,7 @@ class DlopenNvml final : public NvmlApi {
   NvmlReturn (*by_index_)(unsigned, NvmlDevice*) = nullptr;
   NvmlReturn (*by_pci_)(const char*, NvmlDevice*) = nullptr;
   NvmlReturn (*utilization_)(NvmlDevice, NvmlUtilization*) = nullptr;
+  NvmlReturn (*nvlink_state_)(NvmlDevice, unsigned, int*) = nullptr;
   const char* (*error_string_)(NvmlReturn) = nullptr;
 };
 
@@ -72,6 +77,32 @@ std::unique_ptr<NvmlApi> load_nvml(std::string* error) {
     return nullptr;
   }
   return std::make_unique<DlopenNvml>(handle);
+}
+
+NvlinkPeak nvlink_peak(NvmlApi& api, NvmlDevice device, int compute_major) {
+  constexpr unsigned kMaxLinks = 18;  // NVML_NVLINK_MAX_LINKS
+  NvlinkPeak p;
+  for (unsigned link = 0; link < kMaxLinks; ++link) {
+    int active = 0;
+    if (api.device_get_nvlink_state(device, link, &active) != kNvmlSuccess) continue;
+    if (active == 1) ++p.links;
+  }
+  const double per_link = compute_major >= 10 ? 50e9 : compute_major == 6 ? 20e9 : 25e9;
+  p.bytes_per_s = p.links * per_link;
+  return p;
+}
+
+NvlinkPeak nvlink_peak_of(int cuda_index, const std::string& pci_bus_id, int compute_major,
+                          std::string* error) {
+  std::unique_ptr<NvmlApi> api = load_nvml(error);
+  if (!api) return {};
+  NvmlSampler opener(*api);  // nvmlInit and the handle; shut down when it goes
+  const std::string why = opener.open(cuda_index, pci_bus_id);
+  if (!why.empty()) {
+    if (error != nullptr) *error = why;
+    return {};
+  }
+  return nvlink_peak(*api, opener.device(), compute_major);
 }
 
 std::string NvmlSampler::open(int cuda_index, const std::string& pci_bus_id) {

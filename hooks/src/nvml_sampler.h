@@ -42,7 +42,27 @@ class NvmlApi {
                                                      NvmlDevice* device) = 0;  // _v2
   virtual NvmlReturn device_get_utilization_rates(NvmlDevice device, NvmlUtilization* u) = 0;
   virtual std::string error_string(NvmlReturn r) = 0;
+  // nvmlDeviceGetNvLinkState: *active 1 when the link is up. Not found by default (fakes).
+  virtual NvmlReturn device_get_nvlink_state(NvmlDevice /*device*/, unsigned /*link*/,
+                                             int* /*active*/) {
+    return kNvmlFunctionNotFound;
+  }
+  static constexpr NvmlReturn kNvmlFunctionNotFound = 13;  // NVML_ERROR_FUNCTION_NOT_FOUND
 };
+
+// The NVLink bandwidth of one GPU, per direction: its active links x the per-link rate of its
+// generation (25 GB/s per direction for NVLink 2 to 4, i.e. Volta to Hopper; 50 for NVLink 5,
+// Blackwell, compute capability 10 and up). The reference for an all-reduce's bus bandwidth
+// (nccl-tests compare busbw with it). links 0: no NVLink seen (PCIe only, or NVML cannot tell).
+struct NvlinkPeak {
+  int links = 0;
+  double bytes_per_s = 0;
+};
+NvlinkPeak nvlink_peak(NvmlApi& api, NvmlDevice device, int compute_major);
+// The same for a CUDA device found by PCI bus id (else index), through libnvidia-ml; `error` says
+// why not (no NVML, no device).
+NvlinkPeak nvlink_peak_of(int cuda_index, const std::string& pci_bus_id, int compute_major,
+                          std::string* error);
 
 // dlopen("libnvidia-ml.so.1"); null with `error` set when it is missing.
 std::unique_ptr<NvmlApi> load_nvml(std::string* error);
@@ -68,6 +88,7 @@ class NvmlSampler {
   void stop();
   // Why sampling stopped on its own (repeated read failures); empty while it works.
   std::string reason() const;
+  NvmlDevice device() const { return device_; }  // after open()
 
  private:
   bool read(UtilSample* out, NvmlReturn* error);

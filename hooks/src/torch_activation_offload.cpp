@@ -1,5 +1,5 @@
 // Activation offloading through autograd's default saved-tensor hooks (activation_offload.h;
-// docs/memory.md, "Activation offloading").
+// docs/offload.md).
 //
 // The engine: LibTorch's SavedVariable asks Engine::get_default_engine() for default hooks each
 // time a tensor is saved for backward (1.13 and 2.x alike). OffloadEngine is LibTorch's Engine

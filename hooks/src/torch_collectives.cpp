@@ -10,7 +10,13 @@
 #include <utility>
 #include <vector>
 
+#include "comm_observer.h"
+#include "nvml_sampler.h"
 #include "torchpilot/hooks/collectives.h"
+
+#if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #if TORCHPILOT_HAVE_C10D
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -110,9 +116,16 @@ void on_end(const at::RecordFunction&, at::ObserverContext* ctx) {
   if (s->monitor) s->monitor->collective_end(s->seq);
 }
 
-void install_observer(std::shared_ptr<CommMonitor> monitor) {
+// The monitor hooks report to (GradSync), and with `callback` the RecordFunction observer of
+// every collective: a global callback makes LibTorch build a RecordFunction for every op, which
+// costs about 1% of a GPT trainer's step (bench/results/collectives-*.json).
+void install_observer(std::shared_ptr<CommMonitor> monitor, bool callback) {
   std::lock_guard<std::mutex> lock(g_install_mu);
   std::atomic_store(&g_monitor, std::move(monitor));
+  if (!callback) {
+    if (g_installed.exchange(false)) at::removeCallback(g_handle);
+    return;
+  }
   if (g_installed.exchange(true)) return;
   // USER_SCOPE only: the backends' profiling titles. Inputs are boxed for these scopes alone.
   g_handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
@@ -145,7 +158,42 @@ class C10dStore final : public KeyValueStore {
 
 std::string what_of(const std::exception& e) { return e.what(); }
 
+// The NVLink peak of this rank's GPU (LOCAL_RANK, else the current device) as the comm section's
+// link, said once either way.
+void detect_link(CommMonitor& monitor, Pilot& pilot, const std::string& who, int local_rank) {
+#if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
+  int device = local_rank;
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) device = 0;
+  char bus[32] = {0};
+  if (cudaDeviceGetPCIBusId(bus, sizeof bus, device) != cudaSuccess) bus[0] = '\0';
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    major = 0;
+  }
+  std::string error;
+  const detail::NvlinkPeak p = detail::nvlink_peak_of(device, bus, major, &error);
+  if (p.links > 0) {
+    const std::string name = "NVLink, " + std::to_string(p.links) + " links";
+    monitor.set_link(name, p.bytes_per_s);
+    pilot.log(LogLevel::kInfo, who + "link " + name + ", " +
+                                   std::to_string(static_cast<int>(p.bytes_per_s / 1e9)) +
+                                   " GB/s per direction (the bus-bandwidth reference)");
+    return;
+  }
+  pilot.log(LogLevel::kInfo,
+            who + "no NVLink seen on GPU " + std::to_string(device) +
+                (error.empty() ? std::string() : " (" + error + ")") +
+                ": bus bandwidth is not compared with a link's peak (comm.link_peak_gbps sets one)");
+#else
+  (void)monitor, (void)pilot, (void)who, (void)local_rank;
+#endif
+}
+
 }  // namespace
+
+namespace detail {
+std::shared_ptr<CommMonitor> observing_comm_monitor() { return std::atomic_load(&g_monitor); }
+}  // namespace detail
 
 std::shared_ptr<KeyValueStore> adapt_store(c10::intrusive_ptr<c10d::Store> store) {
   return store ? std::make_shared<C10dStore>(std::move(store)) : nullptr;
@@ -165,14 +213,24 @@ Collectives::Collectives(Pilot& pilot, GroupInfo group, c10::intrusive_ptr<c10d:
   monitor_->set_group(group.backend, rank_, world_size_);
   if (config.comm.link_peak_gbps > 0) {
     monitor_->set_link("configured link", config.comm.link_peak_gbps * 1e9);
+  } else if (group.backend == "nccl" && world_size_ > 1) {
+    detect_link(*monitor_, pilot, who, env.local_rank);
   }
   pilot.add_collector(monitor_);
-  install_observer(monitor_);
+  // NCCL scopes cover only the launch: the observer would count them and pay a RecordFunction
+  // for every op of the trainer. GradSync counts and times its own all-reduces instead.
+  const bool callback = group.backend != "nccl" || config.comm.observe_nccl_ops;
+  monitor_->set_hooks_count(!callback);
+  install_observer(monitor_, callback);
   observing_ = true;
   if (group.backend == "nccl") {
-    pilot.log(LogLevel::kInfo, who +
-                                   "NCCL collectives are counted from their launches; their time "
-                                   "and overlap come from the kernels in trace windows");
+    pilot.log(LogLevel::kInfo,
+              who + (callback ? "NCCL collectives are counted from their launches (a "
+                                "RecordFunction observer, comm.observe_nccl_ops); "
+                              : "torchpilot::GradSync's all-reduces are counted; other NCCL "
+                                "collectives are seen in trace windows (comm.observe_nccl_ops "
+                                "counts them all, at about 1% of step time); ") +
+                  "GradSync's are timed on the GPU (CUDA events)");
   }
 
   if (world_size_ < 2) {
@@ -204,7 +262,13 @@ Collectives::Collectives(Pilot& pilot, GroupInfo group, c10::intrusive_ptr<c10d:
     return;
   }
   const auto timeout = static_cast<Nanos>(config.comm.exchange_timeout_ms * 1e6);
-  exchange_ = std::make_shared<RankExchange>(adapt_store(store), rank_, world_size_, timeout);
+  // Keys of this Collectives' exchanges: a later one (a new Pilot on the same store) must not
+  // read the epochs and trials an earlier one posted. Every rank creates its Collectives in the
+  // same order, so the count is the same on every rank.
+  static std::atomic<int> generation{0};
+  const std::string prefix = "torchpilot/" + std::to_string(generation++) + "/";
+  exchange_ =
+      std::make_shared<RankExchange>(adapt_store(store), rank_, world_size_, timeout, prefix);
   ranks_ = std::make_shared<RankCollector>(exchange_, config.advisors.straggler_rank.threshold);
   pilot.add_collector(ranks_);
   Pilot* p = &pilot;

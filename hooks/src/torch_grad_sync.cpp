@@ -7,10 +7,39 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <deque>
 #include <exception>
+#include <stdexcept>
 #include <utility>
 
+#include <torch/version.h>
+
+#include "comm_observer.h"
+
+// GPU timing of the syncs: CUDA builds of LibTorch 2.x (Work::getDuration).
+#if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA && TORCH_VERSION_MAJOR >= 2
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#define TORCHPILOT_GRAD_SYNC_GPU_TIMING 1
+#else
+#define TORCHPILOT_GRAD_SYNC_GPU_TIMING 0
+#endif
+
 namespace torchpilot {
+
+#if TORCHPILOT_GRAD_SYNC_GPU_TIMING
+namespace {
+// A Work's GPU duration in ms where c10d has Work::getDuration (throws without timing enabled).
+template <typename W>
+auto work_duration_ms(const W& w, int) -> decltype(static_cast<double>(w.getDuration())) {
+  return static_cast<double>(w.getDuration());
+}
+template <typename W>
+double work_duration_ms(const W&, long) {
+  throw std::runtime_error("c10d::Work has no getDuration in this LibTorch");
+}
+}  // namespace
+#endif
 
 struct GradSync::State {
   struct Bucket {
@@ -35,6 +64,47 @@ struct GradSync::State {
   std::vector<size_t> bucket_of;  // by parameter
   size_t next_issue = 0;
   std::string failure;  // an all-reduce that could not be issued
+
+#if TORCHPILOT_GRAD_SYNC_GPU_TIMING
+  // One synchronize() on the GPU: `begin` recorded on the compute stream when it starts (backward
+  // queued), `end` after the stream was made to wait for the all-reduces. end - begin is the
+  // compute stream's wait for communication after backward (exposed); each Work's own duration
+  // (NCCL's start and end events) is its GPU time. Resolved in later calls, once `end` completed:
+  // never waited for.
+  struct Timed {
+    at::cuda::CUDAEvent begin{cudaEventDefault};
+    at::cuda::CUDAEvent end{cudaEventDefault};
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    int64_t bytes = 0;
+  };
+  std::deque<std::unique_ptr<Timed>> timed;
+  static constexpr size_t kMaxTimed = 16;  // unresolved beyond this: the oldest is dropped
+  bool timing_failed = false;              // a Work without durations: timing stays off
+
+  // Reports the completed syncs, oldest first, to `monitor`.
+  void resolve(CommMonitor* monitor) {
+    while (!timed.empty()) {
+      Timed& t = *timed.front();
+      if (!t.end.query()) break;
+      Nanos busy = 0;
+      for (const auto& w : t.works) {
+        busy += static_cast<Nanos>(work_duration_ms(*w, 0) * 1e6);
+      }
+      const auto exposed = static_cast<Nanos>(static_cast<double>(t.begin.elapsed_time(t.end)) * 1e6);
+      if (monitor != nullptr) {
+        CommMonitor::GpuTiming g;
+        g.op = CommOp::kAllReduce;
+        g.collectives = static_cast<int64_t>(t.works.size());
+        g.bytes = t.bytes;
+        g.busy_ns = busy;
+        g.exposed_ns = exposed;
+        monitor->add_gpu_timing(g);
+      }
+      timed.pop_front();
+    }
+    while (timed.size() > kMaxTimed) timed.pop_front();
+  }
+#endif
 
   void build() {
     buckets.clear();
@@ -90,6 +160,12 @@ struct GradSync::State {
     }
     std::vector<at::Tensor> t{b.buffer};
     b.issued = true;
+    // Counted here when no observer sees the backend's collectives (NCCL by default).
+    if (auto monitor = detail::observing_comm_monitor(); monitor && monitor->hooks_count()) {
+      monitor->collective_counted(CommOp::kAllReduce, "grad_sync:all_reduce",
+                                  b.numel * static_cast<int64_t>(b.buffer.element_size()),
+                                  std::string(c10::toString(b.buffer.scalar_type())));
+    }
     try {
       b.work = all_reduce(t);
     } catch (const std::exception& e) {
@@ -171,6 +247,25 @@ GradSync::~GradSync() {
 void GradSync::synchronize() {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mu);
+#if TORCHPILOT_GRAD_SYNC_GPU_TIMING
+  // Timed only while a Collectives observes, on CUDA, and while the Works have durations.
+  std::shared_ptr<CommMonitor> monitor;
+  std::unique_ptr<State::Timed> timed;
+  if (!s.timing_failed && !s.params.empty() && s.params.front().is_cuda()) {
+    monitor = detail::observing_comm_monitor();
+    if (monitor) {
+      try {
+        s.resolve(monitor.get());
+        timed = std::make_unique<State::Timed>();
+        timed->begin.record(at::cuda::getCurrentCUDAStream(s.params.front().device().index()));
+      } catch (...) {  // no durations (timing not enabled on the group) or no events: off
+        s.timing_failed = true;
+        s.timed.clear();
+        timed.reset();
+      }
+    }
+  }
+#endif
   // Whatever backward did not reach (overlap off, unused parameters), in order.
   while (s.next_issue < s.buckets.size()) s.issue(s.buckets[s.next_issue++]);
   std::string failure = s.failure;
@@ -188,6 +283,24 @@ void GradSync::synchronize() {
     s.reset();
     TORCH_CHECK(false, "torchpilot::GradSync: the gradient all-reduce failed: ", failure);
   }
+#if TORCHPILOT_GRAD_SYNC_GPU_TIMING
+  if (timed) {
+    try {
+      // The waits above made the compute stream wait for the all-reduces: this event completes
+      // when they have.
+      timed->end.record(at::cuda::getCurrentCUDAStream(s.params.front().device().index()));
+      for (State::Bucket& b : s.buckets) {
+        if (!b.work) continue;
+        timed->works.push_back(b.work);
+        timed->bytes += b.numel * static_cast<int64_t>(b.buffer.element_size());
+      }
+      s.timed.push_back(std::move(timed));
+    } catch (...) {
+      s.timing_failed = true;
+      s.timed.clear();
+    }
+  }
+#endif
   at::NoGradGuard no_grad;
   for (State::Bucket& b : s.buckets) {
     if (s.average && s.world_size > 1) b.buffer.div_(s.world_size);

@@ -196,6 +196,25 @@ void CommMonitor::collective_counted(CommOp op, std::string_view name, int64_t b
   }
 }
 
+void CommMonitor::add_gpu_timing(const GpuTiming& t) {
+  try {
+    std::lock_guard<std::mutex> lock(mu_);
+    epoch_.gpu_timed += 1;
+    epoch_.gpu.collectives += t.collectives;
+    epoch_.gpu.bytes += t.bytes;
+    epoch_.gpu.busy_ns += std::max<Nanos>(0, t.busy_ns);
+    // One stream runs the group's collectives in order: their union is their sum.
+    epoch_.gpu.comm_ns += std::max<Nanos>(0, t.busy_ns);
+    epoch_.gpu.exposed_ns += std::clamp<Nanos>(t.exposed_ns, 0, std::max<Nanos>(0, t.busy_ns));
+    CommOpStats& o = epoch_.gpu_ops[t.op];
+    o.op = t.op;
+    o.count += t.collectives;
+    o.bytes += t.bytes;
+    o.busy_ns += std::max<Nanos>(0, t.busy_ns);
+  } catch (...) {
+  }
+}
+
 std::vector<CollectiveRecord> CommMonitor::outstanding() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<CollectiveRecord> out;
@@ -278,6 +297,29 @@ void CommMonitor::on_epoch_end(EpochSummary& summary) {
   c.stats = acc.stats;
   epoch_steps_ = 0;
   epoch_wall_ns_ = 0;
+  if (acc.stats.comm_ns == 0 && acc.gpu_timed > 0 && acc.gpu.busy_ns > 0) {
+    // Launch-counted collectives (NCCL): time from the GPU-timed syncs, per timed sync, for each
+    // of the epoch's steps (the timed ones lag their host steps by a step or two).
+    c.gpu_timed_syncs = acc.gpu_timed;
+    const double per_step = static_cast<double>(c.steps) / static_cast<double>(acc.gpu_timed);
+    auto scaled = [per_step](Nanos ns) {
+      return static_cast<Nanos>(static_cast<double>(ns) * per_step);
+    };
+    c.stats.comm_ns = scaled(acc.gpu.comm_ns);
+    c.stats.exposed_ns = scaled(acc.gpu.exposed_ns);
+    c.stats.busy_ns = scaled(acc.gpu.busy_ns);
+    c.method =
+        "GPU time: CUDA events around each gradient sync (the compute stream's wait after "
+        "backward) and NCCL's own collective timing";
+    // Each op's rate from its timed collectives, kept for the bytes counted at launch.
+    for (auto& [op, o] : acc.ops) {
+      const auto it = acc.gpu_ops.find(op);
+      if (it == acc.gpu_ops.end() || it->second.bytes <= 0) continue;
+      o.busy_ns = static_cast<Nanos>(static_cast<double>(o.bytes) *
+                                     static_cast<double>(it->second.busy_ns) /
+                                     static_cast<double>(it->second.bytes));
+    }
+  }
   std::vector<CommOpStats> ops;
   for (const auto& [op, o] : acc.ops) ops.push_back(o);
   set_op_bandwidths(c, std::move(ops));

@@ -169,6 +169,7 @@ std::string section_json(const CommEpochStats& c) {
                    {"link_peak", number(c.link_peak)},
                    {"link", c.link},
                    {"outstanding", c.outstanding},
+                   {"gpu_timed_syncs", c.gpu_timed_syncs},
                    {"ops", ops}});
 }
 
@@ -192,6 +193,9 @@ void section_text(const CommEpochStats& c, const EpochSummary& epoch,
                      fmt_rate(c.busbw);
   if (measured(c.link_peak) && c.link_peak > 0) {
     line += " of " + fmt_rate(c.link_peak) + " (" + c.link + ")";
+  }
+  if (c.gpu_timed_syncs > 0) {
+    line += "; GPU time of " + std::to_string(c.gpu_timed_syncs) + " gradient syncs";
   }
   lines.push_back(line);
   std::string ops = "  collectives:";

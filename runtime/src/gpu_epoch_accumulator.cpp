@@ -37,6 +37,8 @@ void GpuEpochAccumulator::add(const GpuStats& g) {
   traced.h2d_bytes += g.h2d_bytes;
   traced.h2d_pageable_bytes += g.h2d_pageable_bytes;
   traced.h2d_pageable_ns += g.h2d_pageable_ns;
+  traced.comm_ns += g.comm_ns;
+  traced.exposed_comm_ns += g.exposed_comm_ns;
   traced.idle_data_wait_ns += g.idle_data_wait_ns;
   traced.idle_host_sync_ns += g.idle_host_sync_ns;
   traced.idle_pageable_copy_ns += g.idle_pageable_copy_ns;

@@ -33,6 +33,8 @@ json gpu_stats_json(const GpuStats& g) {
           {"h2d_bytes", g.h2d_bytes},
           {"h2d_pageable_bytes", g.h2d_pageable_bytes},
           {"h2d_pageable_ms", ms(g.h2d_pageable_ns)},
+          {"comm_ms", ms(g.comm_ns)},
+          {"exposed_comm_ms", ms(g.exposed_comm_ns)},
           {"idle_ms",
            {{"data_wait", ms(g.idle_data_wait_ns)},
             {"host_sync", ms(g.idle_host_sync_ns)},
@@ -164,7 +166,11 @@ void section_text(const GpuEpochStats& gpu, const EpochSummary& s,
         " kernels/step; host sync " + fmt_pct(g.host_sync_ns / t) + " (" +
         fmt_num(g.host_syncs / steps) + "/step); H2D " + fmt_num(g.h2d_bytes / steps / 1e6) +
         " MB/step (" + fmt_pct(fraction(g.h2d_pageable_bytes, std::max<int64_t>(1, g.h2d_bytes))) +
-        " pageable); GPU idle: data wait " + fmt_pct(g.idle_data_wait_ns / t) + ", host sync " +
+ " pageable); " +
+        (g.comm_ns > 0 ? "communication " + fmt_num(g.comm_ns / steps / 1e6) + " ms/step (" +
+                             fmt_num(g.exposed_comm_ns / steps / 1e6) + " exposed); "
+                       : std::string()) +
+        "GPU idle: data wait " + fmt_pct(g.idle_data_wait_ns / t) + ", host sync " +
         fmt_pct(g.idle_host_sync_ns / t) + ", pageable copies " +
         fmt_pct(g.idle_pageable_copy_ns / t) + ", launch gaps " +
         fmt_pct(g.idle_launch_gap_ns / t) + ", other " + fmt_pct(g.idle_other_ns / t) +

@@ -325,6 +325,8 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
   const GpuWindowMetrics m = gpu_window_metrics(kernels, span, std::max(1, sm_count));
   g.gpu_utilization = m.gpu_utilization;
   g.estimated_sm_efficiency = m.estimated_sm_efficiency;
+  g.comm_ns = m.comm_ns;
+  g.exposed_comm_ns = m.exposed_comm_ns;
 
   for (const CopyRecord& c : events.copies) {
     if (c.memset || c.kind != CopyKind::kHostToDevice) continue;

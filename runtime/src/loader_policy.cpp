@@ -14,6 +14,7 @@ constexpr const char* kWorkers = "loader.workers";
 constexpr const char* kPrefetch = "loader.prefetch";
 constexpr const char* kPin = "loader.pin_memory";
 constexpr const char* kDevicePrefetch = "loader.device_prefetch";
+constexpr const char* kBucket = "grad_sync.bucket_mb";  // torchpilot::GradSync::knob()
 
 // Stages in order; each proposes settings that differ from the incumbent in one knob:
 //   sweep    workers 1, 2, 4, ... up to the maximum, on through a trial that merely fails to win
@@ -24,7 +25,9 @@ constexpr const char* kDevicePrefetch = "loader.device_prefetch";
 //            workers could not keep up (they do the pinning) is tried once more with the workers
 //            its measured consumer rate and worker capacity call for;
 //   prefetch deeper depths, on through a depth that did not win, ending at a clear decline;
-//   bisect   worker counts between the best and its nearest tried neighbours, above first.
+//   bisect   worker counts between the best and its nearest tried neighbours, above first;
+//   bucket   the gradient all-reduce's bucket size (data parallel): the next larger choices, on
+//            through one that did not win, ending at a clear decline; then the smaller ones.
 // If the best changed during pin..bisect, those stages run again from the new best (at most three
 // passes): the knobs interact, e.g. pinning pays off only once there are enough workers.
 class LoaderPolicy final : public TuningPolicy {
@@ -73,6 +76,9 @@ class LoaderPolicy final : public TuningPolicy {
         case kStageBisect:
           next = propose_bisect(trials, incumbent, knobs, tried, with);
           break;
+        case kStageBucket:
+          next = propose_bucket(trials, incumbent, knobs, with);
+          break;
         default:
           break;
       }
@@ -97,7 +103,15 @@ class LoaderPolicy final : public TuningPolicy {
   }
 
  private:
-  enum Stage { kStageSweep, kStagePin, kStageDevicePrefetch, kStagePrefetch, kStageBisect, kDone };
+  enum Stage {
+    kStageSweep,
+    kStagePin,
+    kStageDevicePrefetch,
+    kStagePrefetch,
+    kStageBisect,
+    kStageBucket,
+    kDone
+  };
 
   int64_t max_workers(const Knob& k) const {
     int64_t max = k.domain.empty() ? 0 : k.domain.back();
@@ -147,6 +161,36 @@ class LoaderPolicy final : public TuningPolicy {
       if (candidate == best || candidate > max_workers(*k)) continue;
       Setting s = with(kWorkers, candidate);
       if (!tried(s)) return s;
+    }
+    return std::nullopt;
+  }
+
+  // Bucket sizes walk away from the best one choice at a time, up first (fewer, larger messages
+  // reach more of the link), on through a size that merely did not win, ending at a decline or a
+  // failure; then down. Every rank tries the same sizes at the same steps (the trial agreement):
+  // a bucket layout must match across ranks.
+  template <typename With>
+  std::optional<Setting> propose_bucket(const std::vector<TrialResult>& trials, size_t incumbent,
+                                        const KnobRegistry& knobs, With with) {
+    const Knob* k = knobs.find(kBucket);
+    if (k == nullptr || k->domain.size() < 2) return std::nullopt;
+    const Setting& best = trials[incumbent].setting;
+    const int64_t current = best.count(kBucket) ? best.at(kBucket) : k->get();
+    const auto& d = k->domain;
+    const auto at = std::lower_bound(d.begin(), d.end(), current);
+    const auto pos = static_cast<int64_t>(at - d.begin());
+    for (int64_t dir : {int64_t{1}, int64_t{-1}}) {
+      // Upwards from the first choice above the best; downwards from the first below it.
+      int64_t j = dir > 0 ? (at != d.end() && *at == current ? pos + 1 : pos) : pos - 1;
+      for (; j >= 0 && j < static_cast<int64_t>(d.size()); j += dir) {
+        const int64_t value = d[static_cast<size_t>(j)];
+        if (failed_values_.count({kBucket, value})) break;
+        const Setting s = with(kBucket, value);
+        const auto t = std::find_if(trials.begin(), trials.end(),
+                                    [&](const TrialResult& r) { return r.setting == s; });
+        if (t == trials.end()) return s;
+        if (declined(*t, trials[incumbent])) break;
+      }
     }
     return std::nullopt;
   }

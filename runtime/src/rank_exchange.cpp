@@ -183,6 +183,14 @@ RankSummary summarize_rank(const EpochSummary& summary, int rank) {
     r.comm_ns = static_cast<double>(c->stats.comm_ns) / steps;
     r.exposed_ns = static_cast<double>(c->stats.exposed_ns) / steps;
   }
+  if (const auto* g = summary.sections.get<GpuEpochStats>()) {
+    // A trainer that does not wait for the GPU each step: its host steps say how fast the host
+    // queues work, not how long the rank's step takes (ranks run ahead by different amounts).
+    // The steps' GPU spans do, when most steps have one.
+    if (g->steps > 0 && 2 * g->gpu_timed_steps >= g->steps && g->stats.wall_ns > 0) {
+      r.step_ns = static_cast<double>(g->stats.wall_ns) / static_cast<double>(g->steps);
+    }
+  }
   r.compute_ns = std::max(0.0, r.step_ns - r.data_wait_ns - r.exposed_ns);
   if (const auto* g = summary.sections.get<GpuEpochStats>()) {
     r.gpu_utilization = measured(g->stats.gpu_utilization) ? g->stats.gpu_utilization

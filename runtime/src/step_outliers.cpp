@@ -145,6 +145,14 @@ OutlierStats StallTracker::summarize(const EpochSummary& e,
   o.period = period_;
   Step periodic;  // sums over the outliers analysed (the periodic ones, else the non-edge ones)
   int64_t analysed = 0;
+  // Outliers at the period next to one another (a stall and the slow step after it, while the
+  // GPU's queue refills) are one stall: counted once, their excess together.
+  auto one_stall = [](int64_t& last, int64_t step) {
+    const bool next = last >= 0 && step - last <= 2;
+    last = step;
+    return next;
+  };
+  int64_t last = -1;
   for (const Step& s : outliers_) {
     const Nanos excess = std::max<Nanos>(0, s.step_ns - s.own_ns - median_ns_);
     o.time_ns += s.step_ns;
@@ -153,7 +161,7 @@ OutlierStats StallTracker::summarize(const EpochSummary& e,
     if (o.steps.size() < OutlierStats::kListed) o.steps.push_back(s.step);
     const bool is_periodic = at_period(s.step) && s.step_in_epoch >= kEdgeSteps;
     if (is_periodic) {
-      ++o.periodic_count;
+      if (!one_stall(last, s.step)) ++o.periodic_count;
       o.periodic_excess_ns += excess;
     }
   }
@@ -175,9 +183,10 @@ OutlierStats StallTracker::summarize(const EpochSummary& e,
                      spans.end());
     o.gpu_median_ns = spans[spans.size() / 2];
     Nanos gpu_excess = 0;
+    last = -1;
     for (const Step& s : outliers_) {
       if (!at_period(s.step) || s.step_in_epoch < kEdgeSteps || s.gpu_ns < 0) continue;
-      ++o.gpu_timed;
+      if (!one_stall(last, s.step)) ++o.gpu_timed;
       gpu_excess += std::max<Nanos>(0, s.gpu_ns - o.gpu_median_ns);
     }
     if (o.gpu_timed > 0) {
@@ -239,11 +248,12 @@ OutlierStats StallTracker::summarize(const EpochSummary& e,
     const double baseline =
         probed_steps_ > 0 ? static_cast<double>(probed_sync_ns_) / probed_steps_ : 0.0;
     double sync = 0, excess = 0, syncs = 0, bytes = 0;
+    last = -1;
     for (const Step& s : outliers_) {
       const bool take = period_ > 0 ? at_period(s.step) && s.step_in_epoch >= kEdgeSteps
                                     : s.step_in_epoch >= kEdgeSteps;
       if (!take || s.sync_ns < 0) continue;
-      ++o.probed;
+      if (!one_stall(last, s.step)) ++o.probed;
       sync += static_cast<double>(s.sync_ns) - baseline;
       excess += static_cast<double>(std::max<Nanos>(0, s.step_ns - s.own_ns - median_ns_));
       syncs += s.syncs;

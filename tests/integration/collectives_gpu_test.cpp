@@ -33,6 +33,7 @@ TEST(CollectivesGpu, NcclKernelsAreSeenAndTheirOverlapComputed) {
   model->to(torch::kCUDA);
   int64_t param_bytes = 0;
   for (const auto& p : model->parameters()) param_bytes += p.numel() * p.element_size();
+  pg->enableCollectivesTiming();  // what GradSync's group constructor does: NCCL's own timing
   GradSyncOptions options;
   options.bucket_mb = 8;
   GradSync sync(
@@ -60,6 +61,15 @@ TEST(CollectivesGpu, NcclKernelsAreSeenAndTheirOverlapComputed) {
   ASSERT_NE(comm, nullptr);
   EXPECT_EQ(comm->backend, "nccl");
   EXPECT_EQ(comm->stats.bytes, steps * param_bytes);  // counted from the nccl: scopes
+  // The always-on GPU time of the syncs (CUDA events, resolved a step or two late).
+  std::printf("always-on: %lld GPU-timed syncs, comm %.3f ms/step, exposed %.3f ms/step (%s)\n",
+              static_cast<long long>(comm->gpu_timed_syncs), comm->stats.comm_ns / 1e6 / steps,
+              comm->stats.exposed_ns / 1e6 / steps, comm->method.c_str());
+  EXPECT_GE(comm->gpu_timed_syncs, steps - 3);
+  EXPECT_GT(comm->stats.comm_ns, 0);
+  EXPECT_LE(comm->stats.exposed_ns, comm->stats.comm_ns);
+  ASSERT_FALSE(comm->ops.empty());
+  EXPECT_GT(comm->ops.front().algbw, 0) << "algorithm bandwidth from the timed all-reduces";
   const GpuEpochStats* gpu = e.sections.get<GpuEpochStats>();
   ASSERT_NE(gpu, nullptr);
   const auto cls = static_cast<size_t>(KernelClass::kCommunication);

@@ -16,6 +16,7 @@
 #include "torchpilot/advisors/advisors.h"
 #include "torchpilot/runtime/comm_monitor.h"
 #include "torchpilot/runtime/comm_records.h"
+#include "torchpilot/runtime/gpu_records.h"
 #include "torchpilot/runtime/loader_policy.h"
 #include "torchpilot/runtime/rank_exchange.h"
 #include "torchpilot/runtime/trial_engine.h"
@@ -164,6 +165,66 @@ TEST(CommMonitor, CountedCollectivesHaveBytesButNoTime) {
   EXPECT_EQ(monitor.started(), 1);
 }
 
+TEST(CommMonitor, GpuTimedSyncsGiveLaunchCountedCollectivesTheirTimeAndExposure) {
+  auto clock = std::make_shared<ManualClock>(0);
+  CommMonitor monitor({FakeThread().probe(), clock});
+  monitor.set_group("nccl", 0, 2);
+  monitor.set_link("NVLink, 18 links", 450e9);
+  // 4 steps of 10 ms, each one all-reduce of 100 MB counted at launch; the GPU timing of three
+  // syncs arrives (a step behind): 2 ms of all-reduce each, 0.5 ms of it exposed.
+  for (int s = 0; s < 4; ++s) {
+    monitor.on_step_begin(s, s * 10 * kMs);
+    monitor.collective_counted(CommOp::kAllReduce, "nccl:all_reduce", 100'000'000, "BFloat16");
+    if (s > 0) {
+      CommMonitor::GpuTiming t;
+      t.collectives = 1;
+      t.bytes = 100'000'000;
+      t.busy_ns = 2 * kMs;
+      t.exposed_ns = kMs / 2;
+      monitor.add_gpu_timing(t);
+    }
+    StepRecord r = step_record(s, s * 10 * kMs, (s + 1) * 10 * kMs);
+    monitor.on_step_end(r);
+  }
+  EpochSummary e;
+  monitor.on_epoch_end(e);
+  const CommEpochStats* c = e.sections.get<CommEpochStats>();
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->gpu_timed_syncs, 3);
+  EXPECT_EQ(c->stats.collectives, 4);
+  EXPECT_EQ(c->stats.comm_ns, 4 * 2 * kMs);  // per timed sync, for each of the 4 steps
+  EXPECT_EQ(c->stats.exposed_ns, 4 * kMs / 2);
+  EXPECT_NEAR(c->stats.overlap(), 0.75, 1e-9);
+  ASSERT_FALSE(c->ops.empty());
+  // 100 MB in 2 ms: 50 GB/s algorithm bandwidth, x 2(n-1)/n = 1 for two ranks.
+  EXPECT_NEAR(c->ops.front().algbw, 50e9, 1e6);
+  EXPECT_NEAR(c->busbw, 50e9, 1e6);
+  EXPECT_NE(c->method.find("GPU time"), std::string::npos) << c->method;
+  EXPECT_NE(section_json(*c).find("\"gpu_timed_syncs\":3"), std::string::npos);
+}
+
+TEST(CommMonitor, HostTimedCollectivesKeepTheirOwnFigures) {
+  auto clock = std::make_shared<ManualClock>(0);
+  CommMonitor monitor({FakeThread().probe(), clock});
+  monitor.on_step_begin(0, 0);
+  const int64_t seq = monitor.collective_begin(CommOp::kAllReduce, "gloo:all_reduce", 1000, "Float");
+  clock->set(3 * kMs);
+  monitor.collective_end(seq);
+  CommMonitor::GpuTiming t;
+  t.collectives = 1;
+  t.bytes = 1000;
+  t.busy_ns = 9 * kMs;
+  monitor.add_gpu_timing(t);
+  StepRecord r = step_record(0, 0, 10 * kMs);
+  monitor.on_step_end(r);
+  EpochSummary e;
+  monitor.on_epoch_end(e);
+  const CommEpochStats* c = e.sections.get<CommEpochStats>();
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->stats.comm_ns, 3 * kMs);
+  EXPECT_EQ(c->gpu_timed_syncs, 0);
+}
+
 TEST(CommMonitor, RealThreadTimesProbeReadsThisThread) {
   ThreadTimesProbe probe = current_thread_times_probe();
   ASSERT_TRUE(probe);
@@ -205,6 +266,37 @@ TEST(Stragglers, TheSlowRankIsNamedWithItsCauseAndTheOthersWait) {
   EXPECT_NE(d[0].cause.find("data wait"), std::string::npos);
   // Balanced ranks: none.
   EXPECT_TRUE(find_stragglers({rank(0, 20, 0, 19, 1), rank(1, 20, 0, 19.5, 0.5)}, 0.1).empty());
+}
+
+TEST(RankSummary, AnAsynchronousRanksStepIsItsGpuSpanNotItsHostStep) {
+  // Two ranks of one data-parallel run: the host of rank 1 runs further ahead of its GPU, so its
+  // host steps are shorter; on the GPU both take 20 ms, 1 ms of it waiting for communication.
+  auto epoch = [](double host_ms) {
+    EpochSummary e;
+    e.steps = 10;
+    e.wall_ns = static_cast<Nanos>(10 * host_ms * kMs);
+    CommEpochStats c;
+    c.steps = 10;
+    c.stats.comm_ns = 10 * 3 * kMs;
+    c.stats.exposed_ns = 10 * kMs;
+    e.sections.set(c);
+    GpuEpochStats g;
+    g.steps = 10;
+    g.gpu_timed_steps = 10;
+    g.stats.wall_ns = 10 * 20 * kMs;
+    e.sections.set(g);
+    return e;
+  };
+  const RankSummary a = summarize_rank(epoch(20), 0);
+  const RankSummary b = summarize_rank(epoch(12), 1);
+  EXPECT_DOUBLE_EQ(a.step_ns, 20.0 * kMs);
+  EXPECT_DOUBLE_EQ(b.step_ns, 20.0 * kMs);
+  EXPECT_DOUBLE_EQ(b.compute_ns, 19.0 * kMs);
+  EXPECT_TRUE(find_stragglers({a, b}, 0.1).empty());
+  // Without GPU spans: the host's steps.
+  EpochSummary host = epoch(12);
+  host.sections.set(GpuEpochStats{});
+  EXPECT_DOUBLE_EQ(summarize_rank(host, 1).step_ns, 12.0 * kMs);
 }
 
 TEST(RankSummaryJson, RoundTrips) {
@@ -505,12 +597,19 @@ TEST(CommAdvisors, ExposedCommunicationSpeaksWithAGainAndStaysQuietWhenOverlappe
   AdvisorsConfig config;
   EpochSummary s;
   s.steps = 10;
-  // No overlap: 10 of a 30 ms step exposed; fully overlapped the step is max(20, 10) = 20 ms.
+  // No overlap: 10 of a 30 ms step exposed; overlapped, the collectives still cost the compute
+  // beside them 70% of their time: the step is max(30 - 10 x 0.3, 10) = 27 ms.
   s.sections.set(comm_epoch(30 * kMs, 10 * kMs, 10 * kMs, 64 << 20));
   auto a = advise_exposed_communication(s, config);
   ASSERT_TRUE(a);
-  EXPECT_NEAR(a->expected_gain, 0.5, 1e-9);
+  EXPECT_NEAR(a->expected_gain, 30.0 / 27.0 - 1, 1e-9);
   EXPECT_NE(a->action.find("GradSync"), std::string::npos);
+  // Without interference: max(20, 10) = 20 ms.
+  config.exposed_communication.interference = 0;
+  a = advise_exposed_communication(s, config);
+  ASSERT_TRUE(a);
+  EXPECT_NEAR(a->expected_gain, 0.5, 1e-9);
+  config.exposed_communication.interference = 0.7;
   EpochSummary quiet;
   quiet.steps = 10;
   quiet.sections.set(comm_epoch(30 * kMs, 10 * kMs, kMs / 2, 64 << 20));

@@ -252,6 +252,24 @@ TEST(StallTrackerTest, GpuSpansGiveTheStallsCostInGpuTime) {
   EXPECT_NEAR(a->expected_gain, 900.0 / (3000.0 - 900.0), 1e-6);
 }
 
+TEST(StallTrackerTest, ASlowStepRightAfterAStallIsPartOfTheSameStall) {
+  // Seen on an H100: the step after each checkpoint save was also slow (the GPU queue refilling)
+  // now and then. Its excess belongs to the save's stall; the stall is counted once.
+  StallTracker t(3.0);
+  for (int64_t i = 0; i < 200; ++i) {
+    const bool save = i % 20 == 5;
+    const bool after = i == 46;  // once, the step after a save
+    t.add(record(i, i, save ? 110 : after ? 50 : 10));
+  }
+  EpochSummary e;
+  e.steps = 200;
+  e.wall_ns = 189 * 10 * kMs + 10 * 110 * kMs + 50 * kMs;
+  const OutlierStats o = t.summarize(e, {});
+  EXPECT_EQ(o.period, 20);
+  EXPECT_EQ(o.periodic_count, 9);  // the first save comes before the median is known
+  EXPECT_EQ(o.periodic_excess_ns, 9 * 100 * kMs + 40 * kMs);
+}
+
 TEST(StallTrackerTest, UnprobedStallsHaveNoSyncShare) {
   StallTracker t(3.0);
   for (int64_t i = 0; i < 200; ++i) {

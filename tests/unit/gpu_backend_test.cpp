@@ -123,6 +123,13 @@ class FakeNvml final : public NvmlApi {
     return kNvmlSuccess;
   }
   std::string error_string(NvmlReturn r) override { return "NVML error " + std::to_string(r); }
+  int active_links = -1;  // -1: nvmlDeviceGetNvLinkState not found
+  NvmlReturn device_get_nvlink_state(NvmlDevice, unsigned link, int* active) override {
+    if (active_links < 0) return NvmlApi::device_get_nvlink_state(nullptr, link, active);
+    if (link >= 18) return 2;  // NVML_ERROR_INVALID_ARGUMENT
+    *active = static_cast<int>(link) < active_links ? 1 : 0;
+    return kNvmlSuccess;
+  }
 };
 
 struct FakeSample {
@@ -1274,6 +1281,22 @@ TEST(GpuBackend, DecodeFailureStopsPmSamplingWithAReason) {
 }
 
 // --- NVML ----------------------------------------------------------------------------------------
+
+TEST(NvlinkPeak, ActiveLinksTimesTheGenerationsRate) {
+  FakeNvml nvml;
+  NvmlDevice d = reinterpret_cast<NvmlDevice>(&nvml);
+  EXPECT_EQ(nvlink_peak(nvml, d, 9).links, 0) << "no NvLinkState entry point: no links";
+  nvml.active_links = 18;
+  const NvlinkPeak hopper = nvlink_peak(nvml, d, 9);
+  EXPECT_EQ(hopper.links, 18);
+  EXPECT_DOUBLE_EQ(hopper.bytes_per_s, 450e9);  // H100/H200 SXM: 450 GB/s per direction
+  nvml.active_links = 12;
+  EXPECT_DOUBLE_EQ(nvlink_peak(nvml, d, 8).bytes_per_s, 300e9);  // A100
+  nvml.active_links = 18;
+  EXPECT_DOUBLE_EQ(nvlink_peak(nvml, d, 10).bytes_per_s, 900e9);  // Blackwell
+  nvml.active_links = 0;
+  EXPECT_EQ(nvlink_peak(nvml, d, 9).bytes_per_s, 0.0);  // PCIe only
+}
 
 TEST(GpuBackend, NvmlMissing) {
   Rig rig;

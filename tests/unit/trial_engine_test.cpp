@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <optional>
 #include <random>
 #include <set>
@@ -712,6 +713,37 @@ TEST(LoaderPolicyTest, PinningSettlesUntilEveryBatchInFlightHasItsPinnedBlock) {
   fewer["loader.workers"] = 4;
   EXPECT_EQ(policy->extra_settle_steps(pinned, fewer), 0);  // its blocks are cached already
   EXPECT_EQ(policy->extra_settle_steps(pinned, unpinned), 0);
+}
+
+TEST(LoaderPolicyTest, BucketSizesAreTriedAroundTheStartAndTheBestIsKept) {
+  // A data-parallel step's time by all-reduce bucket size (MiB): small buckets pay per message,
+  // large ones start late and overlap less. 16 is best; the run starts at 25.
+  const std::map<int64_t, double> step_ms{{1, 20}, {4, 13}, {16, 10}, {25, 11}, {64, 12}};
+  int64_t bucket = 25;
+  KnobRegistry knobs;
+  knobs.add({"grad_sync.bucket_mb", {1, 4, 16, 25, 64}, [&] { return bucket; },
+             [&](int64_t v) { bucket = v; }});
+  const AutotuneConfig config = default_autotune();
+  TrialEngine engine(knobs, make_loader_policy(config), config);
+  Nanos now = 0;
+  for (int64_t step = 0; step < 1000 && !engine.finished(); ++step) {
+    StepRecord r;
+    r.step = r.step_in_epoch = step;
+    r.begin_ns = now;
+    now += static_cast<Nanos>(step_ms.at(bucket) * 1e6);
+    r.end_ns = now;
+    r.samples = 8;
+    engine.on_step(r);
+  }
+  ASSERT_TRUE(engine.finished());
+  const TuningDecision& d = *engine.decision();
+  EXPECT_EQ(d.chosen.at("grad_sync.bucket_mb"), 16) << to_string(d.chosen);
+  EXPECT_EQ(bucket, 16);
+  // 25 (start), 64 (up: no win, no clear decline, end of the choices), 16 (down: wins), 4 (clear
+  // decline ends the walk); 1 is never tried.
+  std::vector<int64_t> tried;
+  for (const TrialResult& t : d.trials) tried.push_back(t.setting.at("grad_sync.bucket_mb"));
+  EXPECT_EQ(tried, (std::vector<int64_t>{25, 64, 16, 4}));
 }
 
 }  // namespace

@@ -135,7 +135,7 @@ class ActivationOffload {
   // The options it was made with (enabled as asked at construction).
   const OffloadOptions& options() const { return options_; }
   // "offload.enabled", domain {0, 1}: the auto-tuner turns it on where memory limits the
-  // micro-batch (docs/memory.md, "Activation offloading"). Takes effect from the next forward.
+  // micro-batch (docs/offload.md, "In auto-tune"). Takes effect from the next forward.
   Knob knob();
 
   OffloadStats stats() const;

@@ -18,7 +18,8 @@
 // Rank and world size come from the group, else RANK / WORLD_SIZE; without a store, one is opened
 // as a client of MASTER_ADDR:MASTER_PORT when both are set (torchrun's store), else the cross-rank
 // parts are off (said once). World size 1, no c10d, a store that fails: each said once, the rest
-// works. One Collectives per process at a time (the RecordFunction callback is global).
+// works. One Collectives per process at a time (the RecordFunction callback is global); the
+// ranks create theirs in the same order (each one's store keys carry its number in the process).
 //
 // Thread-safety: construct and destroy on the training thread, before the first step and after
 // the last; backends call the observer on their threads. Failure behaviour: the constructor logs

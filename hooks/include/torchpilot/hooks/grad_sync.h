@@ -16,6 +16,13 @@
 // ranks running the same model issue the same collectives in the same order, as c10d requires.
 // The result equals one process's gradients on the concatenated batch (up to the sum's rounding).
 //
+// GPU time: while a torchpilot::Collectives observes (collectives.h) and the gradients are on CUDA
+// (LibTorch 2.x), each synchronize() is timed on the GPU without waiting for it: a CUDA event on
+// the compute stream when it starts and one after the stream waits for the all-reduces (their
+// difference: communication exposed after backward), and each Work's duration (NCCL's own timing,
+// which the group constructor enables: enableCollectivesTiming; with the AllReduce constructor set
+// TORCH_NCCL_ENABLE_TIMING=1). The figures reach the "comm" section a step or two later.
+//
 // Thread-safety: the hooks run on autograd's threads, synchronize() and the setters on the training
 // thread, never during backward. Failure behaviour: an all-reduce that fails (a peer gone) makes
 // synchronize() throw c10::Error naming the bucket (the trainer's own communication failed: it
@@ -36,6 +43,19 @@
 
 namespace torchpilot {
 
+namespace detail {
+// LibTorch 2.x groups time their collectives on request (NCCL: start and end events per work).
+template <typename Group>
+auto enable_collectives_timing(Group& group, int) -> decltype(group.enableCollectivesTiming()) {
+  try {
+    group.enableCollectivesTiming();
+  } catch (...) {  // not supported by this backend: the syncs go untimed
+  }
+}
+template <typename Group>
+void enable_collectives_timing(Group&, long) {}
+}  // namespace detail
+
 struct GradSyncOptions {
   double bucket_mb = 25;  // bucket size, MiB; 0: one bucket per parameter
   bool overlap = true;    // all-reduce from backward's hooks; false: all after backward
@@ -54,7 +74,9 @@ class GradSync {
            GradSyncOptions options = {})
       : GradSync(
             std::move(params), [group](std::vector<at::Tensor>& t) { return group->allreduce(t); },
-            group->getSize(), options) {}
+            group->getSize(), options) {
+    if (group) detail::enable_collectives_timing(*group, 0);
+  }
   ~GradSync();  // removes the hooks
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
@@ -69,7 +91,7 @@ class GradSync {
   bool overlap() const { return options_.overlap; }
   int buckets() const;
   // "grad_sync.bucket_mb" over `choices` (MiB) for a Pilot's knob registry.
-  Knob knob(std::vector<int64_t> choices = {1, 4, 16, 25, 64});
+  Knob knob(std::vector<int64_t> choices = {1, 4, 16, 25, 64, 128, 256});
 
   struct State;  // shared with the hooks
 

@@ -14,6 +14,7 @@
 // time spent runnable but preempted counts as exposed.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -58,6 +59,9 @@ class CommMonitor : public Collector {
   // The group the collectives run on (the first one registered names the section).
   void set_group(std::string backend, int rank, int world_size);
   void set_link(std::string name, double peak_bytes_per_s);
+  // Hooks that issue collectives (GradSync) count them here themselves: no observer sees them.
+  void set_hooks_count(bool on) { hooks_count_.store(on, std::memory_order_relaxed); }
+  bool hooks_count() const { return hooks_count_.load(std::memory_order_relaxed); }
   // A collective started (returns its sequence number) and completed.
   int64_t collective_begin(CommOp op, std::string_view name, int64_t bytes, std::string dtype,
                            int group_size = 0);
@@ -65,6 +69,17 @@ class CommMonitor : public Collector {
   // A collective whose interval is not known here (NCCL: the scope covers its launch; its time
   // comes from the GPU's kernels): counted with its bytes, not timed.
   void collective_counted(CommOp op, std::string_view name, int64_t bytes, std::string dtype);
+  // One gradient sync's collectives timed on the GPU (CUDA events; hooks/src/torch_grad_sync.cpp),
+  // reported once the GPU has run them, a step or two after their host step. NCCL collectives are
+  // counted from their launches (collective_counted); their time comes from here.
+  struct GpuTiming {
+    CommOp op = CommOp::kAllReduce;
+    int64_t collectives = 0;
+    int64_t bytes = 0;
+    Nanos busy_ns = 0;     // the collectives' summed GPU durations (NCCL runs a group's in order)
+    Nanos exposed_ns = 0;  // how long the compute stream waited for them after backward
+  };
+  void add_gpu_timing(const GpuTiming& timing);
   // Collectives started and not completed, oldest first; and how many have started.
   std::vector<CollectiveRecord> outstanding() const;
   int64_t started() const;
@@ -79,6 +94,10 @@ class CommMonitor : public Collector {
   struct Acc {
     CommStats stats;
     std::map<CommOp, CommOpStats> ops;
+    // GPU-timed gradient syncs (add_gpu_timing), whichever host step they belong to.
+    int64_t gpu_timed = 0;
+    CommStats gpu;
+    std::map<CommOp, CommOpStats> gpu_ops;
   };
   void open_union(Nanos now);              // mu_ held
   void close_union(Nanos now);             // mu_ held: credits the segment to step_
@@ -86,6 +105,7 @@ class CommMonitor : public Collector {
 
   Options options_;
   std::shared_ptr<Clock> clock_;
+  std::atomic<bool> hooks_count_{false};
   CollectorHost* host_ = nullptr;
 
   mutable std::mutex mu_;

@@ -98,6 +98,9 @@ struct CommEpochStats {
   double link_peak = kNotMeasured;  // bytes/s of the link the ranks share, when known
   std::string link;                 // its name ("NVLink", "PCIe", "loopback", ...)
   int64_t outstanding = 0;          // collectives still running at the epoch's end
+  // Gradient syncs timed on the GPU (CUDA events) whose figures, per sync, give stats for the
+  // epoch's steps; 0: the figures are the host's (Gloo) or absent (NCCL without GPU timing).
+  int64_t gpu_timed_syncs = 0;
   // Fractions of the epoch's step time.
   double comm_fraction() const;
   double exposed_fraction() const;

@@ -131,6 +131,10 @@ struct LowMfuConfig {
 };
 struct ExposedCommunicationConfig {
   double threshold = 0.05;  // exposed communication: share of step time
+  // The share of an overlapped collective's time that the compute it overlaps loses (NCCL's
+  // kernels take SMs and memory bandwidth): 0.7 measured on 2 H100s over NVLink
+  // (bench/results/collectives-*-x2.json). Overlap removes exposed x (1 - this).
+  double interference = 0.7;
 };
 struct LowBusBandwidthConfig {
   double fraction = 0.5;                  // bus bandwidth below this fraction of the link's peak
@@ -174,9 +178,12 @@ struct CommConfig {
   double exchange_timeout_ms = 10000;  // a rank missing a cross-rank exchange this long: reported
   double watchdog_ms = 60000;          // a collective outstanding this long is logged (0: off)
   double link_peak_gbps = 0;           // the link's peak bus bandwidth, GB/s (0: unknown)
+  // Count every NCCL collective through a global RecordFunction callback (every op then pays
+  // for a RecordFunction); off: GradSync's all-reduces are counted, the others in trace windows.
+  bool observe_nccl_ops = false;
 };
 
-// Activation offloading (torchpilot::ActivationOffload made from a Pilot; docs/memory.md).
+// Activation offloading (torchpilot::ActivationOffload made from a Pilot; docs/offload.md).
 struct OffloadConfig {
   bool enabled = false;  // its scopes offload (autotune's knob offload.enabled may turn it on)
   int64_t min_bytes = 1048576;  // saved storages smaller than this stay on the GPU

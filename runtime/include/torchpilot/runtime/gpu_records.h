@@ -40,6 +40,10 @@ struct GpuStats {
   int64_t h2d_bytes = 0;           // host-to-device copies
   int64_t h2d_pageable_bytes = 0;  // ... of which from pageable (not pinned) memory
   Nanos h2d_pageable_ns = 0;
+  // Communication kernels (NCCL): the union of their intervals in the span, and the part of it in
+  // which no compute kernel ran (docs/collectives.md).
+  Nanos comm_ns = 0;
+  Nanos exposed_comm_ns = 0;
   // Idle time (no kernel running) split by cause, one cause per second, first match wins; the
   // five add up to traced idle time.
   Nanos idle_data_wait_ns = 0;      // the training thread was waiting for a batch

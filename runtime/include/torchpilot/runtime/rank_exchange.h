@@ -117,6 +117,7 @@ class RankCollector : public Collector {
 };
 
 // This rank's summary of an epoch (reads the sections "comm" and "gpu" when present).
+// The step time is the steps' GPU span when most steps have one (section "gpu"), else the host's.
 RankSummary summarize_rank(const EpochSummary& summary, int rank);
 
 // The trial engine's agreement over RankExchange: each trial's window is all-gathered under
