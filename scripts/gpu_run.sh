@@ -2,8 +2,8 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default ./gpu-out).
-#   scripts/gpu_run.sh [all|build|test|gputest|capture|kineto|clocks|example|bench|gpt|overhead|planted|shortepochs|collectives2|memory]...
-#   (default: all; collectives2 needs two GPUs; memory only when named)
+#   scripts/gpu_run.sh [all|build|test|gputest|capture|kineto|clocks|example|bench|gpt|overhead|planted|shortepochs|collectives2|memory|offload]...
+#   (default: all; collectives2 needs two GPUs; memory and offload only when named)
 # gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs,
 # and the per-parameter AdamW beside the default fused one); overhead: bench/gpt_overhead
 # (torchpilot off vs advise vs a detailed window); planted: bench/planted_pairs (the advice on
@@ -11,7 +11,9 @@
 # bench/short_epochs (a small CNN with a stock loader, epochs of a fraction of a second: the
 # default configuration against no torchpilot, interleaved); memory: bench/memory (the micro-batch
 # search from micro 2 x accumulation 16 against a grid, then large micro-batches that run out of
-# memory; docs/memory.md) and the GPT example tuning its micro-batch.
+# memory; docs/memory.md) and the GPT example tuning its micro-batch; offload: bench/gpt_offload (activation
+# offloading on the GPT example: peak memory and step time with and without, the largest
+# micro-batch each fits).
 # Dependencies the machine lacks (libjpeg, ...) may be carried as Debian packages unpacked into
 # .deps/root (scripts/fetch_gpu_deps.sh); the machine's own installs are preferred.
 set -uo pipefail
@@ -171,6 +173,13 @@ if named memory; then
   ./build-gpu/examples/gpt_trainer --batch 32 --micro-batch 2 --mode autotune --steps 100 \
     --epochs 3 2>&1 | tee "$OUT/gpt-micro.log" \
     | grep -E "^gpt:|autotune (trial|decision)|memory|out of memory" | tail -40
+fi
+
+if named offload; then
+  # OFFLOAD_ARGS: e.g. "--batch 8 --rounds 5 --search 8,16,32,64"; bench/README.md, gpt_offload.
+  log "bench: activation offloading on the GPT example (peak memory, step time, largest micro-batch)"
+  ./build-gpu/bench/gpt_offload --machine "$MACHINE" --commit "$COMMIT" ${OFFLOAD_ARGS:-} \
+    --out "$OUT/offload-$MACHINE.json" 2>&1 | tee "$OUT/offload.log" | tail -30
 fi
 
 if want example; then

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -174,6 +175,7 @@ struct Trainer::Impl {
   // options.micro_batch > 0: the accumulation loop, for the Pilot train() was last given.
   std::unique_ptr<torchpilot::Accumulation> acc;
   torchpilot::Pilot* acc_pilot = nullptr;
+  std::unique_ptr<torchpilot::ActivationOffload> offload;
 };
 
 namespace {
@@ -298,6 +300,12 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
     // The same weights on every rank (same seed above); each rank its own batches.
     torch::manual_seed(options.seed + 7919 * static_cast<uint64_t>(options.rank));
   }
+  if (options.offload_activations) {
+    torchpilot::OffloadOptions o;
+    o.min_bytes = options.offload_min_bytes;
+    o.depth = options.offload_depth;
+    m.offload = std::make_unique<torchpilot::ActivationOffload>(o);
+  }
   if (m.device.is_cuda()) torch::cuda::synchronize();
 }
 
@@ -374,6 +382,8 @@ void Trainer::train(torchpilot::Pilot& pilot, int64_t steps) {
             torch::Tensor loss;
             {
               auto p = pilot.phase(forward);
+              std::optional<torchpilot::ActivationOffload::Scope> offloading;
+              if (m.offload) offloading.emplace(m.offload->scope());
               const AutocastScope scope(autocast);
               torch::Tensor logits = m.model->forward(mb[0]);
               loss = torch::nn::functional::cross_entropy(logits.reshape({mbi.size * t, vocab}),
@@ -395,6 +405,8 @@ void Trainer::train(torchpilot::Pilot& pilot, int64_t steps) {
     torch::Tensor loss;
     {
       auto p = pilot.phase(forward);
+      std::optional<torchpilot::ActivationOffload::Scope> offloading;
+      if (m.offload) offloading.emplace(m.offload->scope());
       if (autocast) torchpilot::compat::set_cuda_autocast(true);
       torch::Tensor logits = m.model->forward(input);
       loss = torch::nn::functional::cross_entropy(logits.reshape({b * t, vocab}),
@@ -469,5 +481,6 @@ Optimizer Trainer::optimizer() const { return impl_->optimizer_kind; }
 int64_t Trainer::parameter_count() const { return impl_->model->parameter_count(); }
 int64_t Trainer::corpus_size() const { return impl_->corpus_tokens; }
 std::string Trainer::comm_backend() const { return impl_->dist ? impl_->dist->backend() : ""; }
+torchpilot::ActivationOffload* Trainer::offload() const { return impl_->offload.get(); }
 
 }  // namespace gpt_example

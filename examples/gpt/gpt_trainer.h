@@ -16,6 +16,10 @@
 // torch::optim::AdamW (a loop of ~10 kernels per parameter). The default is the fastest the build
 // and device have: kFused, else kForeach with a note. kFused and kForeach set gradients to none
 // between steps (zero_grad(set_to_none=True)).
+// Activation offloading (offload_activations): the forward and the loss run inside a scope of a
+// torchpilot::ActivationOffload (one scope around the whole forward); saved activations of at
+// least offload_min_bytes go to pinned host memory and come back in backward. Without a GPU the
+// library refuses it with one line and the trainer runs as before.
 // Thread-safety: one thread. Failure behaviour: the constructor throws std::invalid_argument /
 // std::runtime_error on bad sizes or an unreadable text file; train() lets LibTorch's errors
 // (out of memory, ...) through.
@@ -28,6 +32,7 @@
 #include <vector>
 
 #include "gpt_flops.h"
+#include "torchpilot/hooks/activation_offload.h"
 #include "torchpilot/runtime/pilot.h"
 
 namespace gpt_example {
@@ -78,6 +83,10 @@ struct TrainOptions {
   int64_t micro_batch = 0;
   // Micro-batches the search may try (empty: powers of two up to the batch, the batch, the start).
   std::vector<int64_t> micro_choices;
+  // Saved activations to pinned host memory during forward, back for backward.
+  bool offload_activations = false;
+  int64_t offload_min_bytes = int64_t{1} << 20;  // storages smaller stay on the GPU
+  int offload_depth = 4;                         // copies in flight / fetched ahead
 };
 
 class Trainer {
@@ -118,6 +127,8 @@ class Trainer {
   int64_t parameter_count() const;
   int64_t corpus_size() const;       // tokens
   std::string comm_backend() const;  // "gloo" or "nccl" with world_size > 1, else
+  // The activation offload (null unless offload_activations): its knob, stats and state.
+  torchpilot::ActivationOffload* offload() const;
 
  private:
   struct Impl;

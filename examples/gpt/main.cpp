@@ -114,6 +114,16 @@ int main(int argc, char** argv) {
   example_cli::add_number(app, "--straggler-ms", straggler_ms, 0, 1e6,
                           "host work per step on --straggler-rank, ms")
       ->capture_default_str();
+  app.add_flag("--offload-activations", options.offload_activations,
+               "saved activations to pinned host memory during forward, back ahead of backward "
+               "(torchpilot::ActivationOffload; refused with one line without a GPU)");
+  example_cli::add_int(app, "--offload-min-bytes", options.offload_min_bytes, 1, INT64_MAX,
+                       "with --offload-activations: storages smaller than this stay on the GPU")
+      ->capture_default_str();
+  example_cli::add_int(app, "--offload-depth", options.offload_depth, 0, 1000,
+                       "with --offload-activations: copies in flight behind forward and fetched "
+                       "ahead in backward")
+      ->capture_default_str();
   example_cli::parse_or_exit(app, argc, argv);
   if (straggler_rank >= world_size && app.count("--world-size") > 0) {
     example_cli::fail(app, "--straggler-rank",
@@ -237,6 +247,12 @@ int main(int argc, char** argv) {
       std::printf("gpt: analytic FLOPs/step %.4g = 6 N tokens %.4g + attention 12 B L T^2 d %.4g\n",
                   analytic, gpt_example::matmul_flops_per_step(shape),
                   gpt_example::attention_flops_per_step(shape));
+    if (speak && trainer.offload() != nullptr && trainer.offload()->enabled()) {
+      std::printf(
+          "gpt: activation offloading: saved storages of %lld bytes or more to pinned host "
+          "memory, depth %d\n",
+          static_cast<long long>(options.offload_min_bytes), options.offload_depth);
+    }
     std::fflush(stdout);
 
     std::optional<torchpilot::FlopCounter> counter;
@@ -275,6 +291,21 @@ int main(int argc, char** argv) {
         } else {
           if (speak) std::printf("gpt: epoch %lld: counted FLOPs/step: no count yet\n", e);
         }
+      }
+      if (speak && trainer.offload() != nullptr && trainer.offload()->enabled()) {
+        const torchpilot::OffloadStats o = trainer.offload()->stats();
+        trainer.offload()->reset_stats();
+        std::printf(
+            "gpt: epoch %lld: offloaded %.1f MiB/step (%.1f storages/step, %.1f kept as "
+            "parameters, %.1f as small), fetched %.1f/step, %.1f of them late, %.1f used "
+            "resident\n",
+            e, static_cast<double>(o.offloaded_bytes) / (1 << 20) / static_cast<double>(steps),
+            static_cast<double>(o.offloaded) / static_cast<double>(steps),
+            static_cast<double>(o.kept_parameter) / static_cast<double>(steps),
+            static_cast<double>(o.kept_small) / static_cast<double>(steps),
+            static_cast<double>(o.fetched) / static_cast<double>(steps),
+            static_cast<double>(o.fetched_late) / static_cast<double>(steps),
+            static_cast<double>(o.resident) / static_cast<double>(steps));
       }
       std::fflush(stdout);
     }

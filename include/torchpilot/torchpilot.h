@@ -5,6 +5,7 @@
 
 #include "torchpilot/advisors/advisors.h"
 #include "torchpilot/hooks/accumulation.h"
+#include "torchpilot/hooks/activation_offload.h"
 #include "torchpilot/hooks/flop_counter.h"
 #include "torchpilot/hooks/tunable_loader.h"
 #include "torchpilot/hooks/watch.h"

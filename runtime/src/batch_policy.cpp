@@ -1,5 +1,7 @@
 #include "torchpilot/runtime/batch_policy.h"
 
+#include "torchpilot/runtime/offload_policy.h"
+
 #include <algorithm>
 #include <limits>
 #include <memory>
@@ -208,7 +210,11 @@ std::unique_ptr<TuningPolicy> make_autotune_policy(const AutotuneConfig& config)
   if (config.tune_micro_batch) {
     stages.push_back({[own] { return std::make_unique<MicroBatchPolicy>(own); }, true});
   }
-  // offload.enabled would join here, after the micro-batch (see batch_policy.h).
+  // Activation offloading, after the micro-batch: worth a trial only where memory ended that
+  // search (offload_policy.h); inert without the offload.enabled knob.
+  if (config.tune_micro_batch) {
+    stages.push_back({[] { return make_offload_policy(kMicroBatchKnob); }, true});
+  }
   const int passes = stages.size() > 1 ? kAutotunePasses : 1;
   return make_sequence_policy(std::move(stages), passes, kMicroBatchKnob);
 }

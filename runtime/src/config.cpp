@@ -181,6 +181,9 @@ const std::vector<KeySpec>& schema() {
       TP_DOUBLE(comm.watchdog_ms, 0.0, 86400000.0),
       TP_DOUBLE(comm.link_peak_gbps, 0.0, 1e6),
       TP_BOOL(comm.observe_nccl_ops),
+      TP_BOOL(offload.enabled),
+      TP_INT(offload.min_bytes, 1, 1e15),
+      TP_INT(offload.depth, 0, 1000),
   };
   return table;
 }

@@ -188,6 +188,13 @@ struct CommConfig {
   bool observe_nccl_ops = false;
 };
 
+// Activation offloading (torchpilot::ActivationOffload made from a Pilot; docs/offload.md).
+struct OffloadConfig {
+  bool enabled = false;  // its scopes offload (autotune's knob offload.enabled may turn it on)
+  int64_t min_bytes = 1048576;  // saved storages smaller than this stay on the GPU
+  int depth = 4;                // copies in flight behind forward; fetches ahead in backward
+};
+
 struct Config {
   Mode mode = Mode::kAdvise;
   LogConfig log;
@@ -200,6 +207,7 @@ struct Config {
   OutliersConfig outliers;
   ReportConfig report;
   CommConfig comm;
+  OffloadConfig offload;
 
   // Defaults, then TORCHPILOT_CONFIG's file if that variable is set, then TORCHPILOT_* overrides,
   // then the cross-key checks on the merged values.
