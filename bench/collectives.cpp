@@ -16,12 +16,16 @@
 // overlap per step, from the always-on measure). With --no-overlap the same for GradSync's
 // all-reduce after backward. Written to --out (bench/results/collectives-<machine>.json).
 //
-// --suite full adds, in the same ranks and process (the two-GPU run, issue 12; "suite" in the JSON):
-//   overlap   - interleaved rounds of GradSync's overlap on and off (advise mode): step time and the
+// --suite full adds, in the same ranks and process (the two-GPU run, issue 12; "suite" in the
+// JSON):
+//   overlap   - interleaved rounds of GradSync's overlap on and off (advise mode): step time and
+//   the
 //               always-on communication figures, exposed_communication's estimated gain in the
 //               no-overlap runs against the measured gain of overlap; then one run of each with a
-//               detailed window (the window's communication and exposed time from the NCCL kernels);
-//   buckets   - interleaved rounds over --buckets (MiB): step time and the all-reduce's bus bandwidth
+//               detailed window (the window's communication and exposed time from the NCCL
+//               kernels);
+//   buckets   - interleaved rounds over --buckets (MiB): step time and the all-reduce's bus
+//   bandwidth
 //               against the link's peak;
 //   autotune  - mode autotune from --autotune-start MiB with the bucket knob: every rank's decision
 //               (step, setting) and the chosen size's throughput against the best of the grid;
@@ -95,7 +99,7 @@ struct Run {
 struct RunOptions {
   torchpilot::Mode mode = torchpilot::Mode::kAdvise;
   int steps = 0;
-  int window_steps = 0;          // a detailed window of this many steps after the warm-up
+  int window_steps = 0;  // a detailed window of this many steps after the warm-up
   bool read_loss_each_step = false;
   bool observe_nccl_ops = false;  // the RecordFunction observer on NCCL too (comm.observe_nccl_ops)
 };
@@ -224,13 +228,14 @@ json full_suite(gpt_example::Trainer& trainer, const Args& a, int rank) {
   const double start_mb = a.train.bucket_mb;
   auto say = [&](const char* part, const Run& r) {
     if (rank != 0) return;
-    std::printf("%s: %.3f ms/step; comm %.2f ms, exposed %.2f ms, overlap %.2f, busbw %.1f GB/s "
-                "(link %s %.0f GB/s), %lld GPU-timed syncs; window: %lld steps, comm %.2f ms, "
-                "exposed %.2f ms; advice %s\n",
-                part, 1e3 * r.step_s, r.comm_ms, r.exposed_ms, r.overlap, r.busbw_gbps,
-                r.link.c_str(), r.link_peak_gbps, static_cast<long long>(r.gpu_timed_syncs),
-                static_cast<long long>(r.traced_steps), r.window_comm_ms, r.window_exposed_ms,
-                r.advice.dump().c_str());
+    std::printf(
+        "%s: %.3f ms/step; comm %.2f ms, exposed %.2f ms, overlap %.2f, busbw %.1f GB/s "
+        "(link %s %.0f GB/s), %lld GPU-timed syncs; window: %lld steps, comm %.2f ms, "
+        "exposed %.2f ms; advice %s\n",
+        part, 1e3 * r.step_s, r.comm_ms, r.exposed_ms, r.overlap, r.busbw_gbps, r.link.c_str(),
+        r.link_peak_gbps, static_cast<long long>(r.gpu_timed_syncs),
+        static_cast<long long>(r.traced_steps), r.window_comm_ms, r.window_exposed_ms,
+        r.advice.dump().c_str());
     std::fflush(stdout);
   };
 
@@ -319,8 +324,10 @@ json full_suite(gpt_example::Trainer& trainer, const Args& a, int rank) {
         best_mb = b["bucket_mb"].get<int>();
       }
     }
-    suite["autotune"] = {{"start_mb", a.autotune_start}, {"decision", r.decision},
-                         {"grid_best_mb", best_mb}, {"grid_best_step_ms", best_ms}};
+    suite["autotune"] = {{"start_mb", a.autotune_start},
+                         {"decision", r.decision},
+                         {"grid_best_mb", best_mb},
+                         {"grid_best_step_ms", best_ms}};
     if (rank == 0) std::printf("autotune: %s\n", r.decision.dump().c_str());
     trainer.set_grad_sync(true, start_mb);
   }
@@ -348,12 +355,9 @@ json full_suite(gpt_example::Trainer& trainer, const Args& a, int rank) {
     const Run base = run(trainer, a, s);
     say("straggler", r);
     say("no straggler", base);
-    suite["straggler"] = {{"rank", a.straggler_rank},
-                          {"planted_ms", a.straggler_ms},
-                          {"run", run_json(r)},
-                          {"ranks", r.ranks},
-                          {"baseline", run_json(base)},
-                          {"baseline_ranks", base.ranks}};
+    suite["straggler"] = {{"rank", a.straggler_rank},   {"planted_ms", a.straggler_ms},
+                          {"run", run_json(r)},         {"ranks", r.ranks},
+                          {"baseline", run_json(base)}, {"baseline_ranks", base.ranks}};
     // The same with the all-reduce after backward: no NCCL kernel waits for the straggler beside
     // the other rank's backward (an overlapped one, spinning, slows it), so its wait is exposed.
     trainer.set_grad_sync(false, start_mb);
@@ -406,7 +410,8 @@ int main(int argc, char** argv) {
   app.add_flag("--no-overlap", a.no_overlap, "all-reduce after backward (GradSync overlap off)");
   app.add_flag("--compare-observer", a.compare_observer,
                "also advise with the RecordFunction observer on NCCL (comm.observe_nccl_ops)");
-  app.add_option("--suite", a.suite, "overhead, or full: also overlap, buckets, autotune, straggler")
+  app.add_option("--suite", a.suite,
+                 "overhead, or full: also overlap, buckets, autotune, straggler")
       ->check(CLI::IsMember({"overhead", "full"}))
       ->capture_default_str();
   app.add_option("--buckets", a.buckets, "bucket sizes (MiB) for the buckets part")
@@ -534,9 +539,12 @@ int main(int argc, char** argv) {
       if (!suite.is_null()) out["suite"] = suite;
       if (a.compare_observer) {
         out["observer_over_off"] = median(observer_ratios);
-        out["observer_ratio_min"] = *std::min_element(observer_ratios.begin(), observer_ratios.end());
-        out["observer_ratio_max"] = *std::max_element(observer_ratios.begin(), observer_ratios.end());
-        std::printf("with comm.observe_nccl_ops: observer_over_off %.4f\n", median(observer_ratios));
+        out["observer_ratio_min"] =
+            *std::min_element(observer_ratios.begin(), observer_ratios.end());
+        out["observer_ratio_max"] =
+            *std::max_element(observer_ratios.begin(), observer_ratios.end());
+        std::printf("with comm.observe_nccl_ops: observer_over_off %.4f\n",
+                    median(observer_ratios));
       }
       if (!a.out.empty()) std::ofstream(a.out) << out.dump(1) << "\n";
     }

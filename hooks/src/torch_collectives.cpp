@@ -180,10 +180,11 @@ void detect_link(CommMonitor& monitor, Pilot& pilot, const std::string& who, int
                                    " GB/s per direction (the bus-bandwidth reference)");
     return;
   }
-  pilot.log(LogLevel::kInfo,
-            who + "no NVLink seen on GPU " + std::to_string(device) +
-                (error.empty() ? std::string() : " (" + error + ")") +
-                ": bus bandwidth is not compared with a link's peak (comm.link_peak_gbps sets one)");
+  pilot.log(
+      LogLevel::kInfo,
+      who + "no NVLink seen on GPU " + std::to_string(device) +
+          (error.empty() ? std::string() : " (" + error + ")") +
+          ": bus bandwidth is not compared with a link's peak (comm.link_peak_gbps sets one)");
 #else
   (void)monitor, (void)pilot, (void)who, (void)local_rank;
 #endif
@@ -225,11 +226,12 @@ Collectives::Collectives(Pilot& pilot, GroupInfo group, c10::intrusive_ptr<c10d:
   observing_ = true;
   if (group.backend == "nccl") {
     pilot.log(LogLevel::kInfo,
-              who + (callback ? "NCCL collectives are counted from their launches (a "
-                                "RecordFunction observer, comm.observe_nccl_ops); "
-                              : "torchpilot::GradSync's all-reduces are counted; other NCCL "
-                                "collectives are seen in trace windows (comm.observe_nccl_ops "
-                                "counts them all, through a RecordFunction on every op); ") +
+              who +
+                  (callback ? "NCCL collectives are counted from their launches (a "
+                              "RecordFunction observer, comm.observe_nccl_ops); "
+                            : "torchpilot::GradSync's all-reduces are counted; other NCCL "
+                              "collectives are seen in trace windows (comm.observe_nccl_ops "
+                              "counts them all, through a RecordFunction on every op); ") +
                   "GradSync's are timed on the GPU (CUDA events)");
   }
 

@@ -5,14 +5,13 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <deque>
 #include <exception>
 #include <stdexcept>
 #include <utility>
-
-#include <torch/version.h>
 
 #include "comm_observer.h"
 
@@ -90,7 +89,8 @@ struct GradSync::State {
       for (const auto& w : t.works) {
         busy += static_cast<Nanos>(work_duration_ms(*w, 0) * 1e6);
       }
-      const auto exposed = static_cast<Nanos>(static_cast<double>(t.begin.elapsed_time(t.end)) * 1e6);
+      const auto exposed =
+          static_cast<Nanos>(static_cast<double>(t.begin.elapsed_time(t.end)) * 1e6);
       if (monitor != nullptr) {
         CommMonitor::GpuTiming g;
         g.op = CommOp::kAllReduce;

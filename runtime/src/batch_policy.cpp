@@ -1,7 +1,5 @@
 #include "torchpilot/runtime/batch_policy.h"
 
-#include "torchpilot/runtime/offload_policy.h"
-
 #include <algorithm>
 #include <limits>
 #include <memory>
@@ -10,6 +8,7 @@
 #include <utility>
 
 #include "torchpilot/runtime/loader_policy.h"
+#include "torchpilot/runtime/offload_policy.h"
 
 namespace torchpilot {
 namespace {

@@ -166,7 +166,7 @@ void section_text(const GpuEpochStats& gpu, const EpochSummary& s,
         " kernels/step; host sync " + fmt_pct(g.host_sync_ns / t) + " (" +
         fmt_num(g.host_syncs / steps) + "/step); H2D " + fmt_num(g.h2d_bytes / steps / 1e6) +
         " MB/step (" + fmt_pct(fraction(g.h2d_pageable_bytes, std::max<int64_t>(1, g.h2d_bytes))) +
- " pageable); " +
+        " pageable); " +
         (g.comm_ns > 0 ? "communication " + fmt_num(g.comm_ns / steps / 1e6) + " ms/step (" +
                              fmt_num(g.exposed_comm_ns / steps / 1e6) + " exposed); "
                        : std::string()) +

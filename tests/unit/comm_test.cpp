@@ -207,7 +207,8 @@ TEST(CommMonitor, HostTimedCollectivesKeepTheirOwnFigures) {
   auto clock = std::make_shared<ManualClock>(0);
   CommMonitor monitor({FakeThread().probe(), clock});
   monitor.on_step_begin(0, 0);
-  const int64_t seq = monitor.collective_begin(CommOp::kAllReduce, "gloo:all_reduce", 1000, "Float");
+  const int64_t seq =
+      monitor.collective_begin(CommOp::kAllReduce, "gloo:all_reduce", 1000, "Float");
   clock->set(3 * kMs);
   monitor.collective_end(seq);
   CommMonitor::GpuTiming t;

@@ -721,7 +721,9 @@ TEST(LoaderPolicyTest, BucketSizesAreTriedAroundTheStartAndTheBestIsKept) {
   const std::map<int64_t, double> step_ms{{1, 20}, {4, 13}, {16, 10}, {25, 11}, {64, 12}};
   int64_t bucket = 25;
   KnobRegistry knobs;
-  knobs.add({"grad_sync.bucket_mb", {1, 4, 16, 25, 64}, [&] { return bucket; },
+  knobs.add({"grad_sync.bucket_mb",
+             {1, 4, 16, 25, 64},
+             [&] { return bucket; },
              [&](int64_t v) { bucket = v; }});
   const AutotuneConfig config = default_autotune();
   TrialEngine engine(knobs, make_loader_policy(config), config);
