@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "cli_flags.h"
 #include "torchpilot/hooks/torch_transfer.h"
 #include "torchpilot/runtime/loader_core.h"
@@ -27,6 +28,8 @@
 #include "trainer.h"
 
 namespace {
+
+using bench::median;
 
 using nlohmann::json;
 using torchpilot::LoaderSettings;
@@ -54,13 +57,6 @@ double throughput(const std::vector<torchpilot::StepRecord>& steps, size_t from)
     ns += steps[i].step_ns();
   }
   return ns > 0 ? samples * 1e9 / static_cast<double>(ns) : 0.0;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 std::string label(const LoaderSettings& s) {

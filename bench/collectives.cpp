@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "cli_flags.h"
 #include "gpt_dist.h"
 #include "gpt_trainer.h"
@@ -53,6 +54,8 @@
 #include "torchpilot/runtime/pilot.h"
 
 namespace {
+
+using bench::median;
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -73,13 +76,6 @@ struct Args {
   double straggler_ms = 20;
   std::string machine = "unnamed", commit = "unknown", out;
 };
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
 
 struct Run {
   double step_s = 0;

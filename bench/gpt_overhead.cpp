@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "cli_flags.h"
 #include "gpt_flops.h"
 #include "gpt_trainer.h"
@@ -40,6 +41,8 @@
 #include "torchpilot/runtime/pilot.h"
 
 namespace {
+
+using bench::median;
 
 using nlohmann::json;
 
@@ -79,13 +82,6 @@ struct RoundResult {
 };
 
 constexpr int kTailSteps = 8;  // > the window's tail of flushes before its release
-
-double median(std::vector<double> v) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 double median_of(const std::vector<RoundResult>& rounds, double RoundResult::*field) {
   std::vector<double> v;

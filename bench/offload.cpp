@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "cli_flags.h"
 #include "gpt_flops.h"
 #include "gpt_trainer.h"
@@ -42,6 +43,8 @@
 #endif
 
 namespace {
+
+using bench::median;
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -121,13 +124,6 @@ json stats_json(const torchpilot::OffloadStats& s, int steps) {
           {"fetched_per_step", static_cast<double>(s.fetched) / n},
           {"fetched_late_per_step", static_cast<double>(s.fetched_late) / n},
           {"resident_per_step", static_cast<double>(s.resident) / n}};
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return -1;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 }  // namespace

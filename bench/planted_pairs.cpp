@@ -55,6 +55,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "cli_flags.h"
 #include "gpt_trainer.h"
 #include "torchpilot/hooks/compat.h"
@@ -75,6 +76,8 @@
 #endif
 
 namespace {
+
+using bench::median;
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -640,13 +643,6 @@ std::vector<Pair> all_pairs() {
 }
 
 // --- running ----------------------------------------------------------------------------------
-
-double median(std::vector<double> v) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 

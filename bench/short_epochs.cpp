@@ -25,10 +25,13 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "cli_flags.h"
 #include "torchpilot/torchpilot.h"
 
 namespace {
+
+using bench::median;
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -86,13 +89,6 @@ struct Run {
   // "pilot") and each epoch-end part ("epoch end: gpu", ...), in microseconds.
   std::map<std::string, std::vector<double>> parts_us;
 };
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
 
 Run run(const Args& a, bool with_pilot, torch::Device device) {
   torch::manual_seed(1);

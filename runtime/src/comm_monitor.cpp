@@ -203,8 +203,6 @@ void CommMonitor::add_gpu_timing(const GpuTiming& t) {
     epoch_.gpu.collectives += t.collectives;
     epoch_.gpu.bytes += t.bytes;
     epoch_.gpu.busy_ns += std::max<Nanos>(0, t.busy_ns);
-    // One stream runs the group's collectives in order: their union is their sum.
-    epoch_.gpu.comm_ns += std::max<Nanos>(0, t.busy_ns);
     epoch_.gpu.exposed_ns += std::clamp<Nanos>(t.exposed_ns, 0, std::max<Nanos>(0, t.busy_ns));
     CommOpStats& o = epoch_.gpu_ops[t.op];
     o.op = t.op;
@@ -305,9 +303,9 @@ void CommMonitor::on_epoch_end(EpochSummary& summary) {
     auto scaled = [per_step](Nanos ns) {
       return static_cast<Nanos>(static_cast<double>(ns) * per_step);
     };
-    c.stats.comm_ns = scaled(acc.gpu.comm_ns);
+    // One stream runs the group's collectives in order: their union is their summed durations.
+    c.stats.comm_ns = c.stats.busy_ns = scaled(acc.gpu.busy_ns);
     c.stats.exposed_ns = scaled(acc.gpu.exposed_ns);
-    c.stats.busy_ns = scaled(acc.gpu.busy_ns);
     c.method =
         "GPU time: CUDA events around each gradient sync (the compute stream's wait after "
         "backward) and NCCL's own collective timing";

@@ -149,9 +149,8 @@ TEST(KinetoTrace, NcclKernelsGiveCommunicationAndItsExposedPart) {
   ASSERT_EQ(c->ops.size(), 1u);
   EXPECT_NEAR(c->ops[0].busbw, (4 << 20) / 400e-6 * 1.0, 1e3);
   const std::vector<Advice> advice = run_advisors(s, Config{});
-  const bool exposed = std::any_of(advice.begin(), advice.end(), [](const Advice& a) {
-    return a.id == "exposed_communication";
-  });
+  const bool exposed = std::any_of(advice.begin(), advice.end(),
+                                   [](const Advice& a) { return a.id == "exposed_communication"; });
   EXPECT_TRUE(exposed) << "300 of a 1 ms step exposed";
 }
 
