@@ -45,6 +45,7 @@
 
 #include "bench_util.h"
 #include "cli_flags.h"
+#include "gpt_cli.h"
 #include "gpt_dist.h"
 #include "gpt_trainer.h"
 #include "torchpilot/runtime/comm_records.h"
@@ -393,14 +394,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   example_cli::add_int(app, "--warmup", a.warmup, 0, 1000000, "steps before the measured ones")
       ->capture_default_str();
-  example_cli::add_int(app, "--d-model", a.train.d_model, 1, 65536, "model width")
-      ->capture_default_str();
-  example_cli::add_int(app, "--layers", a.train.layers, 1, 4096, "blocks")->capture_default_str();
-  example_cli::add_int(app, "--heads", a.train.heads, 1, 4096, "heads")->capture_default_str();
-  example_cli::add_int(app, "--seq", a.train.seq, 1, 1 << 20, "sequence length")
-      ->capture_default_str();
-  example_cli::add_int(app, "--batch", a.train.batch, 1, 65536, "batch per rank")
-      ->capture_default_str();
+  gpt_example::add_shape_flags(app, a.train, "batch per rank");
   app.add_option("--device", a.train.device, "cpu, cuda; default cuda when available")
       ->check(example_cli::Device());
   app.add_flag("--no-overlap", a.no_overlap, "all-reduce after backward (GradSync overlap off)");

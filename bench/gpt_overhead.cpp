@@ -33,6 +33,7 @@
 
 #include "bench_util.h"
 #include "cli_flags.h"
+#include "gpt_cli.h"
 #include "gpt_flops.h"
 #include "gpt_trainer.h"
 #include "torchpilot/hooks/flop_counter.h"
@@ -190,14 +191,7 @@ int run(int argc, char** argv) {
       "process (bench/README.md).",
       "gpt_overhead");
   example_cli::last_wins(app);
-  example_cli::add_int(app, "--d-model", a.train.d_model, 1, 65536, "model width d")
-      ->capture_default_str();
-  example_cli::add_int(app, "--layers", a.train.layers, 1, 4096, "blocks")->capture_default_str();
-  example_cli::add_int(app, "--heads", a.train.heads, 1, 4096, "attention heads (divide d)")
-      ->capture_default_str();
-  example_cli::add_int(app, "--seq", a.train.seq, 1, 1 << 20, "sequence length T")
-      ->capture_default_str();
-  example_cli::add_int(app, "--batch", a.train.batch, 1, 65536, "batch B")->capture_default_str();
+  gpt_example::add_shape_flags(app, a.train, "batch B");
   app.add_option("--precision", precision, "bf16 autocast on CUDA, or fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();

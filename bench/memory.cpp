@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cli_flags.h"
+#include "gpt_cli.h"
 #include "gpt_trainer.h"
 #include "torchpilot/runtime/batch_policy.h"
 #include "torchpilot/runtime/config.h"
@@ -90,16 +91,7 @@ int run(int argc, char** argv) {
   std::string precision = "bf16";
   CLI::App app{"bench/memory: the micro-batch search against its start and a grid"};
   example_cli::last_wins(app);
-  example_cli::add_int(app, "--d-model", a.train.d_model, 1, 65536, "model width d")
-      ->capture_default_str();
-  example_cli::add_int(app, "--layers", a.train.layers, 1, 4096, "blocks")->capture_default_str();
-  example_cli::add_int(app, "--heads", a.train.heads, 1, 4096, "attention heads (divide d)")
-      ->capture_default_str();
-  example_cli::add_int(app, "--seq", a.train.seq, 1, 1 << 20, "sequence length T")
-      ->capture_default_str();
-  example_cli::add_int(app, "--batch", a.train.batch, 1, 65536,
-                       "the rank's batch (rows per optimizer step)")
-      ->capture_default_str();
+  gpt_example::add_shape_flags(app, a.train, "the rank's batch (rows per optimizer step)");
   example_cli::add_int(app, "--micro", a.micro, 1, 65536, "the starting micro-batch")
       ->capture_default_str();
   app.add_option("--grid", a.grid, "micro-batches of the grid; default powers of two to --batch");

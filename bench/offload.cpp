@@ -29,6 +29,7 @@
 
 #include "bench_util.h"
 #include "cli_flags.h"
+#include "gpt_cli.h"
 #include "gpt_flops.h"
 #include "gpt_trainer.h"
 #include "torchpilot/hooks/activation_offload.h"
@@ -141,15 +142,7 @@ int main(int argc, char** argv) {
       "offloading at a fixed micro-batch, and the largest micro-batch each fits (bench/README.md)",
       "gpt_offload");
   example_cli::last_wins(app);
-  example_cli::add_int(app, "--d-model", a.train.d_model, 1, 65536, "model width d")
-      ->capture_default_str();
-  example_cli::add_int(app, "--layers", a.train.layers, 1, 4096, "blocks")->capture_default_str();
-  example_cli::add_int(app, "--heads", a.train.heads, 1, 4096, "attention heads (divide d)")
-      ->capture_default_str();
-  example_cli::add_int(app, "--seq", a.train.seq, 1, 1 << 20, "sequence length T")
-      ->capture_default_str();
-  example_cli::add_int(app, "--batch", a.train.batch, 1, 65536, "the fixed micro-batch B")
-      ->capture_default_str();
+  gpt_example::add_shape_flags(app, a.train, "the fixed micro-batch B");
   app.add_option("--precision", precision, "bf16 autocast on CUDA, or fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();

@@ -1,0 +1,22 @@
+// The GPT example's model-shape flags, shared by the benchmarks that train it (bench/): --d-model,
+// --layers, --heads, --seq and --batch into TrainOptions, through CLI11 (cli_flags.h).
+#pragma once
+
+#include <string>
+
+#include "cli_flags.h"
+#include "gpt_trainer.h"
+
+namespace gpt_example {
+
+inline void add_shape_flags(CLI::App& app, TrainOptions& t, const std::string& batch_help) {
+  example_cli::add_int(app, "--d-model", t.d_model, 1, 65536, "model width d")
+      ->capture_default_str();
+  example_cli::add_int(app, "--layers", t.layers, 1, 4096, "blocks")->capture_default_str();
+  example_cli::add_int(app, "--heads", t.heads, 1, 4096, "attention heads (divide d)")
+      ->capture_default_str();
+  example_cli::add_int(app, "--seq", t.seq, 1, 1 << 20, "sequence length T")->capture_default_str();
+  example_cli::add_int(app, "--batch", t.batch, 1, 65536, batch_help)->capture_default_str();
+}
+
+}  // namespace gpt_example
