@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_cuda.h"
 #include "cli_flags.h"
 #include "gpt_cli.h"
 #include "gpt_trainer.h"
@@ -38,6 +39,7 @@ struct Args {
   int steps = 50;             // measured steps per setting
   int prime = 5;              // untimed steps before each measurement
   int max_tune_steps = 2000;  // the search's steps at most (it decides within its budget)
+  double memory_fraction = 1;  // of the device's memory the caching allocator may use
   torchpilot::AutotuneConfig autotune;
   std::string machine = "unnamed";
   std::string commit = "unknown";
@@ -71,6 +73,9 @@ json trials_json(const torchpilot::TuningDecision& d) {
     out.push_back({{"micro_batch", t.setting.count(torchpilot::kMicroBatchKnob)
                                        ? json(t.setting.at(torchpilot::kMicroBatchKnob))
                                        : json(nullptr)},
+                   {"offload", t.setting.count("offload.enabled")
+                                   ? json(t.setting.at("offload.enabled") != 0)
+                                   : json(nullptr)},
                    {"throughput", t.throughput},
                    {"unit", t.unit},
                    {"peak_memory_fraction",
@@ -124,6 +129,13 @@ int run(int argc, char** argv) {
   example_cli::add_number(app, "--headroom", a.autotune.memory_headroom, 0.05, 1,
                           "autotune.memory_headroom")
       ->capture_default_str();
+  app.add_flag("--offload-activations", a.train.offload_activations,
+               "the GPT example's activation offloading (its knob joins the search)");
+  example_cli::add_number(app, "--memory-fraction", a.memory_fraction, 0.01, 1,
+                          "cap the CUDA caching allocator at this share of the device's memory "
+                          "(a smaller device: allocations past it fail with the real "
+                          "out-of-memory error)")
+      ->capture_default_str();
   app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
   app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
   app.add_option("--out", a.out, "write the results here (JSON)");
@@ -134,6 +146,12 @@ int run(int argc, char** argv) {
   if (a.grid.empty()) {
     for (int64_t m = 1; m <= a.train.batch; m *= 2) a.grid.push_back(m);
     if (a.grid.back() != a.train.batch) a.grid.push_back(a.train.batch);
+  }
+
+  const bool capped = a.memory_fraction < 1 && bench::cap_device_memory(a.memory_fraction);
+  if (capped) {
+    std::printf("memory: the caching allocator is capped at %.3f of the device's memory\n",
+                a.memory_fraction);
   }
 
   auto options_with = [&](int64_t micro) {
@@ -184,6 +202,7 @@ int run(int argc, char** argv) {
     tuned_tps = measure(trainer, pilot, a);
     tuned["micro_batch"] = tuned_micro;
     tuned["accumulation"] = trainer.accumulation();
+    tuned["offload"] = trainer.offload() != nullptr && trainer.offload()->enabled();
     tuned["tokens_per_s"] = tuned_tps;
     trainer.detach_pilot();
   }
@@ -236,7 +255,9 @@ int run(int argc, char** argv) {
                 {"heads", a.train.heads},
                 {"seq", a.train.seq},
                 {"batch", a.train.batch},
-                {"precision", precision}}},
+                {"precision", precision},
+                {"offload_activations", a.train.offload_activations},
+                {"memory_fraction", capped ? a.memory_fraction : 1.0}}},
               {"autotune",
                {{"warmup_steps", a.autotune.warmup_steps},
                 {"warmup_seconds", a.autotune.warmup_seconds},

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_cuda.h"
 #include "bench_util.h"
 #include "cli_flags.h"
 #include "gpt_cli.h"
@@ -59,6 +60,7 @@ struct Args {
   int search_warmup = 3;
   int search_steps = 8;
   double host_fraction = 0.5;  // of the host's memory that offloaded activations may pin
+  double memory_fraction = 1;  // of the device's memory the caching allocator may use
   std::string machine = "unnamed";
   std::string commit = "unknown";
   std::string out;
@@ -177,6 +179,11 @@ int main(int argc, char** argv) {
                           "the search skips micro-batches whose offloaded activations would pin "
                           "more than this share of the host's memory (estimated)")
       ->capture_default_str();
+  example_cli::add_number(app, "--memory-fraction", a.memory_fraction, 0.01, 1,
+                          "cap the CUDA caching allocator at this share of the device's memory "
+                          "(a smaller device: allocations past it fail with the real "
+                          "out-of-memory error)")
+      ->capture_default_str();
   app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
   app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
   example_cli::add_path(app, "--out", a.out, "FILE", "write the results here (JSON)");
@@ -205,6 +212,11 @@ int main(int argc, char** argv) {
   a.train.fused_attention = attention == "fused";
   a.train.offload_activations = true;
 
+  const bool capped = a.memory_fraction < 1 && bench::cap_device_memory(a.memory_fraction);
+  if (capped) {
+    std::printf("offload: the caching allocator is capped at %.3f of the device's memory\n",
+                a.memory_fraction);
+  }
   torchpilot::Config off_config;
   off_config.mode = torchpilot::Mode::kOff;
   off_config.gpu.enabled = false;
@@ -283,6 +295,7 @@ int main(int argc, char** argv) {
                    {"min_bytes", a.train.offload_min_bytes},
                    {"depth", a.train.offload_depth},
                    {"offload_available", offload->available()},
+                   {"memory_fraction", capped ? a.memory_fraction : 1.0},
                    {"warmup", a.warmup},
                    {"steps", a.steps},
                    {"rounds", a.rounds}};
@@ -378,7 +391,9 @@ int main(int argc, char** argv) {
         "allocated bytes in the window; medians over rounds. Search: a fresh trainer per "
         "micro-batch, ascending, until the first out-of-memory (with offloading, or until the "
         "estimated "
-        "pinned host memory passes --host-fraction of the host's). torchpilot mode off.";
+        "pinned host memory passes --host-fraction of the host's). torchpilot mode off. "
+        "config.memory_fraction < 1: the caching allocator was capped at that share of the "
+        "device's memory (setMemoryFraction), standing for a smaller device.";
     std::ofstream(a.out) << j.dump(2) << "\n";
     std::printf("wrote %s\n", a.out.c_str());
   }

@@ -159,24 +159,43 @@ if want shortepochs; then
 fi
 
 if named memory; then
-  # MEMORY_ARGS / MEMORY_OOM_ARGS: extra flags for each run (e.g. "--steps 30").
-  log "bench: micro-batch search, micro 2 x accumulation 16 vs tuned vs grid"
-  ./build-gpu/bench/memory --batch 32 --micro 2 --machine "$MACHINE" --commit "$COMMIT" \
-    ${MEMORY_ARGS:-} --out "$OUT/memory-$MACHINE.json" 2>&1 | tee "$OUT/memory.log" \
-    | grep -E "^memory:|autotune (trial|decision)|out of memory" | tail -40
-  log "bench: micro-batch search into micro-batches that do not fit"
-  ./build-gpu/bench/memory --batch 512 --micro 32 --grid 32,64,128,256,512 --steps 10 --prime 2 \
-    --machine "$MACHINE" --commit "$COMMIT" ${MEMORY_OOM_ARGS:-} \
-    --out "$OUT/memory-oom-$MACHINE.json" 2>&1 | tee "$OUT/memory-oom.log" \
-    | grep -E "^memory:|autotune (trial|decision)|out of memory" | tail -40
-  log "example: gpt_trainer --batch 32 --micro-batch 2 --mode autotune"
-  ./build-gpu/examples/gpt_trainer --batch 32 --micro-batch 2 --mode autotune --steps 100 \
-    --epochs 3 2>&1 | tee "$OUT/gpt-micro.log" \
-    | grep -E "^gpt:|autotune (trial|decision)|memory|out of memory" | tail -40
+  # MEMORY_RUNS: which runs (default all): start (micro 2 x 16 vs tuned vs grid), oom (trials into
+  # micro-batches that do not fit), offload (the offload stage on a capped allocator), example.
+  # MEMORY_ARGS / MEMORY_OOM_ARGS: extra flags for those runs (e.g. "--steps 30").
+  runs=" ${MEMORY_RUNS:-start oom offload example} "
+  if [[ $runs == *" start "* ]]; then
+    log "bench: micro-batch search, micro 2 x accumulation 16 vs tuned vs grid"
+    ./build-gpu/bench/memory --batch 32 --micro 2 --machine "$MACHINE" --commit "$COMMIT" \
+      ${MEMORY_ARGS:-} --out "$OUT/memory-$MACHINE.json" 2>&1 | tee "$OUT/memory.log" \
+      | grep -E "^memory:|autotune (trial|decision)|out of memory" | tail -40
+  fi
+  if [[ $runs == *" oom "* ]]; then
+    log "bench: micro-batch search into micro-batches that do not fit"
+    ./build-gpu/bench/memory --batch 512 --micro 32 --grid 32,64,128,256,512 --steps 10 \
+      --prime 2 --machine "$MACHINE" --commit "$COMMIT" ${MEMORY_OOM_ARGS:-} \
+      --out "$OUT/memory-oom-$MACHINE.json" 2>&1 | tee "$OUT/memory-oom.log" \
+      | grep -E "^memory:|autotune (trial|decision)|out of memory" | tail -40
+  fi
+  if [[ $runs == *" offload "* ]]; then
+    # A 16 GB device (the allocator capped at 0.2 of 80 GB): micro 32 does not fit without
+    # offloading; the offload stage tries it with offloading and keeps it only if faster.
+    log "bench: the offload stage of the search, allocator capped at 0.2 of the device"
+    ./build-gpu/bench/memory --batch 64 --micro 8 --grid 8,16,32 --steps 10 --prime 2 \
+      --offload-activations --memory-fraction 0.2 --machine "$MACHINE" --commit "$COMMIT" \
+      --out "$OUT/memory-offload-$MACHINE.json" 2>&1 | tee "$OUT/memory-offload.log" \
+      | grep -E "^memory:|autotune (trial|decision)|out of memory|offload" | tail -40
+  fi
+  if [[ $runs == *" example "* ]]; then
+    log "example: gpt_trainer --batch 32 --micro-batch 2 --mode autotune"
+    ./build-gpu/examples/gpt_trainer --batch 32 --micro-batch 2 --mode autotune --steps 100 \
+      --epochs 3 2>&1 | tee "$OUT/gpt-micro.log" \
+      | grep -E "^gpt:|autotune (trial|decision)|memory|out of memory" | tail -40
+  fi
 fi
 
 if named offload; then
-  # OFFLOAD_ARGS: e.g. "--batch 8 --rounds 5 --search 8,16,32,64"; bench/README.md, gpt_offload.
+  # OFFLOAD_ARGS: e.g. "--batch 8 --rounds 5 --search 8,16,32,64 --memory-fraction 0.2";
+  # bench/README.md, gpt_offload.
   log "bench: activation offloading on the GPT example (peak memory, step time, largest micro-batch)"
   ./build-gpu/bench/gpt_offload --machine "$MACHINE" --commit "$COMMIT" ${OFFLOAD_ARGS:-} \
     --out "$OUT/offload-$MACHINE.json" 2>&1 | tee "$OUT/offload.log" | tail -30

@@ -175,6 +175,7 @@ struct Trainer::Impl {
   // options.micro_batch > 0: the accumulation loop, for the Pilot train() was last given.
   std::unique_ptr<torchpilot::Accumulation> acc;
   torchpilot::Pilot* acc_pilot = nullptr;
+  torchpilot::Pilot* offload_pilot = nullptr;  // holds the offload's knob (auto-tune)
   std::unique_ptr<torchpilot::ActivationOffload> offload;
 };
 
@@ -338,6 +339,13 @@ void Trainer::train(torchpilot::Pilot& pilot, int64_t steps) {
     m.acc = std::make_unique<torchpilot::Accumulation>(pilot, m.model->parameters(), a);
     m.acc_pilot = &pilot;
   }
+  // Auto-tune decides offloading: its knob joins the search, which starts with it off.
+  if (m.offload && m.offload->available() && pilot.mode() == torchpilot::Mode::kAutotune &&
+      m.offload_pilot != &pilot) {
+    m.offload->set_enabled(false);
+    pilot.knobs().add(m.offload->knob());
+    m.offload_pilot = &pilot;
+  }
   auto zero_grad = [&] {
     if (m.optimizer) {
       m.optimizer->zero_grad();
@@ -443,6 +451,10 @@ void Trainer::detach_pilot() {
   if (impl_->dist) impl_->dist->detach();
   impl_->acc.reset();  // its knob leaves the Pilot that goes
   impl_->acc_pilot = nullptr;
+  if (impl_->offload_pilot != nullptr) {
+    impl_->offload_pilot->knobs().remove_prefix("offload.");
+    impl_->offload_pilot = nullptr;
+  }
 }
 
 void Trainer::set_grad_sync(bool overlap, double bucket_mb) {

@@ -494,11 +494,38 @@ class OffloadEngine final : public torch::autograd::Engine {
  public:
   OffloadEngine() = default;
   ~OffloadEngine() override { stop(); }
+
+  // LibTorch 2.x starts the device threads once per process, not per engine (a function-local
+  // static in initialize_device_threads_pool): when LibTorch's own engine ran a backward before
+  // this one was installed, this engine has no device queues and a CUDA backward fails an
+  // internal assert. Such an engine adopts the threads (queues and reentrant pool) that did start.
+  c10::intrusive_ptr<at::ivalue::Future> execute_with_graph_task(
+      const std::shared_ptr<torch::autograd::GraphTask>& graph_task,
+      std::shared_ptr<torch::autograd::Node> graph_root,
+      torch::autograd::InputBuffer&& input_buffer) override {
+    initialize_device_threads_pool();
+    std::call_once(adopted_, [this] { adopt_started_threads(); });
+    return Engine::execute_with_graph_task(graph_task, std::move(graph_root),
+                                           std::move(input_buffer));
+  }
   std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
     ActivationOffload::State* s = tl_state;
     if (s == nullptr) return nullptr;
     return std::make_unique<OffloadHooks>(s->shared_from_this());
   }
+
+ private:
+  void adopt_started_threads() {
+    // Pointers to protected members, applied to the base engine (protected access is per class).
+    auto queues = &OffloadEngine::device_ready_queues_;
+    auto pool = &OffloadEngine::thread_pool_shared_;
+    Engine& base = Engine::get_base_engine();
+    if (&base == this) return;
+    if ((this->*queues).empty() && !(base.*queues).empty()) this->*queues = base.*queues;
+    if (!(this->*pool) && (base.*pool)) this->*pool = base.*pool;
+  }
+
+  std::once_flag adopted_;
 };
 
 torch::autograd::Engine& offload_engine() {

@@ -1,0 +1,26 @@
+// CUDA helpers the GPT benchmarks share; no-ops where LibTorch has no CUDA.
+#pragma once
+
+#include <torch/cuda.h>
+
+#if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace bench {
+
+// Caps the CUDA caching allocator of device 0 at `fraction` of the device's memory: a smaller
+// device, whose allocations past the cap fail with the real out-of-memory error. False (nothing
+// done) without CUDA.
+inline bool cap_device_memory(double fraction) {
+#if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
+  if (!torch::cuda::is_available()) return false;
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, 0);
+  return true;
+#else
+  (void)fraction;
+  return false;
+#endif
+}
+
+}  // namespace bench
