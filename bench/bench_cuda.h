@@ -2,6 +2,7 @@
 #pragma once
 
 #include <torch/cuda.h>
+#include <torch/torch.h>
 
 #if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -15,6 +16,7 @@ namespace bench {
 inline bool cap_device_memory(double fraction) {
 #if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
   if (!torch::cuda::is_available()) return false;
+  torch::empty({1}, torch::TensorOptions().device(torch::kCUDA, 0));  // the allocator starts lazily
   c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, 0);
   return true;
 #else

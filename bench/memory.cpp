@@ -99,7 +99,8 @@ int run(int argc, char** argv) {
   gpt_example::add_shape_flags(app, a.train, "the rank's batch (rows per optimizer step)");
   example_cli::add_int(app, "--micro", a.micro, 1, 65536, "the starting micro-batch")
       ->capture_default_str();
-  app.add_option("--grid", a.grid, "micro-batches of the grid; default powers of two to --batch");
+  app.add_option("--grid", a.grid, "micro-batches of the grid; default powers of two to --batch")
+      ->delimiter(',');
   app.add_option("--precision", precision, "bf16 autocast on CUDA, or fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();
