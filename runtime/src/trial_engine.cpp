@@ -39,6 +39,11 @@ void TrialEngine::on_step(const StepRecord& record) {
   last_step_ = record.step;
   last_end_ns_ = record.end_ns;
   samples_reported_ = samples_reported_ || record.samples > 0;
+  if (resume_after_step_) {  // the failed step, rerun with the incumbent: not measured
+    resume_after_step_ = false;
+    next_trial();
+    return;
+  }
   if (settle_left_ > 0) {
     if (--settle_left_ == 0) begin_window();
     return;
@@ -227,7 +232,8 @@ void TrialEngine::read_memory_peak(TrialResult& t) {
 }
 
 bool TrialEngine::fail_current_trial(const std::string& reason) {
-  if (!trial_running() || trials_.empty()) return false;
+  // While the failed step reruns with the incumbent, no trial runs: an error there is the step's.
+  if (!trial_running() || trials_.empty() || resume_after_step_) return false;
   const size_t index = trials_.size() - 1;
   if (agreement) {
     // Every rank measures the same steps: this rank runs the rest of the window with the
@@ -257,7 +263,11 @@ bool TrialEngine::fail_current_trial(const std::string& reason) {
       return true;
     }
     current_ = trials_[incumbent_].setting;
+    // The failed step runs again with the incumbent, which fits; the next trial starts after it.
+    resume_after_step_ = true;
+    return true;
   }
+  // The start itself failed: nothing fits to go back to, the next trial (smaller) reruns it.
   next_trial();
   // The failed step ends under the next trial's setting, slowed by the failure: not measured.
   if (!finished() && settle_left_ == 0) settle_left_ = 1;

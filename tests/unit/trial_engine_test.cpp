@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <optional>
 #include <random>
 #include <set>
@@ -393,6 +394,60 @@ TEST(TrialEngineTest, ThrowingSetterFailsTrialAndRestoresIncumbent) {
   EXPECT_EQ(d.chosen.at("loader.workers"), 3);
   EXPECT_EQ(d.chosen.at("loader.prefetch"), 2);
   EXPECT_DOUBLE_EQ(d.chosen_throughput, sim.throughput(d.chosen));
+}
+
+// Proposes the given workers counts in order, whatever the results.
+class ScriptedPolicy final : public TuningPolicy {
+ public:
+  explicit ScriptedPolicy(std::vector<int64_t> workers) : workers_(std::move(workers)) {}
+  std::string name() const override { return "scripted"; }
+  std::optional<Setting> propose(const std::vector<TrialResult>& trials, size_t,
+                                 const KnobRegistry&) override {
+    if (next_ >= workers_.size()) return std::nullopt;
+    Setting s = trials.front().setting;
+    s["loader.workers"] = workers_[next_++];
+    return s;
+  }
+
+ private:
+  std::vector<int64_t> workers_;
+  size_t next_ = 0;
+};
+
+// An out-of-memory in a trial's step: that step runs again with the incumbent (which fits), and
+// only then does the next proposal start, even when it is already known.
+TEST(TrialEngineTest, AStepThatFailedInATrialRunsAgainWithTheIncumbent) {
+  SimLoader sim;
+  KnobRegistry knobs;
+  register_knobs(knobs, sim);
+  const AutotuneConfig config = default_autotune();
+  TrialEngine engine(knobs, std::make_unique<ScriptedPolicy>(std::vector<int64_t>{2, 6, 3}),
+                     config);
+  Recorded rec;
+  engine.on_trial = [&](const TrialResult& t, bool kept) { rec.trials.push_back({t, kept}); };
+  Driver driver{sim};
+  bool failed_once = false;
+  std::vector<int64_t> after_failure;  // workers of the steps that follow the failure
+  while (!engine.finished() && driver.step < 1000) {
+    if (sim.workers == 6 && !failed_once) {
+      failed_once = true;
+      EXPECT_TRUE(engine.fail_current_trial("out of memory at loader.workers=6"));
+      EXPECT_EQ(sim.workers, 2) << "the incumbent (2 workers beat none) reruns the step";
+      // A failure in the rerun is the step's own, not a trial's.
+      EXPECT_FALSE(engine.fail_current_trial("again"));
+    }
+    if (failed_once && after_failure.size() < 2) after_failure.push_back(sim.workers);
+    engine.on_step(driver.next());
+  }
+  ASSERT_TRUE(failed_once);
+  ASSERT_TRUE(engine.finished());
+  EXPECT_EQ(after_failure, (std::vector<int64_t>{2, 3}))
+      << "the rerun with the incumbent, then the next trial";
+  std::vector<int64_t> tried;
+  for (const auto& t : engine.decision()->trials) tried.push_back(t.setting.at("loader.workers"));
+  EXPECT_EQ(tried, (std::vector<int64_t>{0, 2, 6, 3}));
+  EXPECT_TRUE(engine.decision()->trials[2].failed);
+  EXPECT_EQ(engine.decision()->chosen.at("loader.workers"), 3);
 }
 
 TEST(TrialEngineTest, EverySetterThrowingKeepsTheBaseline) {

@@ -41,7 +41,8 @@ class TrialEngine {
   bool trial_running() const { return started_ && !finished(); }
   // The running trial's setting failed while it ran (out of memory in a step). Alone: the trial
   // is recorded as failed now, the incumbent is restored (its setter is called before this
-  // returns, so the caller can redo its work under it) and the next trial starts; when the failed
+  // returns, so the caller can redo its work under it) and the next trial starts once that step
+  // has ended (the rerun is not measured; a failure within it is not a trial's); when the failed
   // trial is the incumbent itself (the baseline), the policy's next proposal is applied instead.
   // With an agreement: this rank goes back to the incumbent for the rest of the window and the
   // trial fails on every rank when the windows are combined (the same as a setter failure).
@@ -95,6 +96,7 @@ class TrialEngine {
   int64_t first_step_ = 0;
   int64_t last_step_ = 0;
   int settle_left_ = 0;
+  bool resume_after_step_ = false;  // a trial failed mid-step: the next trial waits for its end
   std::vector<Nanos> window_ns_;
   Nanos window_wait_ns_ = 0;
   Nanos window_total_ns_ = 0;
