@@ -155,6 +155,7 @@ const std::vector<KeySpec>& schema() {
       TP_BOOL(gpu.nvtx),
       TP_BOOL(gpu.activity),
       TP_BOOL(gpu.step_markers),
+      TP_DOUBLE(gpu.marker_poll_ms, 0.1, 1000.0),
       TP_BOOL(gpu.sync_op_names),
       TP_INT(gpu.trace_first_step, 0, 1e9),
       TP_INT(gpu.trace_steps, 1, 100000),

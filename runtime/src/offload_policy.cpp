@@ -39,6 +39,10 @@ class OffloadPolicy final : public TuningPolicy {
     }
     if (!failed) return stop();
     s[micro_] = *failed;
+    // A later pass of the sequence (the micro-batch moved) finds the same failure: tried once.
+    for (const auto& t : trials) {
+      if (t.setting == s) return stop();
+    }
     return propose_setting(s);
   }
 

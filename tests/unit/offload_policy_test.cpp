@@ -86,5 +86,14 @@ TEST(OffloadPolicy, AFailedOffloadTrialEndsTheStage) {
   EXPECT_FALSE(p->propose(trials, 0, k.registry));
 }
 
+// A second pass of the sequence (the micro-batch moved in the first) makes a fresh stage: it finds
+// the same out-of-memory micro-batch, whose offloaded trial already ran, and proposes nothing.
+TEST(OffloadPolicy, ASettingTriedInAnEarlierPassIsNotTriedAgain) {
+  Knobs k;
+  const std::vector<TrialResult> trials = {trial(8, 0, 150), trial(16, 0, 160),
+                                           trial(32, 0, 0, true), trial(32, 1, 40)};
+  EXPECT_FALSE(make_offload_policy()->propose(trials, 1, k.registry));
+}
+
 }  // namespace
 }  // namespace torchpilot

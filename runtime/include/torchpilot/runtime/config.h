@@ -59,6 +59,7 @@ struct GpuConfig {
   bool nvtx = true;                   // NVTX ranges for steps and phases ("torchpilot" domain)
   bool activity = true;               // CUPTI activity trace in detailed windows
   bool step_markers = true;           // CUDA events at step boundaries: figures by GPU time
+  double marker_poll_ms = 1;          // how often our thread looks for the GPU reaching them
   bool sync_op_names = true;          // windows name each host sync's op (a callback per op)
   int trace_first_step = 20;          // first window: from this step, or once auto-tune is done
   int trace_steps = 10;               // steps per detailed window
