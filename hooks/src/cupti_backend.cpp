@@ -303,10 +303,11 @@ class CuptiBackend final : public GpuBackend {
       return;
     }
     device_ = probed.info;
-    if (config_.step_markers)
+    if (config_.step_markers) {
       MarkerOptions mo;
       mo.poll_ns = static_cast<Nanos>(config_.marker_poll_ms * 1e6);
       markers_ = std::make_unique<CudaMarkers>(*driver_, device_.index, logger_, mo);
+    }
     logger_.debug("GPU {}: {}, {} SMs, compute capability {}.{}, PCI {}", device_.index,
                   device_.name, device_.sm_count, probed.cc_major, probed.cc_minor,
                   probed.pci_bus_id.empty() ? "?" : probed.pci_bus_id);
