@@ -66,9 +66,16 @@ bool TrialEngine::budget_allows_another_trial() const {
   const int64_t used_steps = last_step_ - first_step_ + 1;
   const Nanos used_ns =
       agreed_elapsed_ns_ >= 0 ? agreed_elapsed_ns_ : last_end_ns_ - first_begin_ns_;
-  const TrialResult& last = trials_.back();
-  // The next trial costs about what the last one did: settle + window, in steps and in time.
-  const double step_ns = std::max<double>(1.0, static_cast<double>(last.mean_step_ns));
+  // The next trial costs about what the last measured one did: settle + window, in steps and in
+  // time (a failed trial has no step time: it would make the next window look endless).
+  Nanos last_step_ns = 0;
+  for (auto it = trials_.rbegin(); it != trials_.rend() && last_step_ns <= 0; ++it) {
+    last_step_ns = it->mean_step_ns;
+  }
+  if (last_step_ns <= 0 && last_step_ > first_step_) {
+    last_step_ns = (last_end_ns_ - first_begin_ns_) / (last_step_ - first_step_ + 1);
+  }
+  const double step_ns = std::max<double>(1.0, static_cast<double>(last_step_ns));
   const double window_steps =
       std::max<double>(config_.measure_steps, config_.min_window_ms * 1e6 / step_ns);
   const double need_steps = config_.settle_steps + window_steps;
