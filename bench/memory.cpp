@@ -35,10 +35,10 @@ using nlohmann::json;
 struct Args {
   gpt_example::TrainOptions train;
   int64_t micro = 2;
-  std::vector<int64_t> grid;  // empty: powers of two up to the batch
-  int steps = 50;             // measured steps per setting
-  int prime = 5;              // untimed steps before each measurement
-  int max_tune_steps = 2000;  // the search's steps at most (it decides within its budget)
+  std::vector<int64_t> grid;   // empty: powers of two up to the batch
+  int steps = 50;              // measured steps per setting
+  int prime = 5;               // untimed steps before each measurement
+  int max_tune_steps = 2000;   // the search's steps at most (it decides within its budget)
   double memory_fraction = 1;  // of the device's memory the caching allocator may use
   torchpilot::AutotuneConfig autotune;
   std::string machine = "unnamed";
@@ -70,18 +70,18 @@ double measure(gpt_example::Trainer& trainer, torchpilot::Pilot& pilot, const Ar
 json trials_json(const torchpilot::TuningDecision& d) {
   json out = json::array();
   for (const auto& t : d.trials) {
-    out.push_back({{"micro_batch", t.setting.count(torchpilot::kMicroBatchKnob)
-                                       ? json(t.setting.at(torchpilot::kMicroBatchKnob))
-                                       : json(nullptr)},
-                   {"offload", t.setting.count("offload.enabled")
-                                   ? json(t.setting.at("offload.enabled") != 0)
-                                   : json(nullptr)},
-                   {"throughput", t.throughput},
-                   {"unit", t.unit},
-                   {"peak_memory_fraction",
-                    t.peak_memory_fraction >= 0 ? json(t.peak_memory_fraction) : json(nullptr)},
-                   {"failed", t.failed},
-                   {"note", t.note}});
+    out.push_back(
+        {{"micro_batch", t.setting.count(torchpilot::kMicroBatchKnob)
+                             ? json(t.setting.at(torchpilot::kMicroBatchKnob))
+                             : json(nullptr)},
+         {"offload", t.setting.count("offload.enabled") ? json(t.setting.at("offload.enabled") != 0)
+                                                        : json(nullptr)},
+         {"throughput", t.throughput},
+         {"unit", t.unit},
+         {"peak_memory_fraction",
+          t.peak_memory_fraction >= 0 ? json(t.peak_memory_fraction) : json(nullptr)},
+         {"failed", t.failed},
+         {"note", t.note}});
   }
   return out;
 }

@@ -37,6 +37,7 @@ template <typename W>
 double work_duration_ms(const W&, long) {
   throw std::runtime_error("c10d::Work has no getDuration in this LibTorch");
 }
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 }  // namespace
 #endif
 
@@ -258,10 +259,16 @@ void GradSync::synchronize() {
         s.resolve(monitor.get());
         timed = std::make_unique<State::Timed>();
         timed->begin.record(at::cuda::getCurrentCUDAStream(s.params.front().device().index()));
-      } catch (...) {  // no durations (timing not enabled on the group) or no events: off
+      } catch (const std::exception& e) {  // no durations (timing not enabled) or no events: off
         s.timing_failed = true;
         s.timed.clear();
         timed.reset();
+        monitor->gpu_timing_unavailable(first_line(e.what()));
+      } catch (...) {
+        s.timing_failed = true;
+        s.timed.clear();
+        timed.reset();
+        monitor->gpu_timing_unavailable("an unknown error");
       }
     }
   }
@@ -295,9 +302,14 @@ void GradSync::synchronize() {
         timed->bytes += b.numel * static_cast<int64_t>(b.buffer.element_size());
       }
       s.timed.push_back(std::move(timed));
+    } catch (const std::exception& e) {
+      s.timing_failed = true;
+      s.timed.clear();
+      monitor->gpu_timing_unavailable(first_line(e.what()));
     } catch (...) {
       s.timing_failed = true;
       s.timed.clear();
+      monitor->gpu_timing_unavailable("an unknown error");
     }
   }
 #endif

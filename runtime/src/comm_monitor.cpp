@@ -196,6 +196,16 @@ void CommMonitor::collective_counted(CommOp op, std::string_view name, int64_t b
   }
 }
 
+void CommMonitor::gpu_timing_unavailable(const std::string& why) {
+  if (timing_unavailable_logged_.exchange(true) || host_ == nullptr) return;
+  try {
+    host_->log(LogLevel::kWarn,
+               "communication: the gradient all-reduces cannot be timed on the GPU (" + why +
+                   "); NCCL communication time comes from detailed windows only");
+  } catch (...) {  // logging never fails the caller
+  }
+}
+
 void CommMonitor::add_gpu_timing(const GpuTiming& t) {
   try {
     std::lock_guard<std::mutex> lock(mu_);

@@ -3,12 +3,15 @@
 // timeouts, tuning agreed across ranks (simulated ranks on threads), the watchdog, and the three
 // communication advisors.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +21,7 @@
 #include "torchpilot/runtime/comm_records.h"
 #include "torchpilot/runtime/gpu_records.h"
 #include "torchpilot/runtime/loader_policy.h"
+#include "torchpilot/runtime/pilot.h"
 #include "torchpilot/runtime/rank_exchange.h"
 #include "torchpilot/runtime/trial_engine.h"
 
@@ -163,6 +167,27 @@ TEST(CommMonitor, CountedCollectivesHaveBytesButNoTime) {
   EXPECT_DOUBLE_EQ(r.metrics.get("comm", "bytes"), 1024);
   EXPECT_DOUBLE_EQ(r.metrics.get("comm", "time_ms"), 0.0);
   EXPECT_EQ(monitor.started(), 1);
+}
+
+// A hook that cannot time its collectives on the GPU says so once, in the Pilot's log.
+TEST(CommMonitor, GpuTimingUnavailableIsLoggedOnce) {
+  std::ostringstream log;
+  PilotOptions o;
+  o.logger = std::make_shared<spdlog::logger>(
+      "comm", std::make_shared<spdlog::sinks::ostream_sink_st>(log));
+  o.clock = std::make_shared<ManualClock>(0);
+  auto monitor = std::make_shared<CommMonitor>();
+  o.collectors = {monitor};
+  Config c;
+  c.gpu.enabled = false;
+  Pilot pilot(c, std::move(o));
+  monitor->gpu_timing_unavailable("getDuration only works if timing was enabled");
+  monitor->gpu_timing_unavailable("again");
+  const std::string text = log.str();
+  EXPECT_NE(text.find("cannot be timed on the GPU (getDuration only works if timing was enabled)"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("again"), std::string::npos) << "logged once: " << text;
 }
 
 TEST(CommMonitor, GpuTimedSyncsGiveLaunchCountedCollectivesTheirTimeAndExposure) {

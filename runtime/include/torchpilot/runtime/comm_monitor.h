@@ -80,6 +80,8 @@ class CommMonitor : public Collector {
     Nanos exposed_ns = 0;  // how long the compute stream waited for them after backward
   };
   void add_gpu_timing(const GpuTiming& timing);
+  // The hook cannot time its collectives (no durations from the backend, no events): logged once.
+  void gpu_timing_unavailable(const std::string& why);
   // Collectives started and not completed, oldest first; and how many have started.
   std::vector<CollectiveRecord> outstanding() const;
   int64_t started() const;
@@ -106,6 +108,7 @@ class CommMonitor : public Collector {
   Options options_;
   std::shared_ptr<Clock> clock_;
   std::atomic<bool> hooks_count_{false};
+  std::atomic<bool> timing_unavailable_logged_{false};
   CollectorHost* host_ = nullptr;
 
   mutable std::mutex mu_;
