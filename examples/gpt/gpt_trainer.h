@@ -6,7 +6,8 @@
 //
 // Batches: the corpus is copied to the device once; each step draws `batch` random window
 // starts on the device (torch::randint, seeded) and gathers windows of T+1 tokens there
-// (input = the first T, target = the last T). No host copy and no host sync per step.
+// (input = the first T, target = the last T). No host copy and no host sync per step. With
+// host_loader instead, a torchpilot::TunableLoader over a host copy of the corpus (below).
 // Precision: kBf16 enables CUDA autocast to bf16 for forward and loss (backward follows it, as in
 // PyTorch); the autocast weight-cast cache is cleared at the end of every step. On the CPU the
 // trainer runs fp32 and says so once.
