@@ -2,8 +2,9 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default ./gpu-out).
-#   scripts/gpu_run.sh [all|build|test|gputest|capture|kineto|clocks|example|bench|gpt|overhead|planted|shortepochs|collectives2|memory|offload]...
-#   (default: all; collectives2 needs two GPUs; memory and offload only when named)
+#   scripts/gpu_run.sh [all|build|test|gputest|capture|kineto|clocks|example|bench|gpt|overhead|planted|shortepochs|collectives2|memory|offload|loader2]...
+#   (default: all; collectives2 and loader2 need two GPUs; memory, offload and loader2 only when
+#   named)
 # gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs,
 # and the per-parameter AdamW beside the default fused one); overhead: bench/gpt_overhead
 # (torchpilot off vs advise vs a detailed window); planted: bench/planted_pairs (the advice on
@@ -87,6 +88,36 @@ elif want collectives2; then
     --straggler-ms 20 --machine "$MACHINE-x2" \
     --commit "$COMMIT" ${COLL_ARGS:-} --out "$OUT/collectives-$MACHINE-x2.json" 2>&1 \
     | tee "$OUT/collectives2.log" | grep -vE "^\s*$" | tail -40
+fi
+
+if named loader2 && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -lt 2 ]; then
+  log "loader2: skipped (fewer than 2 GPUs)"
+elif named loader2; then
+  # The GPT example's host data loader auto-tuned on 2 NCCL ranks (one process per GPU, each its
+  # own log): the reference model of collectives2 (~41 ms/step on an H100 pair) with 10 ms of CPU
+  # work per sample, 160 ms a batch of 16 on the training thread at 0 workers, so the GPU starves
+  # until the search (warm-up: autotune.warmup_steps 200 / warmup_seconds 10) moves loading into
+  # workers. 4 epochs of 100 steps leave ~200 steps after the decision. Both ranks must decide the
+  # same setting at the same step (their JSON records). LOADER2_ARGS overrides or adds flags.
+  log "loader2: GPT example, --host-loader on 2 ranks, mode autotune from 0 workers"
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  rm -f "$OUT"/loader2.jsonl.rank*
+  pids=()
+  for r in 0 1; do
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=${LOADER2_PORT:-29533} WORLD_SIZE=2 RANK=$r LOCAL_RANK=$r \
+      ./build-gpu/examples/gpt_trainer --d-model 1024 --layers 8 --heads 16 --seq 1024 \
+      --batch 16 --precision bf16 --host-loader --loader-sample-us 10000 --loader-workers 0 \
+      --mode autotune --steps 100 --epochs 4 --json "$OUT/loader2.jsonl" ${LOADER2_ARGS:-} \
+      > "$OUT/loader2-rank$r.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || log "loader2: a rank exited with status $?"; done
+  grep -E "^gpt:|autotune (trial|decision)|data wait|loader \(gpt\)" "$OUT/loader2-rank0.log" \
+    | tail -40
+  for r in 0 1; do
+    echo "loader2 rank $r decision: $(grep '"type":"tuning_decision"' "$OUT/loader2.jsonl.rank$r" \
+      | grep -oE '"chosen":\{[^}]*\}|"decided_at_step":[0-9]+' | tr '\n' ' ')"
+  done
 fi
 
 if want clocks; then

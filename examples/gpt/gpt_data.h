@@ -1,7 +1,8 @@
 // The GPT example's training text (no LibTorch): byte-level tokens (vocabulary 256) from a text
 // file, or a deterministic generated pseudo-text corpus. The trainer copies the corpus to the
 // device once and cuts random windows of T+1 tokens there (gpt_trainer.cpp), so no loader sits on
-// the step's critical path: this example is a compute benchmark.
+// the step's critical path: this example is a compute benchmark (unless its host loader is on:
+// TrainOptions::host_loader).
 //
 // Failure behaviour: load_text_corpus throws std::runtime_error naming the file when it cannot be
 // read; both functions are pure otherwise. Thread-safety: none needed (no shared state).

@@ -1,5 +1,6 @@
 #include "gpt_trainer.h"
 
+#include <time.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -9,6 +10,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -17,6 +19,7 @@
 #include "gpt_model.h"
 #include "torchpilot/hooks/accumulation.h"
 #include "torchpilot/hooks/compat.h"
+#include "torchpilot/hooks/tunable_loader.h"
 
 namespace gpt_example {
 
@@ -156,6 +159,73 @@ std::string fused_adamw_problem(const torch::Device& device) {
   return {};
 }
 
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+int64_t thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// The host loader's dataset: sample i is a window of T+1 byte tokens (int64) of the host corpus,
+// data = the first T, target = the last T; its start depends on (seed, rank, i) only, so every
+// epoch sees the same windows and each rank its own. Stateless apart from the hash sink: each
+// loader thread works on its own copy, the corpus is shared read-only.
+class WindowDataset : public torch::data::datasets::Dataset<WindowDataset> {
+ public:
+  WindowDataset(std::shared_ptr<const std::vector<uint8_t>> corpus, int64_t seq, uint64_t seed,
+                int rank, size_t size, double sample_us, double io_us)
+      : corpus_(std::move(corpus)),
+        seq_(seq),
+        key_(splitmix64(seed ^ splitmix64(0x6C6F61646572ull + static_cast<uint64_t>(rank)))),
+        size_(size),
+        sample_ns_(static_cast<int64_t>(sample_us * 1e3)),
+        io_us_(static_cast<int64_t>(io_us)) {}
+
+  torch::data::Example<> get(size_t i) override {
+    const auto& bytes = *corpus_;
+    const auto starts = static_cast<uint64_t>(static_cast<int64_t>(bytes.size()) - seq_ - 1);
+    const size_t start = static_cast<size_t>(splitmix64(key_ ^ splitmix64(i)) % starts);
+    const uint8_t* w = bytes.data() + start;
+    // The per-sample CPU cost is thread CPU time, not a calibrated count of work: the same cost
+    // on any machine without a calibration pass, and unlike a wall-clock busy loop it is work done,
+    // however many threads share the cores (as decoding is). Not a sleep: that loads no core.
+    if (sample_ns_ > 0) {
+      const int64_t until = thread_cpu_ns() + sample_ns_;
+      uint64_t h = hash_ ^ 1469598103934665603ull;
+      do {
+        for (int64_t k = 0; k <= seq_; ++k) h = (h ^ w[k]) * 1099511628211ull;  // FNV-1a
+      } while (thread_cpu_ns() < until);
+      hash_ = h;  // kept, so the loop is not optimized away
+    }
+    if (io_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(io_us_));
+    torch::Tensor tokens = torch::empty({seq_ + 1}, torch::kLong);
+    int64_t* p = tokens.data_ptr<int64_t>();
+    for (int64_t k = 0; k <= seq_; ++k) p[k] = w[k];
+    return {tokens.slice(0, 0, seq_), tokens.slice(0, 1, seq_ + 1)};
+  }
+  torch::optional<size_t> size() const override { return size_; }
+
+ private:
+  std::shared_ptr<const std::vector<uint8_t>> corpus_;
+  int64_t seq_;
+  uint64_t key_;
+  size_t size_;
+  int64_t sample_ns_;
+  int64_t io_us_;
+  uint64_t hash_ = 0;
+};
+
+using WindowBatches =
+    torch::data::datasets::MapDataset<WindowDataset,
+                                      torch::data::transforms::Stack<torch::data::Example<>>>;
+using HostLoader = torchpilot::TunableLoader<WindowBatches>;
+
 }  // namespace
 
 struct Trainer::Impl {
@@ -177,6 +247,10 @@ struct Trainer::Impl {
   torchpilot::Pilot* acc_pilot = nullptr;
   torchpilot::Pilot* offload_pilot = nullptr;  // holds the offload's knob (auto-tune)
   std::unique_ptr<torchpilot::ActivationOffload> offload;
+  // host_loader: the corpus on the host and the loader, attached to loader_pilot.
+  std::shared_ptr<const std::vector<uint8_t>> host_corpus;
+  std::unique_ptr<HostLoader> loader;
+  torchpilot::Pilot* loader_pilot = nullptr;
 };
 
 namespace {
@@ -244,8 +318,17 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
                              " and more");
   }
   m.corpus_tokens = static_cast<int64_t>(bytes.size());
-  m.corpus = torch::from_blob(bytes.data(), {m.corpus_tokens}, torch::kUInt8)
-                 .to(m.device, torch::kUInt8, /*non_blocking=*/false, /*copy=*/true);
+  if (options.host_loader) {
+    if (options.loader_epoch_steps <= 0 || options.loader_workers < 0 ||
+        options.loader_sample_us < 0 || options.loader_io_us < 0) {
+      throw std::invalid_argument(
+          "host loader: epoch steps must be positive, workers and sample costs not negative");
+    }
+    m.host_corpus = std::make_shared<const std::vector<uint8_t>>(std::move(bytes));
+  } else {
+    m.corpus = torch::from_blob(bytes.data(), {m.corpus_tokens}, torch::kUInt8)
+                   .to(m.device, torch::kUInt8, /*non_blocking=*/false, /*copy=*/true);
+  }
   m.window = torch::arange(options.seq + 1, torch::TensorOptions().dtype(torch::kLong))
                  .unsqueeze(0)
                  .to(m.device);
@@ -327,6 +410,28 @@ void Trainer::train(torchpilot::Pilot& pilot, int64_t steps) {
   const int grad_sync = m.dist ? pilot.phase_id("grad_sync") : -1;
   const int host = m.options.host_ms > 0 ? pilot.phase_id("host") : -1;
   if (m.dist) m.dist->attach(pilot);  // before the first step
+  if (m.options.host_loader && m.loader_pilot != &pilot) {
+    // A loader per Pilot: attached before the first step, so its knobs are registered before
+    // the first step on every rank (the ranks' trial sequences must match). A loader attached to
+    // another Pilot leaves it as it goes (detach_pilot destroys it for the same reason).
+    m.loader.reset();
+    torchpilot::LoaderOptions lo;
+    lo.batch_size = static_cast<size_t>(b);
+    lo.workers = m.options.loader_workers;
+    lo.device_index = m.device.is_cuda() ? m.device.index() : 0;
+    lo.drop_last = true;
+    lo.seed = m.options.seed;
+    lo.name = "gpt";
+    const auto samples = static_cast<size_t>(m.options.loader_epoch_steps * b);
+    m.loader = std::make_unique<HostLoader>(
+        WindowDataset(m.host_corpus, t, m.options.seed, m.options.rank, samples,
+                      m.options.loader_sample_us, m.options.loader_io_us)
+            .map(torch::data::transforms::Stack<>()),
+        lo);
+    m.loader->attach(pilot);
+    m.loader->start_epoch();
+    m.loader_pilot = &pilot;
+  }
   const auto long_on_device = torch::TensorOptions().dtype(torch::kLong).device(m.device);
   namespace I = torch::indexing;
   if (m.options.micro_batch > 0 && m.acc_pilot != &pilot) {
@@ -366,6 +471,18 @@ void Trainer::train(torchpilot::Pilot& pilot, int64_t steps) {
     }
   };
   for (int64_t i = 0; i < steps; ++i) {
+    // The host loader's batch before the step opens: the wait for it belongs to the step. At the
+    // end of a loader epoch next() ends the Pilot's epoch (a no-op right after the program's
+    // end_epoch) and the loader's next epoch starts.
+    std::optional<torchpilot::TunableLoader<WindowBatches>::Batch> batch;
+    if (m.loader) {
+      batch = m.loader->next();
+      if (!batch) {
+        m.loader->start_epoch();
+        batch = m.loader->next();
+      }
+      if (!batch) throw std::runtime_error("the host loader delivered no batch");
+    }
     auto step = pilot.step(b * t);  // samples = tokens
     if (m.options.host_ms > 0) {
       auto p = pilot.phase(host);
@@ -374,11 +491,19 @@ void Trainer::train(torchpilot::Pilot& pilot, int64_t steps) {
       while (std::chrono::steady_clock::now() < until) {
       }
     }
-    // The batch, on the device: B random window starts, windows of T+1 tokens.
-    torch::Tensor starts = torch::randint(m.corpus_tokens - t - 1, {b, 1}, long_on_device);
-    torch::Tensor tokens = torch::take(m.corpus, starts + m.window).to(torch::kLong);
-    torch::Tensor input = tokens.index({I::Slice(), I::Slice(0, t)});
-    torch::Tensor target = tokens.index({I::Slice(), I::Slice(1, t + 1)});
+    torch::Tensor input, target;
+    if (batch) {
+      // Pinned (loader.pin_memory): an asynchronous copy; already on the GPU
+      // (loader.device_prefetch): no copy.
+      input = batch->data.to(m.device, /*non_blocking=*/true);
+      target = batch->target.to(m.device, /*non_blocking=*/true);
+    } else {
+      // The batch, on the device: B random window starts, windows of T+1 tokens.
+      torch::Tensor starts = torch::randint(m.corpus_tokens - t - 1, {b, 1}, long_on_device);
+      torch::Tensor tokens = torch::take(m.corpus, starts + m.window).to(torch::kLong);
+      input = tokens.index({I::Slice(), I::Slice(0, t)});
+      target = tokens.index({I::Slice(), I::Slice(1, t + 1)});
+    }
     if (m.acc) {
       // Micro-batches of the same B rows; the loss of the step is the scaled losses' sum (a
       // retry after an out-of-memory error starts again from the first micro-batch).
@@ -451,6 +576,10 @@ void Trainer::detach_pilot() {
   if (impl_->dist) impl_->dist->detach();
   impl_->acc.reset();  // its knob leaves the Pilot that goes
   impl_->acc_pilot = nullptr;
+  // Destroyed rather than kept: TunableLoader has no detach, and its Pilot pointer must not
+  // outlive the Pilot; train() makes a new one (from the epoch's start) for the next Pilot.
+  impl_->loader.reset();
+  impl_->loader_pilot = nullptr;
   if (impl_->offload_pilot != nullptr) {
     impl_->offload_pilot->knobs().remove_prefix("offload.");
     impl_->offload_pilot = nullptr;

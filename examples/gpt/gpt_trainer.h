@@ -6,7 +6,8 @@
 //
 // Batches: the corpus is copied to the device once; each step draws `batch` random window
 // starts on the device (torch::randint, seeded) and gathers windows of T+1 tokens there
-// (input = the first T, target = the last T). No host copy and no host sync per step.
+// (input = the first T, target = the last T). No host copy and no host sync per step. With
+// host_loader instead, a torchpilot::TunableLoader over a host copy of the corpus (below).
 // Precision: kBf16 enables CUDA autocast to bf16 for forward and loss (backward follows it, as in
 // PyTorch); the autocast weight-cast cache is cleared at the end of every step. On the CPU the
 // trainer runs fp32 and says so once.
@@ -20,6 +21,10 @@
 // torchpilot::ActivationOffload (one scope around the whole forward); saved activations of at
 // least offload_min_bytes go to pinned host memory and come back in backward. Without a GPU the
 // library refuses it with one line and the trainer runs as before.
+// Host loader (host_loader): see TrainOptions; the loader is attached to the Pilot train() is
+// given (data wait, loader.* knobs) and ends that Pilot's epoch when its epoch is exhausted,
+// which is at the first step after loader_epoch_steps steps (the program's end_epoch came first:
+// then a no-op).
 // Thread-safety: one thread. Failure behaviour: the constructor throws std::invalid_argument /
 // std::runtime_error on bad sizes or an unreadable text file; train() lets LibTorch's errors
 // (out of memory, ...) through.
@@ -87,6 +92,21 @@ struct TrainOptions {
   bool offload_activations = false;
   int64_t offload_min_bytes = int64_t{1} << 20;  // storages smaller stay on the GPU
   int offload_depth = 4;                         // copies in flight / fetched ahead
+  // Host data loader (opt-in): batches come from a torchpilot::TunableLoader over a host copy of
+  // the corpus instead of being cut on the device, so that the loader's knobs (loader.workers,
+  // loader.prefetch, loader.pin_memory, loader.device_prefetch) can be advised on and auto-tuned.
+  // Sample i of a rank's epoch is a window whose start depends on (seed, rank, i) only: every
+  // epoch sees the same windows, each rank its own. The loader's epoch is loader_epoch_steps
+  // batches (the program's steps per epoch), so its epoch ends where the program's does.
+  bool host_loader = false;
+  // CPU work per sample (standing for tokenization / decoding), microseconds of the producing
+  // thread's CPU time: a loop hashing the window's bytes until that much thread CPU time passed.
+  double loader_sample_us = 0;
+  // Waiting per sample (standing for storage or network latency), microseconds of sleep: costs
+  // no core, so workers hide it even on a machine with fewer cores than threads (the CPU tests).
+  double loader_io_us = 0;
+  int loader_workers = 0;            // the loader.workers knob's start value
+  int64_t loader_epoch_steps = 100;  // batches per loader epoch
 };
 
 class Trainer {

@@ -124,7 +124,29 @@ int main(int argc, char** argv) {
                        "with --offload-activations: copies in flight behind forward and fetched "
                        "ahead in backward")
       ->capture_default_str();
+  app.add_flag("--host-loader", options.host_loader,
+               "batches from a host data loader (torchpilot::TunableLoader over a host copy of "
+               "the corpus, one window per sample) instead of cut on the device: data wait is "
+               "measured and the loader.* knobs are advised on and, in mode autotune, tuned");
+  example_cli::add_number(app, "--loader-sample-us", options.loader_sample_us, 0, 1e7,
+                          "with --host-loader: CPU work per sample, microseconds of the loading "
+                          "thread's CPU time (stands for tokenization / decoding)")
+      ->capture_default_str();
+  example_cli::add_number(app, "--loader-io-us", options.loader_io_us, 0, 1e7,
+                          "with --host-loader: waiting per sample, microseconds of sleep (stands "
+                          "for storage latency; costs no core)")
+      ->capture_default_str();
+  example_cli::add_int(app, "--loader-workers", options.loader_workers, 0, 256,
+                       "with --host-loader: loader worker threads at the start (0: batches made "
+                       "on the training thread; mode autotune tunes it)")
+      ->capture_default_str();
   example_cli::parse_or_exit(app, argc, argv);
+  if (!options.host_loader) {
+    for (const char* flag : {"--loader-sample-us", "--loader-io-us", "--loader-workers"}) {
+      if (app.count(flag) > 0) example_cli::fail(app, flag, "needs --host-loader");
+    }
+  }
+  options.loader_epoch_steps = steps;  // the loader's epoch ends where the program's does
   if (straggler_rank >= world_size && app.count("--world-size") > 0) {
     example_cli::fail(app, "--straggler-rank",
                       std::to_string(straggler_rank) + " is not a rank of --world-size " +
@@ -247,6 +269,14 @@ int main(int argc, char** argv) {
       std::printf("gpt: analytic FLOPs/step %.4g = 6 N tokens %.4g + attention 12 B L T^2 d %.4g\n",
                   analytic, gpt_example::matmul_flops_per_step(shape),
                   gpt_example::attention_flops_per_step(shape));
+    if (speak && options.host_loader) {
+      std::printf(
+          "gpt: host loader: %lld windows of T+1 tokens a batch, %g us CPU + %g us wait a sample, "
+          "%d workers at the start%s\n",
+          static_cast<long long>(options.batch), options.loader_sample_us, options.loader_io_us,
+          options.loader_workers,
+          config.mode == torchpilot::Mode::kAutotune ? "; torchpilot tunes the loader" : "");
+    }
     if (speak && trainer.offload() != nullptr && trainer.offload()->enabled()) {
       std::printf(
           "gpt: activation offloading: saved storages of %lld bytes or more to pinned host "
