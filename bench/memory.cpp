@@ -1,9 +1,11 @@
 // bench/memory: the micro-batch search on the GPT example (docs/memory.md). Measures, each in
 // its own run of the same model:
-//   start  the starting setting (micro-batch --micro x accumulation batch/micro), mode advise;
+//   start  the starting setting (micro-batch --micro x accumulation batch/micro), mode advise,
+//          offloading off (--offload-activations: only auto-tune may turn it on);
 //   tuned  mode autotune from the same start until the decision (failed trials, out-of-memory
 //          recoveries), then the tuned setting measured in the same process;
-//   grid   each micro-batch of --grid in mode advise (an out-of-memory point is recorded as such);
+//   grid   each micro-batch of --grid in mode advise, offloading off (an out-of-memory point is
+//          recorded as such);
 // tokens/s of each (device synchronized around the measured steps), the tuned/start ratio and the
 // tuned setting against the grid's best (goal: within 5%). JSON with machine, date and commit.
 //
@@ -55,6 +57,12 @@ torchpilot::Config config_for(const Args& a, torchpilot::Mode mode) {
 }
 
 bool is_oom(const std::string& what) { return what.find("out of memory") != std::string::npos; }
+
+// The start and the grid run without offloading (an offload made from options starts on): the
+// search starts without it too, and only auto-tune may turn it on.
+void without_offloading(gpt_example::Trainer& trainer) {
+  if (trainer.offload() != nullptr) trainer.offload()->set_enabled(false);
+}
 
 // tokens/s over `steps` steps after `prime` untimed ones.
 double measure(gpt_example::Trainer& trainer, torchpilot::Pilot& pilot, const Args& a) {
@@ -168,6 +176,7 @@ int run(int argc, char** argv) {
   {
     torchpilot::Pilot pilot(config_for(a, torchpilot::Mode::kAdvise));
     gpt_example::Trainer trainer(options_with(a.micro));
+    without_offloading(trainer);
     device = trainer.device();
     precision = gpt_example::to_string(trainer.precision());  // fp32 on the CPU
     start_tps = measure(trainer, pilot, a);
@@ -222,6 +231,7 @@ int run(int argc, char** argv) {
     try {
       torchpilot::Pilot pilot(config_for(a, torchpilot::Mode::kAdvise));
       gpt_example::Trainer trainer(options_with(m));
+      without_offloading(trainer);
       const double tps = measure(trainer, pilot, a);
       trainer.detach_pilot();
       point["tokens_per_s"] = tps;
