@@ -3,13 +3,19 @@
 // trace window (kernel class communication) with the overlap computed from the kernel intervals.
 // NCCL with one rank may shortcut an in-place sum without a kernel: the all-reduce here averages
 // (ReduceOp AVG), and the failure message says what was seen.
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#include <vector>
 
 #include "gpu_test_support.h"
 #include "torchpilot/hooks/collectives.h"
@@ -82,6 +88,80 @@ TEST(CollectivesGpu, NcclKernelsAreSeenAndTheirOverlapComputed) {
   ASSERT_GT(gpu->traced_steps, 0) << run.missing({"activity"});
   EXPECT_GT(k.launches[cls], 0) << "no NCCL kernel in the trace window (NCCL's one-rank path?)";
   EXPECT_GT(k.ns[cls], 0);
+}
+
+// What this LibTorch's NCCL backend emits to RecordFunction observers (docs/collectives.md's
+// table): every USER_SCOPE and FUNCTION scope whose name mentions a collective, with its scope, the
+// thread and its inputs, printed for the docs. Torchpilot's observer relies on one of them: a
+// USER_SCOPE "nccl:<op>" on the calling thread (hooks/src/torch_collectives.cpp).
+struct SeenScope {
+  std::string name;
+  at::RecordScope scope;
+  bool calling_thread;
+  size_t inputs;
+};
+std::mutex g_seen_mu;
+std::vector<SeenScope> g_seen;
+std::thread::id g_caller;
+
+bool collective_name(const char* n) {
+  if (n == nullptr) return false;
+  for (const char* key : {"nccl", "c10d", "record_param_comms", "all_reduce", "allreduce",
+                          "broadcast", "allgather", "all_gather", "barrier"}) {
+    if (std::strstr(n, key) != nullptr) return true;
+  }
+  return false;
+}
+
+std::unique_ptr<at::ObserverContext> record_scope(const at::RecordFunction& fn) {
+  if (!collective_name(fn.name())) return nullptr;
+  std::lock_guard<std::mutex> lock(g_seen_mu);
+  g_seen.push_back(
+      {fn.name(), fn.scope(), std::this_thread::get_id() == g_caller, fn.inputs().size()});
+  return nullptr;
+}
+
+TEST(CollectivesGpu, NcclProfilingScopesSeenByRecordFunction) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, 0, 1);
+  auto t = torch::ones({1 << 20}, torch::kCUDA);
+  {
+    std::vector<at::Tensor> warm{t};  // the communicator is made at the first collective
+    pg->allreduce(warm)->wait();
+  }
+  torch::cuda::synchronize();
+  g_caller = std::this_thread::get_id();
+  const auto handle =
+      at::addGlobalCallback(at::RecordFunctionCallback(record_scope)
+                                .needsInputs(true)
+                                .scopes({at::RecordScope::USER_SCOPE, at::RecordScope::FUNCTION}));
+  {
+    std::vector<at::Tensor> one{t};
+    pg->allreduce(one)->wait();
+    pg->broadcast(one)->wait();
+    std::vector<std::vector<at::Tensor>> out{{torch::empty_like(t)}};
+    pg->allgather(out, one)->wait();
+  }
+  torch::cuda::synchronize();
+  at::removeCallback(handle);
+  std::vector<SeenScope> seen;
+  {
+    std::lock_guard<std::mutex> lock(g_seen_mu);
+    seen = g_seen;
+  }
+  bool user_scope_all_reduce = false;
+  std::printf("RecordFunction scopes of NCCL collectives (allreduce, broadcast, allgather):\n");
+  for (const auto& v : seen) {
+    const bool user = v.scope == at::RecordScope::USER_SCOPE;
+    std::printf("  %-40s %-11s %-15s inputs %zu\n", v.name.c_str(),
+                user ? "USER_SCOPE" : "FUNCTION",
+                v.calling_thread ? "calling thread" : "other thread", v.inputs);
+    if (user && v.calling_thread && v.name == "nccl:all_reduce") user_scope_all_reduce = true;
+  }
+  EXPECT_TRUE(user_scope_all_reduce)
+      << "torchpilot's observer counts NCCL collectives from a USER_SCOPE nccl:<op> on the "
+         "calling thread";
 }
 
 }  // namespace
