@@ -22,7 +22,8 @@ case $2 in
     grep -q 'loader (gpt): workers 0' gpt-loader.log
     grep -q 'gpt: epoch 1: 20 steps, loss' gpt-loader.log
     # Every sample sleeps on the training thread at 0 workers: the wait cannot be zero.
-    wait_s=$(grep '"type":"epoch"' gpt-loader.jsonl | head -1 | grep -o '"data_wait_s":[0-9.e+-]*' \
+    # grep -m1, not `| head -1`: under pipefail a grep cut off by head's exit fails the script.
+    wait_s=$(grep -m1 '"type":"epoch"' gpt-loader.jsonl | grep -o '"data_wait_s":[0-9.e+-]*' \
       | cut -d: -f2)
     echo "epoch 0 data wait: ${wait_s:-none} s"
     awk -v w="${wait_s:-0}" 'BEGIN { exit !(w > 0) }'
