@@ -109,6 +109,15 @@ void CudaMarkers::stop() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) return;
     stopping_ = true;
+    if (counters_.recorded > 0) {
+      // For cost investigations (log.level debug): how the resolver and its anchors fared.
+      logger_.debug(
+          "GPU step markers: {} recorded, {} resolved, {} errors, {} pool exhausted; anchors {} "
+          "taken, {} failed, {} streams replaced, last error {:.1f} us",
+          counters_.recorded, counters_.resolved, counters_.errors, counters_.pool_exhausted,
+          counters_.anchors, counters_.anchor_failures, counters_.streams_replaced,
+          counters_.anchor_error_ns / 1e3);
+    }
   }
   off_.store(true, std::memory_order_release);
   ready_.store(false, std::memory_order_release);
