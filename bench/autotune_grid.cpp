@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -293,9 +292,7 @@ int run(int argc, char** argv) {
   std::printf("| bench wall time | %.0f s |\n", elapsed);
 
   if (!a.out.empty()) {
-    char date[32];
-    std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    const std::string date = bench::utc_date();
     json grid_json = json::array();
     for (size_t i = 0; i < grid.size(); ++i) {
       grid_json.push_back({{"setting", label(grid[i])},
@@ -345,7 +342,7 @@ int run(int argc, char** argv) {
               {"final_round", finals},
               {"grid", grid_json},
               {"wall_s", elapsed}};
-    std::ofstream(a.out) << j.dump(2) << "\n";
+    bench::write_json(a.out, j);
     std::printf("autotune_grid: results in %s\n", a.out.c_str());
   }
   return 0;

@@ -4,6 +4,8 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include "cli_flags.h"
+
 #if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
@@ -23,6 +25,15 @@ inline bool cap_device_memory(double fraction) {
   (void)fraction;
   return false;
 #endif
+}
+
+// --memory-fraction F: the cap for cap_device_memory (1: none).
+inline void add_memory_fraction_flag(CLI::App& app, double& fraction) {
+  example_cli::add_number(app, "--memory-fraction", fraction, 0.01, 1,
+                          "cap the CUDA caching allocator at this share of the device's memory "
+                          "(a smaller device: allocations past it fail with the real "
+                          "out-of-memory error)")
+      ->capture_default_str();
 }
 
 }  // namespace bench

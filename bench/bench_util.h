@@ -3,6 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace bench {
@@ -13,6 +18,21 @@ inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Now in UTC, ISO 8601 ("2026-11-26T12:00:00Z"): the results files' "date".
+inline std::string utc_date() {
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return date;
+}
+
+// Writes `j` to `path`, indented; throws when the file cannot be written.
+inline void write_json(const std::string& path, const nlohmann::json& j, int indent = 2) {
+  std::ofstream out(path);
+  out << j.dump(indent) << "\n";
+  if (!out) throw std::runtime_error("cannot write " + path);
 }
 
 }  // namespace bench

@@ -23,8 +23,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <ctime>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
@@ -178,11 +176,7 @@ bool has(const std::vector<int>& setups, int s) {
 
 int run(int argc, char** argv) {
   Args a;
-  a.train.d_model = 1024;
-  a.train.layers = 12;
-  a.train.heads = 16;
-  a.train.seq = 1024;
-  a.train.batch = 8;
+  a.train = gpt_example::reference_options(8);
   std::string precision = "bf16", attention = "fused", optimizer = "fused";
   std::vector<std::string> configs = {"off", "advise", "window", "counting"};
   CLI::App app(
@@ -352,9 +346,7 @@ int run(int argc, char** argv) {
   std::printf("bench wall time %.0f s\n", elapsed);
 
   if (!a.out.empty()) {
-    char date[32];
-    std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    const std::string date = bench::utc_date();
     json per_config = json::object();
     for (int s = 0; s < kSetups; ++s) {
       if (!has(a.setups, s)) continue;
@@ -449,9 +441,7 @@ int run(int argc, char** argv) {
           {"window", number(median_of(results[kWindow], &RoundResult::tail_excess_ms))}}},
         {"per_config", per_config},
         {"wall_s", elapsed}};
-    std::ofstream out(a.out);
-    out << j.dump(2) << "\n";
-    if (!out) throw std::runtime_error("cannot write " + a.out);
+    bench::write_json(a.out, j);
     std::printf("gpt_overhead: results in %s\n", a.out.c_str());
   }
   return 0;

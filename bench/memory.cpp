@@ -16,13 +16,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <ctime>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "bench_cuda.h"
+#include "bench_util.h"
 #include "cli_flags.h"
 #include "gpt_cli.h"
 #include "gpt_trainer.h"
@@ -96,11 +95,7 @@ json trials_json(const torchpilot::TuningDecision& d) {
 
 int run(int argc, char** argv) {
   Args a;
-  a.train.d_model = 1024;
-  a.train.layers = 12;
-  a.train.heads = 16;
-  a.train.seq = 1024;
-  a.train.batch = 32;
+  a.train = gpt_example::reference_options(32);
   std::string precision = "bf16";
   CLI::App app{"bench/memory: the micro-batch search against its start and a grid"};
   example_cli::last_wins(app);
@@ -140,11 +135,7 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--offload-activations", a.train.offload_activations,
                "the GPT example's activation offloading (its knob joins the search)");
-  example_cli::add_number(app, "--memory-fraction", a.memory_fraction, 0.01, 1,
-                          "cap the CUDA caching allocator at this share of the device's memory "
-                          "(a smaller device: allocations past it fail with the real "
-                          "out-of-memory error)")
-      ->capture_default_str();
+  bench::add_memory_fraction_flag(app, a.memory_fraction);
   app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
   app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
   app.add_option("--out", a.out, "write the results here (JSON)");
@@ -252,9 +243,7 @@ int run(int argc, char** argv) {
               tuned_tps / start_tps, static_cast<long long>(best_micro), within);
 
   if (!a.out.empty()) {
-    char date[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    const std::string date = bench::utc_date();
     json j = {{"benchmark", "memory"},
               {"machine", a.machine},
               {"date", date},
@@ -286,9 +275,7 @@ int run(int argc, char** argv) {
               {"grid", grid},
               {"grid_best_micro_batch", best_micro},
               {"tuned_vs_grid_best", within}};
-    std::ofstream out(a.out);
-    out << j.dump(2) << "\n";
-    if (!out) throw std::runtime_error("cannot write " + a.out);
+    bench::write_json(a.out, j);
   }
   return 0;
 }

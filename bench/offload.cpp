@@ -19,8 +19,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <ctime>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -133,11 +131,7 @@ json stats_json(const torchpilot::OffloadStats& s, int steps) {
 
 int main(int argc, char** argv) {
   Args a;
-  a.train.d_model = 1024;
-  a.train.layers = 12;
-  a.train.heads = 16;
-  a.train.seq = 1024;
-  a.train.batch = 8;
+  a.train = gpt_example::reference_options(8);
   std::string precision = "bf16", attention = "fused";
   CLI::App app(
       "offload: peak memory and step time of the GPT example with and without activation "
@@ -179,11 +173,7 @@ int main(int argc, char** argv) {
                           "the search skips micro-batches whose offloaded activations would pin "
                           "more than this share of the host's memory (estimated)")
       ->capture_default_str();
-  example_cli::add_number(app, "--memory-fraction", a.memory_fraction, 0.01, 1,
-                          "cap the CUDA caching allocator at this share of the device's memory "
-                          "(a smaller device: allocations past it fail with the real "
-                          "out-of-memory error)")
-      ->capture_default_str();
+  bench::add_memory_fraction_flag(app, a.memory_fraction);
   app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
   app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
   example_cli::add_path(app, "--out", a.out, "FILE", "write the results here (JSON)");
@@ -376,9 +366,7 @@ int main(int argc, char** argv) {
   j["search"] = search;
 
   if (!a.out.empty()) {
-    char date[32];
-    std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    const std::string date = bench::utc_date();
     j["bench"] = "offload";
     j["machine"] = a.machine;
     j["date"] = date;
@@ -394,7 +382,7 @@ int main(int argc, char** argv) {
         "pinned host memory passes --host-fraction of the host's). torchpilot mode off. "
         "config.memory_fraction < 1: the caching allocator was capped at that share of the "
         "device's memory (setMemoryFraction), standing for a smaller device.";
-    std::ofstream(a.out) << j.dump(2) << "\n";
+    bench::write_json(a.out, j);
     std::printf("wrote %s\n", a.out.c_str());
   }
   return 0;

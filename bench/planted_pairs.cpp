@@ -44,8 +44,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
-#include <fstream>
 #include <functional>
 #include <future>
 #include <memory>
@@ -844,9 +842,7 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
 
 void write(const std::string& path, const json& j) {
   if (path.empty()) return;
-  std::ofstream out(path);
-  out << j.dump(2) << "\n";
-  if (!out) throw std::runtime_error("cannot write " + path);
+  bench::write_json(path, j);
 }
 
 int run(int argc, char** argv) {
@@ -943,9 +939,7 @@ int run(int argc, char** argv) {
               TORCH_VERSION, g_iterations_per_us);
   std::fflush(stdout);
 
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  const std::string date = bench::utc_date();
   json result = {
       {"bench", "planted_pairs"},
       {"machine", a.machine},

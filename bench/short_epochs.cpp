@@ -18,7 +18,6 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -269,8 +268,7 @@ int main(int argc, char** argv) {
               {"budget", 0.01},
               {"rounds", rounds}};
   if (!a.out.empty()) {
-    std::ofstream f(a.out);
-    f << out.dump(1) << "\n";
+    bench::write_json(a.out, out, 1);
   }
   return 0;
 }

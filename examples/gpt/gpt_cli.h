@@ -1,5 +1,6 @@
-// The GPT example's model-shape flags, shared by the benchmarks that train it (bench/): --d-model,
-// --layers, --heads, --seq and --batch into TrainOptions, through CLI11 (cli_flags.h).
+// The GPT example's reference model and its shape flags, shared by the example and the benchmarks
+// that train it (bench/): --d-model, --layers, --heads, --seq and --batch into TrainOptions,
+// through CLI11 (cli_flags.h).
 #pragma once
 
 #include <string>
@@ -8,6 +9,17 @@
 #include "gpt_trainer.h"
 
 namespace gpt_example {
+
+// The reference model of the example and its benchmarks: d 1024, 12 layers, 16 heads, T 1024.
+inline TrainOptions reference_options(int64_t batch) {
+  TrainOptions t;
+  t.d_model = 1024;
+  t.layers = 12;
+  t.heads = 16;
+  t.seq = 1024;
+  t.batch = batch;
+  return t;
+}
 
 inline void add_shape_flags(CLI::App& app, TrainOptions& t, const std::string& batch_help) {
   example_cli::add_int(app, "--d-model", t.d_model, 1, 65536, "model width d")

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cli_flags.h"
+#include "gpt_cli.h"
 #include "gpt_dist.h"
 #include "gpt_flops.h"
 #include "gpt_trainer.h"
@@ -24,12 +25,7 @@
 #include "torchpilot/runtime/pilot.h"
 
 int main(int argc, char** argv) {
-  gpt_example::TrainOptions options;
-  options.d_model = 1024;
-  options.layers = 12;
-  options.heads = 16;
-  options.seq = 1024;
-  options.batch = 8;
+  gpt_example::TrainOptions options = gpt_example::reference_options(8);
   bool no_flops = false;
   long long steps = 100, epochs = 3;
   double corpus_mb = static_cast<double>(options.corpus_bytes) / (1 << 20);

@@ -252,6 +252,13 @@ void GradSync::synchronize() {
   // Timed only while a Collectives observes, on CUDA, and while the Works have durations.
   std::shared_ptr<CommMonitor> monitor;
   std::unique_ptr<State::Timed> timed;
+  // No durations (timing not enabled on the group) or no events: timing off for good, said once.
+  auto timing_off = [&](const std::string& why) {
+    s.timing_failed = true;
+    s.timed.clear();
+    timed.reset();
+    monitor->gpu_timing_unavailable(why);
+  };
   if (!s.timing_failed && !s.params.empty() && s.params.front().is_cuda()) {
     monitor = detail::observing_comm_monitor();
     if (monitor) {
@@ -259,16 +266,10 @@ void GradSync::synchronize() {
         s.resolve(monitor.get());
         timed = std::make_unique<State::Timed>();
         timed->begin.record(at::cuda::getCurrentCUDAStream(s.params.front().device().index()));
-      } catch (const std::exception& e) {  // no durations (timing not enabled) or no events: off
-        s.timing_failed = true;
-        s.timed.clear();
-        timed.reset();
-        monitor->gpu_timing_unavailable(first_line(e.what()));
+      } catch (const std::exception& e) {
+        timing_off(first_line(e.what()));
       } catch (...) {
-        s.timing_failed = true;
-        s.timed.clear();
-        timed.reset();
-        monitor->gpu_timing_unavailable("an unknown error");
+        timing_off("an unknown error");
       }
     }
   }
@@ -303,13 +304,9 @@ void GradSync::synchronize() {
       }
       s.timed.push_back(std::move(timed));
     } catch (const std::exception& e) {
-      s.timing_failed = true;
-      s.timed.clear();
-      monitor->gpu_timing_unavailable(first_line(e.what()));
+      timing_off(first_line(e.what()));
     } catch (...) {
-      s.timing_failed = true;
-      s.timed.clear();
-      monitor->gpu_timing_unavailable("an unknown error");
+      timing_off("an unknown error");
     }
   }
 #endif

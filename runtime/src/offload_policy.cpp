@@ -27,7 +27,7 @@ class OffloadPolicy final : public TuningPolicy {
     if (value_or(best.setting, kOffloadKnob, 0) != 0) return stop();
     Setting s = best.setting;
     s[kOffloadKnob] = 1;
-    if (best.failed) return propose_setting(s);
+    if (best.failed) return propose_setting(trials, s);
     if (micro == nullptr || best.setting.count(micro_) == 0) return stop();
     // The smallest micro-batch above the incumbent's that failed without offloading.
     const int64_t current = best.setting.at(micro_);
@@ -39,11 +39,7 @@ class OffloadPolicy final : public TuningPolicy {
     }
     if (!failed) return stop();
     s[micro_] = *failed;
-    // A later pass of the sequence (the micro-batch moved) finds the same failure: tried once.
-    for (const auto& t : trials) {
-      if (t.setting == s) return stop();
-    }
-    return propose_setting(s);
+    return propose_setting(trials, s);
   }
 
  private:
@@ -57,12 +53,14 @@ class OffloadPolicy final : public TuningPolicy {
     if (it == micro->domain.end()) return stop();
     Setting s = last.setting;
     s[micro_] = *it;
+    return propose_setting(trials, s);
+  }
+  // A setting already tried (in this pass or, with the micro-batch moved, an earlier one of the
+  // sequence) ends the stage instead.
+  std::optional<Setting> propose_setting(const std::vector<TrialResult>& trials, Setting s) {
     for (const auto& t : trials) {
       if (t.setting == s) return stop();
     }
-    return propose_setting(s);
-  }
-  std::optional<Setting> propose_setting(Setting s) {
     ++proposed_;
     return s;
   }

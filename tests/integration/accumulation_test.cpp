@@ -4,17 +4,14 @@
 // missing.
 #include "torchpilot/hooks/accumulation.h"
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "captured_stderr.h"
 #include "torchpilot/runtime/batch_policy.h"
 
 namespace torchpilot {
@@ -278,50 +275,10 @@ TEST(Accumulation, ThePilotMayGoFirst) {
   acc.reset();
 }
 
-// stderr (the advisory log) captured into a file: this translation unit cannot include spdlog
-// next to LibTorch (the wheel's fmt).
-class CapturedStderr {
- public:
-  CapturedStderr()
-      : path_("/tmp/torchpilot-accumulation-test-" + std::to_string(::getpid()) + ".log") {
-    std::fflush(stderr);
-    saved_ = ::dup(2);
-    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 2);
-    ::close(fd);
-  }
-  ~CapturedStderr() {
-    restore();
-    ::unlink(path_.c_str());
-  }
-  std::string text() {
-    restore();
-    std::ifstream in(path_);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-
- private:
-  void restore() {
-    if (saved_ < 0) return;
-    std::fflush(stderr);
-    ::dup2(saved_, 2);
-    ::close(saved_);
-    saved_ = -1;
-  }
-  std::string path_;
-  int saved_ = -1;
-};
-
-size_t count_of(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
 TEST(Accumulation, SaysOnceThatMemoryFiguresAreMissingOnTheCpu) {
   std::string text;
   {
-    CapturedStderr captured;
+    testing_support::CapturedStderr captured("accumulation-test");
     {
       Pilot pilot(config_for(Mode::kAutotune, "info"));
       ExactlyOnce t;
@@ -344,7 +301,7 @@ TEST(Accumulation, SaysOnceThatMemoryFiguresAreMissingOnTheCpu) {
     }
     text = captured.text();
   }
-  EXPECT_EQ(count_of(text, "memory figures missing"), 1u) << text;
+  EXPECT_EQ(testing_support::occurrences(text, "memory figures missing"), 1) << text;
   EXPECT_NE(text.find("autotune trial [batch.micro="), std::string::npos) << text;
 }
 

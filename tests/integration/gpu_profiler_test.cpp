@@ -1,20 +1,17 @@
 // GPU truth under PyTorch's profiler (label gpu; skips without a GPU): kineto holds CUPTI, and
 // torchpilot must neither crash nor blind it, and must say what it turned off. A separate
 // executable because it uses LibTorch's internal profiler headers.
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "captured_stderr.h"
 #include "gpu_test_support.h"
 #include "torchpilot/advisors/advisors.h"
 #include "torchpilot/runtime/gpu_monitor.h"
@@ -82,43 +79,6 @@ TEST(GpuProfilerTest, RunsCleanlyWhilePyTorchProfilerHoldsCupti) {
   EXPECT_GT(gpu_events, 0) << "torchpilot blinded PyTorch's profiler";
 }
 
-// stderr (where the advisory log goes) captured into a file for the test's duration: this
-// translation unit cannot include spdlog next to LibTorch (the wheel's fmt).
-class CapturedStderr {
- public:
-  CapturedStderr()
-      : path_(std::string("/tmp/torchpilot-profiler-test-") + std::to_string(::getpid()) + ".log") {
-    std::fflush(stderr);
-    saved_ = ::dup(2);
-    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 2);
-    ::close(fd);
-  }
-  ~CapturedStderr() { restore(); }
-  std::string text() {
-    restore();
-    std::ifstream in(path_);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-
- private:
-  void restore() {
-    if (saved_ < 0) return;
-    std::fflush(stderr);
-    ::dup2(saved_, 2);
-    ::close(saved_);
-    saved_ = -1;
-  }
-  std::string path_;
-  int saved_ = -1;
-};
-
-int occurrences(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
 // LibTorch's own profiler (Kineto) started and stopped inside a running trainer while torchpilot
 // samples: torchpilot steps aside (a window asked for meanwhile is skipped, with one line; PM
 // samples on Kineto's clock are dropped, with one line), never crashes, and resumes after: PM
@@ -135,7 +95,7 @@ TEST(GpuProfilerTest, StepsAsideWhilePyTorchProfilerRunsAndResumesAfter) {
   std::vector<EpochSummary> epochs;
   int64_t steps = 0;
   {
-    CapturedStderr captured;
+    testing_support::CapturedStderr captured("profiler-test");
     PilotRun run(gpu_config(1'000'000, 4));  // windows only on request
     if (run.pilot->collector<GpuMonitor>() == nullptr) {
       log = captured.text();
@@ -190,7 +150,7 @@ TEST(GpuProfilerTest, StepsAsideWhilePyTorchProfilerRunsAndResumesAfter) {
   const GpuEpochStats* after = epochs[2].sections.get<GpuEpochStats>();
   EXPECT_TRUE(measured(before->stats.sm_efficiency));
   EXPECT_EQ(during->traced_steps, 0) << "the window during the profiler must step aside";
-  EXPECT_LE(occurrences(log, "GPU trace window skipped"), 1) << "one line";
+  EXPECT_LE(testing_support::occurrences(log, "GPU trace window skipped"), 1) << "one line";
   // Seen on the H100 with torch 2.11: after disableProfiler() Kineto keeps CUPTI's subscription
   // for the rest of the process, so a later window is skipped too, silently (no second line),
   // with the status naming the other client; should it let go, the window is traced.
@@ -206,7 +166,8 @@ TEST(GpuProfilerTest, StepsAsideWhilePyTorchProfilerRunsAndResumesAfter) {
   // PM sampling goes on: its samples line up with the steps again after the profiler.
   EXPECT_TRUE(measured(after->stats.sm_efficiency)) << "PM figures must come back";
   EXPECT_GT(after->stats.sm_efficiency, 0.3) << "4096^2 matmuls keep most SMs busy";
-  EXPECT_LE(occurrences(log, "line up with the steps again"), occurrences(log, "sample times are"));
+  EXPECT_LE(testing_support::occurrences(log, "line up with the steps again"),
+            testing_support::occurrences(log, "sample times are"));
 }
 
 // Issue 14: one planted trainer (host work, GPU work, loss.item() every step: the planted
