@@ -387,7 +387,8 @@ int main(int argc, char** argv) {
       "rounds) and the always-on communication figures (bench/README.md).",
       "collectives");
   example_cli::last_wins(app);
-  example_cli::add_int(app, "--world-size", a.world, 2, 64, "ranks on this host")
+  example_cli::add_int(app, "--world-size", a.world, 1, 64,
+                       "ranks on this host (1: one rank, still through a process group)")
       ->capture_default_str();
   example_cli::add_int(app, "--rounds", a.rounds, 1, 1000, "rounds")->capture_default_str();
   example_cli::add_int(app, "--steps", a.steps, 1, 1000000, "measured steps per round")
@@ -433,6 +434,7 @@ int main(int argc, char** argv) {
     a.train.rank = dist.rank;
     a.train.world_size = dist.world;
     a.train.local_rank = dist.local_rank;
+    a.train.distributed = true;
     a.train.grad_overlap = !a.no_overlap;
     const bool cpu =
         a.train.device == "cpu" || (a.train.device.empty() && !gpt_example::cuda_available());

@@ -100,6 +100,7 @@ struct Args {
   int launch_batch_factor = static_cast<int>(torchpilot::kLaunchBoundBatchFactor);
   std::vector<std::string> pairs;  // empty: all
   std::string machine = "unnamed", commit = "unknown", out;
+  std::string trace_dir;  // report.trace_dir of the advise runs (their windows as trace files)
 };
 
 struct Env {
@@ -657,6 +658,7 @@ torchpilot::Config advise_config(const Args& a) {
   c.mode = torchpilot::Mode::kAdvise;
   c.gpu.trace_first_step = a.window_first;
   c.gpu.trace_steps = a.window_steps;
+  c.report.trace_dir = a.trace_dir;
   c.gpu.trace_every_epochs = 0;
   c.gpu.trace_anomaly_factor = 0;  // one window, where the bench puts it
   c.cost.budget = 1;               // not deferred by the budget: the advice needs the window
@@ -906,6 +908,8 @@ int run(int argc, char** argv) {
   example_cli::add_int(app, "--launch-batch-factor", a.launch_batch_factor, 2, 1024,
                        "launch_bound: the fixed form's batch / the bad form's")
       ->capture_default_str();
+  app.add_option("--trace-dir", a.trace_dir,
+                 "write the advise runs' detailed windows as trace-event files here (report.trace_dir)");
   app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
   app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
   example_cli::add_path(app, "--out", a.out, "FILE", "write the rows here (JSON)");

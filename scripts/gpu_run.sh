@@ -2,9 +2,9 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default ./gpu-out).
-#   scripts/gpu_run.sh [all|build|test|gputest|capture|kineto|clocks|example|bench|gpt|overhead|planted|shortepochs|collectives2|memory|offload|loader2]...
-#   (default: all; collectives2 and loader2 need two GPUs; memory, offload and loader2 only when
-#   named)
+#   scripts/gpu_run.sh [all|build|test|gputest|capture|kineto|clocks|example|bench|gpt|overhead|planted|shortepochs|collectives1|collectives2|memory|offload|loader2]...
+#   (default: all; collectives2 and loader2 need two GPUs; collectives1, memory, offload and
+#   loader2 only when named)
 # gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs,
 # and the per-parameter AdamW beside the default fused one); overhead: bench/gpt_overhead
 # (torchpilot off vs advise vs a detailed window); planted: bench/planted_pairs (the advice on
@@ -69,6 +69,20 @@ fi
 if want collectives; then
   log "collectives: NCCL world size 1 (GPU test, verbose)"
   ./build-gpu/tests/torchpilot_collectives_gpu_tests 2>&1 | tee "$OUT/collectives-gpu.log" | tail -15
+fi
+
+if named collectives1; then
+  # The always-on cost with communication measured, NCCL world size 1 (issue 11): the reference
+  # model of collectives2 on one GPU through a one-rank process group. COLL1_RUNS: "WARMUP/STEPS"
+  # pairs, one run each (a short run weighs each fresh Pilot's start-up more).
+  for ws in ${COLL1_RUNS:-5/30 20/100}; do
+    log "collectives1: NCCL world size 1, off vs advise, warm-up ${ws%/*}, ${ws#*/} steps"
+    ./build-gpu/bench/collectives --world-size 1 --suite overhead --d-model 1024 --layers 8 \
+      --heads 16 --seq 1024 --batch 16 --rounds ${COLL1_ROUNDS:-7} --warmup "${ws%/*}" \
+      --steps "${ws#*/}" --machine "$MACHINE" --commit "$COMMIT" ${COLL1_ARGS:-} \
+      --out "$OUT/collectives1-w${ws%/*}-s${ws#*/}-$MACHINE.json" 2>&1 \
+      | tee "$OUT/collectives1-w${ws%/*}-s${ws#*/}.log" | grep -E "advise_over_off|advise/off|error" | tail -4
+  done
 fi
 
 if want collectives2 && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -lt 2 ]; then
@@ -170,8 +184,10 @@ fi
 
 if want overhead; then
   log "bench: GPT overhead, off vs advise vs detailed window, interleaved"
+  # OVERHEAD_ARGS: e.g. "--batch 32 --rounds 3"; OVERHEAD_TAG names the run's files.
+  tag=${OVERHEAD_TAG:+-$OVERHEAD_TAG}
   ./build-gpu/bench/gpt_overhead --machine "$MACHINE" --commit "$COMMIT" ${OVERHEAD_ARGS:-} \
-    --out "$OUT/gpt-overhead-$MACHINE.json" 2>&1 | tee "$OUT/overhead.log" | tail -25
+    --out "$OUT/gpt-overhead$tag-$MACHINE.json" 2>&1 | tee "$OUT/overhead$tag.log" | tail -25
 fi
 
 if want planted; then

@@ -241,7 +241,7 @@ struct Trainer::Impl {
   torch::Tensor loss_sum;  // running sum on the device (no sync per step)
   int64_t loss_steps = 0;
   int64_t corpus_tokens = 0;
-  std::unique_ptr<DataParallel> dist;  // world_size > 1
+  std::unique_ptr<DataParallel> dist;  // world_size > 1 or distributed
   // options.micro_batch > 0: the accumulation loop, for the Pilot train() was last given.
   std::unique_ptr<torchpilot::Accumulation> acc;
   torchpilot::Pilot* acc_pilot = nullptr;
@@ -275,7 +275,7 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
     throw std::invalid_argument("micro-batch must be in [0, batch]");
   }
   // Backward's hooks would all-reduce each micro-batch's partial gradients: once, after the last.
-  if (options.micro_batch > 0 && options.world_size > 1) m.options.grad_overlap = false;
+  if (options.micro_batch > 0 && (options.world_size > 1 || options.distributed)) m.options.grad_overlap = false;
   if (options.device.empty()) {
     m.device = torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::kCPU;
   } else {
@@ -374,7 +374,7 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
         options.lr, m.optimizer_kind == Optimizer::kFused);
   }
   m.loss_sum = torch::zeros({}, torch::TensorOptions().device(m.device));
-  if (options.world_size > 1) {
+  if (options.world_size > 1 || options.distributed) {
     DistRank r;
     r.rank = options.rank;
     r.world = options.world_size;

@@ -75,6 +75,8 @@ struct TrainOptions {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
+  // A process group and GradSync even at world size 1 (NCCL's one-rank kernels on one GPU).
+  bool distributed = false;
   bool grad_overlap = true;
   double bucket_mb = 25;
   // Host work on the training thread at each step's start (a busy loop, ms): plants a straggler.

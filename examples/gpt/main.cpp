@@ -181,6 +181,8 @@ int main(int argc, char** argv) {
     options.rank = dist.rank;
     options.world_size = dist.world;
     options.local_rank = dist.local_rank;
+    // --world-size 1 or torchrun's variables: a process group of one (NCCL's one-rank kernels).
+    options.distributed = app.count("--world-size") > 0 || std::getenv("RANK") != nullptr;
     options.grad_overlap = !no_overlap;
     if (straggler_rank == dist.rank) options.host_ms = straggler_ms;
     const bool speak = dist.rank == 0;  // rank 0 prints; the others' torchpilot logs warnings
