@@ -54,6 +54,7 @@ struct Args {
   std::string machine = "unnamed";
   std::string commit = "unknown";
   std::string out;
+  std::string trace_dir;  // window runs write their windows here, one folder per run
   std::string log_level =
       "warn";               // torchpilot's log level (debug shows the trace release's timings)
   std::vector<int> setups;  // configurations measured, off first (--configs)
@@ -119,7 +120,12 @@ torchpilot::Config config_for(Setup setup, const Args& a) {
 
 RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, json& collectors) {
   RoundResult r;
-  torchpilot::Pilot pilot(config_for(setup, a));
+  torchpilot::Config config = config_for(setup, a);
+  if (!a.trace_dir.empty() && (setup == kWindow || setup == kWindowNoOps)) {
+    static int window_runs = 0;  // one folder per run: every run's window has the same file name
+    config.report.trace_dir = a.trace_dir + "/run" + std::to_string(++window_runs);
+  }
+  torchpilot::Pilot pilot(config);
   std::optional<torchpilot::FlopCounter> counter;
   if (setup != kOff) counter.emplace(pilot);
   r.gpu_monitor = pilot.collector<torchpilot::GpuMonitor>() != nullptr;
@@ -210,6 +216,9 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   example_cli::add_int(app, "--prime", a.prime, 0, 1000000, "untimed steps before the first round")
       ->capture_default_str();
+  app.add_option("--trace-dir", a.trace_dir,
+                 "window runs write their windows as trace-event files here (report.trace_dir), "
+                 "a folder per run");
   app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
   app.add_option("--log-level", a.log_level, "torchpilot's log level")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))

@@ -692,7 +692,12 @@ AdvisedRun advised_run(Workload& w, const Env& env, const Args& a, int steps) {
   po.sinks = {sink};
   AdvisedRun r;
   {
-    torchpilot::Pilot pilot(advise_config(a), po);
+    torchpilot::Config config = advise_config(a);
+    if (!config.report.trace_dir.empty()) {
+      static int runs = 0;  // one folder per run: every run's window has the same file name
+      config.report.trace_dir += "/run" + std::to_string(++runs);
+    }
+    torchpilot::Pilot pilot(config, po);
     torchpilot::FlopCounter flops(pilot);
     w.begin(pilot);
     w.steps(pilot, steps);
@@ -908,8 +913,10 @@ int run(int argc, char** argv) {
   example_cli::add_int(app, "--launch-batch-factor", a.launch_batch_factor, 2, 1024,
                        "launch_bound: the fixed form's batch / the bad form's")
       ->capture_default_str();
-  app.add_option("--trace-dir", a.trace_dir,
-                 "write the advise runs' detailed windows as trace-event files here (report.trace_dir)");
+  app.add_option(
+      "--trace-dir", a.trace_dir,
+      "write the advise runs' detailed windows as trace-event files here (report.trace_dir), a "
+      "folder per run (the bad form's first)");
   app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
   app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
   example_cli::add_path(app, "--out", a.out, "FILE", "write the rows here (JSON)");

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The always-on cost on 2 NCCL ranks with one part of torchpilot changed at a time (issue 12's
-# overhead budget): bench/collectives --suite overhead, each variant its own run of interleaved
-# off/advise rounds. VARIANTS: "NAME=VAR=VALUE ..." (default below); results to $OUT.
-#   OUT=dir scripts/overhead_isolation.sh
+# The always-on cost on NCCL ranks (WORLD, default 2; 1: one rank through a process group) with
+# one part of torchpilot changed at a time (the overhead budget of issues 11 and 12):
+# bench/collectives --suite overhead, each variant its own run of interleaved off/advise rounds.
+# VARIANTS: "NAME=VAR=VALUE ..." (default below); results to $OUT.
+#   OUT=dir [WORLD=1] scripts/overhead_isolation.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 ROUNDS=${ROUNDS:-7}
+WORLD=${WORLD:-2}
 MACHINE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ' ' '-')
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 variants=${VARIANTS:-"default=NONE=1 markers_off=TORCHPILOT_GPU_STEP_MARKERS=false nvtx_off=TORCHPILOT_GPU_NVTX=false nvml_off=TORCHPILOT_GPU_NVML=false pm_10ms=TORCHPILOT_GPU_PM_INTERVAL_MS=10 pm_off=TORCHPILOT_GPU_PM_SAMPLING=false"}
@@ -14,9 +16,9 @@ for v in $variants; do
   name=${v%%=*}
   assign=${v#*=}
   echo "== $(date -u +%H:%M:%S) overhead variant $name ($assign)"
-  env "$assign" ./build-gpu/bench/collectives --world-size 2 --suite overhead --d-model 1024 \
+  env "$assign" ./build-gpu/bench/collectives --world-size "$WORLD" --suite overhead --d-model 1024 \
     --layers 8 --heads 16 --seq 1024 --batch 16 --rounds "$ROUNDS" --steps 30 --warmup 5 \
-    --machine "$MACHINE-x2" --commit "${COMMIT:-unknown}" \
-    --out "$OUT/overhead-$name.json" > "$OUT/overhead-$name.log" 2>&1
-  grep -E "advise_over_off" "$OUT/overhead-$name.log" | tail -1
+    --machine "$MACHINE-x$WORLD" --commit "${COMMIT:-unknown}" \
+    --out "$OUT/overhead-w$WORLD-$name.json" > "$OUT/overhead-w$WORLD-$name.log" 2>&1
+  grep -E "advise_over_off" "$OUT/overhead-w$WORLD-$name.log" | tail -1
 done

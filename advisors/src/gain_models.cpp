@@ -205,8 +205,14 @@ std::optional<FusionGain> fusion_gain(const EpochSummary& s) {
   const KernelClassStats* k = window(s);
   if (k != nullptr) {
     g.measured = true;
+    // The kernels around each unfused softmax up to the GEMMs that bound it (scale, mask, casts,
+    // dropout; forward and backward) when the window found them, else the softmax and mask
+    // kernels alone.
+    g.pieces_around_softmax = k->unfused_attention_softmaxes > 0;
     g.pieces_s =
-        per_step_s(*k, positive(k->ns[C(KernelClass::kAttention)] - k->fused_attention_ns));
+        g.pieces_around_softmax
+            ? per_step_s(*k, k->unfused_attention_pieces_ns)
+            : per_step_s(*k, positive(k->ns[C(KernelClass::kAttention)] - k->fused_attention_ns));
     // Its matmuls run among the other GEMMs: their FLOPs at the rate the window's GEMMs ran.
     const double gemm_s =
         per_step_s(*k, k->ns[C(KernelClass::kTensorGemm)] + k->ns[C(KernelClass::kSimtGemm)]);
@@ -224,6 +230,11 @@ std::optional<FusionGain> fusion_gain(const EpochSummary& s) {
       g.matmul_traffic_s = kMatmulScoreTrafficShare * f->unfused_attention_traffic_bytes_per_step /
                            f->dram_bytes_per_s;
       g.matmul_s = std::max(g.matmul_s, g.matmul_traffic_s);
+    }
+    // Measured: the GEMMs that bound the softmax segments (QK^T, PV and their gradients).
+    if (k->unfused_attention_gemm_ns > 0) {
+      g.matmul_measured = true;
+      g.matmul_s = per_step_s(*k, k->unfused_attention_gemm_ns);
     }
     g.removed_s = g.pieces_s + g.matmul_s;
   } else if (f->dram_bytes_per_s > 0 && f->unfused_attention_traffic_bytes_per_step > 0 &&

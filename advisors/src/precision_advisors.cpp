@@ -138,12 +138,20 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
   const double gain = model ? model->gain : 0.0;
   std::string how;
   if (model && model->measured) {
-    how = "the window's softmax/mask kernels (" + num(model->pieces_s * 1e3, "%.3g") +
-          " ms) and its attention matmuls (" + num(model->matmul_s * 1e3, "%.3g") +
-          " ms: the longer of their FLOPs at the " + num(model->gemm_rate / 1e12, "%.0f") +
-          " TFLOP/s the window's GEMMs ran and their half of the score-matrix traffic at DRAM "
-          "bandwidth, " +
-          num(model->matmul_traffic_s * 1e3, "%.3g") + " ms)";
+    how = std::string(model->pieces_around_softmax
+                          ? "the window's kernels around each softmax up to its matmuls (scale, "
+                            "mask, softmax, casts; forward and backward: "
+                          : "the window's softmax/mask kernels (") +
+          num(model->pieces_s * 1e3, "%.3g") + " ms) and its attention matmuls (" +
+          num(model->matmul_s * 1e3, "%.3g") + " ms";
+    if (model->matmul_measured) {
+      how += ", measured: the GEMMs that bound the softmax kernels)";
+    } else {
+      how += ": the longer of their FLOPs at the " + num(model->gemm_rate / 1e12, "%.0f") +
+             " TFLOP/s the window's GEMMs ran and their half of the score-matrix traffic at DRAM "
+             "bandwidth, " +
+             num(model->matmul_traffic_s * 1e3, "%.3g") + " ms)";
+    }
   } else if (model) {
     how = "no trace window: the score matrices' estimated traffic at " +
           num(f.dram_bytes_per_s / 1e9, "%.0f") + " GB/s (" + num(model->pieces_s * 1e3, "%.3g") +
@@ -204,6 +212,8 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
     a.evidence.push_back({"unfused_kernel_time_measured", model->measured ? 1.0 : 0.0, "bool"});
     a.evidence.push_back({"predicted_fused_time", model->fused_s * 1e3, "ms"});
     a.evidence.push_back({"attention_matmul_time", model->matmul_s * 1e3, "ms"});
+    a.evidence.push_back(
+        {"attention_matmul_time_measured", model->matmul_measured ? 1.0 : 0.0, "bool"});
     a.evidence.push_back({"fused_attention_rate", model->fused_rate / 1e12, "TFLOP/s"});
   }
   a.expected_gain = gain;

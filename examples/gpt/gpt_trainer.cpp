@@ -275,7 +275,8 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
     throw std::invalid_argument("micro-batch must be in [0, batch]");
   }
   // Backward's hooks would all-reduce each micro-batch's partial gradients: once, after the last.
-  if (options.micro_batch > 0 && (options.world_size > 1 || options.distributed)) m.options.grad_overlap = false;
+  if (options.micro_batch > 0 && (options.world_size > 1 || options.distributed))
+    m.options.grad_overlap = false;
   if (options.device.empty()) {
     m.device = torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::kCPU;
   } else {

@@ -194,7 +194,81 @@ void KernelClassStats::add(const KernelClassStats& o) {
   memsets += o.memsets;
   kernel_sum_ns += o.kernel_sum_ns;
   kernel_sum_scaled_ns += o.kernel_sum_scaled_ns;
+  unfused_attention_pieces_ns += o.unfused_attention_pieces_ns;
+  unfused_attention_gemm_ns += o.unfused_attention_gemm_ns;
+  unfused_attention_softmaxes += o.unfused_attention_softmaxes;
 }
+
+namespace {
+
+bool is_gemm(const KernelKind& k) {
+  return k.cls == KernelClass::kTensorGemm || k.cls == KernelClass::kSimtGemm;
+}
+
+// An unfused attention's softmax: the attention class, not fused, named softmax.
+bool unfused_softmax(const KernelKind& k, const std::string& lowered) {
+  return k.cls == KernelClass::kAttention && !k.fused &&
+         lowered.find("softmax") != std::string::npos;
+}
+
+// Kernels between a softmax and its bounding GEMMs are few (scale, mask, casts, dropout): a
+// softmax with no GEMM this near on a side is not an attention's there.
+constexpr int kMaxPiecesPerSide = 8;
+constexpr int kMaxSkippedBetweenGemms = 2;  // e.g. a copy between backward's two GEMMs
+
+// The segments of unfused attentions in one step's kernels (one stream's, in launch order).
+void add_unfused_attention(KernelClassStats& s, const std::vector<const KernelRecord*>& stream,
+                           const std::vector<KernelKind>& kinds, const std::vector<bool>& softmax,
+                           const std::vector<bool>& backward) {
+  const int n = static_cast<int>(stream.size());
+  std::vector<bool> counted(stream.size(), false);
+  auto take = [&](int i, double* into) {
+    if (counted[static_cast<size_t>(i)]) return;
+    counted[static_cast<size_t>(i)] = true;
+    *into += static_cast<double>(stream[static_cast<size_t>(i)]->end -
+                                 stream[static_cast<size_t>(i)]->begin);
+  };
+  for (int i = 0; i < n; ++i) {
+    if (!softmax[static_cast<size_t>(i)]) continue;
+    const int gemms_per_side = backward[static_cast<size_t>(i)] ? 2 : 1;
+    // Each side: the pieces up to the nearest GEMM, then that GEMM and (backward) the next.
+    std::vector<int> pieces, gemms;
+    bool bounded = true;
+    for (int dir : {-1, +1}) {
+      int j = i + dir, seen = 0;
+      while (j >= 0 && j < n && !is_gemm(kinds[static_cast<size_t>(j)]) &&
+             seen < kMaxPiecesPerSide) {
+        if (softmax[static_cast<size_t>(j)]) break;  // another attention's
+        pieces.push_back(j);
+        j += dir;
+        ++seen;
+      }
+      if (j < 0 || j >= n || !is_gemm(kinds[static_cast<size_t>(j)])) {
+        bounded = false;
+        break;
+      }
+      gemms.push_back(j);
+      for (int g = 1; g < gemms_per_side; ++g) {
+        int k = j + dir, skipped = 0;
+        while (k >= 0 && k < n && !is_gemm(kinds[static_cast<size_t>(k)]) &&
+               skipped < kMaxSkippedBetweenGemms && !softmax[static_cast<size_t>(k)]) {
+          k += dir;
+          ++skipped;
+        }
+        if (k < 0 || k >= n || !is_gemm(kinds[static_cast<size_t>(k)])) break;
+        gemms.push_back(k);
+        j = k;
+      }
+    }
+    if (!bounded) continue;
+    ++s.unfused_attention_softmaxes;
+    take(i, &s.unfused_attention_pieces_ns);
+    for (int j : pieces) take(j, &s.unfused_attention_pieces_ns);
+    for (int j : gemms) take(j, &s.unfused_attention_gemm_ns);
+  }
+}
+
+}  // namespace
 
 void add_kernel_classes(KernelClassStats& stats, const GpuEventBatch& events,
                         const StepSpans& spans, int sm_count) {
@@ -254,6 +328,39 @@ void add_kernel_classes(KernelClassStats& stats, const GpuEventBatch& events,
     if (p.kind.fused && p.kind.cls == KernelClass::kOptimizer) fused_optimizer += p.delta;
   }
   s.idle_ns = static_cast<double>(s.traced_ns) - busy;
+
+  // Unfused attentions: per stream, the kernels that started in the span, in order.
+  std::vector<const KernelRecord*> started;
+  for (const KernelRecord& k : events.kernels) {
+    if (k.begin >= span.begin && k.begin < span.end && !k.communication) started.push_back(&k);
+  }
+  std::stable_sort(started.begin(), started.end(),
+                   [](const KernelRecord* a, const KernelRecord* b) {
+                     return a->stream != b->stream ? a->stream < b->stream : a->begin < b->begin;
+                   });
+  for (size_t b = 0; b < started.size();) {
+    size_t e = b;
+    while (e < started.size() && started[e]->stream == started[b]->stream) ++e;
+    std::vector<const KernelRecord*> stream(started.begin() + static_cast<std::ptrdiff_t>(b),
+                                            started.begin() + static_cast<std::ptrdiff_t>(e));
+    std::vector<KernelKind> kinds;
+    std::vector<bool> softmax, backward;
+    bool any = false;
+    for (const KernelRecord* k : stream) {
+      kinds.push_back(classify_kernel(k->name, k->communication));
+      bool is_softmax = false, is_backward = false;
+      if (kinds.back().cls == KernelClass::kAttention && !kinds.back().fused) {
+        const std::string n = lower(k->name);
+        is_softmax = unfused_softmax(kinds.back(), n);
+        is_backward = n.find("backward") != std::string::npos;
+      }
+      softmax.push_back(is_softmax);
+      backward.push_back(is_backward);
+      any = any || is_softmax;
+    }
+    if (any) add_unfused_attention(s, stream, kinds, softmax, backward);
+    b = e;
+  }
 
   std::vector<Interval> copies, memsets;
   for (const CopyRecord& c : events.copies) {

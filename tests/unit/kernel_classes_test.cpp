@@ -201,6 +201,87 @@ TEST(KernelClasses, WindowTimeIsPartitionedByClassAndIdle) {
   EXPECT_EQ(s.steps, 2);
 }
 
+// An unfused attention as ATen runs it (bf16, nanoGPT's slow path) on one stream, forward then
+// backward, with the model's own GEMMs and a loss around it; a second stream's kernels apart.
+TEST(KernelClasses, UnfusedAttentionSegmentsAreMeasuredAroundEachSoftmax) {
+  const char* gemm = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT";
+  const char* mul =
+      "void at::native::vectorized_elementwise_kernel<8, at::native::AUnaryFunctor<c10::BFloat16, "
+      "c10::BFloat16, c10::BFloat16, at::native::binary_internal::MulFunctor<float> > >";
+  const char* mask =
+      "void at::native::vectorized_elementwise_kernel<8, at::native::(anonymous "
+      "namespace)::masked_fill_kernel(at::TensorIterator&, c10::Scalar const&)::{lambda()#1}>";
+  const char* copy =
+      "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>";
+  std::vector<std::pair<Nanos, const char*>> seq = {
+      {7, gemm},  // qkv projection: not the attention's
+      {2, copy},  // q, k, v made contiguous
+      {5, gemm},  // QK^T
+      {3, mul},   // scale
+      {4, mask},  // causal mask
+      {6,
+       "void (anonymous namespace)::softmax_warp_forward<c10::BFloat16, c10::BFloat16, float, 10, "
+       "false, false>"},
+      {5, gemm},  // PV
+      {7, gemm},  // output projection: not the attention's
+      {9, "void (anonymous namespace)::softmax_warp_forward<float, float, float, 8, true, false>"},
+      {1, "nll_loss_forward_reduce_cuda_kernel_2d"},  // the loss's log_softmax: no attention
+      {7, gemm},                                      // output projection's backward
+      {5, gemm},                                      // dP = dY V^T
+      {1, copy},  // skipped between backward's two GEMMs, not a piece
+      {5, gemm},  // dV = P^T dY
+      {8,
+       "void (anonymous namespace)::softmax_warp_backward<c10::BFloat16, c10::BFloat16, float, 10, "
+       "false, false>"},
+      {4, mask},   // mask backward
+      {3, mul},    // scale backward
+      {5, gemm},   // dQ
+      {5, gemm},   // dK
+      {7, gemm}};  // qkv projection's backward: a third GEMM, not the attention's
+  GpuEventBatch e;
+  Nanos t = 1000;
+  for (const auto& [d, name] : seq) {
+    e.kernels.push_back(kernel(t, t + d, 1, name));
+    t += d + 1;
+  }
+  // Another stream: a softmax with no GEMM near it, and a GEMM.
+  KernelRecord other = kernel(1000, 1010, 1, "cunn_SoftMaxForward<4, float>");
+  other.stream = 7;
+  e.kernels.push_back(other);
+  other = kernel(1011, 1020, 1, gemm);
+  other.stream = 7;
+  e.kernels.push_back(other);
+
+  KernelClassStats s;
+  add_kernel_classes(s, e, traced_span({1000, 1200}), 100);
+  EXPECT_EQ(s.unfused_attention_softmaxes, 2);
+  // Pieces: scale 3, mask 4, softmax 6 (forward); softmax 8, mask 4, scale 3 (backward).
+  EXPECT_DOUBLE_EQ(s.unfused_attention_pieces_ns, 28);
+  // GEMMs: QK^T, PV; dP, dV, dQ, dK: 5 each.
+  EXPECT_DOUBLE_EQ(s.unfused_attention_gemm_ns, 30);
+
+  // Steps add up.
+  add_kernel_classes(s, e, traced_span({1000, 1200}), 100);
+  EXPECT_EQ(s.unfused_attention_softmaxes, 4);
+  EXPECT_DOUBLE_EQ(s.unfused_attention_pieces_ns, 56);
+
+  // A softmax with more kernels than an attention has between it and a GEMM is not bounded.
+  GpuEventBatch far;
+  t = 1000;
+  far.kernels.push_back(kernel(t, t + 5, 1, gemm));
+  for (int i = 0; i < 9; ++i) {
+    t += 6;
+    far.kernels.push_back(kernel(t, t + 5, 1, mul));
+  }
+  t += 6;
+  far.kernels.push_back(kernel(t, t + 5, 1, "cunn_SoftMaxForward<4, float>"));
+  far.kernels.push_back(kernel(t + 6, t + 11, 1, gemm));
+  KernelClassStats none;
+  add_kernel_classes(none, far, traced_span({1000, 1200}), 100);
+  EXPECT_EQ(none.unfused_attention_softmaxes, 0);
+  EXPECT_DOUBLE_EQ(none.unfused_attention_pieces_ns, 0);
+}
+
 TEST(KernelClasses, TraceFromClipsAWindowsFirstStep) {
   KernelClassStats s;
   StepSpans spans = traced_span({1000, 1100});

@@ -297,6 +297,35 @@ TEST(PrecisionAdvisorTest, UnfusedAttentionMatmulsAtLeastTheirScoreTraffic) {
   EXPECT_TRUE(contains(a->action, "score-matrix traffic")) << a->action;
 }
 
+TEST(PrecisionAdvisorTest, UnfusedAttentionFromTheKernelsAroundEachSoftmax) {
+  // The window found the softmax segments: 3 ms of pieces and 2 ms of bounding GEMMs per step
+  // replace the softmax/mask class time and the matmuls' FLOP model.
+  const double F = 1e12;
+  EpochSummary s = make_summary(
+      10, 0,
+      with_unfused(make_flops("NVIDIA H200", {{MathPrecision::kBf16, F}}, 0.4), 0.2 * F, 1e9));
+  GpuEpochStats g;
+  g.device = "NVIDIA H200";
+  g.traced_steps = 10;
+  g.kernel_classes.steps = 10;
+  g.kernel_classes.traced_ns = 100 * kMs;
+  g.kernel_classes.ns[static_cast<size_t>(KernelClass::kAttention)] = 10 * kMs;
+  g.kernel_classes.ns[static_cast<size_t>(KernelClass::kTensorGemm)] = 50 * kMs;
+  g.kernel_classes.unfused_attention_softmaxes = 240;
+  g.kernel_classes.unfused_attention_pieces_ns = 30 * kMs;
+  g.kernel_classes.unfused_attention_gemm_ns = 20 * kMs;
+  s.sections.set<GpuEpochStats>(g);
+  const auto a = advise_unfused_attention(s, kConfig);
+  ASSERT_TRUE(a.has_value());
+  const double fused_ms = 0.2 * 7 / 6 / (989.5 * 0.4) * 1e3;
+  EXPECT_NEAR(*evidence(*a, "attention_matmul_time"), 2.0, 1e-9);
+  EXPECT_EQ(*evidence(*a, "attention_matmul_time_measured"), 1.0);
+  EXPECT_NEAR(*evidence(*a, "unfused_kernel_time"), 5.0, 1e-9);
+  EXPECT_NEAR(a->expected_gain, 10 / (10 - 5 + fused_ms) - 1, 1e-9);
+  EXPECT_TRUE(contains(a->action, "around each softmax")) << a->action;
+  EXPECT_TRUE(contains(a->action, "GEMMs that bound")) << a->action;
+}
+
 TEST(PrecisionAdvisorTest, UnfusedAttentionEstimatedFromTrafficWithoutTrace) {
   const double F = 1e12;
   // 4.8 GB of score-matrix traffic per step at the H200's 4.8 TB/s (1 ms) and the 0.3 TFLOP of

@@ -55,9 +55,12 @@ std::optional<PrecisionGain> precision_gain(const EpochSummary& s);
 // An unfused attention replaced by a fused kernel (scaled_dot_product_attention).
 struct FusionGain {
   double step_s = 0;
-  double pieces_s = 0;  // measured softmax/mask kernels of the unfused attention, per step
-  double matmul_s = 0;  // its matmuls: max(FLOPs at the window's GEMM rate, their score-matrix
-                        // passes at DRAM bandwidth)
+  double pieces_s = 0;  // measured kernels of the unfused attention other than its matmuls
+                        // (around each softmax up to its GEMMs; else softmax and mask alone)
+  double matmul_s = 0;  // its matmuls: measured (the GEMMs bounding the softmax segments), else
+                        // max(FLOPs at the window's GEMM rate, score-matrix passes at DRAM rate)
+  bool matmul_measured = false;
+  bool pieces_around_softmax = false;  // pieces_s from the kernels around each softmax
   double matmul_traffic_s = 0;  // the matmuls' share of the score-matrix traffic / DRAM bandwidth
   double gemm_rate = 0;         // FLOP/s of the window's GEMM kernels (or the calibrated rate)
   bool measured = false;        // from a window (else the score-matrix traffic at DRAM bandwidth)

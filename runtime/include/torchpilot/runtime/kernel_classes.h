@@ -69,6 +69,13 @@ struct KernelClassStats {
   // each kernel scaled to kLaunchBoundBatchFactor x the batch (docs/advice.md, "launch_bound").
   double kernel_sum_ns = 0;
   double kernel_sum_scaled_ns = 0;
+  // Unfused attention, measured (docs/advice.md, "unfused_attention"): around each unfused
+  // softmax kernel on its stream, the kernels up to the nearest GEMM on either side (scale, mask,
+  // casts, dropout, softmax: forward and backward) and those bounding GEMMs (QK^T and PV: one each
+  // side in forward, two in backward). Durations summed.
+  double unfused_attention_pieces_ns = 0;
+  double unfused_attention_gemm_ns = 0;
+  int64_t unfused_attention_softmaxes = 0;  // softmax kernels that bounded a segment
 
   double busy_ns() const;  // sum of ns: the kernel union
   double per_step_ms(double total_ns) const {
