@@ -140,7 +140,6 @@ class CuptiBackend final : public GpuBackend {
         detach_cupti(/*resume_pm=*/true);
         return;
       }
-      if (pm_ != nullptr) pm_->keep_on(true);  // the window's steps get their samples
       ok = true;
     });
     logger_.debug("GPU trace start took {:.2f} ms ({})", (steady_now_ns() - t0) / 1e6,
@@ -151,7 +150,6 @@ class CuptiBackend final : public GpuBackend {
   void stop_trace() override {
     guard("stop_trace", [&] {
       if (activity_ != nullptr && !release_running()) activity_->disable();
-      if (pm_ != nullptr && !release_running()) pm_->keep_on(false);
     });
   }
 
@@ -454,8 +452,6 @@ class CuptiBackend final : public GpuBackend {
     o.chip = device_.chip;
     o.interval_ms = config_.pm_interval_ms;
     o.decode_period_ms = static_cast<int>(std::lround(config_.pm_decode_ms));
-    o.duty = config_.pm_duty;
-    o.duty_period_ms = static_cast<int>(std::lround(config_.pm_duty_period_ms));
     pm_ = std::make_unique<PmSampler>(*cupti_, clock_, logger_, o,
                                       [this](std::vector<PmSample>&& s) { on_pm(s); });
     std::string why = pm_->configure();

@@ -366,7 +366,6 @@ std::string PmSampler::start() {
     std::lock_guard<std::mutex> lock(decode_mutex_);
     discard_next_ = true;
     failed_ = false;
-    paused_ = false;
     consumed_ = 0;
   }
   {
@@ -383,23 +382,16 @@ std::string PmSampler::start() {
 
 void PmSampler::run() {
   const auto period = std::chrono::milliseconds(std::max(1, options_.decode_period_ms));
-  std::chrono::nanoseconds wait = period;
-  {
-    std::lock_guard<std::mutex> lock(decode_mutex_);
-    phase_start_ns_ = steady_now_ns();
-  }
   std::unique_lock<std::mutex> state(state_mutex_);
   for (;;) {
-    wake_.wait_for(state, wait, [this] { return stop_requested_ || decode_requested_; });
+    wake_.wait_for(state, period, [this] { return stop_requested_ || decode_requested_; });
     if (stop_requested_) return;
     decode_requested_ = false;
     state.unlock();
     bool ok = false;
     try {  // nothing may escape a collector thread (std::terminate would end the training)
       std::lock_guard<std::mutex> lock(decode_mutex_);
-      ok = !failed_ && (paused_ || decode_locked());
-      if (ok) wait = std::min<std::chrono::nanoseconds>(period, cycle_locked());
-      ok = ok && !failed_;
+      ok = !failed_ && decode_locked();
     } catch (const std::exception& e) {
       fail_on_exception(e.what());
     } catch (...) {
@@ -410,60 +402,11 @@ void PmSampler::run() {
   }
 }
 
-std::chrono::nanoseconds PmSampler::cycle_locked() {
-  const bool cycling = options_.duty < 1 && options_.duty > 0;
-  const Nanos period = static_cast<Nanos>(std::max(1, options_.duty_period_ms)) * 1'000'000;
-  const auto on_ns = static_cast<Nanos>(static_cast<double>(period) * options_.duty);
-  const Nanos now = steady_now_ns();
-  const Nanos elapsed = now - phase_start_ns_;
-  const bool stay_on = !cycling || keep_on_.load(std::memory_order_acquire);
-  if (paused_ && (stay_on || elapsed >= period - on_ns)) {
-    CUpti_PmSampling_Start_Params p{};
-    p.structSize = CUpti_PmSampling_Start_Params_STRUCT_SIZE;
-    p.pPmSamplingObject = sampler_;
-    const CUptiResult r = api_.pm_sampling_start(&p);
-    if (r != CUPTI_SUCCESS) {
-      failed_ = true;
-      std::lock_guard<std::mutex> state(state_mutex_);
-      reason_ = pm_sampling_error_reason(api_, "cuptiPmSamplingStart (duty cycle)", r);
-      return std::chrono::nanoseconds(0);
-    }
-    paused_ = false;
-    discard_next_ = true;  // as after the first start
-    phase_start_ns_ = now;
-    return std::chrono::nanoseconds(stay_on ? period : on_ns);
-  }
-  if (!paused_ && !stay_on && elapsed >= on_ns) {
-    CUpti_PmSampling_Stop_Params p{};
-    p.structSize = CUpti_PmSampling_Stop_Params_STRUCT_SIZE;
-    p.pPmSamplingObject = sampler_;
-    const CUptiResult r = api_.pm_sampling_stop(&p);
-    if (r != CUPTI_SUCCESS) {
-      failed_ = true;
-      std::lock_guard<std::mutex> state(state_mutex_);
-      reason_ = pm_sampling_error_reason(api_, "cuptiPmSamplingStop (duty cycle)", r);
-      return std::chrono::nanoseconds(0);
-    }
-    decode_locked();  // what the on part left, to the end of the records
-    paused_ = true;
-    phase_start_ns_ = now;
-    return std::chrono::nanoseconds(period - on_ns);
-  }
-  if (stay_on) return std::chrono::nanoseconds(period);
-  const Nanos part = paused_ ? period - on_ns : on_ns;
-  return std::chrono::nanoseconds(std::max<Nanos>(1'000'000, part - elapsed));
-}
-
-void PmSampler::keep_on(bool on) {
-  keep_on_.store(on, std::memory_order_release);
-  if (on) request_decode();  // resumes at once when paused
-}
-
 void PmSampler::decode_now() {
   if (!started_) return;
   std::lock_guard<std::mutex> lock(decode_mutex_);
   try {
-    if (!failed_ && !paused_) decode_locked();
+    if (!failed_) decode_locked();
   } catch (const std::exception& e) {
     failed_ = true;
     std::lock_guard<std::mutex> state(state_mutex_);  // decode_mutex_ -> state_mutex_, as elsewhere
@@ -621,16 +564,13 @@ void PmSampler::stop() {
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
   if (started_) {
+    CUpti_PmSampling_Stop_Params p{};
+    p.structSize = CUpti_PmSampling_Stop_Params_STRUCT_SIZE;
+    p.pPmSamplingObject = sampler_;
+    const CUptiResult r = api_.pm_sampling_stop(&p);
+    if (r != CUPTI_SUCCESS) logger_.debug("cuptiPmSamplingStop: {}", cupti_error_name(api_, r));
     std::lock_guard<std::mutex> lock(decode_mutex_);
-    if (!paused_) {  // a paused sampler was stopped and decoded by its duty cycle
-      CUpti_PmSampling_Stop_Params p{};
-      p.structSize = CUpti_PmSampling_Stop_Params_STRUCT_SIZE;
-      p.pPmSamplingObject = sampler_;
-      const CUptiResult r = api_.pm_sampling_stop(&p);
-      if (r != CUPTI_SUCCESS) logger_.debug("cuptiPmSamplingStop: {}", cupti_error_name(api_, r));
-      if (!failed_) decode_locked();  // what is left, to the end of the records
-    }
-    paused_ = false;
+    if (!failed_) decode_locked();  // what is left, to the end of the records
     started_ = false;
     if (stats_.decodes > 0) {
       const double n = static_cast<double>(stats_.decodes);

@@ -19,8 +19,6 @@
 // decode_now serialize on one mutex; the sink runs on either thread.
 #pragma once
 
-#include <atomic>
-#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -76,11 +74,6 @@ struct PmOptions {
   // core (0.43 ms DecodeData + 0.12 ms evaluation per decode), 50 ms 3.1%, 100 ms 3.0%. Samples
   // reach drain() at most this late; flush() decodes at once.
   int decode_period_ms = 50;
-  // Sampling on for this fraction of each duty period, off for the rest (Stop/Start on the decode
-  // thread): with sampling on, a GPU-bound trainer's steps take about 0.5% longer on the H100
-  // whatever the interval or decode period (bench/results/overhead-isolation-*.json). 1: always.
-  double duty = 1;
-  int duty_period_ms = 1000;
   size_t max_decode_rounds = 64;  // per decode call (each empties the image once)
 };
 
@@ -101,8 +94,6 @@ class PmSampler {
   void decode_now();
   // Wakes the decode thread to decode now; returns at once.
   void request_decode();
-  // While true, sampling stays on whatever the duty (a trace window's steps get their samples).
-  void keep_on(bool on);
   // Stop, decode until the end of the records, Disable, HostDeinitialize. Idempotent.
   void stop();
   // Set when decoding failed on its own (sampling stopped); empty while it works.
@@ -118,9 +109,6 @@ class PmSampler {
   void fail_on_exception(const char* what);  // takes decode_mutex_ then state_mutex_
   bool reinit_image();
   void run();
-  // The duty cycle (decode thread, decode_mutex_ held): pauses or resumes sampling at the
-  // boundaries of its on and off parts; returns how long until the next boundary.
-  std::chrono::nanoseconds cycle_locked();
 
   CuptiApi& api_;
   CuptiClock& clock_;  // re-measured when samples stop lining up
@@ -135,9 +123,6 @@ class PmSampler {
   CUpti_Profiler_Host_Object* host_ = nullptr;
   CUpti_PmSampling_Object* sampler_ = nullptr;
   bool started_ = false;
-  bool paused_ = false;       // started, and stopped by the duty cycle (decode_mutex_)
-  Nanos phase_start_ns_ = 0;  // when the current on or off part began (decode_mutex_)
-  std::atomic<bool> keep_on_{false};
 
   std::mutex decode_mutex_;  // the counter data image and the decode state below
   bool discard_next_ = true;

@@ -151,8 +151,6 @@ const std::vector<KeySpec>& schema() {
       TP_BOOL(gpu.pm_sampling),
       TP_DOUBLE(gpu.pm_interval_ms, 0.1, 1000.0),
       TP_DOUBLE(gpu.pm_decode_ms, 1.0, 10000.0),
-      TP_DOUBLE(gpu.pm_duty, 0.01, 1.0),
-      TP_DOUBLE(gpu.pm_duty_period_ms, 10.0, 600000.0),
       TP_BOOL(gpu.nvml),
       TP_DOUBLE(gpu.nvml_interval_ms, 10.0, 60000.0),
       TP_BOOL(gpu.nvtx),

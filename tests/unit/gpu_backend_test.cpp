@@ -1265,41 +1265,6 @@ TEST(GpuBackend, NoSinglePassSetTurnsPmSamplingOff) {
   EXPECT_FALSE(rig.cupti->pm_enabled);
 }
 
-TEST(GpuBackend, PmDutyCyclePausesSamplingAndATraceWindowKeepsItOn) {
-  Rig rig;
-  rig.config.pm_duty = 0.25;
-  rig.config.pm_duty_period_ms = 40;  // on 10 ms, off 30 ms
-  rig.config.pm_decode_ms = 2;
-  auto b = rig.make();
-  b->start();
-  auto count = [&](const char* call) {
-    std::lock_guard<std::mutex> lock(rig.cupti->m);
-    return std::count(rig.cupti->calls.begin(), rig.cupti->calls.end(), call);
-  };
-  // Stopped and started again by the cycle, several times, with no error.
-  ASSERT_TRUE(eventually([&] { return count("Stop") >= 3 && count("Start") >= 4; }));
-  EXPECT_TRUE(status_of(*b, "pm_sampling").active);
-  // A trace window: sampling resumes and stays on past several periods.
-  ASSERT_TRUE(b->start_trace());
-  ASSERT_TRUE(eventually([&] {
-    std::lock_guard<std::mutex> lock(rig.cupti->m);
-    return rig.cupti->pm_started;
-  }));
-  const auto stops = count("Stop");
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
-  EXPECT_EQ(count("Stop"), stops);
-  {
-    std::lock_guard<std::mutex> lock(rig.cupti->m);
-    EXPECT_TRUE(rig.cupti->pm_started);
-  }
-  // After the window the cycle resumes.
-  b->stop_trace();
-  ASSERT_TRUE(eventually([&] { return count("Stop") > stops; }));
-  b->stop();
-  EXPECT_FALSE(rig.cupti->pm_enabled);
-  EXPECT_FALSE(rig.cupti->pm_started);
-}
-
 TEST(GpuBackend, DecodeFailureStopsPmSamplingWithAReason) {
   Rig rig;
   auto b = rig.make();

@@ -55,8 +55,6 @@ struct GpuConfig {
   bool pm_sampling = true;            // always-on hardware counters (SM, tensor pipe, DRAM, PCIe)
   double pm_interval_ms = 2;          // PM sampling interval
   double pm_decode_ms = 50;           // how often PM samples are decoded (on their own thread)
-  double pm_duty = 1;                 // fraction of each duty period PM sampling is on
-  double pm_duty_period_ms = 1000;    // its period; trace windows sample throughout
   bool nvml = true;                   // NVML utilization.gpu beside the truth
   double nvml_interval_ms = 100;      // NVML polling interval
   bool nvtx = true;                   // NVTX ranges for steps and phases ("torchpilot" domain)
