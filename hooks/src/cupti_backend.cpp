@@ -5,7 +5,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -451,7 +450,6 @@ class CuptiBackend final : public GpuBackend {
     o.device = device_.index;
     o.chip = device_.chip;
     o.interval_ms = config_.pm_interval_ms;
-    o.decode_period_ms = static_cast<int>(std::lround(config_.pm_decode_ms));
     pm_ = std::make_unique<PmSampler>(*cupti_, clock_, logger_, o,
                                       [this](std::vector<PmSample>&& s) { on_pm(s); });
     std::string why = pm_->configure();

@@ -150,7 +150,6 @@ const std::vector<KeySpec>& schema() {
       TP_INT(gpu.device, 0, 1023),
       TP_BOOL(gpu.pm_sampling),
       TP_DOUBLE(gpu.pm_interval_ms, 0.1, 1000.0),
-      TP_DOUBLE(gpu.pm_decode_ms, 1.0, 10000.0),
       TP_BOOL(gpu.nvml),
       TP_DOUBLE(gpu.nvml_interval_ms, 10.0, 60000.0),
       TP_BOOL(gpu.nvtx),

@@ -54,7 +54,6 @@ struct GpuConfig {
   int device = 0;                     // CUDA device index observed
   bool pm_sampling = true;            // always-on hardware counters (SM, tensor pipe, DRAM, PCIe)
   double pm_interval_ms = 2;          // PM sampling interval
-  double pm_decode_ms = 50;           // how often PM samples are decoded (on their own thread)
   bool nvml = true;                   // NVML utilization.gpu beside the truth
   double nvml_interval_ms = 100;      // NVML polling interval
   bool nvtx = true;                   // NVTX ranges for steps and phases ("torchpilot" domain)
