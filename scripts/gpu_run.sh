@@ -256,7 +256,8 @@ fi
 
 if want bench; then
   log "bench: auto-tune vs exhaustive grid"
-  ./build-gpu/bench/autotune_grid --machine "$MACHINE" --commit "$COMMIT" \
+  # AUTOTUNE_ARGS: e.g. "--screen-rounds 1" (a shorter screen of the grid).
+  ./build-gpu/bench/autotune_grid --machine "$MACHINE" --commit "$COMMIT" ${AUTOTUNE_ARGS:-} \
     --out "$OUT/autotune-grid-$MACHINE.json" 2>&1 | tee "$OUT/bench.log" | tail -15
 fi
 log done
