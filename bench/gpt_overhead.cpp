@@ -54,6 +54,7 @@ struct Args {
   std::string machine = "unnamed";
   std::string commit = "unknown";
   std::string out;
+  bool pm_sampling = true;  // gpu.pm_sampling of the configurations other than off
   std::string trace_dir;  // window runs write their windows here, one folder per run
   std::string log_level =
       "warn";               // torchpilot's log level (debug shows the trace release's timings)
@@ -95,6 +96,7 @@ json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 torchpilot::Config config_for(Setup setup, const Args& a) {
   torchpilot::Config c;  // defaults, not the environment: the bench controls every key
   c.log.level = a.log_level;
+  c.gpu.pm_sampling = a.pm_sampling;
   if (setup == kOff) {
     c.mode = torchpilot::Mode::kOff;
     c.gpu.enabled = false;
@@ -216,6 +218,9 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   example_cli::add_int(app, "--prime", a.prime, 0, 1000000, "untimed steps before the first round")
       ->capture_default_str();
+  app.add_flag("!--no-pm-sampling", a.pm_sampling,
+               "PM sampling off in every configuration (gpu.pm_sampling false): its share of the "
+               "cost");
   app.add_option("--trace-dir", a.trace_dir,
                  "window runs write their windows as trace-event files here (report.trace_dir), "
                  "a folder per run");
