@@ -55,7 +55,7 @@ struct Args {
   std::string commit = "unknown";
   std::string out;
   bool pm_sampling = true;  // gpu.pm_sampling of the configurations other than off
-  std::string trace_dir;  // window runs write their windows here, one folder per run
+  std::string trace_dir;    // window runs write their windows here, one folder per run
   std::string log_level =
       "warn";               // torchpilot's log level (debug shows the trace release's timings)
   std::vector<int> setups;  // configurations measured, off first (--configs)
