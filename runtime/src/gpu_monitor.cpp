@@ -427,15 +427,15 @@ bool GpuMonitor::gpu_span(const PendingStep& p, Nanos now, bool all, StepSpans& 
   return false;
 }
 
-void GpuMonitor::finish_ready_steps(bool all, Nanos now, bool pm_flushed) {
+void GpuMonitor::finish_ready_steps(bool all, Nanos now, bool pm_flushed, Nanos budget_ns) {
   // A window's records often arrive at once (its release's forced flush): finishing its steps
   // takes milliseconds each (13 ms a step at batch 32 on the H100), so a step call finishes
   // them for at most kFinishBudgetNs (two at least, so a backlog shrinks) and the next calls go
-  // on; the epoch's end (all) finishes every one.
+  // on; an epoch's end within what its wait allows; close() (all) finishes every one.
   const Nanos t0 = now_ns();
   int finished = 0;
   while (!pending_.empty()) {
-    if (!all && finished >= 2 && now_ns() - t0 > kFinishBudgetNs) break;
+    if (!all && finished >= 2 && now_ns() - t0 > budget_ns) break;
     const PendingStep& p = pending_.front();
     StepSpans spans;
     bool timed_out = false;
@@ -570,7 +570,8 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   }
   if (a.release || !backend_->trace_releasing()) refresh_pm_status();
   drain();
-  finish_ready_steps(false, latest_ns_, flushed);
+  finish_ready_steps(false, latest_ns_, flushed,
+                     std::max(kFinishBudgetNs, allowed - (now_ns() - t0)));
   bool traced_pending = false;
   for (const PendingStep& p : pending_) traced_pending = traced_pending || p.traced;
   if (!traced_pending) publish_window();  // a window does not run across epochs

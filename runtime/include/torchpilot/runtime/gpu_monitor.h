@@ -103,7 +103,9 @@ class GpuMonitor : public Collector {
   bool gpu_span(const PendingStep& step, Nanos now, bool all, StepSpans& spans, bool& timed_out);
   // all: every pending step now (markers not resolved: host span). pm_flushed: the collectors
   // were just flushed, so PM samples do not hold back a step the GPU has run.
-  void finish_ready_steps(bool all, Nanos now, bool pm_flushed = false);
+  // Finishes ready steps for up to budget_ns (two at least); all: every pending step, at once.
+  void finish_ready_steps(bool all, Nanos now, bool pm_flushed = false,
+                          Nanos budget_ns = kFinishBudgetNs);
   Nanos now_ns() const;  // the host's clock
   void finish(const PendingStep& step, const StepSpans& spans);
   void prune_events();
