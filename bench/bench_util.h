@@ -21,6 +21,13 @@ inline double median(std::vector<double> v) {
 }
 
 // Now in UTC, ISO 8601 ("2026-11-26T12:00:00Z"): the results files' "date".
+// The next of a process's run folders under `dir` (dir/run1, dir/run2, ...) for
+// report.trace_dir: every run's window has the same file name.
+inline std::string next_run_folder(const std::string& dir) {
+  static int runs = 0;
+  return dir + "/run" + std::to_string(++runs);
+}
+
 inline std::string utc_date() {
   char date[32];
   const std::time_t now = std::time(nullptr);

@@ -124,8 +124,7 @@ RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, j
   RoundResult r;
   torchpilot::Config config = config_for(setup, a);
   if (!a.trace_dir.empty() && (setup == kWindow || setup == kWindowNoOps)) {
-    static int window_runs = 0;  // one folder per run: every run's window has the same file name
-    config.report.trace_dir = a.trace_dir + "/run" + std::to_string(++window_runs);
+    config.report.trace_dir = bench::next_run_folder(a.trace_dir);
   }
   torchpilot::Pilot pilot(config);
   std::optional<torchpilot::FlopCounter> counter;

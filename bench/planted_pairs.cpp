@@ -694,8 +694,7 @@ AdvisedRun advised_run(Workload& w, const Env& env, const Args& a, int steps) {
   {
     torchpilot::Config config = advise_config(a);
     if (!config.report.trace_dir.empty()) {
-      static int runs = 0;  // one folder per run: every run's window has the same file name
-      config.report.trace_dir += "/run" + std::to_string(++runs);
+      config.report.trace_dir = bench::next_run_folder(config.report.trace_dir);
     }
     torchpilot::Pilot pilot(config, po);
     torchpilot::FlopCounter flops(pilot);

@@ -274,9 +274,9 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
   if (options.micro_batch < 0 || options.micro_batch > options.batch) {
     throw std::invalid_argument("micro-batch must be in [0, batch]");
   }
+  const bool data_parallel = options.world_size > 1 || options.distributed;
   // Backward's hooks would all-reduce each micro-batch's partial gradients: once, after the last.
-  if (options.micro_batch > 0 && (options.world_size > 1 || options.distributed))
-    m.options.grad_overlap = false;
+  if (options.micro_batch > 0 && data_parallel) m.options.grad_overlap = false;
   if (options.device.empty()) {
     m.device = torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::kCPU;
   } else {
@@ -375,7 +375,7 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
         options.lr, m.optimizer_kind == Optimizer::kFused);
   }
   m.loss_sum = torch::zeros({}, torch::TensorOptions().device(m.device));
-  if (options.world_size > 1 || options.distributed) {
+  if (data_parallel) {
     DistRank r;
     r.rank = options.rank;
     r.world = options.world_size;

@@ -202,23 +202,9 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   if (window || r.end_ns - last_collect_ns_ >= kCollectEveryNs || last_collect_ns_ < 0 ||
       pending_.size() >= kCollectMaxPending) {
     last_collect_ns_ = r.end_ns;
-    const Nanos t0 = now_ns();
     drain();
-    const Nanos t1 = now_ns();
     maybe_stop_trace(r.end_ns, false);
-    const Nanos t2 = now_ns();
     finish_ready_steps(false, r.end_ns);
-    const Nanos t3 = now_ns();
-    if (host_ != nullptr && t3 - t0 > kSlowCollectNs) {
-      // For window-end stall investigations (log.level debug).
-      char buf[160];
-      std::snprintf(buf, sizeof buf,
-                    "GPU monitor: slow collection at step %lld: drain %.1f ms, trace stop %.1f "
-                    "ms, steps finished %.1f ms",
-                    static_cast<long long>(r.step), (t1 - t0) / 1e6, (t2 - t1) / 1e6,
-                    (t3 - t2) / 1e6);
-      host_->log(LogLevel::kDebug, buf);
-    }
   }
 }
 

@@ -201,14 +201,21 @@ void KernelClassStats::add(const KernelClassStats& o) {
 
 namespace {
 
-bool is_gemm(const KernelKind& k) {
-  return k.cls == KernelClass::kTensorGemm || k.cls == KernelClass::kSimtGemm;
-}
+// A kernel that started in the step, for the unfused-attention segments.
+struct Launched {
+  const KernelRecord* k;
+  bool gemm = false, softmax = false, backward = false;
+};
 
-// An unfused attention's softmax: the attention class, not fused, named softmax.
-bool unfused_softmax(const KernelKind& k, const std::string& lowered) {
-  return k.cls == KernelClass::kAttention && !k.fused &&
-         lowered.find("softmax") != std::string::npos;
+Launched launched(const KernelRecord& k, const KernelKind& kind) {
+  Launched l{&k};
+  l.gemm = kind.cls == KernelClass::kTensorGemm || kind.cls == KernelClass::kSimtGemm;
+  if (kind.cls == KernelClass::kAttention && !kind.fused) {  // softmax or masked fill
+    const std::string n = lower(k.name);
+    l.softmax = n.find("softmax") != std::string::npos;
+    l.backward = n.find("backward") != std::string::npos;
+  }
+  return l;
 }
 
 // Kernels between a softmax and its bounding GEMMs are few (scale, mask, casts, dropout): a
@@ -216,55 +223,51 @@ bool unfused_softmax(const KernelKind& k, const std::string& lowered) {
 constexpr int kMaxPiecesPerSide = 8;
 constexpr int kMaxSkippedBetweenGemms = 2;  // e.g. a copy between backward's two GEMMs
 
-// The segments of unfused attentions in one step's kernels (one stream's, in launch order).
-void add_unfused_attention(KernelClassStats& s, const std::vector<const KernelRecord*>& stream,
-                           const std::vector<KernelKind>& kinds, const std::vector<bool>& softmax,
-                           const std::vector<bool>& backward) {
-  const int n = static_cast<int>(stream.size());
-  std::vector<bool> counted(stream.size(), false);
-  auto take = [&](int i, double* into) {
+// From `from` in direction `dir`: the first GEMM with at most `limit` other kernels before it
+// and no softmax among them, else -1. The kernels passed go to `passed` when given.
+int gemm_from(const std::vector<Launched>& seq, int from, int dir, int limit,
+              std::vector<int>* passed) {
+  int count = 0;
+  for (int j = from + dir; j >= 0 && j < static_cast<int>(seq.size()); j += dir) {
+    const Launched& l = seq[static_cast<size_t>(j)];
+    if (l.gemm) return j;
+    if (l.softmax || count == limit) return -1;
+    ++count;
+    if (passed != nullptr) passed->push_back(j);
+  }
+  return -1;
+}
+
+// The segments of unfused attentions in one stream's kernels of a step, in launch order: around
+// each softmax the kernels up to the nearest GEMM on either side, and the GEMMs that bound them
+// (one a side in forward, two in backward).
+void add_unfused_attention(KernelClassStats& s, const std::vector<Launched>& seq) {
+  std::vector<bool> counted(seq.size(), false);
+  auto take = [&](int i, double& into) {
     if (counted[static_cast<size_t>(i)]) return;
     counted[static_cast<size_t>(i)] = true;
-    *into += static_cast<double>(stream[static_cast<size_t>(i)]->end -
-                                 stream[static_cast<size_t>(i)]->begin);
+    const KernelRecord& k = *seq[static_cast<size_t>(i)].k;
+    into += static_cast<double>(k.end - k.begin);
   };
-  for (int i = 0; i < n; ++i) {
-    if (!softmax[static_cast<size_t>(i)]) continue;
-    const int gemms_per_side = backward[static_cast<size_t>(i)] ? 2 : 1;
-    // Each side: the pieces up to the nearest GEMM, then that GEMM and (backward) the next.
+  for (int i = 0; i < static_cast<int>(seq.size()); ++i) {
+    const Launched& softmax = seq[static_cast<size_t>(i)];
+    if (!softmax.softmax) continue;
     std::vector<int> pieces, gemms;
     bool bounded = true;
     for (int dir : {-1, +1}) {
-      int j = i + dir, seen = 0;
-      while (j >= 0 && j < n && !is_gemm(kinds[static_cast<size_t>(j)]) &&
-             seen < kMaxPiecesPerSide) {
-        if (softmax[static_cast<size_t>(j)]) break;  // another attention's
-        pieces.push_back(j);
-        j += dir;
-        ++seen;
-      }
-      if (j < 0 || j >= n || !is_gemm(kinds[static_cast<size_t>(j)])) {
-        bounded = false;
-        break;
-      }
-      gemms.push_back(j);
-      for (int g = 1; g < gemms_per_side; ++g) {
-        int k = j + dir, skipped = 0;
-        while (k >= 0 && k < n && !is_gemm(kinds[static_cast<size_t>(k)]) &&
-               skipped < kMaxSkippedBetweenGemms && !softmax[static_cast<size_t>(k)]) {
-          k += dir;
-          ++skipped;
-        }
-        if (k < 0 || k >= n || !is_gemm(kinds[static_cast<size_t>(k)])) break;
-        gemms.push_back(k);
-        j = k;
-      }
+      const int g = gemm_from(seq, i, dir, kMaxPiecesPerSide, &pieces);
+      bounded = bounded && g >= 0;
+      if (!bounded) break;
+      gemms.push_back(g);
+      const int second =
+          softmax.backward ? gemm_from(seq, g, dir, kMaxSkippedBetweenGemms, nullptr) : -1;
+      if (second >= 0) gemms.push_back(second);
     }
     if (!bounded) continue;
     ++s.unfused_attention_softmaxes;
-    take(i, &s.unfused_attention_pieces_ns);
-    for (int j : pieces) take(j, &s.unfused_attention_pieces_ns);
-    for (int j : gemms) take(j, &s.unfused_attention_gemm_ns);
+    take(i, s.unfused_attention_pieces_ns);
+    for (int j : pieces) take(j, s.unfused_attention_pieces_ns);
+    for (int j : gemms) take(j, s.unfused_attention_gemm_ns);
   }
 }
 
@@ -288,6 +291,7 @@ void add_kernel_classes(KernelClassStats& stats, const GpuEventBatch& events,
   };
   std::vector<Point> points;
   points.reserve(events.kernels.size() * 2);
+  std::vector<Launched> started;  // not communication, in the step it started in
   const double sms = static_cast<double>(std::max(1, sm_count));
   for (const KernelRecord& k : events.kernels) {
     const Nanos b = std::max(k.begin, span.begin), e = std::min(k.end, span.end);
@@ -297,6 +301,7 @@ void add_kernel_classes(KernelClassStats& stats, const GpuEventBatch& events,
     if (k.begin >= span.begin) {  // counted in the step it started in, as GpuStats::kernels
       ++s.launches[c];
       if (kind.cls == KernelClass::kOptimizer && !kind.fused) ++s.per_parameter_optimizer_launches;
+      if (kind.cls != KernelClass::kCommunication) started.push_back(launched(k, kind));
     }
     points.push_back({b, +1, kind});
     points.push_back({e, -1, kind});
@@ -329,37 +334,17 @@ void add_kernel_classes(KernelClassStats& stats, const GpuEventBatch& events,
   }
   s.idle_ns = static_cast<double>(s.traced_ns) - busy;
 
-  // Unfused attentions: per stream, the kernels that started in the span, in order.
-  std::vector<const KernelRecord*> started;
-  for (const KernelRecord& k : events.kernels) {
-    if (k.begin >= span.begin && k.begin < span.end && !k.communication) started.push_back(&k);
-  }
-  std::stable_sort(started.begin(), started.end(),
-                   [](const KernelRecord* a, const KernelRecord* b) {
-                     return a->stream != b->stream ? a->stream < b->stream : a->begin < b->begin;
-                   });
-  for (size_t b = 0; b < started.size();) {
-    size_t e = b;
-    while (e < started.size() && started[e]->stream == started[b]->stream) ++e;
-    std::vector<const KernelRecord*> stream(started.begin() + static_cast<std::ptrdiff_t>(b),
-                                            started.begin() + static_cast<std::ptrdiff_t>(e));
-    std::vector<KernelKind> kinds;
-    std::vector<bool> softmax, backward;
-    bool any = false;
-    for (const KernelRecord* k : stream) {
-      kinds.push_back(classify_kernel(k->name, k->communication));
-      bool is_softmax = false, is_backward = false;
-      if (kinds.back().cls == KernelClass::kAttention && !kinds.back().fused) {
-        const std::string n = lower(k->name);
-        is_softmax = unfused_softmax(kinds.back(), n);
-        is_backward = n.find("backward") != std::string::npos;
-      }
-      softmax.push_back(is_softmax);
-      backward.push_back(is_backward);
-      any = any || is_softmax;
+  // Unfused attentions, stream by stream in launch order.
+  std::stable_sort(started.begin(), started.end(), [](const Launched& a, const Launched& b) {
+    return a.k->stream != b.k->stream ? a.k->stream < b.k->stream : a.k->begin < b.k->begin;
+  });
+  for (auto first = started.begin(); first != started.end();) {
+    const auto last = std::find_if(
+        first, started.end(), [&](const Launched& l) { return l.k->stream != first->k->stream; });
+    if (std::any_of(first, last, [](const Launched& l) { return l.softmax; })) {
+      add_unfused_attention(s, std::vector<Launched>(first, last));
     }
-    if (any) add_unfused_attention(s, stream, kinds, softmax, backward);
-    b = e;
+    first = last;
   }
 
   std::vector<Interval> copies, memsets;

@@ -240,18 +240,25 @@ FlopEpochStats with_unfused(FlopEpochStats f, double unfused, double traffic_byt
   return f;
 }
 
-TEST(PrecisionAdvisorTest, PlantedUnfusedAttentionWithMeasuredKernels) {
-  const double F = 1e12;
-  EpochSummary s = make_summary(
-      10, 0,
-      with_unfused(make_flops("NVIDIA H200", {{MathPrecision::kBf16, F}}, 0.4), 0.2 * F, 1e9));
+// A window of 10 traced 10 ms steps on an H200: 1 ms of softmax/mask kernels and 5 ms of
+// tensor-core GEMMs per step.
+GpuEpochStats unfused_window() {
   GpuEpochStats g;
   g.device = "NVIDIA H200";
   g.traced_steps = 10;
   g.kernel_classes.steps = 10;
   g.kernel_classes.traced_ns = 100 * kMs;
-  g.kernel_classes.ns[static_cast<size_t>(KernelClass::kAttention)] = 10 * kMs;  // softmax, mask
+  g.kernel_classes.ns[static_cast<size_t>(KernelClass::kAttention)] = 10 * kMs;
   g.kernel_classes.ns[static_cast<size_t>(KernelClass::kTensorGemm)] = 50 * kMs;
+  return g;
+}
+
+TEST(PrecisionAdvisorTest, PlantedUnfusedAttentionWithMeasuredKernels) {
+  const double F = 1e12;
+  EpochSummary s = make_summary(
+      10, 0,
+      with_unfused(make_flops("NVIDIA H200", {{MathPrecision::kBf16, F}}, 0.4), 0.2 * F, 1e9));
+  GpuEpochStats g = unfused_window();
   s.sections.set<GpuEpochStats>(g);
   const auto a = advise_unfused_attention(s, kConfig);
   ASSERT_TRUE(a.has_value());
@@ -280,13 +287,7 @@ TEST(PrecisionAdvisorTest, UnfusedAttentionMatmulsAtLeastTheirScoreTraffic) {
   EpochSummary s = make_summary(
       10, 0,
       with_unfused(make_flops("NVIDIA H200", {{MathPrecision::kBf16, F}}, 0.4), 0.2 * F, 19.2e9));
-  GpuEpochStats g;
-  g.device = "NVIDIA H200";
-  g.traced_steps = 10;
-  g.kernel_classes.steps = 10;
-  g.kernel_classes.traced_ns = 100 * kMs;
-  g.kernel_classes.ns[static_cast<size_t>(KernelClass::kAttention)] = 10 * kMs;
-  g.kernel_classes.ns[static_cast<size_t>(KernelClass::kTensorGemm)] = 50 * kMs;
+  GpuEpochStats g = unfused_window();
   s.sections.set<GpuEpochStats>(g);
   const auto a = advise_unfused_attention(s, kConfig);
   ASSERT_TRUE(a.has_value());
@@ -304,13 +305,7 @@ TEST(PrecisionAdvisorTest, UnfusedAttentionFromTheKernelsAroundEachSoftmax) {
   EpochSummary s = make_summary(
       10, 0,
       with_unfused(make_flops("NVIDIA H200", {{MathPrecision::kBf16, F}}, 0.4), 0.2 * F, 1e9));
-  GpuEpochStats g;
-  g.device = "NVIDIA H200";
-  g.traced_steps = 10;
-  g.kernel_classes.steps = 10;
-  g.kernel_classes.traced_ns = 100 * kMs;
-  g.kernel_classes.ns[static_cast<size_t>(KernelClass::kAttention)] = 10 * kMs;
-  g.kernel_classes.ns[static_cast<size_t>(KernelClass::kTensorGemm)] = 50 * kMs;
+  GpuEpochStats g = unfused_window();
   g.kernel_classes.unfused_attention_softmaxes = 240;
   g.kernel_classes.unfused_attention_pieces_ns = 30 * kMs;
   g.kernel_classes.unfused_attention_gemm_ns = 20 * kMs;

@@ -53,7 +53,6 @@ class GpuMonitor : public Collector {
   // What a window's release takes off the training thread (measured 0.1-0.4 s): an epoch's end
   // waits for one still running only when this fits in its allowance (or for the first window).
   static constexpr Nanos kReleaseEstimateNs = 400000000;
-  static constexpr Nanos kSlowCollectNs = 20000000;  // a collection this slow is logged (debug)
   static constexpr Nanos kFinishBudgetNs = 5000000;  // finishing steps, per step call
   // What a window costs the training thread before one has been measured here (its start, stop
   // and slower launches; the release apart): the budget's estimate for the first window.
