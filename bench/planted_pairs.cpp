@@ -684,6 +684,7 @@ struct AdvisedRun {
   int64_t traced_steps = 0;
   double mfu = std::nan("");
   double samples_per_s = std::nan("");  // the epoch's, with torchpilot on
+  json steps = json::array();            // per step: [step, data wait, torchpilot's own] in ms
 };
 
 AdvisedRun advised_run(Workload& w, const Env& env, const Args& a, int steps) {
@@ -712,6 +713,10 @@ AdvisedRun advised_run(Workload& w, const Env& env, const Args& a, int steps) {
   if (const auto* g = e.sections.get<torchpilot::GpuEpochStats>()) r.traced_steps = g->traced_steps;
   if (const auto* f = e.sections.get<torchpilot::FlopEpochStats>()) r.mfu = f->mfu;
   r.samples_per_s = e.samples_per_s;
+  auto ms = [](torchpilot::Nanos ns) { return std::round(static_cast<double>(ns) / 1e3) / 1e3; };
+  for (const auto& st : sink->steps) {
+    r.steps.push_back({ms(st.step_ns()), ms(st.data_wait_ns), ms(st.own_ns)});
+  }
   return r;
 }
 
@@ -793,6 +798,7 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
     row["traced_steps"] = advised.traced_steps;
     row["mfu_bad"] = number(advised.mfu);
     row["advised_samples_per_s"] = number(advised.samples_per_s);
+    row["advised_steps_ms"] = advised.steps;
 
     if (a.advise_fixed) {
       stage = "the advised run of the fixed form";
@@ -803,6 +809,8 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
       }
       row["advice_on_fixed"] = ids;
       row["mfu_fixed"] = number(after.mfu);
+      row["advised_fixed_samples_per_s"] = number(after.samples_per_s);
+      row["advised_fixed_steps_ms"] = after.steps;
     }
 
     stage = "the A/B runs";

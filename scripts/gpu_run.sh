@@ -2,9 +2,9 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default ./gpu-out).
-#   scripts/gpu_run.sh [all|build|test|gputest|capture|kineto|clocks|example|bench|gpt|overhead|planted|shortepochs|collectives1|collectives2|memory|offload|loader2]...
-#   (default: all; collectives2 and loader2 need two GPUs; collectives1, memory, offload and
-#   loader2 only when named)
+#   scripts/gpu_run.sh [all|build|test|gputest|capture|pmprobe|kineto|clocks|example|bench|gpt|overhead|planted|shortepochs|collectives1|collectives2|memory|offload|loader2]...
+#   (default: all; collectives2 and loader2 need two GPUs; collectives1, memory, offload,
+#   loader2 and pmprobe only when named)
 # gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs,
 # and the per-parameter AdamW beside the default fused one); overhead: bench/gpt_overhead
 # (torchpilot off vs advise vs a detailed window); planted: bench/planted_pairs (the advice on
@@ -151,6 +151,14 @@ if want gputest; then
   log "gpu-labelled tests, verbose"
   (cd build-gpu && ctest -L gpu ${GPUTEST_REGEX:+-R "$GPUTEST_REGEX"} --output-on-failure -V 2>&1) | tee "$OUT/ctest-gpu.log" \
     | grep -E "^\[|collector|torch profiler|traced steps|Passed|Failed|Skipped|tests passed|SKIP" | tail -60
+fi
+
+if named pmprobe; then
+  # What PM sampling costs the GPU work around it, by metric set, and what turning it on and off
+  # costs (hooks/tools/pm_cost_probe.cpp); PMPROBE_ARGS: "[cycles] [steps]".
+  log "pmprobe: PM sampling's cost by phase"
+  ./build-gpu/bench/pm_cost_probe ${PMPROBE_ARGS:-} > "$OUT/pm-cost-probe-$MACHINE.jsonl" 2> "$OUT/pm-cost-probe.log"
+  tail -12 "$OUT/pm-cost-probe-$MACHINE.jsonl"
 fi
 
 if want capture; then
