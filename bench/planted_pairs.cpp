@@ -3,7 +3,8 @@
 //
 // Each pair is a small trainer in a bad form and a fixed form:
 //   data_starvation     CPU work per sample through torchpilot's TunableLoader: 1 worker vs
-//                       enough workers (the cores the machine has, less two)
+//                       the workers the advice names (evidence workers_advised; the cores the
+//                       machine has less two when it names none)
 //   pageable_copies     a large batch copied non_blocking from pageable memory every step vs
 //                       the same from pinned memory
 //   host_sync           host work (a CPU loop standing in for batch preparation) and GPU work
@@ -227,6 +228,8 @@ class DataStarvation : public Workload {
         workers_(fixed ? std::max(2, std::min(torchpilot::affinity_cpu_count() - 2, 12)) : 1) {}
   int64_t samples_per_step() const override { return batch_; }
   int workers() const { return workers_; }
+  // The fixed form as the advice on the bad form has it (evidence workers_advised).
+  void set_workers(int n) { workers_ = std::max(1, n); }
   void begin(torchpilot::Pilot& pilot) override {
     torchpilot::LoaderOptions o;
     o.batch_size = static_cast<size_t>(batch_);
@@ -563,7 +566,7 @@ std::vector<Pair> all_pairs() {
   std::vector<Pair> pairs;
   pairs.push_back({"data_starvation", "data_starvation", "", false,
                    "TunableLoader, 1 worker, CPU work per sample",
-                   "TunableLoader, cores - 2 workers (2..12)", nullptr,
+                   "TunableLoader, the workers the advice names (else cores - 2, 2..12)", nullptr,
                    [](const Env& env, const Args& a, bool fixed) -> std::unique_ptr<Workload> {
                      return std::make_unique<DataStarvation>(env, a, fixed);
                    }});
@@ -684,7 +687,7 @@ struct AdvisedRun {
   int64_t traced_steps = 0;
   double mfu = std::nan("");
   double samples_per_s = std::nan("");  // the epoch's, with torchpilot on
-  json steps = json::array();            // per step: [step, data wait, torchpilot's own] in ms
+  json steps = json::array();           // per step: [step, data wait, torchpilot's own] in ms
 };
 
 AdvisedRun advised_run(Workload& w, const Env& env, const Args& a, int steps) {
@@ -765,7 +768,6 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
     stage = "building the fixed form";
     std::unique_ptr<Workload> fixed = pair.make(env, a, true);
     std::fflush(stdout);  // the trainers' notes before the Pilot's log lines
-    if (auto* d = dynamic_cast<DataStarvation*>(fixed.get())) row["fixed_workers"] = d->workers();
     if (auto* g = dynamic_cast<Gpt*>(fixed.get())) {
       row["fixed_optimizer"] = gpt_example::to_string(g->trainer().optimizer());
     }
@@ -789,6 +791,19 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
       }
     }
     row["other_advice"] = others;
+    // data_starvation's fix is the advice applied: the worker count it names (its fallback,
+    // cores - 2, when the advice gives none).
+    if (auto* d = dynamic_cast<DataStarvation*>(fixed.get())) {
+      for (const auto& x : advised.advice) {
+        if (x.id != pair.advice) continue;
+        for (const auto& ev : x.evidence) {
+          if (ev.name == "workers_advised" && ev.value >= 1) {
+            d->set_workers(static_cast<int>(ev.value));
+          }
+        }
+      }
+      row["fixed_workers"] = d->workers();
+    }
     if (row["advice"].is_null()) {
       std::string fired;
       for (const auto& x : advised.advice) fired += (fired.empty() ? "" : ", ") + x.id;

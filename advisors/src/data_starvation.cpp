@@ -29,9 +29,12 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
   a.severity = f >= config.data_starvation.high_severity ? Severity::kHigh : Severity::kWarning;
   const double wait_ms = static_cast<double>(s.data_wait_ns) / 1e6 / s.steps;
   const double step_ms = static_cast<double>(s.wall_ns) / 1e6 / s.steps;
-  // Step time without the wait. When (nearly) all of a step is waiting, the compute time is not
+  // The step's own work: the median step less its wait where known (as the gain model: a short
+  // epoch's first step or a trace window's stall would otherwise size the workers), else the mean
+  // step less the mean wait. When (nearly) all of a step is waiting, the compute time is not
   // known well enough to size workers or a gain from it.
-  const double compute_ms = std::max(0.0, step_ms - wait_ms);
+  const double compute_ms = s.compute_p50_ns > 0 ? static_cast<double>(s.compute_p50_ns) / 1e6
+                                                 : std::max(0.0, step_ms - wait_ms);
   const bool compute_known = compute_ms > kMinComputeShare * step_ms;
   a.finding = "the training thread waited for data " + num(100 * f) + "% of step time (" +
               num(wait_ms, "%.2f") + " ms of a " + num(step_ms, "%.2f") + " ms step; threshold " +
@@ -109,6 +112,10 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
   // CPU-bound loading cannot go faster than all CPUs producing; I/O-bound loading can use more
   // workers than CPUs.
   const int useful = cpu_bound ? std::min(needed, cpus) : needed;
+  // The worker count the action names (the current count when workers are not the problem).
+  a.evidence.push_back({"workers_advised",
+                        static_cast<double>(needed > workers ? std::max(1, useful) : workers),
+                        "threads"});
   const std::string production = "one batch takes " + num(batch_ms, "%.2f") + " ms to produce (" +
                                  num(100 * cpu_share, "%.0f") + "% of it on the CPU)";
   if (workers == 0) {

@@ -55,10 +55,9 @@ double median_ms(int steps, F&& step) {
 std::string smi_while_busy(const torch::Tensor& a, const torch::Tensor& b) {
   for (int i = 0; i < 150; ++i) (void)torch::matmul(a, b);  // ~0.1 s of work queued
   std::string out;
-  if (FILE* p = popen(
-          "nvidia-smi --query-gpu=clocks.sm,power.draw,clocks_event_reasons.active "
-          "--format=csv,noheader,nounits 2>/dev/null",
-          "r")) {
+  if (FILE* p = popen("nvidia-smi --query-gpu=clocks.sm,power.draw,clocks_event_reasons.active "
+                      "--format=csv,noheader,nounits 2>/dev/null",
+                      "r")) {
     char buf[256];
     while (fgets(buf, sizeof buf, p) != nullptr) out += buf;
     pclose(p);

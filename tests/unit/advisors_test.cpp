@@ -170,6 +170,13 @@ TEST(DataStarvationTest, GainFromTheMedianComputeAndTheMeanWait) {
   EXPECT_NEAR(*evidence(*a, "steady_step_time"), 7.4, 1e-9);
   EXPECT_NEAR(a->expected_gain, 7.4 / 2 - 1, 1e-9);
   EXPECT_TRUE(contains(a->action, "a 7.40 ms step")) << a->action;
+  // The workers are sized from the median too: one worker delivers a batch every 8 ms while the
+  // step computes 2 ms, so four are needed (the mean, 41.8 ms, would say one is enough).
+  EXPECT_NEAR(*evidence(*a, "compute_time_per_step"), 2.0, 1e-9);
+  EXPECT_EQ(*evidence(*a, "workers_needed_estimate"), 4.0);
+  EXPECT_EQ(*evidence(*a, "workers_advised"), 4.0);
+  EXPECT_TRUE(contains(a->cause, "too few workers")) << a->cause;
+  EXPECT_TRUE(contains(a->action, "about 4 workers")) << a->action;
   // Without the median, the mean step less the mean wait (41.8 ms) hides the starvation.
   s.compute_p50_ns = 0;
   EXPECT_LT(advise_data_starvation(s, kConfig)->expected_gain, 0.2);
