@@ -38,7 +38,8 @@ struct Args {
   std::string out;  // JSON results file
   std::string machine = "unnamed";
   std::string commit = "unknown";
-  int screen_rounds = 3;  // each also runs auto-tune once
+  int screen_rounds = 3;  // each also runs auto-tune --autotune-runs times
+  int autotune_runs = 1;  // auto-tuned runs per screen round
   int screen_steps = 64;
   int final_rounds = 5;
   int final_steps = 480;
@@ -144,7 +145,12 @@ int run(int argc, char** argv) {
   app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
   app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
   example_cli::add_int(app, "--screen-rounds", a.screen_rounds, 1, 1000,
-                       "screen rounds (each runs every grid point and auto-tune once)")
+                       "screen rounds (each runs every grid point and auto-tune --autotune-runs "
+                       "times)")
+      ->capture_default_str();
+  example_cli::add_int(app, "--autotune-runs", a.autotune_runs, 1, 100,
+                       "auto-tuned runs per screen round (more runs, one screen: the spread of "
+                       "auto-tune's choices at less cost)")
       ->capture_default_str();
   example_cli::add_int(app, "--screen-steps", a.screen_steps, 1, 1000000, "steps per screen run")
       ->capture_default_str();
@@ -193,11 +199,11 @@ int run(int argc, char** argv) {
   const auto started = std::chrono::steady_clock::now();
   std::mt19937 rng(12345);
 
-  // 1. Screen, with the auto-tuned runs interleaved (index grid.size()).
+  // 1. Screen, with the auto-tuned runs interleaved (indices from grid.size() on).
   std::vector<std::vector<double>> screen(grid.size());
   std::vector<AutoRun> autos;
   for (int round = 0; round < a.screen_rounds; ++round) {
-    std::vector<size_t> order(grid.size() + 1);
+    std::vector<size_t> order(grid.size() + static_cast<size_t>(a.autotune_runs));
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::shuffle(order.begin(), order.end(), rng);
     for (size_t item : order) {
@@ -324,12 +330,16 @@ int run(int argc, char** argv) {
               {"date", date},
               {"commit", a.commit},
               {"method",
-               "screen: every grid point and one auto-tuned run per round, shuffled; final: screen "
+               "screen: every grid point and --autotune-runs auto-tuned runs per round, shuffled; "
+               "final: screen "
                "top points, the default and the auto-tuned settings re-measured alike, shuffled; "
                "medians over rounds; throughput = samples / wall time of a run's steps after its "
                "first quarter"},
               {"batch_size", options.batch_size},
-              {"screen", {{"rounds", a.screen_rounds}, {"steps", a.screen_steps}}},
+              {"screen",
+               {{"rounds", a.screen_rounds},
+                {"steps", a.screen_steps},
+                {"autotune_runs_per_round", a.autotune_runs}}},
               {"final", {{"rounds", a.final_rounds}, {"steps", a.final_steps}}},
               {"best_grid", {{"setting", label(finalists[best])}, {"samples_per_s", best_tp}}},
               {"default_workers0_samples_per_s", default_tp},

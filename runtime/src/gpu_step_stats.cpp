@@ -74,21 +74,25 @@ void add_site(std::vector<SyncSite>& sites, const SyncRecord& s, bool counted, N
 class NextKernel {
  public:
   NextKernel(const std::vector<KernelRecord>& kernels, Nanos never) : never_(never) {
+    busy_.reserve(kernels.size());
     for (const KernelRecord& k : kernels) {
       if (k.end > k.begin) busy_.push_back({k.begin, k.end});
     }
-    std::sort(busy_.begin(), busy_.end(),
-              [](const Interval& a, const Interval& b) { return a.begin < b.begin; });
-    // Merge into disjoint busy intervals.
-    std::vector<Interval> merged;
-    for (const Interval& i : busy_) {
-      if (!merged.empty() && i.begin <= merged.back().end) {
-        merged.back().end = std::max(merged.back().end, i.end);
+    // The GPU monitor holds its kernels in start order (a long window's are many): no sort then.
+    auto by_begin = [](const Interval& a, const Interval& b) { return a.begin < b.begin; };
+    if (!std::is_sorted(busy_.begin(), busy_.end(), by_begin)) {
+      std::sort(busy_.begin(), busy_.end(), by_begin);
+    }
+    // Merge into disjoint busy intervals, in place.
+    size_t n = 0;
+    for (size_t i = 0; i < busy_.size(); ++i) {
+      if (n > 0 && busy_[i].begin <= busy_[n - 1].end) {
+        busy_[n - 1].end = std::max(busy_[n - 1].end, busy_[i].end);
       } else {
-        merged.push_back(i);
+        busy_[n++] = busy_[i];
       }
     }
-    busy_.swap(merged);
+    busy_.resize(n);
   }
   Nanos at_or_after(Nanos t) const {
     // The first busy interval ending after t: t is inside it, or it is the next one.
