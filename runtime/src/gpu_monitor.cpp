@@ -266,8 +266,8 @@ void GpuMonitor::refresh_pm_status() {
 namespace {
 // Keeps the held kernels ordered by start: every finished step builds a busy-interval index over
 // them (NextKernel in gpu_step_stats), and a long window holds hundreds of thousands (100 steps
-// of a GPT of ~3,000 kernels a step), which it would otherwise sort again at every step. A drain's records
-// come in nearly in order (per stream, buffer by buffer): only the overlap is merged.
+// of a GPT of ~3,000 kernels a step), which it would otherwise sort again at every step. A drain's
+// records come in nearly in order (per stream, buffer by buffer): only the overlap is merged.
 void add_kernels_in_order(std::vector<KernelRecord>& held, std::vector<KernelRecord>& incoming) {
   auto by_begin = [](const KernelRecord& a, const KernelRecord& b) { return a.begin < b.begin; };
   if (!std::is_sorted(incoming.begin(), incoming.end(), by_begin)) {
