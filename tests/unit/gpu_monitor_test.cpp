@@ -762,6 +762,43 @@ TEST(GpuMonitorTest, KernelsAndSamplesThatRanAfterTheHostSpanLandOnTheirStep) {
   EXPECT_EQ(g.traced_steps, 3);
 }
 
+TEST(GpuMonitorTest, KernelsDeliveredOutOfOrderLandOnTheirSteps) {
+  // CUPTI hands records over buffer by buffer and stream by stream: a drain may bring kernels that
+  // started before ones already held. The monitor keeps its kernels in start order (its per-step
+  // index relies on it); none may be lost or counted twice.
+  Config c = Rig::base_config();
+  c.gpu.trace_first_step = 1;  // steps 1-3 traced
+  c.gpu.trace_steps = 3;
+  AsyncRig rig(c);
+  rig.host_steps(8);
+  rig.gpu_runs(0, 8);
+  std::vector<KernelRecord> later, earlier;
+  for (KernelRecord& k : rig.backend->queued.kernels) {
+    (k.begin >= AsyncRig::boundary(2) ? later : earlier).push_back(std::move(k));
+  }
+  std::reverse(later.begin(), later.end());
+  std::reverse(earlier.begin(), earlier.end());
+  rig.backend->queued.kernels = later;  // steps 2-7 first, last to first
+  rig.host_steps(1);
+  rig.backend->queued.kernels = earlier;  // then steps 0-1
+  rig.host_steps(1);
+  rig.gpu_runs(8, 10);
+  rig.pilot->end_epoch();
+
+  const auto steps = rig.sink->late<GpuStepRecord>();
+  ASSERT_EQ(steps.size(), 10u);
+  for (const GpuStepRecord& r : steps) {
+    SCOPED_TRACE("step " + std::to_string(r.step));
+    EXPECT_EQ(r.traced, r.step >= 1 && r.step <= 3);
+    if (!r.traced) continue;
+    EXPECT_EQ(r.stats.kernels, r.step + 1);
+    // Each kernel runs 100 ns: the step's busy share is its kernels' time, once each.
+    EXPECT_NEAR(r.stats.gpu_utilization, static_cast<double>((r.step + 1) * 100) / (10 * kMs),
+                1e-12);
+  }
+  EXPECT_EQ(rig.sink->epochs[0].sections.get<GpuEpochStats>()->stats.kernels, 2 + 3 + 4);
+}
+
 TEST(GpuMonitorTest, EpochEndWaitsForTheGpuToReachTheLastBoundary) {
   Config c = Rig::base_config();
   c.gpu.trace_first_step = 2;  // steps 2-4 traced; the epoch ends with the window
