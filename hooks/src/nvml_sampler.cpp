@@ -22,6 +22,11 @@ class DlopenNvml final : public NvmlApi {
     resolve(handle, utilization_, "nvmlDeviceGetUtilizationRates");
     resolve(handle, error_string_, "nvmlErrorString");
     resolve(handle, nvlink_state_, "nvmlDeviceGetNvLinkState");
+    resolve(handle, clock_info_, "nvmlDeviceGetClockInfo");
+    resolve(handle, clock_reasons_, "nvmlDeviceGetCurrentClocksEventReasons");
+    if (clock_reasons_ == nullptr) {  // drivers before 535
+      resolve(handle, clock_reasons_, "nvmlDeviceGetCurrentClocksThrottleReasons");
+    }
   }
 
   NvmlReturn init() override { return call(init_); }
@@ -37,6 +42,12 @@ class DlopenNvml final : public NvmlApi {
   }
   NvmlReturn device_get_nvlink_state(NvmlDevice d, unsigned link, int* active) override {
     return call(nvlink_state_, d, link, active);
+  }
+  NvmlReturn device_get_sm_clock(NvmlDevice d, unsigned* mhz) override {
+    return call(clock_info_, d, 1u /* NVML_CLOCK_SM */, mhz);
+  }
+  NvmlReturn device_get_clock_reasons(NvmlDevice d, unsigned long long* reasons) override {
+    return call(clock_reasons_, d, reasons);
   }
   std::string error_string(NvmlReturn r) override {
     const char* s = error_string_ != nullptr ? error_string_(r) : nullptr;
@@ -62,6 +73,8 @@ class DlopenNvml final : public NvmlApi {
   NvmlReturn (*by_pci_)(const char*, NvmlDevice*) = nullptr;
   NvmlReturn (*utilization_)(NvmlDevice, NvmlUtilization*) = nullptr;
   NvmlReturn (*nvlink_state_)(NvmlDevice, unsigned, int*) = nullptr;
+  NvmlReturn (*clock_info_)(NvmlDevice, unsigned, unsigned*) = nullptr;
+  NvmlReturn (*clock_reasons_)(NvmlDevice, unsigned long long*) = nullptr;
   const char* (*error_string_)(NvmlReturn) = nullptr;
 };
 
@@ -134,6 +147,15 @@ bool NvmlSampler::read(UtilSample* out, NvmlReturn* error) {
                   std::chrono::steady_clock::now().time_since_epoch())
                   .count();
   out->utilization = static_cast<double>(u.gpu) / 100.0;
+  // The clock and its limits: optional (a driver without them leaves them unknown).
+  unsigned mhz = 0;
+  if (api_.device_get_sm_clock(device_, &mhz) == kNvmlSuccess) {
+    out->sm_clock_mhz = static_cast<double>(mhz);
+  }
+  unsigned long long reasons = 0;
+  if (api_.device_get_clock_reasons(device_, &reasons) == kNvmlSuccess) {
+    out->clock_limited = (reasons & kClockLimitReasons) != 0 ? 1 : 0;
+  }
   return true;
 }
 

@@ -47,6 +47,15 @@ class NvmlApi {
                                              int* /*active*/) {
     return kNvmlFunctionNotFound;
   }
+  // nvmlDeviceGetClockInfo(device, NVML_CLOCK_SM = 1, &mhz). Not found by default (fakes).
+  virtual NvmlReturn device_get_sm_clock(NvmlDevice /*device*/, unsigned* /*mhz*/) {
+    return kNvmlFunctionNotFound;
+  }
+  // nvmlDeviceGetCurrentClocksEventReasons (older drivers: ...ThrottleReasons): a bitmask.
+  virtual NvmlReturn device_get_clock_reasons(NvmlDevice /*device*/,
+                                              unsigned long long* /*reasons*/) {
+    return kNvmlFunctionNotFound;
+  }
   static constexpr NvmlReturn kNvmlFunctionNotFound = 13;  // NVML_ERROR_FUNCTION_NOT_FOUND
 };
 
@@ -63,6 +72,11 @@ NvlinkPeak nvlink_peak(NvmlApi& api, NvmlDevice device, int compute_major);
 // why not (no NVML, no device).
 NvlinkPeak nvlink_peak_of(int cuda_index, const std::string& pci_bus_id, int compute_major,
                           std::string* error);
+
+// The clock event reasons that hold the SM clock below what the GPU could run (nvml.h's
+// nvmlClocksEventReason*: SW power cap 0x4, HW slowdown 0x8, SW thermal 0x20, HW thermal 0x40,
+// HW power brake 0x80); idle, application clocks, sync boost and display clocks are not limits.
+constexpr unsigned long long kClockLimitReasons = 0x4 | 0x8 | 0x20 | 0x40 | 0x80;
 
 // dlopen("libnvidia-ml.so.1"); null with `error` set when it is missing.
 std::unique_ptr<NvmlApi> load_nvml(std::string* error);
@@ -82,7 +96,8 @@ class NvmlSampler {
   // reason NVML is off, empty on success.
   std::string open(int cuda_index, const std::string& pci_bus_id);
   // Reads once (a failure is returned as the reason, and no thread starts), then starts the
-  // sampler thread: every interval_ms a UtilSample{steady now, gpu / 100} goes to `sink`.
+  // sampler thread: every interval_ms a UtilSample{steady now, gpu / 100, SM clock, clock
+  // limited} goes to `sink` (the clock fields stay unknown where the driver lacks those calls).
   std::string start(double interval_ms, Sink sink);
   // Joins the thread and shuts NVML down. Idempotent.
   void stop();

@@ -257,12 +257,16 @@ bool from_json(const std::string& text, RankSummary& out) {
   return true;
 }
 
+// A rank whose SM clock is below this share of the others' median runs its kernels slower for
+// that alone (boost clocks differ by a few percent between healthy GPUs of one host).
+constexpr double kLowerClockShare = 0.95;
+
 std::vector<Straggler> find_stragglers(const std::vector<RankSummary>& ranks, double threshold) {
   std::vector<Straggler> out;
   if (ranks.size() < 2) return out;
   for (const RankSummary& r : ranks) {
     // Against the other ranks' median: with two ranks the median of all would split the gap.
-    std::vector<double> compute, data, step, sm, sync;
+    std::vector<double> compute, data, step, sm, sync, clock;
     for (const RankSummary& o : ranks) {
       if (o.rank == r.rank) continue;
       compute.push_back(o.compute_ns);
@@ -270,6 +274,7 @@ std::vector<Straggler> find_stragglers(const std::vector<RankSummary>& ranks, do
       step.push_back(o.step_ns);
       if (measured(o.sm_efficiency)) sm.push_back(o.sm_efficiency);
       if (measured(o.host_sync_ns)) sync.push_back(o.host_sync_ns);
+      if (measured(o.sm_clock_mhz)) clock.push_back(o.sm_clock_mhz);
     }
     const double med_step = median(step);
     const double excess_compute = r.compute_ns - median(compute);
@@ -286,6 +291,11 @@ std::vector<Straggler> find_stragglers(const std::vector<RankSummary>& ranks, do
                r.host_sync_ns - median(sync) > 0.5 * excess_compute) {
       s.cause = "host syncs (GPU idle after them " + fmt_step_ms(r.host_sync_ns) +
                 " ms/step against " + fmt_step_ms(median(sync)) + ")";
+    } else if (measured(r.sm_clock_mhz) && !clock.empty() &&
+               r.sm_clock_mhz < kLowerClockShare * median(clock)) {
+      // The same kernels at a lower clock take longer: power, thermal limits or a slower part.
+      s.cause = "lower SM clock (" + fmt_num(r.sm_clock_mhz) + " MHz against " +
+                fmt_num(median(clock)) + " MHz on the other ranks: a power or thermal limit)";
     } else if (measured(r.sm_efficiency) && !sm.empty() && r.sm_efficiency < 0.9 * median(sm)) {
       s.cause = "slower kernels (SM efficiency " + fmt_pct(r.sm_efficiency) + " against " +
                 fmt_pct(median(sm)) + ")";

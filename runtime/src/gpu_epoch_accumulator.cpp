@@ -24,6 +24,8 @@ void GpuEpochAccumulator::add(const GpuStats& g) {
   achieved_occupancy.add(g.achieved_occupancy, pw);
   pm_covered_ns += g.pm_covered_ns;
   nvml_utilization.add(g.nvml_utilization, w);
+  sm_clock_mhz.add(g.sm_clock_mhz, w);
+  clock_limited.add(g.clock_limited, w);
   pcie_read.add(g.pcie_read_bytes);
   pcie_write.add(g.pcie_write_bytes);
   if (g.traced_ns <= 0) return;
@@ -98,6 +100,8 @@ GpuStats GpuEpochAccumulator::stats() const {
   g.dram_throughput = dram_throughput.get();
   g.achieved_occupancy = achieved_occupancy.get();
   g.nvml_utilization = nvml_utilization.get();
+  g.sm_clock_mhz = sm_clock_mhz.get();
+  g.clock_limited = clock_limited.get();
   g.pcie_read_bytes = pcie_read.get();
   g.pcie_write_bytes = pcie_write.get();
   g.gpu_utilization = gpu_utilization.get();

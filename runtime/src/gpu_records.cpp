@@ -23,6 +23,8 @@ json gpu_stats_json(const GpuStats& g) {
           {"pcie_read_bytes", number(g.pcie_read_bytes)},
           {"pcie_write_bytes", number(g.pcie_write_bytes)},
           {"nvml_utilization", number(g.nvml_utilization)},
+          {"sm_clock_mhz", number(g.sm_clock_mhz)},
+          {"clock_limited", number(g.clock_limited)},
           {"pm_covered_ms", ms(g.pm_covered_ns)},
           {"traced_ms", ms(g.traced_ns)},
           {"gpu_utilization", number(g.gpu_utilization)},
@@ -147,6 +149,12 @@ void section_text(const GpuEpochStats& gpu, const EpochSummary& s,
                                                : std::string("n/a")) +
         ", tensor " + fmt_opt_pct(g.tensor_activity) + ", DRAM " + fmt_opt_pct(g.dram_throughput) +
         ", occupancy " + fmt_opt_pct(g.achieved_occupancy);
+    if (measured(g.sm_clock_mhz)) {
+      line += ", SM clock " + fmt_num(g.sm_clock_mhz) + " MHz";
+      if (measured(g.clock_limited)) {
+        line += " (at a power or thermal limit " + fmt_pct(g.clock_limited) + " of the time)";
+      }
+    }
     if (flops != nullptr) {
       line += "; MFU " + fmt_opt_pct(flops->mfu) + " (HFU " + fmt_opt_pct(flops->hfu) + ")";
     }

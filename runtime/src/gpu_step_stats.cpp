@@ -1,6 +1,7 @@
 #include "torchpilot/runtime/gpu_step_stats.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -278,23 +279,34 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
 
   // NVML's utilization.gpu is already an average over its own period: the readings inside the
   // step, or else the latest one taken within an interval after the step ended.
-  double nv_sum = 0;
-  int nv_n = 0;
+  // The SM clock and its limits the same way (readings that have them).
+  double nv_sum = 0, clock_sum = 0, limited_sum = 0;
+  int nv_n = 0, clock_n = 0, limited_n = 0;
   const UtilSample* latest = nullptr;
+  auto add = [&](const UtilSample& u) {
+    nv_sum += u.utilization;
+    ++nv_n;
+    if (!std::isnan(u.sm_clock_mhz)) {
+      clock_sum += u.sm_clock_mhz;
+      ++clock_n;
+    }
+    if (u.clock_limited >= 0) {
+      limited_sum += u.clock_limited;
+      ++limited_n;
+    }
+  };
   for (const UtilSample& u : events.nvml) {
     if (u.time >= span.begin && u.time <= span.end) {
-      nv_sum += u.utilization;
-      ++nv_n;
+      add(u);
     } else if (u.time > span.end && u.time <= span.end + nvml_interval_ns &&
                (latest == nullptr || u.time < latest->time)) {
       latest = &u;
     }
   }
-  if (nv_n > 0) {
-    g.nvml_utilization = nv_sum / nv_n;
-  } else if (latest != nullptr) {
-    g.nvml_utilization = latest->utilization;
-  }
+  if (nv_n == 0 && latest != nullptr) add(*latest);
+  if (nv_n > 0) g.nvml_utilization = nv_sum / nv_n;
+  if (clock_n > 0) g.sm_clock_mhz = clock_sum / clock_n;
+  if (limited_n > 0) g.clock_limited = limited_sum / limited_n;
 
   if (!traced) {
     // Without a trace, the scopes of ops that always synchronize (none unless their hook runs).

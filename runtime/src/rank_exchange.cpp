@@ -196,6 +196,7 @@ RankSummary summarize_rank(const EpochSummary& summary, int rank) {
     r.gpu_utilization = measured(g->stats.gpu_utilization) ? g->stats.gpu_utilization
                                                            : g->stats.counter_utilization;
     r.sm_efficiency = g->stats.sm_efficiency;
+    r.sm_clock_mhz = g->stats.sm_clock_mhz;
     if (g->traced_steps > 0) {
       r.host_sync_ns = static_cast<double>(g->stats.idle_host_sync_ns) / g->traced_steps;
     }

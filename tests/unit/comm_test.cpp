@@ -292,6 +292,17 @@ TEST(Stragglers, TheSlowRankIsNamedWithItsCauseAndTheOthersWait) {
   EXPECT_NE(d[0].cause.find("data wait"), std::string::npos);
   // Balanced ranks: none.
   EXPECT_TRUE(find_stragglers({rank(0, 20, 0, 19, 1), rank(1, 20, 0, 19.5, 0.5)}, 0.1).empty());
+  // A compute straggler whose SM clock is 20% lower than the others': the clock is the cause.
+  std::vector<RankSummary> clocked = ranks;
+  for (auto& r : clocked) r.sm_clock_mhz = r.rank == 2 ? 1500 : 1980;
+  auto c = find_stragglers(clocked, 0.1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].rank, 2);
+  EXPECT_NE(c[0].cause.find("lower SM clock (1500 MHz against 1980 MHz"), std::string::npos)
+      << c[0].cause;
+  // Within 5% of the others: not the cause.
+  clocked[2].sm_clock_mhz = 1900;
+  EXPECT_NE(find_stragglers(clocked, 0.1)[0].cause.find("compute"), std::string::npos);
 }
 
 TEST(RankSummary, AnAsynchronousRanksStepIsItsGpuSpanNotItsHostStep) {

@@ -123,6 +123,17 @@ class FakeNvml final : public NvmlApi {
     return kNvmlSuccess;
   }
   std::string error_string(NvmlReturn r) override { return "NVML error " + std::to_string(r); }
+  unsigned sm_mhz = 1755;                  // 0: nvmlDeviceGetClockInfo not found
+  unsigned long long clock_reasons = 0x4;  // SW power cap
+  NvmlReturn device_get_sm_clock(NvmlDevice, unsigned* mhz) override {
+    if (sm_mhz == 0) return NvmlApi::device_get_sm_clock(nullptr, mhz);
+    *mhz = sm_mhz;
+    return kNvmlSuccess;
+  }
+  NvmlReturn device_get_clock_reasons(NvmlDevice, unsigned long long* reasons) override {
+    *reasons = clock_reasons;
+    return kNvmlSuccess;
+  }
   int active_links = -1;  // -1: nvmlDeviceGetNvLinkState not found
   NvmlReturn device_get_nvlink_state(NvmlDevice, unsigned link, int* active) override {
     if (active_links < 0) return NvmlApi::device_get_nvlink_state(nullptr, link, active);
@@ -660,6 +671,8 @@ TEST(GpuBackend, EverythingWorksWithHealthyFakes) {
   EXPECT_NEAR(static_cast<double>(batch.pm[0].begin - steady_t0), 2e6, 1e5);
   EXPECT_EQ(batch.pm[0].end - batch.pm[0].begin, 2'000'000);
   EXPECT_DOUBLE_EQ(batch.nvml[0].utilization, 0.87);
+  EXPECT_DOUBLE_EQ(batch.nvml[0].sm_clock_mhz, 1755.0);
+  EXPECT_EQ(batch.nvml[0].clock_limited, 1);  // the power cap holds the clock down
   EXPECT_NEAR(static_cast<double>(batch.nvml[0].time), static_cast<double>(steady_now_ns()), 5e9);
 
   // A detailed window.

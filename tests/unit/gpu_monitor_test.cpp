@@ -172,6 +172,23 @@ TEST(GpuStepStatsTest, NvmlReadingsInsideTheStepOrTheNextOne) {
       measured(gpu_step_stats(ev, spans({40, 50}, {40, 40}, false), 100, 5).nvml_utilization));
 }
 
+TEST(GpuStepStatsTest, NvmlClockAndItsLimitsByTheSameRule) {
+  GpuEventBatch ev;
+  UtilSample a{3, 0.5, 1980.0, 0}, b{7, 1.0, 1500.0, 1}, c{30, 0.2, 1700.0, 1}, old{50, 0.4};
+  ev.nvml = {a, b, c, old};
+  const GpuStats s = gpu_step_stats(ev, spans({0, 10}, {0, 0}, false), 100, 100);
+  EXPECT_DOUBLE_EQ(s.sm_clock_mhz, 1740.0);
+  EXPECT_DOUBLE_EQ(s.clock_limited, 0.5);
+  // The reading after the step when none is inside it.
+  EXPECT_DOUBLE_EQ(gpu_step_stats(ev, spans({20, 25}, {20, 20}, false), 100, 10).sm_clock_mhz,
+                   1700.0);
+  // A driver without the clock calls: utilization only.
+  const GpuStats d = gpu_step_stats(ev, spans({45, 55}, {45, 45}, false), 100, 5);
+  EXPECT_DOUBLE_EQ(d.nvml_utilization, 0.4);
+  EXPECT_FALSE(measured(d.sm_clock_mhz));
+  EXPECT_FALSE(measured(d.clock_limited));
+}
+
 TEST(GpuStepStatsTest, TracedStepSplitsIdleTimeByCause) {
   // Step [0, 10]: data wait [0, 1]; kernels [2, 4] and [6, 8] (50 blocks on 100 SMs); a
   // synchronize [8, 9]; a pageable H2D copy at 1.

@@ -123,7 +123,7 @@ struct RankSummary {
   double exposed_ns = 0;
   double gpu_utilization = kNotMeasured;
   double sm_efficiency = kNotMeasured;
-  double sm_clock_mhz = kNotMeasured;  // not measured yet (NVML clocks): NaN
+  double sm_clock_mhz = kNotMeasured;  // NVML's SM clock, mean over the epoch (NaN: not read)
   double host_sync_ns = kNotMeasured;  // GPU idle after host syncs, per step, when traced
 };
 std::string to_json(const RankSummary& r);
@@ -134,7 +134,7 @@ bool from_json(const std::string& text, RankSummary& out);
 // threshold (fraction of the median step).
 struct Straggler {
   int rank = 0;
-  std::string cause;          // "data wait", "compute", "slower GPU (SM efficiency)", ...
+  std::string cause;          // "data wait", "lower SM clock", "slower kernels", "compute", ...
   double excess_ns = 0;       // its (compute + data wait) above the median, per step
   double others_wait_ns = 0;  // the other ranks' exposed communication per step attributable
                               // to it (each rank's exposed time, bounded by the excess), summed

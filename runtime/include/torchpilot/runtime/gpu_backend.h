@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -118,6 +119,10 @@ struct PmSample {
 struct UtilSample {
   Nanos time = 0;
   double utilization = 0;  // fraction
+  // NVML's SM clock at the reading (MHz; NaN: not read) and whether a limit held it down then
+  // (power cap, thermal or hardware slowdown, power brake; -1: not read).
+  double sm_clock_mhz = std::numeric_limits<double>::quiet_NaN();
+  int clock_limited = -1;
 };
 
 // A step-boundary marker the GPU reached (GpuBackend::record_marker): `time` is when the GPU

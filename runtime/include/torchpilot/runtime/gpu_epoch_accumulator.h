@@ -54,7 +54,7 @@ struct GpuEpochAccumulator {
   };
   Nanos wall_ns = 0, pm_covered_ns = 0;
   Mean counter_utilization, sm_efficiency, tensor_activity, dram_throughput, achieved_occupancy,
-      nvml_utilization, gpu_utilization, estimated_sm_efficiency;
+      nvml_utilization, sm_clock_mhz, clock_limited, gpu_utilization, estimated_sm_efficiency;
   Sum pcie_read, pcie_write;
   GpuStats traced;  // integer sums over traced steps
   int64_t traced_steps = 0;
