@@ -294,7 +294,7 @@ std::vector<Straggler> find_stragglers(const std::vector<RankSummary>& ranks, do
     } else if (measured(r.sm_clock_mhz) && !clock.empty() &&
                r.sm_clock_mhz < kLowerClockShare * median(clock)) {
       // The same kernels at a lower clock take longer: power, thermal limits or a slower part.
-      s.cause = "lower SM clock (" + fmt_num(r.sm_clock_mhz) + " MHz against " +
+      s.cause = "lower SM clock (" + fmt_num(r.sm_clock_mhz) + " MHz while busy against " +
                 fmt_num(median(clock)) + " MHz on the other ranks: a power or thermal limit)";
     } else if (measured(r.sm_efficiency) && !sm.empty() && r.sm_efficiency < 0.9 * median(sm)) {
       s.cause = "slower kernels (SM efficiency " + fmt_pct(r.sm_efficiency) + " against " +

@@ -150,7 +150,7 @@ void section_text(const GpuEpochStats& gpu, const EpochSummary& s,
         ", tensor " + fmt_opt_pct(g.tensor_activity) + ", DRAM " + fmt_opt_pct(g.dram_throughput) +
         ", occupancy " + fmt_opt_pct(g.achieved_occupancy);
     if (measured(g.sm_clock_mhz)) {
-      line += ", SM clock " + fmt_num(g.sm_clock_mhz) + " MHz";
+      line += ", SM clock " + fmt_num(g.sm_clock_mhz) + " MHz while busy";
       if (measured(g.clock_limited)) {
         line += " (at a power or thermal limit " + fmt_pct(g.clock_limited) + " of the time)";
       }

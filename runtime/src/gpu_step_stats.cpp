@@ -279,13 +279,17 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
 
   // NVML's utilization.gpu is already an average over its own period: the readings inside the
   // step, or else the latest one taken within an interval after the step ended.
-  // The SM clock and its limits the same way (readings that have them).
+  // The SM clock and its limits the same way, from the readings of a busy GPU only: an idle GPU
+  // lowers its clock, and a rank that waits (for data, for the host, for a straggler) would
+  // otherwise look slower-clocked.
+  constexpr double kBusyReading = 0.5;  // utilization.gpu over the reading's period
   double nv_sum = 0, clock_sum = 0, limited_sum = 0;
   int nv_n = 0, clock_n = 0, limited_n = 0;
   const UtilSample* latest = nullptr;
   auto add = [&](const UtilSample& u) {
     nv_sum += u.utilization;
     ++nv_n;
+    if (u.utilization < kBusyReading) return;
     if (!std::isnan(u.sm_clock_mhz)) {
       clock_sum += u.sm_clock_mhz;
       ++clock_n;

@@ -298,7 +298,8 @@ TEST(Stragglers, TheSlowRankIsNamedWithItsCauseAndTheOthersWait) {
   auto c = find_stragglers(clocked, 0.1);
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].rank, 2);
-  EXPECT_NE(c[0].cause.find("lower SM clock (1500 MHz against 1980 MHz"), std::string::npos)
+  EXPECT_NE(c[0].cause.find("lower SM clock (1500 MHz while busy against 1980 MHz"),
+            std::string::npos)
       << c[0].cause;
   // Within 5% of the others: not the cause.
   clocked[2].sm_clock_mhz = 1900;

@@ -174,9 +174,12 @@ TEST(GpuStepStatsTest, NvmlReadingsInsideTheStepOrTheNextOne) {
 
 TEST(GpuStepStatsTest, NvmlClockAndItsLimitsByTheSameRule) {
   GpuEventBatch ev;
-  UtilSample a{3, 0.5, 1980.0, 0}, b{7, 1.0, 1500.0, 1}, c{30, 0.2, 1700.0, 1}, old{50, 0.4};
-  ev.nvml = {a, b, c, old};
+  // Readings of a busy GPU only (utilization.gpu >= 50%): an idle one lowers its clock.
+  UtilSample a{3, 0.5, 1980.0, 0}, b{7, 1.0, 1500.0, 1}, idle{8, 0.1, 345.0, 0};
+  UtilSample c{30, 0.6, 1700.0, 1}, old{50, 0.4};
+  ev.nvml = {a, b, idle, c, old};
   const GpuStats s = gpu_step_stats(ev, spans({0, 10}, {0, 0}, false), 100, 100);
+  EXPECT_NEAR(s.nvml_utilization, 1.6 / 3, 1e-12);
   EXPECT_DOUBLE_EQ(s.sm_clock_mhz, 1740.0);
   EXPECT_DOUBLE_EQ(s.clock_limited, 0.5);
   // The reading after the step when none is inside it.

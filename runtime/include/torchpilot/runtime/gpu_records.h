@@ -28,9 +28,10 @@ struct GpuStats {
   double pcie_read_bytes = kNotMeasured;      // pcie__read_bytes.sum over the span
   double pcie_write_bytes = kNotMeasured;
   double nvml_utilization = kNotMeasured;  // NVML utilization.gpu (what nvidia-smi shows)
-  double sm_clock_mhz = kNotMeasured;      // NVML SM clock, mean of the readings (MHz)
-  double clock_limited = kNotMeasured;     // share of NVML readings with the clock held down by a
-                                           // limit (power cap, thermal, slowdown, power brake)
+  double sm_clock_mhz = kNotMeasured;      // NVML SM clock while busy: mean of the readings with
+                                           // utilization.gpu >= 50% (MHz)
+  double clock_limited = kNotMeasured;     // share of those readings with the clock held down by
+                                           // a limit (power cap, thermal, slowdown, power brake)
   Nanos pm_covered_ns = 0;  // the part of the span PM samples cover (epoch means weigh by it)
   // Detailed windows only (CUPTI activity trace); traced_ns is the part of the span traced.
   Nanos traced_ns = 0;
