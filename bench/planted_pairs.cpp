@@ -780,8 +780,10 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
     if (auto* c = dynamic_cast<Checkpointing*>(bad.get())) row["checkpoint_mb"] = c->megabytes();
     const AdvisedRun advised = advised_run(*bad, env, a, advise_steps);
     json others = json::array();
+    const torchpilot::Advice* expected = nullptr;
     for (const auto& x : advised.advice) {
       if (x.id == pair.advice) {
+        expected = &x;
         row["advice"] = x.id;
         row["estimated_gain"] = number(x.expected_gain);
         row["advice_detail"] = advice_json(x);
@@ -794,13 +796,10 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
     // data_starvation's fix is the advice applied: the worker count it names (its fallback,
     // cores - 2, when the advice gives none).
     if (auto* d = dynamic_cast<DataStarvation*>(fixed.get())) {
-      for (const auto& x : advised.advice) {
-        if (x.id != pair.advice) continue;
-        for (const auto& ev : x.evidence) {
-          if (ev.name == "workers_advised" && ev.value >= 1) {
-            d->set_workers(static_cast<int>(ev.value));
-          }
-        }
+      const std::vector<torchpilot::Evidence> none;
+      for (const auto& ev : expected != nullptr ? expected->evidence : none) {
+        if (ev.name == "workers_advised" && ev.value >= 1)
+          d->set_workers(static_cast<int>(ev.value));
       }
       row["fixed_workers"] = d->workers();
     }

@@ -724,6 +724,13 @@ struct AsyncRig : Rig {
     }
   }
   static Nanos boundary(int64_t j) { return 10 * kMs * j; }
+  // A detailed window over steps 1-3.
+  static Config window_1_to_3() {
+    Config c = Rig::base_config();
+    c.gpu.trace_first_step = 1;
+    c.gpu.trace_steps = 3;
+    return c;
+  }
   // The GPU runs steps [from, to): step k has k + 1 kernels and SM efficiency 0.05 (k + 1).
   void gpu_runs(int64_t from, int64_t to) {
     for (int64_t k = from; k < to; ++k) {
@@ -741,10 +748,7 @@ struct AsyncRig : Rig {
 };
 
 TEST(GpuMonitorTest, KernelsAndSamplesThatRanAfterTheHostSpanLandOnTheirStep) {
-  Config c = Rig::base_config();
-  c.gpu.trace_first_step = 1;  // steps 1-3 traced
-  c.gpu.trace_steps = 3;
-  AsyncRig rig(c);
+  AsyncRig rig(AsyncRig::window_1_to_3());
   rig.host_steps(8);  // the host is at 8 ms; the GPU has not reached step 0's end
   EXPECT_EQ(rig.backend->marker_ids.size(), 9u) << "one marker per boundary";
   EXPECT_EQ(rig.backend->trace_starts, 1);
@@ -786,10 +790,7 @@ TEST(GpuMonitorTest, KernelsDeliveredOutOfOrderLandOnTheirSteps) {
   // CUPTI hands records over buffer by buffer and stream by stream: a drain may bring kernels that
   // started before ones already held. The monitor keeps its kernels in start order (its per-step
   // index relies on it); none may be lost or counted twice.
-  Config c = Rig::base_config();
-  c.gpu.trace_first_step = 1;  // steps 1-3 traced
-  c.gpu.trace_steps = 3;
-  AsyncRig rig(c);
+  AsyncRig rig(AsyncRig::window_1_to_3());
   rig.host_steps(8);
   rig.gpu_runs(0, 8);
   std::vector<KernelRecord> later, earlier;

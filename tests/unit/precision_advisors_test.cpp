@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -253,13 +254,23 @@ GpuEpochStats unfused_window() {
   return g;
 }
 
-TEST(PrecisionAdvisorTest, PlantedUnfusedAttentionWithMeasuredKernels) {
+// An H200 epoch of 10 steps, 1 TFLOP of bf16 each, 0.2 TFLOP of it in unfused attention moving
+// `score_bytes` per step, with the window above (adjusted by `window`).
+EpochSummary unfused_epoch(double score_bytes,
+                           const std::function<void(GpuEpochStats&)>& window = nullptr) {
   const double F = 1e12;
-  EpochSummary s = make_summary(
-      10, 0,
-      with_unfused(make_flops("NVIDIA H200", {{MathPrecision::kBf16, F}}, 0.4), 0.2 * F, 1e9));
+  EpochSummary s =
+      make_summary(10, 0,
+                   with_unfused(make_flops("NVIDIA H200", {{MathPrecision::kBf16, F}}, 0.4),
+                                0.2 * F, score_bytes));
   GpuEpochStats g = unfused_window();
+  if (window) window(g);
   s.sections.set<GpuEpochStats>(g);
+  return s;
+}
+
+TEST(PrecisionAdvisorTest, PlantedUnfusedAttentionWithMeasuredKernels) {
+  const EpochSummary s = unfused_epoch(1e9);
   const auto a = advise_unfused_attention(s, kConfig);
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(a->id, "unfused_attention");
@@ -283,12 +294,7 @@ TEST(PrecisionAdvisorTest, PlantedUnfusedAttentionWithMeasuredKernels) {
 TEST(PrecisionAdvisorTest, UnfusedAttentionMatmulsAtLeastTheirScoreTraffic) {
   // As above, with 19.2 GB of score-matrix traffic per step: the attention matmuls' half of it
   // at the H200's 4.8 TB/s (2 ms) outlasts their FLOPs at the window's GEMM rate (1 ms).
-  const double F = 1e12;
-  EpochSummary s = make_summary(
-      10, 0,
-      with_unfused(make_flops("NVIDIA H200", {{MathPrecision::kBf16, F}}, 0.4), 0.2 * F, 19.2e9));
-  GpuEpochStats g = unfused_window();
-  s.sections.set<GpuEpochStats>(g);
+  const EpochSummary s = unfused_epoch(19.2e9);
   const auto a = advise_unfused_attention(s, kConfig);
   ASSERT_TRUE(a.has_value());
   const double fused_ms = 0.2 * 7 / 6 / (989.5 * 0.4) * 1e3;
@@ -301,15 +307,11 @@ TEST(PrecisionAdvisorTest, UnfusedAttentionMatmulsAtLeastTheirScoreTraffic) {
 TEST(PrecisionAdvisorTest, UnfusedAttentionFromTheKernelsAroundEachSoftmax) {
   // The window found the softmax segments: 3 ms of pieces and 2 ms of bounding GEMMs per step
   // replace the softmax/mask class time and the matmuls' FLOP model.
-  const double F = 1e12;
-  EpochSummary s = make_summary(
-      10, 0,
-      with_unfused(make_flops("NVIDIA H200", {{MathPrecision::kBf16, F}}, 0.4), 0.2 * F, 1e9));
-  GpuEpochStats g = unfused_window();
-  g.kernel_classes.unfused_attention_softmaxes = 240;
-  g.kernel_classes.unfused_attention_pieces_ns = 30 * kMs;
-  g.kernel_classes.unfused_attention_gemm_ns = 20 * kMs;
-  s.sections.set<GpuEpochStats>(g);
+  const EpochSummary s = unfused_epoch(1e9, [](GpuEpochStats& g) {
+    g.kernel_classes.unfused_attention_softmaxes = 240;
+    g.kernel_classes.unfused_attention_pieces_ns = 30 * kMs;
+    g.kernel_classes.unfused_attention_gemm_ns = 20 * kMs;
+  });
   const auto a = advise_unfused_attention(s, kConfig);
   ASSERT_TRUE(a.has_value());
   const double fused_ms = 0.2 * 7 / 6 / (989.5 * 0.4) * 1e3;
