@@ -48,8 +48,7 @@ void GpuEpochAccumulator::add(const GpuStats& g) {
   traced.idle_other_ns += g.idle_other_ns;
 }
 
-void GpuEpochAccumulator::add_kernels(const std::vector<KernelRecord>& records, Interval span,
-                                      int sm_count) {
+void GpuEpochAccumulator::add_kernels(KernelRange records, Interval span, int sm_count) {
   for (const KernelRecord& k : records) {
     const Nanos ns = overlap({k.begin, k.end}, span);
     if (ns <= 0) continue;

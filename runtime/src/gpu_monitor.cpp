@@ -293,6 +293,7 @@ void GpuMonitor::drain() {
   for (const PmSample& s : incoming_.pm) pm_watermark_ = std::max(pm_watermark_, s.end);
   append(events_.pm, incoming_.pm);
   append(events_.nvml, incoming_.nvml);
+  if (!incoming_.kernels.empty()) kernel_index_.reset();
   add_kernels_in_order(events_.kernels, incoming_.kernels);
   append(events_.copies, incoming_.copies);
   HostOpScopes& scopes = HostOpScopes::instance();
@@ -320,6 +321,11 @@ void GpuMonitor::name_phases() {
   for (HostOpScope& s : incoming_.scopes) s.phase = phase_at(s.begin);
 }
 
+const KernelIndex& GpuMonitor::kernel_index() {
+  if (!kernel_index_) kernel_index_.emplace(events_.kernels);
+  return *kernel_index_;
+}
+
 void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
   GpuStepRecord rec;
   rec.step = step.step;
@@ -333,7 +339,9 @@ void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
   }
   const auto nvml_ns = static_cast<Nanos>(config_.nvml_interval_ms * 1e6);
   std::vector<SyncSite> sites;
-  rec.stats = gpu_step_stats(events_, spans, device_.sm_count, nvml_ns, &sites);
+  // Untraced steps have no kernels to look at: no index for them.
+  const KernelIndex* index = step.traced ? &kernel_index() : nullptr;
+  rec.stats = gpu_step_stats(events_, spans, device_.sm_count, nvml_ns, &sites, index);
   last_finished_end_ = std::max(last_finished_end_, step.span.end);
   epoch_->add(rec.stats);
   ++epoch_->steps;
@@ -341,10 +349,10 @@ void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
   if (spans.gpu_timed) ++epoch_->gpu_timed_steps;
   if (rec.stats.traced_ns > 0) epoch_->add_sync_sites(sites);
   if (step.traced) {
-    epoch_->add_kernels(events_.kernels, spans.figures(), device_.sm_count);
+    epoch_->add_kernels(index->overlapping(spans.figures()), spans.figures(), device_.sm_count);
     traced_finished_ = true;
+    add_kernel_classes(epoch_->classes, events_, spans, device_.sm_count, index);
   }
-  add_kernel_classes(epoch_->classes, events_, spans, device_.sm_count);
   if (host_ != nullptr && !host_->config().report.trace_dir.empty()) {
     if (step.traced) {
       capture_window(step, spans);
@@ -380,7 +388,7 @@ void GpuMonitor::capture_window(const PendingStep& step, const StepSpans& spans)
       w.phases.push_back({p.name, p.span});
     }
   }
-  for (const KernelRecord& k : events_.kernels) {
+  for (const KernelRecord& k : kernel_index().starting_in(take)) {
     if (in(k.begin)) w.kernels.push_back(k);
   }
   for (const CopyRecord& c : events_.copies) {
@@ -476,6 +484,7 @@ void GpuMonitor::prune_events() {
   };
   cap(events_.pm);
   cap(events_.nvml);
+  if (events_.kernels.size() > kMaxEvents) kernel_index_.reset();
   cap(events_.kernels);
   cap(events_.copies);
   cap(events_.syncs);
@@ -514,7 +523,17 @@ void GpuMonitor::prune_events() {
   prune(events_.nvml, [this](const UtilSample& u) {
     return u.time + static_cast<Nanos>(config_.nvml_interval_ms * 1e6);
   });
-  prune(events_.kernels, [](const KernelRecord& k) { return k.end; });
+  // Kernels: only once a quarter of them or more can go. A window's steps finish a few per step
+  // call, and pruning a few steps' kernels at a time would scan (and re-index) all the window's
+  // held kernels each time. Held in start order: those starting before keep_from are the most
+  // that can go.
+  const auto before = std::lower_bound(events_.kernels.begin(), events_.kernels.end(), keep_from,
+                                       [](const KernelRecord& k, Nanos t) { return k.begin < t; });
+  if (static_cast<size_t>(before - events_.kernels.begin()) * 4 >= events_.kernels.size() &&
+      before != events_.kernels.begin()) {
+    kernel_index_.reset();
+    prune(events_.kernels, [](const KernelRecord& k) { return k.end; });
+  }
   prune(events_.copies, [](const CopyRecord& c) { return c.end; });
   // Syncs and op scopes stay longer: the drain after a sync can idle the GPU steps later.
   prune(events_.syncs, [](const SyncRecord& s) { return s.end + kSyncKeepNs; });

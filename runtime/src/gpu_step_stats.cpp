@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -69,67 +70,6 @@ void add_site(std::vector<SyncSite>& sites, const SyncRecord& s, bool counted, N
   }
   it->idle_ns += idle;
 }
-
-// Where the GPU next starts a kernel at or after `t`: `t` itself when a kernel runs at `t` (no
-// drain), else the next kernel's start (the host had to refill the queue), else `never`.
-class NextKernel {
- public:
-  NextKernel(const std::vector<KernelRecord>& kernels, Nanos never) : never_(never) {
-    busy_.reserve(kernels.size());
-    for (const KernelRecord& k : kernels) {
-      if (k.end > k.begin) busy_.push_back({k.begin, k.end});
-    }
-    // The GPU monitor holds its kernels in start order (a long window's are many): no sort then.
-    auto by_begin = [](const Interval& a, const Interval& b) { return a.begin < b.begin; };
-    if (!std::is_sorted(busy_.begin(), busy_.end(), by_begin)) {
-      std::sort(busy_.begin(), busy_.end(), by_begin);
-    }
-    // Merge into disjoint busy intervals, in place.
-    size_t n = 0;
-    for (size_t i = 0; i < busy_.size(); ++i) {
-      if (n > 0 && busy_[i].begin <= busy_[n - 1].end) {
-        busy_[n - 1].end = std::max(busy_[n - 1].end, busy_[i].end);
-      } else {
-        busy_[n++] = busy_[i];
-      }
-    }
-    busy_.resize(n);
-  }
-  Nanos at_or_after(Nanos t) const {
-    // The first busy interval ending after t: t is inside it, or it is the next one.
-    const auto it = std::upper_bound(busy_.begin(), busy_.end(), t,
-                                     [](Nanos v, const Interval& i) { return v < i.end; });
-    if (it == busy_.end()) return never_;
-    return std::max(t, it->begin);
-  }
-  // The end of the last busy interval ending at or before `t` (min() when none): a sync that
-  // returned before it cannot idle the GPU after `t` (a kernel ran after it returned).
-  Nanos last_end_before(Nanos t) const {
-    auto it = std::upper_bound(busy_.begin(), busy_.end(), t,
-                               [](Nanos v, const Interval& i) { return v < i.end; });
-    if (it == busy_.begin()) return std::numeric_limits<Nanos>::min();
-    --it;
-    return it->end;
-  }
-  // The GPU's idle gaps from `t` on, in order, until they add up to `budget` or reach `stop`.
-  void gaps_after(Nanos t, Nanos budget, Nanos stop, std::vector<Interval>& out) const {
-    auto it = std::upper_bound(busy_.begin(), busy_.end(), t,
-                               [](Nanos v, const Interval& i) { return v < i.end; });
-    Nanos cursor = t;
-    for (; it != busy_.end() && budget > 0 && cursor < stop; ++it) {
-      if (it->begin > cursor) {
-        const Nanos end = std::min({it->begin, stop, cursor + budget});
-        out.push_back({cursor, end});
-        budget -= end - cursor;
-      }
-      cursor = std::max(cursor, it->end);
-    }
-  }
-
- private:
-  std::vector<Interval> busy_;
-  Nanos never_;
-};
 
 bool pageable_h2d(const CopyRecord& c) {
   return !c.memset && c.kind == CopyKind::kHostToDevice && c.pageable;
@@ -238,8 +178,83 @@ std::vector<SyncRecord> resolve_host_syncs(const GpuEventBatch& events, bool tra
   return out;
 }
 
+KernelIndex::KernelIndex(const std::vector<KernelRecord>& kernels) : kernels_(kernels) {
+  busy_.reserve(kernels.size());
+  for (const KernelRecord& k : kernels) {
+    if (!busy_.empty() && k.begin < busy_.back().begin) by_start_ = false;
+    longest_ = std::max(longest_, k.end - k.begin);
+    if (k.end > k.begin) busy_.push_back({k.begin, k.end});
+  }
+  if (!by_start_) {
+    std::sort(busy_.begin(), busy_.end(),
+              [](const Interval& a, const Interval& b) { return a.begin < b.begin; });
+  }
+  // Merge into disjoint busy intervals, in place.
+  size_t n = 0;
+  for (size_t i = 0; i < busy_.size(); ++i) {
+    if (n > 0 && busy_[i].begin <= busy_[n - 1].end) {
+      busy_[n - 1].end = std::max(busy_[n - 1].end, busy_[i].end);
+    } else {
+      busy_[n++] = busy_[i];
+    }
+  }
+  busy_.resize(n);
+}
+
+KernelRange KernelIndex::starting_in(Interval span) const {
+  if (!by_start_) return all();
+  auto at = [this](Nanos t) {
+    return std::lower_bound(kernels_.begin(), kernels_.end(), t,
+                            [](const KernelRecord& k, Nanos v) { return k.begin < v; });
+  };
+  const auto first = at(span.begin);
+  const auto last = std::max(first, at(span.end));
+  return {kernels_.data() + (first - kernels_.begin()),
+          kernels_.data() + (last - kernels_.begin())};
+}
+
+KernelRange KernelIndex::overlapping(Interval span) const {
+  // A kernel that overlaps the span starts before its end, and at most the longest kernel's
+  // length before its beginning.
+  const Nanos from = span.begin > std::numeric_limits<Nanos>::min() + longest_
+                         ? span.begin - longest_
+                         : std::numeric_limits<Nanos>::min();
+  return starting_in({from, span.end});
+}
+
+Nanos KernelIndex::at_or_after(Nanos t, Nanos never) const {
+  // The first busy interval ending after t: t is inside it, or it is the next one.
+  const auto it = std::upper_bound(busy_.begin(), busy_.end(), t,
+                                   [](Nanos v, const Interval& i) { return v < i.end; });
+  if (it == busy_.end()) return never;
+  return std::max(t, it->begin);
+}
+
+Nanos KernelIndex::last_end_before(Nanos t) const {
+  auto it = std::upper_bound(busy_.begin(), busy_.end(), t,
+                             [](Nanos v, const Interval& i) { return v < i.end; });
+  if (it == busy_.begin()) return std::numeric_limits<Nanos>::min();
+  --it;
+  return it->end;
+}
+
+void KernelIndex::gaps_after(Nanos t, Nanos budget, Nanos stop, std::vector<Interval>& out) const {
+  auto it = std::upper_bound(busy_.begin(), busy_.end(), t,
+                             [](Nanos v, const Interval& i) { return v < i.end; });
+  Nanos cursor = t;
+  for (; it != busy_.end() && budget > 0 && cursor < stop; ++it) {
+    if (it->begin > cursor) {
+      const Nanos end = std::min({it->begin, stop, cursor + budget});
+      out.push_back({cursor, end});
+      budget -= end - cursor;
+    }
+    cursor = std::max(cursor, it->end);
+  }
+}
+
 GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int sm_count,
-                        Nanos nvml_interval_ns, std::vector<SyncSite>* sites) {
+                        Nanos nvml_interval_ns, std::vector<SyncSite>* sites,
+                        const KernelIndex* kernel_index) {
   // GPU figures belong to the step whose GPU span contains them (host span when unknown).
   Interval span = spans.figures();
   const Interval data_wait = spans.data_wait;
@@ -330,10 +345,13 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
   span.begin = std::max(span.begin, trace_from);
   if (span.end <= span.begin) return g;
   g.traced_ns = span.end - span.begin;
+  std::optional<KernelIndex> own_index;
+  if (kernel_index == nullptr) kernel_index = &own_index.emplace(events.kernels);
+  const KernelIndex& index = *kernel_index;
   std::vector<KernelEvent> kernels;
   std::vector<Interval> busy;
   Nanos first_kernel = span.end, last_kernel = span.begin;
-  for (const KernelRecord& k : events.kernels) {
+  for (const KernelRecord& k : index.overlapping(span)) {
     const Interval i{std::max(k.begin, span.begin), std::min(k.end, span.end)};
     if (i.end <= i.begin) continue;
     kernels.push_back({k.begin, k.end, k.blocks, k.communication});
@@ -376,18 +394,18 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
   // is time the host failed to keep the queue full. A sync's or a blocking copy's interval runs
   // on after it returns until the GPU starts a kernel again (the queue it drained is empty until
   // the host refills it) unless a kernel is running when it returns.
-  const NextKernel next(events.kernels, std::numeric_limits<Nanos>::max() / 2);
+  constexpr Nanos kNever = std::numeric_limits<Nanos>::max() / 2;
   // The syncs that end in the step or whose drain can reach into it: a drain reaches past later
   // kernels (below), so those of the last second before the step too.
   constexpr Nanos kSyncReach = 1'000'000'000;
-  const Nanos from = std::min(whole.begin, next.last_end_before(span.begin));
+  const Nanos from = std::min(whole.begin, index.last_end_before(span.begin));
   const Interval near{
       from > std::numeric_limits<Nanos>::min() + kSyncReach ? from - kSyncReach : from, whole.end};
   const std::vector<SyncRecord> syncs = resolve_host_syncs(events, true, near);
   std::vector<std::vector<Interval>> sync_cover(syncs.size());
   for (size_t i = 0; i < syncs.size(); ++i) {
     const SyncRecord& sync = syncs[i];
-    const Nanos resume = next.at_or_after(sync.end);
+    const Nanos resume = index.at_or_after(sync.end, kNever);
     sync_cover[i].push_back({sync.begin, std::max(sync.end, resume)});
     // The queue the sync emptied stays empty while the host works on (an optimizer's kernels,
     // then the next step's host work): the GPU gaps after the drain are the sync's too, up to the
@@ -398,7 +416,7 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
     // Only where the GPU was idle when it returned: the queue drained (a kernel still running
     // means work was queued after what it waited for).
     if (resume > sync.end && budget > 0 && resume < stop)
-      next.gaps_after(resume, budget, stop, sync_cover[i]);
+      index.gaps_after(resume, budget, stop, sync_cover[i]);
   }
   std::vector<Interval> copy_cover;
   std::vector<HostOpScope> near_scopes;
@@ -410,7 +428,7 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
     // The host entered the copy call with the op that made it (it waited there for the queue).
     const HostOpScope* scope = scope_of(near_scopes, c.begin, c.end);
     const Nanos begin = scope != nullptr ? std::min(scope->begin, c.begin) : c.begin;
-    copy_cover.push_back({begin, std::max(c.end, next.at_or_after(c.end))});
+    copy_cover.push_back({begin, std::max(c.end, index.at_or_after(c.end, kNever))});
   }
 
   // One cause per idle second, first match wins: data wait, host sync, pageable copy; the rest

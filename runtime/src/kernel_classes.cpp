@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -292,7 +293,7 @@ void add_unfused_attention(KernelClassStats& s, const std::vector<Launched>& seq
 }  // namespace
 
 void add_kernel_classes(KernelClassStats& stats, const GpuEventBatch& events,
-                        const StepSpans& spans, int sm_count) {
+                        const StepSpans& spans, int sm_count, const KernelIndex* kernel_index) {
   if (!spans.traced) return;
   const Interval span = spans.traced_part();
   if (span.end <= span.begin) return;
@@ -307,11 +308,14 @@ void add_kernel_classes(KernelClassStats& stats, const GpuEventBatch& events,
     int delta;
     KernelKind kind;
   };
+  std::optional<KernelIndex> own_index;
+  if (kernel_index == nullptr) kernel_index = &own_index.emplace(events.kernels);
+  const KernelRange in_span = kernel_index->overlapping(span);
   std::vector<Point> points;
-  points.reserve(events.kernels.size() * 2);
+  points.reserve(in_span.size() * 2);
   std::vector<Launched> started;  // not communication, in the step it started in
   const double sms = static_cast<double>(std::max(1, sm_count));
-  for (const KernelRecord& k : events.kernels) {
+  for (const KernelRecord& k : in_span) {
     const Nanos b = std::max(k.begin, span.begin), e = std::min(k.end, span.end);
     if (e <= b) continue;
     const KernelKind kind = classify_cached(k.name, k.communication);

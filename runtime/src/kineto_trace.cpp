@@ -662,15 +662,17 @@ EpochSummary kineto_epoch_summary(const KinetoTrace& t, const KinetoOptions& opt
   if (!t.device.empty() || !options.device_name.empty()) {
     GpuEpochAccumulator gpu;
     const int sm = std::max(1, t.sm_count);
+    const KernelIndex index(t.events.kernels);  // one for all the trace's steps
     for (const KinetoStep& k : t.steps) {
       std::vector<SyncSite> sites;
-      const GpuStats g = gpu_step_stats(t.events, k.spans, sm, 0, &sites);
+      const GpuStats g = gpu_step_stats(t.events, k.spans, sm, 0, &sites, &index);
       gpu.add(g);
       ++gpu.steps;
       if (k.spans.gpu_timed) ++gpu.gpu_timed_steps;
       if (g.traced_ns > 0) gpu.add_sync_sites(sites);
-      if (k.spans.traced) gpu.add_kernels(t.events.kernels, k.spans.figures(), sm);
-      add_kernel_classes(gpu.classes, t.events, k.spans, sm);
+      if (k.spans.traced)
+        gpu.add_kernels(index.overlapping(k.spans.figures()), k.spans.figures(), sm);
+      add_kernel_classes(gpu.classes, t.events, k.spans, sm, &index);
     }
     GpuEpochStats e;
     e.device = device;

@@ -147,6 +147,40 @@ KernelRecord kernel(Nanos b, Nanos e, int64_t blocks, std::string name = "k") {
   return k;
 }
 
+TEST(KernelIndexTest, OverlappingHoldsEveryKernelInTheSpanAndFewOthers) {
+  // In start order, as the monitor holds them; one long kernel starts well before the span.
+  const std::vector<KernelRecord> ks = {kernel(0, 5, 1),   kernel(10, 60, 1), kernel(20, 25, 1),
+                                        kernel(30, 35, 1), kernel(70, 75, 1), kernel(80, 85, 1)};
+  const KernelIndex index(ks);
+  std::vector<Nanos> begins;
+  for (const KernelRecord& k : index.overlapping({55, 72})) begins.push_back(k.begin);
+  // The long kernel [10, 60) overlaps; [20, 25) and [30, 35) lie within the longest kernel's reach
+  // and come along (callers clip); [0, 5) and [80, 85) do not.
+  EXPECT_EQ(begins, (std::vector<Nanos>{10, 20, 30, 70}));
+  begins.clear();
+  for (const KernelRecord& k : index.starting_in({20, 71})) begins.push_back(k.begin);
+  EXPECT_EQ(begins, (std::vector<Nanos>{20, 30, 70}));
+  // The busy union: [0, 5), [10, 60), [70, 75), [80, 85).
+  EXPECT_EQ(index.at_or_after(6, -1), 10);
+  EXPECT_EQ(index.at_or_after(40, -1), 40);
+  EXPECT_EQ(index.at_or_after(90, -1), -1);
+  EXPECT_EQ(index.last_end_before(65), 60);
+  std::vector<Interval> gaps;
+  index.gaps_after(55, 12, 100, gaps);
+  ASSERT_EQ(gaps.size(), 2u);
+  EXPECT_EQ(gaps[0].begin, 60);
+  EXPECT_EQ(gaps[0].end, 70);
+  EXPECT_EQ(gaps[1].begin, 75);
+  EXPECT_EQ(gaps[1].end, 77);
+
+  // Not in start order (a hand-made list): every kernel is a candidate, the answers are the same.
+  const std::vector<KernelRecord> unordered = {ks[4], ks[0], ks[5], ks[2], ks[1], ks[3]};
+  const KernelIndex any(unordered);
+  EXPECT_EQ(any.overlapping({55, 72}).size(), unordered.size());
+  EXPECT_EQ(any.at_or_after(6, -1), 10);
+  EXPECT_EQ(any.last_end_before(65), 60);
+}
+
 TEST(GpuStepStatsTest, PmSamplesAreTimeWeightedOverTheStep) {
   GpuEventBatch ev;
   ev.pm = {pm(0, 10, 0.2), pm(10, 20, 0.6)};

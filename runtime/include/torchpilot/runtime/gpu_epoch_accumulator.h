@@ -16,6 +16,7 @@
 #include "torchpilot/runtime/gpu_backend.h"
 #include "torchpilot/runtime/gpu_metrics.h"
 #include "torchpilot/runtime/gpu_records.h"
+#include "torchpilot/runtime/gpu_step_stats.h"
 #include "torchpilot/runtime/kernel_classes.h"
 
 namespace torchpilot {
@@ -68,7 +69,7 @@ struct GpuEpochAccumulator {
   // One step's figures (gpu_step_stats).
   void add(const GpuStats& g);
   // A traced step's kernels inside its span, by name.
-  void add_kernels(const std::vector<KernelRecord>& records, Interval span, int sm_count);
+  void add_kernels(KernelRange records, Interval span, int sm_count);
   // A traced step's host syncs by call site (gpu_step_stats' `sites`).
   void add_sync_sites(const std::vector<SyncSite>& sites);
   // By GPU idle caused, then host wait; at most kTopSyncSites.

@@ -25,6 +25,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -122,8 +123,13 @@ class GpuMonitor : public Collector {
   CollectorHost* host_ = nullptr;  // steps are published to it; no windows while it tunes
   GpuDeviceInfo device_;
 
-  // Events not yet consumed, in arrival order (bounded by pruning once steps are finished).
+  // Events not yet consumed, in arrival order (bounded by pruning once steps are finished); the
+  // kernels in start order.
   GpuEventBatch events_;
+  // An index over events_.kernels for traced steps' figures, built when first needed after the
+  // kernels changed (a window's steps finish one after another over the same kernels).
+  std::optional<KernelIndex> kernel_index_;
+  const KernelIndex& kernel_index();
   GpuEventBatch incoming_;
   Nanos pm_watermark_ = 0;  // end of the latest PM sample received
   bool pm_active_ = false;

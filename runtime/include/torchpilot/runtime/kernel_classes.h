@@ -16,6 +16,7 @@ namespace torchpilot {
 
 struct GpuEventBatch;
 struct StepSpans;
+class KernelIndex;
 
 enum class KernelClass {
   kTensorGemm,     // GEMM/convolution on the tensor cores (bf16, fp16, TF32, fp8)
@@ -86,8 +87,8 @@ struct KernelClassStats {
 
 // Adds one traced step to `stats`: the events inside the step's traced span (the GPU span when
 // known, else the host span; from trace_from on: the rule gpu_step_stats uses). Untraced steps
-// add nothing.
+// add nothing. `kernels` (optional): an index over events.kernels (built here when absent).
 void add_kernel_classes(KernelClassStats& stats, const GpuEventBatch& events,
-                        const StepSpans& spans, int sm_count);
+                        const StepSpans& spans, int sm_count, const KernelIndex* kernels = nullptr);
 
 }  // namespace torchpilot

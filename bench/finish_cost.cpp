@@ -1,0 +1,197 @@
+// finish_cost: what finishing a detailed window's steps costs the training thread, by window
+// length, on synthetic records (no GPU needed). A fake GPU backend hands the GPU monitor a
+// window of `--steps` steps of `--kernels` kernels each (LibTorch-like names of ~200
+// characters, GPU-timed by step markers); once the window is released, the steps after it finish
+// the window's steps within the monitor's per-call budget. Reported: the training thread's time
+// in the pilot's step calls from the release until every window step has finished, per window
+// step (should not grow with the window's length), and the slowest single call.
+//   finish_cost [--steps 10,30,100] [--kernels 3000] [--repeats 3]
+#include <spdlog/sinks/null_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "torchpilot/runtime/gpu_monitor.h"
+#include "torchpilot/runtime/pilot.h"
+
+namespace {
+
+using namespace torchpilot;
+constexpr Nanos kMs = 1000000;
+
+// Hands out what the bench queued; markers resolve when the bench says the GPU ran a step.
+class SyntheticBackend final : public GpuBackend {
+ public:
+  GpuEventBatch queued;
+  std::vector<uint64_t> marker_ids;
+  GpuDeviceInfo device() const override { return {0, "Synthetic GPU", "SYNTH", 132}; }
+  std::vector<CollectorStatus> status() const override {
+    return {{"pm_sampling", false, "synthetic"},
+            {"activity", true, ""},
+            {"nvml", false, "synthetic"},
+            {"nvtx", false, "synthetic"}};
+  }
+  void start() override {}
+  bool start_trace() override { return true; }
+  void stop_trace() override {}
+  void release_trace() override {}
+  bool trace_releasing() const override { return false; }
+  void finish_release() override {}
+  void flush() override {}
+  void request_flush() override {}
+  bool record_marker(uint64_t id) override {
+    marker_ids.push_back(id);
+    return true;
+  }
+  void await_marker(uint64_t, Nanos) override {}
+  void drain(GpuEventBatch& out) override {
+    out.kernels.insert(out.kernels.end(), std::make_move_iterator(queued.kernels.begin()),
+                       std::make_move_iterator(queued.kernels.end()));
+    out.markers.insert(out.markers.end(), queued.markers.begin(), queued.markers.end());
+    queued.kernels.clear();
+    queued.markers.clear();
+  }
+  void stop() override {}
+  void range_push(const char*) override {}
+  void range_pop() override {}
+};
+
+// Synthetic time (advanced by a step's length after each step call) plus the real time elapsed:
+// the monitor's per-call finishing budget runs on real time, as in a training program.
+class BenchClock final : public Clock {
+ public:
+  Nanos now_ns() const override {
+    const auto real = std::chrono::steady_clock::now() - start_;
+    return manual_ + std::chrono::duration_cast<std::chrono::nanoseconds>(real).count();
+  }
+  void advance(Nanos d) { manual_ += d; }
+
+ private:
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  Nanos manual_ = 0;
+};
+
+struct Result {
+  double per_window_step_ms = 0;
+  double slowest_call_ms = 0;
+  int calls = 0;
+};
+
+Result run_once(int window_steps, int kernels_per_step) {
+  auto clock = std::make_shared<BenchClock>();
+  auto backend = std::make_shared<SyntheticBackend>();
+  auto logger = std::make_shared<spdlog::logger>("finish_cost",
+                                                 std::make_shared<spdlog::sinks::null_sink_st>());
+  Config c;
+  c.gpu.trace_first_step = 1;
+  c.gpu.trace_steps = window_steps;
+  c.gpu.trace_anomaly_factor = 0;
+  c.cost.budget = 1;  // the window opens when due
+  // Counts the window's steps as they finish (GPU step records come late, once finished).
+  auto sink = std::make_shared<RecordingSink>();
+  PilotOptions o;
+  o.sinks = {sink};
+  o.logger = logger;
+  o.clock = clock;
+  if (auto m = make_gpu_monitor(c.gpu, backend, *logger)) o.collectors.push_back(std::move(m));
+  Pilot pilot(std::move(c), std::move(o));
+
+  // Kernel names as LibTorch's are: long templated names, a few dozen distinct ones.
+  std::vector<std::string> names;
+  for (int i = 0; i < 40; ++i) {
+    names.push_back(
+        "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl<"
+        "at::native::BinaryFunctor<c10::BFloat16, c10::BFloat16, c10::BFloat16, "
+        "at::native::binary_internal::MulFunctor<float> > >(at::TensorIteratorBase&, "
+        "variant " +
+        std::to_string(i) + ")");
+  }
+  const Nanos step_ns = 10 * kMs;
+  // The GPU runs step k from when the host began it (or the GPU finished the one before): its
+  // kernels and the markers of its boundaries.
+  Nanos gpu_free = 0;
+  auto gpu_runs = [&](int64_t k, Nanos host_begin) {
+    const Nanos b = std::max(gpu_free, host_begin);
+    const Nanos each = step_ns / (kernels_per_step + 1);
+    // Kernel records come from the activity trace: inside the window only.
+    const bool traced = k >= 1 && k <= window_steps;
+    for (int i = 0; traced && i < kernels_per_step; ++i) {
+      KernelRecord r;
+      r.begin = b + i * each;
+      r.end = r.begin + each * 3 / 4;
+      r.blocks = 264;
+      r.name = names[static_cast<size_t>(i) % names.size()];
+      backend->queued.kernels.push_back(std::move(r));
+    }
+    if (k == 0) backend->queued.markers.push_back({backend->marker_ids.at(0), b});
+    backend->queued.markers.push_back(
+        {backend->marker_ids.at(static_cast<size_t>(k + 1)), b + step_ns});
+    gpu_free = b + step_ns;
+  };
+  // The GPU runs each step as the host ends it; the window is steps 1 .. window_steps.
+  auto traced_finished = [&] {
+    int n = 0;
+    for (const auto& l : sink->late_steps) {
+      if (const auto* g = l.get<GpuStepRecord>()) n += g->traced ? 1 : 0;
+    }
+    return n;
+  };
+  Result r;
+  std::vector<double> after_release;
+  bool released = false;
+  int traced_done = 0;
+  for (int64_t step = 0; step < window_steps + 100000; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Nanos host_begin = clock->now_ns();
+    auto s = pilot.step(1);
+    clock->advance(step_ns);
+    s.end();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    gpu_runs(step, host_begin);
+    if (released) after_release.push_back(ms);
+    released = released || step > window_steps;
+    traced_done += traced_finished();
+    sink->late_steps.clear();  // counted as they come: kept small
+    if (traced_done >= window_steps) break;
+  }
+  double sum = 0;
+  for (double ms : after_release) {
+    sum += ms;
+    r.slowest_call_ms = std::max(r.slowest_call_ms, ms);
+  }
+  r.calls = static_cast<int>(after_release.size());
+  r.per_window_step_ms = sum / window_steps;
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("finish_cost: the training thread's time finishing a detailed window's steps");
+  std::vector<int> steps = {10, 30, 100};
+  int kernels = 3000, repeats = 3;
+  app.add_option("--steps", steps, "window lengths (steps)")->delimiter(',');
+  app.add_option("--kernels", kernels, "kernels per step")->check(CLI::Range(1, 100000));
+  app.add_option("--repeats", repeats, "runs per length (median)")->check(CLI::Range(1, 100));
+  CLI11_PARSE(app, argc, argv);
+  std::printf(
+      "| window steps | kernels/step | finishing per window step (ms) | slowest call (ms) |\n");
+  std::printf("|---|---|---|---|\n");
+  for (int n : steps) {
+    std::vector<Result> rs;
+    for (int i = 0; i < repeats; ++i) rs.push_back(run_once(n, kernels));
+    std::sort(rs.begin(), rs.end(), [](const Result& a, const Result& b) {
+      return a.per_window_step_ms < b.per_window_step_ms;
+    });
+    const Result& m = rs[rs.size() / 2];
+    std::printf("| %d | %d | %.3f | %.2f |\n", n, kernels, m.per_window_step_ms, m.slowest_call_ms);
+  }
+  return 0;
+}
