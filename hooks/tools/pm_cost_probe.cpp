@@ -14,6 +14,12 @@
 // reasons from nvidia-smi while a GEMM batch runs, and the PM samples decoded. One JSON line per
 // phase. Not part of the library; results in bench/results/.
 //   pm_cost_probe [cycles] [steps]
+// With "duty" (pm_cost_probe CYCLES SEGMENT_MS duty [ON_MS PERIOD_MS]): does the cost go away when
+// the sampler is disabled between bursts? Segments of SEGMENT_MS of the mlp workload, rotated
+// per cycle: off; on (sampler started for the whole segment); cycled (a background thread
+// configures and starts a sampler for ON_MS of every PERIOD_MS, then stops it: cuptiPmSamplingStop,
+// Disable, host deinitialize). One JSON line per segment (median and mean step time), then the
+// medians over segments per kind.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -24,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cupti_api.h"
@@ -75,6 +82,9 @@ int main(int argc, char** argv) {
   namespace d = torchpilot::detail;
   const int cycles = argc > 1 ? std::atoi(argv[1]) : 3;
   const int steps = argc > 2 ? std::atoi(argv[2]) : 15;
+  const bool duty = argc > 3 && std::string(argv[3]) == "duty";
+  const int on_ms = argc > 4 ? std::atoi(argv[4]) : 250;
+  const int period_ms = argc > 5 ? std::atoi(argv[5]) : 1000;
   std::string error;
   auto api = d::load_cupti("", &error);
   if (api == nullptr) {
@@ -117,6 +127,90 @@ int main(int argc, char** argv) {
   d::CuptiClock clock;
   clock.measure(*api);
   auto logger = torchpilot::torchpilot_logger();
+
+  if (duty) {
+    const int segment_ms = steps;
+    auto make = [&](std::atomic<size_t>& samples) {
+      d::PmOptions o;
+      o.device = 0;
+      o.chip = chip.pChipName;
+      return std::make_unique<d::PmSampler>(
+          *api, clock, *logger, o,
+          [&samples](std::vector<torchpilot::PmSample>&& s) { samples += s.size(); });
+    };
+    // Step times of the mlp workload for segment_ms of wall time.
+    auto segment = [&](std::vector<double>& t) {
+      const auto t0 = Clock::now();
+      while (ms_since(t0) < segment_ms) {
+        const auto s0 = Clock::now();
+        mlp();
+        torch::cuda::synchronize();
+        t.push_back(ms_since(s0));
+      }
+    };
+    std::map<std::string, std::vector<double>> medians;
+    const std::vector<std::string> kinds = {"off", "on", "cycled"};
+    for (int c = 0; c < cycles; ++c) {
+      for (size_t j = 0; j < kinds.size(); ++j) {
+        const std::string& kind = kinds[(j + static_cast<size_t>(c)) % kinds.size()];
+        std::atomic<size_t> samples{0};
+        std::atomic<int> bursts{0};
+        std::vector<double> t;
+        std::string why;
+        if (kind == "on") {
+          auto pm = make(samples);
+          why = pm->configure();
+          if (why.empty()) why = pm->start();
+          segment(t);
+          pm->stop();
+        } else if (kind == "cycled") {
+          std::atomic<bool> done{false};
+          std::thread cycler([&] {
+            while (!done.load()) {
+              const auto b = Clock::now();
+              auto pm = make(samples);
+              if (pm->configure().empty() && pm->start().empty()) {
+                ++bursts;
+                while (!done.load() && ms_since(b) < on_ms)
+                  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+              }
+              pm->stop();
+              pm.reset();
+              while (!done.load() && ms_since(b) < period_ms)
+                std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            }
+          });
+          segment(t);
+          done = true;
+          cycler.join();
+        } else {
+          segment(t);
+        }
+        double mean = 0;
+        for (double v : t) mean += v;
+        mean /= std::max<size_t>(1, t.size());
+        std::sort(t.begin(), t.end());
+        const double med = t.empty() ? 0 : t[t.size() / 2];
+        medians[kind].push_back(med);
+        std::printf(
+            "{\"cycle\": %d, \"segment\": \"%s\", \"error\": \"%s\", \"steps\": %zu, "
+            "\"median_ms\": %.4f, \"mean_ms\": %.4f, \"pm_samples\": %zu, \"bursts\": %d}\n",
+            c, kind.c_str(), why.c_str(), t.size(), med, mean, samples.load(), bursts.load());
+        std::fflush(stdout);
+      }
+    }
+    auto median_of = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v.empty() ? 0.0 : v[v.size() / 2];
+    };
+    const double off = median_of(medians["off"]);
+    std::printf(
+        "{\"summary\": true, \"segment_ms\": %d, \"on_ms\": %d, \"period_ms\": %d, "
+        "\"off_ms\": %.4f, \"on_over_off\": %.5f, \"cycled_over_off\": %.5f}\n",
+        segment_ms, on_ms, period_ms, off, median_of(medians["on"]) / off,
+        median_of(medians["cycled"]) / off);
+    return 0;
+  }
 
   using M = PmMetric;
   const std::map<std::string, std::vector<PmMetric>> sets = {
