@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <thread>
@@ -151,6 +152,16 @@ TEST_F(GpuTruthTest, Bf16GemmLoopIsEfficient) {
   ASSERT_TRUE(s.sections.get<GpuEpochStats>());
   EXPECT_GE(s.sections.get<GpuEpochStats>()->stats.sm_efficiency, 0.90);
   EXPECT_GE(s.sections.get<GpuEpochStats>()->stats.tensor_activity, 0.5);
+  const GpuStats& g = s.sections.get<GpuEpochStats>()->stats;
+  std::printf("[bf16 GEMM] NVML SM clock %.0f MHz while busy, clock limited %.2f of readings\n",
+              g.sm_clock_mhz, g.clock_limited);
+  if (!std::isnan(g.nvml_utilization)) {
+    // NVML read while the GEMMs kept the GPU busy: its SM clock and how often a limit held it.
+    EXPECT_GT(g.sm_clock_mhz, 500.0);
+    EXPECT_LT(g.sm_clock_mhz, 3000.0);
+    EXPECT_GE(g.clock_limited, 0.0);
+    EXPECT_LE(g.clock_limited, 1.0);
+  }
   const auto& advice = run.sink->advice.back();
   EXPECT_TRUE(std::none_of(advice.begin(), advice.end(),
                            [](const Advice& x) { return x.id == "busy_inefficient"; }));
