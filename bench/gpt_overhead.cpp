@@ -70,7 +70,7 @@ struct RoundResult {
   int position = 0;  // place in the round's order
   double step_ms = 0;
   bool gpu_monitor = false;
-  int64_t traced_steps = 0;   // steps inside detailed windows (epoch summary)
+  int64_t traced_steps = 0;   // steps inside detailed windows (finished by the Pilot's close)
   int64_t counted_steps = 0;  // steps whose ops the FLOP counter counted
   double counted_flops_per_step = std::nan("");
   double mfu = std::nan("");
@@ -126,7 +126,12 @@ RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, j
   if (!a.trace_dir.empty() && (setup == kWindow || setup == kWindowNoOps)) {
     config.report.trace_dir = bench::next_run_folder(a.trace_dir);
   }
-  torchpilot::Pilot pilot(config);
+  std::optional<torchpilot::Pilot> pilot_storage;
+  torchpilot::Pilot& pilot = pilot_storage.emplace(config);
+  // A window's steps finish after its release, some only when the Pilot closes: their GPU step
+  // records are counted once it has.
+  auto records = std::make_shared<torchpilot::RecordingSink>();
+  pilot.add_sink(records);
   std::optional<torchpilot::FlopCounter> counter;
   if (setup != kOff) counter.emplace(pilot);
   r.gpu_monitor = pilot.collector<torchpilot::GpuMonitor>() != nullptr;
@@ -174,6 +179,11 @@ RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, j
     }
   }
   trainer.take_mean_loss();  // keeps the running sum small; outside the measurement
+  counter.reset();
+  pilot_storage.reset();
+  int64_t traced = 0;
+  for (const auto& g : records->late<torchpilot::GpuStepRecord>()) traced += g.traced ? 1 : 0;
+  r.traced_steps = std::max(r.traced_steps, traced);
   return r;
 }
 
