@@ -92,13 +92,22 @@ double fixed_run(jpeg_example::Trainer& trainer, const LoaderSettings& s, int st
   return throughput(pilot.recent_steps(), static_cast<size_t>(steps / 4));
 }
 
+// A knob setting as the grid names it (knobs absent from it: off, 0).
+LoaderSettings loader_settings(const torchpilot::Setting& s) {
+  auto get = [&](const char* k) { return s.count(k) ? s.at(k) : 0; };
+  return LoaderSettings{static_cast<int>(get("loader.workers")),
+                        static_cast<int>(get("loader.prefetch")), get("loader.pin_memory") != 0,
+                        get("loader.device_prefetch") != 0};
+}
+
 struct AutoRun {
   LoaderSettings chosen;
   int64_t steps_used = 0;
   double seconds_used = 0;
   size_t trials = 0;
-  double trial_samples_per_s = 0;  // the chosen trial's own figure
-  double after_samples_per_s = 0;  // measured in the same run after the decision
+  double trial_samples_per_s = 0;   // the chosen trial's own figure
+  double after_samples_per_s = 0;   // measured in the same run after the decision
+  json trial_list = json::array();  // every trial, for diagnosing a run
 };
 
 AutoRun autotuned_run(jpeg_example::Trainer& trainer, int max_workers, int after) {
@@ -113,12 +122,17 @@ AutoRun autotuned_run(jpeg_example::Trainer& trainer, int max_workers, int after
   const auto& d = pilot.tuning_decision();
   if (!d || d->trials.empty()) throw std::runtime_error("auto-tune made no decision");
   AutoRun r;
-  auto get = [&](const char* k) { return d->chosen.count(k) ? d->chosen.at(k) : 0; };
-  r.chosen = LoaderSettings{static_cast<int>(get("loader.workers")),
-                            static_cast<int>(get("loader.prefetch")), get("loader.pin_memory") != 0,
-                            get("loader.device_prefetch") != 0};
+  r.chosen = loader_settings(d->chosen);
   r.steps_used = d->steps_used;
   r.trials = d->trials.size();
+  for (const auto& t : d->trials) {
+    r.trial_list.push_back({{"setting", label(loader_settings(t.setting))},
+                            {"samples_per_s", t.throughput},
+                            {"relative_error", t.relative_error},
+                            {"supply_limited", t.supply_limited},
+                            {"confirmation", t.confirmation},
+                            {"failed", t.failed}});
+  }
   r.trial_samples_per_s = d->chosen_throughput;
   const auto steps = pilot.recent_steps();
   for (const auto& s : steps) {
@@ -318,6 +332,7 @@ int run(int argc, char** argv) {
                            {"steps_used", r.steps_used},
                            {"seconds_used", r.seconds_used},
                            {"trials", r.trials},
+                           {"trial_list", r.trial_list},
                            {"trial_samples_per_s", r.trial_samples_per_s},
                            {"after_decision_samples_per_s", r.after_samples_per_s},
                            {"final_round_samples_per_s", final_of(r.chosen)}});

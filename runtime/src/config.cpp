@@ -146,6 +146,8 @@ const std::vector<KeySpec>& schema() {
       TP_BOOL(autotune.tune_device_prefetch),
       TP_BOOL(autotune.tune_micro_batch),
       TP_DOUBLE(autotune.memory_headroom, 0.05, 1.0),
+      TP_INT(autotune.confirm_settings, 1, 16),
+      TP_INT(autotune.confirm_rounds, 0, 10),
       TP_BOOL(gpu.enabled),
       TP_INT(gpu.device, 0, 1023),
       TP_BOOL(gpu.pm_sampling),

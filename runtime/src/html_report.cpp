@@ -562,6 +562,7 @@ std::string HtmlReport::html() const {
            num(t.throughput, "%.1f") + " " + esc(t.unit) + "</td><td>" + pct(t.data_wait_fraction) +
            "</td><td>" + std::to_string(t.first_step) + "-" + std::to_string(t.last_step) +
            "</td><td class=\"l\">" +
+           (t.confirmation ? std::string(t.failed ? "re-measurement " : "re-measurement") : "") +
            (t.failed ? "failed: " + esc(t.note)
             : kept   ? "best so far"
                      : "") +

@@ -67,7 +67,8 @@ json trial_object(const TrialResult& t) {
        t.peak_memory_fraction >= 0 ? json(t.peak_memory_fraction) : json(nullptr)},
       {"peak_memory_bytes", t.peak_memory_bytes >= 0 ? json(t.peak_memory_bytes) : json(nullptr)},
       {"failed", t.failed},
-      {"note", t.note}};
+      {"note", t.note},
+      {"confirmation", t.confirmation}};
 }
 
 class LogSink final : public Sink {
@@ -345,10 +346,12 @@ std::vector<std::string> format_epoch(const EpochSummary& s, const std::vector<A
 }
 
 std::string format_trial(const TrialResult& t, bool kept) {
-  if (t.failed) return "autotune trial [" + to_string(t.setting) + "] failed: " + t.note;
-  return "autotune trial [" + to_string(t.setting) + "]: " + fmt_num(t.throughput) + " " + t.unit +
-         " (mean step " + fmt_ms(t.mean_step_ns) + " +-" + fmt_pct(t.relative_error) +
-         ", data wait " + fmt_pct(t.data_wait_fraction) +
+  const std::string head =
+      "autotune trial [" + to_string(t.setting) + "]" + (t.confirmation ? " re-measurement" : "");
+  if (t.failed) return head + " failed: " + t.note;
+  return head + ": " + fmt_num(t.throughput) + " " + t.unit + " (mean step " +
+         fmt_ms(t.mean_step_ns) + " +-" + fmt_pct(t.relative_error) + ", data wait " +
+         fmt_pct(t.data_wait_fraction) +
          (t.supply_limited ? ", capped at the loader's capacity (steps ran on a backlog)" : "") +
          (t.peak_memory_fraction >= 0
               ? ", peak memory " + fmt_pct(t.peak_memory_fraction) + " of the device's"

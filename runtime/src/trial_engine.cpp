@@ -7,6 +7,18 @@
 #include "torchpilot/runtime/metrics.h"
 
 namespace torchpilot {
+namespace {
+
+constexpr double kDecline = 0.85;  // finalists: within this of the best (the loader policy's)
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+}  // namespace
 
 TrialEngine::TrialEngine(KnobRegistry& knobs, std::unique_ptr<TuningPolicy> policy,
                          AutotuneConfig config)
@@ -62,13 +74,16 @@ void TrialEngine::on_step(const StepRecord& record) {
   }
 }
 
-bool TrialEngine::budget_allows_another_trial() const {
+bool TrialEngine::budget_allows_another_trial(const TrialResult* like) const {
   const int64_t used_steps = last_step_ - first_step_ + 1;
   const Nanos used_ns =
       agreed_elapsed_ns_ >= 0 ? agreed_elapsed_ns_ : last_end_ns_ - first_begin_ns_;
   // The next trial costs about what the last measured one did: settle + window, in steps and in
-  // time (a failed trial has no step time: it would make the next window look endless).
-  Nanos last_step_ns = 0;
+  // time (a failed trial has no step time: it would make the next window look endless). A
+  // re-measurement costs what its setting's own trial did, settling included.
+  Nanos last_step_ns = like != nullptr ? like->mean_step_ns : 0;
+  const int extra_settle =
+      like != nullptr ? std::max(0, policy_->extra_settle_steps(current_, like->setting)) : 0;
   for (auto it = trials_.rbegin(); it != trials_.rend() && last_step_ns <= 0; ++it) {
     last_step_ns = it->mean_step_ns;
   }
@@ -78,7 +93,7 @@ bool TrialEngine::budget_allows_another_trial() const {
   const double step_ns = std::max<double>(1.0, static_cast<double>(last_step_ns));
   const double window_steps =
       std::max<double>(config_.measure_steps, config_.min_window_ms * 1e6 / step_ns);
-  const double need_steps = config_.settle_steps + window_steps;
+  const double need_steps = config_.settle_steps + extra_settle + window_steps;
   const double need_ns = need_steps * step_ns;
   // Whichever budget is larger applies: steps for slow steps, seconds for fast ones.
   return used_steps + need_steps <= config_.warmup_steps ||
@@ -148,6 +163,12 @@ void TrialEngine::finish_trial() {
   window_wait_ns_ = 0;
   window_total_ns_ = 0;
 
+  if (t.confirmation) {  // a re-measurement: never kept on its own, decided at the end
+    if (on_trial) on_trial(t, false);
+    if (t.failed) drop_finalist(t.setting);
+    next_trial();
+    return;
+  }
   const size_t index = trials_.size() - 1;
   bool kept = index == 0;
   if (index > 0 && better(t, trials_[incumbent_])) {
@@ -158,30 +179,41 @@ void TrialEngine::finish_trial() {
   next_trial();
 }
 
+std::string TrialEngine::budget_reason() const {
+  return "warm-up budget reached (" + std::to_string(config_.warmup_steps) + " steps or " +
+         std::to_string(static_cast<int>(config_.warmup_seconds)) + " s, whichever is larger)";
+}
+
 void TrialEngine::next_trial() {
+  if (confirming_) {  // the policy said its last word: only re-measurements remain
+    next_confirmation();
+    return;
+  }
   if (!budget_allows_another_trial()) {
-    conclude("warm-up budget reached (" + std::to_string(config_.warmup_steps) + " steps or " +
-             std::to_string(static_cast<int>(config_.warmup_seconds)) + " s, whichever is larger)");
+    const std::string reason = budget_reason();
+    if (!begin_confirmation(reason)) conclude(reason);
     return;
   }
   std::optional<Setting> next = policy_->propose(trials_, incumbent_, knobs_);
   if (!next) {
-    conclude("search complete");
+    if (!begin_confirmation("search complete")) conclude("search complete");
     return;
   }
   start_trial(*next);
 }
 
-void TrialEngine::start_trial(const Setting& setting) {
+void TrialEngine::start_trial(const Setting& setting, bool confirmation) {
   TrialResult trial;
   trial.setting = setting;
+  trial.confirmation = confirmation;
   local_failure_.clear();
   if (agreement) {
     // Every rank must measure this trial over the same steps: a setter failure here runs the
     // window with the incumbent and fails the trial on all ranks when the windows are combined.
     if (const auto failed = failure_of([&] { knobs_.apply(setting); })) {
       local_failure_ = "applying the setting failed: " + *failed;
-      if (const auto again = failure_of([&] { knobs_.apply(trials_[incumbent_].setting); })) {
+      const Setting& back = trials_[safe_trial_excluding(setting)].setting;
+      if (const auto again = failure_of([&] { knobs_.apply(back); })) {
         local_failure_ += "; restoring the incumbent failed: " + *again;
       }
     }
@@ -196,14 +228,19 @@ void TrialEngine::start_trial(const Setting& setting) {
     trial.note = "applying the setting failed: " + *failed;
     trials_.push_back(std::move(trial));
     if (on_trial) on_trial(trials_.back(), false);
+    if (confirmation) drop_finalist(setting);  // the incumbent moves off it if it was its setting
     if (const auto again = failure_of([&] { knobs_.apply(trials_[incumbent_].setting); })) {
       conclude("restoring the incumbent failed: " + *again);
+      return;
+    }
+    if (confirming_) {
+      next_confirmation();
       return;
     }
     std::optional<Setting> next = policy_->propose(trials_, incumbent_, knobs_);
     if (next) {
       start_trial(*next);
-    } else {
+    } else if (!begin_confirmation("search complete")) {
       conclude("search complete");
     }
     return;
@@ -246,8 +283,9 @@ bool TrialEngine::fail_current_trial(const std::string& reason) {
     // Every rank measures the same steps: this rank runs the rest of the window with the
     // incumbent and the trial fails on all ranks when the windows are combined.
     if (local_failure_.empty()) local_failure_ = reason;
-    if (index != incumbent_) {
-      if (const auto failed = failure_of([&] { knobs_.apply(trials_[incumbent_].setting); })) {
+    const size_t back = safe_trial_excluding(trials_.back().setting);
+    if (index != back) {
+      if (const auto failed = failure_of([&] { knobs_.apply(trials_[back].setting); })) {
         local_failure_ += "; restoring the incumbent failed: " + *failed;
       }
     }
@@ -264,6 +302,7 @@ bool TrialEngine::fail_current_trial(const std::string& reason) {
   window_total_ns_ = 0;
   settle_left_ = 0;
   if (on_trial) on_trial(t, false);
+  if (t.confirmation) drop_finalist(t.setting);  // the incumbent moves off it if it was its setting
   if (index != incumbent_) {
     if (const auto again = failure_of([&] { knobs_.apply(trials_[incumbent_].setting); })) {
       conclude("restoring the incumbent failed: " + *again);
@@ -344,13 +383,163 @@ void TrialEngine::conclude(const std::string& reason) {
     d.baseline = trials_.front().setting;
     d.baseline_throughput = trials_.front().throughput;
     d.chosen = trials_[incumbent_].setting;
-    d.chosen_throughput = trials_[incumbent_].throughput;
+    d.chosen_throughput = chosen_score_.value_or(trials_[incumbent_].throughput);
     if (const auto failed = failure_of([&] { knobs_.apply(d.chosen); })) {
       d.reason += "; applying the chosen setting failed: " + *failed;
       d.chosen = knobs_.snapshot();
     }
   }
   decision_ = std::move(d);
+}
+
+double TrialEngine::score_of(const Setting& setting) const {
+  std::vector<double> measured;
+  for (const auto& t : trials_) {
+    if (!t.failed && t.setting == setting) measured.push_back(t.throughput);
+  }
+  return median_of(std::move(measured));
+}
+
+size_t TrialEngine::latest_measured(const Setting& setting) const {
+  for (size_t i = trials_.size(); i-- > 0;) {
+    if (!trials_[i].failed && trials_[i].setting == setting) return i;
+  }
+  return incumbent_;
+}
+
+size_t TrialEngine::safe_trial_excluding(const Setting& setting) const {
+  if (trials_[incumbent_].setting != setting) return incumbent_;
+  // The incumbent's own setting failed (in a re-measurement): the best other finalist, else the
+  // best other setting that never failed.
+  std::optional<size_t> best;
+  double best_score = 0;
+  for (const Setting& s : finalists_) {
+    const double score = score_of(s);
+    if (s != setting && (!best || score > best_score)) {
+      best = latest_measured(s);
+      best_score = score;
+    }
+  }
+  if (best) return *best;
+  for (size_t i = 0; i < trials_.size(); ++i) {
+    const TrialResult& t = trials_[i];
+    const bool ever_failed = std::any_of(trials_.begin(), trials_.end(), [&](const TrialResult& o) {
+      return o.failed && o.setting == t.setting;
+    });
+    if (!t.failed && !ever_failed && t.setting != setting &&
+        (!best || t.throughput > trials_[*best].throughput)) {
+      best = i;
+    }
+  }
+  return best.value_or(incumbent_);
+}
+
+bool TrialEngine::begin_confirmation(const std::string& reason) {
+  if (config_.confirm_rounds <= 0 || config_.confirm_settings < 2) return false;
+  // Distinct settings that never failed (one that ran out of memory once may again), ranked by
+  // the median of their measurements; ties keep the earlier one first.
+  std::vector<std::pair<double, Setting>> ranked;
+  for (const auto& t : trials_) {
+    const auto same = [&](const TrialResult& o) { return o.setting == t.setting; };
+    const bool ever_failed = std::any_of(trials_.begin(), trials_.end(),
+                                         [&](const TrialResult& o) { return o.failed && same(o); });
+    const bool listed = std::any_of(ranked.begin(), ranked.end(),
+                                    [&](const auto& r) { return r.second == t.setting; });
+    if (!ever_failed && !listed) ranked.emplace_back(score_of(t.setting), t.setting);
+  }
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  finalists_.clear();
+  for (const auto& [score, setting] : ranked) {
+    // Settings that clearly lost need no second look.
+    if (static_cast<int>(finalists_.size()) >= config_.confirm_settings ||
+        score < kDecline * ranked.front().first) {
+      break;
+    }
+    finalists_.push_back(setting);
+  }
+  if (finalists_.size() < 2) return false;
+  // Round r starts at finalist r mod K: slow drift over the rounds favours none of them.
+  const size_t k = finalists_.size();
+  confirm_queue_.clear();
+  for (size_t r = 0; r < static_cast<size_t>(config_.confirm_rounds); ++r) {
+    for (size_t i = 0; i < k; ++i) confirm_queue_.push_back(finalists_[(r + i) % k]);
+  }
+  // Not even one re-measurement fits: the search's own decision stands.
+  if (!budget_allows_another_trial(&trials_[latest_measured(confirm_queue_.front())])) {
+    return false;
+  }
+  confirming_ = true;
+  confirm_k_ = k;
+  confirm_next_ = 0;
+  confirm_run_ = 0;
+  finalists_dropped_ = 0;
+  confirm_budget_cut_ = false;
+  search_end_reason_ = reason;
+  next_confirmation();
+  return true;
+}
+
+void TrialEngine::next_confirmation() {
+  const auto in = [&](const Setting& s) {
+    return std::find(finalists_.begin(), finalists_.end(), s) != finalists_.end();
+  };
+  while (confirm_next_ < confirm_queue_.size() && !in(confirm_queue_[confirm_next_])) {
+    ++confirm_next_;  // dropped: its re-measurement failed
+  }
+  if (confirm_next_ == confirm_queue_.size()) {
+    decide_confirmation();
+    return;
+  }
+  const Setting setting = confirm_queue_[confirm_next_];
+  if (!budget_allows_another_trial(&trials_[latest_measured(setting)])) {
+    confirm_budget_cut_ = true;  // decide with what was measured so far
+    decide_confirmation();
+    return;
+  }
+  ++confirm_next_;
+  ++confirm_run_;
+  start_trial(setting, /*confirmation=*/true);
+}
+
+void TrialEngine::drop_finalist(const Setting& setting) {
+  const auto it = std::find(finalists_.begin(), finalists_.end(), setting);
+  if (it == finalists_.end()) return;
+  // The incumbent must be a setting that works: the one to go back to after a failure.
+  incumbent_ = safe_trial_excluding(setting);
+  finalists_.erase(it);
+  ++finalists_dropped_;
+}
+
+void TrialEngine::decide_confirmation() {
+  // The finalists were measured alike: the best median wins, without a noise margin. A tie keeps
+  // the search's own choice.
+  std::optional<Setting> best;
+  double best_score = 0;
+  for (const Setting& s : finalists_) {
+    const double score = score_of(s);
+    if (!best || score > best_score || (score == best_score && s == trials_[incumbent_].setting)) {
+      best = s;
+      best_score = score;
+    }
+  }
+  std::string reason =
+      search_end_reason_ + "; top " + std::to_string(confirm_k_) + " settings re-measured";
+  if (confirm_budget_cut_) {
+    reason += ", interleaved, until the warm-up budget ran out (" + std::to_string(confirm_run_) +
+              " of " + std::to_string(confirm_queue_.size()) + " re-measurements)";
+  } else {
+    const int rounds = config_.confirm_rounds;
+    reason += rounds == 1 ? " once" : " " + std::to_string(rounds) + " times, interleaved";
+  }
+  if (finalists_dropped_ > 0) {
+    reason += "; " + std::to_string(finalists_dropped_) + " dropped (a re-measurement failed)";
+  }
+  if (best) {
+    incumbent_ = latest_measured(*best);
+    chosen_score_ = best_score;
+  }
+  conclude(reason);
 }
 
 }  // namespace torchpilot

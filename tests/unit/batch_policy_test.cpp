@@ -86,9 +86,12 @@ int64_t chosen_micro(const TrialEngine& engine) {
   return engine.decision()->chosen.at(kMicroBatchKnob);
 }
 
+// The micro-batches the search proposed, in order (not the finalists' re-measurements after it).
 std::vector<int64_t> tried(const TrialEngine& engine) {
   std::vector<int64_t> out;
-  for (const auto& t : engine.decision()->trials) out.push_back(t.setting.at(kMicroBatchKnob));
+  for (const auto& t : engine.decision()->trials) {
+    if (!t.confirmation) out.push_back(t.setting.at(kMicroBatchKnob));
+  }
   return out;
 }
 

@@ -495,7 +495,16 @@ TEST(TrialAgreement, RanksDecideTheSameAtTheSameStepAndTheSlowestGoverns) {
   for (size_t i = 0; i < ra.decision->trials.size(); ++i) {
     EXPECT_DOUBLE_EQ(ra.decision->trials[i].throughput, rb.decision->trials[i].throughput);
     EXPECT_EQ(ra.decision->trials[i].last_step, rb.decision->trials[i].last_step);
+    EXPECT_EQ(ra.decision->trials[i].confirmation, rb.decision->trials[i].confirmation);
   }
+  // The finalists were re-measured on both ranks over the same steps, and both picked the same.
+  const auto confirmations = [](const TuningDecision& d) {
+    return std::count_if(d.trials.begin(), d.trials.end(),
+                         [](const TrialResult& t) { return t.confirmation; });
+  };
+  EXPECT_GT(confirmations(*ra.decision), 0) << ra.decision->reason;
+  EXPECT_EQ(ra.decision->reason, rb.decision->reason);
+  EXPECT_EQ(ra.decision->chosen, rb.decision->chosen);
 }
 
 TEST(TrialAgreement, ARankMissingTheExchangeLeavesEveryoneWithTheStartingSettings) {

@@ -121,6 +121,8 @@ TEST(ConfigTest, Defaults) {
   EXPECT_EQ(c.autotune.prefetch_choices, (std::vector<int>{1, 2, 4, 8}));
   EXPECT_TRUE(c.autotune.tune_pin_memory);
   EXPECT_TRUE(c.autotune.tune_device_prefetch);
+  EXPECT_EQ(c.autotune.confirm_settings, 3);
+  EXPECT_EQ(c.autotune.confirm_rounds, 2);
   EXPECT_STREQ(to_string(Mode::kOff), "off");
   EXPECT_STREQ(to_string(Mode::kAdvise), "advise");
   EXPECT_STREQ(to_string(Mode::kAutotune), "autotune");
@@ -244,6 +246,8 @@ autotune:
   prefetch_choices: [2, 16]
   tune_pin_memory: false
   tune_device_prefetch: no
+  confirm_settings: 4
+  confirm_rounds: 0
 )");
   EXPECT_EQ(c.mode, Mode::kAutotune);
   EXPECT_EQ(c.log.level, "debug");
@@ -259,6 +263,8 @@ autotune:
   EXPECT_EQ(c.autotune.prefetch_choices, (std::vector<int>{2, 16}));
   EXPECT_FALSE(c.autotune.tune_pin_memory);
   EXPECT_FALSE(c.autotune.tune_device_prefetch);
+  EXPECT_EQ(c.autotune.confirm_settings, 4);
+  EXPECT_EQ(c.autotune.confirm_rounds, 0);
 }
 
 TEST(ConfigTest, PartialFileKeepsOtherDefaults) {
@@ -332,6 +338,11 @@ TEST(ConfigTest, WrongTypes) {
     EXPECT_NE(e.reason().find("number"), std::string::npos) << e.reason();
   }
   {
+    const ConfigError e = yaml_error("autotune:\n  confirm_rounds: 1.5\n");
+    EXPECT_EQ(e.key(), "autotune.confirm_rounds");
+    EXPECT_NE(e.reason().find("integer"), std::string::npos) << e.reason();
+  }
+  {
     const ConfigError e = yaml_error("autotune:\n  tune_pin_memory: maybe\n");
     EXPECT_EQ(e.key(), "autotune.tune_pin_memory");
     EXPECT_NE(e.reason().find("maybe"), std::string::npos) << e.reason();
@@ -380,6 +391,20 @@ TEST(ConfigTest, OutOfRange) {
     EXPECT_NE(e.reason().find("out of range"), std::string::npos) << e.reason();
   }
   {
+    const ConfigError e = yaml_error("autotune:\n  confirm_settings: 0\n");
+    EXPECT_EQ(e.key(), "autotune.confirm_settings");
+    EXPECT_NE(e.reason().find("out of range"), std::string::npos) << e.reason();
+  }
+  {
+    const ConfigError e = yaml_error("autotune:\n  confirm_settings: 17\n");
+    EXPECT_EQ(e.key(), "autotune.confirm_settings");
+  }
+  {
+    const ConfigError e = yaml_error("autotune:\n  confirm_rounds: 11\n");
+    EXPECT_EQ(e.key(), "autotune.confirm_rounds");
+    EXPECT_NE(e.reason().find("out of range"), std::string::npos) << e.reason();
+  }
+  {
     const ConfigError e = yaml_error("autotune:\n  prefetch_choices: [2, 65]\n");
     EXPECT_EQ(e.key(), "autotune.prefetch_choices");
   }
@@ -405,6 +430,10 @@ TEST(ConfigTest, OutOfRange) {
       Config::from_yaml_string("autotune:\n  noise_margin: 0.5\n  prefetch_choices: [1, 64]\n");
   EXPECT_DOUBLE_EQ(c.autotune.noise_margin, 0.5);
   EXPECT_EQ(c.autotune.prefetch_choices, (std::vector<int>{1, 64}));
+  const Config edges =
+      Config::from_yaml_string("autotune:\n  confirm_settings: 16\n  confirm_rounds: 10\n");
+  EXPECT_EQ(edges.autotune.confirm_settings, 16);
+  EXPECT_EQ(edges.autotune.confirm_rounds, 10);
 }
 
 TEST(ConfigTest, BadEnumValue) {

@@ -173,6 +173,26 @@ TEST(HtmlReportTest, LongRunsKeepBoundedSeries) {
   EXPECT_LE(n, static_cast<long>(HtmlReport::kMaxPoints));
 }
 
+TEST(HtmlReportTest, ReMeasurementsAreMarkedInTheTrialTable) {
+  torchpilot_test::TempDir dir;
+  HtmlReport report(dir.file("r.html"));
+  TrialResult t;
+  t.setting = {{"loader.workers", 4}};
+  t.throughput = 3000;
+  t.unit = "samples/s";
+  report.on_trial(t, true);
+  t.confirmation = true;
+  report.on_trial(t, false);
+  t.failed = true;
+  t.note = "out of memory";
+  report.on_trial(t, false);
+  const std::string html = report.html();
+  EXPECT_NE(html.find("<td class=\"l\">best so far</td>"), std::string::npos);
+  EXPECT_NE(html.find("<td class=\"l\">re-measurement</td>"), std::string::npos);
+  EXPECT_NE(html.find("<td class=\"l\">re-measurement failed: out of memory</td>"),
+            std::string::npos);
+}
+
 TEST(HtmlReportTest, TheConfigKeyWritesTheReportAtExitAndRefusesAMissingFolder) {
   torchpilot_test::TempDir dir;
   Config c;

@@ -665,6 +665,24 @@ TEST(PilotTest, InvalidUtf8InRecordsIsReplacedNotThrown) {
   EXPECT_TRUE(nlohmann::json::accept(trial_json(t, false)));
 }
 
+TEST(PilotTest, ReMeasurementTrialsAreMarkedInLogAndRecords) {
+  TrialResult t;
+  t.setting = {{"loader.workers", 4}};
+  t.throughput = 3000;
+  t.unit = "samples/s";
+  EXPECT_EQ(format_trial(t, false).rfind("autotune trial [loader.workers=4]: ", 0), 0u);
+  EXPECT_FALSE(nlohmann::json::parse(trial_json(t, false))["confirmation"].get<bool>());
+  t.confirmation = true;
+  EXPECT_EQ(format_trial(t, false).rfind("autotune trial [loader.workers=4] re-measurement: ", 0),
+            0u)
+      << format_trial(t, false);
+  EXPECT_TRUE(nlohmann::json::parse(trial_json(t, false))["confirmation"].get<bool>());
+  t.failed = true;
+  t.note = "out of memory";
+  EXPECT_EQ(format_trial(t, false),
+            "autotune trial [loader.workers=4] re-measurement failed: out of memory");
+}
+
 TEST(PilotTest, RecordFormattersAreSingleLineJson) {
   StepRecord r;
   r.step = 3;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -142,7 +143,8 @@ TEST(TrialEngineTest, ReachesBestThroughputWithinWarmup) {
   EXPECT_EQ(driver.step, d.decided_at_step + 1);
   EXPECT_EQ(d.policy, "loader coordinate search");
   EXPECT_EQ(d.unit, "samples/s");
-  EXPECT_EQ(d.reason, "search complete");
+  // The search ended, then its finalists were re-measured (as far as the budget allowed).
+  EXPECT_EQ(d.reason.rfind("search complete; top ", 0), 0u) << d.reason;
 
   // The chosen setting is applied and reaches >= 95% of the grid's best.
   EXPECT_EQ(knobs.snapshot(), d.chosen);
@@ -181,19 +183,31 @@ TEST(TrialEngineTest, ReachesBestThroughputWithinWarmup) {
     EXPECT_EQ(t.first_step - previous_end - 1, config.settle_steps) << "trial " << i;
     EXPECT_EQ(rec.trials[i].first.setting, t.setting);
   }
-  // No setting is tried twice.
+  // The search tries no setting twice; re-measurements come after it, of settings it tried.
   std::set<Setting> distinct;
-  for (const auto& t : d.trials) distinct.insert(t.setting);
-  EXPECT_EQ(distinct.size(), d.trials.size());
-  // Kept trials improve monotonically by more than the margin.
+  size_t searched = 0;
+  for (const auto& t : d.trials) {
+    if (t.confirmation) {
+      EXPECT_EQ(distinct.count(t.setting), 1u) << to_string(t.setting);
+    } else {
+      EXPECT_EQ(searched, distinct.size()) << "a search trial after a re-measurement";
+      distinct.insert(t.setting);
+      ++searched;
+    }
+  }
+  EXPECT_EQ(distinct.size(), searched);
+  EXPECT_LT(searched, d.trials.size());
+  // Kept trials improve monotonically by more than the margin; re-measurements are never kept,
+  // and the finalists' best median is at least the search's own best.
   double incumbent = 0;
   for (const auto& [t, kept] : rec.trials) {
+    if (t.confirmation) EXPECT_FALSE(kept);
     if (kept) {
       EXPECT_GT(t.throughput, incumbent * (1 + config.noise_margin));
       incumbent = t.throughput;
     }
   }
-  EXPECT_DOUBLE_EQ(incumbent, d.chosen_throughput);
+  EXPECT_GE(d.chosen_throughput, incumbent);
 }
 
 // Several loaders, with and without seeded +-5% noise: always >= 95% of the grid's best.
@@ -245,6 +259,7 @@ TEST(TrialEngineTest, GainBelowNoiseMarginIsNotKept) {
   register_knobs(knobs, sim);
   AutotuneConfig config = default_autotune();
   config.prefetch_choices = {};  // workers only
+  config.confirm_rounds = 0;     // the margin decides, not a re-measurement of the finalists
   TrialEngine engine(knobs, make_loader_policy(config), config);
   Recorded rec;
   engine.on_trial = [&](const TrialResult& t, bool kept) { rec.trials.push_back({t, kept}); };
@@ -293,6 +308,7 @@ TwoLevelRun run_two_level(StepNs step_ns) {
       {"loader.workers", {0, 1}, [&] { return run.value; }, [&](int64_t v) { run.value = v; }});
   AutotuneConfig config = default_autotune();
   config.settle_steps = 0;
+  config.confirm_rounds = 0;  // the margin decides, not a re-measurement of the finalists
   TrialEngine engine(knobs, make_loader_policy(config), config);
   engine.on_trial = [&](const TrialResult& t, bool kept) { run.trials.push_back({t, kept}); };
   Nanos now = 0;
@@ -396,14 +412,20 @@ TEST(TrialEngineTest, ThrowingSetterFailsTrialAndRestoresIncumbent) {
   EXPECT_DOUBLE_EQ(d.chosen_throughput, sim.throughput(d.chosen));
 }
 
-// Proposes the given workers counts in order, whatever the results.
+// Proposes the given workers counts in order, whatever the results; counts the calls made after
+// it said it had nothing more (the engine must make none).
 class ScriptedPolicy final : public TuningPolicy {
  public:
-  explicit ScriptedPolicy(std::vector<int64_t> workers) : workers_(std::move(workers)) {}
+  explicit ScriptedPolicy(std::vector<int64_t> workers, int* calls_after_end = nullptr)
+      : workers_(std::move(workers)), calls_after_end_(calls_after_end) {}
   std::string name() const override { return "scripted"; }
   std::optional<Setting> propose(const std::vector<TrialResult>& trials, size_t,
                                  const KnobRegistry&) override {
-    if (next_ >= workers_.size()) return std::nullopt;
+    if (next_ >= workers_.size()) {
+      if (ended_ && calls_after_end_ != nullptr) ++*calls_after_end_;
+      ended_ = true;
+      return std::nullopt;
+    }
     Setting s = trials.front().setting;
     s["loader.workers"] = workers_[next_++];
     return s;
@@ -411,7 +433,9 @@ class ScriptedPolicy final : public TuningPolicy {
 
  private:
   std::vector<int64_t> workers_;
+  int* calls_after_end_;
   size_t next_ = 0;
+  bool ended_ = false;
 };
 
 // An out-of-memory in a trial's step: that step runs again with the incumbent (which fits), and
@@ -451,6 +475,243 @@ TEST(TrialEngineTest, AStepThatFailedInATrialRunsAgainWithTheIncumbent) {
   EXPECT_EQ(tried, (std::vector<int64_t>{0, 2, 6, 3}));
   EXPECT_TRUE(engine.decision()->trials[2].failed);
   EXPECT_EQ(engine.decision()->chosen.at("loader.workers"), 3);
+}
+
+// Throughputs scripted per measurement: the n-th window measured with workers w runs at
+// script[w][n] samples/s (the last figure repeats), whatever came before.
+struct ScriptedSim {
+  std::map<int64_t, std::vector<double>> script;
+  int64_t workers = 0;
+  std::map<int64_t, size_t> windows;    // windows measured (or failed) per workers value
+  std::function<void(int64_t)> on_set;  // may throw: the setter fails
+};
+
+struct ScriptedRun {
+  std::vector<std::pair<TrialResult, bool>> trials;  // as on_trial saw them
+  std::optional<TuningDecision> decision;
+  std::vector<int64_t> ran;  // workers of each step
+  int proposals_after_end = 0;
+};
+
+ScriptedRun run_scripted(ScriptedSim& sim, const AutotuneConfig& config, std::vector<int64_t> order,
+                         const std::function<void(TrialEngine&)>& before_step = {}) {
+  ScriptedRun run;
+  KnobRegistry knobs;
+  knobs.add({"loader.workers", range(0, 4), [&sim] { return sim.workers; },
+             [&sim](int64_t v) {
+               if (sim.on_set) sim.on_set(v);
+               sim.workers = v;
+             }});
+  TrialEngine engine(
+      knobs, std::make_unique<ScriptedPolicy>(std::move(order), &run.proposals_after_end), config);
+  engine.on_trial = [&](const TrialResult& t, bool kept) {
+    run.trials.push_back({t, kept});
+    ++sim.windows[t.setting.at("loader.workers")];
+  };
+  Nanos now = 0;
+  for (int64_t i = 0; i < 1000 && !engine.finished(); ++i) {
+    if (before_step) before_step(engine);
+    const std::vector<double>& script = sim.script.at(sim.workers);
+    const double samples_per_s = script[std::min(sim.windows[sim.workers], script.size() - 1)];
+    StepRecord r;
+    r.step = i;
+    r.begin_ns = now;
+    now += static_cast<Nanos>(std::llround(1e9 / samples_per_s));
+    r.end_ns = now;
+    r.samples = 1;
+    run.ran.push_back(sim.workers);
+    engine.on_step(r);
+  }
+  run.decision = engine.decision();
+  return run;
+}
+
+AutotuneConfig confirm_config() {
+  AutotuneConfig c = default_autotune();  // 3 finalists, 2 rounds
+  c.settle_steps = 0;
+  c.measure_steps = 5;
+  return c;
+}
+
+// Workers 1 is truly best (~110) but measured low once (97); workers 2 is truly 100 but measured
+// lucky once (112); workers 3 is 100. The baseline (50) is far below.
+ScriptedSim lucky_and_unlucky() {
+  ScriptedSim sim;
+  sim.script = {{0, {50}}, {1, {97, 110, 109}}, {2, {112, 100, 101}}, {3, {100, 99, 100}}};
+  return sim;
+}
+
+std::vector<int64_t> confirmation_workers(const ScriptedRun& run) {
+  std::vector<int64_t> out;
+  for (const auto& [t, kept] : run.trials) {
+    if (t.confirmation) out.push_back(t.setting.at("loader.workers"));
+  }
+  return out;
+}
+
+TEST(TrialEngineConfirmation, ReMeasuringTheFinalistsUndoesTheWinnersCurse) {
+  // Without the stage the lucky single window wins.
+  {
+    ScriptedSim sim = lucky_and_unlucky();
+    AutotuneConfig config = confirm_config();
+    config.confirm_rounds = 0;
+    const ScriptedRun run = run_scripted(sim, config, {1, 2, 3});
+    ASSERT_TRUE(run.decision);
+    EXPECT_EQ(run.decision->chosen.at("loader.workers"), 2);
+    EXPECT_NEAR(run.decision->chosen_throughput, 112, 0.01);
+    EXPECT_EQ(run.decision->reason, "search complete");
+    EXPECT_TRUE(confirmation_workers(run).empty());
+    EXPECT_EQ(run.decision->trials.size(), 4u);
+  }
+  // With it, the setting that is better on the median of its measurements wins.
+  ScriptedSim sim = lucky_and_unlucky();
+  const AutotuneConfig config = confirm_config();
+  const ScriptedRun run = run_scripted(sim, config, {1, 2, 3});
+  ASSERT_TRUE(run.decision);
+  const TuningDecision& d = *run.decision;
+  EXPECT_EQ(d.chosen.at("loader.workers"), 1);
+  EXPECT_EQ(sim.workers, 1);                    // applied
+  EXPECT_NEAR(d.chosen_throughput, 109, 0.01);  // median of 97, 110, 109
+  EXPECT_EQ(d.reason, "search complete; top 3 settings re-measured 2 times, interleaved");
+  EXPECT_EQ(run.proposals_after_end, 0);
+  // The search's trials, then 2 rounds over the 3 finalists (ranked 112, 100, 97), each rotated.
+  ASSERT_EQ(d.trials.size(), 4u + 6u);
+  EXPECT_EQ(confirmation_workers(run), (std::vector<int64_t>{2, 3, 1, 3, 1, 2}));
+  for (size_t i = 0; i < d.trials.size(); ++i) {
+    const TrialResult& t = d.trials[i];
+    EXPECT_EQ(t.confirmation, i >= 4) << i;
+    EXPECT_FALSE(t.failed);
+    if (t.confirmation) EXPECT_FALSE(run.trials[i].second) << "a re-measurement is never kept";
+    // Each window ran its own setting.
+    for (int64_t s = t.first_step; s <= t.last_step; ++s) {
+      EXPECT_EQ(run.ran[static_cast<size_t>(s)], t.setting.at("loader.workers")) << "step " << s;
+    }
+  }
+  EXPECT_LE(d.steps_used, config.warmup_steps);
+}
+
+TEST(TrialEngineConfirmation, EachRoundStartsAtTheNextFinalist) {
+  ScriptedSim sim = lucky_and_unlucky();
+  AutotuneConfig config = confirm_config();
+  config.confirm_rounds = 3;
+  const ScriptedRun run = run_scripted(sim, config, {1, 2, 3});
+  ASSERT_TRUE(run.decision);
+  EXPECT_EQ(confirmation_workers(run), (std::vector<int64_t>{2, 3, 1, 3, 1, 2, 1, 2, 3}));
+  EXPECT_NE(run.decision->reason.find("re-measured 3 times, interleaved"), std::string::npos)
+      << run.decision->reason;
+  // Two finalists at most: the third (97) is left out.
+  ScriptedSim sim2 = lucky_and_unlucky();
+  config.confirm_settings = 2;
+  const ScriptedRun run2 = run_scripted(sim2, config, {1, 2, 3});
+  EXPECT_EQ(confirmation_workers(run2), (std::vector<int64_t>{2, 3, 3, 2, 2, 3}));
+  EXPECT_EQ(run2.decision->chosen.at("loader.workers"), 2);
+  // One finalist is no confirmation.
+  ScriptedSim sim3 = lucky_and_unlucky();
+  config.confirm_settings = 1;
+  const ScriptedRun run3 = run_scripted(sim3, config, {1, 2, 3});
+  EXPECT_TRUE(confirmation_workers(run3).empty());
+  EXPECT_EQ(run3.decision->reason, "search complete");
+}
+
+TEST(TrialEngineConfirmation, SettingsThatClearlyLostAreNotReMeasured) {
+  ScriptedSim sim;
+  // 80 is below 0.85 x 112: only two finalists.
+  sim.script = {{0, {50}}, {1, {80, 110}}, {2, {112, 100}}, {3, {100, 104}}};
+  const ScriptedRun run = run_scripted(sim, confirm_config(), {1, 2, 3});
+  ASSERT_TRUE(run.decision);
+  EXPECT_EQ(confirmation_workers(run), (std::vector<int64_t>{2, 3, 3, 2}));
+  EXPECT_NE(run.decision->reason.find("top 2 settings"), std::string::npos) << run.decision->reason;
+  // 3: median of 100, 104, 104 = 104; 2: median of 112, 100, 100 = 100.
+  EXPECT_EQ(run.decision->chosen.at("loader.workers"), 3);
+  EXPECT_NEAR(run.decision->chosen_throughput, 104, 0.01);
+}
+
+TEST(TrialEngineConfirmation, TheBudgetCutsTheReMeasurementsShort) {
+  ScriptedSim sim = lucky_and_unlucky();
+  AutotuneConfig config = confirm_config();
+  // The first step, the baseline and three trials take 1 + 4 x 5 = 21 steps; two re-measurements
+  // of 5 steps fit in 34, a third does not.
+  config.warmup_steps = 34;
+  const ScriptedRun run = run_scripted(sim, config, {1, 2, 3});
+  ASSERT_TRUE(run.decision);
+  const TuningDecision& d = *run.decision;
+  EXPECT_EQ(confirmation_workers(run), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(d.steps_used, 31);
+  EXPECT_LE(d.steps_used, config.warmup_steps);
+  EXPECT_EQ(d.reason,
+            "search complete; top 3 settings re-measured, interleaved, until the warm-up budget "
+            "ran out (2 of 6 re-measurements)");
+  // What was measured decides: 2 scores 106 (112, 100), 3 scores 99.5, 1 only its 97.
+  EXPECT_EQ(d.chosen.at("loader.workers"), 2);
+  EXPECT_NEAR(d.chosen_throughput, 106, 0.01);
+  EXPECT_EQ(sim.workers, 2);
+}
+
+TEST(TrialEngineConfirmation, AtTheBudgetTheFinalistsAreReMeasuredWhileOneFits) {
+  // Budget in time only. After workers 3 (slow: 50 ms steps) the policy's next trial, estimated
+  // at 3 x 50 ms, does not fit the 330 ms; a re-measurement of workers 1 (3 x 10 ms) does.
+  ScriptedSim sim;
+  sim.script = {{0, {50}}, {1, {100}}, {2, {100}}, {3, {20}}, {4, {100}}};
+  AutotuneConfig config = confirm_config();
+  config.measure_steps = 3;
+  config.warmup_steps = 0;
+  config.warmup_seconds = 0.33;  // 290 ms when workers 3 ends, +30 ms per re-measurement
+  const ScriptedRun run = run_scripted(sim, config, {1, 2, 3, 4});
+  ASSERT_TRUE(run.decision);
+  const TuningDecision& d = *run.decision;
+  EXPECT_EQ(confirmation_workers(run), (std::vector<int64_t>{1}));
+  EXPECT_EQ(d.reason.rfind("warm-up budget reached", 0), 0u) << d.reason;
+  EXPECT_NE(d.reason.find("(1 of 4 re-measurements)"), std::string::npos) << d.reason;
+  EXPECT_EQ(std::count(run.ran.begin(), run.ran.end(), 4), 0) << "the policy was not asked again";
+  // A tie (100 and 100) keeps the search's own choice, workers 1 (2 did not beat it).
+  EXPECT_EQ(d.chosen.at("loader.workers"), 1);
+}
+
+TEST(TrialEngineConfirmation, ASetterFailingInAReMeasurementDropsThatFinalist) {
+  ScriptedSim sim = lucky_and_unlucky();
+  sim.on_set = [&sim](int64_t v) {
+    if (v == 3 && sim.windows[3] >= 1) throw std::runtime_error("out of memory at workers 3");
+  };
+  const ScriptedRun run = run_scripted(sim, confirm_config(), {1, 2, 3});
+  ASSERT_TRUE(run.decision);
+  const TuningDecision& d = *run.decision;
+  // 3's re-measurement failed at once; the rounds went on without it.
+  EXPECT_EQ(confirmation_workers(run), (std::vector<int64_t>{2, 3, 1, 1, 2}));
+  const auto failed =
+      std::find_if(d.trials.begin(), d.trials.end(), [](const TrialResult& t) { return t.failed; });
+  ASSERT_NE(failed, d.trials.end());
+  EXPECT_TRUE(failed->confirmation);
+  EXPECT_EQ(failed->setting.at("loader.workers"), 3);
+  EXPECT_NE(failed->note.find("out of memory at workers 3"), std::string::npos) << failed->note;
+  for (size_t s = static_cast<size_t>(d.trials[3].last_step) + 1; s < run.ran.size(); ++s) {
+    EXPECT_NE(run.ran[s], 3) << "step " << s;
+  }
+  EXPECT_EQ(d.chosen.at("loader.workers"), 1);  // 109 against 101
+  EXPECT_NEAR(d.chosen_throughput, 109, 0.01);
+  EXPECT_EQ(d.reason,
+            "search complete; top 3 settings re-measured 2 times, interleaved; 1 dropped (a "
+            "re-measurement failed)");
+}
+
+TEST(TrialEngineConfirmation, AnOutOfMemoryInTheIncumbentsReMeasurementFallsBackToAnother) {
+  ScriptedSim sim = lucky_and_unlucky();
+  bool failed_once = false;
+  const ScriptedRun run = run_scripted(sim, confirm_config(), {1, 2, 3}, [&](TrialEngine& e) {
+    // Workers 2, the search's incumbent, runs out of memory in its re-measurement.
+    if (sim.workers == 2 && sim.windows[2] == 1 && !failed_once) {
+      failed_once = true;
+      EXPECT_TRUE(e.fail_current_trial("out of memory at workers 2"));
+      // Not back to 2: to the best other finalist so far (3: 100 against 1's 97).
+      EXPECT_EQ(sim.workers, 3);
+    }
+  });
+  ASSERT_TRUE(failed_once);
+  ASSERT_TRUE(run.decision);
+  const TuningDecision& d = *run.decision;
+  EXPECT_EQ(confirmation_workers(run), (std::vector<int64_t>{2, 3, 1, 3, 1}));
+  EXPECT_EQ(d.chosen.at("loader.workers"), 1);
+  EXPECT_EQ(sim.workers, 1);
+  EXPECT_NE(d.reason.find("1 dropped"), std::string::npos) << d.reason;
 }
 
 TEST(TrialEngineTest, EverySetterThrowingKeepsTheBaseline) {
@@ -800,9 +1061,11 @@ TEST(LoaderPolicyTest, BucketSizesAreTriedAroundTheStartAndTheBestIsKept) {
   EXPECT_EQ(d.chosen.at("grad_sync.bucket_mb"), 16) << to_string(d.chosen);
   EXPECT_EQ(bucket, 16);
   // 25 (start), 64 (up: no win, no clear decline, end of the choices), 16 (down: wins), 4 (clear
-  // decline ends the walk); 1 is never tried.
+  // decline ends the walk); 1 is never tried. (Re-measurements of the finalists come after.)
   std::vector<int64_t> tried;
-  for (const TrialResult& t : d.trials) tried.push_back(t.setting.at("grad_sync.bucket_mb"));
+  for (const TrialResult& t : d.trials) {
+    if (!t.confirmation) tried.push_back(t.setting.at("grad_sync.bucket_mb"));
+  }
   EXPECT_EQ(tried, (std::vector<int64_t>{25, 64, 16, 4}));
 }
 

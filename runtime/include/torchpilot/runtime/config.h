@@ -46,6 +46,11 @@ struct AutotuneConfig {
   // A trial whose peak allocated memory exceeds this share of the device's memory fails: room
   // left for what a trial does not see (other shapes, a fragmented cache).
   double memory_headroom = 0.9;
+  // Confirmation: after the search, the best settings (at most this many, within 15% of the best)
+  // are measured again in interleaved rounds and the best median wins: one noisy window must not
+  // pick the setting (winner's curse). confirm_settings 1 or confirm_rounds 0: off.
+  int confirm_settings = 3;
+  int confirm_rounds = 2;
 };
 
 // GPU collectors (hooks/: CUPTI PM sampling and activity, NVML, NVTX); docs/metrics.md, "GPU".

@@ -5,6 +5,11 @@
 // the windows' combined relative standard error (capped at 10%) when the steps vary more. When the
 // policy has nothing more to try, or the next trial would exceed the warm-up budget (warmup_steps
 // or warmup_seconds, whichever is larger), the best setting is applied and the decision recorded.
+// Confirmation: before that, the best few settings (autotune.confirm_settings, those within 15%
+// of the best) are measured again in autotune.confirm_rounds interleaved rounds, each round in a
+// rotated order, while the budget allows, and the best median of each setting's measurements
+// wins. Windows vary by +-10% run to run on a busy machine, and the best of many single windows
+// is mostly the luckiest (winner's curse); re-measuring the finalists alike reduces that bias.
 // Thread-safety: training thread only (it calls knob setters between steps).
 // Failure behaviour: a knob setter that throws fails that trial; the incumbent is restored. A hook
 // that sees a trial's setting fail while it runs (an out-of-memory error in a step: hooks/
@@ -74,9 +79,20 @@ class TrialEngine {
  private:
   void next_trial();
   void read_memory_peak(TrialResult& t);
-  void start_trial(const Setting& setting);
+  void start_trial(const Setting& setting, bool confirmation = false);
   void begin_settling(int extra = 0);
-  bool budget_allows_another_trial() const;
+  // `like`: the trial whose step time the next one will have (a confirmation re-measures a known
+  // setting); otherwise the last measured trial's.
+  bool budget_allows_another_trial(const TrialResult* like = nullptr) const;
+  std::string budget_reason() const;
+  // Confirmation (see the top of this file).
+  bool begin_confirmation(const std::string& reason);  // false: fewer than 2 finalists, or no room
+  void next_confirmation();
+  void drop_finalist(const Setting& setting);  // its re-measurement failed
+  size_t safe_trial_excluding(const Setting& setting) const;
+  size_t latest_measured(const Setting& setting) const;  // its last non-failed trial
+  double score_of(const Setting& setting) const;         // median of its non-failed trials
+  void decide_confirmation();
   void begin_window();
   void finish_trial();
   void conclude(const std::string& reason);
@@ -114,6 +130,19 @@ class TrialEngine {
   int64_t round_ = 0;
   std::string local_failure_;
   Nanos agreed_elapsed_ns_ = -1;
+  // Confirmation: the finalists still in (by rank), how many there were, the re-measurements in
+  // order (rounds, each rotated) and the next one, how many were run, dropped (failed) and cut by
+  // the budget, why the search ended, the winner's score.
+  bool confirming_ = false;
+  std::vector<Setting> finalists_;
+  size_t confirm_k_ = 0;
+  std::vector<Setting> confirm_queue_;
+  size_t confirm_next_ = 0;
+  size_t confirm_run_ = 0;
+  size_t finalists_dropped_ = 0;
+  bool confirm_budget_cut_ = false;
+  std::string search_end_reason_;
+  std::optional<double> chosen_score_;
 };
 
 }  // namespace torchpilot

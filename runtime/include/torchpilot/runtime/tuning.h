@@ -38,6 +38,9 @@ struct TrialResult {
   int64_t peak_memory_bytes = -1;
   bool failed = false;
   std::string note;  // why it failed
+  // A re-measurement of a finalist after the search (the trial engine's confirmation), not a new
+  // setting: it never becomes the incumbent on its own.
+  bool confirmation = false;
 };
 
 struct TuningDecision {
