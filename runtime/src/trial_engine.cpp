@@ -392,10 +392,16 @@ void TrialEngine::conclude(const std::string& reason) {
   decision_ = std::move(d);
 }
 
-double TrialEngine::score_of(const Setting& setting) const {
+double TrialEngine::score_of(const Setting& setting, int rounds) const {
   std::vector<double> measured;
-  for (const auto& t : trials_) {
-    if (!t.failed && t.setting == setting) measured.push_back(t.throughput);
+  for (size_t i = 0; i < trials_.size(); ++i) {
+    const TrialResult& t = trials_[i];
+    if (t.failed || t.setting != setting) continue;
+    if (t.confirmation && rounds >= 0) {
+      const auto r = confirm_round_.find(i);
+      if (r == confirm_round_.end() || r->second >= rounds) continue;
+    }
+    measured.push_back(t.throughput);
   }
   return median_of(std::move(measured));
 }
@@ -497,6 +503,7 @@ void TrialEngine::next_confirmation() {
     decide_confirmation();
     return;
   }
+  confirm_round_[trials_.size()] = static_cast<int>(confirm_next_ / confirm_k_);
   ++confirm_next_;
   ++confirm_run_;
   start_trial(setting, /*confirmation=*/true);
@@ -513,11 +520,22 @@ void TrialEngine::drop_finalist(const Setting& setting) {
 
 void TrialEngine::decide_confirmation() {
   // The finalists were measured alike: the best median wins, without a noise margin. A tie keeps
-  // the search's own choice.
+  // the search's own choice. Cut short by the budget, only whole rounds count: a finalist left
+  // out of the last round would compete with its single search figure (often its luckiest)
+  // against others' medians; without a whole round the search's choice stands.
+  const int rounds = confirm_budget_cut_ ? static_cast<int>(confirm_next_ / confirm_k_) : -1;
+  if (rounds == 0) {
+    std::string reason = search_end_reason_ + "; the warm-up budget ran out before the top " +
+                         std::to_string(confirm_k_) + " settings were all re-measured (" +
+                         std::to_string(confirm_run_) + " of " +
+                         std::to_string(confirm_queue_.size()) + "): the search's choice stands";
+    conclude(reason);
+    return;
+  }
   std::optional<Setting> best;
   double best_score = 0;
   for (const Setting& s : finalists_) {
-    const double score = score_of(s);
+    const double score = score_of(s, rounds);
     if (!best || score > best_score || (score == best_score && s == trials_[incumbent_].setting)) {
       best = s;
       best_score = score;
@@ -527,7 +545,8 @@ void TrialEngine::decide_confirmation() {
       search_end_reason_ + "; top " + std::to_string(confirm_k_) + " settings re-measured";
   if (confirm_budget_cut_) {
     reason += ", interleaved, until the warm-up budget ran out (" + std::to_string(confirm_run_) +
-              " of " + std::to_string(confirm_queue_.size()) + " re-measurements)";
+              " of " + std::to_string(confirm_queue_.size()) + " re-measurements; " +
+              std::to_string(rounds) + " whole round" + (rounds == 1 ? "" : "s") + " counted)";
   } else {
     const int rounds = config_.confirm_rounds;
     reason += rounds == 1 ? " once" : " " + std::to_string(rounds) + " times, interleaved";

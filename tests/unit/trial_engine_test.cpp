@@ -627,24 +627,43 @@ TEST(TrialEngineConfirmation, SettingsThatClearlyLostAreNotReMeasured) {
 }
 
 TEST(TrialEngineConfirmation, TheBudgetCutsTheReMeasurementsShort) {
+  // The first step, the baseline and three trials take 1 + 4 x 5 = 21 steps; re-measurements take
+  // 5 steps each.
+  {
+    // Two fit in 34: no whole round, so the search's own choice (the lucky 112) stands: a
+    // finalist not re-measured would compete with its single figure against others' medians.
+    ScriptedSim sim = lucky_and_unlucky();
+    AutotuneConfig config = confirm_config();
+    config.warmup_steps = 34;
+    const ScriptedRun run = run_scripted(sim, config, {1, 2, 3});
+    ASSERT_TRUE(run.decision);
+    const TuningDecision& d = *run.decision;
+    EXPECT_EQ(confirmation_workers(run), (std::vector<int64_t>{2, 3}));
+    EXPECT_EQ(d.steps_used, 31);
+    EXPECT_LE(d.steps_used, config.warmup_steps);
+    EXPECT_EQ(d.reason,
+              "search complete; the warm-up budget ran out before the top 3 settings were all "
+              "re-measured (2 of 6): the search's choice stands");
+    EXPECT_EQ(d.chosen.at("loader.workers"), 2);
+    EXPECT_NEAR(d.chosen_throughput, 112, 0.01);
+    EXPECT_EQ(sim.workers, 2);
+  }
+  // Four fit in 44: the first round is whole and counts, the second's one re-measurement (3) not.
   ScriptedSim sim = lucky_and_unlucky();
   AutotuneConfig config = confirm_config();
-  // The first step, the baseline and three trials take 1 + 4 x 5 = 21 steps; two re-measurements
-  // of 5 steps fit in 34, a third does not.
-  config.warmup_steps = 34;
+  config.warmup_steps = 44;
   const ScriptedRun run = run_scripted(sim, config, {1, 2, 3});
   ASSERT_TRUE(run.decision);
   const TuningDecision& d = *run.decision;
-  EXPECT_EQ(confirmation_workers(run), (std::vector<int64_t>{2, 3}));
-  EXPECT_EQ(d.steps_used, 31);
-  EXPECT_LE(d.steps_used, config.warmup_steps);
+  EXPECT_EQ(confirmation_workers(run), (std::vector<int64_t>{2, 3, 1, 3}));
+  EXPECT_EQ(d.steps_used, 41);
   EXPECT_EQ(d.reason,
             "search complete; top 3 settings re-measured, interleaved, until the warm-up budget "
-            "ran out (2 of 6 re-measurements)");
-  // What was measured decides: 2 scores 106 (112, 100), 3 scores 99.5, 1 only its 97.
+            "ran out (4 of 6 re-measurements; 1 whole round counted)");
+  // 2: (112 + 100) / 2 = 106; 1: (97 + 110) / 2 = 103.5; 3: (100 + 99) / 2, its 100 of round 2
+  // left out.
   EXPECT_EQ(d.chosen.at("loader.workers"), 2);
   EXPECT_NEAR(d.chosen_throughput, 106, 0.01);
-  EXPECT_EQ(sim.workers, 2);
 }
 
 TEST(TrialEngineConfirmation, AtTheBudgetTheFinalistsAreReMeasuredWhileOneFits) {
@@ -661,9 +680,9 @@ TEST(TrialEngineConfirmation, AtTheBudgetTheFinalistsAreReMeasuredWhileOneFits) 
   const TuningDecision& d = *run.decision;
   EXPECT_EQ(confirmation_workers(run), (std::vector<int64_t>{1}));
   EXPECT_EQ(d.reason.rfind("warm-up budget reached", 0), 0u) << d.reason;
-  EXPECT_NE(d.reason.find("(1 of 4 re-measurements)"), std::string::npos) << d.reason;
+  EXPECT_NE(d.reason.find("(1 of 4): the search's choice stands"), std::string::npos) << d.reason;
   EXPECT_EQ(std::count(run.ran.begin(), run.ran.end(), 4), 0) << "the policy was not asked again";
-  // A tie (100 and 100) keeps the search's own choice, workers 1 (2 did not beat it).
+  // No whole round: the search's own choice, workers 1 (2 did not beat it), stands.
   EXPECT_EQ(d.chosen.at("loader.workers"), 1);
 }
 

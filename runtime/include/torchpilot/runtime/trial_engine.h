@@ -18,6 +18,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -91,7 +92,9 @@ class TrialEngine {
   void drop_finalist(const Setting& setting);  // its re-measurement failed
   size_t safe_trial_excluding(const Setting& setting) const;
   size_t latest_measured(const Setting& setting) const;  // its last non-failed trial
-  double score_of(const Setting& setting) const;         // median of its non-failed trials
+  // The median of its non-failed trials; rounds >= 0: of its re-measurements, only those of the
+  // first `rounds` rounds.
+  double score_of(const Setting& setting, int rounds = -1) const;
   void decide_confirmation();
   void begin_window();
   void finish_trial();
@@ -143,6 +146,7 @@ class TrialEngine {
   bool confirm_budget_cut_ = false;
   std::string search_end_reason_;
   std::optional<double> chosen_score_;
+  std::map<size_t, int> confirm_round_;  // a re-measurement's trial index -> its round
 };
 
 }  // namespace torchpilot
