@@ -324,8 +324,12 @@ std::optional<OptimizerGain> optimizer_gain(const EpochSummary& s) {
   // step's mean cost per launch overstates it: a forward or backward op pays autograd and
   // dispatch work an in-place optimizer op does not (H100, LibTorch 2.11, the planted GPT with
   // per-parameter AdamW: 19 us per launch over the step, 12 us per launch the fused update saved).
+  // Its median over the steps it ran in (as the step's own median): a trace window's steps pay
+  // CUPTI's cost on every launch, and an optimizer phase is almost all launches.
   if (const PhaseTotal* p = optimizer_phase(s)) {
-    g.host_s = static_cast<double>(p->ns) / 1e9 / s.steps;
+    g.host_s = p->p50_ns > 0 && p->steps > 0
+                   ? static_cast<double>(p->p50_ns) / 1e9 * static_cast<double>(p->steps) / s.steps
+                   : static_cast<double>(p->ns) / 1e9 / s.steps;
     g.host_from_phase = true;
     g.phase = p->name;
   }

@@ -88,7 +88,12 @@ void EpochAccumulator::add(const StepRecord& r) {
   } else {
     cpu_known_ = false;
   }
-  for (int i = 0; i < kMaxPhases; ++i) phase_ns_[i] += r.phase_ns[i];
+  for (int i = 0; i < kMaxPhases; ++i) {
+    if (r.phase_ns[i] <= 0) continue;
+    phase_ns_[i] += r.phase_ns[i];
+    ++phase_steps_[i];
+    phase_times_[i].add(r.phase_ns[i]);
+  }
   step_times_.add(r.step_ns());
   compute_times_.add(std::max<Nanos>(0, r.step_ns() - r.data_wait_ns));
 }
@@ -113,7 +118,8 @@ EpochSummary EpochAccumulator::summarize(int64_t epoch,
     s.samples_per_s = samples_ * 1e9 / static_cast<double>(wall_ns_);
   }
   for (size_t i = 0; i < phase_names.size() && i < kMaxPhases; ++i) {
-    s.phases.push_back({phase_names[i], phase_ns_[i]});
+    s.phases.push_back(
+        {phase_names[i], phase_ns_[i], phase_steps_[i], phase_times_[i].quantile(0.5)});
   }
   return s;
 }

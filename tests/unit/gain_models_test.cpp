@@ -157,6 +157,19 @@ TEST(GainModels, LowMfuNamesTheLargestFixableShare) {
   EXPECT_TRUE(contains(a->action, "per_parameter_optimizer")) << a->action;
   EXPECT_NEAR(a->expected_gain, 20 / (20 - 4 + 0.875) - 1, 1e-9);
   EXPECT_NE(a->severity, Severity::kHigh);
+  // The phase's median per step where it ran, not its mean: a trace window's steps and a slow
+  // first step inflate the total (here 10 ms a step on average, 3 ms at the median).
+  s.phases[1].steps = s.steps;
+  s.phases[1].p50_ns = 3 * kMs;
+  const auto m = gains::optimizer_gain(s);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_NEAR(m->host_s, 0.003, 1e-12);
+  EXPECT_NEAR(m->removed_s, 0.003, 1e-12);  // under the 4 ms of idle now
+  // In half the steps (gradient accumulation): half the median per step.
+  s.phases[1].steps = s.steps / 2;
+  EXPECT_NEAR(gains::optimizer_gain(s)->host_s, 0.0015, 1e-12);
+  s.phases[1].steps = 0;
+  s.phases[1].p50_ns = 0;
 
   // Without the optimizer, the launch gaps are the largest fixable share.
   k.per_parameter_optimizer_launches = 0;

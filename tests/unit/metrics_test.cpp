@@ -228,6 +228,13 @@ TEST(EpochAccumulatorTest, SummaryMath) {
   EXPECT_EQ(s.phases[1].ns, 120 * kMs);
   EXPECT_EQ(s.phases[2].name, "optimizer");
   EXPECT_EQ(s.phases[2].ns, 0);
+  // Each phase ran in all 4 steps (50 and 30 ms each); one that never ran has no median.
+  EXPECT_EQ(s.phases[0].steps, 4);
+  EXPECT_GE(s.phases[0].p50_ns, 48 * kMs);  // within a 4% bucket
+  EXPECT_LE(s.phases[0].p50_ns, 52 * kMs);
+  EXPECT_EQ(s.phases[1].steps, 4);
+  EXPECT_EQ(s.phases[2].steps, 0);
+  EXPECT_EQ(s.phases[2].p50_ns, 0);
   EXPECT_FALSE((s.sections.get<LoaderStats>() != nullptr));
 }
 

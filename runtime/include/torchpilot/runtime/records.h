@@ -82,6 +82,10 @@ struct StepRecord {
 struct PhaseTotal {
   std::string name;
   Nanos ns = 0;
+  // The steps in which it ran, and the median of its time in those: robust to a slow first step
+  // and to a trace window's steps (CUPTI makes each launch dearer), which the total is not.
+  int64_t steps = 0;
+  Nanos p50_ns = 0;
 };
 
 struct EpochSummary {
