@@ -74,7 +74,7 @@ void TrialEngine::on_step(const StepRecord& record) {
   }
 }
 
-bool TrialEngine::budget_allows_another_trial(const TrialResult* like) const {
+bool TrialEngine::budget_allows_another_trial(const TrialResult* like, int reserved) const {
   const int64_t used_steps = last_step_ - first_step_ + 1;
   const Nanos used_ns =
       agreed_elapsed_ns_ >= 0 ? agreed_elapsed_ns_ : last_end_ns_ - first_begin_ns_;
@@ -93,7 +93,8 @@ bool TrialEngine::budget_allows_another_trial(const TrialResult* like) const {
   const double step_ns = std::max<double>(1.0, static_cast<double>(last_step_ns));
   const double window_steps =
       std::max<double>(config_.measure_steps, config_.min_window_ms * 1e6 / step_ns);
-  const double need_steps = config_.settle_steps + extra_settle + window_steps;
+  const double need_steps = config_.settle_steps + extra_settle + window_steps +
+                            std::max(0, reserved) * (config_.settle_steps + window_steps);
   const double need_ns = need_steps * step_ns;
   // Whichever budget is larger applies: steps for slow steps, seconds for fast ones.
   return used_steps + need_steps <= config_.warmup_steps ||
@@ -189,7 +190,10 @@ void TrialEngine::next_trial() {
     next_confirmation();
     return;
   }
-  if (!budget_allows_another_trial()) {
+  // The search leaves room for one round of confirmation: a search that spends the whole budget
+  // (slow steps) would otherwise end on its luckiest window with nothing to check it.
+  const bool confirms = config_.confirm_rounds > 0 && config_.confirm_settings >= 2;
+  if (!budget_allows_another_trial(nullptr, confirms ? config_.confirm_settings : 0)) {
     const std::string reason = budget_reason();
     if (!begin_confirmation(reason)) conclude(reason);
     return;

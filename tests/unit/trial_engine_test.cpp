@@ -630,23 +630,37 @@ TEST(TrialEngineConfirmation, TheBudgetCutsTheReMeasurementsShort) {
   // The first step, the baseline and three trials take 1 + 4 x 5 = 21 steps; re-measurements take
   // 5 steps each.
   {
-    // Two fit in 34: no whole round, so the search's own choice (the lucky 112) stands: a
-    // finalist not re-measured would compete with its single figure against others' medians.
+    // In 34 the search stops after two trials: a third (5 steps at 16) would leave no room for
+    // a round of re-measuring three settings (15 steps). Two finalists (112, 97), 3 of their 4
+    // re-measurements fit; the whole first round counts.
     ScriptedSim sim = lucky_and_unlucky();
     AutotuneConfig config = confirm_config();
     config.warmup_steps = 34;
     const ScriptedRun run = run_scripted(sim, config, {1, 2, 3});
     ASSERT_TRUE(run.decision);
     const TuningDecision& d = *run.decision;
-    EXPECT_EQ(confirmation_workers(run), (std::vector<int64_t>{2, 3}));
+    EXPECT_EQ(confirmation_workers(run), (std::vector<int64_t>{2, 1, 1}));
     EXPECT_EQ(d.steps_used, 31);
     EXPECT_LE(d.steps_used, config.warmup_steps);
     EXPECT_EQ(d.reason,
-              "search complete; the warm-up budget ran out before the top 3 settings were all "
-              "re-measured (2 of 6): the search's choice stands");
+              "warm-up budget reached (34 steps or 0 s, whichever is larger); top 2 settings "
+              "re-measured, interleaved, until the warm-up budget ran out (3 of 4 "
+              "re-measurements; 1 whole round counted)");
+    // 2: (112 + 100) / 2 = 106; 1: (97 + 110) / 2 = 103.5, its 109 of round 2 left out.
     EXPECT_EQ(d.chosen.at("loader.workers"), 2);
-    EXPECT_NEAR(d.chosen_throughput, 112, 0.01);
+    EXPECT_NEAR(d.chosen_throughput, 106, 0.01);
     EXPECT_EQ(sim.workers, 2);
+  }
+  {
+    // Without a reserve (confirmation off) the same budget runs the third trial instead.
+    ScriptedSim sim = lucky_and_unlucky();
+    AutotuneConfig config = confirm_config();
+    config.warmup_steps = 34;
+    config.confirm_rounds = 0;
+    const ScriptedRun run = run_scripted(sim, config, {1, 2, 3});
+    ASSERT_TRUE(run.decision);
+    EXPECT_EQ(run.decision->trials.size(), 4u);
+    EXPECT_EQ(run.decision->reason, "search complete");
   }
   // Four fit in 44: the first round is whole and counts, the second's one re-measurement (3) not.
   ScriptedSim sim = lucky_and_unlucky();
@@ -814,6 +828,8 @@ TEST(TrialEngineTest, BudgetStopsTheSearchAndAppliesTheIncumbent) {
   register_knobs(knobs, sim);
   AutotuneConfig config = default_autotune();
   config.warmup_steps = 40;  // the first step, the baseline and one trial (1 + 14 + 14 = 29)
+  config.confirm_rounds =
+      0;  // the search's own budget (the confirmation's reserve is tested below)
   TrialEngine engine(knobs, make_loader_policy(config), config);
   Driver driver{sim};
   driver.run(engine, 1000);
@@ -834,7 +850,8 @@ TEST(TrialEngineTest, BudgetRestoresIncumbentWhenLastTrialLost) {
   knobs.add(
       {"loader.workers", range(0, 8), [&] { return workers; }, [&](int64_t v) { workers = v; }});
   AutotuneConfig config = default_autotune();
-  config.warmup_steps = 30;  // baseline and one trial
+  config.warmup_steps = 30;   // baseline and one trial
+  config.confirm_rounds = 0;  // the search's own budget
   TrialEngine engine(knobs, make_loader_policy(config), config);
   Nanos now = 0;
   for (int64_t i = 0; i < 100 && !engine.finished(); ++i) {
@@ -887,6 +904,7 @@ TEST(TrialEngineTest, SupplyCapacityCapsATrialFedFromABacklog) {
   config.settle_steps = 1;
   config.measure_steps = 12;          // three batches produced at one per 4 steps
   config.warmup_steps = 1 + 13 + 13;  // the baseline and one trial (workers 1)
+  config.confirm_rounds = 0;          // no room kept for re-measurements
   TrialEngine engine(knobs, make_loader_policy(config), config);
   // The producer: with one worker it makes a batch every 40 ms (capacity 25 batches/s), and
   // with none the training thread makes them itself (parallelism 0: nothing to cap).

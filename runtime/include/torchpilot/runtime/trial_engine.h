@@ -7,14 +7,15 @@
 // or warmup_seconds, whichever is larger), the best setting is applied and the decision recorded.
 // Confirmation: before that, the best few settings (autotune.confirm_settings, those within 15%
 // of the best) are measured again in autotune.confirm_rounds interleaved rounds, each round in a
-// rotated order, while the budget allows, and the best median of each setting's measurements
-// wins. Windows vary by +-10% run to run on a busy machine, and the best of many single windows
-// is mostly the luckiest (winner's curse); re-measuring the finalists alike reduces that bias.
-// Thread-safety: training thread only (it calls knob setters between steps).
-// Failure behaviour: a knob setter that throws fails that trial; the incumbent is restored. A hook
-// that sees a trial's setting fail while it runs (an out-of-memory error in a step: hooks/
-// accumulation.h) fails it with fail_current_trial(). A trial whose memory peak (memory_probe)
-// exceeds autotune.memory_headroom of the device's capacity fails at its window's end.
+// rotated order, while the budget allows (the search stops early enough to leave room for one
+// round), and the best median of each setting's measurements wins. Windows vary by +-10% run to run
+// on a busy machine, and the best of many single windows is mostly the luckiest (winner's curse);
+// re-measuring the finalists alike reduces that bias. Thread-safety: training thread only (it calls
+// knob setters between steps). Failure behaviour: a knob setter that throws fails that trial; the
+// incumbent is restored. A hook that sees a trial's setting fail while it runs (an out-of-memory
+// error in a step: hooks/ accumulation.h) fails it with fail_current_trial(). A trial whose memory
+// peak (memory_probe) exceeds autotune.memory_headroom of the device's capacity fails at its
+// window's end.
 #pragma once
 
 #include <functional>
@@ -83,8 +84,9 @@ class TrialEngine {
   void start_trial(const Setting& setting, bool confirmation = false);
   void begin_settling(int extra = 0);
   // `like`: the trial whose step time the next one will have (a confirmation re-measures a known
-  // setting); otherwise the last measured trial's.
-  bool budget_allows_another_trial(const TrialResult* like = nullptr) const;
+  // setting); otherwise the last measured trial's. `reserved`: trials of that cost to leave room
+  // for after it.
+  bool budget_allows_another_trial(const TrialResult* like = nullptr, int reserved = 0) const;
   std::string budget_reason() const;
   // Confirmation (see the top of this file).
   bool begin_confirmation(const std::string& reason);  // false: fewer than 2 finalists, or no room
