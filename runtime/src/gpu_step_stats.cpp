@@ -180,8 +180,9 @@ std::vector<SyncRecord> resolve_host_syncs(const GpuEventBatch& events, bool tra
 
 KernelIndex::KernelIndex(const std::vector<KernelRecord>& kernels) : kernels_(kernels) {
   busy_.reserve(kernels.size());
-  for (const KernelRecord& k : kernels) {
-    if (!busy_.empty() && k.begin < busy_.back().begin) by_start_ = false;
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    const KernelRecord& k = kernels[i];
+    if (i > 0 && k.begin < kernels[i - 1].begin) by_start_ = false;  // empty ones too
     longest_ = std::max(longest_, k.end - k.begin);
     if (k.end > k.begin) busy_.push_back({k.begin, k.end});
   }

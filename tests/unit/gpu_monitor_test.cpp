@@ -179,6 +179,10 @@ TEST(KernelIndexTest, OverlappingHoldsEveryKernelInTheSpanAndFewOthers) {
   EXPECT_EQ(any.overlapping({55, 72}).size(), unordered.size());
   EXPECT_EQ(any.at_or_after(6, -1), 10);
   EXPECT_EQ(any.last_end_before(65), 60);
+  // A record without duration out of place breaks the order as much as any other.
+  std::vector<KernelRecord> with_empty = ks;
+  with_empty.insert(with_empty.begin() + 3, kernel(90, 90, 1));
+  EXPECT_EQ(KernelIndex(with_empty).overlapping({55, 72}).size(), with_empty.size());
 }
 
 TEST(GpuStepStatsTest, PmSamplesAreTimeWeightedOverTheStep) {
