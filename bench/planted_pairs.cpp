@@ -796,8 +796,8 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
     // data_starvation's fix is the advice applied: the worker count it names (its fallback,
     // cores - 2, when the advice gives none).
     if (auto* d = dynamic_cast<DataStarvation*>(fixed.get())) {
-      const std::vector<torchpilot::Evidence> none;
-      for (const auto& ev : expected != nullptr ? expected->evidence : none) {
+      for (size_t i = 0; expected != nullptr && i < expected->evidence.size(); ++i) {
+        const torchpilot::Evidence& ev = expected->evidence[i];
         if (ev.name == "workers_advised" && ev.value >= 1)
           d->set_workers(static_cast<int>(ev.value));
       }

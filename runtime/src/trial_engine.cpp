@@ -433,15 +433,22 @@ size_t TrialEngine::safe_trial_excluding(const Setting& setting) const {
   if (best) return *best;
   for (size_t i = 0; i < trials_.size(); ++i) {
     const TrialResult& t = trials_[i];
-    const bool ever_failed = std::any_of(trials_.begin(), trials_.end(), [&](const TrialResult& o) {
-      return o.failed && o.setting == t.setting;
-    });
-    if (!t.failed && !ever_failed && t.setting != setting &&
+    if (!t.failed && !ever_failed(t.setting) && t.setting != setting &&
         (!best || t.throughput > trials_[*best].throughput)) {
       best = i;
     }
   }
   return best.value_or(incumbent_);
+}
+
+bool TrialEngine::ever_failed(const Setting& setting) const {
+  return std::any_of(trials_.begin(), trials_.end(),
+                     [&](const TrialResult& t) { return t.failed && t.setting == setting; });
+}
+
+size_t TrialEngine::confirmations_started() const {
+  return static_cast<size_t>(std::count_if(trials_.begin(), trials_.end(),
+                                           [](const TrialResult& t) { return t.confirmation; }));
 }
 
 bool TrialEngine::begin_confirmation(const std::string& reason) {
@@ -450,12 +457,9 @@ bool TrialEngine::begin_confirmation(const std::string& reason) {
   // the median of their measurements; ties keep the earlier one first.
   std::vector<std::pair<double, Setting>> ranked;
   for (const auto& t : trials_) {
-    const auto same = [&](const TrialResult& o) { return o.setting == t.setting; };
-    const bool ever_failed = std::any_of(trials_.begin(), trials_.end(),
-                                         [&](const TrialResult& o) { return o.failed && same(o); });
     const bool listed = std::any_of(ranked.begin(), ranked.end(),
                                     [&](const auto& r) { return r.second == t.setting; });
-    if (!ever_failed && !listed) ranked.emplace_back(score_of(t.setting), t.setting);
+    if (!listed && !ever_failed(t.setting)) ranked.emplace_back(score_of(t.setting), t.setting);
   }
   std::stable_sort(ranked.begin(), ranked.end(),
                    [](const auto& a, const auto& b) { return a.first > b.first; });
@@ -482,8 +486,6 @@ bool TrialEngine::begin_confirmation(const std::string& reason) {
   confirming_ = true;
   confirm_k_ = k;
   confirm_next_ = 0;
-  confirm_run_ = 0;
-  finalists_dropped_ = 0;
   confirm_budget_cut_ = false;
   search_end_reason_ = reason;
   next_confirmation();
@@ -509,7 +511,6 @@ void TrialEngine::next_confirmation() {
   }
   confirm_round_[trials_.size()] = static_cast<int>(confirm_next_ / confirm_k_);
   ++confirm_next_;
-  ++confirm_run_;
   start_trial(setting, /*confirmation=*/true);
 }
 
@@ -519,7 +520,6 @@ void TrialEngine::drop_finalist(const Setting& setting) {
   // The incumbent must be a setting that works: the one to go back to after a failure.
   incumbent_ = safe_trial_excluding(setting);
   finalists_.erase(it);
-  ++finalists_dropped_;
 }
 
 void TrialEngine::decide_confirmation() {
@@ -531,7 +531,7 @@ void TrialEngine::decide_confirmation() {
   if (rounds == 0) {
     std::string reason = search_end_reason_ + "; the warm-up budget ran out before the top " +
                          std::to_string(confirm_k_) + " settings were all re-measured (" +
-                         std::to_string(confirm_run_) + " of " +
+                         std::to_string(confirmations_started()) + " of " +
                          std::to_string(confirm_queue_.size()) + "): the search's choice stands";
     conclude(reason);
     return;
@@ -548,15 +548,16 @@ void TrialEngine::decide_confirmation() {
   std::string reason =
       search_end_reason_ + "; top " + std::to_string(confirm_k_) + " settings re-measured";
   if (confirm_budget_cut_) {
-    reason += ", interleaved, until the warm-up budget ran out (" + std::to_string(confirm_run_) +
-              " of " + std::to_string(confirm_queue_.size()) + " re-measurements; " +
+    reason += ", interleaved, until the warm-up budget ran out (" +
+              std::to_string(confirmations_started()) + " of " +
+              std::to_string(confirm_queue_.size()) + " re-measurements; " +
               std::to_string(rounds) + " whole round" + (rounds == 1 ? "" : "s") + " counted)";
   } else {
-    const int rounds = config_.confirm_rounds;
-    reason += rounds == 1 ? " once" : " " + std::to_string(rounds) + " times, interleaved";
+    const int all = config_.confirm_rounds;
+    reason += all == 1 ? " once" : " " + std::to_string(all) + " times, interleaved";
   }
-  if (finalists_dropped_ > 0) {
-    reason += "; " + std::to_string(finalists_dropped_) + " dropped (a re-measurement failed)";
+  if (const size_t dropped = confirm_k_ - finalists_.size(); dropped > 0) {
+    reason += "; " + std::to_string(dropped) + " dropped (a re-measurement failed)";
   }
   if (best) {
     incumbent_ = latest_measured(*best);

@@ -541,6 +541,18 @@ ScriptedSim lucky_and_unlucky() {
   return sim;
 }
 
+// That script, the search proposing workers 1, 2, 3 under `config`: the run, and the simulated
+// loader after it (the setting applied).
+struct LuckyRun {
+  ScriptedSim sim = lucky_and_unlucky();
+  ScriptedRun run;
+};
+LuckyRun run_lucky(const AutotuneConfig& config) {
+  LuckyRun r;
+  r.run = run_scripted(r.sim, config, {1, 2, 3});
+  return r;
+}
+
 std::vector<int64_t> confirmation_workers(const ScriptedRun& run) {
   std::vector<int64_t> out;
   for (const auto& [t, kept] : run.trials) {
@@ -552,10 +564,10 @@ std::vector<int64_t> confirmation_workers(const ScriptedRun& run) {
 TEST(TrialEngineConfirmation, ReMeasuringTheFinalistsUndoesTheWinnersCurse) {
   // Without the stage the lucky single window wins.
   {
-    ScriptedSim sim = lucky_and_unlucky();
     AutotuneConfig config = confirm_config();
     config.confirm_rounds = 0;
-    const ScriptedRun run = run_scripted(sim, config, {1, 2, 3});
+    const LuckyRun lucky = run_lucky(config);
+    const ScriptedRun& run = lucky.run;
     ASSERT_TRUE(run.decision);
     EXPECT_EQ(run.decision->chosen.at("loader.workers"), 2);
     EXPECT_NEAR(run.decision->chosen_throughput, 112, 0.01);
@@ -564,13 +576,13 @@ TEST(TrialEngineConfirmation, ReMeasuringTheFinalistsUndoesTheWinnersCurse) {
     EXPECT_EQ(run.decision->trials.size(), 4u);
   }
   // With it, the setting that is better on the median of its measurements wins.
-  ScriptedSim sim = lucky_and_unlucky();
   const AutotuneConfig config = confirm_config();
-  const ScriptedRun run = run_scripted(sim, config, {1, 2, 3});
+  const LuckyRun lucky = run_lucky(config);
+  const ScriptedRun& run = lucky.run;
   ASSERT_TRUE(run.decision);
   const TuningDecision& d = *run.decision;
   EXPECT_EQ(d.chosen.at("loader.workers"), 1);
-  EXPECT_EQ(sim.workers, 1);                    // applied
+  EXPECT_EQ(lucky.sim.workers, 1);              // applied
   EXPECT_NEAR(d.chosen_throughput, 109, 0.01);  // median of 97, 110, 109
   EXPECT_EQ(d.reason, "search complete; top 3 settings re-measured 2 times, interleaved");
   EXPECT_EQ(run.proposals_after_end, 0);
@@ -591,24 +603,24 @@ TEST(TrialEngineConfirmation, ReMeasuringTheFinalistsUndoesTheWinnersCurse) {
 }
 
 TEST(TrialEngineConfirmation, EachRoundStartsAtTheNextFinalist) {
-  ScriptedSim sim = lucky_and_unlucky();
   AutotuneConfig config = confirm_config();
   config.confirm_rounds = 3;
-  const ScriptedRun run = run_scripted(sim, config, {1, 2, 3});
+  const LuckyRun lucky = run_lucky(config);
+  const ScriptedRun& run = lucky.run;
   ASSERT_TRUE(run.decision);
   EXPECT_EQ(confirmation_workers(run), (std::vector<int64_t>{2, 3, 1, 3, 1, 2, 1, 2, 3}));
   EXPECT_NE(run.decision->reason.find("re-measured 3 times, interleaved"), std::string::npos)
       << run.decision->reason;
   // Two finalists at most: the third (97) is left out.
-  ScriptedSim sim2 = lucky_and_unlucky();
   config.confirm_settings = 2;
-  const ScriptedRun run2 = run_scripted(sim2, config, {1, 2, 3});
+  const LuckyRun lucky2 = run_lucky(config);
+  const ScriptedRun& run2 = lucky2.run;
   EXPECT_EQ(confirmation_workers(run2), (std::vector<int64_t>{2, 3, 3, 2, 2, 3}));
   EXPECT_EQ(run2.decision->chosen.at("loader.workers"), 2);
   // One finalist is no confirmation.
-  ScriptedSim sim3 = lucky_and_unlucky();
   config.confirm_settings = 1;
-  const ScriptedRun run3 = run_scripted(sim3, config, {1, 2, 3});
+  const LuckyRun lucky3 = run_lucky(config);
+  const ScriptedRun& run3 = lucky3.run;
   EXPECT_TRUE(confirmation_workers(run3).empty());
   EXPECT_EQ(run3.decision->reason, "search complete");
 }
@@ -633,10 +645,10 @@ TEST(TrialEngineConfirmation, TheBudgetCutsTheReMeasurementsShort) {
     // In 34 the search stops after two trials: a third (5 steps at 16) would leave no room for
     // a round of re-measuring three settings (15 steps). Two finalists (112, 97), 3 of their 4
     // re-measurements fit; the whole first round counts.
-    ScriptedSim sim = lucky_and_unlucky();
     AutotuneConfig config = confirm_config();
     config.warmup_steps = 34;
-    const ScriptedRun run = run_scripted(sim, config, {1, 2, 3});
+    const LuckyRun lucky = run_lucky(config);
+    const ScriptedRun& run = lucky.run;
     ASSERT_TRUE(run.decision);
     const TuningDecision& d = *run.decision;
     EXPECT_EQ(confirmation_workers(run), (std::vector<int64_t>{2, 1, 1}));
@@ -649,24 +661,24 @@ TEST(TrialEngineConfirmation, TheBudgetCutsTheReMeasurementsShort) {
     // 2: (112 + 100) / 2 = 106; 1: (97 + 110) / 2 = 103.5, its 109 of round 2 left out.
     EXPECT_EQ(d.chosen.at("loader.workers"), 2);
     EXPECT_NEAR(d.chosen_throughput, 106, 0.01);
-    EXPECT_EQ(sim.workers, 2);
+    EXPECT_EQ(lucky.sim.workers, 2);
   }
   {
     // Without a reserve (confirmation off) the same budget runs the third trial instead.
-    ScriptedSim sim = lucky_and_unlucky();
     AutotuneConfig config = confirm_config();
     config.warmup_steps = 34;
     config.confirm_rounds = 0;
-    const ScriptedRun run = run_scripted(sim, config, {1, 2, 3});
+    const LuckyRun lucky = run_lucky(config);
+    const ScriptedRun& run = lucky.run;
     ASSERT_TRUE(run.decision);
     EXPECT_EQ(run.decision->trials.size(), 4u);
     EXPECT_EQ(run.decision->reason, "search complete");
   }
   // Four fit in 44: the first round is whole and counts, the second's one re-measurement (3) not.
-  ScriptedSim sim = lucky_and_unlucky();
   AutotuneConfig config = confirm_config();
   config.warmup_steps = 44;
-  const ScriptedRun run = run_scripted(sim, config, {1, 2, 3});
+  const LuckyRun lucky = run_lucky(config);
+  const ScriptedRun& run = lucky.run;
   ASSERT_TRUE(run.decision);
   const TuningDecision& d = *run.decision;
   EXPECT_EQ(confirmation_workers(run), (std::vector<int64_t>{2, 3, 1, 3}));

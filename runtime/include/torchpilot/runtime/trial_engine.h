@@ -98,6 +98,8 @@ class TrialEngine {
   // first `rounds` rounds.
   double score_of(const Setting& setting, int rounds = -1) const;
   void decide_confirmation();
+  bool ever_failed(const Setting& setting) const;  // one of its trials failed
+  size_t confirmations_started() const;            // re-measurements begun (failed ones too)
   void begin_window();
   void finish_trial();
   void conclude(const std::string& reason);
@@ -135,16 +137,14 @@ class TrialEngine {
   int64_t round_ = 0;
   std::string local_failure_;
   Nanos agreed_elapsed_ns_ = -1;
-  // Confirmation: the finalists still in (by rank), how many there were, the re-measurements in
-  // order (rounds, each rotated) and the next one, how many were run, dropped (failed) and cut by
-  // the budget, why the search ended, the winner's score.
+  // Confirmation: the finalists still in (by rank; a failed re-measurement drops one), how many
+  // there were, the re-measurements in order (rounds, each rotated) and the next one, whether the
+  // budget cut them short, why the search ended, the winner's score.
   bool confirming_ = false;
   std::vector<Setting> finalists_;
   size_t confirm_k_ = 0;
   std::vector<Setting> confirm_queue_;
   size_t confirm_next_ = 0;
-  size_t confirm_run_ = 0;
-  size_t finalists_dropped_ = 0;
   bool confirm_budget_cut_ = false;
   std::string search_end_reason_;
   std::optional<double> chosen_score_;
