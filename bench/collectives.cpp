@@ -222,6 +222,7 @@ double gain_of(const Run& r, const std::string& id) {
 // --out (<out>.rank<r>.json) to compare them.
 json full_suite(gpt_example::Trainer& trainer, const Args& a, int rank) {
   json suite;
+  const bool all = a.suite == "full";  // else "straggler": that part alone
   const double start_mb = a.train.bucket_mb;
   auto say = [&](const char* part, const Run& r) {
     if (rank != 0) return;
@@ -237,7 +238,7 @@ json full_suite(gpt_example::Trainer& trainer, const Args& a, int rank) {
   };
 
   // Overlap on and off, interleaved, always-on figures.
-  {
+  if (all) {
     std::vector<double> on_s, off_s, gains, measured;
     json rounds = json::array();
     for (int k = 0; k < a.rounds; ++k) {
@@ -276,7 +277,7 @@ json full_suite(gpt_example::Trainer& trainer, const Args& a, int rank) {
                         {"rounds", rounds}};
   }
   // Bucket sizes, interleaved.
-  {
+  if (all) {
     std::vector<std::vector<double>> step(a.buckets.size()), busbw(a.buckets.size());
     json per = json::array();
     double peak = -1;
@@ -302,7 +303,7 @@ json full_suite(gpt_example::Trainer& trainer, const Args& a, int rank) {
     suite["buckets"] = {{"link", link}, {"link_peak_gbps", peak}, {"sizes", per}};
   }
   // Autotune of the bucket size from --autotune-start; then the chosen size against the grid.
-  {
+  if (all) {
     trainer.set_grad_sync(true, a.autotune_start);
     RunOptions t;
     t.mode = torchpilot::Mode::kAutotune;
@@ -330,7 +331,7 @@ json full_suite(gpt_example::Trainer& trainer, const Args& a, int rank) {
   }
   // The overlap's measured gain at the best bucket of the grid too (the advice leaves the bucket
   // size to autotune).
-  {
+  if (all) {
     double best_ms = 0;
     for (const auto& b : suite["buckets"]["sizes"]) {
       const double ms = b["step_ms_median"].get<double>();
@@ -352,6 +353,20 @@ json full_suite(gpt_example::Trainer& trainer, const Args& a, int rank) {
     const Run base = run(trainer, a, s);
     say("straggler", r);
     say("no straggler", base);
+    auto table = [&](const char* part, const Run& x) {
+      if (rank == 0 && x.ranks.is_object()) {
+        std::printf("%s: stragglers %s; waits for others (ms):", part,
+                    x.ranks.value("stragglers", json::array()).dump().c_str());
+        for (const auto& w : x.ranks.value("ranks", json::array())) {
+          const json v = w.value("wait_ns", json());
+          std::printf(" rank %d %s", w.value("rank", -1),
+                      v.is_number() ? std::to_string(v.get<double>() / 1e6).c_str() : "n/a");
+        }
+        std::printf("\n");
+        std::fflush(stdout);
+      }
+    };
+    table("straggler", r);
     suite["straggler"] = {{"rank", a.straggler_rank},   {"planted_ms", a.straggler_ms},
                           {"run", run_json(r)},         {"ranks", r.ranks},
                           {"baseline", run_json(base)}, {"baseline_ranks", base.ranks}};
@@ -365,6 +380,7 @@ json full_suite(gpt_example::Trainer& trainer, const Args& a, int rank) {
     trainer.set_grad_sync(true, start_mb);
     say("straggler, no overlap", r2);
     say("no straggler, no overlap", base2);
+    table("straggler, no overlap", r2);
     suite["straggler_no_overlap"] = {{"run", run_json(r2)},
                                      {"ranks", r2.ranks},
                                      {"baseline", run_json(base2)},
@@ -402,8 +418,9 @@ int main(int argc, char** argv) {
   app.add_flag("--compare-observer", a.compare_observer,
                "also advise with the RecordFunction observer on NCCL (comm.observe_nccl_ops)");
   app.add_option("--suite", a.suite,
-                 "overhead, or full: also overlap, buckets, autotune, straggler")
-      ->check(CLI::IsMember({"overhead", "full"}))
+                 "overhead, or full: also overlap, buckets, autotune, straggler; or straggler: "
+                 "overhead and that part alone")
+      ->check(CLI::IsMember({"overhead", "full", "straggler"}))
       ->capture_default_str();
   app.add_option("--buckets", a.buckets, "bucket sizes (MiB) for the buckets part")
       ->capture_default_str();
@@ -494,7 +511,7 @@ int main(int argc, char** argv) {
       }
     }
     json suite;
-    if (a.suite == "full") suite = full_suite(trainer, a, dist.rank);
+    if (a.suite != "overhead") suite = full_suite(trainer, a, dist.rank);
     if (dist.rank == 0) {
       const double ratio = median(ratios);
       std::printf(

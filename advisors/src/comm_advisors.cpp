@@ -194,8 +194,15 @@ std::optional<Advice> advise_straggler_rank(const EpochSummary& s, const Advisor
                 {"others_wait_per_step", worst.others_wait_ns / 1e6, "ms"},
                 {"step_time", step_ns / 1e6, "ms"},
                 {"threshold", config.straggler_rank.threshold, "fraction"}};
-  // At the others' pace the whole run's step loses the straggler's excess.
-  a.expected_gain = gain_from_removing(excess_share);
+  // At the others' pace the step loses what the others wait for it: measured from collective
+  // durations where rank 0 has them (overlapped, the excess misses the part of the wait that
+  // slows the others' compute), else the straggler's excess.
+  double lost_share = excess_share;
+  if (worst.others_wait_from_durations) {
+    const double per_rank = worst.others_wait_ns / static_cast<double>(r->ranks.size() - 1);
+    lost_share = std::min(0.99, per_rank / step_ns);
+  }
+  a.expected_gain = gain_from_removing(lost_share);
   a.gain_estimated = true;
   return a;
 }

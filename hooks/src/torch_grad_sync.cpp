@@ -76,7 +76,9 @@ struct GradSync::State {
     at::cuda::CUDAEvent end{cudaEventDefault};
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
     int64_t bytes = 0;
+    int64_t sync = 0;  // syncs before this one: the same on every rank
   };
+  int64_t syncs = 0;
   std::deque<std::unique_ptr<Timed>> timed;
   static constexpr size_t kMaxTimed = 16;  // unresolved beyond this: the oldest is dropped
   bool timing_failed = false;              // a Work without durations: timing stays off
@@ -87,8 +89,10 @@ struct GradSync::State {
       Timed& t = *timed.front();
       if (!t.end.query()) break;
       Nanos busy = 0;
+      std::vector<Nanos> durations;
       for (const auto& w : t.works) {
-        busy += static_cast<Nanos>(work_duration_ms(*w, 0) * 1e6);
+        durations.push_back(static_cast<Nanos>(work_duration_ms(*w, 0) * 1e6));
+        busy += durations.back();
       }
       const auto exposed =
           static_cast<Nanos>(static_cast<double>(t.begin.elapsed_time(t.end)) * 1e6);
@@ -99,6 +103,8 @@ struct GradSync::State {
         g.bytes = t.bytes;
         g.busy_ns = busy;
         g.exposed_ns = exposed;
+        g.sync = t.sync;
+        g.durations = std::move(durations);
         monitor->add_gpu_timing(g);
       }
       timed.pop_front();
@@ -252,6 +258,7 @@ void GradSync::synchronize() {
   // Timed only while a Collectives observes, on CUDA, and while the Works have durations.
   std::shared_ptr<CommMonitor> monitor;
   std::unique_ptr<State::Timed> timed;
+  const int64_t sync_number = s.syncs++;  // counted whether timed or not: ranks agree
   // No durations (timing not enabled on the group) or no events: timing off for good, said once.
   auto timing_off = [&](const std::string& why) {
     s.timing_failed = true;
@@ -265,6 +272,7 @@ void GradSync::synchronize() {
       try {
         s.resolve(monitor.get());
         timed = std::make_unique<State::Timed>();
+        timed->sync = sync_number;
         timed->begin.record(at::cuda::getCurrentCUDAStream(s.params.front().device().index()));
       } catch (const std::exception& e) {
         timing_off(first_line(e.what()));

@@ -136,6 +136,8 @@ int64_t CommMonitor::collective_begin(CommOp op, std::string_view name, int64_t 
     r.group_size = group_size > 0 ? group_size : world_size_;
     r.seq = next_seq_++;
     r.begin_ns = t;
+    r.step = current_step_;
+    r.in_step = begun_in_step_++;
     if (inflight_++ == 0) open_union(t);
     const int64_t seq = r.seq;
     outstanding_.emplace(seq, std::move(r));
@@ -157,6 +159,7 @@ void CommMonitor::collective_end(int64_t seq) {
     r.end_ns = t;
     if (--inflight_ == 0) close_union(t);
     const Nanos busy = std::max<Nanos>(0, r.end_ns - r.begin_ns);
+    keep_duration({r.step, r.in_step, busy});
     step_.stats.collectives += 1;
     step_.stats.bytes += r.bytes;
     step_.stats.busy_ns += busy;
@@ -219,8 +222,19 @@ void CommMonitor::add_gpu_timing(const GpuTiming& t) {
     o.count += t.collectives;
     o.bytes += t.bytes;
     o.busy_ns += std::max<Nanos>(0, t.busy_ns);
+    for (size_t i = 0; i < t.durations.size(); ++i) {
+      keep_duration({t.sync, static_cast<int64_t>(i), std::max<Nanos>(0, t.durations[i])});
+    }
   } catch (...) {
   }
+}
+
+void CommMonitor::keep_duration(const CollectiveDuration& d) {
+  auto& v = epoch_.durations;
+  if (v.size() >= 2 * kMaxCollectiveDurations) {  // amortized: the oldest half goes
+    v.erase(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(kMaxCollectiveDurations));
+  }
+  v.push_back(d);
 }
 
 std::vector<CollectiveRecord> CommMonitor::outstanding() const {
@@ -244,8 +258,10 @@ std::vector<CollectiveRecord> CommMonitor::recent() const {
   return out;
 }
 
-void CommMonitor::on_step_begin(int64_t, Nanos) {
+void CommMonitor::on_step_begin(int64_t step, Nanos) {
   std::lock_guard<std::mutex> lock(mu_);
+  current_step_ = step;
+  begun_in_step_ = 0;
   if (!options_.training_thread && probe_ok_) {
     options_.training_thread = current_thread_times_probe();
     if (!options_.training_thread) probe_ok_ = false;
@@ -303,6 +319,8 @@ void CommMonitor::on_epoch_end(EpochSummary& summary) {
   c.steps = epoch_steps_;
   c.step_wall_ns = epoch_wall_ns_;
   c.stats = acc.stats;
+  const size_t keep = std::min(acc.durations.size(), kMaxCollectiveDurations);
+  c.durations.assign(acc.durations.end() - static_cast<std::ptrdiff_t>(keep), acc.durations.end());
   epoch_steps_ = 0;
   epoch_wall_ns_ = 0;
   if (acc.stats.comm_ns == 0 && acc.gpu_timed > 0 && acc.gpu.busy_ns > 0) {

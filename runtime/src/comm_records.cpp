@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
+#include <utility>
 
 #include "format.h"
 
@@ -213,18 +215,27 @@ void section_text(const CommEpochStats& c, const EpochSummary& epoch,
   (void)epoch;
 }
 
-std::string to_json(const RankSummary& r) {
-  return dump(json{{"rank", r.rank},
-                   {"steps", r.steps},
-                   {"step_ns", r.step_ns},
-                   {"data_wait_ns", r.data_wait_ns},
-                   {"compute_ns", r.compute_ns},
-                   {"comm_ns", r.comm_ns},
-                   {"exposed_ns", r.exposed_ns},
-                   {"gpu_utilization", number(r.gpu_utilization)},
-                   {"sm_efficiency", number(r.sm_efficiency)},
-                   {"sm_clock_mhz", number(r.sm_clock_mhz)},
-                   {"host_sync_ns", number(r.host_sync_ns)}});
+std::string to_json(const RankSummary& r, bool with_durations) {
+  json j{{"rank", r.rank},
+         {"steps", r.steps},
+         {"step_ns", r.step_ns},
+         {"data_wait_ns", r.data_wait_ns},
+         {"compute_ns", r.compute_ns},
+         {"comm_ns", r.comm_ns},
+         {"exposed_ns", r.exposed_ns},
+         {"gpu_utilization", number(r.gpu_utilization)},
+         {"sm_efficiency", number(r.sm_efficiency)},
+         {"sm_clock_mhz", number(r.sm_clock_mhz)},
+         {"host_sync_ns", number(r.host_sync_ns)},
+         {"wait_ns", number(r.wait_ns)}};
+  if (with_durations) {
+    json d = json::array();
+    for (const CollectiveDuration& c : r.durations) {
+      d.push_back(json::array({c.group, c.index, c.duration_ns}));
+    }
+    j["durations"] = std::move(d);
+  }
+  return dump(j);
 }
 
 bool from_json(const std::string& text, RankSummary& out) {
@@ -253,8 +264,78 @@ bool from_json(const std::string& text, RankSummary& out) {
   num("sm_efficiency", r.sm_efficiency);
   num("sm_clock_mhz", r.sm_clock_mhz);
   num("host_sync_ns", r.host_sync_ns);
-  out = r;
+  num("wait_ns", r.wait_ns);
+  const auto d = j.find("durations");
+  if (d != j.end() && d->is_array()) {
+    for (const json& e : *d) {
+      if (!e.is_array() || e.size() != 3 || !e[0].is_number_integer() ||
+          !e[1].is_number_integer() || !e[2].is_number_integer()) {
+        return false;
+      }
+      r.durations.push_back({e[0].get<int64_t>(), e[1].get<int64_t>(), e[2].get<Nanos>()});
+    }
+  }
+  out = std::move(r);
   return true;
+}
+
+void set_collective_waits(std::vector<RankSummary>& ranks) {
+  constexpr int kMaxRank = 4096;
+  const size_t n = ranks.size();
+  bool usable = n >= 2;
+  for (const RankSummary& r : ranks) usable = usable && r.rank >= 0 && r.rank < kMaxRank;
+  // (group, index) -> duration on each rank (by position in `ranks`; -1: no record).
+  std::map<std::pair<int64_t, int64_t>, std::vector<Nanos>> by_key;
+  if (usable) {
+    for (size_t i = 0; i < n; ++i) {
+      for (const CollectiveDuration& c : ranks[i].durations) {
+        auto& v = by_key[{c.group, c.index}];
+        if (v.empty()) v.assign(n, -1);
+        v[i] = std::max<Nanos>(0, c.duration_ns);
+      }
+    }
+  }
+  for (RankSummary& r : ranks) r.durations.clear();
+  if (by_key.empty()) return;
+  int max_rank = 0;
+  for (const RankSummary& r : ranks) max_rank = std::max(max_rank, r.rank);
+  // Per group: each rank's longest wait and whom it waited for.
+  struct Worst {
+    Nanos wait = 0;
+    size_t last = 0;  // position of the rank that arrived last
+  };
+  std::vector<double> wait(n, 0);
+  std::vector<std::vector<double>> wait_for(n, std::vector<double>(max_rank + 1, 0));
+  int64_t groups = 0;
+  auto it = by_key.begin();
+  while (it != by_key.end()) {
+    const int64_t group = it->first.first;
+    std::vector<Worst> worst(n);
+    bool any = false;
+    for (; it != by_key.end() && it->first.first == group; ++it) {
+      const std::vector<Nanos>& d = it->second;
+      if (std::find(d.begin(), d.end(), Nanos{-1}) != d.end()) continue;  // not on every rank
+      const size_t last = static_cast<size_t>(std::min_element(d.begin(), d.end()) - d.begin());
+      any = true;
+      for (size_t i = 0; i < n; ++i) {
+        const Nanos w = d[i] - d[last];
+        if (w > worst[i].wait) worst[i] = {w, last};
+      }
+    }
+    if (!any) continue;
+    ++groups;
+    for (size_t i = 0; i < n; ++i) {
+      wait[i] += static_cast<double>(worst[i].wait);
+      wait_for[i][static_cast<size_t>(ranks[worst[i].last].rank)] +=
+          static_cast<double>(worst[i].wait);
+    }
+  }
+  if (groups == 0) return;
+  for (size_t i = 0; i < n; ++i) {
+    ranks[i].wait_ns = wait[i] / static_cast<double>(groups);
+    for (double& w : wait_for[i]) w /= static_cast<double>(groups);
+    ranks[i].wait_for_ns = std::move(wait_for[i]);
+  }
 }
 
 // A rank whose SM clock is below this share of the others' median runs its kernels slower for
@@ -303,8 +384,18 @@ std::vector<Straggler> find_stragglers(const std::vector<RankSummary>& ranks, do
       s.cause = "compute (" + fmt_step_ms(r.compute_ns) + " ms/step against " +
                 fmt_step_ms(median(compute)) + ")";
     }
+    // Measured from collective durations when every rank has them; else each rank's exposed
+    // communication, bounded by the excess (overlapped, part of the wait hides in compute).
+    s.others_wait_from_durations = true;
     for (const RankSummary& o : ranks) {
-      if (o.rank != r.rank) s.others_wait_ns += std::min(std::max(0.0, o.exposed_ns), excess);
+      s.others_wait_from_durations =
+          s.others_wait_from_durations && o.wait_for_ns.size() > static_cast<size_t>(r.rank);
+    }
+    for (const RankSummary& o : ranks) {
+      if (o.rank == r.rank) continue;
+      s.others_wait_ns += s.others_wait_from_durations
+                              ? o.wait_for_ns[static_cast<size_t>(r.rank)]
+                              : std::min(std::max(0.0, o.exposed_ns), excess);
     }
     out.push_back(std::move(s));
   }
@@ -318,10 +409,13 @@ std::string section_json(const RankEpochStats& r) {
   for (const auto& s : r.ranks) ranks.push_back(json::parse(to_json(s)));
   json stragglers = json::array();
   for (const auto& s : r.stragglers) {
-    stragglers.push_back({{"rank", s.rank},
-                          {"cause", s.cause},
-                          {"excess_ms", s.excess_ns / 1e6},
-                          {"others_wait_ms", s.others_wait_ns / 1e6}});
+    stragglers.push_back(
+        {{"rank", s.rank},
+         {"cause", s.cause},
+         {"excess_ms", s.excess_ns / 1e6},
+         {"others_wait_ms", s.others_wait_ns / 1e6},
+         {"others_wait_from",
+          s.others_wait_from_durations ? "collective durations" : "exposed communication"}});
   }
   return dump(json{{"world_size", r.world_size},
                    {"ranks", ranks},
@@ -333,14 +427,14 @@ std::string section_json(const RankEpochStats& r) {
 void section_text(const RankEpochStats& r, const EpochSummary& epoch,
                   std::vector<std::string>& lines) {
   lines.push_back(
-      "  ranks (ms/step): rank | step | data wait | compute | comm | exposed | GPU util "
-      "| SM eff");
+      "  ranks (ms/step): rank | step | data wait | compute | comm | exposed | waits for others "
+      "| GPU util | SM eff");
   for (const RankSummary& s : r.ranks) {
     lines.push_back("    " + std::to_string(s.rank) + " | " + fmt_step_ms(s.step_ns) + " | " +
                     fmt_step_ms(s.data_wait_ns) + " | " + fmt_step_ms(s.compute_ns) + " | " +
                     fmt_step_ms(s.comm_ns) + " | " + fmt_step_ms(s.exposed_ns) + " | " +
-                    detail::fmt_opt_pct(s.gpu_utilization) + " | " +
-                    detail::fmt_opt_pct(s.sm_efficiency));
+                    fmt_step_ms(s.wait_ns) + " | " + detail::fmt_opt_pct(s.gpu_utilization) +
+                    " | " + detail::fmt_opt_pct(s.sm_efficiency));
   }
   if (!r.missing.empty()) {
     std::string m;
@@ -350,7 +444,9 @@ void section_text(const RankEpochStats& r, const EpochSummary& epoch,
   for (const Straggler& s : r.stragglers) {
     lines.push_back("  straggler: rank " + std::to_string(s.rank) + ", " + s.cause + "; " +
                     fmt_num(s.excess_ns / 1e6) + " ms/step over the others' median, the other " +
-                    "ranks wait " + fmt_num(s.others_wait_ns / 1e6) + " ms/step for it in total");
+                    "ranks wait " + fmt_num(s.others_wait_ns / 1e6) + " ms/step for it in total" +
+                    (s.others_wait_from_durations ? " (from collective durations)"
+                                                  : " (their exposed communication)"));
   }
   (void)epoch;
 }

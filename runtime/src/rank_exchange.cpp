@@ -182,6 +182,7 @@ RankSummary summarize_rank(const EpochSummary& summary, int rank) {
   if (const auto* c = summary.sections.get<CommEpochStats>()) {
     r.comm_ns = static_cast<double>(c->stats.comm_ns) / steps;
     r.exposed_ns = static_cast<double>(c->stats.exposed_ns) / steps;
+    r.durations = c->durations;
   }
   if (const auto* g = summary.sections.get<GpuEpochStats>()) {
     // A trainer that does not wait for the GPU each step: its host steps say how fast the host
@@ -212,7 +213,8 @@ void RankCollector::on_epoch_end(EpochSummary& summary) {
   const int rank = exchange_->rank();
   const std::string tag = "epoch/" + std::to_string(summary.epoch);
   std::string error;
-  if (!exchange_->post(tag, to_json(summarize_rank(summary, rank)), &error)) {
+  if (!exchange_->post(tag, to_json(summarize_rank(summary, rank), /*with_durations=*/true),
+                       &error)) {
     store_failed_ = true;
     if (host_ != nullptr) {
       host_->log(LogLevel::kWarn,
@@ -231,7 +233,7 @@ void RankCollector::on_epoch_end(EpochSummary& summary) {
   for (int r = 0; r < exchange_->world_size(); ++r) {
     RankSummary s;
     if (got[r] && from_json(*got[r], s)) {
-      stats.ranks.push_back(s);
+      stats.ranks.push_back(std::move(s));
     } else {
       stats.missing.push_back(r);
       if (reported_missing_.insert(r).second) newly_missing.push_back(r);
@@ -244,6 +246,7 @@ void RankCollector::on_epoch_end(EpochSummary& summary) {
                                     " ms (stopped or stalled?); the table shows the others" +
                                     (error.empty() ? "" : "; store: " + error));
   }
+  set_collective_waits(stats.ranks);  // among the ranks that reported
   stats.stragglers = find_stragglers(stats.ranks, threshold_);
   summary.sections.set(std::move(stats));
 }

@@ -426,6 +426,13 @@ TEST_F(Collectives, APlantedStragglerIsNamedOnRankZero) {
   ASSERT_EQ(table["ranks"].size(), 4u) << table;
   ASSERT_GE(table["stragglers"].size(), 1u) << table;
   EXPECT_EQ(table["stragglers"][0]["rank"].get<int>(), 2) << table;
+  // The others' wait comes from the collectives' durations: each other rank waited for rank 2
+  // a good part of the 40 ms it slept each step (loose: 4 ranks share 2 cores in CI).
+  EXPECT_EQ(table["stragglers"][0]["others_wait_from"], "collective durations") << table;
+  for (const json& r : table["ranks"]) {
+    ASSERT_TRUE(r["wait_ns"].is_number()) << table;
+    if (r["rank"].get<int>() != 2) EXPECT_GT(r["wait_ns"].get<double>(), 10e6) << table;
+  }
   EXPECT_NE(ranks[0].log.find("straggler: rank 2"), std::string::npos) << ranks[0].log;
   EXPECT_NE(ranks[0].log.find("straggler_rank"), std::string::npos) << ranks[0].log;
   for (int r = 1; r < 4; ++r) EXPECT_FALSE(epochs(ranks[r])[1].contains("ranks"));

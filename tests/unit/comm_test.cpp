@@ -306,6 +306,135 @@ TEST(Stragglers, TheSlowRankIsNamedWithItsCauseAndTheOthersWait) {
   EXPECT_NE(find_stragglers(clocked, 0.1)[0].cause.find("compute"), std::string::npos);
 }
 
+// Durations of one group's collectives on a rank, in ms.
+void add_group(RankSummary& r, int64_t group, std::vector<double> ms) {
+  for (size_t i = 0; i < ms.size(); ++i) {
+    r.durations.push_back({group, static_cast<int64_t>(i), static_cast<Nanos>(ms[i] * kMs)});
+  }
+}
+
+TEST(CollectiveWaits, TheEarlyRankWaitsForTheLastOneAtItsLongestCollective) {
+  // Overlapped buckets, rank 1 reaching each step's first bucket 20 ms late: rank 0's first
+  // all-reduce runs 25 ms (20 of them waiting), later ones less (NCCL runs them in order, so
+  // they start after the first). Rank 0 also exposed only 14 ms: part of its wait hid beside
+  // its own backward.
+  RankSummary a = rank(0, 50, 0, 36, 14), b = rank(1, 50, 0, 48, 2);
+  for (int64_t g = 0; g < 3; ++g) {
+    add_group(a, g, {25, 9, 5});
+    add_group(b, g, {5, 5, 5});
+  }
+  add_group(a, 3, {40});  // a group rank 1 has no record of: left out
+  std::vector<RankSummary> ranks = {a, b};
+  set_collective_waits(ranks);
+  EXPECT_NEAR(ranks[0].wait_ns, 20 * kMs, 1e3);
+  EXPECT_NEAR(ranks[1].wait_ns, 0, 1e3);
+  ASSERT_EQ(ranks[0].wait_for_ns.size(), 2u);
+  EXPECT_NEAR(ranks[0].wait_for_ns[1], 20 * kMs, 1e3);
+  EXPECT_TRUE(ranks[0].durations.empty());
+  // The straggler's wait on the others: the measured 20 ms, not the 14 ms exposed.
+  auto s = find_stragglers(ranks, 0.1);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].rank, 1);
+  EXPECT_TRUE(s[0].others_wait_from_durations);
+  EXPECT_NEAR(s[0].others_wait_ns, 20 * kMs, 1e3);
+  RankEpochStats table;
+  table.ranks = ranks;
+  table.stragglers = s;
+  EXPECT_NE(section_json(table).find("\"others_wait_from\":\"collective durations\""),
+            std::string::npos);
+  EXPECT_EQ(section_json(table).find("durations\":["), std::string::npos);
+}
+
+TEST(CollectiveWaits, EachWaitIsBlamedOnTheRankThatArrivedLast) {
+  // Three ranks: in group 0 rank 2 arrives last (rank 0 waits 6 ms, rank 1 4 ms); in group 1
+  // rank 1 does (rank 0 waits 2 ms, rank 2 8 ms).
+  RankSummary r0 = rank(0, 30, 0, 20, 2), r1 = rank(1, 30, 0, 20, 2), r2 = rank(2, 30, 0, 20, 2);
+  add_group(r0, 0, {7});
+  add_group(r1, 0, {5});
+  add_group(r2, 0, {1});
+  add_group(r0, 1, {4});
+  add_group(r1, 1, {2});
+  add_group(r2, 1, {10});
+  std::vector<RankSummary> ranks = {r0, r1, r2};
+  set_collective_waits(ranks);
+  EXPECT_NEAR(ranks[0].wait_ns, 4 * kMs, 1e3);  // (6 + 2) / 2
+  EXPECT_NEAR(ranks[0].wait_for_ns[2], 3 * kMs, 1e3);
+  EXPECT_NEAR(ranks[0].wait_for_ns[1], 1 * kMs, 1e3);
+  EXPECT_NEAR(ranks[2].wait_for_ns[1], 4 * kMs, 1e3);
+  EXPECT_NEAR(ranks[1].wait_for_ns[2], 2 * kMs, 1e3);
+  // Without common groups (or a single rank): not measured; stragglers fall back to exposed.
+  std::vector<RankSummary> apart = {rank(0, 30, 0, 20, 8), rank(1, 30, 0, 28, 0)};
+  add_group(apart[0], 0, {9});
+  add_group(apart[1], 1, {1});
+  set_collective_waits(apart);
+  EXPECT_TRUE(std::isnan(apart[0].wait_ns));
+  EXPECT_TRUE(apart[0].wait_for_ns.empty());
+  auto s = find_stragglers(apart, 0.1);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_FALSE(s[0].others_wait_from_durations);
+  EXPECT_NEAR(s[0].others_wait_ns, 8 * kMs, 1e3);
+}
+
+TEST(CommMonitor, CollectiveDurationsAreKeyedByStepOrByGradientSync) {
+  auto clock = std::make_shared<ManualClock>(0);
+  CommMonitor monitor({FakeThread().probe(), clock});
+  // Host-timed: the step they began in and their place in it.
+  for (int s = 0; s < 2; ++s) {
+    monitor.on_step_begin(s, s * 10 * kMs);
+    clock->set(s * 10 * kMs + kMs);
+    const int64_t a = monitor.collective_begin(CommOp::kAllReduce, "gloo:all_reduce", 8, "Float");
+    const int64_t b = monitor.collective_begin(CommOp::kAllReduce, "gloo:all_reduce", 8, "Float");
+    clock->set(s * 10 * kMs + 3 * kMs);
+    monitor.collective_end(b);
+    clock->set(s * 10 * kMs + 4 * kMs);
+    monitor.collective_end(a);
+    StepRecord r = step_record(s, s * 10 * kMs, (s + 1) * 10 * kMs);
+    monitor.on_step_end(r);
+  }
+  // GPU-timed: the sync's number and the order of its collectives.
+  CommMonitor::GpuTiming t;
+  t.collectives = 2;
+  t.sync = 7;
+  t.durations = {5 * kMs, 2 * kMs};
+  t.busy_ns = 7 * kMs;
+  monitor.add_gpu_timing(t);
+  EpochSummary e;
+  monitor.on_epoch_end(e);
+  const CommEpochStats* c = e.sections.get<CommEpochStats>();
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(c->durations.size(), 6u);
+  EXPECT_EQ(c->durations[0].group, 0);
+  EXPECT_EQ(c->durations[0].index, 1);  // b ended first
+  EXPECT_EQ(c->durations[0].duration_ns, 2 * kMs);
+  EXPECT_EQ(c->durations[1].index, 0);
+  EXPECT_EQ(c->durations[1].duration_ns, 3 * kMs);
+  EXPECT_EQ(c->durations[2].group, 1);
+  EXPECT_EQ(c->durations[4].group, 7);
+  EXPECT_EQ(c->durations[4].duration_ns, 5 * kMs);
+  EXPECT_EQ(c->durations[5].index, 1);
+  // They reach rank 0 through the exchange's JSON.
+  const RankSummary r = summarize_rank(e, 0);
+  RankSummary back;
+  ASSERT_TRUE(from_json(to_json(r, /*with_durations=*/true), back));
+  ASSERT_EQ(back.durations.size(), 6u);
+  EXPECT_EQ(back.durations[4].group, 7);
+  EXPECT_EQ(back.durations[4].duration_ns, 5 * kMs);
+  ASSERT_TRUE(from_json(to_json(r), back));
+  EXPECT_TRUE(back.durations.empty());
+  // Only an epoch's last ones are kept.
+  for (int i = 0; i < 3 * static_cast<int>(kMaxCollectiveDurations); ++i) {
+    CommMonitor::GpuTiming u;
+    u.sync = i;
+    u.durations = {kMs};
+    monitor.add_gpu_timing(u);
+  }
+  EpochSummary e2;
+  monitor.on_epoch_end(e2);
+  const CommEpochStats* c2 = e2.sections.get<CommEpochStats>();
+  ASSERT_EQ(c2->durations.size(), kMaxCollectiveDurations);
+  EXPECT_EQ(c2->durations.back().group, 3 * static_cast<int>(kMaxCollectiveDurations) - 1);
+}
+
 TEST(RankSummary, AnAsynchronousRanksStepIsItsGpuSpanNotItsHostStep) {
   // Two ranks of one data-parallel run: the host of rank 1 runs further ahead of its GPU, so its
   // host steps are shorter; on the GPU both take 20 ms, 1 ms of it waiting for communication.

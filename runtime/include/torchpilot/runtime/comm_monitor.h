@@ -78,6 +78,10 @@ class CommMonitor : public Collector {
     int64_t bytes = 0;
     Nanos busy_ns = 0;     // the collectives' summed GPU durations (NCCL runs a group's in order)
     Nanos exposed_ns = 0;  // how long the compute stream waited for them after backward
+    // The sync's number (the same on every rank: GradSync counts its synchronize calls) and each
+    // collective's duration in issue order, for rank 0's waiting times (CollectiveDuration).
+    int64_t sync = 0;
+    std::vector<Nanos> durations;
   };
   void add_gpu_timing(const GpuTiming& timing);
   // The hook cannot time its collectives (no durations from the backend, no events): logged once.
@@ -100,10 +104,12 @@ class CommMonitor : public Collector {
     int64_t gpu_timed = 0;
     CommStats gpu;
     std::map<CommOp, CommOpStats> gpu_ops;
+    std::vector<CollectiveDuration> durations;  // the last ones (keep_duration)
   };
-  void open_union(Nanos now);              // mu_ held
-  void close_union(Nanos now);             // mu_ held: credits the segment to step_
-  bool blocked_ns(Nanos now, Nanos& out);  // mu_ held
+  void keep_duration(const CollectiveDuration& d);  // mu_ held
+  void open_union(Nanos now);                       // mu_ held
+  void close_union(Nanos now);                      // mu_ held: credits the segment to step_
+  bool blocked_ns(Nanos now, Nanos& out);           // mu_ held
 
   Options options_;
   std::shared_ptr<Clock> clock_;
@@ -118,6 +124,8 @@ class CommMonitor : public Collector {
   std::string link_;
   double link_peak_ = kNotMeasured;
   int64_t next_seq_ = 1;
+  int64_t current_step_ = -1;  // on_step_begin's
+  int64_t begun_in_step_ = 0;  // collectives begun in it
   std::map<int64_t, CollectiveRecord> outstanding_;
   std::vector<CollectiveRecord> recent_;
   size_t recent_next_ = 0;

@@ -52,14 +52,30 @@ double bus_bandwidth_factor(CommOp op, int ranks);
 // One collective as observed in this process.
 struct CollectiveRecord {
   CommOp op = CommOp::kOther;
-  std::string name;    // as the backend called it ("gloo:all_reduce")
-  int64_t bytes = 0;   // payload of this rank's input (all tensors)
-  std::string dtype;   // of the first tensor ("Float")
-  int group_size = 0;  // ranks in the group (0: unknown)
-  int64_t seq = 0;     // this process's collectives in start order, from 1
-  Nanos begin_ns = 0;  // the backend started it
-  Nanos end_ns = 0;    // completed (0: outstanding)
+  std::string name;     // as the backend called it ("gloo:all_reduce")
+  int64_t bytes = 0;    // payload of this rank's input (all tensors)
+  std::string dtype;    // of the first tensor ("Float")
+  int group_size = 0;   // ranks in the group (0: unknown)
+  int64_t seq = 0;      // this process's collectives in start order, from 1
+  Nanos begin_ns = 0;   // the backend started it
+  Nanos end_ns = 0;     // completed (0: outstanding)
+  int64_t step = -1;    // the step it began in (-1: before the first)
+  int64_t in_step = 0;  // its place among that step's collectives, from 0
 };
+
+// One collective's duration on this rank, keyed so that the ranks' records of it match (the ranks
+// of a group issue the same collectives in the same order): `group` is the step it began in
+// (host-timed collectives) or the gradient sync it belongs to (GPU-timed: GradSync's count of
+// synchronize calls), `index` its place in that group. A collective ends at about the same time
+// on every rank, so the longer it ran here, the earlier this rank arrived and the longer it waited
+// for the last one (collective_waits; docs/metrics.md, "Waiting for other ranks").
+struct CollectiveDuration {
+  int64_t group = 0;
+  int64_t index = 0;
+  Nanos duration_ns = 0;
+};
+// The most durations a rank keeps (its epoch's last) and sends rank 0 per epoch.
+constexpr size_t kMaxCollectiveDurations = 512;
 
 // Communication figures of a set of steps.
 struct CommStats {
@@ -101,6 +117,9 @@ struct CommEpochStats {
   // Gradient syncs timed on the GPU (CUDA events) whose figures, per sync, give stats for the
   // epoch's steps; 0: the figures are the host's (Gloo) or absent (NCCL without GPU timing).
   int64_t gpu_timed_syncs = 0;
+  // The epoch's last collectives' durations (at most kMaxCollectiveDurations), for rank 0's
+  // waiting times; not in the section's JSON.
+  std::vector<CollectiveDuration> durations;
   // Fractions of the epoch's step time.
   double comm_fraction() const;
   double exposed_fraction() const;
@@ -125,19 +144,38 @@ struct RankSummary {
   double sm_efficiency = kNotMeasured;
   double sm_clock_mhz = kNotMeasured;  // NVML's SM clock, mean over the epoch (NaN: not read)
   double host_sync_ns = kNotMeasured;  // GPU idle after host syncs, per step, when traced
+  // Sent to rank 0 (the exchange's JSON only): this rank's collective durations.
+  std::vector<CollectiveDuration> durations;
+  // Set on rank 0 by set_collective_waits: the time this rank's collectives waited for later
+  // ranks, per step (per gradient sync on the GPU); and of it, by rank, the part spent waiting
+  // for that rank (empty: not measured).
+  double wait_ns = kNotMeasured;
+  std::vector<double> wait_for_ns;
 };
-std::string to_json(const RankSummary& r);
+// `with_durations`: the exchange's form; the section's leaves them out.
+std::string to_json(const RankSummary& r, bool with_durations = false);
 // False when the text is not a RankSummary's JSON.
 bool from_json(const std::string& text, RankSummary& out);
+
+// Each rank's wait for the others at collectives, from every rank's durations (ranks indexed by
+// their `rank`, at most 4096). For each group every rank has records of: a collective's wait on a
+// rank is its duration there less its shortest duration on any rank (that of the last rank to
+// arrive, the one waited for); a rank's wait in the group is its longest such wait (one stream
+// runs the collectives in order, so each one's wait overlaps the earlier ones'), blamed on the
+// rank that arrived last there. wait_ns and wait_for_ns are the means over the groups; both stay
+// unset when no group is common to all ranks. The durations are cleared.
+void set_collective_waits(std::vector<RankSummary>& ranks);
 
 // A rank whose compute or data time per step exceeds the ranks' median by more than the
 // threshold (fraction of the median step).
 struct Straggler {
   int rank = 0;
-  std::string cause;          // "data wait", "lower SM clock", "slower kernels", "compute", ...
-  double excess_ns = 0;       // its (compute + data wait) above the median, per step
-  double others_wait_ns = 0;  // the other ranks' exposed communication per step attributable
-                              // to it (each rank's exposed time, bounded by the excess), summed
+  std::string cause;     // "data wait", "lower SM clock", "slower kernels", "compute", ...
+  double excess_ns = 0;  // its (compute + data wait) above the median, per step
+  // The other ranks' wait for it per step, summed: from collective durations where rank 0 has
+  // them (wait_for_ns), else each rank's exposed communication bounded by the excess.
+  double others_wait_ns = 0;
+  bool others_wait_from_durations = false;
 };
 
 // The epoch's per-rank table on rank 0: section "ranks".
