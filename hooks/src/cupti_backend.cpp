@@ -450,6 +450,7 @@ class CuptiBackend final : public GpuBackend {
     o.device = device_.index;
     o.chip = device_.chip;
     o.interval_ms = config_.pm_interval_ms;
+    o.metrics = pm_metric_set(config_.pm_metrics);
     pm_ = std::make_unique<PmSampler>(*cupti_, clock_, logger_, o,
                                       [this](std::vector<PmSample>&& s) { on_pm(s); });
     std::string why = pm_->configure();

@@ -51,6 +51,13 @@ std::vector<std::vector<PmMetric>> pm_metric_tiers() {
   };
 }
 
+std::vector<PmMetric> pm_metric_set(const std::string& name) {
+  const auto tiers = pm_metric_tiers();
+  if (name == "no_pcie") return tiers[1];
+  if (name == "sm") return tiers[2];
+  return {};
+}
+
 PmSample to_pm_sample(const std::vector<PmMetric>& metrics, const double* values, uint64_t start_ns,
                       uint64_t end_ns, const TimeBase& tb) {
   PmSample s;

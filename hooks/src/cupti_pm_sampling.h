@@ -61,6 +61,9 @@ PmSample to_pm_sample(const std::vector<PmMetric>& metrics, const double* values
 // (permissions, counters held by another client, MIG, ...), otherwise "<call> failed: <error>".
 std::string pm_sampling_error_reason(CuptiApi& api, const std::string& call, CUptiResult r);
 
+// The metric set of gpu.pm_metrics ("all": empty, the fallback tiers; "no_pcie"; "sm").
+std::vector<PmMetric> pm_metric_set(const std::string& name);
+
 struct PmOptions {
   int device = 0;
   std::string chip;               // cuptiDeviceGetChipName

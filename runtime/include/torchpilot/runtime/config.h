@@ -55,10 +55,13 @@ struct AutotuneConfig {
 
 // GPU collectors (hooks/: CUPTI PM sampling and activity, NVML, NVTX); docs/metrics.md, "GPU".
 struct GpuConfig {
-  bool enabled = true;                // observe the GPU when one is present
-  int device = 0;                     // CUDA device index observed
-  bool pm_sampling = true;            // always-on hardware counters (SM, tensor pipe, DRAM, PCIe)
-  double pm_interval_ms = 2;          // PM sampling interval
+  bool enabled = true;        // observe the GPU when one is present
+  int device = 0;             // CUDA device index observed
+  bool pm_sampling = true;    // always-on hardware counters (SM, tensor pipe, DRAM, PCIe)
+  double pm_interval_ms = 2;  // PM sampling interval
+  // PM sampling's counters: "all" (SM, tensor pipe, DRAM, occupancy, PCIe; fewer where the GPU
+  // refuses the set), "no_pcie" (all but PCIe), "sm" (GPU and SM activity only).
+  std::string pm_metrics = "all";
   bool nvml = true;                   // NVML utilization.gpu beside the truth
   double nvml_interval_ms = 100;      // NVML polling interval
   bool nvtx = true;                   // NVTX ranges for steps and phases ("torchpilot" domain)
