@@ -57,13 +57,20 @@ struct Args {
   bool pm_sampling = true;  // gpu.pm_sampling of the configurations other than off
   std::string trace_dir;    // window runs write their windows here, one folder per run
   std::string log_level =
-      "warn";               // torchpilot's log level (debug shows the trace release's timings)
-  std::vector<int> setups;  // configurations measured, off first (--configs)
+      "warn";                 // torchpilot's log level (debug shows the trace release's timings)
+  std::vector<int> setups;    // configurations measured, off first (--configs)
+  int device_buffer_mb = 64;  // window-devbuf's gpu.trace_device_buffer_mb
 };
 
-enum Setup { kOff, kAdvise, kWindow, kCounting, kWindowNoOps, kSetups };
+enum Setup { kOff, kAdvise, kWindow, kCounting, kWindowNoOps, kWindowDeviceBuffer, kSetups };
 // window-noops: a window without the op-name hook (gpu.sync_op_names off), to split its cost.
-const char* kNames[kSetups] = {"off", "advise", "window", "counting", "window-noops"};
+// window-devbuf: a window with CUPTI's device buffer at --device-buffer-mb
+// (gpu.trace_device_buffer_mb).
+const char* kNames[kSetups] = {"off",      "advise",       "window",
+                               "counting", "window-noops", "window-devbuf"};
+bool is_window(int setup) {
+  return setup == kWindow || setup == kWindowNoOps || setup == kWindowDeviceBuffer;
+}
 
 struct RoundResult {
   int round = 0;
@@ -117,13 +124,14 @@ torchpilot::Config config_for(Setup setup, const Args& a) {
   }
   c.flops.recount_every_steps = 0;
   if (setup == kWindowNoOps) c.gpu.sync_op_names = false;
+  if (setup == kWindowDeviceBuffer) c.gpu.trace_device_buffer_mb = a.device_buffer_mb;
   return c;
 }
 
 RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, json& collectors) {
   RoundResult r;
   torchpilot::Config config = config_for(setup, a);
-  if (!a.trace_dir.empty() && (setup == kWindow || setup == kWindowNoOps)) {
+  if (!a.trace_dir.empty() && is_window(setup)) {
     config.report.trace_dir = bench::next_run_folder(a.trace_dir);
   }
   std::optional<torchpilot::Pilot> pilot_storage;
@@ -144,8 +152,7 @@ RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, j
   // A requested window starts at the end of the step it was requested in: request it in the last
   // warm-up step so that it covers exactly the measured steps. Every configuration runs the same.
   trainer.train(pilot, a.warmup - 1);
-  if ((setup == kWindow || setup == kWindowNoOps) &&
-      pilot.collector<torchpilot::GpuMonitor>() != nullptr)
+  if (is_window(setup) && pilot.collector<torchpilot::GpuMonitor>() != nullptr)
     pilot.request_window(a.steps);
   trainer.train(pilot, 1);
   trainer.synchronize();
@@ -230,6 +237,9 @@ int run(int argc, char** argv) {
   app.add_flag("!--no-pm-sampling", a.pm_sampling,
                "PM sampling off in every configuration (gpu.pm_sampling false): its share of the "
                "cost");
+  example_cli::add_int(app, "--device-buffer-mb", a.device_buffer_mb, 1, 4096,
+                       "CUPTI's device buffer in window-devbuf (gpu.trace_device_buffer_mb)")
+      ->capture_default_str();
   app.add_option("--trace-dir", a.trace_dir,
                  "window runs write their windows as trace-event files here (report.trace_dir), "
                  "a folder per run");
@@ -242,7 +252,8 @@ int run(int argc, char** argv) {
   app.add_option("--configs", configs,
                  "configurations measured, comma-separated (off is always measured, first)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"off", "advise", "window", "counting", "window-noops"}))
+      ->check(
+          CLI::IsMember({"off", "advise", "window", "counting", "window-noops", "window-devbuf"}))
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->type_name("LIST")
       ->capture_default_str();

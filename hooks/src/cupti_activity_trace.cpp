@@ -421,8 +421,9 @@ const char* kind_name(CUpti_ActivityKind kind) {
 
 // --- ActivityCollector -------------------------------------------------------------------------
 
-ActivityOptions activity_options(int trace_buffer_mb) {
+ActivityOptions activity_options(int trace_buffer_mb, int trace_device_buffer_mb) {
   ActivityOptions o;
+  o.device_buffer_bytes = static_cast<size_t>(std::max(0, trace_device_buffer_mb)) << 20;
   const size_t total = static_cast<size_t>(std::max(1, trace_buffer_mb)) << 20;
   o.buffer_bytes = std::min<size_t>(4u << 20, total);
   o.max_buffers = std::max<size_t>(1, total / o.buffer_bytes);
@@ -472,6 +473,25 @@ std::string ActivityCollector::init() {
     }
     route() = this;
     routed_ = true;
+  }
+  {
+    // Before any kind is enabled: CUPTI sizes the context's device buffers when it attaches.
+    size_t bytes = 0, size = sizeof bytes;
+    if (api_.activity_get_attribute(CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE, &size, &bytes) !=
+        CUPTI_SUCCESS) {
+      bytes = 0;
+    }
+    if (options_.device_buffer_bytes > 0 && options_.device_buffer_bytes != bytes) {
+      size_t want = options_.device_buffer_bytes;
+      size = sizeof want;
+      const CUptiResult ra =
+          api_.activity_set_attribute(CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE, &size, &want);
+      logger_.debug("CUPTI activity: device buffer {} KiB (CUPTI's was {} KiB){}", want >> 10,
+                    bytes >> 10,
+                    ra == CUPTI_SUCCESS ? "" : ": refused, " + cupti_error_name(api_, ra));
+    } else {
+      logger_.debug("CUPTI activity: device buffer {} KiB", bytes >> 10);
+    }
   }
   const CUptiResult rr = api_.activity_register_callbacks(on_buffer_requested, on_buffer_completed);
   if (rr != CUPTI_SUCCESS) {

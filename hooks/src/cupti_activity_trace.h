@@ -77,9 +77,11 @@ struct ActivityOptions {
   size_t buffer_bytes = 4u << 20;         // one activity buffer
   size_t max_buffers = 8;                 // allocated at a time (in CUPTI's hands or free)
   size_t max_pending_records = 1u << 20;  // converted, not yet drained; beyond: counted dropped
+  // CUPTI's device buffer for kernel and copy timestamps, per context (0: CUPTI's default).
+  size_t device_buffer_bytes = 0;
 };
 // 4 MiB buffers, trace_buffer_mb in all (at least one buffer; smaller buffers below 4 MiB).
-ActivityOptions activity_options(int trace_buffer_mb);
+ActivityOptions activity_options(int trace_buffer_mb, int trace_device_buffer_mb = 0);
 
 class ActivityCollector {
  public:

@@ -75,7 +75,13 @@ namespace detail {
     (uint8_t * buffer, size_t valid_bytes, CUpti_Activity * *record),                          \
     (buffer, valid_bytes, record))                                                             \
   X(activity_get_num_dropped_records, cuptiActivityGetNumDroppedRecords,                       \
-    (CUcontext context, uint32_t stream_id, size_t * dropped), (context, stream_id, dropped))
+    (CUcontext context, uint32_t stream_id, size_t * dropped), (context, stream_id, dropped))  \
+  X(activity_get_attribute, cuptiActivityGetAttribute,                                         \
+    (CUpti_ActivityAttribute attribute, size_t * value_size, void* value),                     \
+    (attribute, value_size, value))                                                            \
+  X(activity_set_attribute, cuptiActivitySetAttribute,                                         \
+    (CUpti_ActivityAttribute attribute, size_t * value_size, void* value),                     \
+    (attribute, value_size, value))
 
 // Profiler target and host (the backend's chip name; PM sampling's metric configuration and
 // evaluation).
