@@ -57,15 +57,15 @@ struct Args {
   bool pm_sampling = true;  // gpu.pm_sampling of the configurations other than off
   std::string trace_dir;    // window runs write their windows here, one folder per run
   std::string log_level =
-      "warn";                 // torchpilot's log level (debug shows the trace release's timings)
-  std::vector<int> setups;    // configurations measured, off first (--configs)
-  int device_buffer_mb = 64;  // window-devbuf's gpu.trace_device_buffer_mb
+      "warn";                // torchpilot's log level (debug shows the trace release's timings)
+  std::vector<int> setups;   // configurations measured, off first (--configs)
+  int device_buffer_mb = 0;  // window-devbuf's gpu.trace_device_buffer_mb (0: CUPTI's default)
 };
 
 enum Setup { kOff, kAdvise, kWindow, kCounting, kWindowNoOps, kWindowDeviceBuffer, kSetups };
 // window-noops: a window without the op-name hook (gpu.sync_op_names off), to split its cost.
 // window-devbuf: a window with CUPTI's device buffer at --device-buffer-mb
-// (gpu.trace_device_buffer_mb).
+// (gpu.trace_device_buffer_mb; the default 0 is CUPTI's own size, the library's before 64 MiB).
 const char* kNames[kSetups] = {"off",      "advise",       "window",
                                "counting", "window-noops", "window-devbuf"};
 bool is_window(int setup) {
@@ -237,8 +237,9 @@ int run(int argc, char** argv) {
   app.add_flag("!--no-pm-sampling", a.pm_sampling,
                "PM sampling off in every configuration (gpu.pm_sampling false): its share of the "
                "cost");
-  example_cli::add_int(app, "--device-buffer-mb", a.device_buffer_mb, 1, 4096,
-                       "CUPTI's device buffer in window-devbuf (gpu.trace_device_buffer_mb)")
+  example_cli::add_int(app, "--device-buffer-mb", a.device_buffer_mb, 0, 4096,
+                       "CUPTI's device buffer in window-devbuf (gpu.trace_device_buffer_mb; 0: "
+                       "CUPTI's default)")
       ->capture_default_str();
   app.add_option("--trace-dir", a.trace_dir,
                  "window runs write their windows as trace-event files here (report.trace_dir), "

@@ -475,19 +475,23 @@ std::string ActivityCollector::init() {
     routed_ = true;
   }
   {
-    // Before any kind is enabled: CUPTI sizes the context's device buffers when it attaches.
+    // Before any kind is enabled: CUPTI sizes the context's device buffers when it attaches. The
+    // attribute is process-wide: 0 puts back the size CUPTI had when first asked.
+    static std::atomic<size_t> cupti_default{0};
     size_t bytes = 0, size = sizeof bytes;
     if (api_.activity_get_attribute(CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE, &size, &bytes) !=
         CUPTI_SUCCESS) {
       bytes = 0;
     }
-    if (options_.device_buffer_bytes > 0 && options_.device_buffer_bytes != bytes) {
-      size_t want = options_.device_buffer_bytes;
+    size_t expected = 0;
+    if (bytes > 0) cupti_default.compare_exchange_strong(expected, bytes);
+    size_t want =
+        options_.device_buffer_bytes > 0 ? options_.device_buffer_bytes : cupti_default.load();
+    if (want > 0 && want != bytes) {
       size = sizeof want;
       const CUptiResult ra =
           api_.activity_set_attribute(CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE, &size, &want);
-      logger_.debug("CUPTI activity: device buffer {} KiB (CUPTI's was {} KiB){}", want >> 10,
-                    bytes >> 10,
+      logger_.debug("CUPTI activity: device buffer {} KiB (was {} KiB){}", want >> 10, bytes >> 10,
                     ra == CUPTI_SUCCESS ? "" : ": refused, " + cupti_error_name(api_, ra));
     } else {
       logger_.debug("CUPTI activity: device buffer {} KiB", bytes >> 10);

@@ -206,6 +206,9 @@ class FakeCupti final : public CuptiApiFake {
   bool detached = false;  // cuptiFinalize ran, nothing attached since
   bool profiler_needs_reattach = true;
   std::set<int> enabled_kinds;
+  // CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE (process-wide in CUPTI), and its value when a kind
+  // was last enabled.
+  size_t device_buffer = 3200000, device_buffer_at_enable = 0;
   int disables = 0;
   CUpti_BuffersCallbackRequestFunc requested = nullptr;
   CUpti_BuffersCallbackCompleteFunc completed = nullptr;
@@ -320,6 +323,25 @@ class FakeCupti final : public CuptiApiFake {
   CUptiResult on_activity_enable(CUpti_ActivityKind k) override {
     std::lock_guard<std::mutex> lock(m);
     enabled_kinds.insert(k);
+    device_buffer_at_enable = device_buffer;
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult on_activity_get_attribute(CUpti_ActivityAttribute a, size_t* size,
+                                        void* value) override {
+    std::lock_guard<std::mutex> lock(m);
+    if (a != CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE || *size != sizeof(size_t)) {
+      return CUPTI_ERROR_INVALID_PARAMETER;
+    }
+    *static_cast<size_t*>(value) = device_buffer;
+    return CUPTI_SUCCESS;
+  }
+  CUptiResult on_activity_set_attribute(CUpti_ActivityAttribute a, size_t* size,
+                                        void* value) override {
+    std::lock_guard<std::mutex> lock(m);
+    if (a != CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE || *size != sizeof(size_t)) {
+      return CUPTI_ERROR_INVALID_PARAMETER;
+    }
+    device_buffer = *static_cast<size_t*>(value);
     return CUPTI_SUCCESS;
   }
   CUptiResult on_activity_disable(CUpti_ActivityKind k) override {
@@ -784,6 +806,32 @@ TEST(GpuBackend, ReleasingTheTraceDetachesCuptiAndPmSamplingComesBack) {
   b->stop();
   EXPECT_EQ(rig.cupti->finalizes, 2);  // nothing attached any more
   EXPECT_FALSE(rig.cupti->pm_started);
+}
+
+// A window's kinds are enabled with CUPTI's device buffer at gpu.trace_device_buffer_mb; 0 puts
+// back the size CUPTI had (the attribute outlives a backend in CUPTI).
+TEST(GpuBackend, TheWindowsDeviceBufferIsSetBeforeItsKindsAreEnabled) {
+  size_t left_by_first = 0;
+  {
+    Rig rig;
+    rig.config.trace_device_buffer_mb = 64;
+    auto b = rig.make();
+    b->start();
+    ASSERT_TRUE(b->start_trace());
+    EXPECT_EQ(rig.cupti->device_buffer_at_enable, size_t{64} << 20);
+    left_by_first = rig.cupti->device_buffer;
+    b->stop_trace();
+    b->stop();
+  }
+  Rig rig;
+  rig.config.trace_device_buffer_mb = 0;
+  rig.cupti->device_buffer = left_by_first;
+  auto b = rig.make();
+  b->start();
+  ASSERT_TRUE(b->start_trace());
+  EXPECT_EQ(rig.cupti->device_buffer_at_enable, size_t{3200000});
+  b->stop_trace();
+  b->stop();
 }
 
 // The release runs off the training thread and hands cuptiFinalize to the exit of the program's
