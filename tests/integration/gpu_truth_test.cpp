@@ -141,7 +141,8 @@ TEST_F(GpuTruthTest, Bf16GemmLoopIsEfficient) {
   torch::cuda::synchronize();
   PilotRun run(gpu_config(1000000, 1));
   TORCHPILOT_REQUIRE_COLLECTORS(run, "pm_sampling");
-  for (int i = 0; i < 8; ++i) {
+  // About a second: NVML's utilization is an average over its own period, which lags the start.
+  for (int i = 0; i < 24; ++i) {
     auto step = run.pilot->step(1);
     for (int k = 0; k < 30; ++k) c = torch::mm(a, b);
     torch::cuda::synchronize();
@@ -155,8 +156,9 @@ TEST_F(GpuTruthTest, Bf16GemmLoopIsEfficient) {
   const GpuStats& g = s.sections.get<GpuEpochStats>()->stats;
   std::printf("[bf16 GEMM] NVML SM clock %.0f MHz while busy, clock limited %.2f of readings\n",
               g.sm_clock_mhz, g.clock_limited);
-  if (!std::isnan(g.nvml_utilization)) {
-    // NVML read while the GEMMs kept the GPU busy: its SM clock and how often a limit held it.
+  if (g.nvml_utilization >= 0.5) {
+    // NVML read while the GEMMs kept the GPU busy (readings under 50% utilization do not count
+    // for the clock): its SM clock and how often a limit held it.
     EXPECT_GT(g.sm_clock_mhz, 500.0);
     EXPECT_LT(g.sm_clock_mhz, 3000.0);
     EXPECT_GE(g.clock_limited, 0.0);
