@@ -280,10 +280,9 @@ bool from_json(const std::string& text, RankSummary& out) {
 }
 
 void set_collective_waits(std::vector<RankSummary>& ranks) {
-  constexpr int kMaxRank = 4096;
   const size_t n = ranks.size();
   bool usable = n >= 2;
-  for (const RankSummary& r : ranks) usable = usable && r.rank >= 0 && r.rank < kMaxRank;
+  for (const RankSummary& r : ranks) usable = usable && r.rank >= 0;
   // (group, index) -> duration on each rank (by position in `ranks`; -1: no record).
   std::map<std::pair<int64_t, int64_t>, std::vector<Nanos>> by_key;
   if (usable) {
@@ -296,16 +295,13 @@ void set_collective_waits(std::vector<RankSummary>& ranks) {
     }
   }
   for (RankSummary& r : ranks) r.durations.clear();
-  if (by_key.empty()) return;
-  int max_rank = 0;
-  for (const RankSummary& r : ranks) max_rank = std::max(max_rank, r.rank);
   // Per group: each rank's longest wait and whom it waited for.
   struct Worst {
     Nanos wait = 0;
     size_t last = 0;  // position of the rank that arrived last
   };
   std::vector<double> wait(n, 0);
-  std::vector<std::vector<double>> wait_for(n, std::vector<double>(max_rank + 1, 0));
+  std::vector<std::map<int, double>> wait_for(n);
   int64_t groups = 0;
   auto it = by_key.begin();
   while (it != by_key.end()) {
@@ -325,15 +321,15 @@ void set_collective_waits(std::vector<RankSummary>& ranks) {
     if (!any) continue;
     ++groups;
     for (size_t i = 0; i < n; ++i) {
+      if (worst[i].wait == 0) continue;
       wait[i] += static_cast<double>(worst[i].wait);
-      wait_for[i][static_cast<size_t>(ranks[worst[i].last].rank)] +=
-          static_cast<double>(worst[i].wait);
+      wait_for[i][ranks[worst[i].last].rank] += static_cast<double>(worst[i].wait);
     }
   }
   if (groups == 0) return;
   for (size_t i = 0; i < n; ++i) {
     ranks[i].wait_ns = wait[i] / static_cast<double>(groups);
-    for (double& w : wait_for[i]) w /= static_cast<double>(groups);
+    for (auto& [rank, w] : wait_for[i]) w /= static_cast<double>(groups);
     ranks[i].wait_for_ns = std::move(wait_for[i]);
   }
 }
@@ -386,16 +382,16 @@ std::vector<Straggler> find_stragglers(const std::vector<RankSummary>& ranks, do
     }
     // Measured from collective durations when every rank has them; else each rank's exposed
     // communication, bounded by the excess (overlapped, part of the wait hides in compute).
-    s.others_wait_from_durations = true;
-    for (const RankSummary& o : ranks) {
-      s.others_wait_from_durations =
-          s.others_wait_from_durations && o.wait_for_ns.size() > static_cast<size_t>(r.rank);
-    }
+    s.others_wait_from_durations = std::all_of(
+        ranks.begin(), ranks.end(), [](const RankSummary& o) { return measured(o.wait_ns); });
     for (const RankSummary& o : ranks) {
       if (o.rank == r.rank) continue;
-      s.others_wait_ns += s.others_wait_from_durations
-                              ? o.wait_for_ns[static_cast<size_t>(r.rank)]
-                              : std::min(std::max(0.0, o.exposed_ns), excess);
+      if (s.others_wait_from_durations) {
+        const auto w = o.wait_for_ns.find(r.rank);
+        if (w != o.wait_for_ns.end()) s.others_wait_ns += w->second;
+      } else {
+        s.others_wait_ns += std::min(std::max(0.0, o.exposed_ns), excess);
+      }
     }
     out.push_back(std::move(s));
   }

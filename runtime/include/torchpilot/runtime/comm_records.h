@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -150,20 +151,20 @@ struct RankSummary {
   // ranks, per step (per gradient sync on the GPU); and of it, by rank, the part spent waiting
   // for that rank (empty: not measured).
   double wait_ns = kNotMeasured;
-  std::vector<double> wait_for_ns;
+  std::map<int, double> wait_for_ns;  // by the rank waited for; absent: none
 };
 // `with_durations`: the exchange's form; the section's leaves them out.
 std::string to_json(const RankSummary& r, bool with_durations = false);
 // False when the text is not a RankSummary's JSON.
 bool from_json(const std::string& text, RankSummary& out);
 
-// Each rank's wait for the others at collectives, from every rank's durations (ranks indexed by
-// their `rank`, at most 4096). For each group every rank has records of: a collective's wait on a
-// rank is its duration there less its shortest duration on any rank (that of the last rank to
-// arrive, the one waited for); a rank's wait in the group is its longest such wait (one stream
-// runs the collectives in order, so each one's wait overlaps the earlier ones'), blamed on the
-// rank that arrived last there. wait_ns and wait_for_ns are the means over the groups; both stay
-// unset when no group is common to all ranks. The durations are cleared.
+// Each rank's wait for the others at collectives, from every rank's durations. For each group every
+// rank has records of: a collective's wait on a rank is its duration there less its shortest
+// duration on any rank (that of the last rank to arrive, the one waited for); a rank's wait in the
+// group is its longest such wait (one stream runs the collectives in order, so each one's wait
+// overlaps the earlier ones'), blamed on the rank that arrived last there. wait_ns and wait_for_ns
+// are the means over the groups; both stay unset when no group is common to all ranks. The
+// durations are cleared.
 void set_collective_waits(std::vector<RankSummary>& ranks);
 
 // A rank whose compute or data time per step exceeds the ranks' median by more than the
