@@ -223,7 +223,8 @@ void CommMonitor::add_gpu_timing(const GpuTiming& t) {
     o.bytes += t.bytes;
     o.busy_ns += std::max<Nanos>(0, t.busy_ns);
     for (size_t i = 0; i < t.durations.size(); ++i) {
-      keep_duration({t.sync, static_cast<int64_t>(i), std::max<Nanos>(0, t.durations[i])});
+      keep_duration(
+          {gpu_sync_group(t.sync), static_cast<int64_t>(i), std::max<Nanos>(0, t.durations[i])});
     }
   } catch (...) {
   }

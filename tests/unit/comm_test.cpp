@@ -410,7 +410,7 @@ TEST(CommMonitor, CollectiveDurationsAreKeyedByStepOrByGradientSync) {
   EXPECT_EQ(c->durations[1].index, 0);
   EXPECT_EQ(c->durations[1].duration_ns, 3 * kMs);
   EXPECT_EQ(c->durations[2].group, 1);
-  EXPECT_EQ(c->durations[4].group, 7);
+  EXPECT_EQ(c->durations[4].group, gpu_sync_group(7));  // never a step's key
   EXPECT_EQ(c->durations[4].duration_ns, 5 * kMs);
   EXPECT_EQ(c->durations[5].index, 1);
   // They reach rank 0 through the exchange's JSON.
@@ -418,7 +418,7 @@ TEST(CommMonitor, CollectiveDurationsAreKeyedByStepOrByGradientSync) {
   RankSummary back;
   ASSERT_TRUE(from_json(to_json(r, /*with_durations=*/true), back));
   ASSERT_EQ(back.durations.size(), 6u);
-  EXPECT_EQ(back.durations[4].group, 7);
+  EXPECT_EQ(back.durations[4].group, gpu_sync_group(7));
   EXPECT_EQ(back.durations[4].duration_ns, 5 * kMs);
   ASSERT_TRUE(from_json(to_json(r), back));
   EXPECT_TRUE(back.durations.empty());
@@ -433,7 +433,8 @@ TEST(CommMonitor, CollectiveDurationsAreKeyedByStepOrByGradientSync) {
   monitor.on_epoch_end(e2);
   const CommEpochStats* c2 = e2.sections.get<CommEpochStats>();
   ASSERT_EQ(c2->durations.size(), kMaxCollectiveDurations);
-  EXPECT_EQ(c2->durations.back().group, 3 * static_cast<int>(kMaxCollectiveDurations) - 1);
+  EXPECT_EQ(c2->durations.back().group,
+            gpu_sync_group(3 * static_cast<int>(kMaxCollectiveDurations) - 1));
 }
 
 TEST(RankSummary, AnAsynchronousRanksStepIsItsGpuSpanNotItsHostStep) {

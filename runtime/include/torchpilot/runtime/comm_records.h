@@ -66,8 +66,9 @@ struct CollectiveRecord {
 
 // One collective's duration on this rank, keyed so that the ranks' records of it match (the ranks
 // of a group issue the same collectives in the same order): `group` is the step it began in
-// (host-timed collectives) or the gradient sync it belongs to (GPU-timed: GradSync's count of
-// synchronize calls), `index` its place in that group. A collective ends at about the same time
+// (host-timed collectives; -1 before the first step) or, for GPU-timed ones, -2 - the gradient
+// sync it belongs to (GradSync's count of synchronize calls; negative so that the two kinds never
+// share a key), `index` its place in that group. A collective ends at about the same time
 // on every rank, so the longer it ran here, the earlier this rank arrived and the longer it waited
 // for the last one (collective_waits; docs/metrics.md, "Waiting for other ranks").
 struct CollectiveDuration {
@@ -75,6 +76,8 @@ struct CollectiveDuration {
   int64_t index = 0;
   Nanos duration_ns = 0;
 };
+// The group of a GPU-timed gradient sync's collectives.
+constexpr int64_t gpu_sync_group(int64_t sync) { return -2 - sync; }
 // The most durations a rank keeps (its epoch's last) and sends rank 0 per epoch.
 constexpr size_t kMaxCollectiveDurations = 512;
 
