@@ -33,8 +33,16 @@ std::optional<Advice> advise_exposed_communication(const EpochSummary& s,
   // that part (rank 0's table; other ranks cannot tell).
   double straggler_ms = 0;
   if (const RankEpochStats* r = s.sections.get<RankEpochStats>()) {
-    if (!r->stragglers.empty() && r->stragglers.front().rank != c->rank) {
-      straggler_ms = std::min(exposed_ms, r->stragglers.front().excess_ns / 1e6);
+    const Straggler* top = r->stragglers.empty() ? nullptr : &r->stragglers.front();
+    if (top != nullptr && top->rank != c->rank) {
+      // This rank's own wait for it when measured from collective durations, else its excess.
+      double wait_ns = top->excess_ns;
+      for (const RankSummary& me : r->ranks) {
+        if (me.rank != c->rank || !top->others_wait_from_durations) continue;
+        const auto w = me.wait_for_ns.find(top->rank);
+        wait_ns = w == me.wait_for_ns.end() ? 0.0 : w->second;
+      }
+      straggler_ms = std::min(exposed_ms, wait_ns / 1e6);
       exposed_ms -= straggler_ms;
     }
   }

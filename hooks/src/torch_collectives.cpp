@@ -151,6 +151,7 @@ class C10dStore final : public KeyValueStore {
     const std::vector<uint8_t> v = store_->get(key);
     return std::string(v.begin(), v.end());
   }
+  bool remove(const std::string& key) override { return store_->deleteKey(key); }
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;

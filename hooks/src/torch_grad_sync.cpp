@@ -8,6 +8,7 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <exception>
 #include <stdexcept>
@@ -76,9 +77,8 @@ struct GradSync::State {
     at::cuda::CUDAEvent end{cudaEventDefault};
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
     int64_t bytes = 0;
-    int64_t sync = 0;  // syncs before this one: the same on every rank
+    int64_t sync = 0;  // syncs before this one in the process: the same on every rank
   };
-  int64_t syncs = 0;
   std::deque<std::unique_ptr<Timed>> timed;
   static constexpr size_t kMaxTimed = 16;  // unresolved beyond this: the oldest is dropped
   bool timing_failed = false;              // a Work without durations: timing stays off
@@ -258,7 +258,10 @@ void GradSync::synchronize() {
   // Timed only while a Collectives observes, on CUDA, and while the Works have durations.
   std::shared_ptr<CommMonitor> monitor;
   std::unique_ptr<State::Timed> timed;
-  const int64_t sync_number = s.syncs++;  // counted whether timed or not: ranks agree
+  // Counted whether timed or not, over every GradSync of the process (one rebuilt, or one per
+  // model): ranks that run the same program agree on each sync's number.
+  static std::atomic<int64_t> syncs{0};
+  const int64_t sync_number = syncs.fetch_add(1, std::memory_order_relaxed);
   // No durations (timing not enabled on the group) or no events: timing off for good, said once.
   auto timing_off = [&](const std::string& why) {
     s.timing_failed = true;

@@ -230,10 +230,23 @@ void CommMonitor::add_gpu_timing(const GpuTiming& t) {
   }
 }
 
+namespace {
+// The index from which `v` keeps at most `keep` entries, moved on past the rest of a group the
+// cut would split (a group missing its first collectives would show too small a wait).
+size_t whole_groups_from(const std::vector<CollectiveDuration>& v, size_t keep) {
+  size_t from = v.size() > keep ? v.size() - keep : 0;
+  if (from == 0) return 0;
+  const int64_t split = v[from - 1].group;
+  while (from < v.size() && v[from].group == split) ++from;
+  return from;
+}
+}  // namespace
+
 void CommMonitor::keep_duration(const CollectiveDuration& d) {
   auto& v = epoch_.durations;
   if (v.size() >= 2 * kMaxCollectiveDurations) {  // amortized: the oldest half goes
-    v.erase(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(kMaxCollectiveDurations));
+    v.erase(v.begin(),
+            v.begin() + static_cast<std::ptrdiff_t>(whole_groups_from(v, kMaxCollectiveDurations)));
   }
   v.push_back(d);
 }
@@ -320,8 +333,9 @@ void CommMonitor::on_epoch_end(EpochSummary& summary) {
   c.steps = epoch_steps_;
   c.step_wall_ns = epoch_wall_ns_;
   c.stats = acc.stats;
-  const size_t keep = std::min(acc.durations.size(), kMaxCollectiveDurations);
-  c.durations.assign(acc.durations.end() - static_cast<std::ptrdiff_t>(keep), acc.durations.end());
+  c.durations.assign(acc.durations.begin() + static_cast<std::ptrdiff_t>(whole_groups_from(
+                                                 acc.durations, kMaxCollectiveDurations)),
+                     acc.durations.end());
   epoch_steps_ = 0;
   epoch_wall_ns_ = 0;
   if (acc.stats.comm_ns == 0 && acc.gpu_timed > 0 && acc.gpu.busy_ns > 0) {

@@ -59,6 +59,14 @@ std::string InMemoryStore::get(const std::string& key) {
   std::lock_guard<std::mutex> lock(mu_);
   return map_.at(key);
 }
+bool InMemoryStore::remove(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return map_.erase(key) > 0;
+}
+size_t InMemoryStore::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return map_.size();
+}
 
 // --- RankExchange
 // ----------------------------------------------------------------------------------
@@ -92,6 +100,16 @@ bool RankExchange::aborted(const std::string& family) {
     return store_->check({prefix_ + "abort/" + family});
   } catch (...) {
     return true;  // a store that fails cannot agree on anything
+  }
+}
+
+void RankExchange::forget(const std::string& tag) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int r = 0; r < world_size_; ++r) {
+    try {
+      store_->remove(key(tag, r));
+    } catch (...) {  // a key left behind costs memory, nothing else
+    }
   }
 }
 
@@ -222,10 +240,15 @@ void RankCollector::on_epoch_end(EpochSummary& summary) {
     }
     return;
   }
+  // Sent: the epoch's summary, kept by the Pilot, need not carry them any more.
+  if (auto* c = summary.sections.get<CommEpochStats>()) {
+    std::vector<CollectiveDuration>().swap(c->durations);
+  }
   if (rank != 0) return;
   // Rank 0 waits (bounded) for the others: they end the same epoch at about the same time, held
   // together by the gradient all-reduce.
   auto got = exchange_->gather(tag, exchange_->timeout_ns(), &error);
+  exchange_->forget(tag);  // read once, here
   RankEpochStats stats;
   stats.world_size = exchange_->world_size();
   stats.threshold = threshold_;

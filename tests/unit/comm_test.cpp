@@ -422,6 +422,19 @@ TEST(CommMonitor, CollectiveDurationsAreKeyedByStepOrByGradientSync) {
   EXPECT_EQ(back.durations[4].duration_ns, 5 * kMs);
   ASSERT_TRUE(from_json(to_json(r), back));
   EXPECT_TRUE(back.durations.empty());
+  // A group the cut would split is left out whole: 200 syncs of 3 all-reduces, 512 kept at most.
+  for (int i = 0; i < 200; ++i) {
+    CommMonitor::GpuTiming u;
+    u.sync = 1000 + i;
+    u.durations = {kMs, kMs, kMs};
+    monitor.add_gpu_timing(u);
+  }
+  EpochSummary e1;
+  monitor.on_epoch_end(e1);
+  const CommEpochStats* c1 = e1.sections.get<CommEpochStats>();
+  ASSERT_EQ(c1->durations.size(), 510u);  // 170 whole syncs
+  EXPECT_EQ(c1->durations.front().index, 0);
+  EXPECT_EQ(c1->durations.front().group, gpu_sync_group(1030));
   // Only an epoch's last ones are kept.
   for (int i = 0; i < 3 * static_cast<int>(kMaxCollectiveDurations); ++i) {
     CommMonitor::GpuTiming u;
@@ -686,6 +699,7 @@ TEST(RankCollector, RankZeroGathersTheTableAndNamesTheStraggler) {
   EXPECT_EQ(r->stragglers[0].rank, 1);
   EXPECT_NE(r->stragglers[0].cause.find("data wait"), std::string::npos);
   EXPECT_NEAR(r->stragglers[0].others_wait_ns, 12e6, 1e3);
+  EXPECT_EQ(store->size(), 0u);  // rank 0 read the epoch's summaries once and deleted them
   AdvisorsConfig config;
   auto advice = advise_straggler_rank(s0, config);
   ASSERT_TRUE(advice);

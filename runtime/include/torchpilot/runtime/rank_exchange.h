@@ -48,6 +48,12 @@ class KeyValueStore {
   virtual bool check(const std::vector<std::string>& keys) = 0;
   // A present key's value.
   virtual std::string get(const std::string& key) = 0;
+  // Deletes a key once nobody will read it (keeps the store from growing with the epochs); false
+  // when the store cannot.
+  virtual bool remove(const std::string& key) {
+    (void)key;
+    return false;
+  }
 };
 
 // A store in this process's memory (tests; thread-safe).
@@ -56,9 +62,11 @@ class InMemoryStore : public KeyValueStore {
   void set(const std::string& key, const std::string& value) override;
   bool check(const std::vector<std::string>& keys) override;
   std::string get(const std::string& key) override;
+  bool remove(const std::string& key) override;
+  size_t size() const;
 
  private:
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::map<std::string, std::string> map_;
 };
 
@@ -85,6 +93,9 @@ class RankExchange {
   // for the ranks that did not post).
   std::vector<std::optional<std::string>> gather(const std::string& tag, Nanos timeout_ns,
                                                  std::string* error = nullptr);
+  // Deletes every rank's value under `tag` (after a gather, by the only rank that reads them);
+  // store failures are ignored.
+  void forget(const std::string& tag);
   // What a rank posted under `tag` now, without waiting.
   std::optional<std::string> peek(const std::string& tag, int rank, std::string* error = nullptr);
   bool aborted(const std::string& family);
