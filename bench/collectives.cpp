@@ -354,17 +354,16 @@ json full_suite(gpt_example::Trainer& trainer, const Args& a, int rank) {
     say("straggler", r);
     say("no straggler", base);
     auto table = [&](const char* part, const Run& x) {
-      if (rank == 0 && x.ranks.is_object()) {
-        std::printf("%s: stragglers %s; waits for others (ms):", part,
-                    x.ranks.value("stragglers", json::array()).dump().c_str());
-        for (const auto& w : x.ranks.value("ranks", json::array())) {
-          const json v = w.value("wait_ns", json());
-          std::printf(" rank %d %s", w.value("rank", -1),
-                      v.is_number() ? std::to_string(v.get<double>() / 1e6).c_str() : "n/a");
-        }
-        std::printf("\n");
-        std::fflush(stdout);
+      if (rank != 0 || !x.ranks.is_object()) return;
+      std::printf("%s: stragglers %s; waits for others (ms):", part,
+                  x.ranks.value("stragglers", json::array()).dump().c_str());
+      for (const auto& w : x.ranks.value("ranks", json::array())) {
+        const json v = w.value("wait_ns", json());
+        std::printf(" rank %d %s", w.value("rank", -1),
+                    v.is_number() ? std::to_string(v.get<double>() / 1e6).c_str() : "n/a");
       }
+      std::printf("\n");
+      std::fflush(stdout);
     };
     table("straggler", r);
     suite["straggler"] = {{"rank", a.straggler_rank},   {"planted_ms", a.straggler_ms},

@@ -37,10 +37,11 @@ std::optional<Advice> advise_exposed_communication(const EpochSummary& s,
     if (top != nullptr && top->rank != c->rank) {
       // This rank's own wait for it when measured from collective durations, else its excess.
       double wait_ns = top->excess_ns;
-      for (const RankSummary& me : r->ranks) {
-        if (me.rank != c->rank || !top->others_wait_from_durations) continue;
-        const auto w = me.wait_for_ns.find(top->rank);
-        wait_ns = w == me.wait_for_ns.end() ? 0.0 : w->second;
+      const auto me = std::find_if(r->ranks.begin(), r->ranks.end(),
+                                   [&](const RankSummary& x) { return x.rank == c->rank; });
+      if (top->others_wait_from_durations && me != r->ranks.end()) {
+        const auto w = me->wait_for_ns.find(top->rank);
+        wait_ns = w == me->wait_for_ns.end() ? 0.0 : w->second;
       }
       straggler_ms = std::min(exposed_ms, wait_ns / 1e6);
       exposed_ms -= straggler_ms;

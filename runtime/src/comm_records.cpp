@@ -14,6 +14,7 @@ using detail::dump;
 using detail::fmt_num;
 using detail::fmt_pct;
 using detail::json;
+using detail::median;
 using detail::number;
 
 const char* to_string(CommOp op) {
@@ -135,13 +136,6 @@ std::string fmt_bytes(double b) {
 }
 std::string fmt_rate(double bytes_per_s) { return fmt_num(bytes_per_s / 1e9) + " GB/s"; }
 std::string fmt_step_ms(double ns) { return measured(ns) ? fmt_num(ns / 1e6) : "n/a"; }
-
-double median(std::vector<double> v) {
-  if (v.empty()) return kNotMeasured;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 }  // namespace
 

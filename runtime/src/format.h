@@ -1,11 +1,13 @@
-// Number formatting and JSON helpers shared by the sinks and the sections' writers. Internal to
-// runtime/src (nlohmann-json is a private dependency of the core).
+// Number formatting, JSON and small numeric helpers shared by the sinks, the sections' writers and
+// the trial engine. Internal to runtime/src (nlohmann-json is a private dependency of the core).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "torchpilot/runtime/clock.h"
 #include "torchpilot/runtime/records.h"
@@ -21,6 +23,14 @@ inline std::string dump(const json& j) {
 }
 
 inline double ms(Nanos ns) { return static_cast<double>(ns) / 1e6; }
+
+// The median of the values; kNotMeasured when there are none.
+inline double median(std::vector<double> v) {
+  if (v.empty()) return kNotMeasured;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 inline std::string fmt_ms(Nanos ns) {
   char buf[32];

@@ -91,7 +91,6 @@ void EpochAccumulator::add(const StepRecord& r) {
   for (int i = 0; i < kMaxPhases; ++i) {
     if (r.phase_ns[i] <= 0) continue;
     phase_ns_[i] += r.phase_ns[i];
-    ++phase_steps_[i];
     phase_times_[i].add(r.phase_ns[i]);
   }
   step_times_.add(r.step_ns());
@@ -119,7 +118,7 @@ EpochSummary EpochAccumulator::summarize(int64_t epoch,
   }
   for (size_t i = 0; i < phase_names.size() && i < kMaxPhases; ++i) {
     s.phases.push_back(
-        {phase_names[i], phase_ns_[i], phase_steps_[i], phase_times_[i].quantile(0.5)});
+        {phase_names[i], phase_ns_[i], phase_times_[i].count(), phase_times_[i].quantile(0.5)});
   }
   return s;
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "format.h"
 #include "torchpilot/runtime/guard.h"
 #include "torchpilot/runtime/metrics.h"
 
@@ -10,13 +11,6 @@ namespace torchpilot {
 namespace {
 
 constexpr double kDecline = 0.85;  // finalists: within this of the best (the loader policy's)
-
-double median_of(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 }  // namespace
 
@@ -407,7 +401,7 @@ double TrialEngine::score_of(const Setting& setting, int rounds) const {
     }
     measured.push_back(t.throughput);
   }
-  return median_of(std::move(measured));
+  return measured.empty() ? 0 : detail::median(std::move(measured));
 }
 
 size_t TrialEngine::latest_measured(const Setting& setting) const {

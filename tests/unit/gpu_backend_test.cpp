@@ -326,21 +326,21 @@ class FakeCupti final : public CuptiApiFake {
     device_buffer_at_enable = device_buffer;
     return CUPTI_SUCCESS;
   }
+  // Only the device buffer's size is modelled.
+  static bool buffer_size(CUpti_ActivityAttribute a, const size_t* size) {
+    return a == CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE && *size == sizeof(size_t);
+  }
   CUptiResult on_activity_get_attribute(CUpti_ActivityAttribute a, size_t* size,
                                         void* value) override {
+    if (!buffer_size(a, size)) return CUPTI_ERROR_INVALID_PARAMETER;
     std::lock_guard<std::mutex> lock(m);
-    if (a != CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE || *size != sizeof(size_t)) {
-      return CUPTI_ERROR_INVALID_PARAMETER;
-    }
     *static_cast<size_t*>(value) = device_buffer;
     return CUPTI_SUCCESS;
   }
   CUptiResult on_activity_set_attribute(CUpti_ActivityAttribute a, size_t* size,
                                         void* value) override {
+    if (!buffer_size(a, size)) return CUPTI_ERROR_INVALID_PARAMETER;
     std::lock_guard<std::mutex> lock(m);
-    if (a != CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE || *size != sizeof(size_t)) {
-      return CUPTI_ERROR_INVALID_PARAMETER;
-    }
     device_buffer = *static_cast<size_t*>(value);
     return CUPTI_SUCCESS;
   }

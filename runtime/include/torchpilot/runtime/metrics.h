@@ -58,7 +58,6 @@ class EpochAccumulator {
   Nanos cpu_ns_ = 0;
   bool cpu_known_ = true;
   std::array<Nanos, kMaxPhases> phase_ns_{};
-  std::array<int64_t, kMaxPhases> phase_steps_{};
   std::array<DurationHistogram, kMaxPhases> phase_times_;  // in the steps each phase ran
   DurationHistogram step_times_;
   DurationHistogram compute_times_;  // step - data wait
