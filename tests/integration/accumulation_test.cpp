@@ -283,7 +283,9 @@ TEST(Accumulation, SaysOnceThatMemoryFiguresAreMissingOnTheCpu) {
       Pilot pilot(config_for(Mode::kAutotune, "info"));
       ExactlyOnce t;
       Accumulation acc(pilot, {t.w}, {ExactlyOnce::kBatch, 1, 2});
-      for (int64_t s = 0; s < 30 && !pilot.tuning_finished(); ++s) {
+      // The warm-up budget (60 steps) bounds the search and its re-measurements; a noisy machine
+      // may need all of it, so the loop runs past it.
+      for (int64_t s = 0; s < 90 && !pilot.tuning_finished(); ++s) {
         const auto ids = torch::arange(s * ExactlyOnce::kBatch, (s + 1) * ExactlyOnce::kBatch);
         auto step = pilot.step(ExactlyOnce::kBatch);
         acc.step(
