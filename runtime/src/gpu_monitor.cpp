@@ -23,6 +23,7 @@ namespace {
 constexpr size_t kMaxPendingSteps = 1024;  // PM samples stalled: finish steps without them
 constexpr size_t kMaxEvents = 1 << 20;     // per kind; a window of huge steps loses its oldest
 constexpr size_t kMaxPhaseSpans = 256;
+constexpr size_t kMaxStepPhases = 32;  // phases with GPU spans per traced step
 // A sync's drain may run into later steps: syncs and op scopes are kept this long after the
 // oldest unfinished step began.
 constexpr Nanos kSyncKeepNs = 2'000'000'000;
@@ -106,6 +107,9 @@ void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
     // The op-scope hook names the window's host syncs (it costs every op a callback: windows only).
     if (ok && config_.sync_op_names) HostOpScopes::instance().enable(true);
   }
+  // Markers at phase boundaries cost two events a phase: in traced steps only, where they are
+  // small beside the trace (the GPU time by phase needs the window's kernels anyway).
+  phase_markers_ = planner_.tracing() && open_begin_marker_ != 0;
   if (!config_.nvtx) return;
   char name[32] = "step ";  // to_chars: no locale, no format parsing (every step)
   *std::to_chars(name + 5, name + sizeof name - 1, step).ptr = '\0';
@@ -120,6 +124,15 @@ void GpuMonitor::on_phase_begin(int phase_id, const std::string& phase_name) {
         {phase_id, phase_name, {host_->clock().now_ns(), std::numeric_limits<Nanos>::max()}});
     if (phases_.size() > kMaxPhaseSpans) phases_.pop_front();
   }
+  if (phase_markers_ && host_ != nullptr && open_phases_.size() < kMaxStepPhases) {
+    if (const uint64_t marker = record_marker(); marker != 0) {
+      open_phases_.push_back({phase_id,
+                              phase_name,
+                              {host_->clock().now_ns(), std::numeric_limits<Nanos>::max()},
+                              marker,
+                              0});
+    }
+  }
   if (!config_.nvtx) return;
   backend_->range_push(phase_name.c_str());
   ++open_ranges_;
@@ -129,6 +142,13 @@ void GpuMonitor::on_phase_end(int phase_id) {
   for (auto it = phases_.rbegin(); it != phases_.rend(); ++it) {
     if (it->id == phase_id && it->span.end == std::numeric_limits<Nanos>::max()) {
       it->span.end = host_ != nullptr ? host_->clock().now_ns() : it->span.begin;
+      break;
+    }
+  }
+  for (auto it = open_phases_.rbegin(); it != open_phases_.rend(); ++it) {
+    if (it->id == phase_id && it->host.end == std::numeric_limits<Nanos>::max()) {
+      it->end_marker = record_marker();  // behind the phase's last launches
+      it->host.end = host_->clock().now_ns();
       break;
     }
   }
@@ -144,6 +164,9 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   // First, behind the step's last launches on the trainer's stream.
   const uint64_t end_marker = record_marker();
   boundary_marker_ = end_marker;
+  phase_markers_ = false;
+  std::vector<PhaseMarks> step_phases;
+  step_phases.swap(open_phases_);
   latest_ns_ = std::max(latest_ns_, r.end_ns);
   latest_epoch_ = r.epoch;
   // The step's NVTX range (phases left open by the program are closed with it).
@@ -169,6 +192,7 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   p.trace_from = a.trace_from;
   p.begin_marker = open_begin_marker_;
   p.end_marker = end_marker;
+  p.phases = std::move(step_phases);
   open_begin_marker_ = 0;
   pending_.push_back(p);
   if (a.stop_trace) {
@@ -352,6 +376,7 @@ void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
     epoch_->add_kernels(index->overlapping(spans.figures()), spans.figures(), device_.sm_count);
     traced_finished_ = true;
     add_kernel_classes(epoch_->classes, events_, spans, device_.sm_count, index);
+    add_phases(step, spans);
   }
   if (host_ != nullptr && !host_->config().report.trace_dir.empty()) {
     if (step.traced) {
@@ -361,6 +386,48 @@ void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
     }
   }
   if (host_ != nullptr) host_->publish(make_late_step(rec.step, rec.epoch, std::move(rec)));
+}
+
+void GpuMonitor::add_phases(const PendingStep& step, const StepSpans& spans) {
+  if (!spans.gpu_timed) return;  // a phase's GPU span needs its step's
+  const Interval gpu = spans.gpu;
+  std::vector<Interval> covered;
+  bool any = false;
+  for (const PhaseMarks& p : step.phases) {
+    const auto b = marker_times_.find(p.begin_marker);
+    const auto e = marker_times_.find(p.end_marker);
+    if (p.end_marker == 0 || b == marker_times_.end() || e == marker_times_.end()) {
+      continue;  // open at the step's end, not recorded (pool exhausted) or not resolved
+    }
+    // Clipped to the step's GPU span: a phase's work is the step's.
+    const Interval g{std::clamp(b->second, gpu.begin, gpu.end),
+                     std::clamp(std::max(b->second, e->second), gpu.begin, gpu.end)};
+    auto it = std::find_if(epoch_->phases.begin(), epoch_->phases.end(),
+                           [&](const GpuPhaseStats& x) { return x.name == p.name; });
+    if (it == epoch_->phases.end()) {
+      if (epoch_->phases.size() >= kMaxStepPhases) continue;
+      epoch_->phases.push_back({p.name});
+      it = epoch_->phases.end() - 1;
+    }
+    ++it->count;
+    it->gpu_ns += g.end - g.begin;
+    it->busy_ns += kernel_index().busy_within(g);
+    it->host_ns += std::max<Nanos>(0, p.host.end - p.host.begin);
+    covered.push_back(g);
+    any = true;
+  }
+  if (!any) return;
+  ++epoch_->phase_steps;
+  epoch_->phase_steps_gpu_ns += gpu.end - gpu.begin;
+  // Nested phases cover their time once.
+  std::sort(covered.begin(), covered.end(),
+            [](const Interval& a, const Interval& b) { return a.begin < b.begin; });
+  Nanos reach = std::numeric_limits<Nanos>::min();
+  for (const Interval& c : covered) {
+    const Nanos from = std::max(c.begin, reach);
+    if (c.end > from) epoch_->phase_covered_ns += c.end - from;
+    reach = std::max(reach, c.end);
+  }
 }
 
 void GpuMonitor::capture_window(const PendingStep& step, const StepSpans& spans) {
@@ -386,6 +453,13 @@ void GpuMonitor::capture_window(const PendingStep& step, const StepSpans& spans)
     if (p.span.end != std::numeric_limits<Nanos>::max() && p.span.begin >= spans.host.begin &&
         p.span.begin < spans.host.end) {
       w.phases.push_back({p.name, p.span});
+    }
+  }
+  for (const PhaseMarks& p : step.phases) {
+    const auto b = marker_times_.find(p.begin_marker);
+    const auto e = marker_times_.find(p.end_marker);
+    if (p.end_marker != 0 && b != marker_times_.end() && e != marker_times_.end()) {
+      w.gpu_phases.push_back({p.name, {b->second, std::max(b->second, e->second)}});
     }
   }
   for (const KernelRecord& k : kernel_index().starting_in(take)) {
@@ -620,6 +694,10 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.collectors = backend_->status();
   e.dropped_records = events_.dropped;
   e.kernel_classes = epoch_->classes;
+  e.phases = epoch_->phases;
+  e.phase_steps = epoch_->phase_steps;
+  e.phase_steps_gpu_ns = epoch_->phase_steps_gpu_ns;
+  e.phase_covered_ns = epoch_->phase_covered_ns;
   e.max_step_call_ns = max_step_call_ns_;
   max_step_call_ns_ = 0;
   events_.dropped = 0;

@@ -71,6 +71,25 @@ json kernel_classes_json(const KernelClassStats& k) {
            k.steps > 0 ? static_cast<double>(k.unfused_attention_softmaxes) / k.steps : 0.0}};
 }
 
+// Per traced step: each phase's GPU time (docs/metrics.md, "GPU time of a phase").
+json phases_gpu_json(const GpuEpochStats& e) {
+  const double steps = static_cast<double>(std::max<int64_t>(1, e.phase_steps));
+  json phases = json::array();
+  for (const GpuPhaseStats& p : e.phases) {
+    phases.push_back({{"name", p.name},
+                      {"count", p.count},
+                      {"gpu_ms_per_step", p.gpu_ns / steps / 1e6},
+                      {"host_ms_per_step", p.host_ns / steps / 1e6},
+                      {"kernel_busy", p.gpu_ns > 0 ? number(fraction(p.busy_ns, p.gpu_ns))
+                                                   : number(kNotMeasured)}});
+  }
+  return {{"steps", e.phase_steps},
+          {"step_gpu_ms", e.phase_steps_gpu_ns / steps / 1e6},
+          {"outside_phases_ms",
+           std::max<Nanos>(0, e.phase_steps_gpu_ns - e.phase_covered_ns) / steps / 1e6},
+          {"phases", phases}};
+}
+
 }  // namespace
 
 std::string section_json(const GpuEpochStats& e) {
@@ -116,6 +135,7 @@ std::string section_json(const GpuEpochStats& e) {
   j["collectors"] = collectors;
   j["max_step_call_ms"] = ms(e.max_step_call_ns);
   j["kernel_classes"] = kernel_classes_json(e.kernel_classes);
+  j["phases_gpu"] = phases_gpu_json(e);
   return dump(j);
 }
 
@@ -204,6 +224,23 @@ void section_text(const GpuEpochStats& gpu, const EpochSummary& s,
     line += "idle " + fmt_pct(k.idle_ns / t) + "; copies " +
             fmt_num(k.per_step_ms(static_cast<double>(k.memcpy_ns + k.memset_ns))) +
             " ms per step on the copy engines";
+    lines.push_back(line);
+  }
+  if (gpu.phase_steps > 0 && gpu.phase_steps_gpu_ns > 0) {
+    // The phases by the GPU's time, not the host's: the host may run steps ahead.
+    const double t = static_cast<double>(gpu.phase_steps_gpu_ns);
+    const double steps = static_cast<double>(gpu.phase_steps);
+    std::string line = "  GPU time by phase (" + std::to_string(gpu.phase_steps) +
+                       " traced steps, " + fmt_num(t / steps / 1e6) + " ms per step): ";
+    for (const GpuPhaseStats& p : gpu.phases) {
+      line += p.name + " " + fmt_num(p.gpu_ns / steps / 1e6) + " ms (" + fmt_pct(p.gpu_ns / t) +
+              ", kernels busy " + fmt_pct(fraction(p.busy_ns, std::max<Nanos>(1, p.gpu_ns))) +
+              ", host " + fmt_num(p.host_ns / steps / 1e6) + " ms), ";
+    }
+    const double outside =
+        static_cast<double>(std::max<Nanos>(0, gpu.phase_steps_gpu_ns - gpu.phase_covered_ns));
+    line +=
+        "outside phases " + fmt_num(outside / steps / 1e6) + " ms (" + fmt_pct(outside / t) + ")";
     lines.push_back(line);
   }
   if (!gpu.top_sync_sites.empty()) {

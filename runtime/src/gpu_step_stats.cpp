@@ -239,6 +239,17 @@ Nanos KernelIndex::last_end_before(Nanos t) const {
   return it->end;
 }
 
+Nanos KernelIndex::busy_within(Interval span) const {
+  // The first busy interval ending after the span's start, then on until one starts at its end.
+  auto it = std::upper_bound(busy_.begin(), busy_.end(), span.begin,
+                             [](Nanos v, const Interval& i) { return v < i.end; });
+  Nanos busy = 0;
+  for (; it != busy_.end() && it->begin < span.end; ++it) {
+    busy += std::min(it->end, span.end) - std::max(it->begin, span.begin);
+  }
+  return busy;
+}
+
 void KernelIndex::gaps_after(Nanos t, Nanos budget, Nanos stop, std::vector<Interval>& out) const {
   auto it = std::upper_bound(busy_.begin(), busy_.end(), t,
                              [](Nanos v, const Interval& i) { return v < i.end; });

@@ -194,6 +194,7 @@ std::string window_trace_json(const GpuWindowRecord& w, const std::vector<Advice
     if (s.gpu_timed) gpu_steps.push_back({s.gpu, "step " + std::to_string(s.step), {}});
   }
   for (const WindowPhase& p : w.phases) steps.push_back({p.span, p.name, {}});
+  for (const WindowPhase& p : w.gpu_phases) gpu_steps.push_back({p.span, p.name, {}});
   for (const SyncRecord& s : w.host_syncs) {
     syncs.push_back(
         {{s.begin, s.end},

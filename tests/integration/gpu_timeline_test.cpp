@@ -208,6 +208,60 @@ TEST_F(GpuTimelineTest, SmEfficiencyOfHeavyAndIdleStepsLandsOnTheRightSteps) {
   EXPECT_LE(idle_max, 0.2) << "an idle step got a heavy step's GEMMs";
 }
 
+// (d) Phases by the GPU's time: a phase that queues large GEMMs in microseconds holds the GPU for
+// milliseconds, and its GPU time matches the same GEMMs run alone.
+TEST_F(GpuTimelineTest, PhasesGetTheirGpuTimeWhenTheHostRunsAhead) {
+  Workload w;
+  torch::cuda::synchronize();
+  std::vector<double> alone;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    w.run(0, w.gemms);
+    torch::cuda::synchronize();
+    alone.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(alone.begin(), alone.end());
+  const double gemm_ms = alone[alone.size() / 2];
+
+  constexpr int kSteps = 30, kFirst = 4, kWindow = 6;
+  PilotRun run(gpu_config(kFirst, kWindow));
+  TORCHPILOT_REQUIRE_COLLECTORS(run, "activity");
+  for (int i = 0; i < kSteps; ++i) {
+    auto step = run.pilot->step(1);
+    {
+      auto p = run.pilot->phase("small");
+      w.run(w.small, 0);
+    }
+    {
+      auto p = run.pilot->phase("gemm");
+      w.run(0, w.gemms);
+    }
+  }
+  torch::cuda::synchronize();  // the window's steps finish in this epoch
+  run.pilot->end_epoch();
+  const GpuEpochStats g = *run.epoch().sections.get<GpuEpochStats>();
+  const double steps = static_cast<double>(std::max<int64_t>(1, g.phase_steps));
+  for (const GpuPhaseStats& p : g.phases) {
+    std::printf(
+        "phase %s: %lld occurrences, GPU %.3f ms/step (kernels busy %.3f), host %.3f ms/step\n",
+        p.name.c_str(), static_cast<long long>(p.count), p.gpu_ns / steps / 1e6,
+        p.gpu_ns > 0 ? static_cast<double>(p.busy_ns) / p.gpu_ns : 0.0, p.host_ns / steps / 1e6);
+  }
+  std::printf(
+      "%lld steps with phase spans, %.3f ms/step GPU, %.3f outside phases; GEMMs alone %.3f ms\n",
+      static_cast<long long>(g.phase_steps), g.phase_steps_gpu_ns / steps / 1e6,
+      (g.phase_steps_gpu_ns - g.phase_covered_ns) / steps / 1e6, gemm_ms);
+  ASSERT_GE(g.phase_steps, kWindow - 1) << "the window's steps got their phases' GPU spans";
+  ASSERT_EQ(g.phases.size(), 2u);
+  const GpuPhaseStats& gemm = g.phases[1];
+  ASSERT_EQ(gemm.name, "gemm");
+  EXPECT_NEAR(gemm.gpu_ns / steps / 1e6, gemm_ms, 0.15 * gemm_ms);
+  EXPECT_GT(static_cast<double>(gemm.busy_ns), 0.9 * static_cast<double>(gemm.gpu_ns));
+  EXPECT_LT(gemm.host_ns * 3, gemm.gpu_ns) << "the host queued the GEMMs and went on";
+  EXPECT_LE(g.phase_covered_ns, g.phase_steps_gpu_ns);
+}
+
 #else
 
 TEST(GpuTimelineTest, NeedsCudaLibTorch) { GTEST_SKIP() << "LibTorch without CUDA"; }

@@ -148,7 +148,21 @@ TEST(GainModels, LowMfuNamesTheLargestFixableShare) {
   EXPECT_NEAR(*evidence(*a, "share_optimizer"), 0.05, 1e-12);
   EXPECT_NEAR(*evidence(*a, "share_idle"), 0.2, 1e-12);
   EXPECT_TRUE(contains(a->finding, "tensor-core GEMM/conv 50.0%")) << a->finding;
-  EXPECT_TRUE(contains(a->finding, "optimizer 50.0%")) << a->finding;  // host phase
+  EXPECT_TRUE(contains(a->finding, "host phases: forward 25.0%, optimizer 50.0%")) << a->finding;
+  {
+    // With the window's phase markers resolved, the phases' GPU shares replace the host's.
+    EpochSummary t = s;
+    GpuEpochStats& g = gpu(t);
+    g.phase_steps = 10;
+    g.phase_steps_gpu_ns = 200 * kMs;
+    g.phases = {{"forward", 10, 60 * kMs, 60 * kMs, 50 * kMs},
+                {"optimizer", 10, 30 * kMs, 10 * kMs, 100 * kMs}};
+    const auto p = advise_low_mfu(t, AdvisorsConfig{});
+    ASSERT_TRUE(p.has_value());
+    EXPECT_TRUE(contains(p->finding, "by phase (GPU time): forward 30.0%, optimizer 15.0%"))
+        << p->finding;
+    EXPECT_FALSE(contains(p->finding, "host phases")) << p->finding;
+  }
   // The optimizer phase measured the update's host time, 10 ms per step (not 900 launches at the
   // step's 10 us each), but the GPU idles only 4 ms of the step: removing 4 ms (+19%) is named,
   // and the launch gaps, the optimizer's own, are not counted again.

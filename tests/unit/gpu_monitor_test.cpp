@@ -9,6 +9,7 @@
 #include <deque>
 #include <functional>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "torchpilot/advisors/advisors.h"
@@ -822,6 +823,131 @@ TEST(GpuMonitorTest, KernelsAndSamplesThatRanAfterTheHostSpanLandOnTheirStep) {
   EXPECT_EQ(g.marker_timeouts, 0);
   EXPECT_EQ(g.stats.kernels, 2 + 3 + 4);
   EXPECT_EQ(g.traced_steps, 3);
+}
+
+TEST(GpuMonitorTest, PhasesOfTracedStepsGetGpuSpansFromTheirMarkers) {
+  Config c = AsyncRig::window_1_to_3();
+  c.gpu.trace_steps = 2;  // steps 1 and 2
+  AsyncRig rig(c);
+  // The host runs each step in 1 ms; the GPU runs step k in [10k, 10k + 10) ms: forward 3 ms,
+  // backward 5 ms (in step 2 a nested "clip" takes its last 2), optimizer 1 ms, then 1 ms outside
+  // any phase. Each marker recorded is given the GPU time it will resolve at.
+  std::vector<std::pair<uint64_t, Nanos>> plan;
+  size_t seen = 0;
+  auto mark = [&](Nanos gpu_ms) {
+    for (; seen < rig.backend->marker_ids.size(); ++seen) {
+      plan.emplace_back(rig.backend->marker_ids[seen], gpu_ms * kMs);
+    }
+  };
+  std::vector<size_t> markers_per_step;
+  for (int64_t k = 0; k < 6; ++k) {
+    const size_t before = rig.backend->marker_ids.size();
+    const Nanos g = 10 * k;
+    {
+      auto s = rig.pilot->step(1);
+      mark(g);  // an epoch's first step records its own start
+      {
+        auto f = rig.pilot->phase("forward");
+        mark(g);
+        rig.clock->advance(kMs / 4);
+      }
+      mark(g + 3);
+      {
+        auto b = rig.pilot->phase("backward");
+        mark(g + 3);
+        rig.clock->advance(kMs / 4);
+        if (k == 2) {
+          auto clip = rig.pilot->phase("clip");
+          mark(g + 6);
+          rig.clock->advance(kMs / 8);
+        }
+        mark(g + 8);
+      }
+      mark(g + 8);
+      {
+        auto o = rig.pilot->phase("optimizer");
+        mark(g + 8);
+        rig.clock->advance(kMs / 4);
+      }
+      mark(g + 9);
+      rig.clock->advance(kMs / 8);
+    }
+    mark(g + 10);
+    markers_per_step.push_back(rig.backend->marker_ids.size() - before);
+    // Kernels: forward busy 2 of its 3 ms, backward all 5, the optimizer none.
+    if (k == 1 || k == 2) {
+      rig.backend->queued.kernels.push_back(kernel(g * kMs, (g + 2) * kMs, 200, "fwd"));
+      rig.backend->queued.kernels.push_back(kernel((g + 3) * kMs, (g + 8) * kMs, 200, "bwd"));
+    }
+    rig.backend->queued.pm.push_back(pm(g * kMs, (g + 10) * kMs, 0.5));
+  }
+  // Phase markers only in the traced steps: two per phase there, none elsewhere.
+  EXPECT_EQ(markers_per_step, (std::vector<size_t>{2, 7, 9, 1, 1, 1}));
+  for (const auto& [id, t] : plan) rig.backend->resolve(id, t);
+  rig.pilot->end_epoch();
+
+  const auto& g = *rig.sink->epochs[0].sections.get<GpuEpochStats>();
+  EXPECT_EQ(g.traced_steps, 2);
+  EXPECT_EQ(g.phase_steps, 2);
+  EXPECT_EQ(g.phase_steps_gpu_ns, 20 * kMs);
+  EXPECT_EQ(g.phase_covered_ns, 18 * kMs) << "the nested clip counts once";
+  ASSERT_EQ(g.phases.size(), 4u);
+  const auto phase = [&](const std::string& name) {
+    for (const GpuPhaseStats& p : g.phases) {
+      if (p.name == name) return p;
+    }
+    ADD_FAILURE() << "no phase " << name;
+    return GpuPhaseStats{};
+  };
+  EXPECT_EQ(g.phases[0].name, "forward") << "in order of first appearance";
+  EXPECT_EQ(phase("forward").count, 2);
+  EXPECT_EQ(phase("forward").gpu_ns, 6 * kMs);
+  EXPECT_EQ(phase("forward").busy_ns, 4 * kMs);
+  EXPECT_EQ(phase("forward").host_ns, kMs / 2) << "the host ran ahead: 0.25 ms a step";
+  EXPECT_EQ(phase("backward").gpu_ns, 10 * kMs);
+  EXPECT_EQ(phase("backward").busy_ns, 10 * kMs);
+  EXPECT_EQ(phase("optimizer").gpu_ns, 2 * kMs);
+  EXPECT_EQ(phase("optimizer").busy_ns, 0);
+  EXPECT_EQ(phase("clip").count, 1);
+  EXPECT_EQ(phase("clip").gpu_ns, 2 * kMs);
+
+  // The section's JSON and the log say the same.
+  const auto j = nlohmann::json::parse(section_json(g))["phases_gpu"];
+  EXPECT_EQ(j["steps"], 2);
+  EXPECT_DOUBLE_EQ(j["step_gpu_ms"].get<double>(), 10.0);
+  EXPECT_DOUBLE_EQ(j["outside_phases_ms"].get<double>(), 1.0);
+  EXPECT_EQ(j["phases"][1]["name"], "backward");
+  EXPECT_DOUBLE_EQ(j["phases"][1]["gpu_ms_per_step"].get<double>(), 5.0);
+  EXPECT_DOUBLE_EQ(j["phases"][0]["kernel_busy"].get<double>(), 2.0 / 3);
+  EXPECT_NE(rig.log.str().find("GPU time by phase (2 traced steps, 10 ms per step): forward 3 ms "
+                               "(30.0%, kernels busy 66.7%, host 0.25 ms)"),
+            std::string::npos)
+      << rig.log.str();
+}
+
+TEST(GpuMonitorTest, APhaseWithoutBothMarkersResolvedHasNoGpuSpan) {
+  Config c = AsyncRig::window_1_to_3();
+  c.gpu.trace_steps = 1;
+  AsyncRig rig(c);
+  rig.host_steps(1);
+  {
+    auto s = rig.pilot->step(1);  // step 1, traced
+    { auto f = rig.pilot->phase("forward"); }
+    { auto b = rig.pilot->phase("backward"); }
+  }
+  rig.host_steps(3);
+  // Every marker resolves but backward's end (the resolver dropped it: a driver error).
+  const std::vector<uint64_t> ids = rig.backend->marker_ids;
+  ASSERT_EQ(ids.size(), 2u + 5u + 3u);  // step 1: its phases' four and its end
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i != 5) rig.backend->resolve(ids[i], static_cast<Nanos>(i) * kMs);
+  }
+  rig.pilot->end_epoch();
+  const auto& g = *rig.sink->epochs[0].sections.get<GpuEpochStats>();
+  ASSERT_EQ(g.phases.size(), 1u);
+  EXPECT_EQ(g.phases[0].name, "forward");
+  EXPECT_EQ(g.phases[0].gpu_ns, kMs);  // markers 2 and 3
+  EXPECT_EQ(g.phase_steps, 1);
 }
 
 TEST(GpuMonitorTest, KernelsDeliveredOutOfOrderLandOnTheirSteps) {

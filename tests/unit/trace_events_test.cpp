@@ -99,6 +99,9 @@ TEST(TraceEventsTest, OverlappingSlicesOfATrackGoToLanesThatNest) {
   w.steps.push_back({7, {1000, 9000}, {1000, 2000}, false, {}});
   w.phases.push_back({"forward", {2000, 5000}});
   w.phases.push_back({"backward", {5000, 8500}});
+  w.steps.back().gpu_timed = true;
+  w.steps.back().gpu = {2000, 9500};
+  w.gpu_phases.push_back({"forward", {2000, 6000}});
   // Crossing kernels on one stream (CUPTI clocks can do that around a boundary): two lanes.
   w.kernels = {kernel(2000, 4000, 7, "a"), kernel(3000, 6000, 7, "b"), kernel(4500, 5000, 9, "c")};
   PmSample p;
@@ -123,9 +126,17 @@ TEST(TraceEventsTest, OverlappingSlicesOfATrackGoToLanesThatNest) {
   EXPECT_TRUE(threads.count("data wait"));
   // Times from the window's start, in microseconds.
   const auto step = events_named(t, "X", "step 7");
-  ASSERT_EQ(step.size(), 1u);
+  ASSERT_EQ(step.size(), 2u);  // the host's and the GPU's
   EXPECT_DOUBLE_EQ(step[0]["ts"].get<double>(), 0.0);
   EXPECT_DOUBLE_EQ(step[0]["dur"].get<double>(), 8.0);
+  // The phase on the GPU: nested in the GPU step, on its track.
+  const auto forward = events_named(t, "X", "forward");
+  ASSERT_EQ(forward.size(), 2u);
+  const auto gpu_step = events_named(t, "X", "step 7");
+  ASSERT_EQ(gpu_step.size(), 2u);
+  EXPECT_EQ(forward[1]["pid"], gpu_step[1]["pid"]);
+  EXPECT_EQ(forward[1]["tid"], gpu_step[1]["tid"]);
+  EXPECT_DOUBLE_EQ(forward[1]["dur"].get<double>(), 4.0);
   const auto sm = events_named(t, "C", "sm_efficiency");
   ASSERT_EQ(sm.size(), 1u);
   EXPECT_DOUBLE_EQ(sm[0]["args"]["sm_efficiency"].get<double>(), 0.25);

@@ -84,6 +84,12 @@ class GpuMonitor : public Collector {
   std::vector<CollectorStatus> status() const { return backend_->status(); }
 
  private:
+  struct PhaseMarks {
+    int id = 0;
+    std::string name;
+    Interval host;                              // end: max while open
+    uint64_t begin_marker = 0, end_marker = 0;  // 0: not recorded
+  };
   struct PendingStep {
     int64_t step = 0, epoch = 0;
     Interval span;       // [begin, end] of the step
@@ -91,6 +97,7 @@ class GpuMonitor : public Collector {
     bool traced = false;
     Nanos trace_from = 0;  // traced from here (a window's first step starts at its scope)
     uint64_t begin_marker = 0, end_marker = 0;  // 0: not recorded
+    std::vector<PhaseMarks> phases;             // traced steps: their phases' markers
   };
   uint64_t record_marker();
   void drain();
@@ -163,6 +170,12 @@ class GpuMonitor : public Collector {
     Interval span;  // end: max while open
   };
   std::deque<PhaseSpan> phases_;
+  // The open step's phases with markers at their boundaries (traced steps only), for their GPU
+  // spans (docs/metrics.md, "GPU time of a phase"); they go with the step when it ends.
+  bool phase_markers_ = false;
+  std::vector<PhaseMarks> open_phases_;
+  // A traced step's phases' GPU spans into the epoch's phase figures.
+  void add_phases(const PendingStep& step, const StepSpans& spans);
   int steps_since_status_ = 0;
   Nanos max_step_call_ns_ = 0;  // the longest step-boundary call this epoch
   Nanos window_cost_ns_ = 0;    // the open window's cost so far

@@ -81,6 +81,18 @@ struct KernelSummary {
   double estimated_sm_efficiency = 0;  // min(1, blocks / SMs), duration-weighted
 };
 
+// One Pilot phase's GPU time in an epoch's traced steps (docs/metrics.md, "GPU time of a
+// phase"): from the GPU reaching the marker recorded on the trainer's stream at the phase's start
+// to it reaching the one at its end. Only phases of traced, GPU-timed steps whose two markers
+// resolved count (`count` of them).
+struct GpuPhaseStats {
+  std::string name;
+  int64_t count = 0;  // occurrences with a GPU span (a phase run twice in a step counts twice)
+  Nanos gpu_ns = 0;   // its GPU spans, summed
+  Nanos busy_ns = 0;  // the kernel union inside them (any stream)
+  Nanos host_ns = 0;  // the same occurrences' host spans, summed
+};
+
 // The GPU backend's collectors, by the names CollectorStatus uses.
 inline constexpr const char* kPmSamplingCollector = "pm_sampling";
 inline constexpr const char* kActivityCollector = "activity";
@@ -119,6 +131,12 @@ struct GpuEpochStats {
   int64_t own_thread_syncs = 0;  // sync records of torchpilot's own threads: never host syncs
   // Traced time by kernel class (kernel_classes.h).
   KernelClassStats kernel_classes;
+  // Traced time by Pilot phase, in order of first appearance; phase_steps: the traced, GPU-timed
+  // steps they were measured over, phase_steps_gpu_ns their GPU spans summed (the shares' whole),
+  // phase_covered_ns the part of those inside some phase's GPU span.
+  std::vector<GpuPhaseStats> phases;
+  int64_t phase_steps = 0;
+  Nanos phase_steps_gpu_ns = 0, phase_covered_ns = 0;
 };
 
 // GPU figures of one step; published after the step, once its samples and trace records arrived.

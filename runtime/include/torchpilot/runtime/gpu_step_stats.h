@@ -61,6 +61,8 @@ class KernelIndex {
   // The end of the last busy interval ending at or before `t` (min() when none): a sync that
   // returned before it cannot idle the GPU after `t` (a kernel ran after it returned).
   Nanos last_end_before(Nanos t) const;
+  // How long the GPU was busy (some kernel running) inside `span`.
+  Nanos busy_within(Interval span) const;
   // The GPU's idle gaps from `t` on, in order, until they add up to `budget` or reach `stop`.
   void gaps_after(Nanos t, Nanos budget, Nanos stop, std::vector<Interval>& out) const;
 

@@ -38,7 +38,8 @@ struct GpuWindowRecord {
   int64_t epoch = 0;
   std::string device;
   std::vector<WindowStep> steps;
-  std::vector<WindowPhase> phases;
+  std::vector<WindowPhase> phases;      // host spans
+  std::vector<WindowPhase> gpu_phases;  // GPU spans, from their markers (where resolved)
   std::vector<KernelRecord> kernels;
   std::vector<CopyRecord> copies;
   std::vector<SyncRecord> host_syncs;  // resolved (causes named), never torchpilot's own
@@ -52,8 +53,9 @@ inline void section_text(const GpuWindowRecord&, const EpochSummary&, std::vecto
 
 // The window as a Chrome trace-event JSON object ({"traceEvents": [...], ...}): steps and phases
 // on the training thread's track, data waits and host syncs on their own, kernels per stream,
-// copies, the GPU steps, PM samples as counter tracks, `advice` as instant events at the window's
-// end. Complete events ("X") of one track nest (overlaps go to another lane of the track).
+// copies, the GPU steps with their phases' GPU spans, PM samples as counter tracks, `advice` as
+// instant events at the window's end. Complete events ("X") of one track nest (overlaps go to
+// another lane of the track).
 std::string window_trace_json(const GpuWindowRecord& window, const std::vector<Advice>& advice);
 
 // A file name for the window: "window_e<epoch>_s<first>-<last>.json".
