@@ -11,6 +11,7 @@
 #include "torchpilot/runtime/gpu_monitor.h"
 
 #if TORCHPILOT_HAVE_CUPTI
+#include "cuda_driver.h"
 #include "cupti_backend.h"
 #endif
 
@@ -43,8 +44,37 @@ std::unique_ptr<Collector> make_gpu_collector(CollectorHost& host) {
   return make_gpu_monitor(config.gpu, make_build_backend(config.gpu, log), log);
 }
 
+#if TORCHPILOT_HAVE_CUPTI
+// For gpu.device auto: the devices this process sees, and the device of the context current on
+// the calling thread (the trainer's, when it chose its GPU before making the Pilot).
+void probe_devices(int* visible, int* current) {
+  std::string error;
+  const std::unique_ptr<detail::CudaDriverApi> api = detail::load_cuda_driver(&error);
+  if (api == nullptr || api->init(0) != CUDA_SUCCESS) return;
+  int count = 0;
+  if (api->device_get_count(&count) != CUDA_SUCCESS) return;
+  *visible = count;
+  CUcontext ctx = nullptr;
+  CUdevice have = 0;
+  if (api->ctx_get_current(&ctx) != CUDA_SUCCESS || ctx == nullptr ||
+      api->ctx_get_device(&have) != CUDA_SUCCESS) {
+    return;
+  }
+  for (int i = 0; i < count; ++i) {
+    CUdevice d = 0;
+    if (api->device_get(&d, i) == CUDA_SUCCESS && d == have) {
+      *current = i;
+      return;
+    }
+  }
+}
+#endif
+
 const bool registered = [] {
   register_default_collector(&make_gpu_collector);
+#if TORCHPILOT_HAVE_CUPTI
+  register_gpu_device_probe(&probe_devices);
+#endif
   return true;
 }();
 

@@ -149,7 +149,7 @@ const std::vector<KeySpec>& schema() {
       TP_INT(autotune.confirm_settings, 1, 16),
       TP_INT(autotune.confirm_rounds, 0, 10),
       TP_BOOL(gpu.enabled),
-      TP_INT(gpu.device, 0, 1023),
+      TP_INT(gpu.device, -1, 1023),
       TP_BOOL(gpu.pm_sampling),
       TP_DOUBLE(gpu.pm_interval_ms, 0.1, 1000.0),
       {"gpu.pm_metrics",

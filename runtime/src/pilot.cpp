@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <optional>
 
 #include "torchpilot/advisors/advisors.h"
 #include "torchpilot/runtime/batch_policy.h"
+#include "torchpilot/runtime/gpu_backend.h"
 #include "torchpilot/runtime/gpu_records.h"
 #include "torchpilot/runtime/guard.h"
 #include "torchpilot/runtime/html_report.h"
@@ -151,6 +153,7 @@ Pilot::Pilot(Config config, PilotOptions options)
   // A logger handed in keeps its level.
   if (!options.logger) logger_->set_level(spdlog::level::from_str(config_.log.level));
   if (config_.mode == Mode::kOff) return;
+  choose_device();
   cpu_clock_ = options.cpu_clock ? options.cpu_clock
                : options.clock   ? nullptr
                                  : std::make_shared<ThreadCpuClock>();
@@ -198,6 +201,22 @@ Pilot::Pilot(Config config, PilotOptions options)
     return;
   }
   add_default_collectors(std::move(options.collectors));
+}
+
+void Pilot::choose_device() {
+  if (config_.gpu.device >= 0) return;
+  // Resolved once, before any collector reads it: every GPU collector of this Pilot observes the
+  // same device (on a host of several GPUs, each rank its own).
+  int visible = -1, current = -1;
+  if (const GpuDeviceProbe probe = gpu_device_probe(); probe != nullptr && config_.gpu.enabled) {
+    (void)failure_of([&] { probe(&visible, &current); });
+  }
+  const GpuDeviceChoice c = choose_gpu_device(-1, std::getenv("LOCAL_RANK"), visible, current);
+  config_.gpu.device = c.index;
+  if (visible > 1 || c.source == "LOCAL_RANK") {
+    logger_->info("observing GPU {} of {} ({}; gpu.device sets another)", c.index,
+                  visible < 0 ? std::string("?") : std::to_string(visible), c.source);
+  }
 }
 
 void Pilot::add_default_collectors(std::vector<std::shared_ptr<Collector>> given) {

@@ -6,10 +6,12 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "torchpilot/advisors/advisors.h"
@@ -711,6 +713,84 @@ TEST(GpuMonitorTest, NoDeviceMeansNoMonitorAndOneLogLine) {
   rig.step(10, 1, 0.0);
   rig.pilot->end_epoch();
   EXPECT_FALSE(rig.sink->epochs[0].sections.get<GpuEpochStats>());
+}
+
+TEST(GpuDeviceChoiceTest, SetThenLocalRankThenCurrentThenZero) {
+  auto choose = [](int configured, const char* local_rank, int visible, int current) {
+    const GpuDeviceChoice c = choose_gpu_device(configured, local_rank, visible, current);
+    return std::to_string(c.index) + " " + c.source;
+  };
+  EXPECT_EQ(choose(3, "1", 8, 2), "3 gpu.device");
+  EXPECT_EQ(choose(-1, "1", 8, 0), "1 LOCAL_RANK");    // torchrun, one GPU per local rank
+  EXPECT_EQ(choose(-1, "1", -1, -1), "1 LOCAL_RANK");  // no driver to ask: trusted
+  // Each rank sees only its own GPU (CUDA_VISIBLE_DEVICES per rank): LOCAL_RANK is no index.
+  EXPECT_EQ(choose(-1, "3", 1, 0), "0 current device");
+  EXPECT_EQ(choose(-1, "3", 1, -1), "0 default");
+  EXPECT_EQ(choose(-1, nullptr, 4, 2), "2 current device");
+  EXPECT_EQ(choose(-1, "", 4, -1), "0 default");
+  EXPECT_EQ(choose(-1, "x1", 4, 5), "0 default");  // neither names a visible device
+  EXPECT_EQ(choose(-1, "-1", 4, -1), "0 default");
+}
+
+namespace {
+int probe_visible = -1, probe_current = -1;
+void fake_probe(int* visible, int* current) {
+  *visible = probe_visible;
+  *current = probe_current;
+}
+// Sets an environment variable for a scope, then restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value != nullptr) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+}  // namespace
+
+TEST(GpuDeviceChoiceTest, EachRanksPilotObservesItsOwnGpu) {
+  const GpuDeviceProbe before = gpu_device_probe();
+  register_gpu_device_probe(&fake_probe);
+  probe_visible = 2;
+  probe_current = 0;
+  {
+    const ScopedEnv local_rank("LOCAL_RANK", "1");
+    Rig rig;  // auto
+    EXPECT_EQ(rig.pilot->config().gpu.device, 1);
+    EXPECT_NE(rig.log.str().find("observing GPU 1 of 2 (LOCAL_RANK"), std::string::npos)
+        << rig.log.str();
+    Config c = Rig::base_config();
+    c.gpu.device = 0;  // set: kept
+    Rig set(c);
+    EXPECT_EQ(set.pilot->config().gpu.device, 0);
+  }
+  {
+    const ScopedEnv local_rank("LOCAL_RANK", nullptr);
+    probe_current = 1;  // the trainer chose its GPU before making the Pilot
+    Rig rig;
+    EXPECT_EQ(rig.pilot->config().gpu.device, 1);
+    probe_visible = 1;
+    probe_current = -1;
+    Rig one;  // one GPU, nothing to say
+    EXPECT_EQ(one.pilot->config().gpu.device, 0);
+    EXPECT_EQ(one.log.str().find("observing GPU"), std::string::npos) << one.log.str();
+  }
+  register_gpu_device_probe(before);
 }
 
 TEST(GpuMonitorTest, WithoutActivityTheCountersStillWork) {

@@ -56,7 +56,7 @@ struct AutotuneConfig {
 // GPU collectors (hooks/: CUPTI PM sampling and activity, NVML, NVTX); docs/metrics.md, "GPU".
 struct GpuConfig {
   bool enabled = true;        // observe the GPU when one is present
-  int device = 0;             // CUDA device index observed
+  int device = -1;            // CUDA device index observed; -1: auto (choose_gpu_device)
   bool pm_sampling = true;    // always-on hardware counters (SM, tensor pipe, DRAM, PCIe)
   double pm_interval_ms = 2;  // PM sampling interval
   // PM sampling's counters: "all" (SM, tensor pipe, DRAM, occupancy, PCIe; fewer where the GPU

@@ -30,6 +30,22 @@ struct GpuDeviceInfo {
   int sm_count = 0;
 };
 
+// Which GPU a process observes (gpu.device; docs/configuration.md). Set: that one. Auto (-1):
+// LOCAL_RANK when it names a visible device (torchrun's one GPU per local rank), else the device
+// of the CUDA context current on the thread that makes the Pilot, else 0. Pure: `local_rank` is
+// the variable's text (null: unset), `visible` the devices this process sees (-1: unknown, no
+// driver), `current` the current context's device (-1: none).
+struct GpuDeviceChoice {
+  int index = 0;
+  std::string source;  // "gpu.device", "LOCAL_RANK", "current device", "default"
+};
+GpuDeviceChoice choose_gpu_device(int configured, const char* local_rank, int visible, int current);
+// hooks/ registers how to ask the driver (visible devices, the current context's device); without
+// one (no GPU collectors in this build) both are unknown.
+using GpuDeviceProbe = void (*)(int* visible, int* current);
+void register_gpu_device_probe(GpuDeviceProbe probe);
+GpuDeviceProbe gpu_device_probe();
+
 // A kernel execution (activity trace).
 struct KernelRecord {
   Nanos begin = 0, end = 0;
