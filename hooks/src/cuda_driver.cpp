@@ -128,6 +128,25 @@ std::string cuda_error_text(CudaDriverApi& api, CUresult result) {
   return s;
 }
 
+void probe_visible_and_current(CudaDriverApi& api, int* visible, int* current) {
+  int count = 0;
+  if (api.init(0) != CUDA_SUCCESS || api.device_get_count(&count) != CUDA_SUCCESS) return;
+  *visible = count;
+  CUcontext ctx = nullptr;
+  CUdevice have = 0;
+  if (api.ctx_get_current(&ctx) != CUDA_SUCCESS || ctx == nullptr ||
+      api.ctx_get_device(&have) != CUDA_SUCCESS) {
+    return;
+  }
+  for (int i = 0; i < count; ++i) {
+    CUdevice d = 0;
+    if (api.device_get(&d, i) == CUDA_SUCCESS && d == have) {
+      *current = i;
+      return;
+    }
+  }
+}
+
 ProbedDevice probe_device(CudaDriverApi& api, int index) {
   ProbedDevice p;
   p.info.index = index;

@@ -50,6 +50,10 @@ std::unique_ptr<CudaDriverApi> load_cuda_driver(std::string* error);
 // "CUDA_ERROR_NO_DEVICE (100): no CUDA-capable device is detected".
 std::string cuda_error_text(CudaDriverApi& api, CUresult result);
 
+// For gpu.device auto (choose_gpu_device): the devices this process sees and the device of the
+// context current on the calling thread; each left as it is (-1) where the driver cannot say.
+void probe_visible_and_current(CudaDriverApi& api, int* visible, int* current);
+
 // What the driver says about device `index`.
 struct ProbedDevice {
   GpuDeviceInfo info;  // sm_count 0 when there is none

@@ -44,7 +44,14 @@ bool CudaMarkers::record(uint64_t id) {
     if (api_.device_get(&want, device_index_) != CUDA_SUCCESS ||
         api_.ctx_get_device(&have) != CUDA_SUCCESS || want != have) {
       std::lock_guard<std::mutex> lock(mutex_);
-      ++counters_.other_context;
+      if (counters_.other_context++ == 0) {
+        // Said once: a trainer on one GPU whose thread keeps another device current gets host
+        // spans, and should know why.
+        logger_.info(
+            "GPU step markers wait: the training thread's current CUDA context is not GPU {}'s "
+            "(gpu.device); its steps are attributed by host time until it is",
+            device_index_);
+      }
       return false;
     }
     context_.store(ctx, std::memory_order_release);

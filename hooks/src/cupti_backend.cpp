@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -296,6 +297,13 @@ class CuptiBackend final : public GpuBackend {
     if (driver_ == nullptr) {
       set_all_off(error.empty() ? "no GPU driver (libcuda.so.1 not found)" : error);
       return;
+    }
+    if (config_.device < 0) {
+      // Auto outside a Pilot (which resolves it first): the same rule.
+      int visible = -1, current = -1;
+      probe_visible_and_current(*driver_, &visible, &current);
+      config_.device = choose_gpu_device(-1, std::getenv("LOCAL_RANK"), visible, current).index;
+      device_.index = config_.device;
     }
     ProbedDevice probed = probe_device(*driver_, config_.device);
     if (!probed.error.empty()) {

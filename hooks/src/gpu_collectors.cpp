@@ -50,23 +50,7 @@ std::unique_ptr<Collector> make_gpu_collector(CollectorHost& host) {
 void probe_devices(int* visible, int* current) {
   std::string error;
   const std::unique_ptr<detail::CudaDriverApi> api = detail::load_cuda_driver(&error);
-  if (api == nullptr || api->init(0) != CUDA_SUCCESS) return;
-  int count = 0;
-  if (api->device_get_count(&count) != CUDA_SUCCESS) return;
-  *visible = count;
-  CUcontext ctx = nullptr;
-  CUdevice have = 0;
-  if (api->ctx_get_current(&ctx) != CUDA_SUCCESS || ctx == nullptr ||
-      api->ctx_get_device(&have) != CUDA_SUCCESS) {
-    return;
-  }
-  for (int i = 0; i < count; ++i) {
-    CUdevice d = 0;
-    if (api->device_get(&d, i) == CUDA_SUCCESS && d == have) {
-      *current = i;
-      return;
-    }
-  }
+  if (api != nullptr) detail::probe_visible_and_current(*api, visible, current);
 }
 #endif
 

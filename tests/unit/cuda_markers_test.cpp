@@ -229,6 +229,11 @@ TEST(CudaMarkersTest, AnotherDevicesContextIsNotMarked) {
   EXPECT_FALSE(rig.markers->record(2));
   EXPECT_EQ(rig.markers->counters().other_context, 2);
   EXPECT_EQ(rig.driver.streams_created, 0);
+  // Said once, with the device observed.
+  const std::string log = rig.log_text.str();
+  const std::string said = "current CUDA context is not GPU 0's (gpu.device)";
+  ASSERT_NE(log.find(said), std::string::npos) << log;
+  EXPECT_EQ(log.find(said, log.find(said) + 1), std::string::npos) << log;
 }
 
 TEST(CudaMarkersTest, MarkersOnTheTrainersStreamResolveInOrderToSteadyTime) {

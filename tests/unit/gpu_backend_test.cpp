@@ -645,6 +645,29 @@ FakeSample sample(uint64_t start, uint64_t end, double sm_pct) {
   return s;
 }
 
+TEST(GpuBackend, AutoDeviceOutsideAPilotTakesLocalRankWhenVisible) {
+  const char* old = std::getenv("LOCAL_RANK");
+  const std::string saved = old != nullptr ? old : "";
+  ::setenv("LOCAL_RANK", "1", 1);
+  {
+    Rig rig;
+    rig.driver->count = 2;
+    auto b = rig.make();  // config.device: -1 (auto)
+    EXPECT_EQ(b->device().index, 1);
+  }
+  {
+    Rig rig;  // one device visible (CUDA_VISIBLE_DEVICES per rank): LOCAL_RANK is no index
+    auto b = rig.make();
+    EXPECT_EQ(b->device().index, 0);
+    EXPECT_EQ(b->device().sm_count, 132);
+  }
+  if (old != nullptr) {
+    ::setenv("LOCAL_RANK", saved.c_str(), 1);
+  } else {
+    ::unsetenv("LOCAL_RANK");
+  }
+}
+
 // --- Happy path --------------------------------------------------------------------------------
 
 TEST(GpuBackend, EverythingWorksWithHealthyFakes) {
