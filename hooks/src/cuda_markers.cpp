@@ -28,7 +28,7 @@ CudaMarkers::CudaMarkers(CudaDriverApi& api, int device, spdlog::logger& logger,
 
 CudaMarkers::~CudaMarkers() { stop(); }
 
-bool CudaMarkers::record(uint64_t id) {
+bool CudaMarkers::record(uint64_t id, size_t keep_free) {
   if (off_.load(std::memory_order_acquire)) return false;
   CUcontext ctx = nullptr;
   if (api_.ctx_get_current(&ctx) != CUDA_SUCCESS || ctx == nullptr) {
@@ -73,7 +73,7 @@ bool CudaMarkers::record(uint64_t id) {
   CUevent event = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (free_.empty()) {
+    if (free_.size() <= keep_free) {
       ++counters_.pool_exhausted;
       return false;
     }

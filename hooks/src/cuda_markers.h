@@ -67,8 +67,9 @@ class CudaMarkers {
   CudaMarkers& operator=(const CudaMarkers&) = delete;
 
   // Training thread. False: not recorded (no context current yet, another device's context,
-  // the pool not ready or exhausted, markers off).
-  bool record(uint64_t id);
+  // the pool not ready or exhausted, markers off). `keep_free`: recorded only while more than
+  // this many events are free (optional markers, such as phases', leave the rest to steps').
+  bool record(uint64_t id, size_t keep_free = 0);
   // Markers resolved since the last call, in recording order.
   void drain(std::vector<MarkerRecord>& out);
   // Blocks until marker `id` is resolved (or dropped), nothing older is in flight, or
@@ -83,7 +84,7 @@ class CudaMarkers {
     int64_t recorded = 0, resolved = 0;
     int64_t no_context = 0;      // record() with no CUDA context current on the thread
     int64_t other_context = 0;   // ... with another device's context current
-    int64_t pool_exhausted = 0;  // ... with every event in flight
+    int64_t pool_exhausted = 0;  // ... with every event in flight (or all but `keep_free`)
     int64_t errors = 0;          // driver errors on record, query or elapsed time (dropped)
     int64_t anchors = 0, anchor_failures = 0, streams_replaced = 0;
     Nanos anchor_error_ns = 0;  // of the anchor in use: half its completion's uncertainty

@@ -33,6 +33,7 @@ namespace {
 
 constexpr size_t kMaxPendingSamples = 1u << 18;   // per kind, when nobody drains
 constexpr uint32_t kMinCuptiApiVersion = 130000;  // CUDA 13's records (Kernel10, Memcpy6, ...)
+constexpr size_t kStepMarkerReserve = 128;        // of the 256 marker events: never for phases
 // How long a release waits for a CUDA API call to finalize CUPTI in (then it finalizes itself).
 constexpr auto kFinalizeCallbackWait = std::chrono::seconds(1);
 
@@ -214,6 +215,10 @@ class CuptiBackend final : public GpuBackend {
 
   bool record_marker(uint64_t id) override {
     return markers_ != nullptr && markers_->record(id);  // noexcept in practice; no guard cost
+  }
+  bool record_optional_marker(uint64_t id) override {
+    // Half the pool stays for step markers: a host running steps ahead still gets its spans.
+    return markers_ != nullptr && markers_->record(id, kStepMarkerReserve);
   }
   void await_marker(uint64_t id, Nanos timeout_ns) override {
     if (markers_ != nullptr) markers_->await(id, timeout_ns);

@@ -24,9 +24,10 @@ GpuDeviceChoice choose_gpu_device(int configured, const char* local_rank, int vi
                                   int current) {
   if (configured >= 0) return {configured, "gpu.device"};
   // One GPU per local rank, unless each process sees only its own (CUDA_VISIBLE_DEVICES set per
-  // rank): then LOCAL_RANK may exceed what is visible, and the current device says more.
+  // rank): then LOCAL_RANK may exceed what is visible, and the current device says more. Without
+  // the driver's count it is not trusted (a device that does not exist would lose the figures).
   const int rank = parse_index(local_rank);
-  if (rank >= 0 && (visible < 0 || rank < visible)) return {rank, "LOCAL_RANK"};
+  if (rank >= 0 && rank < visible) return {rank, "LOCAL_RANK"};
   if (current >= 0 && (visible < 0 || current < visible)) return {current, "current device"};
   return {0, "default"};
 }

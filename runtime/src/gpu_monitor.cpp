@@ -23,7 +23,9 @@ namespace {
 constexpr size_t kMaxPendingSteps = 1024;  // PM samples stalled: finish steps without them
 constexpr size_t kMaxEvents = 1 << 20;     // per kind; a window of huge steps loses its oldest
 constexpr size_t kMaxPhaseSpans = 256;
-constexpr size_t kMaxStepPhases = 32;  // phases with GPU spans per traced step
+// Phase occurrences with markers per traced step (two markers each); a step with more is left out
+// of the phase figures (its phases would be incomplete). Distinct phase names per epoch: as many.
+constexpr size_t kMaxStepPhases = 64;
 // A sync's drain may run into later steps: syncs and op scopes are kept this long after the
 // oldest unfinished step began.
 constexpr Nanos kSyncKeepNs = 2'000'000'000;
@@ -110,6 +112,7 @@ void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
   // Markers at phase boundaries cost two events a phase: in traced steps only, where they are
   // small beside the trace (the GPU time by phase needs the window's kernels anyway).
   phase_markers_ = planner_.tracing() && open_begin_marker_ != 0;
+  phases_complete_ = true;
   if (!config_.nvtx) return;
   char name[32] = "step ";  // to_chars: no locale, no format parsing (every step)
   *std::to_chars(name + 5, name + sizeof name - 1, step).ptr = '\0';
@@ -124,12 +127,20 @@ void GpuMonitor::on_phase_begin(int phase_id, const std::string& phase_name) {
         {phase_id, phase_name, {host_->clock().now_ns(), std::numeric_limits<Nanos>::max()}});
     if (phases_.size() > kMaxPhaseSpans) phases_.pop_front();
   }
-  if (phase_markers_ && host_ != nullptr && open_phases_.size() < kMaxStepPhases) {
-    if (const uint64_t marker = record_marker(); marker != 0) {
+  if (phase_markers_ && host_ != nullptr) {
+    if (open_phases_.size() >= kMaxStepPhases) {
+      // More phases than markers allowed: the step's phase figures would be incomplete.
+      phase_markers_ = false;
+      phases_complete_ = false;
+    } else {
+      const uint64_t marker = config_.step_markers ? next_marker_++ : 0;
+      const bool ok = marker != 0 && backend_->record_optional_marker(marker);
+      // A begin not recorded (the pool kept for step markers) still pairs with its end.
+      if (!ok) phases_complete_ = false;
       open_phases_.push_back({phase_id,
                               phase_name,
                               {host_->clock().now_ns(), std::numeric_limits<Nanos>::max()},
-                              marker,
+                              ok ? marker : 0,
                               0});
     }
   }
@@ -145,9 +156,16 @@ void GpuMonitor::on_phase_end(int phase_id) {
       break;
     }
   }
-  for (auto it = open_phases_.rbegin(); it != open_phases_.rend(); ++it) {
+  for (auto it = open_phases_.rbegin(); phase_markers_ && it != open_phases_.rend(); ++it) {
     if (it->id == phase_id && it->host.end == std::numeric_limits<Nanos>::max()) {
-      it->end_marker = record_marker();  // behind the phase's last launches
+      if (it->begin_marker != 0) {  // behind the phase's last launches
+        const uint64_t marker = next_marker_++;
+        if (backend_->record_optional_marker(marker)) {
+          it->end_marker = marker;
+        } else {
+          phases_complete_ = false;
+        }
+      }
       it->host.end = host_->clock().now_ns();
       break;
     }
@@ -167,6 +185,7 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   phase_markers_ = false;
   std::vector<PhaseMarks> step_phases;
   step_phases.swap(open_phases_);
+  const bool phases_complete = phases_complete_;
   latest_ns_ = std::max(latest_ns_, r.end_ns);
   latest_epoch_ = r.epoch;
   // The step's NVTX range (phases left open by the program are closed with it).
@@ -193,6 +212,7 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   p.begin_marker = open_begin_marker_;
   p.end_marker = end_marker;
   p.phases = std::move(step_phases);
+  p.phases_complete = phases_complete;
   open_begin_marker_ = 0;
   pending_.push_back(p);
   if (a.stop_trace) {
@@ -389,34 +409,47 @@ void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
 }
 
 void GpuMonitor::add_phases(const PendingStep& step, const StepSpans& spans) {
-  if (!spans.gpu_timed) return;  // a phase's GPU span needs its step's
+  if (step.phases.empty() || !spans.gpu_timed) return;  // a phase's GPU span needs its step's
   const Interval gpu = spans.gpu;
-  std::vector<Interval> covered;
-  bool any = false;
+  // Each phase that ended in the step, with its GPU span clipped to the step's (a phase's work is
+  // the step's); one missing (a marker not recorded or not resolved) leaves the step out whole,
+  // so that the shares over the steps counted stay true.
+  std::vector<std::pair<const PhaseMarks*, Interval>> spans_of;
+  bool complete = step.phases_complete;
   for (const PhaseMarks& p : step.phases) {
+    if (!complete) break;
+    if (p.host.end == std::numeric_limits<Nanos>::max()) continue;  // ends in a later step
     const auto b = marker_times_.find(p.begin_marker);
     const auto e = marker_times_.find(p.end_marker);
-    if (p.end_marker == 0 || b == marker_times_.end() || e == marker_times_.end()) {
-      continue;  // open at the step's end, not recorded (pool exhausted) or not resolved
+    if (p.begin_marker == 0 || p.end_marker == 0 || b == marker_times_.end() ||
+        e == marker_times_.end()) {
+      complete = false;
+      break;
     }
-    // Clipped to the step's GPU span: a phase's work is the step's.
-    const Interval g{std::clamp(b->second, gpu.begin, gpu.end),
-                     std::clamp(std::max(b->second, e->second), gpu.begin, gpu.end)};
+    spans_of.push_back({&p,
+                        {std::clamp(b->second, gpu.begin, gpu.end),
+                         std::clamp(std::max(b->second, e->second), gpu.begin, gpu.end)}});
+  }
+  if (!complete) {
+    ++epoch_->phase_steps_incomplete;
+    return;
+  }
+  if (spans_of.empty()) return;
+  std::vector<Interval> covered;
+  for (const auto& [p, g] : spans_of) {
     auto it = std::find_if(epoch_->phases.begin(), epoch_->phases.end(),
-                           [&](const GpuPhaseStats& x) { return x.name == p.name; });
+                           [&](const GpuPhaseStats& x) { return x.name == p->name; });
     if (it == epoch_->phases.end()) {
       if (epoch_->phases.size() >= kMaxStepPhases) continue;
-      epoch_->phases.push_back({p.name});
+      epoch_->phases.push_back({p->name});
       it = epoch_->phases.end() - 1;
     }
     ++it->count;
     it->gpu_ns += g.end - g.begin;
     it->busy_ns += kernel_index().busy_within(g);
-    it->host_ns += std::max<Nanos>(0, p.host.end - p.host.begin);
+    it->host_ns += std::max<Nanos>(0, p->host.end - p->host.begin);
     covered.push_back(g);
-    any = true;
   }
-  if (!any) return;
   ++epoch_->phase_steps;
   epoch_->phase_steps_gpu_ns += gpu.end - gpu.begin;
   // Nested phases cover their time once.
@@ -456,10 +489,15 @@ void GpuMonitor::capture_window(const PendingStep& step, const StepSpans& spans)
     }
   }
   for (const PhaseMarks& p : step.phases) {
+    if (!spans.gpu_timed || p.begin_marker == 0 || p.end_marker == 0) break;
     const auto b = marker_times_.find(p.begin_marker);
     const auto e = marker_times_.find(p.end_marker);
-    if (p.end_marker != 0 && b != marker_times_.end() && e != marker_times_.end()) {
-      w.gpu_phases.push_back({p.name, {b->second, std::max(b->second, e->second)}});
+    if (b != marker_times_.end() && e != marker_times_.end()) {
+      // Inside its step's GPU span, as in the phase figures.
+      const Interval g = spans.gpu;
+      w.gpu_phases.push_back({p.name,
+                              {std::clamp(b->second, g.begin, g.end),
+                               std::clamp(std::max(b->second, e->second), g.begin, g.end)}});
     }
   }
   for (const KernelRecord& k : kernel_index().starting_in(take)) {
@@ -698,6 +736,7 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.phase_steps = epoch_->phase_steps;
   e.phase_steps_gpu_ns = epoch_->phase_steps_gpu_ns;
   e.phase_covered_ns = epoch_->phase_covered_ns;
+  e.phase_steps_incomplete = epoch_->phase_steps_incomplete;
   e.max_step_call_ns = max_step_call_ns_;
   max_step_call_ns_ = 0;
   events_.dropped = 0;

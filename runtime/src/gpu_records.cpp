@@ -84,6 +84,7 @@ json phases_gpu_json(const GpuEpochStats& e) {
                                                    : number(kNotMeasured)}});
   }
   return {{"steps", e.phase_steps},
+          {"incomplete_steps", e.phase_steps_incomplete},
           {"step_gpu_ms", e.phase_steps_gpu_ns / steps / 1e6},
           {"outside_phases_ms",
            std::max<Nanos>(0, e.phase_steps_gpu_ns - e.phase_covered_ns) / steps / 1e6},
@@ -234,13 +235,18 @@ void section_text(const GpuEpochStats& gpu, const EpochSummary& s,
                        " traced steps, " + fmt_num(t / steps / 1e6) + " ms per step): ";
     for (const GpuPhaseStats& p : gpu.phases) {
       line += p.name + " " + fmt_num(p.gpu_ns / steps / 1e6) + " ms (" + fmt_pct(p.gpu_ns / t) +
-              ", kernels busy " + fmt_pct(fraction(p.busy_ns, std::max<Nanos>(1, p.gpu_ns))) +
+              ", kernels busy " +
+              (p.gpu_ns > 0 ? fmt_pct(fraction(p.busy_ns, p.gpu_ns)) : std::string("n/a")) +
               ", host " + fmt_num(p.host_ns / steps / 1e6) + " ms), ";
     }
     const double outside =
         static_cast<double>(std::max<Nanos>(0, gpu.phase_steps_gpu_ns - gpu.phase_covered_ns));
     line +=
         "outside phases " + fmt_num(outside / steps / 1e6) + " ms (" + fmt_pct(outside / t) + ")";
+    if (gpu.phase_steps_incomplete > 0) {
+      line += "; " + std::to_string(gpu.phase_steps_incomplete) +
+              " traced steps left out (a phase marker missing)";
+    }
     lines.push_back(line);
   }
   if (!gpu.top_sync_sites.empty()) {

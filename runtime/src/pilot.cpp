@@ -153,7 +153,7 @@ Pilot::Pilot(Config config, PilotOptions options)
   // A logger handed in keeps its level.
   if (!options.logger) logger_->set_level(spdlog::level::from_str(config_.log.level));
   if (config_.mode == Mode::kOff) return;
-  choose_device();
+  choose_device(options.default_collectors);
   cpu_clock_ = options.cpu_clock ? options.cpu_clock
                : options.clock   ? nullptr
                                  : std::make_shared<ThreadCpuClock>();
@@ -203,12 +203,13 @@ Pilot::Pilot(Config config, PilotOptions options)
   add_default_collectors(std::move(options.collectors));
 }
 
-void Pilot::choose_device() {
+void Pilot::choose_device(bool probe_driver) {
   if (config_.gpu.device >= 0) return;
   // Resolved once, before any collector reads it: every GPU collector of this Pilot observes the
-  // same device (on a host of several GPUs, each rank its own).
+  // same device (on a host of several GPUs, each rank its own). The driver is asked only when the
+  // default collectors (GPU, memory) will read it.
   int visible = -1, current = -1;
-  if (const GpuDeviceProbe probe = gpu_device_probe(); probe != nullptr && config_.gpu.enabled) {
+  if (const GpuDeviceProbe probe = gpu_device_probe(); probe != nullptr && probe_driver) {
     (void)failure_of([&] { probe(&visible, &current); });
   }
   const GpuDeviceChoice c = choose_gpu_device(-1, std::getenv("LOCAL_RANK"), visible, current);

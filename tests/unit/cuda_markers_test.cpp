@@ -274,9 +274,11 @@ TEST(CudaMarkersTest, MarkersOnTheTrainersStreamResolveInOrderToSteadyTime) {
 TEST(CudaMarkersTest, ThePoolIsBoundedAndReusedOnceMarkersResolve) {
   MarkerRig rig(8);
   rig.start();
-  for (uint64_t id = 1; id <= 8; ++id) ASSERT_TRUE(rig.markers->record(id));
+  for (uint64_t id = 1; id <= 5; ++id) ASSERT_TRUE(rig.markers->record(id, 3));
+  EXPECT_FALSE(rig.markers->record(6, 3)) << "an optional marker leaves 3 events free";
+  for (uint64_t id = 6; id <= 8; ++id) ASSERT_TRUE(rig.markers->record(id));
   EXPECT_FALSE(rig.markers->record(9)) << "every event in flight";
-  EXPECT_EQ(rig.markers->counters().pool_exhausted, 1);
+  EXPECT_EQ(rig.markers->counters().pool_exhausted, 2);
   rig.driver.gpu_reaches(rig.driver.host);
   rig.markers->resolve_once();
   EXPECT_TRUE(rig.markers->record(10));

@@ -31,8 +31,9 @@ struct GpuDeviceInfo {
 };
 
 // Which GPU a process observes (gpu.device; docs/configuration.md). Set: that one. Auto (-1):
-// LOCAL_RANK when it names a visible device (torchrun's one GPU per local rank), else the device
-// of the CUDA context current on the thread that makes the Pilot, else 0. Pure: `local_rank` is
+// LOCAL_RANK when it names a visible device (torchrun's one GPU per local rank; other launchers'
+// variables are not read), else the device of the CUDA context current on the thread that makes
+// the Pilot, else 0. Pure: `local_rank` is
 // the variable's text (null: unset), `visible` the devices this process sees (-1: unknown, no
 // driver), `current` the current context's device (-1: none).
 struct GpuDeviceChoice {
@@ -210,6 +211,9 @@ class GpuBackend {
   // (no CUDA context current on the calling thread yet, none left in flight, not supported). Ids
   // increase. Cheap: called at every step boundary on the training thread.
   virtual bool record_marker(uint64_t id) { return false; }
+  // The same for a marker that may be left out (a phase boundary's, docs/metrics.md "GPU time of
+  // a phase"): never takes the last events that step markers need.
+  virtual bool record_optional_marker(uint64_t id) { return record_marker(id); }
   // Blocks until marker `id` has been resolved (drain() returns it) or `timeout_ns` passed.
   // Epoch ends only, so that a closing window or epoch keeps its last steps' GPU work.
   virtual void await_marker(uint64_t id, Nanos timeout_ns) {}

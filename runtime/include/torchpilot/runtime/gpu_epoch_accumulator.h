@@ -69,6 +69,7 @@ struct GpuEpochAccumulator {
   std::vector<GpuPhaseStats> phases;
   int64_t phase_steps = 0;
   Nanos phase_steps_gpu_ns = 0, phase_covered_ns = 0;
+  int64_t phase_steps_incomplete = 0;
 
   // One step's figures (gpu_step_stats).
   void add(const GpuStats& g);

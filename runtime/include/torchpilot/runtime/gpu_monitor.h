@@ -98,6 +98,7 @@ class GpuMonitor : public Collector {
     Nanos trace_from = 0;  // traced from here (a window's first step starts at its scope)
     uint64_t begin_marker = 0, end_marker = 0;  // 0: not recorded
     std::vector<PhaseMarks> phases;             // traced steps: their phases' markers
+    bool phases_complete = true;                // every phase got both its markers
   };
   uint64_t record_marker();
   void drain();
@@ -173,6 +174,7 @@ class GpuMonitor : public Collector {
   // The open step's phases with markers at their boundaries (traced steps only), for their GPU
   // spans (docs/metrics.md, "GPU time of a phase"); they go with the step when it ends.
   bool phase_markers_ = false;
+  bool phases_complete_ = true;
   std::vector<PhaseMarks> open_phases_;
   // A traced step's phases' GPU spans into the epoch's phase figures.
   void add_phases(const PendingStep& step, const StepSpans& spans);

@@ -137,6 +137,9 @@ struct GpuEpochStats {
   std::vector<GpuPhaseStats> phases;
   int64_t phase_steps = 0;
   Nanos phase_steps_gpu_ns = 0, phase_covered_ns = 0;
+  // Traced steps left out: a phase marker not recorded (more than 64 phases in the step, or the
+  // marker events kept for step markers) or not resolved.
+  int64_t phase_steps_incomplete = 0;
 };
 
 // GPU figures of one step; published after the step, once its samples and trace records arrived.

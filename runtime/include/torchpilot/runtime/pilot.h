@@ -215,7 +215,7 @@ class Pilot : private CollectorHost {
   void spend_own(Nanos since, Nanos now);
   CostStats epoch_cost(const EpochSummary& summary, Nanos began, Nanos now);
   void add_default_collectors(std::vector<std::shared_ptr<Collector>> given);
-  void choose_device();  // gpu.device auto (-1): the device this process observes
+  void choose_device(bool probe_driver);  // gpu.device auto (-1): the device observed
   void insert_collector(Collector* collector, bool front);
   bool owns_open_step(int64_t step) const { return step_open_ && next_step_ == step; }
   void end_phase(int id, Nanos begin);
