@@ -16,7 +16,6 @@
 #if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 #define TORCHPILOT_MEMORY_COLLECTOR 1
 #else
@@ -31,11 +30,14 @@ namespace {
 class MemoryCollector final : public Collector {
  public:
   explicit MemoryCollector(int device) : device_(static_cast<c10::DeviceIndex>(device)) {
-    try {
-      const c10::cuda::CUDAGuard guard(device_);
-      size_t free = 0, total = 0;
-      if (cudaMemGetInfo(&free, &total) == cudaSuccess) capacity_ = static_cast<int64_t>(total);
-    } catch (...) {
+    // The capacity from the device's properties, which needs no CUDA context: a device guard and
+    // cudaMemGetInfo would make one on that GPU (hundreds of MB, and the thread's current device
+    // switched to it) in a process that may train on another.
+    cudaDeviceProp props{};
+    if (cudaGetDeviceProperties(&props, device_) == cudaSuccess) {
+      capacity_ = static_cast<int64_t>(props.totalGlobalMem);
+    } else {
+      (void)cudaGetLastError();  // not left for the trainer's next check
     }
     try {
       const auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(device_);
