@@ -218,6 +218,14 @@ void Pilot::choose_device(bool probe_driver) {
     logger_->info("observing GPU {} of {} ({}; gpu.device sets another)", c.index,
                   visible < 0 ? std::string("?") : std::to_string(visible), c.source);
   }
+  if (current >= 0 && current != c.index) {
+    // The step markers would wait for the thread to switch (they time the current device's
+    // stream): a trainer that stays on its current GPU needs gpu.device.
+    logger_->warn(
+        "the thread making the Pilot has GPU {} current, but LOCAL_RANK chose GPU {} to observe; "
+        "if the trainer runs on GPU {}, set gpu.device: {}",
+        current, c.index, current, current);
+  }
 }
 
 void Pilot::add_default_collectors(std::vector<std::shared_ptr<Collector>> given) {

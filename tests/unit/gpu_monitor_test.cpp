@@ -778,6 +778,9 @@ TEST(GpuDeviceChoiceTest, EachRanksPilotObservesItsOwnGpu) {
     EXPECT_EQ(rig.pilot->config().gpu.device, 1);
     EXPECT_NE(rig.log.str().find("observing GPU 1 of 2 (LOCAL_RANK"), std::string::npos)
         << rig.log.str();
+    EXPECT_NE(rig.log.str().find("has GPU 0 current, but LOCAL_RANK chose GPU 1"),
+              std::string::npos)
+        << rig.log.str();
     Config c = Rig::base_config();
     c.gpu.device = 0;  // set: kept
     Rig set(c);
@@ -788,6 +791,7 @@ TEST(GpuDeviceChoiceTest, EachRanksPilotObservesItsOwnGpu) {
     probe_current = 1;  // the trainer chose its GPU before making the Pilot
     Rig rig;
     EXPECT_EQ(rig.pilot->config().gpu.device, 1);
+    EXPECT_EQ(rig.log.str().find("current, but"), std::string::npos) << rig.log.str();
     probe_visible = 1;
     probe_current = -1;
     Rig one;  // one GPU, nothing to say
