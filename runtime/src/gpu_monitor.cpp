@@ -717,6 +717,7 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
 
   GpuEpochStats e;
   e.device = device_.name;
+  e.device_index = device_.index;
   e.sm_count = device_.sm_count;
   e.stats = epoch_->stats();
   e.traced_steps = epoch_->traced_steps;

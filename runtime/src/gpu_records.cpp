@@ -121,6 +121,7 @@ std::string section_json(const GpuEpochStats& e) {
   }
   json j = gpu_stats_json(e.stats);
   j["device"] = e.device;
+  j["device_index"] = e.device_index;
   j["sm_count"] = e.sm_count;
   j["traced_steps"] = e.traced_steps;
   j["gpu_timed_steps"] = e.gpu_timed_steps;
@@ -163,7 +164,9 @@ void section_text(const GpuEpochStats& gpu, const EpochSummary& s,
     const GpuStats& g = gpu.stats;
     const double util = measured(g.counter_utilization) ? g.counter_utilization : g.gpu_utilization;
     std::string line =
-        "  GPU " + gpu.device + ": utilization " + fmt_opt_pct(util) + " (NVML " +
+        "  GPU " +
+        (gpu.device_index >= 0 ? std::to_string(gpu.device_index) + " " : std::string()) +
+        gpu.device + ": utilization " + fmt_opt_pct(util) + " (NVML " +
         fmt_opt_pct(g.nvml_utilization) + "), SM efficiency " +
         (measured(g.sm_efficiency)             ? fmt_pct(g.sm_efficiency)
          : measured(g.estimated_sm_efficiency) ? fmt_pct(g.estimated_sm_efficiency) + " (estimated)"

@@ -1000,6 +1000,8 @@ TEST(GpuMonitorTest, PhasesOfTracedStepsGetGpuSpansFromTheirMarkers) {
   EXPECT_EQ(phase("clip").gpu_ns, 2 * kMs);
 
   // The section's JSON and the log say the same.
+  EXPECT_EQ(nlohmann::json::parse(section_json(g))["device_index"], 0);  // the fake's
+  EXPECT_NE(rig.log.str().find("  GPU 0 Fake GPU: utilization"), std::string::npos);
   const auto j = nlohmann::json::parse(section_json(g))["phases_gpu"];
   EXPECT_EQ(j["steps"], 2);
   EXPECT_DOUBLE_EQ(j["step_gpu_ms"].get<double>(), 10.0);

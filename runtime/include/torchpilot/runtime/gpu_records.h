@@ -109,7 +109,8 @@ struct CollectorStatus {
 // The epoch summary's "gpu" section.
 struct GpuEpochStats {
   static constexpr const char* kSectionName = "gpu";
-  std::string device;  // e.g. "NVIDIA H200"
+  std::string device;     // e.g. "NVIDIA H200"
+  int device_index = -1;  // the CUDA device observed (gpu.device); -1: unknown (a Kineto trace)
   int sm_count = 0;
   GpuStats stats;
   int64_t traced_steps = 0;     // steps inside detailed windows
