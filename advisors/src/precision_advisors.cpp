@@ -411,11 +411,11 @@ std::optional<Advice> advise_low_mfu(const EpochSummary& s, const AdvisorsConfig
   a.finding = "MFU is " + pct(f.mfu) + " (threshold " + pct(config.low_mfu.threshold) +
               "); the traced step's GPU time (" + num(k.per_step_ms(traced), "%.3g") +
               " ms) goes to " + split + "idle " + pct(idle);
-  if (gpu->phase_steps > 0 && gpu->phase_steps_gpu_ns > 0) {
+  if (const GpuPhaseTimes& ph = gpu->phases_gpu; ph.steps > 0 && ph.step_gpu_ns > 0) {
     // By the GPU's time where the window's phase markers resolved: the host may run ahead.
     std::string phases;
-    const double t = static_cast<double>(gpu->phase_steps_gpu_ns);
-    for (const GpuPhaseStats& p : gpu->phases) {
+    const double t = static_cast<double>(ph.step_gpu_ns);
+    for (const GpuPhaseStats& p : ph.phases) {
       if (!phases.empty()) phases += ", ";
       phases += p.name + " " + pct(static_cast<double>(p.gpu_ns) / t);
     }

@@ -72,10 +72,10 @@ GpuMonitor::~GpuMonitor() {
   (void)failure_of([&] { backend_->stop(); });
 }
 
-uint64_t GpuMonitor::record_marker() {
+uint64_t GpuMonitor::record_marker(bool optional) {
   if (!config_.step_markers) return 0;
   const uint64_t id = next_marker_++;
-  return backend_->record_marker(id) ? id : 0;
+  return (optional ? backend_->record_optional_marker(id) : backend_->record_marker(id)) ? id : 0;
 }
 
 namespace {
@@ -133,14 +133,13 @@ void GpuMonitor::on_phase_begin(int phase_id, const std::string& phase_name) {
       phase_markers_ = false;
       phases_complete_ = false;
     } else {
-      const uint64_t marker = config_.step_markers ? next_marker_++ : 0;
-      const bool ok = marker != 0 && backend_->record_optional_marker(marker);
+      const uint64_t marker = record_marker(/*optional=*/true);
       // A begin not recorded (the pool kept for step markers) still pairs with its end.
-      if (!ok) phases_complete_ = false;
+      if (marker == 0) phases_complete_ = false;
       open_phases_.push_back({phase_id,
                               phase_name,
                               {host_->clock().now_ns(), std::numeric_limits<Nanos>::max()},
-                              ok ? marker : 0,
+                              marker,
                               0});
     }
   }
@@ -159,12 +158,8 @@ void GpuMonitor::on_phase_end(int phase_id) {
   for (auto it = open_phases_.rbegin(); phase_markers_ && it != open_phases_.rend(); ++it) {
     if (it->id == phase_id && it->host.end == std::numeric_limits<Nanos>::max()) {
       if (it->begin_marker != 0) {  // behind the phase's last launches
-        const uint64_t marker = next_marker_++;
-        if (backend_->record_optional_marker(marker)) {
-          it->end_marker = marker;
-        } else {
-          phases_complete_ = false;
-        }
+        it->end_marker = record_marker(/*optional=*/true);
+        if (it->end_marker == 0) phases_complete_ = false;
       }
       it->host.end = host_->clock().now_ns();
       break;
@@ -183,9 +178,6 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   const uint64_t end_marker = record_marker();
   boundary_marker_ = end_marker;
   phase_markers_ = false;
-  std::vector<PhaseMarks> step_phases;
-  step_phases.swap(open_phases_);
-  const bool phases_complete = phases_complete_;
   latest_ns_ = std::max(latest_ns_, r.end_ns);
   latest_epoch_ = r.epoch;
   // The step's NVTX range (phases left open by the program are closed with it).
@@ -211,10 +203,10 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   p.trace_from = a.trace_from;
   p.begin_marker = open_begin_marker_;
   p.end_marker = end_marker;
-  p.phases = std::move(step_phases);
-  p.phases_complete = phases_complete;
+  p.phases.swap(open_phases_);  // the step's phases go with it; the next step starts empty
+  p.phases_complete = phases_complete_;
   open_begin_marker_ = 0;
-  pending_.push_back(p);
+  pending_.push_back(std::move(p));
   if (a.stop_trace) {
     // The window's ops were all issued: no more op scopes. Its kernels may still be queued: the
     // trace stops once the GPU ran this step.
@@ -408,41 +400,43 @@ void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
   if (host_ != nullptr) host_->publish(make_late_step(rec.step, rec.epoch, std::move(rec)));
 }
 
+std::optional<Interval> GpuMonitor::phase_gpu_span(const PhaseMarks& p, Interval step) const {
+  const auto b = marker_times_.find(p.begin_marker);
+  const auto e = marker_times_.find(p.end_marker);
+  if (p.begin_marker == 0 || p.end_marker == 0 || b == marker_times_.end() ||
+      e == marker_times_.end()) {
+    return std::nullopt;
+  }
+  // Clipped to the step's GPU span: a phase's work is the step's.
+  return Interval{std::clamp(b->second, step.begin, step.end),
+                  std::clamp(std::max(b->second, e->second), step.begin, step.end)};
+}
+
 void GpuMonitor::add_phases(const PendingStep& step, const StepSpans& spans) {
   if (step.phases.empty() || !spans.gpu_timed) return;  // a phase's GPU span needs its step's
-  const Interval gpu = spans.gpu;
-  // Each phase that ended in the step, with its GPU span clipped to the step's (a phase's work is
-  // the step's); one missing (a marker not recorded or not resolved) leaves the step out whole,
-  // so that the shares over the steps counted stay true.
+  GpuPhaseTimes& out = epoch_->phases_gpu;
+  // Each phase that ended in the step; one without a span (a marker not recorded or not
+  // resolved) leaves the step out whole, so that the shares over the steps counted stay true.
   std::vector<std::pair<const PhaseMarks*, Interval>> spans_of;
-  bool complete = step.phases_complete;
   for (const PhaseMarks& p : step.phases) {
-    if (!complete) break;
     if (p.host.end == std::numeric_limits<Nanos>::max()) continue;  // ends in a later step
-    const auto b = marker_times_.find(p.begin_marker);
-    const auto e = marker_times_.find(p.end_marker);
-    if (p.begin_marker == 0 || p.end_marker == 0 || b == marker_times_.end() ||
-        e == marker_times_.end()) {
-      complete = false;
-      break;
+    const std::optional<Interval> g =
+        step.phases_complete ? phase_gpu_span(p, spans.gpu) : std::nullopt;
+    if (!g) {
+      ++out.incomplete_steps;
+      return;
     }
-    spans_of.push_back({&p,
-                        {std::clamp(b->second, gpu.begin, gpu.end),
-                         std::clamp(std::max(b->second, e->second), gpu.begin, gpu.end)}});
-  }
-  if (!complete) {
-    ++epoch_->phase_steps_incomplete;
-    return;
+    spans_of.emplace_back(&p, *g);
   }
   if (spans_of.empty()) return;
   std::vector<Interval> covered;
   for (const auto& [p, g] : spans_of) {
-    auto it = std::find_if(epoch_->phases.begin(), epoch_->phases.end(),
+    auto it = std::find_if(out.phases.begin(), out.phases.end(),
                            [&](const GpuPhaseStats& x) { return x.name == p->name; });
-    if (it == epoch_->phases.end()) {
-      if (epoch_->phases.size() >= kMaxStepPhases) continue;
-      epoch_->phases.push_back({p->name});
-      it = epoch_->phases.end() - 1;
+    if (it == out.phases.end()) {
+      if (out.phases.size() >= kMaxStepPhases) continue;
+      out.phases.push_back({p->name});
+      it = out.phases.end() - 1;
     }
     ++it->count;
     it->gpu_ns += g.end - g.begin;
@@ -450,15 +444,15 @@ void GpuMonitor::add_phases(const PendingStep& step, const StepSpans& spans) {
     it->host_ns += std::max<Nanos>(0, p->host.end - p->host.begin);
     covered.push_back(g);
   }
-  ++epoch_->phase_steps;
-  epoch_->phase_steps_gpu_ns += gpu.end - gpu.begin;
+  ++out.steps;
+  out.step_gpu_ns += spans.gpu.end - spans.gpu.begin;
   // Nested phases cover their time once.
   std::sort(covered.begin(), covered.end(),
             [](const Interval& a, const Interval& b) { return a.begin < b.begin; });
   Nanos reach = std::numeric_limits<Nanos>::min();
   for (const Interval& c : covered) {
     const Nanos from = std::max(c.begin, reach);
-    if (c.end > from) epoch_->phase_covered_ns += c.end - from;
+    if (c.end > from) out.covered_ns += c.end - from;
     reach = std::max(reach, c.end);
   }
 }
@@ -489,16 +483,8 @@ void GpuMonitor::capture_window(const PendingStep& step, const StepSpans& spans)
     }
   }
   for (const PhaseMarks& p : step.phases) {
-    if (!spans.gpu_timed || p.begin_marker == 0 || p.end_marker == 0) break;
-    const auto b = marker_times_.find(p.begin_marker);
-    const auto e = marker_times_.find(p.end_marker);
-    if (b != marker_times_.end() && e != marker_times_.end()) {
-      // Inside its step's GPU span, as in the phase figures.
-      const Interval g = spans.gpu;
-      w.gpu_phases.push_back({p.name,
-                              {std::clamp(b->second, g.begin, g.end),
-                               std::clamp(std::max(b->second, e->second), g.begin, g.end)}});
-    }
+    if (!spans.gpu_timed) break;
+    if (const auto g = phase_gpu_span(p, spans.gpu)) w.gpu_phases.push_back({p.name, *g});
   }
   for (const KernelRecord& k : kernel_index().starting_in(take)) {
     if (in(k.begin)) w.kernels.push_back(k);
@@ -733,11 +719,7 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.collectors = backend_->status();
   e.dropped_records = events_.dropped;
   e.kernel_classes = epoch_->classes;
-  e.phases = epoch_->phases;
-  e.phase_steps = epoch_->phase_steps;
-  e.phase_steps_gpu_ns = epoch_->phase_steps_gpu_ns;
-  e.phase_covered_ns = epoch_->phase_covered_ns;
-  e.phase_steps_incomplete = epoch_->phase_steps_incomplete;
+  e.phases_gpu = std::move(epoch_->phases_gpu);
   e.max_step_call_ns = max_step_call_ns_;
   max_step_call_ns_ = 0;
   events_.dropped = 0;

@@ -72,8 +72,8 @@ json kernel_classes_json(const KernelClassStats& k) {
 }
 
 // Per traced step: each phase's GPU time (docs/metrics.md, "GPU time of a phase").
-json phases_gpu_json(const GpuEpochStats& e) {
-  const double steps = static_cast<double>(std::max<int64_t>(1, e.phase_steps));
+json phases_gpu_json(const GpuPhaseTimes& e) {
+  const double steps = static_cast<double>(std::max<int64_t>(1, e.steps));
   json phases = json::array();
   for (const GpuPhaseStats& p : e.phases) {
     phases.push_back({{"name", p.name},
@@ -83,11 +83,10 @@ json phases_gpu_json(const GpuEpochStats& e) {
                       {"kernel_busy", p.gpu_ns > 0 ? number(fraction(p.busy_ns, p.gpu_ns))
                                                    : number(kNotMeasured)}});
   }
-  return {{"steps", e.phase_steps},
-          {"incomplete_steps", e.phase_steps_incomplete},
-          {"step_gpu_ms", e.phase_steps_gpu_ns / steps / 1e6},
-          {"outside_phases_ms",
-           std::max<Nanos>(0, e.phase_steps_gpu_ns - e.phase_covered_ns) / steps / 1e6},
+  return {{"steps", e.steps},
+          {"incomplete_steps", e.incomplete_steps},
+          {"step_gpu_ms", e.step_gpu_ns / steps / 1e6},
+          {"outside_phases_ms", std::max<Nanos>(0, e.step_gpu_ns - e.covered_ns) / steps / 1e6},
           {"phases", phases}};
 }
 
@@ -137,7 +136,7 @@ std::string section_json(const GpuEpochStats& e) {
   j["collectors"] = collectors;
   j["max_step_call_ms"] = ms(e.max_step_call_ns);
   j["kernel_classes"] = kernel_classes_json(e.kernel_classes);
-  j["phases_gpu"] = phases_gpu_json(e);
+  j["phases_gpu"] = phases_gpu_json(e.phases_gpu);
   return dump(j);
 }
 
@@ -230,24 +229,23 @@ void section_text(const GpuEpochStats& gpu, const EpochSummary& s,
             " ms per step on the copy engines";
     lines.push_back(line);
   }
-  if (gpu.phase_steps > 0 && gpu.phase_steps_gpu_ns > 0) {
+  if (const GpuPhaseTimes& ph = gpu.phases_gpu; ph.steps > 0 && ph.step_gpu_ns > 0) {
     // The phases by the GPU's time, not the host's: the host may run steps ahead.
-    const double t = static_cast<double>(gpu.phase_steps_gpu_ns);
-    const double steps = static_cast<double>(gpu.phase_steps);
-    std::string line = "  GPU time by phase (" + std::to_string(gpu.phase_steps) +
-                       " traced steps, " + fmt_num(t / steps / 1e6) + " ms per step): ";
-    for (const GpuPhaseStats& p : gpu.phases) {
+    const double t = static_cast<double>(ph.step_gpu_ns);
+    const double steps = static_cast<double>(ph.steps);
+    std::string line = "  GPU time by phase (" + std::to_string(ph.steps) + " traced steps, " +
+                       fmt_num(t / steps / 1e6) + " ms per step): ";
+    for (const GpuPhaseStats& p : ph.phases) {
       line += p.name + " " + fmt_num(p.gpu_ns / steps / 1e6) + " ms (" + fmt_pct(p.gpu_ns / t) +
               ", kernels busy " +
               (p.gpu_ns > 0 ? fmt_pct(fraction(p.busy_ns, p.gpu_ns)) : std::string("n/a")) +
               ", host " + fmt_num(p.host_ns / steps / 1e6) + " ms), ";
     }
-    const double outside =
-        static_cast<double>(std::max<Nanos>(0, gpu.phase_steps_gpu_ns - gpu.phase_covered_ns));
+    const double outside = static_cast<double>(std::max<Nanos>(0, ph.step_gpu_ns - ph.covered_ns));
     line +=
         "outside phases " + fmt_num(outside / steps / 1e6) + " ms (" + fmt_pct(outside / t) + ")";
-    if (gpu.phase_steps_incomplete > 0) {
-      line += "; " + std::to_string(gpu.phase_steps_incomplete) +
+    if (ph.incomplete_steps > 0) {
+      line += "; " + std::to_string(ph.incomplete_steps) +
               " traced steps left out (a phase marker missing)";
     }
     lines.push_back(line);

@@ -241,8 +241,8 @@ TEST_F(GpuTimelineTest, PhasesGetTheirGpuTimeWhenTheHostRunsAhead) {
   torch::cuda::synchronize();  // the window's steps finish in this epoch
   run.pilot->end_epoch();
   const GpuEpochStats g = *run.epoch().sections.get<GpuEpochStats>();
-  const double steps = static_cast<double>(std::max<int64_t>(1, g.phase_steps));
-  for (const GpuPhaseStats& p : g.phases) {
+  const double steps = static_cast<double>(std::max<int64_t>(1, g.phases_gpu.steps));
+  for (const GpuPhaseStats& p : g.phases_gpu.phases) {
     std::printf(
         "phase %s: %lld occurrences, GPU %.3f ms/step (kernels busy %.3f), host %.3f ms/step\n",
         p.name.c_str(), static_cast<long long>(p.count), p.gpu_ns / steps / 1e6,
@@ -250,16 +250,16 @@ TEST_F(GpuTimelineTest, PhasesGetTheirGpuTimeWhenTheHostRunsAhead) {
   }
   std::printf(
       "%lld steps with phase spans, %.3f ms/step GPU, %.3f outside phases; GEMMs alone %.3f ms\n",
-      static_cast<long long>(g.phase_steps), g.phase_steps_gpu_ns / steps / 1e6,
-      (g.phase_steps_gpu_ns - g.phase_covered_ns) / steps / 1e6, gemm_ms);
-  ASSERT_GE(g.phase_steps, kWindow - 1) << "the window's steps got their phases' GPU spans";
-  ASSERT_EQ(g.phases.size(), 2u);
-  const GpuPhaseStats& gemm = g.phases[1];
+      static_cast<long long>(g.phases_gpu.steps), g.phases_gpu.step_gpu_ns / steps / 1e6,
+      (g.phases_gpu.step_gpu_ns - g.phases_gpu.covered_ns) / steps / 1e6, gemm_ms);
+  ASSERT_GE(g.phases_gpu.steps, kWindow - 1) << "the window's steps got their phases' GPU spans";
+  ASSERT_EQ(g.phases_gpu.phases.size(), 2u);
+  const GpuPhaseStats& gemm = g.phases_gpu.phases[1];
   ASSERT_EQ(gemm.name, "gemm");
   EXPECT_NEAR(gemm.gpu_ns / steps / 1e6, gemm_ms, 0.15 * gemm_ms);
   EXPECT_GT(static_cast<double>(gemm.busy_ns), 0.9 * static_cast<double>(gemm.gpu_ns));
   EXPECT_LT(gemm.host_ns * 3, gemm.gpu_ns) << "the host queued the GEMMs and went on";
-  EXPECT_LE(g.phase_covered_ns, g.phase_steps_gpu_ns);
+  EXPECT_LE(g.phases_gpu.covered_ns, g.phases_gpu.step_gpu_ns);
 }
 
 #else

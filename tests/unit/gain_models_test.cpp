@@ -153,10 +153,10 @@ TEST(GainModels, LowMfuNamesTheLargestFixableShare) {
     // With the window's phase markers resolved, the phases' GPU shares replace the host's.
     EpochSummary t = s;
     GpuEpochStats& g = gpu(t);
-    g.phase_steps = 10;
-    g.phase_steps_gpu_ns = 200 * kMs;
-    g.phases = {{"forward", 10, 60 * kMs, 60 * kMs, 50 * kMs},
-                {"optimizer", 10, 30 * kMs, 10 * kMs, 100 * kMs}};
+    g.phases_gpu.steps = 10;
+    g.phases_gpu.step_gpu_ns = 200 * kMs;
+    g.phases_gpu.phases = {{"forward", 10, 60 * kMs, 60 * kMs, 50 * kMs},
+                           {"optimizer", 10, 30 * kMs, 10 * kMs, 100 * kMs}};
     const auto p = advise_low_mfu(t, AdvisorsConfig{});
     ASSERT_TRUE(p.has_value());
     EXPECT_TRUE(contains(p->finding, "by phase (GPU time): forward 30.0%, optimizer 15.0%"))

@@ -976,18 +976,18 @@ TEST(GpuMonitorTest, PhasesOfTracedStepsGetGpuSpansFromTheirMarkers) {
 
   const auto& g = *rig.sink->epochs[0].sections.get<GpuEpochStats>();
   EXPECT_EQ(g.traced_steps, 2);
-  EXPECT_EQ(g.phase_steps, 2);
-  EXPECT_EQ(g.phase_steps_gpu_ns, 20 * kMs);
-  EXPECT_EQ(g.phase_covered_ns, 18 * kMs) << "the nested clip counts once";
-  ASSERT_EQ(g.phases.size(), 4u);
+  EXPECT_EQ(g.phases_gpu.steps, 2);
+  EXPECT_EQ(g.phases_gpu.step_gpu_ns, 20 * kMs);
+  EXPECT_EQ(g.phases_gpu.covered_ns, 18 * kMs) << "the nested clip counts once";
+  ASSERT_EQ(g.phases_gpu.phases.size(), 4u);
   const auto phase = [&](const std::string& name) {
-    for (const GpuPhaseStats& p : g.phases) {
+    for (const GpuPhaseStats& p : g.phases_gpu.phases) {
       if (p.name == name) return p;
     }
     ADD_FAILURE() << "no phase " << name;
     return GpuPhaseStats{};
   };
-  EXPECT_EQ(g.phases[0].name, "forward") << "in order of first appearance";
+  EXPECT_EQ(g.phases_gpu.phases[0].name, "forward") << "in order of first appearance";
   EXPECT_EQ(phase("forward").count, 2);
   EXPECT_EQ(phase("forward").gpu_ns, 6 * kMs);
   EXPECT_EQ(phase("forward").busy_ns, 4 * kMs);
@@ -1041,11 +1041,11 @@ TEST(GpuMonitorTest, AStepWithAPhaseMarkerMissingIsLeftOutOfThePhaseFigures) {
   rig.pilot->end_epoch();
   const auto& g = *rig.sink->epochs[0].sections.get<GpuEpochStats>();
   EXPECT_EQ(g.traced_steps, 3);
-  EXPECT_EQ(g.phase_steps, 1) << "only step 3 has every phase's span";
-  EXPECT_EQ(g.phase_steps_incomplete, 2);
-  ASSERT_EQ(g.phases.size(), 2u);
-  EXPECT_EQ(g.phases[0].count, 1);
-  EXPECT_EQ(g.phases[1].count, 1);
+  EXPECT_EQ(g.phases_gpu.steps, 1) << "only step 3 has every phase's span";
+  EXPECT_EQ(g.phases_gpu.incomplete_steps, 2);
+  ASSERT_EQ(g.phases_gpu.phases.size(), 2u);
+  EXPECT_EQ(g.phases_gpu.phases[0].count, 1);
+  EXPECT_EQ(g.phases_gpu.phases[1].count, 1);
   EXPECT_NE(rig.log.str().find("2 traced steps left out (a phase marker missing)"),
             std::string::npos)
       << rig.log.str();
@@ -1079,9 +1079,9 @@ TEST(GpuMonitorTest, NestedPhasesOfOneNamePairAndTooManyLeaveTheStepOut) {
   }
   rig.pilot->end_epoch();
   const auto& g = *rig.sink->epochs[0].sections.get<GpuEpochStats>();
-  EXPECT_EQ(g.phase_steps, 0);
-  EXPECT_EQ(g.phase_steps_incomplete, 2);
-  EXPECT_TRUE(g.phases.empty());
+  EXPECT_EQ(g.phases_gpu.steps, 0);
+  EXPECT_EQ(g.phases_gpu.incomplete_steps, 2);
+  EXPECT_TRUE(g.phases_gpu.phases.empty());
 }
 
 TEST(GpuMonitorTest, KernelsDeliveredOutOfOrderLandOnTheirSteps) {

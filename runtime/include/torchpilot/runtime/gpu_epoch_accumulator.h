@@ -65,11 +65,7 @@ struct GpuEpochAccumulator {
   std::map<std::string, Kernel> kernels;
   KernelClassStats classes;
   std::map<std::pair<std::string, std::string>, SyncSite> sync_sites;  // by (cause, phase)
-  // GPU time by phase (GpuEpochStats::phases and the three figures beside it).
-  std::vector<GpuPhaseStats> phases;
-  int64_t phase_steps = 0;
-  Nanos phase_steps_gpu_ns = 0, phase_covered_ns = 0;
-  int64_t phase_steps_incomplete = 0;
+  GpuPhaseTimes phases_gpu;                                            // GPU time by phase
 
   // One step's figures (gpu_step_stats).
   void add(const GpuStats& g);

@@ -100,7 +100,8 @@ class GpuMonitor : public Collector {
     std::vector<PhaseMarks> phases;             // traced steps: their phases' markers
     bool phases_complete = true;                // every phase got both its markers
   };
-  uint64_t record_marker();
+  // A marker's id, 0 when not recorded; optional (a phase's): never the step markers' last events.
+  uint64_t record_marker(bool optional = false);
   void drain();
   void name_phases();
   void refresh_pm_status();
@@ -178,6 +179,8 @@ class GpuMonitor : public Collector {
   std::vector<PhaseMarks> open_phases_;
   // A traced step's phases' GPU spans into the epoch's phase figures.
   void add_phases(const PendingStep& step, const StepSpans& spans);
+  // A phase's GPU span inside its step's, when both its markers resolved.
+  std::optional<Interval> phase_gpu_span(const PhaseMarks& p, Interval step) const;
   int steps_since_status_ = 0;
   Nanos max_step_call_ns_ = 0;  // the longest step-boundary call this epoch
   Nanos window_cost_ns_ = 0;    // the open window's cost so far

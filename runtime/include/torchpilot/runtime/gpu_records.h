@@ -93,6 +93,17 @@ struct GpuPhaseStats {
   Nanos host_ns = 0;  // the same occurrences' host spans, summed
 };
 
+// An epoch's GPU time by Pilot phase (the "gpu" section's `phases_gpu`).
+struct GpuPhaseTimes {
+  std::vector<GpuPhaseStats> phases;  // in order of first appearance
+  int64_t steps = 0;                  // the traced, GPU-timed steps they were measured over
+  Nanos step_gpu_ns = 0;              // those steps' GPU spans summed: the shares' whole
+  Nanos covered_ns = 0;               // the part of it inside some phase's GPU span
+  // Traced steps left out: a phase marker not recorded (more than 64 phases in the step, or the
+  // marker events kept for step markers) or not resolved.
+  int64_t incomplete_steps = 0;
+};
+
 // The GPU backend's collectors, by the names CollectorStatus uses.
 inline constexpr const char* kPmSamplingCollector = "pm_sampling";
 inline constexpr const char* kActivityCollector = "activity";
@@ -132,15 +143,7 @@ struct GpuEpochStats {
   int64_t own_thread_syncs = 0;  // sync records of torchpilot's own threads: never host syncs
   // Traced time by kernel class (kernel_classes.h).
   KernelClassStats kernel_classes;
-  // Traced time by Pilot phase, in order of first appearance; phase_steps: the traced, GPU-timed
-  // steps they were measured over, phase_steps_gpu_ns their GPU spans summed (the shares' whole),
-  // phase_covered_ns the part of those inside some phase's GPU span.
-  std::vector<GpuPhaseStats> phases;
-  int64_t phase_steps = 0;
-  Nanos phase_steps_gpu_ns = 0, phase_covered_ns = 0;
-  // Traced steps left out: a phase marker not recorded (more than 64 phases in the step, or the
-  // marker events kept for step markers) or not resolved.
-  int64_t phase_steps_incomplete = 0;
+  GpuPhaseTimes phases_gpu;  // traced time by Pilot phase
 };
 
 // GPU figures of one step; published after the step, once its samples and trace records arrived.
