@@ -332,18 +332,37 @@ void set_collective_waits(std::vector<RankSummary>& ranks) {
 // that alone (boost clocks differ by a few percent between healthy GPUs of one host).
 constexpr double kLowerClockShare = 0.95;
 
+namespace {
+
+// A rank's GPU idle per step, from its GPU utilization (NaN when not measured).
+double gpu_idle_ns(const RankSummary& r) {
+  if (!measured(r.gpu_utilization)) return kNotMeasured;
+  return std::max(0.0, 1.0 - r.gpu_utilization) * r.step_ns;
+}
+
+// SM efficiency over the time the GPU was busy: the epoch's figure counts idle time as
+// inefficient, which would blame a rank's kernels for its host's delays.
+double busy_sm_efficiency(const RankSummary& r) {
+  if (!measured(r.sm_efficiency)) return kNotMeasured;
+  if (!measured(r.gpu_utilization)) return r.sm_efficiency;
+  return r.gpu_utilization > 0 ? std::min(1.0, r.sm_efficiency / r.gpu_utilization) : kNotMeasured;
+}
+
+}  // namespace
+
 std::vector<Straggler> find_stragglers(const std::vector<RankSummary>& ranks, double threshold) {
   std::vector<Straggler> out;
   if (ranks.size() < 2) return out;
   for (const RankSummary& r : ranks) {
     // Against the other ranks' median: with two ranks the median of all would split the gap.
-    std::vector<double> compute, data, step, sm, sync, clock;
+    std::vector<double> compute, data, step, sm, sync, clock, idle;
     for (const RankSummary& o : ranks) {
       if (o.rank == r.rank) continue;
       compute.push_back(o.compute_ns);
       data.push_back(o.data_wait_ns);
       step.push_back(o.step_ns);
-      if (measured(o.sm_efficiency)) sm.push_back(o.sm_efficiency);
+      if (measured(busy_sm_efficiency(o))) sm.push_back(busy_sm_efficiency(o));
+      if (measured(gpu_idle_ns(o))) idle.push_back(gpu_idle_ns(o));
       if (measured(o.host_sync_ns)) sync.push_back(o.host_sync_ns);
       if (measured(o.sm_clock_mhz)) clock.push_back(o.sm_clock_mhz);
     }
@@ -362,14 +381,21 @@ std::vector<Straggler> find_stragglers(const std::vector<RankSummary>& ranks, do
                r.host_sync_ns - median(sync) > 0.5 * excess_compute) {
       s.cause = "host syncs (GPU idle after them " + fmt_step_ms(r.host_sync_ns) +
                 " ms/step against " + fmt_step_ms(median(sync)) + ")";
+    } else if (measured(gpu_idle_ns(r)) && !idle.empty() &&
+               gpu_idle_ns(r) - median(idle) > 0.5 * excess_compute) {
+      // Its GPU sits idle while its host works (the planted straggler of bench/collectives: host
+      // work on the training thread). Its SM efficiency is low for the idle alone.
+      s.cause = "host work (its GPU idle " + fmt_step_ms(gpu_idle_ns(r)) + " ms/step against " +
+                fmt_step_ms(median(idle)) + " on the other ranks: the GPU waits for the host)";
     } else if (measured(r.sm_clock_mhz) && !clock.empty() &&
                r.sm_clock_mhz < kLowerClockShare * median(clock)) {
       // The same kernels at a lower clock take longer: power, thermal limits or a slower part.
       s.cause = "lower SM clock (" + fmt_num(r.sm_clock_mhz) + " MHz while busy against " +
                 fmt_num(median(clock)) + " MHz on the other ranks: a power or thermal limit)";
-    } else if (measured(r.sm_efficiency) && !sm.empty() && r.sm_efficiency < 0.9 * median(sm)) {
-      s.cause = "slower kernels (SM efficiency " + fmt_pct(r.sm_efficiency) + " against " +
-                fmt_pct(median(sm)) + ")";
+    } else if (measured(busy_sm_efficiency(r)) && !sm.empty() &&
+               busy_sm_efficiency(r) < 0.9 * median(sm)) {
+      s.cause = "slower kernels (SM efficiency while busy " + fmt_pct(busy_sm_efficiency(r)) +
+                " against " + fmt_pct(median(sm)) + ")";
     } else {
       s.cause = "compute (" + fmt_step_ms(r.compute_ns) + " ms/step against " +
                 fmt_step_ms(median(compute)) + ")";

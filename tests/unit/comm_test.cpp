@@ -306,6 +306,34 @@ TEST(Stragglers, TheSlowRankIsNamedWithItsCauseAndTheOthersWait) {
   EXPECT_NE(find_stragglers(clocked, 0.1)[0].cause.find("compute"), std::string::npos);
 }
 
+TEST(Stragglers, AStragglerWhoseGpuWaitsForItsHostIsBlamedOnHostWorkNotOnItsKernels) {
+  // Two H100 ranks of bench/collectives (commit 287b641), rank 1 with 20 ms of host work per
+  // step, overlapped gradient sync: its GPU idles a third of the step, so its epoch SM efficiency
+  // (56% against 66%) is low for the idle alone; per busy second its kernels are no slower.
+  RankSummary r0 = rank(0, 60.36, 0, 44.35, 16.01), r1 = rank(1, 59.63, 0, 59.54, 0.09);
+  r0.gpu_utilization = 0.9931;
+  r0.sm_efficiency = 0.6577;
+  r1.gpu_utilization = 0.6588;
+  r1.sm_efficiency = 0.5627;
+  auto s = find_stragglers({r0, r1}, 0.1);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].rank, 1);
+  EXPECT_EQ(s[0].cause.rfind("host work (its GPU idle 20.3 ms/step against 0.4", 0), 0u)
+      << s[0].cause;
+  // The same rank with its GPU as busy as the others' and half their SM efficiency while busy:
+  // its kernels are slower.
+  r1.gpu_utilization = 0.99;
+  r1.sm_efficiency = 0.33;
+  s = find_stragglers({r0, r1}, 0.1);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].cause.rfind("slower kernels (SM efficiency while busy 33.3% against 66.2%", 0),
+            0u)
+      << s[0].cause;
+  // Without GPU figures: compute.
+  r1.gpu_utilization = r1.sm_efficiency = kNotMeasured;
+  EXPECT_EQ(find_stragglers({r0, r1}, 0.1)[0].cause.rfind("compute", 0), 0u);
+}
+
 // Durations of one group's collectives on a rank, in ms.
 void add_group(RankSummary& r, int64_t group, std::vector<double> ms) {
   for (size_t i = 0; i < ms.size(); ++i) {
