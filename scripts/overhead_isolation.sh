@@ -2,8 +2,9 @@
 # The always-on cost on NCCL ranks (WORLD, default 2; 1: one rank through a process group) with
 # one part of torchpilot changed at a time (the overhead budget of issues 11 and 12):
 # bench/collectives --suite overhead, each variant its own run of interleaved off/advise rounds.
-# VARIANTS: "NAME=VAR=VALUE ..." (default below); results to $OUT.
-#   OUT=dir [WORLD=1] scripts/overhead_isolation.sh
+# VARIANTS: "NAME=VAR=VALUE[,VAR=VALUE] ..." (default below); STEPS per run (default 30; PM
+# sampling's duty cycle needs runs longer than its period); results to $OUT.
+#   OUT=dir [WORLD=1] [STEPS=100] scripts/overhead_isolation.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -16,8 +17,8 @@ for v in $variants; do
   name=${v%%=*}
   assign=${v#*=}
   echo "== $(date -u +%H:%M:%S) overhead variant $name ($assign)"
-  env "$assign" ./build-gpu/bench/collectives --world-size "$WORLD" --suite overhead --d-model 1024 \
-    --layers 8 --heads 16 --seq 1024 --batch 16 --rounds "$ROUNDS" --steps 30 --warmup 5 \
+  env ${assign//,/ } ./build-gpu/bench/collectives --world-size "$WORLD" --suite overhead --d-model 1024 \
+    --layers 8 --heads 16 --seq 1024 --batch 16 --rounds "$ROUNDS" --steps "${STEPS:-30}" --warmup 5 \
     --machine "$MACHINE-x$WORLD" --commit "${COMMIT:-unknown}" \
     --out "$OUT/overhead-w$WORLD-$name.json" > "$OUT/overhead-w$WORLD-$name.log" 2>&1
   grep -E "advise_over_off" "$OUT/overhead-w$WORLD-$name.log" | tail -1

@@ -465,6 +465,8 @@ class CuptiBackend final : public GpuBackend {
     o.chip = device_.chip;
     o.interval_ms = config_.pm_interval_ms;
     o.metrics = pm_metric_set(config_.pm_metrics);
+    o.duty = config_.pm_duty;
+    o.duty_period_ms = config_.pm_duty_period_ms;
     pm_ = std::make_unique<PmSampler>(*cupti_, clock_, logger_, o,
                                       [this](std::vector<PmSample>&& s) { on_pm(s); });
     std::string why = pm_->configure();

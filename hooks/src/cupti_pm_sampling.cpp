@@ -186,15 +186,25 @@ std::string PmSampler::configure() {
 
   std::string why = configure_metrics(availability);
   if (!why.empty()) return why;
+  why = enable_device();
+  if (!why.empty()) {
+    release();
+    return why;
+  }
+  logger_.debug("PM sampling configured on device {} ({}): {} metrics every {} ms{}",
+                options_.device, options_.chip, metrics_.size(), options_.interval_ms,
+                options_.duty < 1 ? fmt::format(", enabled {:.0f}% of every {} ms",
+                                                options_.duty * 100, options_.duty_period_ms)
+                                  : std::string());
+  return {};
+}
 
+std::string PmSampler::enable_device() {
   CUpti_PmSampling_Enable_Params enable{};
   enable.structSize = CUpti_PmSampling_Enable_Params_STRUCT_SIZE;
   enable.deviceIndex = static_cast<size_t>(options_.device);
-  r = api_.pm_sampling_enable(&enable);
-  if (r != CUPTI_SUCCESS) {
-    release();
-    return pm_sampling_error_reason(api_, "cuptiPmSamplingEnable", r);
-  }
+  CUptiResult r = api_.pm_sampling_enable(&enable);
+  if (r != CUPTI_SUCCESS) return pm_sampling_error_reason(api_, "cuptiPmSamplingEnable", r);
   sampler_ = enable.pPmSamplingObject;
 
   CUpti_PmSampling_SetConfig_Params set{};
@@ -209,7 +219,7 @@ std::string PmSampler::configure() {
   set.hwBufferAppendMode = CUPTI_PM_SAMPLING_HARDWARE_BUFFER_APPEND_MODE_KEEP_LATEST;
   r = api_.pm_sampling_set_config(&set);
   if (r != CUPTI_SUCCESS) {
-    release();
+    disable_device();
     return pm_sampling_error_reason(api_, "cuptiPmSamplingSetConfig", r);
   }
 
@@ -221,17 +231,25 @@ std::string PmSampler::configure() {
   size.maxSamples = options_.max_samples;
   r = api_.pm_sampling_get_counter_data_size(&size);
   if (r != CUPTI_SUCCESS) {
-    release();
+    disable_device();
     return pm_sampling_error_reason(api_, "cuptiPmSamplingGetCounterDataSize", r);
   }
   counter_data_.assign(size.counterDataSize, 0);
   if (!reinit_image()) {
-    release();
+    disable_device();
     return reason();
   }
-  logger_.debug("PM sampling configured on device {} ({}): {} metrics every {} ms", options_.device,
-                options_.chip, metrics_.size(), interval_ms);
   return {};
+}
+
+void PmSampler::disable_device() {
+  if (sampler_ == nullptr) return;
+  CUpti_PmSampling_Disable_Params p{};
+  p.structSize = CUpti_PmSampling_Disable_Params_STRUCT_SIZE;
+  p.pPmSamplingObject = sampler_;
+  const CUptiResult r = api_.pm_sampling_disable(&p);
+  if (r != CUPTI_SUCCESS) logger_.debug("cuptiPmSamplingDisable: {}", cupti_error_name(api_, r));
+  sampler_ = nullptr;
 }
 
 std::string PmSampler::configure_metrics(const std::vector<uint8_t>& availability) {
@@ -324,14 +342,7 @@ std::string PmSampler::configure_metrics(const std::vector<uint8_t>& availabilit
 }
 
 void PmSampler::release() {
-  if (sampler_ != nullptr) {
-    CUpti_PmSampling_Disable_Params p{};
-    p.structSize = CUpti_PmSampling_Disable_Params_STRUCT_SIZE;
-    p.pPmSamplingObject = sampler_;
-    const CUptiResult r = api_.pm_sampling_disable(&p);
-    if (r != CUPTI_SUCCESS) logger_.debug("cuptiPmSamplingDisable: {}", cupti_error_name(api_, r));
-    sampler_ = nullptr;
-  }
+  disable_device();
   if (host_ != nullptr) {
     CUpti_Profiler_Host_Deinitialize_Params p{};
     p.structSize = CUpti_Profiler_Host_Deinitialize_Params_STRUCT_SIZE;
@@ -360,21 +371,14 @@ bool PmSampler::reinit_image() {
 std::string PmSampler::start() {
   if (started_) return {};
   if (sampler_ == nullptr) return "PM sampling is not configured";
-  CUpti_PmSampling_Start_Params p{};
-  p.structSize = CUpti_PmSampling_Start_Params_STRUCT_SIZE;
-  p.pPmSamplingObject = sampler_;
-  const CUptiResult r = api_.pm_sampling_start(&p);
-  if (r != CUPTI_SUCCESS) {
-    release();
-    return pm_sampling_error_reason(api_, "cuptiPmSamplingStart", r);
-  }
-  started_ = true;
   {
     std::lock_guard<std::mutex> lock(decode_mutex_);
-    discard_next_ = true;
-    failed_ = false;
-    consumed_ = 0;
+    if (!start_device()) {
+      release();
+      return reason();
+    }
   }
+  started_ = true;
   {
     std::lock_guard<std::mutex> lock(state_mutex_);
     stop_requested_ = false;
@@ -385,6 +389,62 @@ std::string PmSampler::start() {
     run();
   });
   return {};
+}
+
+bool PmSampler::start_device() {
+  CUpti_PmSampling_Start_Params p{};
+  p.structSize = CUpti_PmSampling_Start_Params_STRUCT_SIZE;
+  p.pPmSamplingObject = sampler_;
+  const CUptiResult r = api_.pm_sampling_start(&p);
+  if (r != CUPTI_SUCCESS) {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    reason_ = pm_sampling_error_reason(api_, "cuptiPmSamplingStart", r);
+    return false;
+  }
+  running_ = true;
+  ++bursts_;
+  phase_since_ns_ = steady_now_ns();
+  discard_next_ = true;  // the first sample after a start is garbage
+  failed_ = false;
+  consumed_ = 0;
+  return true;
+}
+
+void PmSampler::stop_device_locked() {
+  if (!running_) return;
+  CUpti_PmSampling_Stop_Params p{};
+  p.structSize = CUpti_PmSampling_Stop_Params_STRUCT_SIZE;
+  p.pPmSamplingObject = sampler_;
+  const CUptiResult r = api_.pm_sampling_stop(&p);
+  if (r != CUPTI_SUCCESS) logger_.debug("cuptiPmSamplingStop: {}", cupti_error_name(api_, r));
+  if (!failed_) decode_locked();  // what is left, to the end of the records
+  running_ = false;
+  phase_since_ns_ = steady_now_ns();
+}
+
+bool PmSampler::duty_step_locked() {
+  if (options_.duty >= 1) return true;
+  const Nanos period = static_cast<Nanos>(std::max(1, options_.duty_period_ms)) * 1'000'000;
+  const Nanos on = static_cast<Nanos>(options_.duty * static_cast<double>(period));
+  const Nanos since = steady_now_ns() - phase_since_ns_;
+  if (running_ && since >= on) {
+    stop_device_locked();
+    disable_device();  // enabled, even stopped, the sampler costs the GPU's work
+    return true;
+  }
+  if (!running_ && since >= period - on) {
+    std::string why = enable_device();
+    if (why.empty() && !start_device()) {
+      disable_device();
+      return false;  // reason_ set
+    }
+    if (!why.empty()) {
+      std::lock_guard<std::mutex> lock(state_mutex_);
+      reason_ = "PM sampling could not resume after a pause: " + why;
+      return false;
+    }
+  }
+  return true;
 }
 
 void PmSampler::run() {
@@ -398,7 +458,11 @@ void PmSampler::run() {
     bool ok = false;
     try {  // nothing may escape a collector thread (std::terminate would end the training)
       std::lock_guard<std::mutex> lock(decode_mutex_);
-      ok = !failed_ && decode_locked();
+      ok = !failed_ && (!running_ || decode_locked()) && duty_step_locked();
+      if (!ok && !failed_) {
+        failed_ = true;
+        logger_.warn("PM sampling stopped: {}", reason());
+      }
     } catch (const std::exception& e) {
       fail_on_exception(e.what());
     } catch (...) {
@@ -413,16 +477,17 @@ void PmSampler::decode_now() {
   if (!started_) return;
   std::lock_guard<std::mutex> lock(decode_mutex_);
   try {
-    if (!failed_) decode_locked();
+    if (!failed_ && running_) decode_locked();
   } catch (const std::exception& e) {
     failed_ = true;
     std::lock_guard<std::mutex> state(state_mutex_);  // decode_mutex_ -> state_mutex_, as elsewhere
     reason_ = std::string("PM sampling stopped: ") + e.what();
-  } catch (...) {
-    failed_ = true;
-    std::lock_guard<std::mutex> state(state_mutex_);
-    reason_ = "PM sampling stopped: unknown exception";
   }
+}
+
+int64_t PmSampler::bursts() const {
+  std::lock_guard<std::mutex> lock(decode_mutex_);
+  return bursts_;
 }
 
 void PmSampler::request_decode() {
@@ -571,21 +636,16 @@ void PmSampler::stop() {
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
   if (started_) {
-    CUpti_PmSampling_Stop_Params p{};
-    p.structSize = CUpti_PmSampling_Stop_Params_STRUCT_SIZE;
-    p.pPmSamplingObject = sampler_;
-    const CUptiResult r = api_.pm_sampling_stop(&p);
-    if (r != CUPTI_SUCCESS) logger_.debug("cuptiPmSamplingStop: {}", cupti_error_name(api_, r));
     std::lock_guard<std::mutex> lock(decode_mutex_);
-    if (!failed_) decode_locked();  // what is left, to the end of the records
+    stop_device_locked();
     started_ = false;
     if (stats_.decodes > 0) {
       const double n = static_cast<double>(stats_.decodes);
       logger_.debug(
-          "PM sampling: {} decodes of {} samples; per decode: DecodeData {:.3f} ms, evaluation "
-          "{:.3f} ms; {} image initializations of {:.3f} ms",
-          stats_.decodes, stats_.samples, stats_.decode_ns / n / 1e6, stats_.evaluate_ns / n / 1e6,
-          stats_.inits,
+          "PM sampling: {} decodes of {} samples in {} bursts; per decode: DecodeData {:.3f} ms, "
+          "evaluation {:.3f} ms; {} image initializations of {:.3f} ms",
+          stats_.decodes, stats_.samples, bursts_, stats_.decode_ns / n / 1e6,
+          stats_.evaluate_ns / n / 1e6, stats_.inits,
           stats_.inits > 0 ? stats_.init_ns / static_cast<double>(stats_.inits) / 1e6 : 0.0);
     }
   }

@@ -78,6 +78,12 @@ struct PmOptions {
   // reach drain() at most this late; flush() decodes at once.
   int decode_period_ms = 50;
   size_t max_decode_rounds = 64;  // per decode call (each empties the image once)
+  // gpu.pm_duty: the share of each duty period that the sampler is enabled (1: always). Enabled,
+  // PM sampling slows a GPU-bound step by 0.5-1% whatever the interval or the counters
+  // (bench/results/overhead-isolation-*.json); stopped but enabled, it still does. So between
+  // bursts the sampler is disabled (the host config image is kept).
+  double duty = 1;
+  int duty_period_ms = 4000;
 };
 
 class PmSampler {
@@ -99,6 +105,8 @@ class PmSampler {
   void request_decode();
   // Stop, decode until the end of the records, Disable, HostDeinitialize. Idempotent.
   void stop();
+  // Bursts begun (gpu.pm_duty < 1: each enable after a pause counts; 1 with the first start).
+  int64_t bursts() const;
   // Set when decoding failed on its own (sampling stopped); empty while it works.
   std::string reason() const;
   // The metric set in use (after fallbacks).
@@ -106,7 +114,12 @@ class PmSampler {
 
  private:
   std::string configure_metrics(const std::vector<uint8_t>& availability);
+  std::string enable_device();               // Enable, SetConfig, counter data image
+  void disable_device();                     // Disable (the host object stays)
   void release();                            // Disable + HostDeinitialize where held
+  bool start_device();                       // Start; decode_mutex_ held; false: reason_ set
+  void stop_device_locked();                 // Stop, decode to the end; decode_mutex_ held
+  bool duty_step_locked();                   // pauses or resumes a burst when due; decode_mutex_
   bool decode_locked();                      // decode_mutex_ held; false on error (reason set)
   bool lines_up(const PmSample& sample);     // its times are on the steady clock (else dropped)
   void fail_on_exception(const char* what);  // takes decode_mutex_ then state_mutex_
@@ -127,7 +140,10 @@ class PmSampler {
   CUpti_PmSampling_Object* sampler_ = nullptr;
   bool started_ = false;
 
-  std::mutex decode_mutex_;  // the counter data image and the decode state below
+  mutable std::mutex decode_mutex_;  // the counter data image and the decode state below
+  bool running_ = false;     // Start called on the enabled sampler (false between bursts)
+  Nanos phase_since_ns_ = 0;  // when the current burst or pause began
+  int64_t bursts_ = 0;
   bool discard_next_ = true;
   bool clock_checked_ = false;
   bool overflow_logged_ = false;

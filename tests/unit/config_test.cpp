@@ -192,7 +192,7 @@ TEST(ConfigTest, EveryKeySetsExactlyItsOwnValue) {
   // Candidate values, tried in order; a key takes the first one that loads and differs from its
   // default (ints reject fractions, booleans and numbers reject words, and so on).
   const std::vector<std::string> candidates = {
-      "0.125", "17", "1", "0", "[3]", "debug", "off", "sm", "/tmp/torchpilot-key.jsonl"};
+      "0.125", "17", "1", "0", "[3]", "debug", "off", "sm", "/tmp/torchpilot-key.jsonl", "5000"};
   for (const auto& key : config_keys()) {
     SCOPED_TRACE(key);
     bool found = false;

@@ -1349,6 +1349,48 @@ TEST(GpuBackend, NoSinglePassSetTurnsPmSamplingOff) {
   EXPECT_FALSE(rig.cupti->pm_enabled);
 }
 
+// gpu.pm_duty < 1: the sampler is enabled for its share of each period and disabled between
+// bursts (enabled, even stopped, it costs the GPU's work); the host config image is made once.
+// Each burst's first sample is discarded like the first after any start.
+TEST(GpuBackend, PmDutyCycleDisablesTheSamplerBetweenBursts) {
+  Rig rig;
+  rig.config.pm_duty = 0.5;
+  rig.config.pm_duty_period_ms = 200;
+  auto b = rig.make();
+  b->start();
+  auto count = [&](const std::string& call) {
+    std::lock_guard<std::mutex> lock(rig.cupti->m);
+    return std::count(rig.cupti->calls.begin(), rig.cupti->calls.end(), call);
+  };
+  ASSERT_TRUE(eventually([&] { return count("Enable") >= 3 && count("Disable") >= 2; }));
+  EXPECT_EQ(count("ConfigAddMetrics"), 1);
+  {
+    std::lock_guard<std::mutex> lock(rig.cupti->m);
+    const auto& calls = rig.cupti->calls;
+    std::string last;  // of Start and Stop
+    for (const auto& c : calls) {
+      if (c == "Start" || c == "Stop") last = c;
+      if (c == "Disable") EXPECT_EQ(last, "Stop") << "disabled while started";
+    }
+  }
+  ASSERT_TRUE(eventually([&] {
+    std::lock_guard<std::mutex> lock(rig.cupti->m);
+    return rig.cupti->pm_started;
+  }));
+  const uint64_t t0 = rig.cupti->cupti_now();
+  for (int i = 0; i < 3; ++i) rig.cupti->push_sample(sample(t0 + i, t0 + i + 1, 20));
+  GpuEventBatch batch;
+  ASSERT_TRUE(eventually([&] {
+    b->drain(batch);
+    return batch.pm.size() >= 2;
+  }));
+  EXPECT_EQ(batch.pm.size(), 2u);  // the first of the burst discarded
+  EXPECT_TRUE(status_of(*b, "pm_sampling").active);
+  b->stop();
+  EXPECT_FALSE(rig.cupti->pm_enabled);
+  EXPECT_FALSE(rig.cupti->pm_started);
+}
+
 TEST(GpuBackend, DecodeFailureStopsPmSamplingWithAReason) {
   Rig rig;
   auto b = rig.make();
