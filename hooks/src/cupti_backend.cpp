@@ -228,6 +228,8 @@ class CuptiBackend final : public GpuBackend {
     guard("drain", [&] {
       if (markers_ != nullptr) markers_->drain(out.markers);
       if (activity_ != nullptr) activity_->drain(out);
+      // Read before the pending samples are taken: a burst's last samples reach them first.
+      if (pm_ != nullptr && !release_running()) out.pm_final_until = pm_->paused_final_until();
       std::lock_guard<std::mutex> lock(events_mutex_);
       out.pm.insert(out.pm.end(), pending_pm_.begin(), pending_pm_.end());
       out.nvml.insert(out.nvml.end(), pending_nvml_.begin(), pending_nvml_.end());

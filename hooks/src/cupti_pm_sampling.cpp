@@ -485,6 +485,11 @@ void PmSampler::decode_now() {
   }
 }
 
+Nanos PmSampler::paused_final_until() const {
+  std::lock_guard<std::mutex> lock(decode_mutex_);
+  return started_ && !running_ && !failed_ ? steady_now_ns() : 0;
+}
+
 int64_t PmSampler::bursts() const {
   std::lock_guard<std::mutex> lock(decode_mutex_);
   return bursts_;

@@ -107,6 +107,9 @@ class PmSampler {
   void stop();
   // Bursts begun (gpu.pm_duty < 1: each enable after a pause counts; 1 with the first start).
   int64_t bursts() const;
+  // Paused between bursts: now (every sample before it went to the sink; the next burst's come
+  // after it). Otherwise 0.
+  Nanos paused_final_until() const;
   // Set when decoding failed on its own (sampling stopped); empty while it works.
   std::string reason() const;
   // The metric set in use (after fallbacks).

@@ -327,6 +327,8 @@ void GpuMonitor::drain() {
     to.insert(to.end(), std::make_move_iterator(from.begin()), std::make_move_iterator(from.end()));
   };
   for (const PmSample& s : incoming_.pm) pm_watermark_ = std::max(pm_watermark_, s.end);
+  // Paused between bursts: no step waits for samples that will not come.
+  pm_watermark_ = std::max(pm_watermark_, incoming_.pm_final_until);
   append(events_.pm, incoming_.pm);
   append(events_.nvml, incoming_.nvml);
   if (!incoming_.kernels.empty()) kernel_index_.reset();

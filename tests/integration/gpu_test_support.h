@@ -12,7 +12,8 @@
 namespace torchpilot::testing_support {
 
 // Advise mode; a window of `trace_steps` steps armed after step `trace_first_step`; no anomaly
-// windows; PM samples every 2 ms; no cost budget (a test's short run would defer its window).
+// windows; PM samples every 2 ms, always (a test's epochs are shorter than gpu.pm_duty's
+// period); no cost budget (a test's short run would defer its window).
 inline Config gpu_config(int trace_first_step, int trace_steps) {
   Config c;
   c.mode = Mode::kAdvise;
@@ -21,6 +22,7 @@ inline Config gpu_config(int trace_first_step, int trace_steps) {
   c.gpu.trace_steps = trace_steps;
   c.gpu.trace_anomaly_factor = 0;
   c.gpu.pm_interval_ms = 2;
+  c.gpu.pm_duty = 1;
   return c;
 }
 

@@ -558,6 +558,7 @@ struct Rig {
     logger = std::make_shared<spdlog::logger>("gpu_backend_test", sink);
     logger->set_level(spdlog::level::debug);
     config.pm_interval_ms = 2;
+    config.pm_duty = 1;  // tests of the duty cycle set it; the others sample throughout
     config.nvml_interval_ms = 2;
   }
 
@@ -1385,6 +1386,17 @@ TEST(GpuBackend, PmDutyCycleDisablesTheSamplerBetweenBursts) {
     return batch.pm.size() >= 2;
   }));
   EXPECT_EQ(batch.pm.size(), 2u);  // the first of the burst discarded
+  // Paused, the backend says the samples up to now are all there; sampling, it does not.
+  ASSERT_TRUE(eventually([&] {
+    GpuEventBatch paused;
+    b->drain(paused);
+    return paused.pm_final_until > 0;
+  }));
+  ASSERT_TRUE(eventually([&] {
+    GpuEventBatch sampling;
+    b->drain(sampling);
+    return sampling.pm_final_until == 0;
+  }));
   EXPECT_TRUE(status_of(*b, "pm_sampling").active);
   b->stop();
   EXPECT_FALSE(rig.cupti->pm_enabled);

@@ -116,6 +116,7 @@ class FakeBackend : public GpuBackend {
     move(out.syncs, queued.syncs);
     move(out.pm, queued.pm);
     move(out.nvml, queued.nvml);
+    out.pm_final_until = queued.pm_final_until;
     for (const MarkerRecord& m : queued.markers) handed_out.push_back(m.id);
     move(out.markers, queued.markers);
     out.dropped += queued.dropped;
@@ -532,6 +533,28 @@ TEST(GpuMonitorTest, StepsStopWaitingForPmSamplesThatStoppedMidEpoch) {
     rig.clock->advance(10 * kMs);
   }
   EXPECT_GE(rig.sink->late<GpuStepRecord>().size(), 30u);
+}
+
+// gpu.pm_duty < 1: between bursts no PM sample comes, and the backend says up to when the
+// samples are all there; steps there are published at once instead of held to the epoch's end.
+TEST(GpuMonitorTest, StepsDoNotWaitForPmSamplesWhileSamplingPausesBetweenBursts) {
+  Rig rig;
+  rig.step(10, 200, 1.0);
+  auto unsampled_steps = [&](bool paused) {
+    for (int i = 0; i < 20; ++i) {
+      if (paused) rig.backend->queued.pm_final_until = rig.clock->now_ns();
+      auto s = rig.pilot->step(1);
+      rig.clock->advance(10 * kMs);
+    }
+    return rig.sink->late<GpuStepRecord>().size();
+  };
+  const size_t held = unsampled_steps(false);  // sampling runs: the steps wait for its samples
+  EXPECT_LE(held, 2u);
+  EXPECT_GE(unsampled_steps(true), held + 18);
+  rig.pilot->end_epoch();
+  const auto* g = rig.sink->epochs[0].sections.get<GpuEpochStats>();
+  ASSERT_NE(g, nullptr);
+  EXPECT_NEAR(g->stats.sm_efficiency, 1.0, 1e-9);  // from the one sampled step alone
 }
 
 TEST(GpuMonitorTest, FirstWindowWaitsForAutotune) {

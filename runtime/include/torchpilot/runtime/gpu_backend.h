@@ -158,6 +158,9 @@ struct GpuEventBatch {
   std::vector<UtilSample> nvml;
   std::vector<MarkerRecord> markers;  // in the order they were resolved
   int64_t dropped = 0;                // records lost to full buffers since the last drain
+  // PM samples ending before this steady time have all been delivered (0: unknown): set while PM
+  // sampling pauses between bursts (gpu.pm_duty), when no sample is coming for a while.
+  Nanos pm_final_until = 0;
   void clear() {
     markers.clear();
     kernels.clear();
@@ -167,6 +170,7 @@ struct GpuEventBatch {
     pm.clear();
     nvml.clear();
     dropped = 0;
+    pm_final_until = 0;
   }
 };
 
