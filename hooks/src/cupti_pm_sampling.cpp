@@ -430,9 +430,11 @@ bool PmSampler::duty_step_locked() {
   if (running_ && since >= on) {
     stop_device_locked();
     disable_device();  // enabled, even stopped, the sampler costs the GPU's work
+    paused_ = !failed_;  // the burst's samples are with the sink
     return true;
   }
   if (!running_ && since >= period - on) {
+    paused_ = false;
     std::string why = enable_device();
     if (why.empty() && !start_device()) {
       disable_device();
@@ -486,8 +488,9 @@ void PmSampler::decode_now() {
 }
 
 Nanos PmSampler::paused_final_until() const {
-  std::lock_guard<std::mutex> lock(decode_mutex_);
-  return started_ && !running_ && !failed_ ? steady_now_ns() : 0;
+  // The time first: a burst resuming after the flag was read starts sampling after it.
+  const Nanos now = steady_now_ns();
+  return paused_.load() ? now : 0;
 }
 
 int64_t PmSampler::bursts() const {
@@ -640,6 +643,7 @@ void PmSampler::stop() {
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
+  paused_ = false;
   if (started_) {
     std::lock_guard<std::mutex> lock(decode_mutex_);
     stop_device_locked();

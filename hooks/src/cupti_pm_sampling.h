@@ -19,6 +19,7 @@
 // decode_now serialize on one mutex; the sink runs on either thread.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -108,7 +109,8 @@ class PmSampler {
   // Bursts begun (gpu.pm_duty < 1: each enable after a pause counts; 1 with the first start).
   int64_t bursts() const;
   // Paused between bursts: now (every sample before it went to the sink; the next burst's come
-  // after it). Otherwise 0.
+  // after it). Otherwise 0. Never waits: the training thread calls it while a decode may hold
+  // the sampler for tens of ms.
   Nanos paused_final_until() const;
   // Set when decoding failed on its own (sampling stopped); empty while it works.
   std::string reason() const;
@@ -145,6 +147,7 @@ class PmSampler {
 
   mutable std::mutex decode_mutex_;  // the counter data image and the decode state below
   bool running_ = false;     // Start called on the enabled sampler (false between bursts)
+  std::atomic<bool> paused_{false};  // between bursts, the last burst's samples delivered
   Nanos phase_since_ns_ = 0;  // when the current burst or pause began
   int64_t bursts_ = 0;
   bool discard_next_ = true;

@@ -15,8 +15,10 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <future>
 #include <map>
 #include <mutex>
 #include <set>
@@ -224,6 +226,8 @@ class FakeCupti final : public CuptiApiFake {
   size_t dropped = 0;  // records CUPTI dropped for want of a buffer
   int flushes = 0;
   int image_inits = 0;
+  bool hold_decode = false, decode_held = false;  // under m
+  std::condition_variable decode_cv;
   static constexpr size_t kImageSamples = 4;
 
   // --- Test helpers ---
@@ -488,6 +492,15 @@ class FakeCupti final : public CuptiApiFake {
     return CUPTI_SUCCESS;
   }
   CUptiResult on_pm_sampling_decode_data(CUpti_PmSampling_DecodeData_Params* p) override {
+    if (hold_decode) {
+      // A slow decode (10-30 ms on an H100 with the tensor metric): held until the test lets
+      // go, with `m` released meanwhile (the caller's guard holds it again on return).
+      std::unique_lock<std::mutex> held(m, std::adopt_lock);
+      decode_held = true;
+      decode_cv.wait(held, [this] { return !hold_decode; });
+      decode_held = false;
+      held.release();
+    }
     // Appends to what the image holds (until re-initialized); a small image exercises
     // COUNTER_DATA_FULL.
     while (!hardware.empty() && image.size() < kImageSamples) {
@@ -1401,6 +1414,37 @@ TEST(GpuBackend, PmDutyCycleDisablesTheSamplerBetweenBursts) {
   b->stop();
   EXPECT_FALSE(rig.cupti->pm_enabled);
   EXPECT_FALSE(rig.cupti->pm_started);
+}
+
+// The training thread's drain never waits for a decode in progress (the decode thread holds the
+// sampler while CUPTI decodes: 10-30 ms a call on an H100, which stalled every step when drain
+// asked the sampler whether it was paused under the same lock).
+TEST(GpuBackend, DrainDoesNotWaitForAPmDecodeInProgress) {
+  Rig rig;
+  auto b = rig.make();
+  b->start();
+  {
+    std::lock_guard<std::mutex> lock(rig.cupti->m);
+    rig.cupti->hold_decode = true;
+  }
+  ASSERT_TRUE(eventually([&] {
+    std::lock_guard<std::mutex> lock(rig.cupti->m);
+    return rig.cupti->decode_held;
+  }));
+  auto drained = std::async(std::launch::async, [&] {
+    GpuEventBatch batch;
+    b->drain(batch);
+  });
+  // Not a speed limit: a drain that waits for the decode never returns until it is let go.
+  const bool returned = drained.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  {
+    std::lock_guard<std::mutex> lock(rig.cupti->m);
+    rig.cupti->hold_decode = false;
+  }
+  rig.cupti->decode_cv.notify_all();
+  drained.wait();
+  EXPECT_TRUE(returned) << "drain waited for the PM decode";
+  b->stop();
 }
 
 TEST(GpuBackend, DecodeFailureStopsPmSamplingWithAReason) {
