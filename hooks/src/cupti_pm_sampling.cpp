@@ -429,7 +429,7 @@ bool PmSampler::duty_step_locked() {
   const Nanos since = steady_now_ns() - phase_since_ns_;
   if (running_ && since >= on) {
     stop_device_locked();
-    disable_device();  // enabled, even stopped, the sampler costs the GPU's work
+    disable_device();    // enabled, even stopped, the sampler costs the GPU's work
     paused_ = !failed_;  // the burst's samples are with the sink
     return true;
   }
@@ -491,11 +491,6 @@ Nanos PmSampler::paused_final_until() const {
   // The time first: a burst resuming after the flag was read starts sampling after it.
   const Nanos now = steady_now_ns();
   return paused_.load() ? now : 0;
-}
-
-int64_t PmSampler::bursts() const {
-  std::lock_guard<std::mutex> lock(decode_mutex_);
-  return bursts_;
 }
 
 void PmSampler::request_decode() {

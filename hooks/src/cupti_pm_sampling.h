@@ -106,8 +106,6 @@ class PmSampler {
   void request_decode();
   // Stop, decode until the end of the records, Disable, HostDeinitialize. Idempotent.
   void stop();
-  // Bursts begun (gpu.pm_duty < 1: each enable after a pause counts; 1 with the first start).
-  int64_t bursts() const;
   // Paused between bursts: now (every sample before it went to the sink; the next burst's come
   // after it). Otherwise 0. Never waits: the training thread calls it while a decode may hold
   // the sampler for tens of ms.
@@ -146,10 +144,10 @@ class PmSampler {
   bool started_ = false;
 
   mutable std::mutex decode_mutex_;  // the counter data image and the decode state below
-  bool running_ = false;     // Start called on the enabled sampler (false between bursts)
+  bool running_ = false;             // Start called on the enabled sampler (false between bursts)
   std::atomic<bool> paused_{false};  // between bursts, the last burst's samples delivered
-  Nanos phase_since_ns_ = 0;  // when the current burst or pause began
-  int64_t bursts_ = 0;
+  Nanos phase_since_ns_ = 0;         // when the current burst or pause began
+  int64_t bursts_ = 0;               // started (logged at stop)
   bool discard_next_ = true;
   bool clock_checked_ = false;
   bool overflow_logged_ = false;

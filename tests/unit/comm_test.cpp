@@ -326,8 +326,7 @@ TEST(Stragglers, AStragglerWhoseGpuWaitsForItsHostIsBlamedOnHostWorkNotOnItsKern
   r1.sm_efficiency = 0.33;
   s = find_stragglers({r0, r1}, 0.1);
   ASSERT_EQ(s.size(), 1u);
-  EXPECT_EQ(s[0].cause.rfind("slower kernels (SM efficiency while busy 33.3% against 66.2%", 0),
-            0u)
+  EXPECT_EQ(s[0].cause.rfind("slower kernels (SM efficiency while busy 33.3% against 66.2%", 0), 0u)
       << s[0].cause;
   // Without GPU figures: compute.
   r1.gpu_utilization = r1.sm_efficiency = kNotMeasured;
