@@ -422,8 +422,8 @@ void PmSampler::stop_device_locked() {
   phase_since_ns_ = steady_now_ns();
 }
 
-bool PmSampler::duty_step_locked() {
-  if (options_.duty >= 1) return true;
+void PmSampler::duty_step_locked() {
+  if (options_.duty >= 1) return;
   const Nanos period = static_cast<Nanos>(std::max(1, options_.duty_period_ms)) * 1'000'000;
   const Nanos on = static_cast<Nanos>(options_.duty * static_cast<double>(period));
   const Nanos since = steady_now_ns() - phase_since_ns_;
@@ -431,22 +431,33 @@ bool PmSampler::duty_step_locked() {
     stop_device_locked();
     disable_device();    // enabled, even stopped, the sampler costs the GPU's work
     paused_ = !failed_;  // the burst's samples are with the sink
-    return true;
+    return;
   }
   if (!running_ && since >= period - on) {
     paused_ = false;
     std::string why = enable_device();
-    if (why.empty() && !start_device()) {
-      disable_device();
-      return false;  // reason_ set
+    const bool resumed = why.empty() && start_device();
+    if (why.empty() && !resumed) disable_device();
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    if (resumed) {
+      if (resume_failing_) logger_.info("PM sampling resumed");
+      resume_failing_ = false;
+      reason_.clear();
+      return;
     }
-    if (!why.empty()) {
-      std::lock_guard<std::mutex> lock(state_mutex_);
-      reason_ = "PM sampling could not resume after a pause: " + why;
-      return false;
+    if (why.empty()) why = reason_;  // start_device's
+    // Another client (a profiler) may hold the counters for a while: not the end of sampling.
+    if (!resume_failing_) {
+      resume_failing_ = true;
+      logger_.warn(
+          "PM sampling could not resume after a pause ({}); trying again every {} ms, PM figures "
+          "missing meanwhile",
+          why, options_.duty_period_ms);
     }
+    reason_ = "PM sampling could not resume after a pause: " + why;
+    phase_since_ns_ = steady_now_ns();
+    paused_ = true;  // nothing is coming: steps need not wait
   }
-  return true;
 }
 
 void PmSampler::run() {
@@ -460,11 +471,8 @@ void PmSampler::run() {
     bool ok = false;
     try {  // nothing may escape a collector thread (std::terminate would end the training)
       std::lock_guard<std::mutex> lock(decode_mutex_);
-      ok = !failed_ && (!running_ || decode_locked()) && duty_step_locked();
-      if (!ok && !failed_) {
-        failed_ = true;
-        logger_.warn("PM sampling stopped: {}", reason());
-      }
+      ok = !failed_ && (!running_ || decode_locked());
+      if (ok) duty_step_locked();
     } catch (const std::exception& e) {
       fail_on_exception(e.what());
     } catch (...) {

@@ -117,14 +117,14 @@ class PmSampler {
 
  private:
   std::string configure_metrics(const std::vector<uint8_t>& availability);
-  std::string enable_device();               // Enable, SetConfig, counter data image
-  void disable_device();                     // Disable (the host object stays)
-  void release();                            // Disable + HostDeinitialize where held
-  bool start_device();                       // Start; decode_mutex_ held; false: reason_ set
-  void stop_device_locked();                 // Stop, decode to the end; decode_mutex_ held
-  bool duty_step_locked();                   // pauses or resumes a burst when due; decode_mutex_
-  bool decode_locked();                      // decode_mutex_ held; false on error (reason set)
-  bool lines_up(const PmSample& sample);     // its times are on the steady clock (else dropped)
+  std::string enable_device();            // Enable, SetConfig, counter data image
+  void disable_device();                  // Disable (the host object stays)
+  void release();                         // Disable + HostDeinitialize where held
+  bool start_device();                    // Start; decode_mutex_ held; false: reason_ set
+  void stop_device_locked();              // Stop, decode to the end; decode_mutex_ held
+  void duty_step_locked();                // pauses or resumes a burst when due; decode_mutex_ held
+  bool decode_locked();                   // decode_mutex_ held; false on error (reason set)
+  bool lines_up(const PmSample& sample);  // its times are on the steady clock (else dropped)
   void fail_on_exception(const char* what);  // takes decode_mutex_ then state_mutex_
   bool reinit_image();
   void run();
@@ -147,6 +147,7 @@ class PmSampler {
   bool running_ = false;             // Start called on the enabled sampler (false between bursts)
   std::atomic<bool> paused_{false};  // between bursts, the last burst's samples delivered
   Nanos phase_since_ns_ = 0;         // when the current burst or pause began
+  bool resume_failing_ = false;      // a burst could not start (said once until one does)
   int64_t bursts_ = 0;               // started (logged at stop)
   bool discard_next_ = true;
   bool clock_checked_ = false;

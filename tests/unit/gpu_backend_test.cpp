@@ -1416,6 +1416,37 @@ TEST(GpuBackend, PmDutyCycleDisablesTheSamplerBetweenBursts) {
   EXPECT_FALSE(rig.cupti->pm_started);
 }
 
+// A burst that cannot start (another client holds the counters) leaves PM sampling off with the
+// reason while it lasts, and it is tried again a period later, not given up.
+TEST(GpuBackend, PmSamplingThatCannotResumeAfterAPauseIsTriedAgain) {
+  Rig rig;
+  rig.config.pm_duty = 0.5;
+  rig.config.pm_duty_period_ms = 200;
+  auto b = rig.make();
+  b->start();
+  {
+    std::lock_guard<std::mutex> lock(rig.cupti->m);
+    rig.cupti->fail["cuptiPmSamplingEnable"] = CUPTI_ERROR_NOT_COMPATIBLE;
+  }
+  ASSERT_TRUE(eventually([&] { return !status_of(*b, "pm_sampling").active; }));
+  EXPECT_EQ(
+      status_of(*b, "pm_sampling").reason.rfind("PM sampling could not resume after a pause: ", 0),
+      0u)
+      << status_of(*b, "pm_sampling").reason;
+  {
+    std::lock_guard<std::mutex> lock(rig.cupti->m);
+    rig.cupti->fail.erase("cuptiPmSamplingEnable");
+  }
+  ASSERT_TRUE(eventually([&] { return status_of(*b, "pm_sampling").active; }));
+  ASSERT_TRUE(eventually([&] {
+    std::lock_guard<std::mutex> lock(rig.cupti->m);
+    return rig.cupti->pm_started;
+  }));
+  EXPECT_NE(rig.log().find("PM sampling resumed"), std::string::npos) << rig.log();
+  b->stop();
+  EXPECT_FALSE(rig.cupti->pm_enabled);
+}
+
 // The training thread's drain never waits for a decode in progress (the decode thread holds the
 // sampler while CUPTI decodes: 10-30 ms a call on an H100, which stalled every step when drain
 // asked the sampler whether it was paused under the same lock).
