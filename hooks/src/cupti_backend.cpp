@@ -209,7 +209,7 @@ class CuptiBackend final : public GpuBackend {
 
   void request_flush() override {
     guard("request_flush", [&] {
-      if (pm_ != nullptr && !release_running()) pm_->request_decode();
+      if (!release_running() && pm_ != nullptr) pm_->request_decode();
     });
   }
 
@@ -229,7 +229,7 @@ class CuptiBackend final : public GpuBackend {
       if (markers_ != nullptr) markers_->drain(out.markers);
       if (activity_ != nullptr) activity_->drain(out);
       // Read before the pending samples are taken: a burst's last samples reach them first.
-      if (pm_ != nullptr && !release_running()) out.pm_final_until = pm_->paused_final_until();
+      if (!release_running() && pm_ != nullptr) out.pm_final_until = pm_->paused_final_until();
       std::lock_guard<std::mutex> lock(events_mutex_);
       out.pm.insert(out.pm.end(), pending_pm_.begin(), pending_pm_.end());
       out.nvml.insert(out.nvml.end(), pending_nvml_.begin(), pending_nvml_.end());

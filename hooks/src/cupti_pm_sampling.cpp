@@ -422,18 +422,30 @@ void PmSampler::stop_device_locked() {
   phase_since_ns_ = steady_now_ns();
 }
 
+PmSampler::Duty PmSampler::duty() const {
+  // The decode thread's tick moves the cycle: a burst or a pause lasts two ticks at least (a
+  // burst's first sample is discarded), whatever gpu.pm_duty and its period ask.
+  const Nanos tick = static_cast<Nanos>(std::max(1, options_.decode_period_ms)) * 1'000'000;
+  const Nanos period = static_cast<Nanos>(std::max(1, options_.duty_period_ms)) * 1'000'000;
+  const Nanos on = std::max(2 * tick, static_cast<Nanos>(options_.duty * period));
+  return {on, std::max(2 * tick, period - on)};
+}
+
+bool PmSampler::burst_over_locked() const {
+  return options_.duty < 1 && running_ && steady_now_ns() - phase_since_ns_ >= duty().on;
+}
+
 void PmSampler::duty_step_locked() {
   if (options_.duty >= 1) return;
-  const Nanos period = static_cast<Nanos>(std::max(1, options_.duty_period_ms)) * 1'000'000;
-  const Nanos on = static_cast<Nanos>(options_.duty * static_cast<double>(period));
+  const Duty d = duty();
   const Nanos since = steady_now_ns() - phase_since_ns_;
-  if (running_ && since >= on) {
+  if (running_ && since >= d.on) {
     stop_device_locked();
     disable_device();    // enabled, even stopped, the sampler costs the GPU's work
     paused_ = !failed_;  // the burst's samples are with the sink
     return;
   }
-  if (!running_ && since >= period - on) {
+  if (!running_ && since >= d.off) {
     paused_ = false;
     std::string why = enable_device();
     const bool resumed = why.empty() && start_device();
@@ -452,11 +464,11 @@ void PmSampler::duty_step_locked() {
       logger_.warn(
           "PM sampling could not resume after a pause ({}); trying again every {} ms, PM figures "
           "missing meanwhile",
-          why, options_.duty_period_ms);
+          why, (d.on + d.off) / 1'000'000);
     }
     reason_ = "PM sampling could not resume after a pause: " + why;
-    phase_since_ns_ = steady_now_ns();
-    paused_ = true;  // nothing is coming: steps need not wait
+    phase_since_ns_ = steady_now_ns() + d.on;  // the next try a period from now
+    paused_ = true;                            // nothing is coming: steps need not wait
   }
 }
 
@@ -471,7 +483,8 @@ void PmSampler::run() {
     bool ok = false;
     try {  // nothing may escape a collector thread (std::terminate would end the training)
       std::lock_guard<std::mutex> lock(decode_mutex_);
-      ok = !failed_ && (!running_ || decode_locked());
+      // A burst that is over decodes to its end as it stops: not twice in one tick.
+      ok = !failed_ && (!running_ || burst_over_locked() || decode_locked());
       if (ok) duty_step_locked();
     } catch (const std::exception& e) {
       fail_on_exception(e.what());
@@ -492,6 +505,10 @@ void PmSampler::decode_now() {
     failed_ = true;
     std::lock_guard<std::mutex> state(state_mutex_);  // decode_mutex_ -> state_mutex_, as elsewhere
     reason_ = std::string("PM sampling stopped: ") + e.what();
+  } catch (...) {
+    failed_ = true;
+    std::lock_guard<std::mutex> state(state_mutex_);
+    reason_ = "PM sampling stopped: unknown exception";
   }
 }
 

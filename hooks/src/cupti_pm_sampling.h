@@ -15,8 +15,15 @@
 // as sm__pipe_tensor_cycles_active is in the set (cuptiPmSamplingDecodeData: 10-30 ms per call,
 // the same at 5 and 10 ms intervals), and flush() then takes 15-75 ms.
 //
-// Thread-safety: configure/start/decode_now/stop from the training thread; the decode thread and
-// decode_now serialize on one mutex; the sink runs on either thread.
+// With PmOptions::duty < 1 the decode thread also runs the duty cycle: at the end of a burst it
+// stops, decodes to the end and disables the sampler; after the pause it enables, configures and
+// starts it again (the host config image is kept). A burst that cannot start is retried a period
+// later, with reason() set meanwhile.
+//
+// Thread-safety: configure/start/decode_now/stop from one thread at a time (the training thread,
+// or the backend's release thread after a trace window); the decode thread and decode_now
+// serialize on one mutex; the sink runs on either thread; paused_final_until() from any thread,
+// without waiting.
 #pragma once
 
 #include <atomic>
@@ -84,7 +91,7 @@ struct PmOptions {
   // (bench/results/overhead-isolation-*.json); stopped but enabled, it still does. So between
   // bursts the sampler is disabled (the host config image is kept).
   double duty = 1;
-  int duty_period_ms = 4000;
+  int duty_period_ms = 2000;
 };
 
 class PmSampler {
@@ -117,11 +124,16 @@ class PmSampler {
 
  private:
   std::string configure_metrics(const std::vector<uint8_t>& availability);
-  std::string enable_device();            // Enable, SetConfig, counter data image
-  void disable_device();                  // Disable (the host object stays)
-  void release();                         // Disable + HostDeinitialize where held
-  bool start_device();                    // Start; decode_mutex_ held; false: reason_ set
-  void stop_device_locked();              // Stop, decode to the end; decode_mutex_ held
+  std::string enable_device();  // Enable, SetConfig, counter data image
+  void disable_device();        // Disable (the host object stays)
+  void release();               // Disable + HostDeinitialize where held
+  bool start_device();          // Start; decode_mutex_ held; false: reason_ set
+  void stop_device_locked();    // Stop, decode to the end; decode_mutex_ held
+  struct Duty {
+    Nanos on, off;  // a burst's and a pause's length
+  };
+  Duty duty() const;
+  bool burst_over_locked() const;         // the running burst is due to stop; decode_mutex_ held
   void duty_step_locked();                // pauses or resumes a burst when due; decode_mutex_ held
   bool decode_locked();                   // decode_mutex_ held; false on error (reason set)
   bool lines_up(const PmSample& sample);  // its times are on the steady clock (else dropped)

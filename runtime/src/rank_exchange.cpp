@@ -212,8 +212,10 @@ RankSummary summarize_rank(const EpochSummary& summary, int rank) {
   }
   r.compute_ns = std::max(0.0, r.step_ns - r.data_wait_ns - r.exposed_ns);
   if (const auto* g = summary.sections.get<GpuEpochStats>()) {
-    r.gpu_utilization = measured(g->stats.gpu_utilization) ? g->stats.gpu_utilization
-                                                           : g->stats.counter_utilization;
+    // PM's first: the SM efficiency beside it comes from the same samples (stragglers divide one
+    // by the other), and it covers the epoch, not only its trace windows.
+    r.gpu_utilization = measured(g->stats.counter_utilization) ? g->stats.counter_utilization
+                                                               : g->stats.gpu_utilization;
     r.sm_efficiency = g->stats.sm_efficiency;
     r.sm_clock_mhz = g->stats.sm_clock_mhz;
     if (g->traced_steps > 0) {

@@ -63,9 +63,9 @@ struct GpuConfig {
   // refuses the set), "no_pcie" (all but PCIe), "sm" (GPU and SM activity only).
   std::string pm_metrics = "all";
   // The share of each pm_duty_period_ms that PM sampling is enabled (1: always). Enabled, it
-  // costs a GPU-bound step 0.8-0.9%; in bursts of 0.5 s every 2 s, 0.3-0.6% (2 H100s, one and
-  // two ranks). Between bursts the sampler is disabled; steps in a pause have no PM figures
-  // (epoch means weigh by the time samples cover).
+  // costs a GPU-bound step 0.5-1%; in bursts of 0.5 s every 2 s, 0.3-0.6% (2 H100s, one and two
+  // ranks). Between bursts the sampler is disabled; steps in a pause have no PM figures (epoch
+  // means weigh by the time samples cover). Bursts and pauses last 100 ms at least.
   double pm_duty = 0.25;
   int pm_duty_period_ms = 2000;
   bool nvml = true;                   // NVML utilization.gpu beside the truth
