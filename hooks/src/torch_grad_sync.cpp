@@ -68,10 +68,10 @@ struct GradSync::State {
 
 #if TORCHPILOT_GRAD_SYNC_GPU_TIMING
   // One synchronize() on the GPU: `begin` recorded on the compute stream once backward and the
-  // buckets' copies are queued, `end` after the stream was made to wait for the all-reduces. end - begin is the
-  // compute stream's wait for communication after backward (exposed); each Work's own duration
-  // (NCCL's start and end events) is its GPU time. Resolved in later calls, once `end` completed:
-  // never waited for.
+  // buckets' copies are queued, `end` after the stream was made to wait for the all-reduces. end -
+  // begin is the compute stream's wait for communication after backward (exposed); each Work's own
+  // duration (NCCL's start and end events) is its GPU time. Resolved in later calls, once `end`
+  // completed: never waited for.
   struct Timed {
     at::cuda::CUDAEvent begin{cudaEventDefault};
     at::cuda::CUDAEvent end{cudaEventDefault};

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "torchpilot/runtime/gpu_epoch_accumulator.h"
+#include "torchpilot/runtime/gpu_metrics.h"
 #include "torchpilot/runtime/guard.h"
 #include "torchpilot/runtime/host_op_scopes.h"
 #include "torchpilot/runtime/metrics.h"
@@ -448,15 +449,7 @@ void GpuMonitor::add_phases(const PendingStep& step, const StepSpans& spans) {
   }
   ++out.steps;
   out.step_gpu_ns += spans.gpu.end - spans.gpu.begin;
-  // Nested phases cover their time once.
-  std::sort(covered.begin(), covered.end(),
-            [](const Interval& a, const Interval& b) { return a.begin < b.begin; });
-  Nanos reach = std::numeric_limits<Nanos>::min();
-  for (const Interval& c : covered) {
-    const Nanos from = std::max(c.begin, reach);
-    if (c.end > from) out.covered_ns += c.end - from;
-    reach = std::max(reach, c.end);
-  }
+  out.covered_ns += union_length(std::move(covered), spans.gpu);  // nested phases count once
 }
 
 void GpuMonitor::capture_window(const PendingStep& step, const StepSpans& spans) {

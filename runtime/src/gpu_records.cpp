@@ -86,7 +86,7 @@ json phases_gpu_json(const GpuPhaseTimes& e) {
   return {{"steps", e.steps},
           {"incomplete_steps", e.incomplete_steps},
           {"step_gpu_ms", e.step_gpu_ns / steps / 1e6},
-          {"outside_phases_ms", std::max<Nanos>(0, e.step_gpu_ns - e.covered_ns) / steps / 1e6},
+          {"outside_phases_ms", e.outside_ns() / steps / 1e6},
           {"phases", phases}};
 }
 
@@ -241,7 +241,7 @@ void section_text(const GpuEpochStats& gpu, const EpochSummary& s,
               (p.gpu_ns > 0 ? fmt_pct(fraction(p.busy_ns, p.gpu_ns)) : std::string("n/a")) +
               ", host " + fmt_num(p.host_ns / steps / 1e6) + " ms), ";
     }
-    const double outside = static_cast<double>(std::max<Nanos>(0, ph.step_gpu_ns - ph.covered_ns));
+    const double outside = static_cast<double>(ph.outside_ns());
     line +=
         "outside phases " + fmt_num(outside / steps / 1e6) + " ms (" + fmt_pct(outside / t) + ")";
     if (ph.incomplete_steps > 0) {

@@ -1366,12 +1366,23 @@ TEST(GpuBackend, NoSinglePassSetTurnsPmSamplingOff) {
 // gpu.pm_duty < 1: the sampler is enabled for its share of each period and disabled between
 // bursts (enabled, even stopped, it costs the GPU's work); the host config image is made once.
 // Each burst's first sample is discarded like the first after any start.
-TEST(GpuBackend, PmDutyCycleDisablesTheSamplerBetweenBursts) {
-  Rig rig;
+// A started backend sampling in bursts of 100 ms every 200 ms.
+std::unique_ptr<GpuBackend> start_in_bursts(Rig& rig) {
   rig.config.pm_duty = 0.5;
   rig.config.pm_duty_period_ms = 200;
   auto b = rig.make();
   b->start();
+  return b;
+}
+
+bool pm_started(const Rig& rig) {
+  std::lock_guard<std::mutex> lock(rig.cupti->m);
+  return rig.cupti->pm_started;
+}
+
+TEST(GpuBackend, PmDutyCycleDisablesTheSamplerBetweenBursts) {
+  Rig rig;
+  auto b = start_in_bursts(rig);
   auto count = [&](const std::string& call) {
     std::lock_guard<std::mutex> lock(rig.cupti->m);
     return std::count(rig.cupti->calls.begin(), rig.cupti->calls.end(), call);
@@ -1387,10 +1398,7 @@ TEST(GpuBackend, PmDutyCycleDisablesTheSamplerBetweenBursts) {
       if (c == "Disable") EXPECT_EQ(last, "Stop") << "disabled while started";
     }
   }
-  ASSERT_TRUE(eventually([&] {
-    std::lock_guard<std::mutex> lock(rig.cupti->m);
-    return rig.cupti->pm_started;
-  }));
+  ASSERT_TRUE(eventually([&] { return pm_started(rig); }));
   const uint64_t t0 = rig.cupti->cupti_now();
   for (int i = 0; i < 3; ++i) rig.cupti->push_sample(sample(t0 + i, t0 + i + 1, 20));
   GpuEventBatch batch;
@@ -1420,10 +1428,7 @@ TEST(GpuBackend, PmDutyCycleDisablesTheSamplerBetweenBursts) {
 // reason while it lasts, and it is tried again a period later, not given up.
 TEST(GpuBackend, PmSamplingThatCannotResumeAfterAPauseIsTriedAgain) {
   Rig rig;
-  rig.config.pm_duty = 0.5;
-  rig.config.pm_duty_period_ms = 200;
-  auto b = rig.make();
-  b->start();
+  auto b = start_in_bursts(rig);
   {
     std::lock_guard<std::mutex> lock(rig.cupti->m);
     rig.cupti->fail["cuptiPmSamplingEnable"] = CUPTI_ERROR_NOT_COMPATIBLE;
@@ -1438,10 +1443,7 @@ TEST(GpuBackend, PmSamplingThatCannotResumeAfterAPauseIsTriedAgain) {
     rig.cupti->fail.erase("cuptiPmSamplingEnable");
   }
   ASSERT_TRUE(eventually([&] { return status_of(*b, "pm_sampling").active; }));
-  ASSERT_TRUE(eventually([&] {
-    std::lock_guard<std::mutex> lock(rig.cupti->m);
-    return rig.cupti->pm_started;
-  }));
+  ASSERT_TRUE(eventually([&] { return pm_started(rig); }));
   EXPECT_NE(rig.log().find("PM sampling resumed"), std::string::npos) << rig.log();
   b->stop();
   EXPECT_FALSE(rig.cupti->pm_enabled);

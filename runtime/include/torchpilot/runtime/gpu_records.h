@@ -99,6 +99,7 @@ struct GpuPhaseTimes {
   int64_t steps = 0;                  // the traced, GPU-timed steps they were measured over
   Nanos step_gpu_ns = 0;              // those steps' GPU spans summed: the shares' whole
   Nanos covered_ns = 0;               // the part of it inside some phase's GPU span
+  Nanos outside_ns() const { return step_gpu_ns > covered_ns ? step_gpu_ns - covered_ns : 0; }
   // Traced steps left out: a phase marker not recorded (more than 64 phases in the step, or the
   // marker events kept for step markers) or not resolved.
   int64_t incomplete_steps = 0;
