@@ -35,6 +35,19 @@ std::vector<Interval> merged(std::vector<Interval> intervals) {
   return out;
 }
 
+// Joins intervals (sorted, disjoint) less than `gap` apart.
+std::vector<Interval> bridged(std::vector<Interval> intervals, Nanos gap) {
+  std::vector<Interval> out;
+  for (const Interval& i : intervals) {
+    if (!out.empty() && i.begin - out.back().end < gap) {
+      out.back().end = std::max(out.back().end, i.end);
+    } else {
+      out.push_back(i);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 Nanos union_length(std::vector<Interval> intervals, Interval window) {
@@ -96,7 +109,11 @@ GpuWindowMetrics gpu_window_metrics(const std::vector<KernelEvent>& kernels, Int
   m.estimated_sm_efficiency = std::min(1.0, busy_sm_ns / static_cast<double>(m.window_ns));
 
   m.comm_ns = union_length(comm, window);
-  m.comm_overlapped_ns = intersection_length(comm, compute, window);
+  // Compute kernels closer than kComputeGapBridgeNs count as one busy stretch: the GPU's switch
+  // from one queued kernel to the next is not time communication adds to the step (removing the
+  // communication would not remove it); a stream's wait for a collective is far longer.
+  m.comm_overlapped_ns = intersection_length(
+      comm, bridged(merged(clipped(std::move(compute), window)), kComputeGapBridgeNs), window);
   m.exposed_comm_ns = m.comm_ns - m.comm_overlapped_ns;
   m.comm_overlap = fraction(m.comm_overlapped_ns, m.comm_ns);
   return m;

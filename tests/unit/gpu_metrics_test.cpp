@@ -72,6 +72,26 @@ TEST(GpuWindowMetrics, CommunicationOverlapAndExposedTime) {
   EXPECT_DOUBLE_EQ(m.gpu_utilization, 40.0 / 50.0);
 }
 
+TEST(GpuWindowMetrics, QueuedComputeKernelsHideCommunicationAcrossTheirSwitchGapsButAWaitDoesNot) {
+  constexpr Nanos kUs = 1000;
+  // Backward: compute kernels of 100 us, 2 us apart (queued), with an all-reduce beside them;
+  // then the stream waits 50 us for the last all-reduce before the optimizer's kernel.
+  std::vector<KernelEvent> k;
+  for (Nanos t = 0; t < 10 * 102 * kUs; t += 102 * kUs) k.push_back({t, t + 100 * kUs, kSms, false});
+  k.push_back({50 * kUs, 950 * kUs, 8, true});              // within backward: hidden
+  const Nanos end = 9 * 102 * kUs + 100 * kUs;              // backward's last kernel ends
+  k.push_back({end, end + 50 * kUs, 8, true});              // the wait: exposed
+  k.push_back({end + 50 * kUs, end + 150 * kUs, kSms, false});  // optimizer
+  const auto m = gpu_window_metrics(k, {0, end + 200 * kUs}, kSms);
+  EXPECT_EQ(m.comm_ns, 950 * kUs);
+  EXPECT_EQ(m.exposed_comm_ns, 50 * kUs);
+  // A gap of kComputeGapBridgeNs or more is not bridged.
+  const std::vector<KernelEvent> apart = {{0, 100 * kUs, kSms, false},
+                                          {110 * kUs, 200 * kUs, kSms, false},
+                                          {50 * kUs, 150 * kUs, 8, true}};
+  EXPECT_EQ(gpu_window_metrics(apart, {0, 300 * kUs}, kSms).exposed_comm_ns, 10 * kUs);
+}
+
 TEST(GpuWindowMetrics, EmptyInputsAreZero) {
   EXPECT_EQ(gpu_window_metrics({}, {0, 100}, kSms).gpu_utilization, 0.0);
   EXPECT_EQ(gpu_window_metrics({{0, 10, 1, false}}, {10, 10}, kSms).window_ns, 0);

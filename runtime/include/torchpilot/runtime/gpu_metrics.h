@@ -28,6 +28,9 @@ struct KernelEvent {
   bool communication = false;  // a collective (NCCL) kernel rather than compute
 };
 
+// Gaps between compute kernels shorter than this count as compute for communication overlap.
+constexpr Nanos kComputeGapBridgeNs = 10'000;
+
 struct GpuWindowMetrics {
   Nanos window_ns = 0;
   // Union of all kernel intervals / window: what nvidia-smi calls utilization.
@@ -36,7 +39,7 @@ struct GpuWindowMetrics {
   // runs, overlapping kernels add up, the sum is clamped at 1, averaged over the window.
   double estimated_sm_efficiency = 0;
   Nanos comm_ns = 0;             // union of communication kernels
-  Nanos comm_overlapped_ns = 0;  // ... that overlaps compute kernels
+  Nanos comm_overlapped_ns = 0;  // ... that overlaps compute kernels (gaps < 10 us bridged)
   Nanos exposed_comm_ns = 0;     // comm_ns - comm_overlapped_ns
   double comm_overlap = 0;       // comm_overlapped_ns / comm_ns (0 without communication)
 };
