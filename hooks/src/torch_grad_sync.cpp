@@ -11,6 +11,7 @@
 #include <atomic>
 #include <deque>
 #include <exception>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -20,6 +21,7 @@
 #if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA && TORCH_VERSION_MAJOR >= 2
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
 #define TORCHPILOT_GRAD_SYNC_GPU_TIMING 1
 #else
 #define TORCHPILOT_GRAD_SYNC_GPU_TIMING 0
@@ -68,13 +70,15 @@ struct GradSync::State {
 
 #if TORCHPILOT_GRAD_SYNC_GPU_TIMING
   // One synchronize() on the GPU: `begin` recorded on the compute stream once backward and the
-  // buckets' copies are queued, `end` after the stream was made to wait for the all-reduces. end -
-  // begin is the compute stream's wait for communication after backward (exposed); each Work's own
-  // duration (NCCL's start and end events) is its GPU time. Resolved in later calls, once `end`
+  // buckets' copies are queued; `comm_done` on an idle side stream made to wait for the last
+  // all-reduce, right after. comm_done - begin is how long communication outlasts the compute
+  // stream's work (exposed): were the host late to queue `begin`, both fire late, where an event
+  // behind the compute stream's own wait would count the host's lateness. Each Work's own
+  // duration (NCCL's start and end events) is its GPU time. Resolved in later calls, once both
   // completed: never waited for.
   struct Timed {
     at::cuda::CUDAEvent begin{cudaEventDefault};
-    at::cuda::CUDAEvent end{cudaEventDefault};
+    at::cuda::CUDAEvent comm_done{cudaEventDefault};
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
     int64_t bytes = 0;
     int64_t sync = 0;  // syncs before this one in the process: the same on every rank
@@ -82,20 +86,21 @@ struct GradSync::State {
   std::deque<std::unique_ptr<Timed>> timed;
   static constexpr size_t kMaxTimed = 16;  // unresolved beyond this: the oldest is dropped
   bool timing_failed = false;              // a Work without durations: timing stays off
+  std::optional<c10::cuda::CUDAStream> side;  // comm_done's stream, from LibTorch's pool
 
   // Reports the completed syncs, oldest first, to `monitor`.
   void resolve(CommMonitor* monitor) {
     while (!timed.empty()) {
       Timed& t = *timed.front();
-      if (!t.end.query()) break;
+      if (!t.comm_done.query() || !t.begin.query()) break;
       Nanos busy = 0;
       std::vector<Nanos> durations;
       for (const auto& w : t.works) {
         durations.push_back(static_cast<Nanos>(work_duration_ms(*w, 0) * 1e6));
         busy += durations.back();
       }
-      const auto exposed =
-          static_cast<Nanos>(static_cast<double>(t.begin.elapsed_time(t.end)) * 1e6);
+      const auto exposed = std::max<Nanos>(
+          0, static_cast<Nanos>(static_cast<double>(t.begin.elapsed_time(t.comm_done)) * 1e6));
       if (monitor != nullptr) {
         CommMonitor::GpuTiming g;
         g.op = CommOp::kAllReduce;
@@ -150,6 +155,12 @@ struct GradSync::State {
 
   // mu held. Copies the bucket's gradients (zeros for a missing one) and starts its all-reduce.
   void issue(Bucket& b) {
+    fill(b);
+    start(b);
+  }
+
+  // mu held. The bucket's gradients (zeros for a missing one) into its buffer.
+  void fill(Bucket& b) {
     at::NoGradGuard no_grad;
     const at::Tensor& first = params[b.params.front()];
     if (!b.buffer.defined() || b.buffer.numel() != b.numel || b.buffer.device() != first.device()) {
@@ -165,6 +176,10 @@ struct GradSync::State {
         slice.zero_();
       }
     }
+  }
+
+  // mu held. Starts the all-reduce of a filled bucket.
+  void start(Bucket& b) {
     std::vector<at::Tensor> t{b.buffer};
     b.issued = true;
     // Counted here when no observer sees the backend's collectives (NCCL by default).
@@ -284,16 +299,40 @@ void GradSync::synchronize() {
     }
   }
 #endif
-  // Whatever backward did not reach (overlap off, unused parameters), in order.
-  while (s.next_issue < s.buckets.size()) s.issue(s.buckets[s.next_issue++]);
+  // Whatever backward did not reach (overlap off, unused parameters), in order: all copies
+  // first, so that from `begin` on the compute stream only waits (a detailed window's
+  // "communication with no compute kernel running"; copies between the all-reduces made the
+  // events read 10% off the window's without overlap, either way).
+  for (size_t i = s.next_issue; i < s.buckets.size(); ++i) s.fill(s.buckets[i]);
 #if TORCHPILOT_GRAD_SYNC_GPU_TIMING
   if (timed) {
     try {
-      // After the buckets' copies: those are compute, and the all-reduces they feed run beside
-      // them; from here the compute stream only waits (a detailed window's "communication with
-      // no compute kernel running"). Recorded before them, the span also held the copies: 2.36
-      // against the window's 2.15 ms on 2 H100s without overlap.
       timed->begin.record(at::cuda::getCurrentCUDAStream(s.params.front().device().index()));
+    } catch (const std::exception& e) {
+      timing_off(first_line(e.what()));
+    } catch (...) {
+      timing_off("an unknown error");
+    }
+  }
+#endif
+  while (s.next_issue < s.buckets.size()) s.start(s.buckets[s.next_issue++]);
+#if TORCHPILOT_GRAD_SYNC_GPU_TIMING
+  if (timed) {
+    try {
+      // The all-reduces run in order on one stream: the last one's end is communication's end.
+      const auto last = std::find_if(s.buckets.rbegin(), s.buckets.rend(),
+                                     [](const State::Bucket& b) { return bool(b.work); });
+      if (last != s.buckets.rend()) {
+        const auto device = s.params.front().device().index();
+        if (!s.side) s.side = c10::cuda::getStreamFromPool(false, device);
+        {
+          const c10::cuda::CUDAStreamGuard on_side(*s.side);
+          last->work->wait();  // the side stream waits for it; the host does not
+        }
+        timed->comm_done.record(*s.side);
+      } else {
+        timed.reset();  // nothing issued (a failure): nothing to time
+      }
     } catch (const std::exception& e) {
       timing_off(first_line(e.what()));
     } catch (...) {
@@ -319,9 +358,6 @@ void GradSync::synchronize() {
 #if TORCHPILOT_GRAD_SYNC_GPU_TIMING
   if (timed) {
     try {
-      // The waits above made the compute stream wait for the all-reduces: this event completes
-      // when they have.
-      timed->end.record(at::cuda::getCurrentCUDAStream(s.params.front().device().index()));
       for (State::Bucket& b : s.buckets) {
         if (!b.work) continue;
         timed->works.push_back(b.work);

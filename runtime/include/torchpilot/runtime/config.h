@@ -63,11 +63,12 @@ struct GpuConfig {
   // refuses the set), "no_pcie" (all but PCIe), "sm" (GPU and SM activity only).
   std::string pm_metrics = "all";
   // The share of each pm_duty_period_ms that PM sampling is enabled (1: always). Enabled, it
-  // costs a GPU-bound step 0.5-1%; in bursts of 0.5 s every 2 s, 0.3-0.6% (2 H100s, one and two
-  // ranks). Between bursts the sampler is disabled; steps in a pause have no PM figures (epoch
-  // means weigh by the time samples cover). Bursts and pauses last 100 ms at least.
-  double pm_duty = 0.25;
-  int pm_duty_period_ms = 2000;
+  // costs a GPU-bound step 0.5-1%; in bursts of 0.8 s every 4 s, 0.1-0.2% (2 H200s, one and two
+  // ranks; 0.5 s every 2 s: 0.35-0.55%, each turn on and off costs too). Between bursts the
+  // sampler is disabled; steps in a pause have no PM figures (epoch means weigh by the time
+  // samples cover). Bursts and pauses last 100 ms at least.
+  double pm_duty = 0.2;
+  int pm_duty_period_ms = 4000;
   bool nvml = true;                   // NVML utilization.gpu beside the truth
   double nvml_interval_ms = 100;      // NVML polling interval
   bool nvtx = true;                   // NVTX ranges for steps and phases ("torchpilot" domain)
