@@ -22,8 +22,9 @@
 //   the
 //               always-on communication figures, exposed_communication's estimated gain in the
 //               no-overlap runs against the measured gain of overlap; then one run of each with a
-//               detailed window (the window's communication and exposed time from the NCCL
-//               kernels);
+//               detailed window over the measured steps (the window's communication and
+//               exposed time from the NCCL kernels, beside the always-on figures of the same
+//               steps); --suite overlap runs this part alone;
 //   buckets   - interleaved rounds over --buckets (MiB): step time and the all-reduce's bus
 //   bandwidth
 //               against the link's peak;
@@ -96,7 +97,10 @@ struct Run {
 struct RunOptions {
   torchpilot::Mode mode = torchpilot::Mode::kAdvise;
   int steps = 0;
-  int window_steps = 0;  // a detailed window of this many steps after the warm-up
+  // A detailed window over every measured step: the always-on figures and the kernels' then cover
+  // the same steps (a shorter window's end, a stall on one rank, inflates the other rank's
+  // collectives in the steps after it, which only the always-on figures would count).
+  bool window = false;
   bool read_loss_each_step = false;
   bool observe_nccl_ops = false;  // the RecordFunction observer on NCCL too (comm.observe_nccl_ops)
 };
@@ -111,9 +115,9 @@ Run run(gpt_example::Trainer& trainer, const Args& a, const RunOptions& o) {
   c.gpu.trace_first_step = 1000000000;  // no window: the always-on cost
   c.gpu.trace_anomaly_factor = 0;
   if (o.observe_nccl_ops) c.comm.observe_nccl_ops = true;
-  if (o.window_steps > 0) {
-    c.gpu.trace_first_step = a.warmup + 2;
-    c.gpu.trace_steps = o.window_steps;
+  if (o.window) {
+    c.gpu.trace_first_step = a.warmup;
+    c.gpu.trace_steps = o.steps > 0 ? o.steps : a.steps;
     c.cost.budget = 1;  // the window is what is measured here
   }
   if (o.mode == torchpilot::Mode::kAutotune) {
@@ -222,7 +226,7 @@ double gain_of(const Run& r, const std::string& id) {
 // --out (<out>.rank<r>.json) to compare them.
 json full_suite(gpt_example::Trainer& trainer, const Args& a, int rank) {
   json suite;
-  const bool all = a.suite == "full";  // else "straggler": that part alone
+  const bool all = a.suite == "full";  // else "straggler" or "overlap": that part alone
   const double start_mb = a.train.bucket_mb;
   auto say = [&](const char* part, const Run& r) {
     if (rank != 0) return;
@@ -238,7 +242,7 @@ json full_suite(gpt_example::Trainer& trainer, const Args& a, int rank) {
   };
 
   // Overlap on and off, interleaved, always-on figures.
-  if (all) {
+  if (all || a.suite == "overlap") {
     std::vector<double> on_s, off_s, gains, measured;
     json rounds = json::array();
     for (int k = 0; k < a.rounds; ++k) {
@@ -257,7 +261,7 @@ json full_suite(gpt_example::Trainer& trainer, const Args& a, int rank) {
       say("overlap off", off);
     }
     RunOptions w;
-    w.window_steps = 6;
+    w.window = true;
     trainer.set_grad_sync(true, start_mb);
     const Run on_w = run(trainer, a, w);
     say("overlap on, window", on_w);
@@ -344,7 +348,7 @@ json full_suite(gpt_example::Trainer& trainer, const Args& a, int rank) {
     suite["overlap"]["ratio_at_best_bucket"] = meas > 0 ? est / meas : 0.0;
   }
   // A planted straggler.
-  {
+  if (all || a.suite == "straggler") {
     trainer.set_host_ms(rank == a.straggler_rank ? a.straggler_ms : 0);
     RunOptions s;
     s.read_loss_each_step = true;
@@ -417,9 +421,9 @@ int main(int argc, char** argv) {
   app.add_flag("--compare-observer", a.compare_observer,
                "also advise with the RecordFunction observer on NCCL (comm.observe_nccl_ops)");
   app.add_option("--suite", a.suite,
-                 "overhead, or full: also overlap, buckets, autotune, straggler; or straggler: "
-                 "overhead and that part alone")
-      ->check(CLI::IsMember({"overhead", "full", "straggler"}))
+                 "overhead, or full: also overlap, buckets, autotune, straggler; or overlap or "
+                 "straggler: overhead and that part alone")
+      ->check(CLI::IsMember({"overhead", "full", "overlap", "straggler"}))
       ->capture_default_str();
   app.add_option("--buckets", a.buckets, "bucket sizes (MiB) for the buckets part")
       ->capture_default_str();

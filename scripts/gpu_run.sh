@@ -91,11 +91,12 @@ elif want collectives2; then
   # Two GPUs of one host (issue 12): the data-parallel GPT example on 2 NCCL ranks, bf16. The
   # suite: off vs advise, overlap vs no overlap (always-on and window figures, the advisor's
   # estimate against the measured gain), bucket sizes and bus bandwidth against NVLink, the bucket
-  # auto-tune, a planted straggler. COLL_ARGS overrides the model or rounds.
+  # auto-tune, a planted straggler. COLL_ARGS overrides the model or rounds; COLL_SUITE=overlap
+  # runs the overlap part alone.
   log "collectives2: $(nvidia-smi -L | wc -l) GPUs; topology:"
   nvidia-smi topo -m 2>&1 | tee "$OUT/topology.txt" | head -8
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-  ./build-gpu/bench/collectives --world-size 2 --suite full --compare-observer --d-model 1024 \
+  ./build-gpu/bench/collectives --world-size 2 --suite ${COLL_SUITE:-full} --compare-observer --d-model 1024 \
     --layers 8 --heads 16 \
     --seq 1024 --batch 16 --rounds 7 --steps 30 --warmup 5 --buckets 4 --buckets 16 \
     --buckets 25 --buckets 64 --buckets 128 --autotune-start 4 --autotune-warmup 150 \
