@@ -77,10 +77,11 @@ TEST(GpuWindowMetrics, QueuedComputeKernelsHideCommunicationAcrossTheirSwitchGap
   // Backward: compute kernels of 100 us, 2 us apart (queued), with an all-reduce beside them;
   // then the stream waits 50 us for the last all-reduce before the optimizer's kernel.
   std::vector<KernelEvent> k;
-  for (Nanos t = 0; t < 10 * 102 * kUs; t += 102 * kUs) k.push_back({t, t + 100 * kUs, kSms, false});
-  k.push_back({50 * kUs, 950 * kUs, 8, true});              // within backward: hidden
-  const Nanos end = 9 * 102 * kUs + 100 * kUs;              // backward's last kernel ends
-  k.push_back({end, end + 50 * kUs, 8, true});              // the wait: exposed
+  for (Nanos t = 0; t < 10 * 102 * kUs; t += 102 * kUs)
+    k.push_back({t, t + 100 * kUs, kSms, false});
+  k.push_back({50 * kUs, 950 * kUs, 8, true});                  // within backward: hidden
+  const Nanos end = 9 * 102 * kUs + 100 * kUs;                  // backward's last kernel ends
+  k.push_back({end, end + 50 * kUs, 8, true});                  // the wait: exposed
   k.push_back({end + 50 * kUs, end + 150 * kUs, kSms, false});  // optimizer
   const auto m = gpu_window_metrics(k, {0, end + 200 * kUs}, kSms);
   EXPECT_EQ(m.comm_ns, 950 * kUs);
