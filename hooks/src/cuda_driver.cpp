@@ -22,6 +22,11 @@ class DlopenCudaDriver final : public CudaDriverApi {
     resolve(handle, ctx_get_current_, "cuCtxGetCurrent");
     resolve(handle, ctx_set_current_, "cuCtxSetCurrent");
     resolve(handle, ctx_get_device_, "cuCtxGetDevice");
+    resolve(handle, ctx_push_current_, "cuCtxPushCurrent_v2");
+    resolve(handle, ctx_pop_current_, "cuCtxPopCurrent_v2");
+    resolve(handle, primary_ctx_get_state_, "cuDevicePrimaryCtxGetState");
+    resolve(handle, primary_ctx_retain_, "cuDevicePrimaryCtxRetain");
+    resolve(handle, primary_ctx_release_, "cuDevicePrimaryCtxRelease_v2");
     resolve(handle, stream_create_, "cuStreamCreate");
     resolve(handle, stream_destroy_, "cuStreamDestroy_v2");
     resolve(handle, event_create_, "cuEventCreate");
@@ -55,6 +60,15 @@ class DlopenCudaDriver final : public CudaDriverApi {
   CUresult ctx_get_current(CUcontext* c) override { return call(ctx_get_current_, c); }
   CUresult ctx_set_current(CUcontext c) override { return call(ctx_set_current_, c); }
   CUresult ctx_get_device(CUdevice* d) override { return call(ctx_get_device_, d); }
+  CUresult ctx_push_current(CUcontext c) override { return call(ctx_push_current_, c); }
+  CUresult ctx_pop_current(CUcontext* c) override { return call(ctx_pop_current_, c); }
+  CUresult primary_ctx_get_state(CUdevice d, unsigned* flags, int* active) override {
+    return call(primary_ctx_get_state_, d, flags, active);
+  }
+  CUresult primary_ctx_retain(CUcontext* c, CUdevice d) override {
+    return call(primary_ctx_retain_, c, d);
+  }
+  CUresult primary_ctx_release(CUdevice d) override { return call(primary_ctx_release_, d); }
   CUresult stream_create(CUstream* s, unsigned flags) override {
     return call(stream_create_, s, flags);
   }
@@ -91,6 +105,11 @@ class DlopenCudaDriver final : public CudaDriverApi {
   decltype(&::cuCtxGetCurrent) ctx_get_current_ = nullptr;
   decltype(&::cuCtxSetCurrent) ctx_set_current_ = nullptr;
   decltype(&::cuCtxGetDevice) ctx_get_device_ = nullptr;
+  decltype(&::cuCtxPushCurrent) ctx_push_current_ = nullptr;  // cuCtxPushCurrent_v2
+  decltype(&::cuCtxPopCurrent) ctx_pop_current_ = nullptr;    // cuCtxPopCurrent_v2
+  decltype(&::cuDevicePrimaryCtxGetState) primary_ctx_get_state_ = nullptr;
+  decltype(&::cuDevicePrimaryCtxRetain) primary_ctx_retain_ = nullptr;
+  decltype(&::cuDevicePrimaryCtxRelease) primary_ctx_release_ = nullptr;  // ..._v2
   decltype(&::cuStreamCreate) stream_create_ = nullptr;
   decltype(&::cuStreamDestroy) stream_destroy_ = nullptr;  // cuStreamDestroy_v2
   decltype(&::cuEventCreate) event_create_ = nullptr;

@@ -31,6 +31,17 @@ class CudaDriverApi {
   virtual CUresult ctx_get_current(CUcontext* ctx) { return CUDA_ERROR_NOT_SUPPORTED; }
   virtual CUresult ctx_set_current(CUcontext ctx) { return CUDA_ERROR_NOT_SUPPORTED; }
   virtual CUresult ctx_get_device(CUdevice* device) { return CUDA_ERROR_NOT_SUPPORTED; }
+  // The observed device's primary context, for a training thread that keeps another device
+  // current (LibTorch restores its current device after each op on a tensor of another GPU).
+  virtual CUresult ctx_push_current(CUcontext ctx) { return CUDA_ERROR_NOT_SUPPORTED; }
+  virtual CUresult ctx_pop_current(CUcontext* ctx) { return CUDA_ERROR_NOT_SUPPORTED; }
+  virtual CUresult primary_ctx_get_state(CUdevice device, unsigned* flags, int* active) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  virtual CUresult primary_ctx_retain(CUcontext* ctx, CUdevice device) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  virtual CUresult primary_ctx_release(CUdevice device) { return CUDA_ERROR_NOT_SUPPORTED; }
   virtual CUresult stream_create(CUstream* stream, unsigned flags) {
     return CUDA_ERROR_NOT_SUPPORTED;
   }

@@ -36,25 +36,39 @@ bool CudaMarkers::record(uint64_t id, size_t keep_free) {
     ++counters_.no_context;
     return false;
   }
-  const CUcontext known = context_.load(std::memory_order_acquire);
+  CUcontext known = context_.load(std::memory_order_acquire);
   if (known == nullptr) {
-    // The first context seen on the training thread: the observed device's? Then the resolver
-    // takes over (set-up off this thread); markers are recorded from the next boundary on.
+    // The first context seen on the training thread: the observed device's? Else the observed
+    // device's primary context, once the trainer made it active (its tensors live there while
+    // the thread keeps another device current). Then the resolver takes over (set-up off this
+    // thread); markers are recorded from the next boundary on.
     CUdevice want = 0, have = 0;
-    if (api_.device_get(&want, device_index_) != CUDA_SUCCESS ||
-        api_.ctx_get_device(&have) != CUDA_SUCCESS || want != have) {
+    const bool found = api_.device_get(&want, device_index_) == CUDA_SUCCESS;
+    if (found && api_.ctx_get_device(&have) == CUDA_SUCCESS && want == have) {
+      known = ctx;
+    } else if (found) {
+      known = retain_active_primary(want);
+      if (known != nullptr) {
+        logger_.info(
+            "GPU step markers: the training thread keeps another GPU current; they are recorded "
+            "on GPU {}'s current stream with its context pushed for each",
+            device_index_);
+      }
+    }
+    if (known == nullptr) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (counters_.other_context++ == 0) {
         // Said once: a trainer on one GPU whose thread keeps another device current gets host
         // spans, and should know why.
         logger_.info(
             "GPU step markers wait: the training thread's current CUDA context is not GPU {}'s "
-            "(gpu.device); its steps are attributed by host time until it is",
+            "(gpu.device), which has no active context yet; its steps are attributed by host "
+            "time until one is",
             device_index_);
       }
       return false;
     }
-    context_.store(ctx, std::memory_order_release);
+    context_.store(known, std::memory_order_release);
     if (options_.thread) {
       try {
         thread_ = std::thread([this] { run(); });
@@ -64,12 +78,8 @@ bool CudaMarkers::record(uint64_t id, size_t keep_free) {
     }
     return false;
   }
-  if (ctx != known) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++counters_.other_context;
-    return false;
-  }
   if (!ready_.load(std::memory_order_acquire)) return false;
+  const bool push = ctx != known;
   CUevent event = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -81,8 +91,30 @@ bool CudaMarkers::record(uint64_t id, size_t keep_free) {
     free_.pop_back();
   }
   const MarkerStreamProvider provider = marker_stream_provider();
-  const auto stream = static_cast<CUstream>(provider != nullptr ? provider() : nullptr);
-  const CUresult r = api_.event_record(event, stream);
+  const auto stream =
+      static_cast<CUstream>(provider != nullptr ? provider(device_index_) : nullptr);
+  CUresult r = CUDA_SUCCESS;
+  bool popped = true;
+  if (push) {
+    // The thread's own context comes back on top whatever the record did.
+    r = api_.ctx_push_current(known);
+    if (r == CUDA_SUCCESS) {
+      r = api_.event_record(event, stream);
+      CUcontext was = nullptr;
+      popped = api_.ctx_pop_current(&was) == CUDA_SUCCESS;
+    }
+  } else {
+    r = api_.event_record(event, stream);
+  }
+  if (!popped) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      free_.push_back(event);
+    }
+    fail("cuCtxPopCurrent failed after a marker was recorded in GPU " +
+         std::to_string(device_index_) + "'s context");
+    return false;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   if (r != CUDA_SUCCESS) {
     free_.push_back(event);
@@ -91,7 +123,21 @@ bool CudaMarkers::record(uint64_t id, size_t keep_free) {
   }
   in_flight_.push_back({id, event});
   ++counters_.recorded;
+  if (push) ++counters_.pushed;
   return true;
+}
+
+CUcontext CudaMarkers::retain_active_primary(CUdevice device) {
+  unsigned flags = 0;
+  int active = 0;
+  if (api_.primary_ctx_get_state(device, &flags, &active) != CUDA_SUCCESS || active == 0) {
+    return nullptr;  // we never create a context: the trainer has not used this GPU yet
+  }
+  CUcontext ctx = nullptr;
+  if (api_.primary_ctx_retain(&ctx, device) != CUDA_SUCCESS || ctx == nullptr) return nullptr;
+  retained_device_ = device;
+  retained_.store(true, std::memory_order_release);
+  return ctx;
 }
 
 void CudaMarkers::drain(std::vector<MarkerRecord>& out) {
@@ -119,11 +165,11 @@ void CudaMarkers::stop() {
     if (counters_.recorded > 0) {
       // For cost investigations (log.level debug): how the resolver and its anchors fared.
       logger_.debug(
-          "GPU step markers: {} recorded, {} resolved, {} errors, {} pool exhausted; anchors {} "
-          "taken, {} failed, {} streams replaced, last error {:.1f} us",
-          counters_.recorded, counters_.resolved, counters_.errors, counters_.pool_exhausted,
-          counters_.anchors, counters_.anchor_failures, counters_.streams_replaced,
-          counters_.anchor_error_ns / 1e3);
+          "GPU step markers: {} recorded ({} pushed), {} resolved, {} errors, {} pool exhausted; "
+          "anchors {} taken, {} failed, {} streams replaced, last error {:.1f} us",
+          counters_.recorded, counters_.pushed, counters_.resolved, counters_.errors,
+          counters_.pool_exhausted, counters_.anchors, counters_.anchor_failures,
+          counters_.streams_replaced, counters_.anchor_error_ns / 1e3);
     }
   }
   off_.store(true, std::memory_order_release);
@@ -135,6 +181,8 @@ void CudaMarkers::stop() {
   } else if (set_up_done_) {
     tear_down();
   }
+  // After the events and the stream went: they belong to the context.
+  if (retained_.exchange(false)) api_.primary_ctx_release(retained_device_);
 }
 
 void CudaMarkers::fail(const std::string& why) {

@@ -4,9 +4,12 @@
 // reached it. Internal to hooks/.
 //
 // Recording (training thread): only once a CUDA context is current on the calling thread (the
-// trainer touched CUDA; we never create one there) and only for the observed device's context.
-// Events come from a fixed pool; none free -> not recorded (counted). Cost: one cuCtxGetCurrent
-// and one cuEventRecord (~1-3 us), no synchronization.
+// trainer touched CUDA; we never create one there), on the observed device's current stream in
+// its context. A thread that keeps another device current (LibTorch restores the current device
+// after each op on another GPU's tensors) gets the observed device's primary context pushed for
+// the record, once that context is active (retained, never created by us). Events come from a
+// fixed pool; none free -> not recorded (counted). Cost: one cuCtxGetCurrent and one
+// cuEventRecord (~1-3 us; a push and a pop more where pushed), no synchronization.
 //
 // Resolution (a thread of ours, with that context made current): every poll_ns it queries the
 // oldest events in flight (cuEventQuery, in recording order) and converts each completed one with
@@ -66,9 +69,10 @@ class CudaMarkers {
   CudaMarkers(const CudaMarkers&) = delete;
   CudaMarkers& operator=(const CudaMarkers&) = delete;
 
-  // Training thread. False: not recorded (no context current yet, another device's context,
-  // the pool not ready or exhausted, markers off). `keep_free`: recorded only while more than
-  // this many events are free (optional markers, such as phases', leave the rest to steps').
+  // Training thread. False: not recorded (no context current yet, another device's context
+  // while the observed device has no active one, the pool not ready or exhausted, markers off).
+  // `keep_free`: recorded only while more than this many events are free (optional markers, such as
+  // phases', leave the rest to steps').
   bool record(uint64_t id, size_t keep_free = 0);
   // Markers resolved since the last call, in recording order.
   void drain(std::vector<MarkerRecord>& out);
@@ -83,7 +87,8 @@ class CudaMarkers {
   struct Counters {
     int64_t recorded = 0, resolved = 0;
     int64_t no_context = 0;      // record() with no CUDA context current on the thread
-    int64_t other_context = 0;   // ... with another device's context current
+    int64_t other_context = 0;   // ... with another device's context current, none to push
+    int64_t pushed = 0;          // recorded with the observed context pushed for the call
     int64_t pool_exhausted = 0;  // ... with every event in flight (or all but `keep_free`)
     int64_t errors = 0;          // driver errors on record, query or elapsed time (dropped)
     int64_t anchors = 0, anchor_failures = 0, streams_replaced = 0;
@@ -100,6 +105,8 @@ class CudaMarkers {
   };
   Nanos now() const { return options_.now(); }
   bool set_up();  // resolver thread, context current: stream, anchor, pool
+  // The observed device's primary context, retained, if the trainer made it active; else null.
+  CUcontext retain_active_primary(CUdevice device);
   void tear_down();
   void fail(const std::string& why);
   bool anchor();
@@ -112,6 +119,8 @@ class CudaMarkers {
   MarkerOptions options_;
 
   std::atomic<CUcontext> context_{nullptr};  // the observed device's context, once seen
+  std::atomic<bool> retained_{false};        // context_ is a primary context we retained
+  CUdevice retained_device_ = 0;             // ... of this device (set before retained_)
   std::atomic<bool> ready_{false};           // the pool exists: record() may use it
   std::atomic<bool> off_{false};             // failed or stopped: record() returns false
   bool set_up_done_ = false;                 // resolver side

@@ -8,9 +8,9 @@
 namespace torchpilot {
 namespace detail {
 
-// Returns the calling thread's current stream for the current device; null is the legacy default
-// stream. Must not throw.
-using MarkerStreamProvider = void* (*)();
+// Returns the calling thread's current stream for CUDA device `device` (the observed one, which
+// need not be the thread's current device); null is the legacy default stream. Must not throw.
+using MarkerStreamProvider = void* (*)(int device);
 
 // Null (the default): markers go on the legacy default stream.
 void set_marker_stream_provider(MarkerStreamProvider provider);

@@ -1,5 +1,5 @@
 // The trainer's current CUDA stream for the GPU step markers (marker_stream.h): in builds whose
-// LibTorch has CUDA, LibTorch's current stream of the current device (a side stream under a
+// LibTorch has CUDA, LibTorch's current stream of the observed device (a side stream under a
 // CUDAStreamGuard, else the default stream). Elsewhere this file only keeps its link anchor.
 // Registered at static initialization; the anchor is named on the link line (CMake, torchpilot).
 #include "marker_stream.h"
@@ -13,9 +13,9 @@ namespace {
 
 #if TORCHPILOT_TORCH_CUDA
 // Called only once a CUDA context is current on the thread (the trainer touched CUDA).
-void* current_stream() {
+void* current_stream(int device) {
   try {
-    return c10::cuda::getCurrentCUDAStream().stream();
+    return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
   } catch (...) {
     return nullptr;  // the legacy default stream; nothing throws into the training loop
   }

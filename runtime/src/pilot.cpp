@@ -219,9 +219,10 @@ void Pilot::choose_device(bool probe_driver) {
                   visible < 0 ? std::string("?") : std::to_string(visible), c.source);
   }
   if (current >= 0 && current != c.index) {
-    // The step markers would wait for the thread to switch (they time the current device's
-    // stream): a trainer that stays on its current GPU needs gpu.device.
-    logger_->warn(
+    // Common under torchrun (tensors on cuda:LOCAL_RANK while the thread keeps GPU 0 current),
+    // and the step markers follow the observed GPU; but a trainer that really runs on its
+    // current GPU needs gpu.device, so say it.
+    logger_->info(
         "the thread making the Pilot has GPU {} current, but LOCAL_RANK chose GPU {} to observe; "
         "if the trainer runs on GPU {}, set gpu.device: {}",
         current, c.index, current, current);

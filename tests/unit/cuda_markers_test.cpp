@@ -13,6 +13,8 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include "cuda_driver.h"
 #include "cupti_api.h"
@@ -46,6 +48,13 @@ class FakeEventDriver final : public CudaDriverApi {
   CUresult stream_create_result = CUDA_SUCCESS;
   CUcontext current = fake_ptr(0xC0);
   CUdevice current_device = 0;
+  // Device 1's primary context (a trainer whose tensors live on GPU 1 while its thread keeps GPU
+  // 0 current): active once the trainer used it; pushed and popped around a marker.
+  bool primary_active = false;
+  CUcontext primary = fake_ptr(0xD1);
+  std::vector<std::pair<CUcontext, CUdevice>> pushed_stack;
+  int pushes = 0, pops = 0, retains = 0, releases = 0, creates_in_primary = 0;
+  std::vector<CUcontext> record_contexts;  // the context current at each event_record
   std::map<uintptr_t, Event> events;
   uintptr_t next_handle = 1;
   uint64_t next_seq = 1;
@@ -120,6 +129,41 @@ class FakeEventDriver final : public CudaDriverApi {
     *d = current_device;
     return CUDA_SUCCESS;
   }
+  CUresult ctx_push_current(CUcontext c) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    ++pushes;
+    pushed_stack.emplace_back(current, current_device);
+    current = c;
+    current_device = c == primary ? 1 : current_device;
+    return CUDA_SUCCESS;
+  }
+  CUresult ctx_pop_current(CUcontext* c) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (pushed_stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
+    ++pops;
+    *c = current;
+    std::tie(current, current_device) = pushed_stack.back();
+    pushed_stack.pop_back();
+    return CUDA_SUCCESS;
+  }
+  CUresult primary_ctx_get_state(CUdevice d, unsigned* flags, int* active) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    *flags = 0;
+    *active = d == 1 && primary_active ? 1 : 0;
+    return CUDA_SUCCESS;
+  }
+  CUresult primary_ctx_retain(CUcontext* c, CUdevice d) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (d != 1) return CUDA_ERROR_INVALID_DEVICE;
+    ++retains;
+    *c = primary;
+    return CUDA_SUCCESS;
+  }
+  CUresult primary_ctx_release(CUdevice d) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (d == 1) ++releases;
+    return CUDA_SUCCESS;
+  }
   CUresult stream_create(CUstream* s, unsigned flags) override {
     std::lock_guard<std::mutex> lock(mutex);
     if (stream_create_result != CUDA_SUCCESS) return stream_create_result;
@@ -149,6 +193,7 @@ class FakeEventDriver final : public CudaDriverApi {
     ev.stream = s;
     ev.done = is_private(s);
     ev.gpu_time = host;
+    record_contexts.push_back(current);
     return CUDA_SUCCESS;
   }
   CUresult event_query(CUevent e) override {
@@ -181,7 +226,12 @@ class FakeEventDriver final : public CudaDriverApi {
   }
 };
 
-void* trainer_stream() { return reinterpret_cast<void*>(0x7777); }
+void* trainer_stream(int) { return reinterpret_cast<void*>(0x7777); }
+int asked_device = -1;
+void* stream_of_device(int device) {
+  asked_device = device;
+  return reinterpret_cast<void*>(0x7000 + device);
+}
 
 struct MarkerRig {
   FakeEventDriver driver;
@@ -189,14 +239,14 @@ struct MarkerRig {
   std::shared_ptr<spdlog::logger> logger;
   std::unique_ptr<CudaMarkers> markers;
 
-  explicit MarkerRig(size_t pool = 16) {
+  explicit MarkerRig(size_t pool = 16, int device = 0) {
     logger = std::make_shared<spdlog::logger>(
         "markers", std::make_shared<spdlog::sinks::ostream_sink_mt>(log_text));
     MarkerOptions o;
     o.pool = pool;
     o.thread = false;
     o.now = [this] { return driver.now(); };
-    markers = std::make_unique<CudaMarkers>(driver, 0, *logger, o);
+    markers = std::make_unique<CudaMarkers>(driver, device, *logger, o);
   }
   // The first boundary with a context current starts the markers; the resolver sets up.
   void start() {
@@ -234,6 +284,54 @@ TEST(CudaMarkersTest, AnotherDevicesContextIsNotMarked) {
   const std::string said = "current CUDA context is not GPU 0's (gpu.device)";
   ASSERT_NE(log.find(said), std::string::npos) << log;
   EXPECT_EQ(log.find(said, log.find(said) + 1), std::string::npos) << log;
+}
+
+// A trainer on GPU 1 whose thread keeps GPU 0 current (LibTorch's device guard restores it after
+// each op on a cuda:1 tensor): markers wait until GPU 1's primary context is active, then are
+// recorded on GPU 1's current stream with that context pushed, and the thread's own comes back.
+TEST(CudaMarkersTest, AThreadKeepingAnotherGpuCurrentGetsMarkersInTheObservedGpusContext) {
+  set_marker_stream_provider(&stream_of_device);
+  MarkerRig rig(16, 1);  // observing GPU 1; the thread has GPU 0's context (0xC0) current
+  EXPECT_FALSE(rig.markers->record(1)) << "GPU 1 has no active context: none is created";
+  EXPECT_EQ(rig.driver.retains, 0);
+  EXPECT_EQ(rig.markers->counters().other_context, 1);
+
+  rig.driver.primary_active = true;  // the trainer's first op on cuda:1
+  EXPECT_FALSE(rig.markers->record(2)) << "the first sight starts the resolver";
+  EXPECT_EQ(rig.driver.retains, 1);
+  rig.markers->resolve_once();
+  ASSERT_TRUE(rig.markers->record(3));
+  ASSERT_TRUE(rig.markers->record(4));
+  EXPECT_EQ(rig.driver.pushes, 2);
+  EXPECT_EQ(rig.driver.pops, 2);
+  EXPECT_EQ(rig.driver.current, fake_ptr(0xC0)) << "the thread's own context is current again";
+  EXPECT_EQ(rig.driver.current_device, 0);
+  EXPECT_EQ(asked_device, 1) << "the stream is GPU 1's current one";
+  int in_primary_on_its_stream = 0;
+  for (const auto& [h, e] : rig.driver.events) {
+    if (e.recorded && e.stream == reinterpret_cast<CUstream>(0x7001)) ++in_primary_on_its_stream;
+  }
+  EXPECT_EQ(in_primary_on_its_stream, 2);
+  for (size_t i = rig.driver.record_contexts.size() - 2; i < rig.driver.record_contexts.size();
+       ++i) {
+    EXPECT_EQ(rig.driver.record_contexts[i], fake_ptr(0xD1)) << "recorded in GPU 1's context";
+  }
+  EXPECT_EQ(rig.markers->counters().pushed, 2);
+
+  ASSERT_TRUE(rig.driver.gpu_reaches(rig.driver.host + 1000000));
+  rig.markers->resolve_once();
+  const auto done = rig.drain();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].id, 3u);
+  const std::string log = rig.log_text.str();
+  EXPECT_NE(log.find("recorded on GPU 1's current stream with its context pushed"),
+            std::string::npos)
+      << log;
+  rig.markers->stop();
+  EXPECT_EQ(rig.driver.releases, 1) << "the retained context is released once";
+  rig.markers->stop();
+  EXPECT_EQ(rig.driver.releases, 1);
+  set_marker_stream_provider(nullptr);
 }
 
 TEST(CudaMarkersTest, MarkersOnTheTrainersStreamResolveInOrderToSteadyTime) {
