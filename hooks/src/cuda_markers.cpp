@@ -78,8 +78,14 @@ bool CudaMarkers::record(uint64_t id, size_t keep_free) {
     }
     return false;
   }
-  if (!ready_.load(std::memory_order_acquire)) return false;
   const bool push = ctx != known;
+  if (push && !retained_.load(std::memory_order_acquire)) {
+    // The thread's own context, seen first, and now another: we hold no reference to push it.
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++counters_.other_context;
+    return false;
+  }
+  if (!ready_.load(std::memory_order_acquire)) return false;
   CUevent event = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -107,6 +113,7 @@ bool CudaMarkers::record(uint64_t id, size_t keep_free) {
     r = api_.event_record(event, stream);
   }
   if (!popped) {
+    (void)api_.ctx_set_current(ctx);  // the trainer's context on top again, whatever the stack
     {
       std::lock_guard<std::mutex> lock(mutex_);
       free_.push_back(event);

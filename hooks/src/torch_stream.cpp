@@ -6,6 +6,8 @@
 
 #if TORCHPILOT_TORCH_CUDA
 #include <c10/cuda/CUDAStream.h>
+
+#include <limits>
 #endif
 
 namespace torchpilot {
@@ -14,6 +16,7 @@ namespace {
 #if TORCHPILOT_TORCH_CUDA
 // Called only once a CUDA context is current on the thread (the trainer touched CUDA).
 void* current_stream(int device) {
+  if (device < 0 || device > std::numeric_limits<c10::DeviceIndex>::max()) return nullptr;
   try {
     return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
   } catch (...) {

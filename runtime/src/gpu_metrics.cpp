@@ -35,11 +35,16 @@ std::vector<Interval> merged(std::vector<Interval> intervals) {
   return out;
 }
 
-// Joins intervals (sorted, disjoint) less than `gap` apart.
-std::vector<Interval> bridged(std::vector<Interval> intervals, Nanos gap) {
+// Joins intervals (sorted, disjoint) less than `gap` apart, unless one of `ends` (sorted) falls in
+// between: a compute stream resuming as a collective ends was waiting for it.
+std::vector<Interval> bridged(std::vector<Interval> intervals, Nanos gap,
+                              const std::vector<Nanos>& ends) {
   std::vector<Interval> out;
   for (const Interval& i : intervals) {
-    if (!out.empty() && i.begin - out.back().end < gap) {
+    const auto end =
+        out.empty() ? ends.end() : std::upper_bound(ends.begin(), ends.end(), out.back().end);
+    const bool waited = end != ends.end() && *end <= i.begin;
+    if (!out.empty() && i.begin - out.back().end < gap && !waited) {
       out.back().end = std::max(out.back().end, i.end);
     } else {
       out.push_back(i);
@@ -111,9 +116,14 @@ GpuWindowMetrics gpu_window_metrics(const std::vector<KernelEvent>& kernels, Int
   m.comm_ns = union_length(comm, window);
   // Compute kernels closer than kComputeGapBridgeNs count as one busy stretch: the GPU's switch
   // from one queued kernel to the next is not time communication adds to the step (removing the
-  // communication would not remove it); a stream's wait for a collective is far longer.
+  // communication would not remove it). A gap in which a collective ends is a wait for it.
+  std::vector<Nanos> comm_ends;
+  comm_ends.reserve(comm.size());
+  for (const Interval& c : comm) comm_ends.push_back(c.end);
+  std::sort(comm_ends.begin(), comm_ends.end());
   m.comm_overlapped_ns = intersection_length(
-      comm, bridged(merged(clipped(std::move(compute), window)), kComputeGapBridgeNs), window);
+      comm, bridged(merged(clipped(std::move(compute), window)), kComputeGapBridgeNs, comm_ends),
+      window);
   m.exposed_comm_ns = m.comm_ns - m.comm_overlapped_ns;
   m.comm_overlap = fraction(m.comm_overlapped_ns, m.comm_ns);
   return m;

@@ -219,10 +219,9 @@ void Pilot::choose_device(bool probe_driver) {
                   visible < 0 ? std::string("?") : std::to_string(visible), c.source);
   }
   if (current >= 0 && current != c.index) {
-    // Common under torchrun (tensors on cuda:LOCAL_RANK while the thread keeps GPU 0 current),
-    // and the step markers follow the observed GPU; but a trainer that really runs on its
-    // current GPU needs gpu.device, so say it.
-    logger_->info(
+    // The step markers follow the observed GPU (its context pushed where the thread keeps another
+    // current), so a trainer that really runs on its current GPU needs gpu.device: say it.
+    logger_->warn(
         "the thread making the Pilot has GPU {} current, but LOCAL_RANK chose GPU {} to observe; "
         "if the trainer runs on GPU {}, set gpu.device: {}",
         current, c.index, current, current);

@@ -53,7 +53,9 @@ class FakeEventDriver final : public CudaDriverApi {
   bool primary_active = false;
   CUcontext primary = fake_ptr(0xD1);
   std::vector<std::pair<CUcontext, CUdevice>> pushed_stack;
-  int pushes = 0, pops = 0, retains = 0, releases = 0, creates_in_primary = 0;
+  int pushes = 0, pops = 0, retains = 0, releases = 0;
+  CUresult pop_result = CUDA_SUCCESS;
+  CUcontext last_set = nullptr;
   std::vector<CUcontext> record_contexts;  // the context current at each event_record
   std::map<uintptr_t, Event> events;
   uintptr_t next_handle = 1;
@@ -119,9 +121,10 @@ class FakeEventDriver final : public CudaDriverApi {
     *c = current;
     return CUDA_SUCCESS;
   }
-  CUresult ctx_set_current(CUcontext) override {
+  CUresult ctx_set_current(CUcontext c) override {
     std::lock_guard<std::mutex> lock(mutex);
     ++set_current;
+    last_set = c;
     return CUDA_SUCCESS;
   }
   CUresult ctx_get_device(CUdevice* d) override {
@@ -140,6 +143,7 @@ class FakeEventDriver final : public CudaDriverApi {
   CUresult ctx_pop_current(CUcontext* c) override {
     std::lock_guard<std::mutex> lock(mutex);
     if (pushed_stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
+    if (pop_result != CUDA_SUCCESS) return pop_result;
     ++pops;
     *c = current;
     std::tie(current, current_device) = pushed_stack.back();
@@ -233,6 +237,12 @@ void* stream_of_device(int device) {
   return reinterpret_cast<void*>(0x7000 + device);
 }
 
+// The process-wide stream provider for one test, reset whatever the test's end.
+struct ScopedStreamProvider {
+  explicit ScopedStreamProvider(MarkerStreamProvider p) { set_marker_stream_provider(p); }
+  ~ScopedStreamProvider() { set_marker_stream_provider(nullptr); }
+};
+
 struct MarkerRig {
   FakeEventDriver driver;
   std::ostringstream log_text;
@@ -290,7 +300,7 @@ TEST(CudaMarkersTest, AnotherDevicesContextIsNotMarked) {
 // each op on a cuda:1 tensor): markers wait until GPU 1's primary context is active, then are
 // recorded on GPU 1's current stream with that context pushed, and the thread's own comes back.
 TEST(CudaMarkersTest, AThreadKeepingAnotherGpuCurrentGetsMarkersInTheObservedGpusContext) {
-  set_marker_stream_provider(&stream_of_device);
+  const ScopedStreamProvider provider(&stream_of_device);
   MarkerRig rig(16, 1);  // observing GPU 1; the thread has GPU 0's context (0xC0) current
   EXPECT_FALSE(rig.markers->record(1)) << "GPU 1 has no active context: none is created";
   EXPECT_EQ(rig.driver.retains, 0);
@@ -331,11 +341,39 @@ TEST(CudaMarkersTest, AThreadKeepingAnotherGpuCurrentGetsMarkersInTheObservedGpu
   EXPECT_EQ(rig.driver.releases, 1) << "the retained context is released once";
   rig.markers->stop();
   EXPECT_EQ(rig.driver.releases, 1);
-  set_marker_stream_provider(nullptr);
+}
+
+// The single-GPU case: the thread's own context was the observed GPU's when first seen; another
+// context current later is skipped (we hold no reference to push it), as before.
+TEST(CudaMarkersTest, TheThreadsOwnContextIsNeverPushed) {
+  MarkerRig rig;  // observing GPU 0, the thread's current
+  rig.start();
+  ASSERT_TRUE(rig.markers->record(1));
+  rig.driver.current = fake_ptr(0xC1);  // the thread switched to another context
+  rig.driver.current_device = 1;
+  EXPECT_FALSE(rig.markers->record(2));
+  EXPECT_EQ(rig.driver.pushes, 0);
+  EXPECT_EQ(rig.driver.retains, 0);
+  EXPECT_EQ(rig.markers->counters().other_context, 1);
+  EXPECT_EQ(rig.markers->counters().pushed, 0);
+}
+
+// A pop that fails leaves the observed context on the thread: the trainer's is made current again
+// and markers turn off with one line.
+TEST(CudaMarkersTest, AFailedPopRestoresTheThreadsContextAndTurnsMarkersOff) {
+  MarkerRig rig(16, 1);
+  rig.driver.primary_active = true;
+  rig.start();
+  rig.driver.pop_result = CUDA_ERROR_INVALID_CONTEXT;
+  EXPECT_FALSE(rig.markers->record(1));
+  EXPECT_EQ(rig.driver.last_set, fake_ptr(0xC0)) << "the thread's own context is set back";
+  EXPECT_NE(rig.markers->reason().find("cuCtxPopCurrent failed"), std::string::npos);
+  EXPECT_FALSE(rig.markers->record(2)) << "off for good";
+  EXPECT_EQ(rig.driver.pushes, 1);
 }
 
 TEST(CudaMarkersTest, MarkersOnTheTrainersStreamResolveInOrderToSteadyTime) {
-  set_marker_stream_provider(&trainer_stream);
+  const ScopedStreamProvider provider(&trainer_stream);
   MarkerRig rig;
   rig.start();
   EXPECT_EQ(rig.driver.set_current, 1) << "the resolver makes the context current";
@@ -366,7 +404,6 @@ TEST(CudaMarkersTest, MarkersOnTheTrainersStreamResolveInOrderToSteadyTime) {
   EXPECT_EQ(rig.markers->counters().recorded, 2);
   EXPECT_EQ(rig.markers->counters().resolved, 2);
   EXPECT_LE(rig.markers->counters().anchor_error_ns, 1000);
-  set_marker_stream_provider(nullptr);
 }
 
 TEST(CudaMarkersTest, ThePoolIsBoundedAndReusedOnceMarkersResolve) {

@@ -91,6 +91,11 @@ TEST(GpuWindowMetrics, QueuedComputeKernelsHideCommunicationAcrossTheirSwitchGap
                                           {110 * kUs, 200 * kUs, kSms, false},
                                           {50 * kUs, 150 * kUs, 8, true}};
   EXPECT_EQ(gpu_window_metrics(apart, {0, 300 * kUs}, kSms).exposed_comm_ns, 10 * kUs);
+  // A short wait: the compute stream resumes 1 us after a collective that ends in its 5 us gap.
+  const std::vector<KernelEvent> waited = {{0, 100 * kUs, kSms, false},
+                                           {105 * kUs, 200 * kUs, kSms, false},
+                                           {90 * kUs, 104 * kUs, 8, true}};
+  EXPECT_EQ(gpu_window_metrics(waited, {0, 300 * kUs}, kSms).exposed_comm_ns, 4 * kUs);
 }
 
 TEST(GpuWindowMetrics, EmptyInputsAreZero) {

@@ -28,7 +28,8 @@ struct KernelEvent {
   bool communication = false;  // a collective (NCCL) kernel rather than compute
 };
 
-// Gaps between compute kernels shorter than this count as compute for communication overlap.
+// Gaps between compute kernels shorter than this count as compute for communication overlap,
+// unless a communication kernel ends in the gap (the compute stream waited for it).
 constexpr Nanos kComputeGapBridgeNs = 10'000;
 
 struct GpuWindowMetrics {
