@@ -5,7 +5,9 @@
 // ready, while backward goes on; synchronize() waits for them (issuing what backward did not
 // reach), divides by the world size and writes the averaged gradients back. With overlap off,
 // synchronize() all-reduces every bucket after backward (the usual hand-written loop), for
-// comparison.
+// comparison. Buckets synchronize() issues are all copied before their all-reduces start, so that
+// the compute stream only waits from then on (the always-on exposed time; the first all-reduce
+// starts after every copy: estimated 0.3 ms for 405 MB of gradients at an H100's bandwidth).
 //
 //   torchpilot::GradSync sync(model->parameters(), pg, {/*bucket_mb=*/25, /*overlap=*/true});
 //   loss.backward();
