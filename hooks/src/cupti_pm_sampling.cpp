@@ -437,15 +437,14 @@ bool PmSampler::burst_over_locked() const {
 
 void PmSampler::duty_step_locked() {
   if (options_.duty >= 1) return;
-  const Duty d = duty();
-  const Nanos since = steady_now_ns() - phase_since_ns_;
-  if (running_ && since >= d.on) {
+  if (burst_over_locked()) {
     stop_device_locked();
     disable_device();    // enabled, even stopped, the sampler costs the GPU's work
     paused_ = !failed_;  // the burst's samples are with the sink
     return;
   }
-  if (!running_ && since >= d.off) {
+  const Duty d = duty();
+  if (!running_ && steady_now_ns() - phase_since_ns_ >= d.off) {
     paused_ = false;
     std::string why = enable_device();
     const bool resumed = why.empty() && start_device();
