@@ -53,6 +53,30 @@ std::vector<Interval> bridged(std::vector<Interval> intervals, Nanos gap,
   return out;
 }
 
+// The communication intervals (sorted, disjoint) with each idle gap of `active` (sorted,
+// disjoint: communication and other work) shorter than `gap` added where it begins at the end of
+// a communication interval or ends at the start of one.
+std::vector<Interval> with_edge_gaps(std::vector<Interval> comm, const std::vector<Interval>& active,
+                                     Nanos gap) {
+  std::vector<Nanos> starts, ends;
+  for (const Interval& c : comm) {
+    starts.push_back(c.begin);
+    ends.push_back(c.end);
+  }
+  auto has = [](const std::vector<Nanos>& v, Nanos t) {
+    return std::binary_search(v.begin(), v.end(), t);
+  };
+  const size_t n = comm.size();
+  for (size_t i = 0; i + 1 < active.size(); ++i) {
+    const Interval idle{active[i].end, active[i + 1].begin};
+    if (idle.end - idle.begin < gap && (has(ends, idle.begin) || has(starts, idle.end))) {
+      comm.push_back(idle);
+    }
+  }
+  if (comm.size() == n) return comm;
+  return merged(std::move(comm));
+}
+
 }  // namespace
 
 Nanos union_length(std::vector<Interval> intervals, Interval window) {
@@ -81,7 +105,7 @@ Nanos intersection_length(std::vector<Interval> a, std::vector<Interval> b, Inte
 }
 
 GpuWindowMetrics gpu_window_metrics(const std::vector<KernelEvent>& kernels, Interval window,
-                                    int sm_count) {
+                                    int sm_count, std::vector<Interval> copies) {
   GpuWindowMetrics m;
   m.window_ns = std::max<Nanos>(0, window.end - window.begin);
   if (m.window_ns == 0 || sm_count <= 0) return m;
@@ -113,17 +137,29 @@ GpuWindowMetrics gpu_window_metrics(const std::vector<KernelEvent>& kernels, Int
   }
   m.estimated_sm_efficiency = std::min(1.0, busy_sm_ns / static_cast<double>(m.window_ns));
 
-  m.comm_ns = union_length(comm, window);
+  if (comm.empty()) return m;
   // Compute kernels closer than kComputeGapBridgeNs count as one busy stretch: the GPU's switch
   // from one queued kernel to the next is not time communication adds to the step (removing the
   // communication would not remove it). A gap in which a collective ends is a wait for it.
+  // Copies are work too (a bucket's copy before its all-reduce): removing the communication
+  // would not remove them.
   std::vector<Nanos> comm_ends;
   comm_ends.reserve(comm.size());
   for (const Interval& c : comm) comm_ends.push_back(c.end);
   std::sort(comm_ends.begin(), comm_ends.end());
+  std::vector<Interval> work = merged(clipped(std::move(compute), window));
+  if (!copies.empty()) {
+    std::vector<Interval> c = clipped(std::move(copies), window);
+    c.insert(c.end(), work.begin(), work.end());
+    work = merged(std::move(c));
+  }
+  std::vector<Interval> comm_merged = merged(comm);
+  std::vector<Interval> running = comm_merged;
+  running.insert(running.end(), work.begin(), work.end());
+  comm_merged = with_edge_gaps(std::move(comm_merged), merged(std::move(running)), kCommGapBridgeNs);
+  m.comm_ns = union_length(comm_merged, window);
   m.comm_overlapped_ns = intersection_length(
-      comm, bridged(merged(clipped(std::move(compute), window)), kComputeGapBridgeNs, comm_ends),
-      window);
+      std::move(comm_merged), bridged(std::move(work), kComputeGapBridgeNs, comm_ends), window);
   m.exposed_comm_ns = m.comm_ns - m.comm_overlapped_ns;
   m.comm_overlap = fraction(m.comm_overlapped_ns, m.comm_ns);
   return m;

@@ -727,7 +727,9 @@ EpochSummary kineto_epoch_summary(const KinetoTrace& t, const KinetoOptions& opt
       c.stats.bytes += r.bytes;
     }
     // Communication time: the NCCL kernels in each step's GPU span, exposed where no compute
-    // kernel runs (gpu_window_metrics, as the trace windows' figures).
+    // kernel or copy runs (gpu_window_metrics, as the trace windows' figures).
+    std::vector<Interval> copies;
+    for (const CopyRecord& r : t.events.copies) copies.push_back({r.begin, r.end});
     for (const KinetoStep& k : t.steps) {
       std::vector<KernelEvent> kernels;
       for (const KernelRecord& r : t.events.kernels) {
@@ -736,7 +738,8 @@ EpochSummary kineto_epoch_summary(const KinetoTrace& t, const KinetoOptions& opt
           c.stats.busy_ns += r.end - r.begin;
         }
       }
-      const GpuWindowMetrics m = gpu_window_metrics(kernels, k.spans.gpu, std::max(1, t.sm_count));
+      const GpuWindowMetrics m =
+          gpu_window_metrics(kernels, k.spans.gpu, std::max(1, t.sm_count), copies);
       c.stats.comm_ns += m.comm_ns;
       c.stats.exposed_ns += m.exposed_comm_ns;
     }
