@@ -105,6 +105,9 @@ struct RunOptions {
   bool observe_nccl_ops = false;  // the RecordFunction observer on NCCL too (comm.observe_nccl_ops)
 };
 
+// Untraced steps after a window, in which its steps finish.
+constexpr int kFinishSteps = 20;
+
 // One Pilot over --warmup + steps steps; the figures of the measured steps' epoch.
 Run run(gpt_example::Trainer& trainer, const Args& a, const RunOptions& o) {
   // The defaults; TORCHPILOT_* variables isolate a part's cost (e.g.
@@ -186,19 +189,23 @@ Run run(gpt_example::Trainer& trainer, const Args& a, const RunOptions& o) {
                     {"trials", d->trials.size()},
                     {"reason", d->reason}};
     }
-    // A window's steps still unfinished at the epoch's end count in the next epoch: untraced
-    // steps, an epoch each, finish them, so that the window covers the steps the always-on
-    // figures do (its advice and decision are read above).
-    for (int extra = 0; o.window && carried > 0 && extra < 40; ++extra) {
-      train(1);
+    // A window's steps still unfinished at the epoch's end count in the next epoch: an epoch of
+    // untraced steps finishes them (at least two per step call), so that the window covers the
+    // steps the always-on figures do (its advice and decision are read above). The same number
+    // of steps on every rank: they all-reduce.
+    if (o.window) {
+      train(kFinishSteps);
       trainer.synchronize();
       pilot.end_epoch();
       const auto* gpu = pilot.epoch_summaries().back().sections.get<torchpilot::GpuEpochStats>();
-      if (gpu == nullptr) break;
-      r.traced_steps += gpu->traced_steps;
-      window_comm_ns += gpu->stats.comm_ns;
-      window_exposed_ns += gpu->stats.exposed_comm_ns;
-      carried = gpu->carried_steps;
+      if (gpu != nullptr) {
+        r.traced_steps += gpu->traced_steps;
+        window_comm_ns += gpu->stats.comm_ns;
+        window_exposed_ns += gpu->stats.exposed_comm_ns;
+        carried = gpu->carried_steps;
+      }
+      if (carried > 0)
+        std::fprintf(stderr, "window: %lld steps still unfinished\n", (long long)carried);
     }
     if (r.traced_steps > 0) {
       r.window_comm_ms = static_cast<double>(window_comm_ns) / 1e6 / r.traced_steps;

@@ -56,8 +56,8 @@ std::vector<Interval> bridged(std::vector<Interval> intervals, Nanos gap,
 // The communication intervals (sorted, disjoint) with each idle gap of `active` (sorted,
 // disjoint: communication and other work) shorter than `gap` added where it begins at the end of
 // a communication interval or ends at the start of one.
-std::vector<Interval> with_edge_gaps(std::vector<Interval> comm, const std::vector<Interval>& active,
-                                     Nanos gap) {
+std::vector<Interval> with_edge_gaps(std::vector<Interval> comm,
+                                     const std::vector<Interval>& active, Nanos gap) {
   std::vector<Nanos> starts, ends;
   for (const Interval& c : comm) {
     starts.push_back(c.begin);
@@ -156,7 +156,8 @@ GpuWindowMetrics gpu_window_metrics(const std::vector<KernelEvent>& kernels, Int
   std::vector<Interval> comm_merged = merged(comm);
   std::vector<Interval> running = comm_merged;
   running.insert(running.end(), work.begin(), work.end());
-  comm_merged = with_edge_gaps(std::move(comm_merged), merged(std::move(running)), kCommGapBridgeNs);
+  comm_merged =
+      with_edge_gaps(std::move(comm_merged), merged(std::move(running)), kCommGapBridgeNs);
   m.comm_ns = union_length(comm_merged, window);
   m.comm_overlapped_ns = intersection_length(
       std::move(comm_merged), bridged(std::move(work), kComputeGapBridgeNs, comm_ends), window);

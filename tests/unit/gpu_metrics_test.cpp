@@ -124,13 +124,13 @@ TEST(GpuWindowMetrics, IdleGapsAtACollectivesEdgesAreCommunicationAndCopiesAreWo
   const std::vector<KernelEvent> beside = {{0, 100 * kUs, kSms, false},
                                            {105 * kUs, 200 * kUs, 8, true}};
   EXPECT_EQ(gpu_window_metrics(beside, {0, 300 * kUs}, kSms).exposed_comm_ns, 100 * kUs);
-  EXPECT_EQ(gpu_window_metrics(beside, {0, 300 * kUs}, kSms, {{100 * kUs, 150 * kUs}})
-                .exposed_comm_ns,
-            50 * kUs);
+  EXPECT_EQ(
+      gpu_window_metrics(beside, {0, 300 * kUs}, kSms, {{100 * kUs, 150 * kUs}}).exposed_comm_ns,
+      50 * kUs);
   // A copy that leaves no gap: the all-reduce's first 45 us are beside the copy.
-  EXPECT_EQ(gpu_window_metrics(beside, {0, 300 * kUs}, kSms, {{60 * kUs, 150 * kUs}})
-                .exposed_comm_ns,
-            50 * kUs);
+  EXPECT_EQ(
+      gpu_window_metrics(beside, {0, 300 * kUs}, kSms, {{60 * kUs, 150 * kUs}}).exposed_comm_ns,
+      50 * kUs);
 }
 
 TEST(GpuWindowMetrics, EmptyInputsAreZero) {
