@@ -54,22 +54,17 @@ std::vector<Interval> bridged(std::vector<Interval> intervals, Nanos gap,
 }
 
 // The communication intervals (sorted, disjoint) with each idle gap of `active` (sorted,
-// disjoint: communication and other work) shorter than `gap` added where it begins at the end of
-// a communication interval or ends at the start of one.
-std::vector<Interval> with_edge_gaps(std::vector<Interval> comm,
-                                     const std::vector<Interval>& active, Nanos gap) {
-  std::vector<Nanos> starts, ends;
-  for (const Interval& c : comm) {
-    starts.push_back(c.begin);
-    ends.push_back(c.end);
-  }
-  auto has = [](const std::vector<Nanos>& v, Nanos t) {
-    return std::binary_search(v.begin(), v.end(), t);
-  };
+// disjoint: communication and other work) shorter than `gap` that ends where a communication
+// interval starts.
+std::vector<Interval> with_gaps_before(std::vector<Interval> comm,
+                                       const std::vector<Interval>& active, Nanos gap) {
+  std::vector<Nanos> starts;
+  starts.reserve(comm.size());
+  for (const Interval& c : comm) starts.push_back(c.begin);
   const size_t n = comm.size();
   for (size_t i = 0; i + 1 < active.size(); ++i) {
     const Interval idle{active[i].end, active[i + 1].begin};
-    if (idle.end - idle.begin < gap && (has(ends, idle.begin) || has(starts, idle.end))) {
+    if (idle.end - idle.begin < gap && std::binary_search(starts.begin(), starts.end(), idle.end)) {
       comm.push_back(idle);
     }
   }
@@ -157,7 +152,7 @@ GpuWindowMetrics gpu_window_metrics(const std::vector<KernelEvent>& kernels, Int
   std::vector<Interval> running = comm_merged;
   running.insert(running.end(), work.begin(), work.end());
   comm_merged =
-      with_edge_gaps(std::move(comm_merged), merged(std::move(running)), kCommGapBridgeNs);
+      with_gaps_before(std::move(comm_merged), merged(std::move(running)), kCommGapBridgeNs);
   m.comm_ns = union_length(comm_merged, window);
   m.comm_overlapped_ns = intersection_length(
       std::move(comm_merged), bridged(std::move(work), kComputeGapBridgeNs, comm_ends), window);

@@ -32,10 +32,12 @@ struct KernelEvent {
 // unless a communication kernel ends in the gap (the compute stream waited for it).
 constexpr Nanos kComputeGapBridgeNs = 10'000;
 
-// An idle gap (no kernel, no copy) shorter than this that begins where a communication kernel
-// ends or ends where one begins counts as communication: NCCL's launch and its streams' event
-// waits around each collective (7-17 us measured between back-to-back all-reduces and at their
-// edges on an H100 pair), which a compute stream waiting for the collective pays as well.
+// An idle gap (no kernel, no copy) shorter than this that ends where a communication kernel
+// begins counts as communication: NCCL's launch and its streams' event waits before each
+// collective (7-17 us measured before and between back-to-back all-reduces on an H100 pair),
+// which a compute stream waiting for the collective pays as well. The gap after a collective (the
+// compute stream resuming) does not: CUDA events the compute stream records around its wait end
+// with the collective, and the always-on measure is such events.
 constexpr Nanos kCommGapBridgeNs = 20'000;
 
 struct GpuWindowMetrics {
@@ -45,7 +47,7 @@ struct GpuWindowMetrics {
   // Estimated SM efficiency (no counters): each kernel contributes min(1, blocks / SMs) while it
   // runs, overlapping kernels add up, the sum is clamped at 1, averaged over the window.
   double estimated_sm_efficiency = 0;
-  Nanos comm_ns = 0;  // union of communication kernels and the idle gaps at their edges (< 20 us)
+  Nanos comm_ns = 0;  // union of communication kernels and the idle gaps (< 20 us) before them
   Nanos comm_overlapped_ns = 0;  // ... that overlaps compute kernels or copies (gaps < 10 us
                                  // bridged)
   Nanos exposed_comm_ns = 0;     // comm_ns - comm_overlapped_ns
