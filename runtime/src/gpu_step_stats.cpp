@@ -372,9 +372,12 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
     last_kernel = std::max(last_kernel, i.end);
     if (k.begin >= span.begin) ++g.kernels;  // counted in the step it started in
   }
-  std::vector<Interval> copies;  // beside compute for communication overlap
-  for (const CopyRecord& c : events.copies) {
-    if (c.end > span.begin && c.begin < span.end) copies.push_back({c.begin, c.end});
+  std::vector<Interval> copies;  // work beside compute, for communication overlap only
+  if (std::any_of(kernels.begin(), kernels.end(),
+                  [](const KernelEvent& k) { return k.communication; })) {
+    for (const CopyRecord& c : events.copies) {
+      if (c.end > span.begin && c.begin < span.end) copies.push_back({c.begin, c.end});
+    }
   }
   const GpuWindowMetrics m =
       gpu_window_metrics(kernels, span, std::max(1, sm_count), std::move(copies));

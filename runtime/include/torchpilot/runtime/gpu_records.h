@@ -44,8 +44,8 @@ struct GpuStats {
   int64_t h2d_bytes = 0;           // host-to-device copies
   int64_t h2d_pageable_bytes = 0;  // ... of which from pageable (not pinned) memory
   Nanos h2d_pageable_ns = 0;
-  // Communication kernels (NCCL): the union of their intervals in the span, and the part of it in
-  // which no compute kernel ran (docs/collectives.md).
+  // Communication kernels (NCCL): the union of their intervals in the span (with the launch gaps
+  // before them), and the part of it in which no compute kernel or copy ran (docs/metrics.md).
   Nanos comm_ns = 0;
   Nanos exposed_comm_ns = 0;
   // Idle time (no kernel running) split by cause, one cause per second, first match wins; the
