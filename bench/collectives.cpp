@@ -121,7 +121,8 @@ Run run(gpt_example::Trainer& trainer, const Args& a, const RunOptions& o) {
   if (o.window) {
     c.gpu.trace_first_step = a.warmup;
     c.gpu.trace_steps = o.steps > 0 ? o.steps : a.steps;
-    c.cost.budget = 1;  // the window is what is measured here
+    c.gpu.trace_every_epochs = 0;  // no window in the steps that finish this one
+    c.cost.budget = 1;             // the window is what is measured here
   }
   if (o.mode == torchpilot::Mode::kAutotune) {
     c.autotune.warmup_steps = a.autotune_warmup;
@@ -196,8 +197,13 @@ Run run(gpt_example::Trainer& trainer, const Args& a, const RunOptions& o) {
     if (o.window) {
       train(kFinishSteps);
       trainer.synchronize();
+      const size_t epochs = pilot.epoch_summaries().size();
       pilot.end_epoch();
-      const auto* gpu = pilot.epoch_summaries().back().sections.get<torchpilot::GpuEpochStats>();
+      carried = 0;
+      const auto* gpu =
+          pilot.epoch_summaries().size() > epochs
+              ? pilot.epoch_summaries().back().sections.get<torchpilot::GpuEpochStats>()
+              : nullptr;
       if (gpu != nullptr) {
         r.traced_steps += gpu->traced_steps;
         window_comm_ns += gpu->stats.comm_ns;

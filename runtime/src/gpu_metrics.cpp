@@ -1,6 +1,7 @@
 #include "torchpilot/runtime/gpu_metrics.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "torchpilot/runtime/metrics.h"
@@ -53,18 +54,26 @@ std::vector<Interval> bridged(std::vector<Interval> intervals, Nanos gap,
   return out;
 }
 
-// The communication intervals (sorted, disjoint) with each idle gap of `active` (sorted,
+// The communication intervals (sorted, disjoint) with each idle gap of `running` (sorted,
 // disjoint: communication and other work) shorter than `gap` that ends where a communication
-// interval starts.
+// interval starts, unless `work` (sorted, disjoint: bridged) covers it (a switch between queued
+// kernels, not the collective's launch).
 std::vector<Interval> with_gaps_before(std::vector<Interval> comm,
-                                       const std::vector<Interval>& active, Nanos gap) {
+                                       const std::vector<Interval>& running,
+                                       const std::vector<Interval>& work, Nanos gap) {
   std::vector<Nanos> starts;
   starts.reserve(comm.size());
   for (const Interval& c : comm) starts.push_back(c.begin);
+  auto covered = [&work](Interval i) {
+    auto w = std::upper_bound(work.begin(), work.end(), i.begin,
+                              [](Nanos t, const Interval& x) { return t < x.begin; });
+    return w != work.begin() && std::prev(w)->end >= i.end;
+  };
   const size_t n = comm.size();
-  for (size_t i = 0; i + 1 < active.size(); ++i) {
-    const Interval idle{active[i].end, active[i + 1].begin};
-    if (idle.end - idle.begin < gap && std::binary_search(starts.begin(), starts.end(), idle.end)) {
+  for (size_t i = 0; i + 1 < running.size(); ++i) {
+    const Interval idle{running[i].end, running[i + 1].begin};
+    if (idle.end - idle.begin < gap && std::binary_search(starts.begin(), starts.end(), idle.end) &&
+        !covered(idle)) {
       comm.push_back(idle);
     }
   }
@@ -133,9 +142,9 @@ GpuWindowMetrics gpu_window_metrics(const std::vector<KernelEvent>& kernels, Int
   m.estimated_sm_efficiency = std::min(1.0, busy_sm_ns / static_cast<double>(m.window_ns));
 
   if (comm.empty()) return m;
-  // Compute kernels closer than kComputeGapBridgeNs count as one busy stretch: the GPU's switch
-  // from one queued kernel to the next is not time communication adds to the step (removing the
-  // communication would not remove it). A gap in which a collective ends is a wait for it.
+  // Compute kernels and copies closer than kComputeGapBridgeNs count as one busy stretch: the GPU's
+  // switch from one queued kernel to the next is not time communication adds to the step (removing
+  // the communication would not remove it). A gap in which a collective ends is a wait for it.
   // Copies are work too (a bucket's copy before its all-reduce): removing the communication
   // would not remove them.
   std::vector<Nanos> comm_ends;
@@ -148,14 +157,14 @@ GpuWindowMetrics gpu_window_metrics(const std::vector<KernelEvent>& kernels, Int
     c.insert(c.end(), work.begin(), work.end());
     work = merged(std::move(c));
   }
+  const std::vector<Interval> busy = bridged(work, kComputeGapBridgeNs, comm_ends);
   std::vector<Interval> comm_merged = merged(comm);
   std::vector<Interval> running = comm_merged;
   running.insert(running.end(), work.begin(), work.end());
   comm_merged =
-      with_gaps_before(std::move(comm_merged), merged(std::move(running)), kCommGapBridgeNs);
+      with_gaps_before(std::move(comm_merged), merged(std::move(running)), busy, kCommGapBridgeNs);
   m.comm_ns = union_length(comm_merged, window);
-  m.comm_overlapped_ns = intersection_length(
-      std::move(comm_merged), bridged(std::move(work), kComputeGapBridgeNs, comm_ends), window);
+  m.comm_overlapped_ns = intersection_length(std::move(comm_merged), busy, window);
   m.exposed_comm_ns = m.comm_ns - m.comm_overlapped_ns;
   m.comm_overlap = fraction(m.comm_overlapped_ns, m.comm_ns);
   return m;

@@ -709,7 +709,8 @@ EpochSummary kineto_epoch_summary(const KinetoTrace& t, const KinetoOptions& opt
     c.backend = t.comm_backend;
     c.rank = t.rank;
     c.world_size = t.world_size;
-    c.method = "GPU: communication kernels not overlapped by compute kernels (Kineto trace)";
+    c.method =
+        "GPU: communication kernels not overlapped by compute kernels or copies (Kineto trace)";
     c.steps = static_cast<int64_t>(t.steps.size());
     c.step_wall_ns = summary.wall_ns;
     std::map<CommOp, CommOpStats> ops;

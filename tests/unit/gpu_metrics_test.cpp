@@ -120,18 +120,26 @@ TEST(GpuWindowMetrics, IdleGapsBeforeACollectiveAreCommunicationAndCopiesAreWork
   k.push_back({520 * kUs, 530 * kUs, kSms, false});
   EXPECT_EQ(gpu_window_metrics(k, {0, 600 * kUs}, kSms).exposed_comm_ns,
             330 * kUs - kCommGapBridgeNs);
-  // A copy (the bucket's, before its all-reduce) is work: the all-reduce beside it is hidden, and
-  // the idle gap after the copy is the all-reduce's only where it touches it.
+  // A copy (the bucket's, before its all-reduce) is work: the all-reduce's part beside it is
+  // hidden. Without the copy, the 5 us idle before the all-reduce is its launch.
   const std::vector<KernelEvent> beside = {{0, 100 * kUs, kSms, false},
                                            {105 * kUs, 200 * kUs, 8, true}};
   EXPECT_EQ(gpu_window_metrics(beside, {0, 300 * kUs}, kSms).exposed_comm_ns, 100 * kUs);
   EXPECT_EQ(
       gpu_window_metrics(beside, {0, 300 * kUs}, kSms, {{100 * kUs, 150 * kUs}}).exposed_comm_ns,
       50 * kUs);
-  // A copy that leaves no gap: the all-reduce's first 45 us are beside the copy.
+  // A short copy: the 3 us idle between its end and the all-reduce's start is the launch's.
   EXPECT_EQ(
-      gpu_window_metrics(beside, {0, 300 * kUs}, kSms, {{60 * kUs, 150 * kUs}}).exposed_comm_ns,
-      50 * kUs);
+      gpu_window_metrics(beside, {0, 300 * kUs}, kSms, {{100 * kUs, 102 * kUs}}).exposed_comm_ns,
+      98 * kUs);
+  // A collective starting in a compute switch gap (6 us, bridged): that idle is the switch's, not
+  // the launch's; communication is the kernel alone.
+  const std::vector<KernelEvent> in_switch = {{0, 100 * kUs, kSms, false},
+                                              {106 * kUs, 200 * kUs, kSms, false},
+                                              {104 * kUs, 300 * kUs, 8, true}};
+  const auto s = gpu_window_metrics(in_switch, {0, 400 * kUs}, kSms);
+  EXPECT_EQ(s.comm_ns, 196 * kUs);
+  EXPECT_EQ(s.exposed_comm_ns, 100 * kUs);
 }
 
 TEST(GpuWindowMetrics, EmptyInputsAreZero) {

@@ -55,7 +55,8 @@ struct GpuWindowMetrics {
 };
 
 // Metrics of the kernels inside `window` on a GPU with `sm_count` SMs (> 0). `copies` (memcpy
-// and memset on the GPU) are work beside compute kernels for communication overlap only.
+// and memset on the GPU, any stream) are work beside compute kernels; they change only the
+// communication figures (gaps, overlap), not utilization or SM efficiency.
 GpuWindowMetrics gpu_window_metrics(const std::vector<KernelEvent>& kernels, Interval window,
                                     int sm_count, std::vector<Interval> copies = {});
 
