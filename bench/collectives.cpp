@@ -147,7 +147,7 @@ Run run(gpt_example::Trainer& trainer, const Args& a, const RunOptions& o) {
     trainer.synchronize();
     r.step_s = std::chrono::duration<double>(Clock::now() - t0).count() / steps;
     pilot.end_epoch();
-    int64_t window_comm_ns = 0, window_exposed_ns = 0, carried = 0;
+    int64_t window_comm_ns = 0, window_exposed_ns = 0;
     if (!pilot.epoch_summaries().empty()) {
       const torchpilot::EpochSummary& e = pilot.epoch_summaries().back();
       if (const auto* comm = e.sections.get<torchpilot::CommEpochStats>()) {
@@ -168,7 +168,6 @@ Run run(gpt_example::Trainer& trainer, const Args& a, const RunOptions& o) {
         r.traced_steps = gpu->traced_steps;
         window_comm_ns = gpu->stats.comm_ns;
         window_exposed_ns = gpu->stats.exposed_comm_ns;
-        carried = gpu->carried_steps;
       }
       if (const auto* cost = e.sections.get<torchpilot::CostStats>()) {
         r.cost = json::parse(torchpilot::section_json(*cost));
@@ -199,7 +198,7 @@ Run run(gpt_example::Trainer& trainer, const Args& a, const RunOptions& o) {
       trainer.synchronize();
       const size_t epochs = pilot.epoch_summaries().size();
       pilot.end_epoch();
-      carried = 0;
+      int64_t carried = 0;
       const auto* gpu =
           pilot.epoch_summaries().size() > epochs
               ? pilot.epoch_summaries().back().sections.get<torchpilot::GpuEpochStats>()

@@ -363,6 +363,7 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
   std::vector<KernelEvent> kernels;
   std::vector<Interval> busy;
   Nanos first_kernel = span.end, last_kernel = span.begin;
+  bool communication = false;
   for (const KernelRecord& k : index.overlapping(span)) {
     const Interval i{std::max(k.begin, span.begin), std::min(k.end, span.end)};
     if (i.end <= i.begin) continue;
@@ -371,22 +372,15 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
     first_kernel = std::min(first_kernel, i.begin);
     last_kernel = std::max(last_kernel, i.end);
     if (k.begin >= span.begin) ++g.kernels;  // counted in the step it started in
+    communication = communication || k.communication;
   }
-  std::vector<Interval> copies;  // work beside compute, for communication overlap only
-  if (std::any_of(kernels.begin(), kernels.end(),
-                  [](const KernelEvent& k) { return k.communication; })) {
-    for (const CopyRecord& c : events.copies) {
-      if (c.end > span.begin && c.begin < span.end) copies.push_back({c.begin, c.end});
-    }
-  }
-  const GpuWindowMetrics m =
-      gpu_window_metrics(kernels, span, std::max(1, sm_count), std::move(copies));
-  g.gpu_utilization = m.gpu_utilization;
-  g.estimated_sm_efficiency = m.estimated_sm_efficiency;
-  g.comm_ns = m.comm_ns;
-  g.exposed_comm_ns = m.exposed_comm_ns;
-
+  // One pass over the copies: those in the span are work beside compute for communication
+  // overlap (needed only with a collective), host-to-device ones starting in it are counted.
+  std::vector<Interval> copies;
   for (const CopyRecord& c : events.copies) {
+    if (communication && c.end > span.begin && c.begin < span.end) {
+      copies.push_back({c.begin, c.end});
+    }
     if (c.memset || c.kind != CopyKind::kHostToDevice) continue;
     if (c.begin < span.begin || c.begin >= span.end) continue;
     g.h2d_bytes += c.bytes;
@@ -395,6 +389,12 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
       g.h2d_pageable_ns += c.end - c.begin;
     }
   }
+  const GpuWindowMetrics m =
+      gpu_window_metrics(kernels, span, std::max(1, sm_count), std::move(copies));
+  g.gpu_utilization = m.gpu_utilization;
+  g.estimated_sm_efficiency = m.estimated_sm_efficiency;
+  g.comm_ns = m.comm_ns;
+  g.exposed_comm_ns = m.exposed_comm_ns;
 
   // Idle = the span minus the kernel union, as gaps.
   std::sort(busy.begin(), busy.end(),
