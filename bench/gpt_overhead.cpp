@@ -62,14 +62,25 @@ struct Args {
   int device_buffer_mb = 0;  // window-devbuf's gpu.trace_device_buffer_mb (0: CUPTI's default)
 };
 
-enum Setup { kOff, kAdvise, kWindow, kCounting, kWindowNoOps, kWindowDeviceBuffer, kSetups };
+enum Setup {
+  kOff,
+  kAdvise,
+  kWindow,
+  kCounting,
+  kWindowNoOps,
+  kWindowDeviceBuffer,
+  kWindowNoPm,
+  kSetups
+};
 // window-noops: a window without the op-name hook (gpu.sync_op_names off), to split its cost.
 // window-devbuf: a window with CUPTI's device buffer at --device-buffer-mb
 // (gpu.trace_device_buffer_mb; the default 0 is CUPTI's own size, the library's before 64 MiB).
-const char* kNames[kSetups] = {"off",      "advise",       "window",
-                               "counting", "window-noops", "window-devbuf"};
+// window-nopm: a window without PM sampling (gpu.pm_sampling off), to split the two.
+const char* kNames[kSetups] = {"off",          "advise",        "window",     "counting",
+                               "window-noops", "window-devbuf", "window-nopm"};
 bool is_window(int setup) {
-  return setup == kWindow || setup == kWindowNoOps || setup == kWindowDeviceBuffer;
+  return setup == kWindow || setup == kWindowNoOps || setup == kWindowDeviceBuffer ||
+         setup == kWindowNoPm;
 }
 
 struct RoundResult {
@@ -87,6 +98,9 @@ struct RoundResult {
   // The longest the GPU monitor held the training thread at one step boundary (GpuEpochStats):
   // with a window, its start and end stalls.
   double max_step_call_ms = std::nan("");
+  // Each measured step's host time (the training thread's call; the host runs ahead of the GPU
+  // by at most the launch queue, so a stall in a launch shows here as one long step).
+  std::vector<double> host_step_ms;
 };
 
 constexpr int kTailSteps = 8;  // > the window's tail of flushes before its release
@@ -125,6 +139,7 @@ torchpilot::Config config_for(Setup setup, const Args& a) {
   c.flops.recount_every_steps = 0;
   if (setup == kWindowNoOps) c.gpu.sync_op_names = false;
   if (setup == kWindowDeviceBuffer) c.gpu.trace_device_buffer_mb = a.device_buffer_mb;
+  if (setup == kWindowNoPm) c.gpu.pm_sampling = false;
   return c;
 }
 
@@ -157,7 +172,14 @@ RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, j
   trainer.train(pilot, 1);
   trainer.synchronize();
   const auto t0 = std::chrono::steady_clock::now();
-  trainer.train(pilot, a.steps);
+  r.host_step_ms.reserve(static_cast<size_t>(a.steps));
+  auto s0 = t0;
+  for (int i = 0; i < a.steps; ++i) {
+    trainer.train(pilot, 1);
+    const auto s1 = std::chrono::steady_clock::now();
+    r.host_step_ms.push_back(std::chrono::duration<double, std::milli>(s1 - s0).count());
+    s0 = s1;
+  }
   trainer.synchronize();
   const auto t1 = std::chrono::steady_clock::now();
   r.step_ms = std::chrono::duration<double, std::milli>(t1 - t0).count() / a.steps;
@@ -253,8 +275,8 @@ int run(int argc, char** argv) {
   app.add_option("--configs", configs,
                  "configurations measured, comma-separated (off is always measured, first)")
       ->delimiter(',')
-      ->check(
-          CLI::IsMember({"off", "advise", "window", "counting", "window-noops", "window-devbuf"}))
+      ->check(CLI::IsMember(
+          {"off", "advise", "window", "counting", "window-noops", "window-devbuf", "window-nopm"}))
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->type_name("LIST")
       ->capture_default_str();
@@ -396,6 +418,7 @@ int run(int argc, char** argv) {
                           {"counted_model_flops_per_step", number(r.counted_flops_per_step)},
                           {"mfu", number(r.mfu)},
                           {"tail_excess_ms", number(r.tail_excess_ms)},
+                          {"host_step_ms", r.host_step_ms},
                           {"max_step_call_ms", number(r.max_step_call_ms)}});
       }
       per_config[kNames[s]] = {{"median_step_ms", number(medians[s])}, {"rounds", rounds}};
@@ -450,7 +473,10 @@ int run(int argc, char** argv) {
            "mode advise, GPU monitor always-on collectors, FLOP counter (counting "
            "window in the warm-up), no detailed window"},
           {"window", "advise + a detailed window (CUPTI activity) over the measured steps"},
-          {"counting", "advise + the FLOP counter's counting window over the measured steps"}}},
+          {"counting", "advise + the FLOP counter's counting window over the measured steps"},
+          {"window-noops", "window without the op-name hook (gpu.sync_op_names false)"},
+          {"window-devbuf", "window with CUPTI's device buffer at --device-buffer-mb"},
+          {"window-nopm", "window without PM sampling (gpu.pm_sampling false)"}}},
         {"gpu_collectors", collectors},
         {"flops_check",
          {{"analytic_model_flops_per_step", analytic},

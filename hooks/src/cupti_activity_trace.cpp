@@ -11,11 +11,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <shared_mutex>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
@@ -440,9 +442,63 @@ ActivityCollector::ActivityCollector(CuptiApi& api, const CuptiClock& clock, spd
 
 ActivityCollector::~ActivityCollector() {
   (void)failure_of([&] { shutdown(); });  // a destructor must not throw
+  stop_converter();                       // shutdown() may have thrown before it
   std::lock_guard<std::mutex> lock(mutex_);
   for (uint8_t* b : free_buffers_) free_buffer(b);
   free_buffers_.clear();
+  for (const ReadyBuffer& b : ready_) free_buffer(b.buffer);
+  ready_.clear();
+}
+
+void ActivityCollector::start_converter() {
+  if (converter_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_converter_ = false;
+  }
+  try {
+    converter_ = std::thread([this] {
+      mark_own_thread();
+      converter_loop();
+    });
+  } catch (const std::system_error& e) {
+    // Converted where CUPTI returns them, as before the thread existed: slower launches only.
+    logger_.warn(
+        "CUPTI activity: no converter thread ({}); buffers converted as CUPTI returns them",
+        e.what());
+  }
+}
+
+void ActivityCollector::stop_converter() {
+  if (!converter_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_converter_ = true;
+  }
+  ready_cv_.notify_all();
+  converter_.join();
+}
+
+void ActivityCollector::converter_loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    ready_cv_.wait(lock, [&] { return stop_converter_ || !ready_.empty(); });
+    if (ready_.empty()) return;  // stopping, nothing left
+    const ReadyBuffer b = ready_.front();
+    ready_.pop_front();
+    ++converting_;
+    lock.unlock();
+    try {
+      convert(b);
+    } catch (...) {
+      // The buffer's records are lost (a failed allocation); the buffer itself goes back.
+      std::lock_guard<std::mutex> relock(mutex_);
+      free_buffers_.push_back(b.buffer);
+    }
+    lock.lock();
+    --converting_;
+    if (ready_.empty() && converting_ == 0) converted_cv_.notify_all();
+  }
 }
 
 std::string ActivityCollector::init() {
@@ -497,6 +553,7 @@ std::string ActivityCollector::init() {
       logger_.debug("CUPTI activity: device buffer {} KiB", bytes >> 10);
     }
   }
+  start_converter();  // before the callbacks: a buffer may come back at once
   const CUptiResult rr = api_.activity_register_callbacks(on_buffer_requested, on_buffer_completed);
   if (rr != CUPTI_SUCCESS) {
     shutdown();
@@ -587,6 +644,16 @@ void ActivityCollector::flush(bool forced) {
   // No lock held: CUPTI calls buffer_completed on this thread before returning.
   const CUptiResult r = api_.activity_flush_all(forced ? CUPTI_ACTIVITY_FLAG_FLUSH_FORCED : 0);
   if (r != CUPTI_SUCCESS) logger_.debug("cuptiActivityFlushAll: {}", cupti_error_name(api_, r));
+  {
+    // What the flush returned is converted before the caller drains it. Bounded: conversion is
+    // CPU work of milliseconds a buffer; a converter that cannot keep up leaves it for later.
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!converted_cv_.wait_for(lock, std::chrono::seconds(5),
+                                [&] { return ready_.empty() && converting_ == 0; })) {
+      logger_.debug("CUPTI activity: {} buffers still being converted after a flush",
+                    ready_.size() + static_cast<size_t>(converting_));
+    }
+  }
   size_t dropped = 0;
   if (api_.activity_get_num_dropped_records(nullptr, 0, &dropped) == CUPTI_SUCCESS && dropped > 0) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -625,6 +692,14 @@ void ActivityCollector::shutdown() {
     api_.unsubscribe(subscriber_);
     subscribed_ = false;
     subscriber_ = nullptr;
+  }
+  stop_converter();  // after the forced flush: what it returned is converted first
+  const BufferStats s = buffer_stats();
+  if (s.completed > 0) {
+    logger_.debug(
+        "CUPTI activity: {} buffers completed ({} on the training thread), {} records converted "
+        "off CUPTI's threads in {:.1f} ms",
+        s.completed, s.on_trainer, s.records, s.convert_ns / 1e6);
   }
 }
 
@@ -665,11 +740,34 @@ void ActivityCollector::buffer_completed(uint8_t* buffer, size_t, size_t valid_s
     free_buffer(buffer);  // another (former) collector's: freed; not ours at all: untouched
     return;
   }
+  bool queued = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.completed;
+    if (std::this_thread::get_id() == trainer_) ++stats_.on_trainer;
+    if (valid_size == 0) {
+      free_buffers_.push_back(buffer);
+      return;
+    }
+    if (converter_.joinable() && !stop_converter_) {
+      ready_.push_back({buffer, valid_size});
+      queued = true;
+    }
+  }
+  if (queued) {
+    ready_cv_.notify_one();
+    return;
+  }
+  convert({buffer, valid_size});
+}
+
+void ActivityCollector::convert(const ReadyBuffer& b) {
+  const Nanos t0 = steady_now_ns();
   GpuEventBatch batch;
   const TimeBase tb = clock_.get();
   CUpti_Activity* record = nullptr;
   size_t converted = 0;
-  while (api_.activity_get_next_record(buffer, valid_size, &record) == CUPTI_SUCCESS &&
+  while (api_.activity_get_next_record(b.buffer, b.valid_size, &record) == CUPTI_SUCCESS &&
          record != nullptr) {
     if (convert_record(*record, tb, batch, &names_)) ++converted;
   }
@@ -698,12 +796,19 @@ void ActivityCollector::buffer_completed(uint8_t* buffer, size_t, size_t valid_s
   } else {
     pending_.dropped += static_cast<int64_t>(converted);  // nobody drains: keep memory bounded
   }
-  free_buffers_.push_back(buffer);
+  free_buffers_.push_back(b.buffer);
+  stats_.records += static_cast<int64_t>(converted);
+  stats_.convert_ns += steady_now_ns() - t0;
 }
 
 int64_t ActivityCollector::refused_requests() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return refused_;
+}
+
+ActivityCollector::BufferStats ActivityCollector::buffer_stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
 }
 
 }  // namespace detail

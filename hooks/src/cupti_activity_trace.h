@@ -7,15 +7,19 @@
 // counts the records (cuptiActivityGetNumDroppedRecords, read in flush() and reported as
 // GpuEventBatch::dropped).
 //
-// Thread-safety: init/enable/disable/flush/drain/shutdown from one thread (the training thread).
-// buffer_requested/buffer_completed run on whatever thread CUPTI calls them from (a launching
-// thread, CUPTI's worker, or the thread inside cuptiActivityFlushAll). No lock of ours is held
-// while calling into CUPTI, and the callbacks call nothing in CUPTI but cuptiActivityGetNextRecord
-// (kineto's ABBA deadlock: a mutex held across cuptiActivityFlushAll, which runs bufferCompleted
-// synchronously).
+// Thread-safety: init/enable/disable/flush/drain/shutdown from one thread at a time (the training
+// thread, or the release thread at a window's end). buffer_requested/buffer_completed run on
+// whatever thread CUPTI calls them from (a launching thread, CUPTI's worker, or the thread inside
+// cuptiActivityFlushAll). buffer_completed only queues the buffer: the collector's converter
+// thread turns it into events (a 4 MiB buffer takes milliseconds, which a launching thread, the
+// trainer's among them, must not pay; kineto's bufferCompleted also only queues). No lock of ours
+// is held while calling into CUPTI, and the callbacks call nothing in CUPTI (kineto's ABBA
+// deadlock: a mutex held across cuptiActivityFlushAll, which runs bufferCompleted synchronously).
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -103,12 +107,14 @@ class ActivityCollector {
   std::string enable();
   void disable();
   bool enabled() const { return enabled_; }
-  // cuptiActivityFlushAll (flag 0, or FLUSH_FORCED), then reads CUPTI's dropped-record count.
-  // Holds no lock while CUPTI runs buffer_completed on this thread.
+  // cuptiActivityFlushAll (flag 0, or FLUSH_FORCED), waits until the converter has turned the
+  // buffers CUPTI returned into events (bounded), then reads CUPTI's dropped-record count. Holds
+  // no lock while CUPTI runs buffer_completed on this thread.
   void flush(bool forced);
   // Appends the kernels, copies and syncs converted since the last call; adds `dropped`.
   void drain(GpuEventBatch& out);
-  // Disables tracing, forces a flush, unsubscribes, unroutes the callbacks. Idempotent.
+  // Disables tracing, forces a flush, unsubscribes, unroutes the callbacks, stops the converter.
+  // Idempotent.
   void shutdown();
 
   // CUPTI's callback on a synchronizing call, on the calling thread (enable() turns them on):
@@ -123,7 +129,27 @@ class ActivityCollector {
   // Requests answered with no buffer (all in use) since construction.
   int64_t refused_requests() const;
 
+  // Completed buffers since construction: how many, how many CUPTI delivered on the thread that
+  // enabled the trace (the trainer's), and the converter's time on them.
+  struct BufferStats {
+    int64_t completed = 0;
+    int64_t on_trainer = 0;
+    int64_t records = 0;
+    Nanos convert_ns = 0;
+  };
+  BufferStats buffer_stats() const;
+
  private:
+  struct ReadyBuffer {
+    uint8_t* buffer = nullptr;
+    size_t valid_size = 0;
+  };
+  void start_converter();
+  void stop_converter();
+  void converter_loop();
+  // Records of `buffer` into pending_; the buffer back to the free list.
+  void convert(const ReadyBuffer& b);
+
   CuptiApi& api_;
   const CuptiClock& clock_;
   spdlog::logger& logger_;
@@ -150,6 +176,13 @@ class ActivityCollector {
   bool refusal_logged_ = false;
   std::thread::id trainer_;                                // the thread that called enable()
   std::unordered_map<uint32_t, SyncThread> sync_callers_;  // correlation id -> caller's thread
+  std::deque<ReadyBuffer> ready_;                          // completed, not yet converted
+  int converting_ = 0;                                     // taken from ready_, being converted
+  bool stop_converter_ = false;
+  std::condition_variable ready_cv_;      // a buffer queued, or stop
+  std::condition_variable converted_cv_;  // ready_ empty and nothing being converted
+  std::thread converter_;                 // absent: buffers are converted where CUPTI returns them
+  BufferStats stats_;
 };
 
 }  // namespace detail

@@ -225,6 +225,7 @@ class FakeCupti final : public CuptiApiFake {
   std::vector<FakeSample> image;
   size_t dropped = 0;  // records CUPTI dropped for want of a buffer
   int flushes = 0;
+  std::set<std::thread::id> record_readers;  // threads that read records out of a buffer
   int image_inits = 0;
   bool hold_decode = false, decode_held = false;  // under m
   std::condition_variable decode_cv;
@@ -257,6 +258,13 @@ class FakeCupti final : public CuptiApiFake {
     }
     std::memcpy(cur_ + cur_used_, &record, sizeof(R));
     cur_used_ += sizeof(R);
+  }
+  // CUPTI returning the buffer being filled on the calling thread (inside a launch, as with
+  // per-thread activity buffers).
+  void hand_back_current() {
+    if (cur_ != nullptr) full_.push_back({cur_, cur_used_});
+    cur_ = nullptr;
+    complete_full();
   }
   // CUPTI's worker thread returning the full buffers.
   void complete_full() {
@@ -366,6 +374,10 @@ class FakeCupti final : public CuptiApiFake {
   }
   CUptiResult on_activity_get_next_record(uint8_t* buffer, size_t valid,
                                           CUpti_Activity** record) override {
+    {
+      std::lock_guard<std::mutex> lock(m);
+      record_readers.insert(std::this_thread::get_id());
+    }
     size_t offset = 0;
     if (*record != nullptr) {
       offset = static_cast<size_t>(reinterpret_cast<uint8_t*>(*record) - buffer) +
@@ -1634,16 +1646,37 @@ TEST(GpuBackend, FullBuffersDeliveredByCuptisThread) {
   const size_t fit = (2u << 20) / sizeof(CUpti_ActivityKernel10);
   const uint64_t k0 = rig.cupti->cupti_now();
   for (size_t i = 0; i < fit + 1; ++i) rig.cupti->produce(kernel_at(k0 + i, k0 + i + 1));
-  // The first buffer filled up; CUPTI's worker hands it back from another thread.
+  // The first buffer filled up; CUPTI's worker hands it back from another thread. The collector
+  // only queues it there: its converter thread turns it into events, which drain() then holds.
   std::thread worker([&] { rig.cupti->complete_full(); });
   worker.join();
   GpuEventBatch batch;
-  b->drain(batch);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (batch.kernels.size() < fit && std::chrono::steady_clock::now() < deadline) {
+    b->drain(batch);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   EXPECT_EQ(batch.kernels.size(), fit);
   b->stop();  // forced flush; the record after the full buffer found no buffer: dropped
   b->drain(batch);
   EXPECT_EQ(batch.dropped, 1);
   EXPECT_EQ(batch.kernels.size() + static_cast<size_t>(batch.dropped), fit + 1);
+}
+
+TEST(GpuBackend, ABufferReturnedOnTheTrainingThreadIsConvertedOffIt) {
+  Rig rig;
+  auto b = rig.make();
+  ASSERT_TRUE(b->start_trace());
+  const uint64_t k0 = rig.cupti->cupti_now();
+  for (int i = 0; i < 10; ++i) rig.cupti->produce(kernel_at(k0 + i, k0 + i + 1));
+  rig.cupti->hand_back_current();  // inside one of the trainer's launches
+  b->flush();                      // returns once what CUPTI returned is converted
+  GpuEventBatch batch;
+  b->drain(batch);
+  EXPECT_EQ(batch.kernels.size(), 10u);
+  std::lock_guard<std::mutex> lock(rig.cupti->m);
+  EXPECT_EQ(rig.cupti->record_readers.count(std::this_thread::get_id()), 0u);
+  EXPECT_EQ(rig.cupti->record_readers.size(), 1u);  // the collector's converter
 }
 
 TEST(GpuBackend, BufferOfAReplacedBackendIsFreedNotConverted) {
