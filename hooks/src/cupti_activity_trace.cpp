@@ -6,6 +6,7 @@
 #include <cupti_runtime_cbid.h>
 #include <cxxabi.h>
 #include <generated_cuda_runtime_api_meta.h>
+#include <pthread.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -414,6 +415,8 @@ const char* kind_name(CUpti_ActivityKind kind) {
       return "MEMSET";
     case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION:
       return "SYNCHRONIZATION";
+    case CUPTI_ACTIVITY_KIND_OVERHEAD:
+      return "OVERHEAD";
     default:
       return "?";
   }
@@ -567,9 +570,11 @@ std::string ActivityCollector::init() {
 std::string ActivityCollector::enable() {
   if (enabled_) return {};
   if (!routed_) return "activity tracing is not initialized";
-  const CUpti_ActivityKind kinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
-                                      CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
-                                      CUPTI_ACTIVITY_KIND_SYNCHRONIZATION};
+  std::vector<CUpti_ActivityKind> kinds = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
+                                           CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
+                                           CUPTI_ACTIVITY_KIND_SYNCHRONIZATION};
+  // CUPTI's account of its own overhead, for the debug line at shutdown: a diagnostic only.
+  if (logger_.should_log(spdlog::level::debug)) kinds.push_back(CUPTI_ACTIVITY_KIND_OVERHEAD);
   for (const auto kind : kinds) {
     const CUptiResult r = api_.activity_enable(kind);
     if (r == CUPTI_SUCCESS) {
@@ -585,6 +590,7 @@ std::string ActivityCollector::enable() {
     // enable() runs on the thread that runs the steps (the monitor's start of a window).
     std::lock_guard<std::mutex> lock(mutex_);
     trainer_ = std::this_thread::get_id();
+    trainer_cupti_id_ = static_cast<uint32_t>(pthread_self());
     sync_callers_.clear();
   }
   // Callbacks on the synchronizing calls only (a few per step): without them every sync record's
@@ -701,6 +707,24 @@ void ActivityCollector::shutdown() {
         "off CUPTI's threads in {:.1f} ms",
         s.completed, s.on_trainer, s.records, s.convert_ns / 1e6);
   }
+  static const char* const kOverheadNames[BufferStats::kOverheadKinds] = {"driver/unknown",
+                                                                          "buffer flush",
+                                                                          "instrumentation",
+                                                                          "resource",
+                                                                          "module loading",
+                                                                          "lazy function loading",
+                                                                          "command buffer full",
+                                                                          "activity buffer request",
+                                                                          "UVM init",
+                                                                          "other"};
+  std::string overheads;
+  for (int i = 0; i < BufferStats::kOverheadKinds; ++i) {
+    if (s.overhead_count[i] == 0) continue;
+    overheads += fmt::format("{}{} {}x {:.2f} ms (training thread {:.2f} ms)",
+                             overheads.empty() ? "" : ", ", kOverheadNames[i], s.overhead_count[i],
+                             s.overhead_ns[i] / 1e6, s.overhead_trainer_ns[i] / 1e6);
+  }
+  if (!overheads.empty()) logger_.debug("CUPTI overhead records: {}", overheads);
 }
 
 void ActivityCollector::buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
@@ -767,11 +791,34 @@ void ActivityCollector::convert(const ReadyBuffer& b) {
   const TimeBase tb = clock_.get();
   CUpti_Activity* record = nullptr;
   size_t converted = 0;
+  BufferStats overhead;
+  uint32_t trainer = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    trainer = trainer_cupti_id_;
+  }
   while (api_.activity_get_next_record(b.buffer, b.valid_size, &record) == CUPTI_SUCCESS &&
          record != nullptr) {
+    if (record->kind == CUPTI_ACTIVITY_KIND_OVERHEAD) {
+      const auto& o = reinterpret_cast<const CUpti_ActivityOverhead3&>(*record);
+      const int i = std::clamp(static_cast<int>(static_cast<uint32_t>(o.overheadKind) >> 16), 0,
+                               BufferStats::kOverheadKinds - 1);
+      const Nanos ns = o.end > o.start ? static_cast<Nanos>(o.end - o.start) : 0;
+      ++overhead.overhead_count[i];
+      overhead.overhead_ns[i] += ns;
+      if (o.objectKind == CUPTI_ACTIVITY_OBJECT_THREAD && o.objectId.pt.threadId == trainer) {
+        overhead.overhead_trainer_ns[i] += ns;
+      }
+      continue;
+    }
     if (convert_record(*record, tb, batch, &names_)) ++converted;
   }
   std::lock_guard<std::mutex> lock(mutex_);
+  for (int i = 0; i < BufferStats::kOverheadKinds; ++i) {
+    stats_.overhead_count[i] += overhead.overhead_count[i];
+    stats_.overhead_ns[i] += overhead.overhead_ns[i];
+    stats_.overhead_trainer_ns[i] += overhead.overhead_trainer_ns[i];
+  }
   for (SyncRecord& s : batch.syncs) {
     const auto it = sync_callers_.find(static_cast<uint32_t>(s.correlation_id));
     if (s.correlation_id < 0 || it == sync_callers_.end()) {

@@ -136,6 +136,13 @@ class ActivityCollector {
     int64_t on_trainer = 0;
     int64_t records = 0;
     Nanos convert_ns = 0;
+    // CUPTI's own overhead records (CUPTI_ACTIVITY_KIND_OVERHEAD, enabled at debug level only),
+    // by CUpti_ActivityOverheadKind >> 16 (0: unknown or driver compiler): their time in all, and
+    // on the trainer's thread.
+    static constexpr int kOverheadKinds = 10;
+    int64_t overhead_count[kOverheadKinds] = {};
+    Nanos overhead_ns[kOverheadKinds] = {};
+    Nanos overhead_trainer_ns[kOverheadKinds] = {};
   };
   BufferStats buffer_stats() const;
 
@@ -174,7 +181,8 @@ class ActivityCollector {
   size_t allocated_buffers_ = 0;
   int64_t refused_ = 0;
   bool refusal_logged_ = false;
-  std::thread::id trainer_;                                // the thread that called enable()
+  std::thread::id trainer_;        // the thread that called enable()
+  uint32_t trainer_cupti_id_ = 0;  // its id as CUPTI's records give it (pthread_self)
   std::unordered_map<uint32_t, SyncThread> sync_callers_;  // correlation id -> caller's thread
   std::deque<ReadyBuffer> ready_;                          // completed, not yet converted
   int converting_ = 0;                                     // taken from ready_, being converted

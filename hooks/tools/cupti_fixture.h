@@ -46,6 +46,8 @@ inline size_t activity_record_size(CUpti_ActivityKind kind) {
       return sizeof(CUpti_ActivityMemset4);
     case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION:
       return sizeof(CUpti_ActivitySynchronization2);
+    case CUPTI_ACTIVITY_KIND_OVERHEAD:  // the collector's debug account, not a converted kind
+      return sizeof(CUpti_ActivityOverhead3);
     default:
       return 0;
   }

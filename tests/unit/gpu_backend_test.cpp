@@ -8,6 +8,7 @@
 #include <cupti_driver_cbid.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
@@ -746,11 +747,12 @@ TEST(GpuBackend, EverythingWorksWithHealthyFakes) {
   EXPECT_EQ(batch.nvml[0].clock_limited, 1);  // the power cap holds the clock down
   EXPECT_NEAR(static_cast<double>(batch.nvml[0].time), static_cast<double>(steady_now_ns()), 5e9);
 
-  // A detailed window.
+  // A detailed window (the rig logs at debug: CUPTI's overhead records too).
   ASSERT_TRUE(b->start_trace());
   EXPECT_EQ(rig.cupti->enabled_kinds,
             (std::set<int>{CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-                           CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_SYNCHRONIZATION}));
+                           CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_SYNCHRONIZATION,
+                           CUPTI_ACTIVITY_KIND_OVERHEAD}));
   const uint64_t k0 = rig.cupti->cupti_now();
   rig.cupti->produce(kernel_at(k0 + 1000, k0 + 9000));
   CUpti_ActivityMemcpy6 copy;
@@ -1677,6 +1679,43 @@ TEST(GpuBackend, ABufferReturnedOnTheTrainingThreadIsConvertedOffIt) {
   std::lock_guard<std::mutex> lock(rig.cupti->m);
   EXPECT_EQ(rig.cupti->record_readers.count(std::this_thread::get_id()), 0u);
   EXPECT_EQ(rig.cupti->record_readers.size(), 1u);  // the collector's converter
+}
+
+TEST(GpuBackend, CuptisOverheadRecordsAreSummedAtDebugLevelOnly) {
+  for (const bool debug : {true, false}) {
+    Rig rig;
+    rig.logger->set_level(debug ? spdlog::level::debug : spdlog::level::info);
+    auto b = rig.make();
+    ASSERT_TRUE(b->start_trace());
+    EXPECT_EQ(rig.cupti->enabled_kinds.count(CUPTI_ACTIVITY_KIND_OVERHEAD), debug ? 1u : 0u);
+    const uint64_t t0 = rig.cupti->cupti_now();
+    CUpti_ActivityOverhead3 o{};
+    o.kind = CUPTI_ACTIVITY_KIND_OVERHEAD;
+    o.overheadKind = CUPTI_ACTIVITY_OVERHEAD_COMMAND_BUFFER_FULL;
+    o.objectKind = CUPTI_ACTIVITY_OBJECT_THREAD;
+    o.objectId.pt.threadId = static_cast<uint32_t>(pthread_self());  // the trainer's
+    o.start = t0;
+    o.end = t0 + 2'000'000;
+    rig.cupti->produce(o);
+    o.overheadKind = CUPTI_ACTIVITY_OVERHEAD_CUPTI_BUFFER_FLUSH;
+    o.objectId.pt.threadId += 1;  // another thread
+    o.end = t0 + 500'000;
+    rig.cupti->produce(o);
+    rig.cupti->produce(kernel_at(t0, t0 + 1000));
+    b->stop();
+    GpuEventBatch batch;
+    b->drain(batch);
+    EXPECT_EQ(batch.kernels.size(), 1u);  // overhead records are not events
+    const std::string log = rig.log_text.str();
+    if (debug) {
+      EXPECT_NE(log.find("buffer flush 1x 0.50 ms (training thread 0.00 ms), command buffer "
+                         "full 1x 2.00 ms (training thread 2.00 ms)"),
+                std::string::npos)
+          << log;
+    } else {
+      EXPECT_EQ(log.find("CUPTI overhead records"), std::string::npos) << log;
+    }
+  }
 }
 
 TEST(GpuBackend, BufferOfAReplacedBackendIsFreedNotConverted) {
