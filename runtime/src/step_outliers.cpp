@@ -85,29 +85,41 @@ void StallTracker::add_probe(const StepRecord& r) {
 void StallTracker::note_outlier_start(int64_t step) {
   starts_.push_back(step);
   if (starts_.size() > kRecentOutliers) starts_.pop_front();
-  // The period: the most common gap between recent events (within one step), found at least
-  // twice and in at least half of the gaps. A single slow step makes no period.
-  std::vector<int64_t> gaps;
-  for (size_t i = 1; i < starts_.size(); ++i) gaps.push_back(starts_[i] - starts_[i - 1]);
-  int64_t best = 0;
-  size_t best_n = 0;
-  for (int64_t g : gaps) {
-    size_t n = 0;
-    for (int64_t h : gaps) n += (h >= g - 1 && h <= g + 1) ? 1 : 0;
-    if (n > best_n || (n == best_n && g < best)) {
-      best = g;
-      best_n = n;
+  // The period: a lattice anchor + k * P (within a step) through the most recent events that
+  // holds three of them at least, most of its own points between its first and last event (a
+  // stall that recurs, not one that happened to line up twice), and a good share of all recent
+  // events; the most events wins, then the shorter period. Unrelated slow steps between the
+  // periodic ones (noise, a trace window) do not hide the period; three random ones lining up
+  // among many do not make one. A single slow step makes no period.
+  int64_t best_period = 0, best_anchor = 0;
+  size_t best_hits = 0;
+  const size_t n = starts_.size();
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j = i + 1; j < n; ++j) {
+      const int64_t p = starts_[j] - starts_[i];
+      if (p <= 1) continue;
+      const int64_t anchor = starts_[i];
+      size_t hits = 0;
+      int64_t first = 0, last = 0;
+      for (int64_t s : starts_) {
+        const int64_t d = ((s - anchor) % p + p) % p;
+        if (d > 1 && d < p - 1) continue;
+        if (hits == 0) first = s;
+        last = s;
+        ++hits;
+      }
+      const int64_t points = (last - first + p / 2) / p + 1;
+      const bool holds =
+          hits >= 3 && 3 * static_cast<int64_t>(hits) >= 2 * points && 5 * hits >= 2 * n;
+      if (holds && (hits > best_hits || (hits == best_hits && p < best_period))) {
+        best_hits = hits;
+        best_period = p;
+        best_anchor = last;
+      }
     }
   }
-  if (best_n >= 2 && 2 * best_n >= gaps.size() && best > 1) {
-    period_ = best;
-    anchor_ = step;
-  } else if (period_ > 0 && !at_period(step)) {
-    // Off the period: keep it only while most recent events still follow it.
-    size_t on = 0;
-    for (int64_t s : starts_) on += at_period(s) ? 1 : 0;
-    if (2 * on < starts_.size()) period_ = 0;
-  }
+  period_ = best_period;
+  anchor_ = best_anchor;
 }
 
 void StallTracker::add_gpu_span(int64_t step, Nanos gpu_ns) {

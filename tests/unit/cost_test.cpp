@@ -6,6 +6,7 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <set>
 #include <sstream>
 
 #include "torchpilot/advisors/advisors.h"
@@ -173,6 +174,29 @@ TEST(StallTrackerTest, AStallThatLastsTwoStepsIsOneEvent) {
     t.add(record(i, i, slow ? 60 : 10));
   }
   EXPECT_EQ(t.period(), 50);
+}
+
+// A checkpoint every 150 steps with unrelated slow steps between (two-step stalls, as the
+// planted checkpoint pair's advise epoch on an H100 had them): the gaps between consecutive
+// events are mostly not 150, the lattice through the checkpoints is.
+TEST(StallTrackerTest, APeriodHoldsWithUnrelatedSlowStepsBetween) {
+  const std::set<int64_t> slow = {74, 224, 325, 326, 340, 341, 374, 465, 466, 524, 674, 824, 974};
+  StallTracker t(3.0);
+  for (int64_t i = 0; i < 975; ++i) {
+    t.add(record(i, i, slow.count(i) > 0 ? 60 : 2));
+    if (i == 300) EXPECT_EQ(t.period(), 0) << "two checkpoints are no period";
+  }
+  EXPECT_EQ(t.period(), 150);
+  EXPECT_TRUE(t.at_period(1124));
+  EXPECT_FALSE(t.at_period(1050));
+}
+
+// Among many unrelated slow steps, three that happen to be equally spaced are no period.
+TEST(StallTrackerTest, ThreeEquallySpacedAmongManyUnrelatedSlowStepsAreNoPeriod) {
+  const std::set<int64_t> slow = {20, 57, 95, 131, 209, 262, 333, 411, 503, 547, 618};
+  StallTracker t(3.0);
+  for (int64_t i = 0; i < 700; ++i) t.add(record(i, i, slow.count(i) > 0 ? 60 : 2));
+  EXPECT_EQ(t.period(), 0);
 }
 
 // The sync probe's figures (sync.*) on the probed steps: the stalls' time in syncs and host
