@@ -8,6 +8,10 @@
 //     are measured again, interleaved, with longer runs and more rounds. The maximum of many noisy
 //     screen medians overstates the best (winner's curse); the final round measures the
 //     candidates and the auto-tuned settings the same way.
+//  3. Held out: the final round's best is itself the largest of several near-equal noisy medians
+//     (the same curse, one stage later), so the best grid setting and the auto-tuned settings are
+//     measured once more in fresh interleaved rounds, and their ratio is read there. Both ratios
+//     are reported.
 // Throughput = samples / wall time of the measured steps (a run's first steps, which fill the
 // pipeline, are skipped). Figures are medians over rounds.
 #include <algorithm>
@@ -44,6 +48,7 @@ struct Args {
   int final_rounds = 5;
   int final_steps = 480;
   int top = 5;              // screen leaders re-measured in the final
+  int holdout_rounds = 3;   // fresh rounds of the final's best and the auto-tuned settings
   int after_decision = 96;  // auto-tune steps measured after its decision
   int max_workers = 0;      // 0: affinity CPUs
 };
@@ -174,6 +179,10 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   example_cli::add_int(app, "--top", a.top, 1, 1000, "screen leaders re-measured in the final")
       ->capture_default_str();
+  example_cli::add_int(app, "--holdout-rounds", a.holdout_rounds, 0, 1000,
+                       "fresh rounds of the final's best grid setting and the auto-tuned settings "
+                       "(0: none)")
+      ->capture_default_str();
   example_cli::add_int(app, "--after-decision", a.after_decision, 1, 1000000,
                        "auto-tune steps measured after its decision")
       ->capture_default_str();
@@ -265,8 +274,6 @@ int run(int argc, char** argv) {
     std::shuffle(order.begin(), order.end(), rng);
     for (size_t i : order) final_tp[i].push_back(fixed_run(trainer, finalists[i], a.final_steps));
   }
-  const double elapsed =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 
   auto final_of = [&](const LoaderSettings& s) {
     for (size_t i = 0; i < finalists.size(); ++i) {
@@ -293,6 +300,36 @@ int run(int argc, char** argv) {
   }
   const double tuned_tp = median(auto_tp);
 
+  // 3. Held out: the final's best and the auto-tuned settings, fresh rounds (selection and
+  // evaluation on separate runs).
+  std::vector<LoaderSettings> held{finalists[best]};
+  for (const auto& r : autos) {
+    if (std::none_of(held.begin(), held.end(),
+                     [&](const LoaderSettings& h) { return same(h, r.chosen); })) {
+      held.push_back(r.chosen);
+    }
+  }
+  std::vector<std::vector<double>> held_tp(held.size());
+  for (int round = 0; round < a.holdout_rounds; ++round) {
+    std::vector<size_t> order(held.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), rng);
+    for (size_t i : order) held_tp[i].push_back(fixed_run(trainer, held[i], a.final_steps));
+  }
+  auto held_of = [&](const LoaderSettings& s) {
+    for (size_t i = 0; i < held.size(); ++i) {
+      if (same(held[i], s)) return median(held_tp[i]);
+    }
+    return 0.0;
+  };
+  std::vector<double> auto_held;
+  for (const auto& r : autos) auto_held.push_back(held_of(r.chosen));
+  const double best_held = a.holdout_rounds > 0 ? median(held_tp[0]) : 0.0;
+  const double tuned_held = a.holdout_rounds > 0 ? median(auto_held) : 0.0;
+  const double held_fraction = best_held > 0 ? tuned_held / best_held : 0.0;
+  const double elapsed_all =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+
   std::printf("\nfinal round (%d rounds of %d steps, medians):\n", a.final_rounds, a.final_steps);
   for (size_t i = 0; i < finalists.size(); ++i) {
     std::printf("  %-26s %-28s %8.0f samples/s\n", label(finalists[i]).c_str(), roles[i].c_str(),
@@ -303,13 +340,19 @@ int run(int argc, char** argv) {
               label(finalists[best]).c_str(), best_tp);
   std::printf("| auto-tuned settings (median of %zu runs) | %.0f samples/s = %.1f%% of best |\n",
               autos.size(), tuned_tp, 100 * tuned_tp / best_tp);
+  if (a.holdout_rounds > 0) {
+    std::printf(
+        "| held out (%d fresh rounds): best grid setting, auto-tuned (median of %zu runs) | %.0f, "
+        "%.0f samples/s = %.1f%% of best |\n",
+        a.holdout_rounds, autos.size(), best_held, tuned_held, 100 * held_fraction);
+  }
   std::printf("| auto-tuned, measured in-run after the decision | %.0f samples/s |\n",
               median(auto_after));
   std::printf("| warm-up used (median) | %.0f steps, %.1f s |\n", median(auto_steps),
               median(auto_seconds));
   std::printf("| LibTorch default (workers 0) | %.0f samples/s; auto-tuned is x%.2f |\n",
               default_tp, tuned_tp / default_tp);
-  std::printf("| bench wall time | %.0f s |\n", elapsed);
+  std::printf("| bench wall time | %.0f s |\n", elapsed_all);
 
   if (!a.out.empty()) {
     const std::string date = bench::utc_date();
@@ -335,7 +378,15 @@ int run(int argc, char** argv) {
                            {"trial_list", r.trial_list},
                            {"trial_samples_per_s", r.trial_samples_per_s},
                            {"after_decision_samples_per_s", r.after_samples_per_s},
-                           {"final_round_samples_per_s", final_of(r.chosen)}});
+                           {"final_round_samples_per_s", final_of(r.chosen)},
+                           {"holdout_samples_per_s", held_of(r.chosen)}});
+    }
+    json held_json = json::array();
+    for (size_t i = 0; i < held.size(); ++i) {
+      held_json.push_back({{"setting", label(held[i])},
+                           {"role", i == 0 ? "best grid setting of the final" : "auto-tuned"},
+                           {"median_samples_per_s", median(held_tp[i])},
+                           {"runs", held_tp[i]}});
     }
     json j = {{"bench", "autotune_grid"},
               {"machine", a.machine},
@@ -348,8 +399,9 @@ int run(int argc, char** argv) {
                "screen: every grid point and --autotune-runs auto-tuned runs per round, shuffled; "
                "final: screen "
                "top points, the default and the auto-tuned settings re-measured alike, shuffled; "
-               "medians over rounds; throughput = samples / wall time of a run's steps after its "
-               "first quarter"},
+               "held out: the final's best grid setting and the auto-tuned settings in fresh "
+               "rounds, shuffled; medians over rounds; throughput = samples / wall time of a "
+               "run's steps after its first quarter"},
               {"batch_size", options.batch_size},
               {"screen",
                {{"rounds", a.screen_rounds},
@@ -365,8 +417,15 @@ int run(int argc, char** argv) {
               {"warmup_seconds_used_median", median(auto_seconds)},
               {"autotune_runs", auto_json},
               {"final_round", finals},
+              {"holdout",
+               {{"rounds", a.holdout_rounds},
+                {"steps", a.final_steps},
+                {"best_grid_samples_per_s", best_held},
+                {"autotuned_samples_per_s", tuned_held},
+                {"autotuned_fraction_of_best", held_fraction},
+                {"settings", held_json}}},
               {"grid", grid_json},
-              {"wall_s", elapsed}};
+              {"wall_s", elapsed_all}};
     bench::write_json(a.out, j);
     std::printf("autotune_grid: results in %s\n", a.out.c_str());
   }

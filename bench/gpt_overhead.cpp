@@ -101,6 +101,11 @@ struct RoundResult {
   // Each measured step's host time (the training thread's call; the host runs ahead of the GPU
   // by at most the launch queue, so a stall in a launch shows here as one long step).
   std::vector<double> host_step_ms;
+  // Each measured step's GPU span (step markers; configurations with the GPU monitor), and for
+  // traced steps the kernels' busy fraction of it: a window that slows the GPU shows here, one
+  // that slows the host shows as idle GPU time.
+  std::vector<double> gpu_step_ms;
+  std::vector<double> kernel_busy;
 };
 
 constexpr int kTailSteps = 8;  // > the window's tail of flushes before its release
@@ -171,6 +176,8 @@ RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, j
     pilot.request_window(a.steps);
   trainer.train(pilot, 1);
   trainer.synchronize();
+  const std::vector<torchpilot::StepRecord> before = pilot.recent_steps();
+  const int64_t first_measured = before.empty() ? 0 : before.back().step + 1;
   const auto t0 = std::chrono::steady_clock::now();
   r.host_step_ms.reserve(static_cast<size_t>(a.steps));
   auto s0 = t0;
@@ -211,7 +218,14 @@ RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, j
   counter.reset();
   pilot_storage.reset();
   int64_t traced = 0;
-  for (const auto& g : records->late<torchpilot::GpuStepRecord>()) traced += g.traced ? 1 : 0;
+  for (const auto& g : records->late<torchpilot::GpuStepRecord>()) {
+    traced += g.traced ? 1 : 0;
+    if (g.step < first_measured || g.step >= first_measured + a.steps || !g.gpu_timed) continue;
+    r.gpu_step_ms.push_back(static_cast<double>(g.gpu_end_ns - g.gpu_begin_ns) / 1e6);
+    if (g.traced && std::isfinite(g.stats.gpu_utilization) && g.stats.gpu_utilization >= 0) {
+      r.kernel_busy.push_back(g.stats.gpu_utilization);
+    }
+  }
   r.traced_steps = std::max(r.traced_steps, traced);
   return r;
 }
@@ -419,6 +433,8 @@ int run(int argc, char** argv) {
                           {"mfu", number(r.mfu)},
                           {"tail_excess_ms", number(r.tail_excess_ms)},
                           {"host_step_ms", r.host_step_ms},
+                          {"gpu_step_ms", r.gpu_step_ms},
+                          {"kernel_busy", r.kernel_busy},
                           {"max_step_call_ms", number(r.max_step_call_ms)}});
       }
       per_config[kNames[s]] = {{"median_step_ms", number(medians[s])}, {"rounds", rounds}};
