@@ -17,12 +17,18 @@
 // step time of the window. Reported: per configuration the median over rounds, and per
 // configuration X the ratio X/off - 1 of the medians with the spread (min/max) of the per-round
 // ratios. The JSON file has every round's numbers; nothing else is written.
+#include <sys/syscall.h>
 #include <torch/version.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
@@ -106,7 +112,44 @@ struct RoundResult {
   // that slows the host shows as idle GPU time.
   std::vector<double> gpu_step_ms;
   std::vector<double> kernel_busy;
+  // The threads that ran during the measured steps, by CPU time (the training thread as
+  // "training"; torchpilot's own are named tp-*): what else competes while a window is on.
+  std::vector<std::pair<std::string, double>> thread_cpu_ms;
 };
+
+// Each thread's CPU time so far (ns, /proc/self/task/*/schedstat) and name, by thread id. Linux
+// only; empty elsewhere.
+std::map<long, std::pair<std::string, double>> thread_cpu() {
+  std::map<long, std::pair<std::string, double>> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    const long tid = std::strtol(e.path().filename().c_str(), nullptr, 10);
+    std::ifstream sched(e.path() / "schedstat");
+    double ns = 0;
+    if (!(sched >> ns)) continue;
+    std::ifstream comm(e.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    out[tid] = {name, ns};
+  }
+  return out;
+}
+
+// The threads that ran between two thread_cpu() readings, most CPU first (1 ms at least).
+std::vector<std::pair<std::string, double>> cpu_between(
+    const std::map<long, std::pair<std::string, double>>& before,
+    const std::map<long, std::pair<std::string, double>>& after) {
+  const long me = static_cast<long>(syscall(SYS_gettid));
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& [tid, now] : after) {
+    const auto it = before.find(tid);
+    const double ms = (now.second - (it == before.end() ? 0.0 : it->second.second)) / 1e6;
+    if (ms >= 1) out.push_back({tid == me ? "training" : now.first, ms});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const auto& x, const auto& y) { return x.second > y.second; });
+  return out;
+}
 
 constexpr int kTailSteps = 8;  // > the window's tail of flushes before its release
 
@@ -178,6 +221,7 @@ RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, j
   trainer.synchronize();
   const std::vector<torchpilot::StepRecord> before = pilot.recent_steps();
   const int64_t first_measured = before.empty() ? 0 : before.back().step + 1;
+  const auto cpu0 = thread_cpu();  // before the clock: reading /proc takes a millisecond
   const auto t0 = std::chrono::steady_clock::now();
   r.host_step_ms.reserve(static_cast<size_t>(a.steps));
   auto s0 = t0;
@@ -189,6 +233,7 @@ RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, j
   }
   trainer.synchronize();
   const auto t1 = std::chrono::steady_clock::now();
+  r.thread_cpu_ms = cpu_between(cpu0, thread_cpu());  // outside the timed steps
   r.step_ms = std::chrono::duration<double, std::milli>(t1 - t0).count() / a.steps;
   std::vector<double> tail;
   for (int i = 0; i < kTailSteps; ++i) {
@@ -435,6 +480,13 @@ int run(int argc, char** argv) {
                           {"host_step_ms", r.host_step_ms},
                           {"gpu_step_ms", r.gpu_step_ms},
                           {"kernel_busy", r.kernel_busy},
+                          {"thread_cpu_ms",
+                           [&] {
+                             json t = json::array();
+                             for (const auto& [name, ms] : r.thread_cpu_ms)
+                               t.push_back({{"thread", name}, {"cpu_ms", ms}});
+                             return t;
+                           }()},
                           {"max_step_call_ms", number(r.max_step_call_ms)}});
       }
       per_config[kNames[s]] = {{"median_step_ms", number(medians[s])}, {"rounds", rounds}};

@@ -385,7 +385,7 @@ void CudaMarkers::resolve_once() {
 }
 
 void CudaMarkers::run() {
-  mark_own_thread();
+  mark_own_thread("tp-markers");
   for (;;) {
     resolve_once();
     if (off_.load(std::memory_order_acquire)) break;  // failed: nothing left to resolve

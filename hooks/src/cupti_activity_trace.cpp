@@ -461,7 +461,7 @@ void ActivityCollector::start_converter() {
   }
   try {
     converter_ = std::thread([this] {
-      mark_own_thread();
+      mark_own_thread("tp-cupti-conv");
       converter_loop();
     });
   } catch (const std::system_error& e) {
@@ -555,6 +555,10 @@ std::string ActivityCollector::init() {
     } else {
       logger_.debug("CUPTI activity: device buffer {} KiB", bytes >> 10);
     }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_ = BufferStats{};  // counted per attachment (a window)
   }
   start_converter();  // before the callbacks: a buffer may come back at once
   const CUptiResult rr = api_.activity_register_callbacks(on_buffer_requested, on_buffer_completed);
@@ -687,6 +691,7 @@ void ActivityCollector::drain(GpuEventBatch& out) {
 }
 
 void ActivityCollector::shutdown() {
+  const bool attached = routed_ || subscribed_;  // the debug lines once per attachment
   if (enabled_) disable();
   if (routed_) {
     flush(true);  // our buffers back from CUPTI while still routed here
@@ -700,6 +705,7 @@ void ActivityCollector::shutdown() {
     subscriber_ = nullptr;
   }
   stop_converter();  // after the forced flush: what it returned is converted first
+  if (!attached) return;
   const BufferStats s = buffer_stats();
   if (s.completed > 0) {
     logger_.debug(

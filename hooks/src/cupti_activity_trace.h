@@ -129,8 +129,9 @@ class ActivityCollector {
   // Requests answered with no buffer (all in use) since construction.
   int64_t refused_requests() const;
 
-  // Completed buffers since construction: how many, how many CUPTI delivered on the thread that
-  // enabled the trace (the trainer's), and the converter's time on them.
+  // Completed buffers since the last init() (a window's attachment): how many, how many CUPTI
+  // delivered on the thread that enabled the trace (the trainer's), and the converter's time on
+  // them. shutdown() logs them at debug level.
   struct BufferStats {
     int64_t completed = 0;
     int64_t on_trainer = 0;

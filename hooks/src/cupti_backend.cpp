@@ -166,7 +166,7 @@ class CuptiBackend final : public GpuBackend {
       finalized_ = false;
       releasing_.store(true, std::memory_order_release);
       release_thread_ = std::thread([this] {
-        mark_own_thread();
+        mark_own_thread("tp-trace-rel");
         guard("release_trace", [&] {
           const Nanos t0 = steady_now_ns();
           activity_->shutdown();  // disable, forced flush, unsubscribe

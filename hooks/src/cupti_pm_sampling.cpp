@@ -385,7 +385,7 @@ std::string PmSampler::start() {
     reason_.clear();
   }
   thread_ = std::thread([this] {
-    mark_own_thread();
+    mark_own_thread("tp-pm-decode");
     run();
   });
   return {};

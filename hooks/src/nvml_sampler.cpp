@@ -177,7 +177,7 @@ std::string NvmlSampler::start(double interval_ms, Sink sink) {
   const auto interval =
       std::chrono::nanoseconds(static_cast<int64_t>(ms * 1e6 < 1e6 ? 1e6 : ms * 1e6));
   thread_ = std::thread([this, interval] {
-    mark_own_thread();
+    mark_own_thread("tp-nvml");
     run(interval);
   });
   return {};

@@ -191,7 +191,7 @@ void OpSymbolIndex::build_async() {
   }
   try {
     std::thread([this] {
-      mark_own_thread();
+      mark_own_thread("tp-op-symbols");
       std::lock_guard<std::mutex> lock(mu_);
       build_locked();
     }).detach();

@@ -4,6 +4,8 @@
 // callback on the call, matched by correlation id); gpu_step_stats drops these. Internal to hooks/.
 #pragma once
 
+#include <pthread.h>
+
 #include "torchpilot/runtime/cost.h"
 
 namespace torchpilot {
@@ -12,10 +14,12 @@ namespace detail {
 inline thread_local bool t_own_thread = false;
 
 // Called first thing on each thread torchpilot starts; its CPU time then counts as torchpilot's
-// (the epoch summary's "cost" section).
-inline void mark_own_thread() {
+// (the epoch summary's "cost" section). `name` (15 characters at most, "tp-..." by convention)
+// is what top -H, perf and /proc/<pid>/task/*/comm show for the thread.
+inline void mark_own_thread(const char* name) {
   t_own_thread = true;
   register_own_thread();
+  pthread_setname_np(pthread_self(), name);  // a failure only leaves the process's name
 }
 inline bool on_own_thread() { return t_own_thread; }
 

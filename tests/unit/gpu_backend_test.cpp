@@ -1567,11 +1567,16 @@ TEST(GpuBackend, SyncRecordsSayWhichThreadMadeTheCall) {
   b->start();
   ASSERT_TRUE(b->start_trace());
   rig.cupti->sync_call(101);
+  std::string our_name;
   std::thread ours([&] {
-    mark_own_thread();
+    mark_own_thread("tp-test");
+    char name[16] = {0};
+    pthread_getname_np(pthread_self(), name, sizeof name);
+    our_name = name;  // what top -H and /proc show for torchpilot's threads
     rig.cupti->sync_call(102);
   });
   ours.join();
+  EXPECT_EQ(our_name, "tp-test");
   std::thread other([&] { rig.cupti->sync_call(103); });
   other.join();
   const uint64_t t0 = rig.cupti->cupti_now();
