@@ -3,8 +3,12 @@
 // fast. One variant per process (cuptiFinalize is process-wide):
 //   cupti_reattach_probe baseline | probe | nofinalize | finalize | reattach-subscribe |
 //                        reattach-timestamp | reattach-profiler | backend-pm | backend-nopm |
-//                        kinds-kernel | kinds-kernel-noprof | kinds-all | kinds-all-callbacks
-// (kinds-*: which activity kinds and callbacks make a launch dearer while a window is on.)
+//                        kinds-kernel | kinds-kernel-noprof | kinds-all | kinds-all-callbacks |
+//                        kinds-ab
+// (kinds-*: which activity kinds and callbacks make a launch dearer while a window is on;
+// kinds-ab: in one process, rounds of four states in rotated order -- subscribed only, the kernel
+// kind, the window's four kinds, and those with the window's sync and copy callbacks -- and each
+// state's median step against subscribed-only, per launch.)
 // (backend-*: torchpilot's own GPU backend, PM sampling on or off, a window, release_trace().)
 // Prints the median time of a launch-bound step (2000 tiny kernels + synchronize) before the
 // window, during it, and after it. Not part of the library; results in bench/results/.
@@ -111,6 +115,64 @@ int main(int argc, char** argv) {
     p.structSize = CUpti_Profiler_Initialize_Params_STRUCT_SIZE;
     return static_cast<int>(prof_init(&p));
   };
+  if (variant == "kinds-ab") {
+    CUpti_Profiler_Initialize_Params ip{};
+    ip.structSize = CUpti_Profiler_Initialize_Params_STRUCT_SIZE;
+    prof_init(&ip);  // as the backend does at construction
+    auto enable_cb = sym<decltype(&cuptiEnableCallback)>(lib, "cuptiEnableCallback");
+    CUpti_SubscriberHandle h = nullptr;
+    subscribe(&h, no_op, nullptr);
+    reg(requested, completed);
+    const CUpti_ActivityKind all[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
+                                      CUPTI_ACTIVITY_KIND_SYNCHRONIZATION,
+                                      CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET};
+    // The window's callbacks (hooks/src/cupti_activity_trace.cpp: kSyncCallbacks, kCopyCallbacks).
+    const std::pair<CUpti_CallbackDomain, CUpti_CallbackId> cbs[] = {
+        {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020},
+        {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020},
+        {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaEventSynchronize_v3020},
+        {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize},
+        {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize},
+        {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuEventSynchronize},
+        {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020},
+        {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020}};
+    const char* names[] = {"subscribed", "kernel", "four_kinds", "four_kinds_callbacks"};
+    auto set_state = [&](int state) {
+      for (size_t k = 0; k < 4; ++k) {
+        const bool want = (state == 1 && k == 0) || state >= 2;
+        if (want) {
+          enable(all[k]);
+        } else {
+          disable(all[k]);
+        }
+      }
+      for (const auto& [d, c] : cbs) enable_cb(state == 3 ? 1 : 0, h, d, c);
+    };
+    std::vector<double> per[4];
+    for (int round = 0; round < 9; ++round) {
+      for (int i = 0; i < 4; ++i) {
+        const int state = (i + round) % 4;
+        set_state(state);
+        step_ms(y, 2);
+        per[state].push_back(step_ms(y, 5));
+      }
+    }
+    set_state(0);
+    flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    unsubscribe(h);
+    auto med = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    std::printf("{\"variant\": \"kinds-ab\", \"before_ms\": %.3f, \"launches_per_step\": 2000",
+                before);
+    for (int k = 0; k < 4; ++k) {
+      std::printf(", \"%s_ms\": %.3f, \"%s_us_per_launch\": %.3f", names[k], med(per[k]), names[k],
+                  (med(per[k]) - med(per[0])) * 1000 / 2000);
+    }
+    std::printf("}\n");
+    return 0;
+  }
   const bool kinds = variant.rfind("kinds-", 0) == 0;
   // As the backend does at construction (kinds-kernel-noprof: never, to see what it costs).
   int init_before = variant == "kinds-kernel-noprof" ? -1 : init_profiler();
