@@ -136,7 +136,7 @@ int main(int argc, char** argv) {
         {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuEventSynchronize},
         {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020},
         {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020}};
-    const char* names[] = {"subscribed", "kernel", "four_kinds", "four_kinds_callbacks"};
+    const char* names[] = {"subscribed", "kernel", "four_kinds", "four_kinds_callbacks", "four_kinds_runtime_cbs", "four_kinds_driver_cbs"};
     auto set_state = [&](int state) {
       for (size_t k = 0; k < 4; ++k) {
         const bool want = (state == 1 && k == 0) || state >= 2;
@@ -146,12 +146,16 @@ int main(int argc, char** argv) {
           disable(all[k]);
         }
       }
-      for (const auto& [d, c] : cbs) enable_cb(state == 3 ? 1 : 0, h, d, c);
+      for (const auto& [d, c] : cbs) {
+        const bool on = state == 3 || (state == 4 && d == CUPTI_CB_DOMAIN_RUNTIME_API) ||
+                        (state == 5 && d == CUPTI_CB_DOMAIN_DRIVER_API);
+        enable_cb(on ? 1 : 0, h, d, c);
+      }
     };
-    std::vector<double> per[4];
-    for (int round = 0; round < 9; ++round) {
-      for (int i = 0; i < 4; ++i) {
-        const int state = (i + round) % 4;
+    std::vector<double> per[6];
+    for (int round = 0; round < 12; ++round) {
+      for (int i = 0; i < 6; ++i) {
+        const int state = (i + round) % 6;
         set_state(state);
         step_ms(y, 2);
         per[state].push_back(step_ms(y, 5));
@@ -166,7 +170,7 @@ int main(int argc, char** argv) {
     };
     std::printf("{\"variant\": \"kinds-ab\", \"before_ms\": %.3f, \"launches_per_step\": 2000",
                 before);
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < 6; ++k) {
       std::printf(", \"%s_ms\": %.3f, \"%s_us_per_launch\": %.3f", names[k], med(per[k]), names[k],
                   (med(per[k]) - med(per[0])) * 1000 / 2000);
     }
