@@ -135,7 +135,8 @@ std::map<long, std::pair<std::string, double>> thread_cpu() {
   return out;
 }
 
-// The threads that ran between two thread_cpu() readings, most CPU first (1 ms at least).
+// The threads that ran between two thread_cpu() readings, most CPU first (1 ms at least). A
+// thread that ended in between is not counted (its time went with it).
 std::vector<std::pair<std::string, double>> cpu_between(
     const std::map<long, std::pair<std::string, double>>& before,
     const std::map<long, std::pair<std::string, double>>& after) {

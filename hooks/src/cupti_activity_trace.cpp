@@ -461,15 +461,22 @@ void ActivityCollector::start_converter() {
   }
   try {
     converter_ = std::thread([this] {
-      mark_own_thread("tp-cupti-conv");
+      try {
+        mark_own_thread("tp-cupti-conv");
+      } catch (...) {  // unnamed and uncounted: it still converts
+      }
       converter_loop();
     });
-  } catch (const std::system_error& e) {
+  } catch (...) {
     // Converted where CUPTI returns them, as before the thread existed: slower launches only.
-    logger_.warn(
-        "CUPTI activity: no converter thread ({}); buffers converted as CUPTI returns them",
-        e.what());
+    if (!converter_failure_logged_) {
+      converter_failure_logged_ = true;
+      logger_.warn("CUPTI activity: no converter thread; buffers converted as CUPTI returns them");
+    }
+    return;
   }
+  std::lock_guard<std::mutex> lock(mutex_);
+  converter_running_ = true;
 }
 
 void ActivityCollector::stop_converter() {
@@ -479,7 +486,9 @@ void ActivityCollector::stop_converter() {
     stop_converter_ = true;
   }
   ready_cv_.notify_all();
-  converter_.join();
+  converter_.join();  // converts what is queued first
+  std::lock_guard<std::mutex> lock(mutex_);
+  converter_running_ = false;
 }
 
 void ActivityCollector::converter_loop() {
@@ -494,9 +503,14 @@ void ActivityCollector::converter_loop() {
     try {
       convert(b);
     } catch (...) {
-      // The buffer's records are lost (a failed allocation); the buffer itself goes back.
-      std::lock_guard<std::mutex> relock(mutex_);
-      free_buffers_.push_back(b.buffer);
+      // The buffer's records are lost (a failed allocation); the buffer itself goes back, or is
+      // freed when even that fails.
+      try {
+        std::lock_guard<std::mutex> relock(mutex_);
+        free_buffers_.push_back(b.buffer);
+      } catch (...) {
+        free_buffer(b.buffer);
+      }
     }
     lock.lock();
     --converting_;
@@ -525,6 +539,11 @@ std::string ActivityCollector::init() {
   if (r != CUPTI_SUCCESS) return "cuptiSubscribe failed: " + cupti_error_name(api_, r);
   subscribed_ = true;
   OpSymbolIndex::instance().build_async();  // ready long before a window names a sync's op
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_ = BufferStats{};  // counted per attachment (a window)
+  }
+  start_converter();  // before the routing: a buffer may come back at once
   {
     std::unique_lock<std::shared_mutex> lock(route_mutex());
     if (route() != nullptr && route() != this) {
@@ -556,11 +575,6 @@ std::string ActivityCollector::init() {
       logger_.debug("CUPTI activity: device buffer {} KiB", bytes >> 10);
     }
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stats_ = BufferStats{};  // counted per attachment (a window)
-  }
-  start_converter();  // before the callbacks: a buffer may come back at once
   const CUptiResult rr = api_.activity_register_callbacks(on_buffer_requested, on_buffer_completed);
   if (rr != CUPTI_SUCCESS) {
     shutdown();
@@ -655,10 +669,10 @@ void ActivityCollector::flush(bool forced) {
   const CUptiResult r = api_.activity_flush_all(forced ? CUPTI_ACTIVITY_FLAG_FLUSH_FORCED : 0);
   if (r != CUPTI_SUCCESS) logger_.debug("cuptiActivityFlushAll: {}", cupti_error_name(api_, r));
   {
-    // What the flush returned is converted before the caller drains it. Bounded: conversion is
-    // CPU work of milliseconds a buffer; a converter that cannot keep up leaves it for later.
+    // What the flush returned is converted before the caller drains it. Bounded (conversion is
+    // tens of milliseconds a buffer): what is not converted by then reaches a later drain.
     std::unique_lock<std::mutex> lock(mutex_);
-    if (!converted_cv_.wait_for(lock, std::chrono::seconds(5),
+    if (!converted_cv_.wait_for(lock, std::chrono::seconds(1),
                                 [&] { return ready_.empty() && converting_ == 0; })) {
       logger_.debug("CUPTI activity: {} buffers still being converted after a flush",
                     ready_.size() + static_cast<size_t>(converting_));
@@ -710,7 +724,7 @@ void ActivityCollector::shutdown() {
   if (s.completed > 0) {
     logger_.debug(
         "CUPTI activity: {} buffers completed ({} on the training thread), {} records converted "
-        "off CUPTI's threads in {:.1f} ms",
+        "in {:.1f} ms",
         s.completed, s.on_trainer, s.records, s.convert_ns / 1e6);
   }
   static const char* const kOverheadNames[BufferStats::kOverheadKinds] = {"driver/unknown",
@@ -779,7 +793,7 @@ void ActivityCollector::buffer_completed(uint8_t* buffer, size_t, size_t valid_s
       free_buffers_.push_back(buffer);
       return;
     }
-    if (converter_.joinable() && !stop_converter_) {
+    if (converter_running_ && !stop_converter_) {
       ready_.push_back({buffer, valid_size});
       queued = true;
     }
@@ -815,6 +829,7 @@ void ActivityCollector::convert(const ReadyBuffer& b) {
       if (o.objectKind == CUPTI_ACTIVITY_OBJECT_THREAD && o.objectId.pt.threadId == trainer) {
         overhead.overhead_trainer_ns[i] += ns;
       }
+      std::free(o.overheadData);  // CUPTI's: the client frees it
       continue;
     }
     if (convert_record(*record, tb, batch, &names_)) ++converted;

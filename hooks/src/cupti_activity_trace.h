@@ -8,13 +8,16 @@
 // GpuEventBatch::dropped).
 //
 // Thread-safety: init/enable/disable/flush/drain/shutdown from one thread at a time (the training
-// thread, or the release thread at a window's end). buffer_requested/buffer_completed run on
-// whatever thread CUPTI calls them from (a launching thread, CUPTI's worker, or the thread inside
+// thread, or the release thread at a window's end; drain() may run beside the release's
+// shutdown(), under the mutex). buffer_requested/buffer_completed run on whatever thread CUPTI
+// calls them from (a launching thread, CUPTI's worker, or the thread inside
 // cuptiActivityFlushAll). buffer_completed only queues the buffer: the collector's converter
 // thread turns it into events (a 4 MiB buffer takes milliseconds, which a launching thread, the
-// trainer's among them, must not pay; kineto's bufferCompleted also only queues). No lock of ours
-// is held while calling into CUPTI, and the callbacks call nothing in CUPTI (kineto's ABBA
-// deadlock: a mutex held across cuptiActivityFlushAll, which runs bufferCompleted synchronously).
+// trainer's among them, must not pay; kineto's bufferCompleted also only queues). Only when no
+// converter thread could start is a buffer converted where CUPTI returns it. No lock of ours is
+// held while calling into CUPTI, and the callbacks call nothing in CUPTI but
+// cuptiActivityGetNextRecord in that fallback (kineto's ABBA deadlock: a mutex held across
+// cuptiActivityFlushAll, which runs bufferCompleted synchronously).
 #pragma once
 
 #include <condition_variable>
@@ -190,7 +193,9 @@ class ActivityCollector {
   bool stop_converter_ = false;
   std::condition_variable ready_cv_;      // a buffer queued, or stop
   std::condition_variable converted_cv_;  // ready_ empty and nothing being converted
+  bool converter_running_ = false;        // converter_ started and not stopped (under mutex_)
   std::thread converter_;                 // absent: buffers are converted where CUPTI returns them
+  bool converter_failure_logged_ = false;
   BufferStats stats_;
 };
 

@@ -6,9 +6,10 @@
 //                        kinds-kernel | kinds-kernel-noprof | kinds-all | kinds-all-callbacks |
 //                        kinds-ab
 // (kinds-*: which activity kinds and callbacks make a launch dearer while a window is on;
-// kinds-ab: in one process, rounds of four states in rotated order -- subscribed only, the kernel
-// kind, the window's four kinds, and those with the window's sync and copy callbacks -- and each
-// state's median step against subscribed-only, per launch.)
+// kinds-ab: in one process, rounds of six states in rotated order -- subscribed only, the kernel
+// kind, the window's four kinds, and those with the window's main sync and copy callbacks (8 of
+// its 14: no _ptsz/_ptds variants, cudaThreadSynchronize, cuCtxSynchronize_v2), the runtime ones
+// only, the driver ones only -- and each state's median step against subscribed-only, per launch.)
 // (backend-*: torchpilot's own GPU backend, PM sampling on or off, a window, release_trace().)
 // Prints the median time of a launch-bound step (2000 tiny kernels + synchronize) before the
 // window, during it, and after it. Not part of the library; results in bench/results/.
@@ -136,7 +137,12 @@ int main(int argc, char** argv) {
         {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuEventSynchronize},
         {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020},
         {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020}};
-    const char* names[] = {"subscribed", "kernel", "four_kinds", "four_kinds_callbacks", "four_kinds_runtime_cbs", "four_kinds_driver_cbs"};
+    const char* names[] = {"subscribed",
+                           "kernel",
+                           "four_kinds",
+                           "four_kinds_callbacks",
+                           "four_kinds_runtime_cbs",
+                           "four_kinds_driver_cbs"};
     auto set_state = [&](int state) {
       for (size_t k = 0; k < 4; ++k) {
         const bool want = (state == 1 && k == 0) || state >= 2;

@@ -86,11 +86,12 @@ void StallTracker::note_outlier_start(int64_t step) {
   starts_.push_back(step);
   if (starts_.size() > kRecentOutliers) starts_.pop_front();
   // The period: a lattice anchor + k * P (within a step) through the most recent events that
-  // holds three of them at least, most of its own points between its first and last event (a
-  // stall that recurs, not one that happened to line up twice), and a good share of all recent
-  // events; the most events wins, then the shorter period. Unrelated slow steps between the
-  // periodic ones (noise, a trace window) do not hide the period; three random ones lining up
-  // among many do not make one. A single slow step makes no period.
+  // holds three of them at least, its own points between its first and last event (all of them
+  // for three events, three quarters for more: a stall that recurs, not one that happened to
+  // line up), and a good share of all recent events (half for three, 40% for more); the most
+  // events wins, then the shorter period. Unrelated slow steps between the periodic ones (noise,
+  // a trace window) do not hide the period; three random ones lining up among many do not make
+  // one. A single slow step makes no period.
   int64_t best_period = 0, best_anchor = 0;
   size_t best_hits = 0;
   const size_t n = starts_.size();
@@ -108,13 +109,18 @@ void StallTracker::note_outlier_start(int64_t step) {
         last = s;
         ++hits;
       }
+      const auto h = static_cast<int64_t>(hits);
       const int64_t points = (last - first + p / 2) / p + 1;
-      const bool holds =
-          hits >= 3 && 3 * static_cast<int64_t>(hits) >= 2 * points && 5 * hits >= 2 * n;
+      // Three events must fill their lattice; four or more may miss a quarter of it (a stall
+      // that once stayed under the outlier factor). Three must be half the recent events.
+      const bool filled = h == points || (h >= 4 && 4 * h >= 3 * points);
+      const bool share =
+          h >= 4 ? 5 * h >= 2 * static_cast<int64_t>(n) : 2 * h >= static_cast<int64_t>(n);
+      const bool holds = h >= 3 && filled && share;
       if (holds && (hits > best_hits || (hits == best_hits && p < best_period))) {
         best_hits = hits;
         best_period = p;
-        best_anchor = last;
+        best_anchor = anchor + (last - anchor + p / 2) / p * p;  // the lattice point, not `last`
       }
     }
   }

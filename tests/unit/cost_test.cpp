@@ -191,12 +191,27 @@ TEST(StallTrackerTest, APeriodHoldsWithUnrelatedSlowStepsBetween) {
   EXPECT_FALSE(t.at_period(1050));
 }
 
-// Among many unrelated slow steps, three that happen to be equally spaced are no period.
+// Among many unrelated slow steps, three that happen to be equally spaced (520, 591, 662: every
+// 71), or three on a lattice with a gap (20, 83, 209: every 63, 146 missing), are no period.
 TEST(StallTrackerTest, ThreeEquallySpacedAmongManyUnrelatedSlowStepsAreNoPeriod) {
-  const std::set<int64_t> slow = {20, 57, 95, 131, 209, 262, 333, 411, 503, 547, 618};
+  const std::set<int64_t> slow = {20, 83, 131, 209, 250, 301, 390, 445, 520, 591, 662};
   StallTracker t(3.0);
-  for (int64_t i = 0; i < 700; ++i) t.add(record(i, i, slow.count(i) > 0 ? 60 : 2));
-  EXPECT_EQ(t.period(), 0);
+  for (int64_t i = 0; i < 700; ++i) {
+    t.add(record(i, i, slow.count(i) > 0 ? 60 : 2));
+    EXPECT_EQ(t.period(), 0) << "at step " << i;
+  }
+}
+
+// The anchor is the lattice point: an event a step off the lattice still counts at the period.
+TEST(StallTrackerTest, TheAnchorIsOnTheLatticeNotOnTheLastEvent) {
+  const std::set<int64_t> slow = {100, 200, 299, 401};
+  StallTracker t(3.0);
+  for (int64_t i = 0; i < 450; ++i) t.add(record(i, i, slow.count(i) > 0 ? 60 : 2));
+  EXPECT_EQ(t.period(), 100);
+  EXPECT_TRUE(t.at_period(299));
+  EXPECT_TRUE(t.at_period(499));
+  EXPECT_TRUE(t.at_period(501));
+  EXPECT_FALSE(t.at_period(502));
 }
 
 // The sync probe's figures (sync.*) on the probed steps: the stalls' time in syncs and host
