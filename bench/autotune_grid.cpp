@@ -97,6 +97,30 @@ double fixed_run(jpeg_example::Trainer& trainer, const LoaderSettings& s, int st
   return throughput(pilot.recent_steps(), static_cast<size_t>(steps / 4));
 }
 
+// Every setting once per round for `steps` steps, each round in a shuffled order: samples/s of
+// each setting's runs, in the settings' order.
+std::vector<std::vector<double>> interleaved_runs(jpeg_example::Trainer& trainer,
+                                                  const std::vector<LoaderSettings>& settings,
+                                                  int rounds, int steps, std::mt19937& rng) {
+  std::vector<std::vector<double>> runs(settings.size());
+  for (int round = 0; round < rounds; ++round) {
+    std::vector<size_t> order(settings.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), rng);
+    for (size_t i : order) runs[i].push_back(fixed_run(trainer, settings[i], steps));
+  }
+  return runs;
+}
+
+// The median of `s`'s runs (0 when `s` is not among `settings`).
+double median_for(const std::vector<LoaderSettings>& settings,
+                  const std::vector<std::vector<double>>& runs, const LoaderSettings& s) {
+  for (size_t i = 0; i < settings.size(); ++i) {
+    if (same(settings[i], s)) return median(runs[i]);
+  }
+  return 0.0;
+}
+
 // A knob setting as the grid names it (knobs absent from it: off, 0).
 LoaderSettings loader_settings(const torchpilot::Setting& s) {
   auto get = [&](const char* k) { return s.count(k) ? s.at(k) : 0; };
@@ -267,20 +291,9 @@ int run(int argc, char** argv) {
   }
   add(LoaderSettings{}, "default");
   for (const auto& r : autos) add(r.chosen, "auto-tuned");
-  std::vector<std::vector<double>> final_tp(finalists.size());
-  for (int round = 0; round < a.final_rounds; ++round) {
-    std::vector<size_t> order(finalists.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::shuffle(order.begin(), order.end(), rng);
-    for (size_t i : order) final_tp[i].push_back(fixed_run(trainer, finalists[i], a.final_steps));
-  }
-
-  auto final_of = [&](const LoaderSettings& s) {
-    for (size_t i = 0; i < finalists.size(); ++i) {
-      if (same(finalists[i], s)) return median(final_tp[i]);
-    }
-    return 0.0;
-  };
+  const std::vector<std::vector<double>> final_tp =
+      interleaved_runs(trainer, finalists, a.final_rounds, a.final_steps, rng);
+  auto final_of = [&](const LoaderSettings& s) { return median_for(finalists, final_tp, s); };
   size_t best = 0;
   for (size_t i = 0; i < finalists.size(); ++i) {
     if (roles[i].find("grid-top") != std::string::npos &&
@@ -309,25 +322,15 @@ int run(int argc, char** argv) {
       held.push_back(r.chosen);
     }
   }
-  std::vector<std::vector<double>> held_tp(held.size());
-  for (int round = 0; round < a.holdout_rounds; ++round) {
-    std::vector<size_t> order(held.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::shuffle(order.begin(), order.end(), rng);
-    for (size_t i : order) held_tp[i].push_back(fixed_run(trainer, held[i], a.final_steps));
-  }
-  auto held_of = [&](const LoaderSettings& s) {
-    for (size_t i = 0; i < held.size(); ++i) {
-      if (same(held[i], s)) return median(held_tp[i]);
-    }
-    return 0.0;
-  };
+  const std::vector<std::vector<double>> held_tp =
+      interleaved_runs(trainer, held, a.holdout_rounds, a.final_steps, rng);
+  auto held_of = [&](const LoaderSettings& s) { return median_for(held, held_tp, s); };
   std::vector<double> auto_held;
   for (const auto& r : autos) auto_held.push_back(held_of(r.chosen));
   const double best_held = a.holdout_rounds > 0 ? median(held_tp[0]) : 0.0;
   const double tuned_held = a.holdout_rounds > 0 ? median(auto_held) : 0.0;
   const double held_fraction = best_held > 0 ? tuned_held / best_held : 0.0;
-  const double elapsed_all =
+  const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 
   std::printf("\nfinal round (%d rounds of %d steps, medians):\n", a.final_rounds, a.final_steps);
@@ -352,7 +355,7 @@ int run(int argc, char** argv) {
               median(auto_seconds));
   std::printf("| LibTorch default (workers 0) | %.0f samples/s; auto-tuned is x%.2f |\n",
               default_tp, tuned_tp / default_tp);
-  std::printf("| bench wall time | %.0f s |\n", elapsed_all);
+  std::printf("| bench wall time | %.0f s |\n", elapsed);
 
   if (!a.out.empty()) {
     const std::string date = bench::utc_date();
@@ -425,7 +428,7 @@ int run(int argc, char** argv) {
                 {"autotuned_fraction_of_best", held_fraction},
                 {"settings", held_json}}},
               {"grid", grid_json},
-              {"wall_s", elapsed_all}};
+              {"wall_s", elapsed}};
     bench::write_json(a.out, j);
     std::printf("autotune_grid: results in %s\n", a.out.c_str());
   }

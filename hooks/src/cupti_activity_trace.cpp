@@ -456,8 +456,10 @@ ActivityCollector::~ActivityCollector() {
 void ActivityCollector::start_converter() {
   if (converter_.joinable()) return;
   {
+    // Before the thread: it runs while this is set. No buffer comes back meanwhile (the routing
+    // to this collector comes after).
     std::lock_guard<std::mutex> lock(mutex_);
-    stop_converter_ = false;
+    converter_running_ = true;
   }
   try {
     converter_ = std::thread([this] {
@@ -469,32 +471,31 @@ void ActivityCollector::start_converter() {
     });
   } catch (...) {
     // Converted where CUPTI returns them, as before the thread existed: slower launches only.
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      converter_running_ = false;
+    }
     if (!converter_failure_logged_) {
       converter_failure_logged_ = true;
       logger_.warn("CUPTI activity: no converter thread; buffers converted as CUPTI returns them");
     }
-    return;
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  converter_running_ = true;
 }
 
 void ActivityCollector::stop_converter() {
   if (!converter_.joinable()) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stop_converter_ = true;
+    converter_running_ = false;  // no more queued; what is queued is converted first
   }
   ready_cv_.notify_all();
-  converter_.join();  // converts what is queued first
-  std::lock_guard<std::mutex> lock(mutex_);
-  converter_running_ = false;
+  converter_.join();
 }
 
 void ActivityCollector::converter_loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    ready_cv_.wait(lock, [&] { return stop_converter_ || !ready_.empty(); });
+    ready_cv_.wait(lock, [&] { return !converter_running_ || !ready_.empty(); });
     if (ready_.empty()) return;  // stopping, nothing left
     const ReadyBuffer b = ready_.front();
     ready_.pop_front();
@@ -793,7 +794,7 @@ void ActivityCollector::buffer_completed(uint8_t* buffer, size_t, size_t valid_s
       free_buffers_.push_back(buffer);
       return;
     }
-    if (converter_running_ && !stop_converter_) {
+    if (converter_running_) {
       ready_.push_back({buffer, valid_size});
       queued = true;
     }

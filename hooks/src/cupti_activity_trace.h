@@ -190,11 +190,10 @@ class ActivityCollector {
   std::unordered_map<uint32_t, SyncThread> sync_callers_;  // correlation id -> caller's thread
   std::deque<ReadyBuffer> ready_;                          // completed, not yet converted
   int converting_ = 0;                                     // taken from ready_, being converted
-  bool stop_converter_ = false;
-  std::condition_variable ready_cv_;      // a buffer queued, or stop
+  std::condition_variable ready_cv_;      // a buffer queued, or converter_running_ cleared
   std::condition_variable converted_cv_;  // ready_ empty and nothing being converted
-  bool converter_running_ = false;        // converter_ started and not stopped (under mutex_)
-  std::thread converter_;                 // absent: buffers are converted where CUPTI returns them
+  bool converter_running_ = false;  // the converter takes queued buffers (else: stop once empty)
+  std::thread converter_;           // absent: buffers are converted where CUPTI returns them
   bool converter_failure_logged_ = false;
   BufferStats stats_;
 };

@@ -1,7 +1,8 @@
 // Threads of torchpilot's own (the step-marker resolver, PM sampling's decode thread, the NVML
 // sampler, the trace release, the activity converter, the op-symbol indexer): a CUDA synchronize
-// made on one is never a host sync of the training loop. The activity trace tags each sync record with the thread that made the call (CUPTI's
-// callback on the call, matched by correlation id); gpu_step_stats drops these. Internal to hooks/.
+// made on one is never a host sync of the training loop. The activity trace tags each sync record
+// with the thread that made the call (CUPTI's callback on the call, matched by correlation id);
+// gpu_step_stats drops these. Internal to hooks/.
 #pragma once
 
 #include <pthread.h>

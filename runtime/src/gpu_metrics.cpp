@@ -61,23 +61,23 @@ std::vector<Interval> bridged(std::vector<Interval> intervals, Nanos gap,
 std::vector<Interval> with_gaps_before(std::vector<Interval> comm,
                                        const std::vector<Interval>& running,
                                        const std::vector<Interval>& work, Nanos gap) {
-  std::vector<Nanos> starts;
-  starts.reserve(comm.size());
-  for (const Interval& c : comm) starts.push_back(c.begin);
+  auto starts_at = [&comm](Nanos t) {
+    return std::binary_search(
+        comm.begin(), comm.end(), Interval{t, t},
+        [](const Interval& x, const Interval& y) { return x.begin < y.begin; });
+  };
   auto covered = [&work](Interval i) {
     auto w = std::upper_bound(work.begin(), work.end(), i.begin,
                               [](Nanos t, const Interval& x) { return t < x.begin; });
     return w != work.begin() && std::prev(w)->end >= i.end;
   };
-  const size_t n = comm.size();
+  std::vector<Interval> gaps;  // apart: comm is searched while they are found
   for (size_t i = 0; i + 1 < running.size(); ++i) {
     const Interval idle{running[i].end, running[i + 1].begin};
-    if (idle.end - idle.begin < gap && std::binary_search(starts.begin(), starts.end(), idle.end) &&
-        !covered(idle)) {
-      comm.push_back(idle);
-    }
+    if (idle.end - idle.begin < gap && starts_at(idle.end) && !covered(idle)) gaps.push_back(idle);
   }
-  if (comm.size() == n) return comm;
+  if (gaps.empty()) return comm;
+  comm.insert(comm.end(), gaps.begin(), gaps.end());
   return merged(std::move(comm));
 }
 

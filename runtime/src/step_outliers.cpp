@@ -7,6 +7,15 @@
 #include "torchpilot/runtime/metrics.h"
 
 namespace torchpilot {
+namespace {
+
+// Whether `step` lies within a step of anchor + k * period.
+bool near_lattice(int64_t step, int64_t anchor, int64_t period) {
+  const int64_t d = ((step - anchor) % period + period) % period;
+  return d <= 1 || d >= period - 1;
+}
+
+}  // namespace
 
 StallTracker::StallTracker(double factor) : factor_(factor) { recent_.reserve(kHistory); }
 
@@ -92,31 +101,26 @@ void StallTracker::note_outlier_start(int64_t step) {
   // events wins, then the shorter period. Unrelated slow steps between the periodic ones (noise,
   // a trace window) do not hide the period; three random ones lining up among many do not make
   // one. A single slow step makes no period.
-  int64_t best_period = 0, best_anchor = 0;
-  size_t best_hits = 0;
-  const size_t n = starts_.size();
-  for (size_t i = 0; i < n; ++i) {
-    for (size_t j = i + 1; j < n; ++j) {
+  int64_t best_period = 0, best_anchor = 0, best_hits = 0;
+  const auto n = static_cast<int64_t>(starts_.size());
+  for (size_t i = 0; i < starts_.size(); ++i) {
+    for (size_t j = i + 1; j < starts_.size(); ++j) {
       const int64_t p = starts_[j] - starts_[i];
       if (p <= 1) continue;
       const int64_t anchor = starts_[i];
-      size_t hits = 0;
-      int64_t first = 0, last = 0;
+      int64_t hits = 0, first = 0, last = 0;
       for (int64_t s : starts_) {
-        const int64_t d = ((s - anchor) % p + p) % p;
-        if (d > 1 && d < p - 1) continue;
+        if (!near_lattice(s, anchor, p)) continue;
         if (hits == 0) first = s;
         last = s;
         ++hits;
       }
-      const auto h = static_cast<int64_t>(hits);
       const int64_t points = (last - first + p / 2) / p + 1;
       // Three events must fill their lattice; four or more may miss a quarter of it (a stall
       // that once stayed under the outlier factor). Three must be half the recent events.
-      const bool filled = h == points || (h >= 4 && 4 * h >= 3 * points);
-      const bool share =
-          h >= 4 ? 5 * h >= 2 * static_cast<int64_t>(n) : 2 * h >= static_cast<int64_t>(n);
-      const bool holds = h >= 3 && filled && share;
+      const bool filled = hits == points || (hits >= 4 && 4 * hits >= 3 * points);
+      const bool share = hits >= 4 ? 5 * hits >= 2 * n : 2 * hits >= n;
+      const bool holds = hits >= 3 && filled && share;
       if (holds && (hits > best_hits || (hits == best_hits && p < best_period))) {
         best_hits = hits;
         best_period = p;
@@ -149,9 +153,7 @@ void StallTracker::add_gpu_span(int64_t step, Nanos gpu_ns) {
 }
 
 bool StallTracker::at_period(int64_t step) const {
-  if (period_ <= 0) return false;
-  const int64_t d = ((step - anchor_) % period_ + period_) % period_;
-  return d <= 1 || d >= period_ - 1;
+  return period_ > 0 && near_lattice(step, anchor_, period_);
 }
 
 OutlierStats StallTracker::summarize(const EpochSummary& e,
