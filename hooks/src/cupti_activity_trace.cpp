@@ -225,8 +225,9 @@ BufferRegistry& registry() {
 std::atomic<uint64_t> next_collector_id{1};
 
 uint8_t* allocate_buffer(size_t bytes, uint64_t owner) {
-  // CUPTI wants 8-byte alignment (ACTIVITY_RECORD_ALIGNMENT); malloc gives 16.
-  auto* buffer = static_cast<uint8_t*>(std::malloc(bytes));
+  // CUPTI wants 8-byte alignment (ACTIVITY_RECORD_ALIGNMENT); calloc gives 16, and zeroes:
+  // CUPTI is told it need not (CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER).
+  auto* buffer = static_cast<uint8_t*>(std::calloc(1, bytes));
   if (buffer == nullptr) return nullptr;
   std::lock_guard<std::mutex> lock(registry().mutex);
   registry().owner[buffer] = owner;
@@ -507,6 +508,7 @@ void ActivityCollector::converter_loop() {
       // The buffer's records are lost (a failed allocation); the buffer itself goes back, or is
       // freed when even that fails.
       try {
+        std::memset(b.buffer, 0, options_.buffer_bytes);  // CUPTI expects it zeroed
         std::lock_guard<std::mutex> relock(mutex_);
         free_buffers_.push_back(b.buffer);
       } catch (...) {
@@ -575,6 +577,14 @@ std::string ActivityCollector::init() {
     } else {
       logger_.debug("CUPTI activity: device buffer {} KiB", bytes >> 10);
     }
+  }
+  {
+    // Our buffers come zeroed (calloc, then memset after conversion): CUPTI then need not zero
+    // 4 MiB inside the launch that asks for one. Process-wide: put back at shutdown.
+    uint8_t zeroed = 1;
+    size_t size = sizeof zeroed;
+    zeroed_out_set_ = api_.activity_set_attribute(CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER,
+                                                  &size, &zeroed) == CUPTI_SUCCESS;
   }
   const CUptiResult rr = api_.activity_register_callbacks(on_buffer_requested, on_buffer_completed);
   if (rr != CUPTI_SUCCESS) {
@@ -714,6 +724,13 @@ void ActivityCollector::shutdown() {
     if (route() == this) route() = nullptr;
     routed_ = false;
   }
+  if (zeroed_out_set_) {
+    // Another client's buffers after ours (the PyTorch profiler's) are not zeroed.
+    uint8_t zeroed = 0;
+    size_t size = sizeof zeroed;
+    api_.activity_set_attribute(CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER, &size, &zeroed);
+    zeroed_out_set_ = false;
+  }
   if (subscribed_) {
     api_.unsubscribe(subscriber_);
     subscribed_ = false;
@@ -835,6 +852,9 @@ void ActivityCollector::convert(const ReadyBuffer& b) {
     }
     if (convert_record(*record, tb, batch, &names_)) ++converted;
   }
+  // Zeroed here, off the launching threads, where CUPTI would otherwise zero it as it hands the
+  // buffer out (inside a launch). The whole buffer: what CUPTI wrote past valid_size is unsaid.
+  std::memset(b.buffer, 0, options_.buffer_bytes);
   std::lock_guard<std::mutex> lock(mutex_);
   for (int i = 0; i < BufferStats::kOverheadKinds; ++i) {
     stats_.overhead_count[i] += overhead.overhead_count[i];

@@ -229,6 +229,8 @@ class FakeCupti final : public CuptiApiFake {
   std::set<std::thread::id> record_readers;  // threads that read records out of a buffer
   int image_inits = 0;
   bool hold_decode = false, decode_held = false;  // under m
+  uint8_t zeroed_out = 0;    // CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER; under m
+  int unzeroed_buffers = 0;  // buffers handed out not zeroed while zeroed_out; under m
   std::condition_variable decode_cv;
   static constexpr size_t kImageSamples = 4;
 
@@ -252,6 +254,11 @@ class FakeCupti final : public CuptiApiFake {
         std::lock_guard<std::mutex> lock(m);
         ++dropped;
         return;
+      }
+      std::lock_guard<std::mutex> lock(m);
+      // Told the client zeroes its buffers, CUPTI would not: a stale byte would reach records.
+      if (zeroed_out != 0 && std::any_of(b, b + size, [](uint8_t x) { return x != 0; })) {
+        ++unzeroed_buffers;
       }
       cur_ = b;
       cur_size_ = size;
@@ -352,6 +359,11 @@ class FakeCupti final : public CuptiApiFake {
   }
   CUptiResult on_activity_set_attribute(CUpti_ActivityAttribute a, size_t* size,
                                         void* value) override {
+    if (a == CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER && *size == sizeof(uint8_t)) {
+      std::lock_guard<std::mutex> lock(m);
+      zeroed_out = *static_cast<uint8_t*>(value);
+      return CUPTI_SUCCESS;
+    }
     if (!buffer_size(a, size)) return CUPTI_ERROR_INVALID_PARAMETER;
     std::lock_guard<std::mutex> lock(m);
     device_buffer = *static_cast<size_t*>(value);
@@ -969,6 +981,61 @@ TEST(GpuBackend, FlushDecodesPendingSamplesSynchronously) {
   b->drain(batch);
   EXPECT_EQ(batch.pm.size(), 3u);
   b->stop();
+}
+
+// While a window traces kernels the decode thread leaves PM samples in the hardware buffer
+// (gpu.pm_decode_in_windows false); they are decoded when the window's tracing stops.
+TEST(GpuBackend, AWindowHoldsPmDecodingUntilItsTracingStops) {
+  Rig rig;
+  auto b = rig.make();
+  b->start();
+  const uint64_t t0 = rig.cupti->cupti_now();
+  rig.cupti->push_sample(sample(t0, t0 + 1, 1));  // discarded
+  auto hardware_empty = [&] {
+    std::lock_guard<std::mutex> lock(rig.cupti->m);
+    return rig.cupti->hardware.empty();
+  };
+  ASSERT_TRUE(eventually(hardware_empty));
+  ASSERT_TRUE(b->start_trace());
+  for (int i = 0; i < 3; ++i) rig.cupti->push_sample(sample(t0 + 10 + i, t0 + 11 + i, 20));
+  // Four decode periods: a decode thread that ignored the hold would have taken them.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(hardware_empty());
+  b->stop_trace();
+  EXPECT_TRUE(eventually(hardware_empty));
+  GpuEventBatch batch;
+  ASSERT_TRUE(eventually([&] {
+    b->drain(batch);
+    return batch.pm.size() >= 3;
+  }));
+  EXPECT_EQ(batch.pm.size(), 3u);
+  b->release_trace();
+  b->finish_release();
+  b->stop();
+}
+
+// gpu.pm_decode_in_windows true decodes during windows; a hold never outlasts half the time the
+// image takes to fill (102 ms at a 0.1 ms interval and 2048 samples).
+TEST(GpuBackend, PmDecodingInWindowsWhenConfiguredAndAfterTheLongestHold) {
+  for (const bool in_windows : {true, false}) {
+    SCOPED_TRACE(in_windows ? "pm_decode_in_windows" : "longest hold");
+    Rig rig;
+    rig.config.pm_decode_in_windows = in_windows;
+    if (!in_windows) rig.config.pm_interval_ms = 0.1;
+    auto b = rig.make();
+    b->start();
+    ASSERT_TRUE(b->start_trace());
+    const uint64_t t0 = rig.cupti->cupti_now();
+    for (int i = 0; i < 3; ++i) rig.cupti->push_sample(sample(t0 + i, t0 + i + 1, 20));
+    EXPECT_TRUE(eventually([&] {
+      std::lock_guard<std::mutex> lock(rig.cupti->m);
+      return rig.cupti->hardware.empty();
+    }));
+    b->stop_trace();
+    b->release_trace();
+    b->finish_release();
+    b->stop();
+  }
 }
 
 TEST(GpuBackend, ImageIsReinitializedOnlyWhenFull) {
@@ -1643,6 +1710,42 @@ TEST(GpuBackend, ExhaustedBuffersAreCountedAsDropped) {
   EXPECT_EQ(batch.kernels.size(), 1u);
   EXPECT_EQ(batch.dropped, 0);
   b->stop();
+}
+
+// CUPTI is told our buffers come zeroed (it would zero 4 MiB inside a launch otherwise): a buffer
+// used, converted and handed out again is zeroed first; the attribute is put back at release.
+TEST(GpuBackend, ActivityBuffersAreHandedToCuptiZeroed) {
+  Rig rig;
+  rig.config.trace_buffer_mb = 1;  // one 1 MiB buffer, used again and again
+  auto b = rig.make();
+  b->start();
+  const size_t fit = (1u << 20) / sizeof(CUpti_ActivityKernel10);
+  const uint64_t k0 = rig.cupti->cupti_now();
+  for (int window = 0; window < 2; ++window) {
+    ASSERT_TRUE(b->start_trace());
+    {
+      std::lock_guard<std::mutex> lock(rig.cupti->m);
+      EXPECT_EQ(rig.cupti->zeroed_out, 1);
+    }
+    for (int round = 0; round < 3; ++round) {
+      for (size_t i = 0; i < fit; ++i) rig.cupti->produce(kernel_at(k0 + i * 10, k0 + i * 10 + 5));
+      rig.cupti->hand_back_current();
+      GpuEventBatch batch;
+      ASSERT_TRUE(eventually([&] {
+        b->drain(batch);
+        return batch.kernels.size() >= fit;
+      }));
+      EXPECT_EQ(batch.kernels.size(), fit);
+    }
+    b->stop_trace();
+    b->release_trace();
+    b->finish_release();
+    std::lock_guard<std::mutex> lock(rig.cupti->m);
+    EXPECT_EQ(rig.cupti->zeroed_out, 0);
+  }
+  std::lock_guard<std::mutex> lock(rig.cupti->m);
+  EXPECT_EQ(rig.cupti->unzeroed_buffers, 0);
+  EXPECT_EQ(rig.cupti->dropped, 0u);
 }
 
 TEST(GpuBackend, FullBuffersDeliveredByCuptisThread) {
