@@ -76,20 +76,17 @@ enum Setup {
   kWindowNoOps,
   kWindowDeviceBuffer,
   kWindowNoPm,
-  kWindowPmLive,
   kSetups
 };
 // window-noops: a window without the op-name hook (gpu.sync_op_names off), to split its cost.
 // window-devbuf: a window with CUPTI's device buffer at --device-buffer-mb
 // (gpu.trace_device_buffer_mb; the default 0 is CUPTI's own size, the library's before 64 MiB).
 // window-nopm: a window without PM sampling (gpu.pm_sampling off), to split the two.
-// window-pmlive: a window whose PM samples are decoded while it traces (gpu.pm_decode_in_windows),
-// as before that waited for the window's end.
-const char* kNames[kSetups] = {"off",          "advise",        "window",      "counting",
-                               "window-noops", "window-devbuf", "window-nopm", "window-pmlive"};
+const char* kNames[kSetups] = {"off",          "advise",        "window",     "counting",
+                               "window-noops", "window-devbuf", "window-nopm"};
 bool is_window(int setup) {
   return setup == kWindow || setup == kWindowNoOps || setup == kWindowDeviceBuffer ||
-         setup == kWindowNoPm || setup == kWindowPmLive;
+         setup == kWindowNoPm;
 }
 
 struct RoundResult {
@@ -192,7 +189,6 @@ torchpilot::Config config_for(Setup setup, const Args& a) {
   if (setup == kWindowNoOps) c.gpu.sync_op_names = false;
   if (setup == kWindowDeviceBuffer) c.gpu.trace_device_buffer_mb = a.device_buffer_mb;
   if (setup == kWindowNoPm) c.gpu.pm_sampling = false;
-  if (setup == kWindowPmLive) c.gpu.pm_decode_in_windows = true;
   return c;
 }
 
@@ -339,8 +335,8 @@ int run(int argc, char** argv) {
   app.add_option("--configs", configs,
                  "configurations measured, comma-separated (off is always measured, first)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"off", "advise", "window", "counting", "window-noops", "window-devbuf",
-                             "window-nopm", "window-pmlive"}))
+      ->check(CLI::IsMember(
+          {"off", "advise", "window", "counting", "window-noops", "window-devbuf", "window-nopm"}))
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->type_name("LIST")
       ->capture_default_str();
@@ -549,9 +545,7 @@ int run(int argc, char** argv) {
           {"counting", "advise + the FLOP counter's counting window over the measured steps"},
           {"window-noops", "window without the op-name hook (gpu.sync_op_names false)"},
           {"window-devbuf", "window with CUPTI's device buffer at --device-buffer-mb"},
-          {"window-nopm", "window without PM sampling (gpu.pm_sampling false)"},
-          {"window-pmlive",
-           "window decoding PM samples while it traces (gpu.pm_decode_in_windows)"}}},
+          {"window-nopm", "window without PM sampling (gpu.pm_sampling false)"}}},
         {"gpu_collectors", collectors},
         {"flops_check",
          {{"analytic_model_flops_per_step", analytic},

@@ -141,8 +141,6 @@ class CuptiBackend final : public GpuBackend {
         detach_cupti(/*resume_pm=*/true);
         return;
       }
-      // CUPTI's PM decode waits for the window's tracing to stop (gpu.pm_decode_in_windows).
-      if (pm_ != nullptr && !config_.pm_decode_in_windows) pm_->hold_decoding(true);
       ok = true;
     });
     logger_.debug("GPU trace start took {:.2f} ms ({})", (steady_now_ns() - t0) / 1e6,
@@ -152,9 +150,7 @@ class CuptiBackend final : public GpuBackend {
 
   void stop_trace() override {
     guard("stop_trace", [&] {
-      if (release_running()) return;
-      if (activity_ != nullptr) activity_->disable();
-      if (pm_ != nullptr) pm_->hold_decoding(false);
+      if (activity_ != nullptr && !release_running()) activity_->disable();
     });
   }
 

@@ -471,19 +471,13 @@ void PmSampler::duty_step_locked() {
   }
 }
 
-Nanos pm_max_hold_ns(const PmOptions& o) {
-  return static_cast<Nanos>(o.max_samples * std::max(0.1, o.interval_ms) * 1e6 / 2);
-}
-
 void PmSampler::run() {
   const auto period = std::chrono::milliseconds(std::max(1, options_.decode_period_ms));
-  const Nanos max_hold = pm_max_hold_ns(options_);
   std::unique_lock<std::mutex> state(state_mutex_);
   for (;;) {
     wake_.wait_for(state, period, [this] { return stop_requested_ || decode_requested_; });
     if (stop_requested_) return;
     decode_requested_ = false;
-    if (held_since_ns_ != 0 && steady_now_ns() - held_since_ns_ < max_hold) continue;
     state.unlock();
     bool ok = false;
     try {  // nothing may escape a collector thread (std::terminate would end the training)
@@ -529,16 +523,6 @@ void PmSampler::request_decode() {
     decode_requested_ = true;
   }
   wake_.notify_all();
-}
-
-void PmSampler::hold_decoding(bool hold) {
-  {
-    std::lock_guard<std::mutex> state(state_mutex_);
-    if (hold == (held_since_ns_ != 0)) return;
-    held_since_ns_ = hold ? steady_now_ns() : 0;
-    decode_requested_ = !hold;  // what waited is decoded now, not a period later
-  }
-  if (!hold) wake_.notify_all();
 }
 
 void PmSampler::fail_on_exception(const char* what) {

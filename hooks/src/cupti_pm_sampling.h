@@ -94,10 +94,6 @@ struct PmOptions {
   int duty_period_ms = 2000;
 };
 
-// The longest hold_decoding() keeps the decode thread waiting: half the time the counter data
-// image needs to fill (2 s at a 2 ms interval); the hardware buffer keeps the samples meanwhile.
-Nanos pm_max_hold_ns(const PmOptions& o);
-
 class PmSampler {
  public:
   using Sink = std::function<void(std::vector<PmSample>&&)>;
@@ -115,12 +111,6 @@ class PmSampler {
   void decode_now();
   // Wakes the decode thread to decode now; returns at once.
   void request_decode();
-  // While held, the decode thread neither decodes nor moves the duty cycle, for
-  // pm_max_hold_ns() at most (then it decodes as before); the samples wait in the hardware
-  // buffer. A trace window holds it (gpu.pm_decode_in_windows false): cuptiPmSamplingDecodeData
-  // takes 30-46 ms a call on a busy H100, not to be run while CUPTI traces every launch.
-  // decode_now() and stop() decode whatever the hold.
-  void hold_decoding(bool hold);
   // Stop, decode until the end of the records, Disable, HostDeinitialize. Idempotent.
   void stop();
   // Paused between bursts: now (every sample before it went to the sink; the next burst's come
@@ -191,7 +181,6 @@ class PmSampler {
   std::condition_variable wake_;
   bool stop_requested_ = false;
   bool decode_requested_ = false;  // request_decode(): decode before the period is up
-  Nanos held_since_ns_ = 0;        // hold_decoding(true) (0: not held); under state_mutex_
   std::string reason_;
 };
 

@@ -161,7 +161,6 @@ const std::vector<KeySpec>& schema() {
        [](Config& c, const Value& v) { c.gpu.pm_metrics = v.s; }},
       TP_DOUBLE(gpu.pm_duty, 0.01, 1.0),
       TP_INT(gpu.pm_duty_period_ms, 100, 3600000),
-      TP_BOOL(gpu.pm_decode_in_windows),
       TP_BOOL(gpu.nvml),
       TP_DOUBLE(gpu.nvml_interval_ms, 10.0, 60000.0),
       TP_BOOL(gpu.nvtx),

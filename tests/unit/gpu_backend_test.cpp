@@ -983,61 +983,6 @@ TEST(GpuBackend, FlushDecodesPendingSamplesSynchronously) {
   b->stop();
 }
 
-// While a window traces kernels the decode thread leaves PM samples in the hardware buffer
-// (gpu.pm_decode_in_windows false); they are decoded when the window's tracing stops.
-TEST(GpuBackend, AWindowHoldsPmDecodingUntilItsTracingStops) {
-  Rig rig;
-  auto b = rig.make();
-  b->start();
-  const uint64_t t0 = rig.cupti->cupti_now();
-  rig.cupti->push_sample(sample(t0, t0 + 1, 1));  // discarded
-  auto hardware_empty = [&] {
-    std::lock_guard<std::mutex> lock(rig.cupti->m);
-    return rig.cupti->hardware.empty();
-  };
-  ASSERT_TRUE(eventually(hardware_empty));
-  ASSERT_TRUE(b->start_trace());
-  for (int i = 0; i < 3; ++i) rig.cupti->push_sample(sample(t0 + 10 + i, t0 + 11 + i, 20));
-  // Four decode periods: a decode thread that ignored the hold would have taken them.
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  EXPECT_FALSE(hardware_empty());
-  b->stop_trace();
-  EXPECT_TRUE(eventually(hardware_empty));
-  GpuEventBatch batch;
-  ASSERT_TRUE(eventually([&] {
-    b->drain(batch);
-    return batch.pm.size() >= 3;
-  }));
-  EXPECT_EQ(batch.pm.size(), 3u);
-  b->release_trace();
-  b->finish_release();
-  b->stop();
-}
-
-// gpu.pm_decode_in_windows true decodes during windows; a hold never outlasts half the time the
-// image takes to fill (102 ms at a 0.1 ms interval and 2048 samples).
-TEST(GpuBackend, PmDecodingInWindowsWhenConfiguredAndAfterTheLongestHold) {
-  for (const bool in_windows : {true, false}) {
-    SCOPED_TRACE(in_windows ? "pm_decode_in_windows" : "longest hold");
-    Rig rig;
-    rig.config.pm_decode_in_windows = in_windows;
-    if (!in_windows) rig.config.pm_interval_ms = 0.1;
-    auto b = rig.make();
-    b->start();
-    ASSERT_TRUE(b->start_trace());
-    const uint64_t t0 = rig.cupti->cupti_now();
-    for (int i = 0; i < 3; ++i) rig.cupti->push_sample(sample(t0 + i, t0 + i + 1, 20));
-    EXPECT_TRUE(eventually([&] {
-      std::lock_guard<std::mutex> lock(rig.cupti->m);
-      return rig.cupti->hardware.empty();
-    }));
-    b->stop_trace();
-    b->release_trace();
-    b->finish_release();
-    b->stop();
-  }
-}
-
 TEST(GpuBackend, ImageIsReinitializedOnlyWhenFull) {
   Rig rig;
   auto b = rig.make();

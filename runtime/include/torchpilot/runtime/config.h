@@ -69,9 +69,6 @@ struct GpuConfig {
   // samples cover). Bursts and pauses last 100 ms at least.
   double pm_duty = 0.2;
   int pm_duty_period_ms = 4000;
-  // Decode PM samples while a detailed window traces kernels (false: they wait in the hardware
-  // buffer until the window's tracing stops, 2 s at most at the default interval).
-  bool pm_decode_in_windows = false;
   bool nvml = true;                   // NVML utilization.gpu beside the truth
   double nvml_interval_ms = 100;      // NVML polling interval
   bool nvtx = true;                   // NVTX ranges for steps and phases ("torchpilot" domain)
