@@ -385,6 +385,76 @@ TEST(GpuWindowPlannerTest, MedianIsOfUntracedSteps) {
   EXPECT_EQ(r.starts, (Steps{1, 111}));
 }
 
+// gpu.trace_cost_limit: a window whose steps after the first run more than 10% above the median
+// of untraced steps stops at its third step; its steps stay traced, the next window still opens.
+TEST(GpuWindowPlannerTest, AWindowThatCostsTooMuchStopsEarly) {
+  GpuConfig c = quiet_config();
+  c.trace_first_step = 20;
+  c.trace_steps = 10;
+  Driver r(c);
+  r.steps(20);  // the median: 10 ms
+  r.step_ms(15);
+  r.step_ms(15);
+  EXPECT_FALSE(r.last.stop_trace);
+  r.step_ms(15);  // the third: 15 ms after the first, +50%
+  EXPECT_TRUE(r.last.stop_trace);
+  EXPECT_TRUE(r.last.cut_short);
+  EXPECT_EQ(r.traced, (Steps{20, 21, 22}));
+  EXPECT_NE(r.planner.cut_reason().find("stopped after 3 of 10 steps"), std::string::npos)
+      << r.planner.cut_reason();
+  EXPECT_NE(r.planner.cut_reason().find("+50.0%"), std::string::npos) << r.planner.cut_reason();
+  r.steps(3, 15);  // the tail; nothing traced any more
+  EXPECT_EQ(r.traced.size(), 3u);
+  r.planner.request_window(4);
+  r.steps(6);
+  EXPECT_EQ(r.traced.size(), 7u) << "a later window opens and runs to its end";
+}
+
+// Within the limit, or with the limit off, a window runs its steps; a slow first step (the trace's
+// start) alone does not stop it, nor does a judgment before the third step.
+TEST(GpuWindowPlannerTest, AWindowWithinItsCostLimitRunsToItsEnd) {
+  for (const double limit : {0.1, 0.0}) {
+    SCOPED_TRACE(limit);
+    GpuConfig c = quiet_config();
+    c.trace_first_step = 20;
+    c.trace_steps = 10;
+    c.trace_cost_limit = limit;
+    Driver r(c);
+    r.steps(20);
+    r.step_ms(40);  // the first: left out
+    r.steps(9, limit > 0 ? 10 : 30);
+    EXPECT_TRUE(r.last.stop_trace);
+    EXPECT_FALSE(r.last.cut_short);
+    EXPECT_EQ(r.traced.size(), 10u);
+  }
+  // Steps after the first at +10% exactly: not more than the limit.
+  GpuConfig c = quiet_config();
+  c.trace_first_step = 20;
+  c.trace_steps = 10;
+  Driver r(c);
+  r.steps(20);
+  r.step_ms(10);
+  r.step_ms(11);  // +10%: not more
+  r.step_ms(11);
+  EXPECT_FALSE(r.last.stop_trace);
+  r.steps(7, 10);
+  EXPECT_TRUE(r.last.stop_trace);
+  EXPECT_FALSE(r.last.cut_short);
+  EXPECT_EQ(r.traced.size(), 10u);
+}
+
+// No median yet (fewer than kMinMedianSteps untraced steps before it): nothing to judge against.
+TEST(GpuWindowPlannerTest, NoCostLimitBeforeTheMedianIsKnown) {
+  GpuConfig c = quiet_config();
+  c.trace_first_step = 2;
+  c.trace_steps = 10;
+  Driver r(c);
+  r.steps(2);
+  r.steps(10, 50);
+  EXPECT_FALSE(r.last.cut_short);
+  EXPECT_EQ(r.traced.size(), 10u);
+}
+
 TEST(GpuWindowPlannerTest, AClosedWindowIsStoppedOnlyWhenTheMonitorSaysTheGpuRanIt) {
   GpuConfig c = quiet_config();
   c.trace_first_step = 1;
