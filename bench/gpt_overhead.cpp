@@ -76,19 +76,17 @@ enum Setup {
   kWindowNoOps,
   kWindowDeviceBuffer,
   kWindowNoPm,
-  kWindowNoLimit,
   kSetups
 };
 // window-noops: a window without the op-name hook (gpu.sync_op_names off), to split its cost.
 // window-devbuf: a window with CUPTI's device buffer at --device-buffer-mb
 // (gpu.trace_device_buffer_mb; the default 0 is CUPTI's own size, the library's before 64 MiB).
 // window-nopm: a window without PM sampling (gpu.pm_sampling off), to split the two.
-// window-nolimit: a window that never stops early for its cost (gpu.trace_cost_limit 0).
-const char* kNames[kSetups] = {"off",          "advise",        "window",      "counting",
-                               "window-noops", "window-devbuf", "window-nopm", "window-nolimit"};
+const char* kNames[kSetups] = {"off",          "advise",        "window",     "counting",
+                               "window-noops", "window-devbuf", "window-nopm"};
 bool is_window(int setup) {
   return setup == kWindow || setup == kWindowNoOps || setup == kWindowDeviceBuffer ||
-         setup == kWindowNoPm || setup == kWindowNoLimit;
+         setup == kWindowNoPm;
 }
 
 struct RoundResult {
@@ -191,7 +189,6 @@ torchpilot::Config config_for(Setup setup, const Args& a) {
   if (setup == kWindowNoOps) c.gpu.sync_op_names = false;
   if (setup == kWindowDeviceBuffer) c.gpu.trace_device_buffer_mb = a.device_buffer_mb;
   if (setup == kWindowNoPm) c.gpu.pm_sampling = false;
-  if (setup == kWindowNoLimit) c.gpu.trace_cost_limit = 0;
   return c;
 }
 
@@ -338,8 +335,8 @@ int run(int argc, char** argv) {
   app.add_option("--configs", configs,
                  "configurations measured, comma-separated (off is always measured, first)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"off", "advise", "window", "counting", "window-noops", "window-devbuf",
-                             "window-nopm", "window-nolimit"}))
+      ->check(CLI::IsMember(
+          {"off", "advise", "window", "counting", "window-noops", "window-devbuf", "window-nopm"}))
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->type_name("LIST")
       ->capture_default_str();
@@ -463,25 +460,6 @@ int run(int argc, char** argv) {
       median_of(results[kAdvise], &RoundResult::max_step_call_ms),
       median_of(results[kWindow], &RoundResult::tail_excess_ms),
       median_of(results[kOff], &RoundResult::tail_excess_ms));
-  // A window may stop early for its cost (gpu.trace_cost_limit): how many steps each round traced,
-  // and what the traced steps themselves cost (their mean host time, from the measured steps'
-  // start, against off's median round).
-  for (int s = kWindow; s < kSetups; ++s) {
-    if (!has(a.setups, s) || !is_window(s) || results[s].empty()) continue;
-    std::string traced;
-    std::vector<double> traced_ms;
-    for (const RoundResult& r : results[s]) {
-      traced += (traced.empty() ? "" : ", ") + std::to_string(r.traced_steps);
-      const size_t n = std::min(r.host_step_ms.size(), static_cast<size_t>(r.traced_steps));
-      if (n == 0) continue;
-      double sum = 0;
-      for (size_t i = 0; i < n; ++i) sum += r.host_step_ms[i];
-      traced_ms.push_back(sum / static_cast<double>(n));
-    }
-    std::printf("%s: traced steps per round [%s]; traced steps' mean host time vs off %+.2f%%\n",
-                kNames[s], traced.c_str(),
-                traced_ms.empty() ? std::nan("") : 100 * (median(traced_ms) / medians[kOff] - 1));
-  }
   std::printf("bench wall time %.0f s\n", elapsed);
 
   if (!a.out.empty()) {
@@ -567,9 +545,7 @@ int run(int argc, char** argv) {
           {"counting", "advise + the FLOP counter's counting window over the measured steps"},
           {"window-noops", "window without the op-name hook (gpu.sync_op_names false)"},
           {"window-devbuf", "window with CUPTI's device buffer at --device-buffer-mb"},
-          {"window-nopm", "window without PM sampling (gpu.pm_sampling false)"},
-          {"window-nolimit",
-           "window that never stops early for its cost (gpu.trace_cost_limit 0)"}}},
+          {"window-nopm", "window without PM sampling (gpu.pm_sampling false)"}}},
         {"gpu_collectors", collectors},
         {"flops_check",
          {{"analytic_model_flops_per_step", analytic},

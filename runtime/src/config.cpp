@@ -172,7 +172,6 @@ const std::vector<KeySpec>& schema() {
       TP_INT(gpu.trace_steps, 1, 100000),
       TP_INT(gpu.trace_every_epochs, 0, 1000000),
       TP_DOUBLE(gpu.trace_anomaly_factor, 0.0, 1000.0),
-      TP_DOUBLE(gpu.trace_cost_limit, 0.0, 100.0),
       TP_INT(gpu.trace_buffer_mb, 1, 4096),
       TP_INT(gpu.trace_device_buffer_mb, 0, 4096),
       TP_DOUBLE(gpu.epoch_end_wait_ms, 0.0, 60000.0),

@@ -195,7 +195,6 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   if (host_ != nullptr && a.anomaly) {
     host_->log(LogLevel::kInfo, "anomaly trace window: " + planner_.anomaly_reason());
   }
-  if (host_ != nullptr && a.cut_short) host_->log(LogLevel::kInfo, planner_.cut_reason());
   PendingStep p;
   p.step = r.step;
   p.epoch = r.epoch;

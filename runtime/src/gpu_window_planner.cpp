@@ -39,9 +39,6 @@ void GpuWindowPlanner::trace_started(bool ok, bool retry_later) {
     return;
   }
   window_left_ = steps;
-  window_steps_ = steps;
-  window_done_ = 0;
-  window_work_ns_ = 0;
   epochs_since_window_ = 0;
   window_first_step_ = true;
   trace_from_ = starting_at_;
@@ -94,39 +91,19 @@ GpuWindowPlanner::StepEndActions GpuWindowPlanner::end_step(int64_t step, int64_
   window_first_step_ = false;
   last_end_ = end;
 
-  // The step's own work: less its data wait and torchpilot's time.
-  const Nanos work = std::max<Nanos>(0, end - begin - facts.data_wait_ns - facts.own_ns);
-  const double med = static_cast<double>(recent_median_ns_);
   if (window_left_ > 0 && --window_left_ == 0) {
     close_window(end);
     a.stop_trace = true;
-  } else if (a.traced) {
-    // CUPTI's per-launch cost varies by machine and, on some VMs, from second to second: a
-    // window that costs too much stops, its steps so far traced. Its first step (the trace's
-    // start, a one-off) is left out of the mean.
-    if (window_done_++ > 0) window_work_ns_ += work;
-    const double mean = static_cast<double>(window_work_ns_) / std::max(1, window_done_ - 1);
-    if (config_.trace_cost_limit > 0 && med > 0 && window_done_ >= kCostGuardSteps &&
-        mean > (1 + config_.trace_cost_limit) * med) {
-      close_window(end);
-      a.stop_trace = true;
-      a.cut_short = true;
-      char buf[256];
-      std::snprintf(buf, sizeof buf,
-                    "trace window stopped after %d of %d steps: their own work (from the second "
-                    "step) averaged %.2f ms, %+.1f%% on the median %.2f ms of recent untraced "
-                    "steps (limit %+.1f%%, gpu.trace_cost_limit)",
-                    window_done_, window_steps_, mean / 1e6, (mean / med - 1) * 100, med / 1e6,
-                    config_.trace_cost_limit * 100);
-      cut_reason_ = buf;
-    }
   }
 
-  // Anomaly trigger: the step's own work much slower than the recent median, two steps in a row
-  // (a window traces what comes after its trigger). Not while tracing (the trace itself slows
-  // steps), not at an epoch's first steps (a loader restarting), not at a known recurring stall.
+  // Anomaly trigger: the step's own work (less its data wait and torchpilot's time) much slower
+  // than the recent median, two steps in a row (a window traces what comes after its trigger).
+  // Not while tracing (the trace itself slows steps), not at an epoch's first steps (a loader
+  // restarting), not at a known recurring stall.
+  const Nanos work = std::max<Nanos>(0, end - begin - facts.data_wait_ns - facts.own_ns);
   const bool tracing_now = a.traced || stopping_ || tail_ > 0 || anomaly_quiet_steps_ > 0;
   if (anomaly_quiet_steps_ > 0) --anomaly_quiet_steps_;
+  const double med = static_cast<double>(recent_median_ns_);
   const bool judged = !tracing_now && warmup_done && config_.trace_anomaly_factor > 0 &&
                       recent_step_ns_.size() == kAnomalyHistory && med > 0;
   const bool slow = judged && static_cast<double>(work) > config_.trace_anomaly_factor * med;

@@ -80,12 +80,8 @@ struct GpuConfig {
   int trace_steps = 10;               // steps per detailed window
   int trace_every_epochs = 0;         // a window every N epochs (0: the first window only)
   double trace_anomaly_factor = 3.0;  // a step slower than this x the median opens one (0: off)
-  // A window whose steps' own work (after its first step) runs more than this share above the
-  // median of recent untraced steps stops early, judged from its third step (0: never). On some
-  // VMs CUPTI's per-launch cost doubles a launching thread's CPU time for seconds at a time.
-  double trace_cost_limit = 0.10;
-  int trace_buffer_mb = 32;         // most memory for activity buffers
-  int trace_device_buffer_mb = 64;  // CUPTI's device buffer per context (0: CUPTI's default)
+  int trace_buffer_mb = 32;           // most memory for activity buffers
+  int trace_device_buffer_mb = 64;    // CUPTI's device buffer per context (0: CUPTI's default)
   // The most an epoch's end waits for the GPU to finish the epoch's steps; it waits no longer
   // than cost.budget / 2 x the epoch's time less torchpilot's time in it either. Steps not finished
   // count in the next epoch.

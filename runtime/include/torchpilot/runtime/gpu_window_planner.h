@@ -6,12 +6,10 @@
 // step opens in the next epoch): first at gpu.trace_first_step or once auto-tune's warm-up is done,
 // again every gpu.trace_every_epochs epochs at the same step in the epoch, on request, and after
 // a step slower than gpu.trace_anomaly_factor x the median of recent untraced steps (once per
-// epoch). A window closes after its steps or with its epoch, or early when its steps cost more
-// than gpu.trace_cost_limit (the mean work of its steps after the first, the trace's start, above
-// the median of recent untraced steps, judged from its kCostGuardSteps-th step on). The trace is
-// stopped once the GPU has run the window's last step (the monitor waits for that step's end marker
-// and reports trace_stopped(); without markers at once); the steps' records are final after a tail
-// of kTailSteps step ends from there, then the trace is released (its forced flush collects them:
+// epoch). A window closes after its steps or with its epoch. The trace is stopped once the GPU has
+// run the window's last step (the monitor waits for that step's end marker and reports
+// trace_stopped(); without markers at once); the steps' records are final after a tail of
+// kTailSteps step ends from there, then the trace is released (its forced flush collects them:
 // the monitor does not act on `flush`, which says the step is in the tail).
 //
 // Thread-safety: not thread-safe; the monitor calls it from the training thread only.
@@ -47,7 +45,6 @@ class GpuWindowPlanner {
   static constexpr int64_t kEdgeSteps = 2;      // an epoch's first steps never trigger an anomaly
   static constexpr int kAnomalySteps = 2;       // slow steps in a row that make an anomaly
   static constexpr size_t kMinMedianSteps = 8;  // a median for window costs from this many steps
-  static constexpr int kCostGuardSteps = 3;     // a window's cost is judged from this many steps
 
   using StepFacts = WindowStepFacts;
   // Optional windows ask this first ("anomaly" or "repeat"); null: always allowed.
@@ -63,7 +60,6 @@ class GpuWindowPlanner {
     bool release = false;     // the tail is over (after the flush): release the trace
     bool anomaly = false;     // an anomaly armed a window (anomaly_reason() says why)
     bool deferred = false;    // an optional window was deferred or skipped for the budget
-    bool cut_short = false;   // with stop_trace: the window cost too much (cut_reason() says)
   };
   // What to do at an epoch's end: stop the trace, (always) flush, release.
   struct EpochEndActions {
@@ -89,8 +85,6 @@ class GpuWindowPlanner {
                           bool warmup_done, const StepFacts& facts = {});
   // Why the latest anomaly armed a window, in words.
   const std::string& anomaly_reason() const { return anomaly_reason_; }
-  // Why the latest window stopped early, in words.
-  const std::string& cut_reason() const { return cut_reason_; }
   // The median work of recent untraced steps (0 before kMinMedianSteps): a window's slowdown is
   // its steps' work above it.
   Nanos median_work() const { return recent_median_ns_; }
@@ -136,10 +130,6 @@ class GpuWindowPlanner {
   int slow_run_ = 0;            // unexplained slow steps in a row
   Nanos slow_first_ns_ = 0;     // the run's first step's work
   std::string anomaly_reason_;
-  int window_steps_ = 0;      // the open window's length
-  int window_done_ = 0;       // its steps ended so far
-  Nanos window_work_ns_ = 0;  // their own work, the first step's left out
-  std::string cut_reason_;
   bool repeat_deferred_ = false;  // the due repeat was deferred (counted once)
   bool first_deferred_ = false;   // the first window was deferred (counted once)
   bool trace_failed_ = false;
