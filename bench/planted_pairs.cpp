@@ -28,7 +28,9 @@
 //     to show which advice remains.
 //  2. A/B: bad and fixed alternately (the order swapped each round), each run with torchpilot
 //     off (mode off, GPU collectors disabled: the step scopes are no-ops): --warmup untimed
-//     steps, then --steps timed steps between two device synchronizations. Throughput =
+//     steps, then --steps timed steps between two device synchronizations, repeated (each time
+//     synchronized) until the run has lasted --min-run-s: a run of a fast form's 30 steps lasts
+//     30-60 ms on an H100, where one host hiccup moved its throughput by tens of %. Throughput =
 //     samples / time; median over --rounds rounds; measured_gain = fixed / bad - 1;
 //     ratio = estimated_gain / measured_gain.
 // Robustness: each pair runs inside try/catch (an error becomes the row's "error" and the next
@@ -85,7 +87,8 @@ struct Args {
   std::string device;  // empty: cuda when available
   bool small = false;  // tiny sizes (always without CUDA)
   int rounds = 5;
-  int steps = 30;  // timed steps per A/B run
+  int steps = 30;  // timed steps per A/B run (repeated until it lasts min_run_s)
+  double min_run_s = 0.5;
   int warmup = 5;  // untimed steps before them
   int advise_steps = 40;
   int window_first = 10;
@@ -668,18 +671,30 @@ torchpilot::Config advise_config(const Args& a) {
   return c;
 }
 
-// Samples per second of `n` timed steps after `warmup` untimed ones, torchpilot off.
-double timed_run(Workload& w, const Env& env, int warmup, int n) {
+struct TimedRun {
+  double samples_per_s = 0;
+  int64_t steps = 0;
+};
+
+// Samples per second of `n` timed steps after `warmup` untimed ones, torchpilot off; the `n`
+// steps are repeated (synchronized after each repetition) until the timed part lasts `min_s`.
+TimedRun timed_run(Workload& w, const Env& env, int warmup, int n, double min_s) {
   torchpilot::Pilot pilot(off_config());
   w.begin(pilot);
   w.steps(pilot, warmup);
   sync(env);
   const auto t0 = Clock::now();
-  w.steps(pilot, n);
-  sync(env);
-  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  TimedRun r;
+  double s = 0;
+  do {
+    w.steps(pilot, n);
+    sync(env);
+    r.steps += n;
+    s = std::chrono::duration<double>(Clock::now() - t0).count();
+  } while (s < min_s);
   w.end();
-  return static_cast<double>(w.samples_per_step()) * n / s;
+  r.samples_per_s = static_cast<double>(w.samples_per_step()) * static_cast<double>(r.steps) / s;
+  return r;
 }
 
 struct AdvisedRun {
@@ -829,6 +844,7 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
 
     stage = "the A/B runs";
     std::vector<double> bad_sps, fixed_sps;
+    std::vector<int64_t> bad_steps, fixed_steps;
     for (int round = 0; round < a.rounds; ++round) {
       if (round > 0 && elapsed() > a.budget_s) {
         row["note_rounds"] = "time budget: stopped after " + std::to_string(round) + " rounds";
@@ -838,8 +854,10 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
       const bool bad_first = round % 2 == 0;
       for (int k = 0; k < 2; ++k) {
         const bool run_bad = (k == 0) == bad_first;
-        const double sps = timed_run(run_bad ? *bad : *fixed, env, a.warmup, timed_steps);
-        (run_bad ? bad_sps : fixed_sps).push_back(sps);
+        const TimedRun t =
+            timed_run(run_bad ? *bad : *fixed, env, a.warmup, timed_steps, a.min_run_s);
+        (run_bad ? bad_sps : fixed_sps).push_back(t.samples_per_s);
+        (run_bad ? bad_steps : fixed_steps).push_back(t.steps);
       }
     }
     const double b = median(bad_sps), f = median(fixed_sps);
@@ -848,6 +866,8 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
     row["fixed_samples_per_s"] = number(f);
     row["bad_runs"] = bad_sps;
     row["fixed_runs"] = fixed_sps;
+    row["bad_run_steps"] = bad_steps;
+    row["fixed_run_steps"] = fixed_steps;
     row["measured_gain"] = number(measured);
     if (row["estimated_gain"].is_number() && std::isfinite(measured) && measured > 0) {
       row["ratio"] = number(row["estimated_gain"].get<double>() / measured);
@@ -899,6 +919,9 @@ int run(int argc, char** argv) {
   example_cli::add_int(app, "--steps", a.steps, 1, 1000000, "timed steps per A/B run")
       ->capture_default_str();
   example_cli::add_int(app, "--warmup", a.warmup, 0, 1000000, "untimed steps before them")
+      ->capture_default_str();
+  example_cli::add_number(app, "--min-run-s", a.min_run_s, 0, 3600,
+                          "the timed steps are repeated until a run lasts this long")
       ->capture_default_str();
   example_cli::add_int(app, "--advise-steps", a.advise_steps, 1, 1000000,
                        "steps of the advised run (one epoch)")
@@ -985,12 +1008,14 @@ int run(int argc, char** argv) {
        "a detailed window of window_steps steps after step window_first, a FLOP counter); its "
        "advice of the expected id gives estimated_gain. Then bad and fixed forms alternately "
        "(order swapped each round) with torchpilot off, warmup untimed + steps timed steps "
-       "between device synchronizations; throughput = samples/s; medians over rounds; "
+       "between device synchronizations, repeated until the run lasts min_run_s (the steps in "
+       "bad_run_steps, fixed_run_steps); throughput = samples/s; medians over rounds; "
        "measured_gain = fixed/bad - 1; ratio = estimated_gain / measured_gain"},
       {"config",
        {{"rounds", a.rounds},
         {"steps", a.steps},
         {"warmup", a.warmup},
+        {"min_run_s", a.min_run_s},
         {"advise_steps", a.advise_steps},
         {"window_first", a.window_first},
         {"window_steps", a.window_steps},
