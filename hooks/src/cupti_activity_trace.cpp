@@ -717,19 +717,20 @@ void ActivityCollector::drain(GpuEventBatch& out) {
 
 void ActivityCollector::shutdown() {
   const bool attached = routed_ || subscribed_;  // the debug lines once per attachment
+  if (zeroed_out_set_) {
+    // First, whatever fails below: another client's buffers after ours (the PyTorch profiler's)
+    // are not zeroed. Ours still are; CUPTI zeroing them again costs only time.
+    zeroed_out_set_ = false;
+    uint8_t zeroed = 0;
+    size_t size = sizeof zeroed;
+    api_.activity_set_attribute(CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER, &size, &zeroed);
+  }
   if (enabled_) disable();
   if (routed_) {
     flush(true);  // our buffers back from CUPTI while still routed here
     std::unique_lock<std::shared_mutex> lock(route_mutex());
     if (route() == this) route() = nullptr;
     routed_ = false;
-  }
-  if (zeroed_out_set_) {
-    // Another client's buffers after ours (the PyTorch profiler's) are not zeroed.
-    uint8_t zeroed = 0;
-    size_t size = sizeof zeroed;
-    api_.activity_set_attribute(CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER, &size, &zeroed);
-    zeroed_out_set_ = false;
   }
   if (subscribed_) {
     api_.unsubscribe(subscriber_);
@@ -807,10 +808,8 @@ void ActivityCollector::buffer_completed(uint8_t* buffer, size_t, size_t valid_s
     std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.completed;
     if (std::this_thread::get_id() == trainer_) ++stats_.on_trainer;
-    if (valid_size == 0) {
-      free_buffers_.push_back(buffer);
-      return;
-    }
+    // Empty ones too: what CUPTI wrote past valid_size is unsaid, and the buffer goes back to it
+    // zeroed (convert() zeroes it, off this thread when the converter runs).
     if (converter_running_) {
       ready_.push_back({buffer, valid_size});
       queued = true;

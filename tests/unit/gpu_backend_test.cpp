@@ -230,6 +230,7 @@ class FakeCupti final : public CuptiApiFake {
   int image_inits = 0;
   bool hold_decode = false, decode_held = false;  // under m
   uint8_t zeroed_out = 0;    // CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER; under m
+  bool scribble = false;     // hand_back_current() writes past the valid bytes
   int unzeroed_buffers = 0;  // buffers handed out not zeroed while zeroed_out; under m
   std::condition_variable decode_cv;
   static constexpr size_t kImageSamples = 4;
@@ -255,11 +256,7 @@ class FakeCupti final : public CuptiApiFake {
         ++dropped;
         return;
       }
-      std::lock_guard<std::mutex> lock(m);
-      // Told the client zeroes its buffers, CUPTI would not: a stale byte would reach records.
-      if (zeroed_out != 0 && std::any_of(b, b + size, [](uint8_t x) { return x != 0; })) {
-        ++unzeroed_buffers;
-      }
+      check_zeroed(b, size);
       cur_ = b;
       cur_size_ = size;
       cur_used_ = 0;
@@ -270,9 +267,31 @@ class FakeCupti final : public CuptiApiFake {
   // CUPTI returning the buffer being filled on the calling thread (inside a launch, as with
   // per-thread activity buffers).
   void hand_back_current() {
-    if (cur_ != nullptr) full_.push_back({cur_, cur_used_});
+    if (cur_ != nullptr) {
+      // CUPTI may leave bytes past what it reports valid (unsaid): the client zeroes them too.
+      if (scribble)
+        std::memset(cur_ + cur_used_, 0xAB, std::min<size_t>(64, cur_size_ - cur_used_));
+      full_.push_back({cur_, cur_used_});
+    }
     cur_ = nullptr;
     complete_full();
+  }
+  // CUPTI asking for a buffer, writing into it and handing it back with no valid record.
+  void hand_back_empty() {
+    uint8_t* b = nullptr;
+    size_t size = 0, max_records = 0;
+    requested(&b, &size, &max_records);
+    if (b == nullptr) return;
+    check_zeroed(b, size);
+    std::memset(b, 0xAB, std::min<size_t>(64, size));
+    if (completed != nullptr) completed(nullptr, 0, b, size, 0);
+  }
+  void check_zeroed(const uint8_t* b, size_t size) {
+    std::lock_guard<std::mutex> lock(m);
+    // Told the client zeroes its buffers, CUPTI would not: a stale byte would reach records.
+    if (zeroed_out != 0 && std::any_of(b, b + size, [](uint8_t x) { return x != 0; })) {
+      ++unzeroed_buffers;
+    }
   }
   // CUPTI's worker thread returning the full buffers.
   void complete_full() {
@@ -1664,8 +1683,10 @@ TEST(GpuBackend, ActivityBuffersAreHandedToCuptiZeroed) {
   rig.config.trace_buffer_mb = 1;  // one 1 MiB buffer, used again and again
   auto b = rig.make();
   b->start();
-  const size_t fit = (1u << 20) / sizeof(CUpti_ActivityKernel10);
+  // Fewer records than fit: the bytes past them are scribbled on when the buffer comes back.
+  const size_t fit = (1u << 20) / sizeof(CUpti_ActivityKernel10) - 1;
   const uint64_t k0 = rig.cupti->cupti_now();
+  rig.cupti->scribble = true;
   for (int window = 0; window < 2; ++window) {
     ASSERT_TRUE(b->start_trace());
     {
@@ -1673,6 +1694,9 @@ TEST(GpuBackend, ActivityBuffersAreHandedToCuptiZeroed) {
       EXPECT_EQ(rig.cupti->zeroed_out, 1);
     }
     for (int round = 0; round < 3; ++round) {
+      // An empty buffer written into and handed back (valid size 0), then a full one.
+      rig.cupti->hand_back_empty();
+      b->flush();  // waits for the conversion: the buffer is free again
       for (size_t i = 0; i < fit; ++i) rig.cupti->produce(kernel_at(k0 + i * 10, k0 + i * 10 + 5));
       rig.cupti->hand_back_current();
       GpuEventBatch batch;
