@@ -170,8 +170,8 @@ class ActivityCollector {
   bool subscribed_ = false;
   CUpti_SubscriberHandle subscriber_ = nullptr;
   bool routed_ = false;
-  bool zeroed_out_set_ =
-      false;  // CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER is ours to put back
+  // CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER was set by init(): shutdown() puts it back.
+  bool zeroed_out_set_ = false;
   bool enabled_ = false;
   bool sync_callbacks_ = false;  // some sync callbacks enabled (enable() to disable())
   // Every sync callback was enabled for the current window and no caller was forgotten: a sync
