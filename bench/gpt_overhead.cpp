@@ -335,8 +335,7 @@ int run(int argc, char** argv) {
   app.add_option("--configs", configs,
                  "configurations measured, comma-separated (off is always measured, first)")
       ->delimiter(',')
-      ->check(CLI::IsMember(
-          {"off", "advise", "window", "counting", "window-noops", "window-devbuf", "window-nopm"}))
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(kNames), std::end(kNames))))
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->type_name("LIST")
       ->capture_default_str();
