@@ -76,20 +76,17 @@ enum Setup {
   kWindowNoOps,
   kWindowDeviceBuffer,
   kWindowNoPm,
-  kWindowPinnedBuffer,
   kSetups
 };
 // window-noops: a window without the op-name hook (gpu.sync_op_names off), to split its cost.
 // window-devbuf: a window with CUPTI's device buffer at --device-buffer-mb
 // (gpu.trace_device_buffer_mb; the default 0 is CUPTI's own size, the library's before 64 MiB).
 // window-nopm: a window without PM sampling (gpu.pm_sampling off), to split the two.
-// window-pinbuf: a window with CUPTI's device buffer in pinned host memory
-// (gpu.trace_host_pinned_buffer).
-const char* kNames[kSetups] = {"off",          "advise",        "window",      "counting",
-                               "window-noops", "window-devbuf", "window-nopm", "window-pinbuf"};
+const char* kNames[kSetups] = {"off",          "advise",        "window",     "counting",
+                               "window-noops", "window-devbuf", "window-nopm"};
 bool is_window(int setup) {
   return setup == kWindow || setup == kWindowNoOps || setup == kWindowDeviceBuffer ||
-         setup == kWindowNoPm || setup == kWindowPinnedBuffer;
+         setup == kWindowNoPm;
 }
 
 struct RoundResult {
@@ -191,7 +188,6 @@ torchpilot::Config config_for(Setup setup, const Args& a) {
   c.flops.recount_every_steps = 0;
   if (setup == kWindowNoOps) c.gpu.sync_op_names = false;
   if (setup == kWindowDeviceBuffer) c.gpu.trace_device_buffer_mb = a.device_buffer_mb;
-  if (setup == kWindowPinnedBuffer) c.gpu.trace_host_pinned_buffer = true;
   if (setup == kWindowNoPm) c.gpu.pm_sampling = false;
   return c;
 }
@@ -548,10 +544,7 @@ int run(int argc, char** argv) {
           {"counting", "advise + the FLOP counter's counting window over the measured steps"},
           {"window-noops", "window without the op-name hook (gpu.sync_op_names false)"},
           {"window-devbuf", "window with CUPTI's device buffer at --device-buffer-mb"},
-          {"window-nopm", "window without PM sampling (gpu.pm_sampling false)"},
-          {"window-pinbuf",
-           "window with CUPTI's device buffer in pinned host memory "
-           "(gpu.trace_host_pinned_buffer true)"}}},
+          {"window-nopm", "window without PM sampling (gpu.pm_sampling false)"}}},
         {"gpu_collectors", collectors},
         {"flops_check",
          {{"analytic_model_flops_per_step", analytic},

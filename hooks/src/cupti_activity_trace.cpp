@@ -427,11 +427,9 @@ const char* kind_name(CUpti_ActivityKind kind) {
 
 // --- ActivityCollector -------------------------------------------------------------------------
 
-ActivityOptions activity_options(int trace_buffer_mb, int trace_device_buffer_mb,
-                                 bool trace_host_pinned_buffer) {
+ActivityOptions activity_options(int trace_buffer_mb, int trace_device_buffer_mb) {
   ActivityOptions o;
   o.device_buffer_bytes = static_cast<size_t>(std::max(0, trace_device_buffer_mb)) << 20;
-  o.host_pinned_buffer = trace_host_pinned_buffer;
   const size_t total = static_cast<size_t>(std::max(1, trace_buffer_mb)) << 20;
   o.buffer_bytes = std::min<size_t>(4u << 20, total);
   o.max_buffers = std::max<size_t>(1, total / o.buffer_bytes);
@@ -579,17 +577,6 @@ std::string ActivityCollector::init() {
     } else {
       logger_.debug("CUPTI activity: device buffer {} KiB", bytes >> 10);
     }
-  }
-  if (options_.host_pinned_buffer) {
-    // Process-wide in CUPTI, read when it allocates the context's buffers at attach: put back
-    // at shutdown so that a later window or another client gets device memory again.
-    uint8_t pinned = 1;
-    size_t size = sizeof pinned;
-    const CUptiResult rp = api_.activity_set_attribute(
-        CUPTI_ACTIVITY_ATTR_MEM_ALLOCATION_TYPE_HOST_PINNED, &size, &pinned);
-    host_pinned_set_ = rp == CUPTI_SUCCESS;
-    logger_.debug("CUPTI activity: device buffer in pinned host memory{}",
-                  host_pinned_set_ ? "" : ": refused, " + cupti_error_name(api_, rp));
   }
   {
     // Our buffers come zeroed (calloc, then memset after conversion): CUPTI then need not zero
@@ -739,13 +726,6 @@ void ActivityCollector::shutdown() {
     api_.activity_set_attribute(CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER, &size, &zeroed);
   }
   if (enabled_) disable();
-  if (host_pinned_set_) {
-    host_pinned_set_ = false;
-    uint8_t pinned = 0;
-    size_t size = sizeof pinned;
-    api_.activity_set_attribute(CUPTI_ACTIVITY_ATTR_MEM_ALLOCATION_TYPE_HOST_PINNED, &size,
-                                &pinned);
-  }
   if (routed_) {
     flush(true);  // our buffers back from CUPTI while still routed here
     std::unique_lock<std::shared_mutex> lock(route_mutex());

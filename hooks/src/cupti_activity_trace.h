@@ -86,11 +86,9 @@ struct ActivityOptions {
   size_t max_pending_records = 1u << 20;  // converted, not yet drained; beyond: counted dropped
   // CUPTI's device buffer for kernel and copy timestamps, per context (0: CUPTI's default).
   size_t device_buffer_bytes = 0;
-  bool host_pinned_buffer = false;  // that buffer in pinned host memory (CUPTI: device memory)
 };
 // 4 MiB buffers, trace_buffer_mb in all (at least one buffer; smaller buffers below 4 MiB).
-ActivityOptions activity_options(int trace_buffer_mb, int trace_device_buffer_mb = 0,
-                                 bool trace_host_pinned_buffer = false);
+ActivityOptions activity_options(int trace_buffer_mb, int trace_device_buffer_mb = 0);
 
 class ActivityCollector {
  public:
@@ -174,7 +172,6 @@ class ActivityCollector {
   bool routed_ = false;
   // CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER was set by init(): shutdown() puts it back.
   bool zeroed_out_set_ = false;
-  bool host_pinned_set_ = false;  // we set MEM_ALLOCATION_TYPE_HOST_PINNED: put back at shutdown
   bool enabled_ = false;
   bool sync_callbacks_ = false;  // some sync callbacks enabled (enable() to disable())
   // Every sync callback was enabled for the current window and no caller was forgotten: a sync

@@ -423,8 +423,7 @@ class CuptiBackend final : public GpuBackend {
     if (config_.activity) {
       activity_ = std::make_unique<ActivityCollector>(
           *cupti_, clock_, logger_,
-          activity_options(config_.trace_buffer_mb, config_.trace_device_buffer_mb,
-                           config_.trace_host_pinned_buffer));
+          activity_options(config_.trace_buffer_mb, config_.trace_device_buffer_mb));
       // Subscribing tells whether another client holds CUPTI; the subscription is released
       // at once and taken again only for detailed windows (release_trace() says why).
       const std::string why = activity_->init();

@@ -174,7 +174,6 @@ const std::vector<KeySpec>& schema() {
       TP_DOUBLE(gpu.trace_anomaly_factor, 0.0, 1000.0),
       TP_INT(gpu.trace_buffer_mb, 1, 4096),
       TP_INT(gpu.trace_device_buffer_mb, 0, 4096),
-      TP_BOOL(gpu.trace_host_pinned_buffer),
       TP_DOUBLE(gpu.epoch_end_wait_ms, 0.0, 60000.0),
       TP_STRING(gpu.cupti_path),
       TP_DOUBLE(flops.peak_tflops, 0.0, 1e6),

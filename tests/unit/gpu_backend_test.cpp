@@ -212,8 +212,6 @@ class FakeCupti final : public CuptiApiFake {
   // CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE (process-wide in CUPTI), and its value when a kind
   // was last enabled.
   size_t device_buffer = 3200000, device_buffer_at_enable = 0;
-  // CUPTI_ACTIVITY_ATTR_MEM_ALLOCATION_TYPE_HOST_PINNED, likewise.
-  uint8_t host_pinned = 0, host_pinned_at_enable = 0;
   int disables = 0;
   CUpti_BuffersCallbackRequestFunc requested = nullptr;
   CUpti_BuffersCallbackCompleteFunc completed = nullptr;
@@ -365,7 +363,6 @@ class FakeCupti final : public CuptiApiFake {
     std::lock_guard<std::mutex> lock(m);
     enabled_kinds.insert(k);
     device_buffer_at_enable = device_buffer;
-    host_pinned_at_enable = host_pinned;
     return CUPTI_SUCCESS;
   }
   // Only the device buffer's size is modelled.
@@ -384,11 +381,6 @@ class FakeCupti final : public CuptiApiFake {
     if (a == CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER && *size == sizeof(uint8_t)) {
       std::lock_guard<std::mutex> lock(m);
       zeroed_out = *static_cast<uint8_t*>(value);
-      return CUPTI_SUCCESS;
-    }
-    if (a == CUPTI_ACTIVITY_ATTR_MEM_ALLOCATION_TYPE_HOST_PINNED && *size == sizeof(uint8_t)) {
-      std::lock_guard<std::mutex> lock(m);
-      host_pinned = *static_cast<uint8_t*>(value);
       return CUPTI_SUCCESS;
     }
     if (!buffer_size(a, size)) return CUPTI_ERROR_INVALID_PARAMETER;
@@ -922,31 +914,6 @@ TEST(GpuBackend, TheWindowsDeviceBufferIsSetBeforeItsKindsAreEnabled) {
   EXPECT_EQ(rig.cupti->device_buffer_at_enable, size_t{3200000});
   b->stop_trace();
   b->stop();
-}
-
-// gpu.trace_host_pinned_buffer puts the window's device buffer in pinned host memory before its
-// kinds are enabled, and puts CUPTI's default back at the window's end: the next window without
-// it, or another client, gets device memory.
-TEST(GpuBackend, TheWindowsBufferGoesToPinnedHostMemoryOnlyWhenAsked) {
-  for (bool pinned : {true, false}) {
-    Rig rig;
-    rig.config.trace_host_pinned_buffer = pinned;
-    auto b = rig.make();
-    b->start();
-    ASSERT_TRUE(b->start_trace());
-    {
-      std::lock_guard<std::mutex> lock(rig.cupti->m);
-      EXPECT_EQ(rig.cupti->host_pinned_at_enable, pinned ? 1 : 0);
-    }
-    b->stop_trace();
-    b->release_trace();
-    b->finish_release();
-    {
-      std::lock_guard<std::mutex> lock(rig.cupti->m);
-      EXPECT_EQ(rig.cupti->host_pinned, 0);
-    }
-    b->stop();
-  }
 }
 
 // The release runs off the training thread and hands cuptiFinalize to the exit of the program's

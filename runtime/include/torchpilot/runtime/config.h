@@ -69,20 +69,19 @@ struct GpuConfig {
   // samples cover). Bursts and pauses last 100 ms at least.
   double pm_duty = 0.2;
   int pm_duty_period_ms = 4000;
-  bool nvml = true;                       // NVML utilization.gpu beside the truth
-  double nvml_interval_ms = 100;          // NVML polling interval
-  bool nvtx = true;                       // NVTX ranges for steps and phases ("torchpilot" domain)
-  bool activity = true;                   // CUPTI activity trace in detailed windows
-  bool step_markers = true;               // CUDA events at step boundaries: figures by GPU time
-  double marker_poll_ms = 1;              // how often our thread looks for the GPU reaching them
-  bool sync_op_names = true;              // windows name each host sync's op (a callback per op)
-  int trace_first_step = 20;              // first window: from this step, or once auto-tune is done
-  int trace_steps = 10;                   // steps per detailed window
-  int trace_every_epochs = 0;             // a window every N epochs (0: the first window only)
-  double trace_anomaly_factor = 3.0;      // a step slower than this x the median opens one (0: off)
-  int trace_buffer_mb = 32;               // most memory for activity buffers
-  int trace_device_buffer_mb = 64;        // CUPTI's device buffer per context (0: CUPTI's default)
-  bool trace_host_pinned_buffer = false;  // that buffer in pinned host memory, not on the device
+  bool nvml = true;                   // NVML utilization.gpu beside the truth
+  double nvml_interval_ms = 100;      // NVML polling interval
+  bool nvtx = true;                   // NVTX ranges for steps and phases ("torchpilot" domain)
+  bool activity = true;               // CUPTI activity trace in detailed windows
+  bool step_markers = true;           // CUDA events at step boundaries: figures by GPU time
+  double marker_poll_ms = 1;          // how often our thread looks for the GPU reaching them
+  bool sync_op_names = true;          // windows name each host sync's op (a callback per op)
+  int trace_first_step = 20;          // first window: from this step, or once auto-tune is done
+  int trace_steps = 10;               // steps per detailed window
+  int trace_every_epochs = 0;         // a window every N epochs (0: the first window only)
+  double trace_anomaly_factor = 3.0;  // a step slower than this x the median opens one (0: off)
+  int trace_buffer_mb = 32;           // most memory for activity buffers
+  int trace_device_buffer_mb = 64;    // CUPTI's device buffer per context (0: CUPTI's default)
   // The most an epoch's end waits for the GPU to finish the epoch's steps; it waits no longer
   // than cost.budget / 2 x the epoch's time less torchpilot's time in it either. Steps not finished
   // count in the next epoch.
