@@ -34,6 +34,11 @@ constexpr double kAdamIdentifiedPerParameter = 2;  // addcmul_, addcdiv_
 constexpr double kAdamPerParameterBytes = 92;
 constexpr double kAdamIdentifiedBytes = 32;
 constexpr double kFusedAdamBytes = 28;
+// A host step this much shorter than the median step shows the host's own time (below).
+constexpr double kHostIssueKnown = 0.9;
+// A fused attention's kernels per unfused softmax segment: forward 1, backward 1-3 (FlashAttention
+// 2's backward runs a preprocess, the main kernel and a dQ conversion).
+constexpr double kFusedKernelsPerSegment = 2;
 
 const KernelClassStats* window(const EpochSummary& s) {
   const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
@@ -83,6 +88,19 @@ double host_seconds(const EpochSummary& s, double step_s) {
   }
   const double wait_s = static_cast<double>(s.data_wait_ns) / 1e9 / std::max<int64_t>(1, s.steps);
   return positive(step_s - wait_s - sync_s);
+}
+
+// The fastest the host issued a step, seconds: the shortest step less its data wait, or the
+// host's own time per traced step (step less wait and syncs) where that is shorter (a trainer
+// that synchronizes every step). 0 when unknown: at 90% of the step or more the host may have
+// been blocked in every step (a full launch queue), which hides its own time.
+double host_issue_seconds(const EpochSummary& s, double step_s) {
+  double issue_s = s.compute_min_ns > 0 ? static_cast<double>(s.compute_min_ns) / 1e9 : step_s;
+  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
+  if (gpu != nullptr && gpu->traced_steps > 0 && gpu->stats.host_sync_ns > 0) {
+    issue_s = std::min(issue_s, host_seconds(s, step_s));
+  }
+  return issue_s > 0 && issue_s < kHostIssueKnown * step_s ? issue_s : 0;
 }
 
 // The GPU's busy share of the step, best measure first: the windows' kernel union, the busy
@@ -182,6 +200,10 @@ std::optional<PrecisionGain> precision_gain(const EpochSummary& s) {
   g.cast_s = f->dram_bytes_per_s > 0 ? g.cast_bytes / f->dram_bytes_per_s : 0;
   g.new_step_s =
       g.step_s - g.removed_s - g.attention_removed_s + g.gemm_s + g.attention_s + g.cast_s;
+  // The host issues the same launches and autocast's casts besides: the new step takes at least
+  // the host's fastest step so far.
+  g.host_floor_s = host_issue_seconds(s, g.step_s);
+  g.new_step_s = std::max(g.new_step_s, g.host_floor_s);
   g.gain = gain(g.step_s, g.new_step_s);
   if (ptf > 0) {
     // TF32 moves the GEMMs only: fp32 attention stays as it is.
@@ -257,6 +279,23 @@ std::optional<FusionGain> fusion_gain(const EpochSummary& s) {
                     " datasheet peak, " + tflops(g.fused_rate) + " (" + cal.source + ")";
   }
   g.new_step_s = g.step_s - g.removed_s + g.fused_s;
+  // The host's fastest step, less the launches the fused kernels save (host time taken as
+  // proportional to launches): the new step takes at least that.
+  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
+  const double issue_s = host_issue_seconds(s, g.step_s);
+  if (issue_s > 0) {
+    g.launch_factor = 1;
+    if (k != nullptr && gpu != nullptr && gpu->traced_steps > 0 && gpu->stats.kernels > 0 &&
+        k->unfused_attention_launches > 0) {
+      const double launches = static_cast<double>(gpu->stats.kernels) / gpu->traced_steps;
+      const double removed = static_cast<double>(k->unfused_attention_launches) / k->steps;
+      const double added =
+          kFusedKernelsPerSegment * static_cast<double>(k->unfused_attention_softmaxes) / k->steps;
+      g.launch_factor = std::clamp((launches - removed + added) / launches, 0.0, 1.0);
+    }
+    g.host_floor_s = issue_s * g.launch_factor;
+    g.new_step_s = std::max(g.new_step_s, g.host_floor_s);
+  }
   g.gain = gain(g.step_s, g.new_step_s);
   return g;
 }

@@ -92,8 +92,13 @@ std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const AdvisorsCo
                  " ms (its FLOPs at the calibrated fused-attention rate)"
            : std::string()) +
       ", plus " + num(m.cast_s * 1e3, "%.3g") + " ms for the casts autocast adds (" +
-      num(m.cast_bytes / 1e6, "%.3g") + " MB per step at DRAM bandwidth): a " +
-      num(m.step_s * 1e3, "%.3g") + " ms step becomes " + num(m.new_step_s * 1e3, "%.3g") + " ms";
+      num(m.cast_bytes / 1e6, "%.3g") + " MB per step at DRAM bandwidth)" +
+      (m.host_floor_s > 0 && m.new_step_s <= m.host_floor_s
+           ? ", but no step can be shorter than the " + num(m.host_floor_s * 1e3, "%.3g") +
+                 " ms in which the host issued its fastest step"
+           : std::string()) +
+      ": a " + num(m.step_s * 1e3, "%.3g") + " ms step becomes " + num(m.new_step_s * 1e3, "%.3g") +
+      " ms";
   a.evidence = {{"fp32_flops_share", share, "fraction"},
                 {"fp32_flops_per_step", fp32 / 1e9, "GFLOP"},
                 {"fp32_peak", p32 / 1e12, "TFLOP/s"},
@@ -114,6 +119,7 @@ std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const AdvisorsCo
     a.evidence.push_back({"predicted_attention_time", m.attention_s * 1e3, "ms"});
   }
   if (ptf > 0) a.evidence.push_back({"tf32_peak", ptf / 1e12, "TFLOP/s"});
+  if (m.host_floor_s > 0) a.evidence.push_back({"host_floor_time", m.host_floor_s * 1e3, "ms"});
   a.expected_gain = gain_bf16;
   a.gain_estimated = true;
   return a;
@@ -134,7 +140,7 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
   // (gain_models.h); without a window, the score-matrix traffic at DRAM bandwidth.
   const std::optional<gains::FusionGain> model = gains::fusion_gain(s);
   const double step_s = model ? model->step_s : step_seconds(s);
-  const double saved_s = model ? model->removed_s - model->fused_s : kNotMeasured;
+  const double saved_s = model ? model->step_s - model->new_step_s : kNotMeasured;
   const double gain = model ? model->gain : 0.0;
   std::string how;
   if (model && model->measured) {
@@ -189,11 +195,17 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
         "is_causal) (LibTorch 2.0+), which runs a fused flash or memory-efficient kernel";
   }
   if (model && model->fused_rate > 0) {
-    a.action += "; estimated: the unfused form takes " + num(model->removed_s * 1e3, "%.3g") +
-                " ms per step (" + how + "), a fused kernel " + num(model->fused_s * 1e3, "%.3g") +
-                " ms (its FLOPs with the backward's recomputation at " + model->calibration +
-                "): a " + num(step_s * 1e3, "%.3g") + " ms step becomes " +
-                num(model->new_step_s * 1e3, "%.3g") + " ms";
+    a.action +=
+        "; estimated: the unfused form takes " + num(model->removed_s * 1e3, "%.3g") +
+        " ms per step (" + how + "), a fused kernel " + num(model->fused_s * 1e3, "%.3g") +
+        " ms (its FLOPs with the backward's recomputation at " + model->calibration + ")" +
+        (model->host_floor_s > 0 && model->new_step_s <= model->host_floor_s
+             ? ", but no step can be shorter than the " + num(model->host_floor_s * 1e3, "%.3g") +
+                   " ms the host takes to issue one (its fastest step, less the " +
+                   "launches the fused kernels save)"
+             : std::string()) +
+        ": a " + num(step_s * 1e3, "%.3g") + " ms step becomes " +
+        num(model->new_step_s * 1e3, "%.3g") + " ms";
   } else {
     a.action += "; the time it saves is not estimated here (no GPU trace, no device bandwidth)";
   }
@@ -215,6 +227,10 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
     a.evidence.push_back(
         {"attention_matmul_time_measured", model->matmul_measured ? 1.0 : 0.0, "bool"});
     a.evidence.push_back({"fused_attention_rate", model->fused_rate / 1e12, "TFLOP/s"});
+    if (model->host_floor_s > 0) {
+      a.evidence.push_back({"host_floor_time", model->host_floor_s * 1e3, "ms"});
+      a.evidence.push_back({"host_floor_launch_factor", model->launch_factor, "fraction"});
+    }
   }
   a.expected_gain = gain;
   a.gain_estimated = true;

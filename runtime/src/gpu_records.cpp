@@ -67,6 +67,8 @@ json kernel_classes_json(const KernelClassStats& k) {
           {"memset_ms_per_step", k.per_step_ms(static_cast<double>(k.memset_ns))},
           {"unfused_attention_ms_per_step", k.per_step_ms(k.unfused_attention_pieces_ns)},
           {"unfused_attention_gemm_ms_per_step", k.per_step_ms(k.unfused_attention_gemm_ns)},
+          {"unfused_attention_launches_per_step",
+           k.steps > 0 ? static_cast<double>(k.unfused_attention_launches) / k.steps : 0.0},
           {"unfused_attention_softmaxes_per_step",
            k.steps > 0 ? static_cast<double>(k.unfused_attention_softmaxes) / k.steps : 0.0}};
 }

@@ -199,6 +199,7 @@ void KernelClassStats::add(const KernelClassStats& o) {
   unfused_attention_pieces_ns += o.unfused_attention_pieces_ns;
   unfused_attention_gemm_ns += o.unfused_attention_gemm_ns;
   unfused_attention_softmaxes += o.unfused_attention_softmaxes;
+  unfused_attention_launches += o.unfused_attention_launches;
 }
 
 namespace {
@@ -265,6 +266,7 @@ void add_unfused_attention(KernelClassStats& s, const std::vector<Launched>& seq
   auto take = [&](int i, double& into) {
     if (counted[static_cast<size_t>(i)]) return;
     counted[static_cast<size_t>(i)] = true;
+    ++s.unfused_attention_launches;
     const KernelRecord& k = *seq[static_cast<size_t>(i)].k;
     into += static_cast<double>(k.end - k.begin);
   };

@@ -94,7 +94,9 @@ void EpochAccumulator::add(const StepRecord& r) {
     phase_times_[i].add(r.phase_ns[i]);
   }
   step_times_.add(r.step_ns());
-  compute_times_.add(std::max<Nanos>(0, r.step_ns() - r.data_wait_ns));
+  const Nanos compute = std::max<Nanos>(0, r.step_ns() - r.data_wait_ns);
+  compute_times_.add(compute);
+  compute_min_ns_ = steps_ == 1 ? compute : std::min(compute_min_ns_, compute);
 }
 
 EpochSummary EpochAccumulator::summarize(int64_t epoch,
@@ -110,6 +112,7 @@ EpochSummary EpochAccumulator::summarize(int64_t epoch,
   s.step_p50_ns = step_times_.quantile(0.5);
   s.step_p90_ns = step_times_.quantile(0.9);
   s.compute_p50_ns = compute_times_.quantile(0.5);
+  s.compute_min_ns = compute_min_ns_;
   s.own_ns = own_ns_;
   s.cpu_ns = cpu_known_ ? cpu_ns_ : -1;
   if (wall_ns_ > 0) {

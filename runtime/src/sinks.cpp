@@ -275,6 +275,7 @@ std::string epoch_json(const EpochSummary& s, const std::vector<Advice>& advice)
             {"step_p50_ms", ms(s.step_p50_ns)},
             {"step_p90_ms", ms(s.step_p90_ns)},
             {"compute_p50_ms", ms(s.compute_p50_ns)},
+            {"compute_min_ms", ms(s.compute_min_ns)},
             {"own_ms", ms(s.own_ns)},
             {"cpu_ms", s.cpu_ns >= 0 ? json(ms(s.cpu_ns)) : json(nullptr)},
             {"steps_per_s", s.steps_per_s},

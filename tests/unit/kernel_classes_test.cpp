@@ -259,11 +259,14 @@ TEST(KernelClasses, UnfusedAttentionSegmentsAreMeasuredAroundEachSoftmax) {
   EXPECT_DOUBLE_EQ(s.unfused_attention_pieces_ns, 28);
   // GEMMs: QK^T, PV; dP, dV, dQ, dK: 5 each.
   EXPECT_DOUBLE_EQ(s.unfused_attention_gemm_ns, 30);
+  // Their kernels: 6 pieces and 6 GEMMs (the skipped copy and the other stream's are not).
+  EXPECT_EQ(s.unfused_attention_launches, 12);
 
   // Steps add up.
   add_kernel_classes(s, e, traced_span({1000, 1200}), 100);
   EXPECT_EQ(s.unfused_attention_softmaxes, 4);
   EXPECT_DOUBLE_EQ(s.unfused_attention_pieces_ns, 56);
+  EXPECT_EQ(s.unfused_attention_launches, 24);
 
   // A softmax with more kernels than an attention has between it and a GEMM is not bounded.
   GpuEventBatch far;

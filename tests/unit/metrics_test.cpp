@@ -311,6 +311,20 @@ TEST(EpochAccumulatorTest, ComputeMedianIsStepLessWaitRobustToStalls) {
   EXPECT_LE(s.step_p50_ns, 10 * kMs * 104 / 100);
 }
 
+TEST(EpochAccumulatorTest, ComputeMinIsTheShortestStepLessWait) {
+  // Steps of 30 ms with no wait, one of 9 ms (the host ran ahead, unblocked) and one of 20 ms of
+  // which 15 waited for data: the shortest own work is that step's 5 ms, exactly (no buckets).
+  EpochAccumulator acc;
+  Nanos t = 0;
+  const Nanos steps[][2] = {{30, 0}, {9, 0}, {30, 0}, {20, 15}, {30, 0}};
+  for (int i = 0; i < 5; ++i) {
+    acc.add(make_step(i, t, steps[i][0] * kMs, steps[i][1] * kMs, 1));
+    t += steps[i][0] * kMs;
+  }
+  EXPECT_EQ(acc.summarize(0, {}).compute_min_ns, 5 * kMs);
+  EXPECT_EQ(EpochAccumulator().summarize(0, {}).compute_min_ns, 0);
+}
+
 TEST(LoaderDeltaTest, DifferencesAndLaterSettings) {
   LoaderStats earlier;
   earlier.name = "tunable";

@@ -291,6 +291,65 @@ TEST(PrecisionAdvisorTest, PlantedUnfusedAttentionWithMeasuredKernels) {
   EXPECT_TRUE(contains(a->finding, "12 attentions")) << a->finding;
 }
 
+// The fixed step cannot be shorter than the host takes to issue one: an fp32 model at 32 ms a
+// step (2 TFLOP: 29.9 ms at the fp32 peak) whose bf16 form is predicted at 4.7 ms, on a host
+// whose fastest step took 8 ms (it ran ahead of the GPU, unblocked, in the epoch's first steps).
+TEST(PrecisionAdvisorTest, Fp32GainStopsAtTheHostsFastestStep) {
+  const double F = 1e12;
+  EpochSummary s = make_summary(32, 0, make_flops(kH100, {{MathPrecision::kFp32, 2 * F}}, 0.5));
+  const double unbounded = advise_fp32_matmul(s, kConfig)->expected_gain;
+  const double predicted = 0.032 - 2 / 67.0 + 2 / (989.5 * 0.8);
+  EXPECT_NEAR(unbounded, 0.032 / predicted - 1, 1e-9);
+  s.compute_min_ns = 8 * kMs;
+  auto a = advise_fp32_matmul(s, kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_NEAR(a->expected_gain, 32.0 / 8.0 - 1, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "host_floor_time"), 8, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "predicted_step_time"), 8, 1e-9);
+  EXPECT_TRUE(contains(a->action, "8 ms in which the host issued its fastest step")) << a->action;
+  // A fastest step of 90% of the median or more (29 of 32 ms) says nothing: the host may have
+  // been blocked in every step (a full launch queue). No floor, the GPU-side prediction stands.
+  s.compute_min_ns = 29 * kMs;
+  a = advise_fp32_matmul(s, kConfig);
+  EXPECT_NEAR(a->expected_gain, unbounded, 1e-9);
+  EXPECT_FALSE(evidence(*a, "host_floor_time").has_value());
+  // A trainer that synchronizes every step: no step is short, but the window's host time (step
+  // less its syncs: 32 - 26 = 6 ms) is the host's own.
+  GpuEpochStats g;
+  g.device = kH100;
+  g.traced_steps = 10;
+  g.stats.host_sync_ns = 10 * 26 * kMs;
+  s.sections.set<GpuEpochStats>(g);
+  a = advise_fp32_matmul(s, kConfig);
+  EXPECT_NEAR(a->expected_gain, 32.0 / 6.0 - 1, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "host_floor_time"), 6, 1e-9);
+}
+
+// The fusion's floor is the host's fastest step less the launches the fused kernels save: 1,000
+// launches a step, 300 of them the attention's segments around 24 softmaxes, replaced by 48
+// fused kernels: 748 of 1,000.
+TEST(PrecisionAdvisorTest, UnfusedAttentionGainStopsAtTheHostsFastestStepLessSavedLaunches) {
+  EpochSummary s = unfused_epoch(1e9, [](GpuEpochStats& g) {
+    g.stats.kernels = 10 * 1000;
+    g.kernel_classes.unfused_attention_softmaxes = 240;
+    g.kernel_classes.unfused_attention_launches = 3000;
+    g.kernel_classes.unfused_attention_pieces_ns = 30 * kMs;
+    g.kernel_classes.unfused_attention_gemm_ns = 20 * kMs;
+  });
+  const double fused_ms = 0.2 * 7 / 6 / (989.5 * 0.4) * 1e3;
+  EXPECT_NEAR(advise_unfused_attention(s, kConfig)->expected_gain, 10 / (10 - 5 + fused_ms) - 1,
+              1e-9);
+  s.compute_min_ns = static_cast<Nanos>(8.5 * kMs);
+  const auto a = advise_unfused_attention(s, kConfig);
+  ASSERT_TRUE(a.has_value());
+  const double floor_ms = 8.5 * 0.748;
+  EXPECT_NEAR(*evidence(*a, "host_floor_launch_factor"), 0.748, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "host_floor_time"), floor_ms, 1e-9);
+  EXPECT_NEAR(a->expected_gain, 10 / floor_ms - 1, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "estimated_time_saved"), 10 - floor_ms, 1e-9);
+  EXPECT_TRUE(contains(a->action, "ms the host takes to issue one")) << a->action;
+}
+
 TEST(PrecisionAdvisorTest, UnfusedAttentionMatmulsAtLeastTheirScoreTraffic) {
   // As above, with 19.2 GB of score-matrix traffic per step: the attention matmuls' half of it
   // at the H200's 4.8 TB/s (2 ms) outlasts their FLOPs at the window's GEMM rate (1 ms).

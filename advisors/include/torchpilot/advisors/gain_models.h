@@ -45,7 +45,11 @@ struct PrecisionGain {
   double attention_s = 0;
   double cast_bytes = 0;  // autocast's casts per step (estimated)
   double cast_s = 0;      // cast_bytes / DRAM bandwidth
-  double new_step_s = 0;  // step - removed - attention removed + gemm + attention + cast
+  // The fastest the host issued a step (the shortest step less its data wait; 0: unknown, when
+  // that is 90% of the step or more): the new step is no shorter.
+  double host_floor_s = 0;
+  double new_step_s = 0;  // max(step - removed - attention removed + gemm + attention + cast,
+                          //     host floor)
   double gain = 0;
   double tf32_rate = 0;  // TF32 instead (no casts)
   double tf32_gain = 0;
@@ -69,7 +73,11 @@ struct FusionGain {
   double fused_rate = 0;        // peak x calibrated fused-attention efficiency
   double fused_s = 0;           // fused_flops / fused_rate
   std::string calibration;
-  double new_step_s = 0;
+  // The host's fastest step (as PrecisionGain's) x launch_factor: the launches left after the
+  // fused kernels replace the attention's (2 per softmax segment) over the window's launches.
+  double launch_factor = 0;
+  double host_floor_s = 0;  // 0: unknown
+  double new_step_s = 0;    // max(step - removed + fused, host floor)
   double gain = 0;
 };
 std::optional<FusionGain> fusion_gain(const EpochSummary& s);

@@ -77,6 +77,7 @@ struct KernelClassStats {
   double unfused_attention_pieces_ns = 0;
   double unfused_attention_gemm_ns = 0;
   int64_t unfused_attention_softmaxes = 0;  // softmax kernels that bounded a segment
+  int64_t unfused_attention_launches = 0;   // kernels in those segments, GEMMs included
 
   double busy_ns() const;  // sum of ns: the kernel union
   double per_step_ms(double total_ns) const {

@@ -61,6 +61,7 @@ class EpochAccumulator {
   std::array<DurationHistogram, kMaxPhases> phase_times_;  // in the steps each phase ran
   DurationHistogram step_times_;
   DurationHistogram compute_times_;  // step - data wait
+  Nanos compute_min_ns_ = 0;         // their shortest (0: no step yet)
 };
 
 }  // namespace torchpilot

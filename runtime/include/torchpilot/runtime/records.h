@@ -101,6 +101,9 @@ struct EpochSummary {
   // Median of (step time - data wait) over the steps: the step's own work, robust to the first
   // steps' warm-up and to a trace window's cost (gain models: docs/advice.md).
   Nanos compute_p50_ns = 0;
+  // The shortest (step time - data wait): the fastest the host issued a step (a step the host ran
+  // ahead in, unblocked), a floor under any step a GPU-side change predicts (gain models).
+  Nanos compute_min_ns = 0;
   double steps_per_s = 0;
   double samples_per_s = 0;  // 0 when samples are not reported
   Nanos own_ns = 0;          // torchpilot's own time on the training thread inside the steps
