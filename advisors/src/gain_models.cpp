@@ -34,10 +34,11 @@ constexpr double kAdamIdentifiedPerParameter = 2;  // addcmul_, addcdiv_
 constexpr double kAdamPerParameterBytes = 92;
 constexpr double kAdamIdentifiedBytes = 32;
 constexpr double kFusedAdamBytes = 28;
-// A host step this much shorter than the median step shows the host's own time (below).
+// A host step this much shorter than the median step's own work shows the host's time (below).
 constexpr double kHostIssueKnown = 0.9;
-// A fused attention's kernels per unfused softmax segment: forward 1, backward 1-3 (FlashAttention
-// 2's backward runs a preprocess, the main kernel and a dQ conversion).
+// A fused attention's kernels per unfused softmax segment, on average: the forward segment's one
+// kernel and the backward's 1-3 (FlashAttention 2's backward runs a preprocess, the main kernel
+// and a dQ conversion); forward and backward are separate segments.
 constexpr double kFusedKernelsPerSegment = 2;
 
 const KernelClassStats* window(const EpochSummary& s) {
@@ -90,17 +91,28 @@ double host_seconds(const EpochSummary& s, double step_s) {
   return positive(step_s - wait_s - sync_s);
 }
 
-// The fastest the host issued a step, seconds: the shortest step less its data wait, or the
-// host's own time per traced step (step less wait and syncs) where that is shorter (a trainer
-// that synchronizes every step). 0 when unknown: at 90% of the step or more the host may have
-// been blocked in every step (a full launch queue), which hides its own time.
-double host_issue_seconds(const EpochSummary& s, double step_s) {
-  double issue_s = s.compute_min_ns > 0 ? static_cast<double>(s.compute_min_ns) / 1e9 : step_s;
+// The least a step can take once the GPU is no longer what bounds it, seconds: the mean data
+// wait plus the host's issue time, the shortest step less its data wait (a step the host ran
+// ahead in, unblocked), or the host's own time per traced step (step less wait and syncs) where
+// that is shorter (a trainer that synchronizes every step). 0 when unknown: an issue time of 90%
+// of the median step's own work or more (step less wait) says nothing, as the host may have been
+// blocked in every step (a full launch queue) or steps may differ that little.
+struct HostFloor {
+  double issue_s = 0;  // the host's issue time per step (0: unknown)
+  double wait_s = 0;   // the mean data wait per step
+};
+HostFloor host_floor(const EpochSummary& s, double step_s) {
+  HostFloor h;
+  h.wait_s = s.steps > 0 ? static_cast<double>(s.data_wait_ns) / 1e9 / s.steps : 0;
+  const double own_s = s.compute_p50_ns > 0 ? static_cast<double>(s.compute_p50_ns) / 1e9
+                                            : positive(step_s - h.wait_s);
+  double issue_s = s.compute_min_ns > 0 ? static_cast<double>(s.compute_min_ns) / 1e9 : own_s;
   const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
   if (gpu != nullptr && gpu->traced_steps > 0 && gpu->stats.host_sync_ns > 0) {
     issue_s = std::min(issue_s, host_seconds(s, step_s));
   }
-  return issue_s > 0 && issue_s < kHostIssueKnown * step_s ? issue_s : 0;
+  if (issue_s > 0 && issue_s < kHostIssueKnown * own_s) h.issue_s = issue_s;
+  return h;
 }
 
 // The GPU's busy share of the step, best measure first: the windows' kernel union, the busy
@@ -201,15 +213,22 @@ std::optional<PrecisionGain> precision_gain(const EpochSummary& s) {
   g.new_step_s =
       g.step_s - g.removed_s - g.attention_removed_s + g.gemm_s + g.attention_s + g.cast_s;
   // The host issues the same launches and autocast's casts besides: the new step takes at least
-  // the host's fastest step so far.
-  g.host_floor_s = host_issue_seconds(s, g.step_s);
-  g.new_step_s = std::max(g.new_step_s, g.host_floor_s);
+  // the data wait and the host's fastest step so far (TF32 too).
+  const HostFloor floor = host_floor(s, g.step_s);
+  double least_s = 0;
+  if (floor.issue_s > 0) {
+    g.host_floor_s = floor.issue_s;
+    least_s = floor.wait_s + floor.issue_s;
+  }
+  g.host_bound = least_s > 0 && least_s >= g.new_step_s;
+  g.new_step_s = std::max(g.new_step_s, least_s);
   g.gain = gain(g.step_s, g.new_step_s);
   if (ptf > 0) {
     // TF32 moves the GEMMs only: fp32 attention stays as it is.
     g.tf32_rate = g.rate * ptf / pbf;
     g.tf32_gain =
-        gain(g.step_s, g.step_s - g.removed_s + (g.fp32_flops - g.attention_flops) / g.tf32_rate);
+        gain(g.step_s, std::max(least_s, g.step_s - g.removed_s +
+                                             (g.fp32_flops - g.attention_flops) / g.tf32_rate));
   }
   return g;
 }
@@ -279,11 +298,12 @@ std::optional<FusionGain> fusion_gain(const EpochSummary& s) {
                     " datasheet peak, " + tflops(g.fused_rate) + " (" + cal.source + ")";
   }
   g.new_step_s = g.step_s - g.removed_s + g.fused_s;
-  // The host's fastest step, less the launches the fused kernels save (host time taken as
-  // proportional to launches): the new step takes at least that.
+  // The data wait and the host's fastest step less the launches the fused kernels save (host
+  // time taken as proportional to launches; without a window nothing is counted as saved): the
+  // new step takes at least that.
   const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
-  const double issue_s = host_issue_seconds(s, g.step_s);
-  if (issue_s > 0) {
+  const HostFloor floor = host_floor(s, g.step_s);
+  if (floor.issue_s > 0) {
     g.launch_factor = 1;
     if (k != nullptr && gpu != nullptr && gpu->traced_steps > 0 && gpu->stats.kernels > 0 &&
         k->unfused_attention_launches > 0) {
@@ -293,8 +313,9 @@ std::optional<FusionGain> fusion_gain(const EpochSummary& s) {
           kFusedKernelsPerSegment * static_cast<double>(k->unfused_attention_softmaxes) / k->steps;
       g.launch_factor = std::clamp((launches - removed + added) / launches, 0.0, 1.0);
     }
-    g.host_floor_s = issue_s * g.launch_factor;
-    g.new_step_s = std::max(g.new_step_s, g.host_floor_s);
+    g.host_floor_s = floor.issue_s * g.launch_factor;
+    g.host_bound = floor.wait_s + g.host_floor_s >= g.new_step_s;
+    g.new_step_s = std::max(g.new_step_s, floor.wait_s + g.host_floor_s);
   }
   g.gain = gain(g.step_s, g.new_step_s);
   return g;

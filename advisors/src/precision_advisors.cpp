@@ -93,10 +93,10 @@ std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const AdvisorsCo
            : std::string()) +
       ", plus " + num(m.cast_s * 1e3, "%.3g") + " ms for the casts autocast adds (" +
       num(m.cast_bytes / 1e6, "%.3g") + " MB per step at DRAM bandwidth)" +
-      (m.host_floor_s > 0 && m.new_step_s <= m.host_floor_s
-           ? ", but no step can be shorter than the " + num(m.host_floor_s * 1e3, "%.3g") +
-                 " ms in which the host issued its fastest step"
-           : std::string()) +
+      (m.host_bound ? ", but no step can be shorter than the " + num(m.host_floor_s * 1e3, "%.3g") +
+                          " ms the host takes to issue one (its fastest step this epoch" +
+                          (s.data_wait_ns > 0 ? ", plus the data wait)" : ")")
+                    : std::string()) +
       ": a " + num(m.step_s * 1e3, "%.3g") + " ms step becomes " + num(m.new_step_s * 1e3, "%.3g") +
       " ms";
   a.evidence = {{"fp32_flops_share", share, "fraction"},
@@ -199,10 +199,11 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
         "; estimated: the unfused form takes " + num(model->removed_s * 1e3, "%.3g") +
         " ms per step (" + how + "), a fused kernel " + num(model->fused_s * 1e3, "%.3g") +
         " ms (its FLOPs with the backward's recomputation at " + model->calibration + ")" +
-        (model->host_floor_s > 0 && model->new_step_s <= model->host_floor_s
+        (model->host_bound
              ? ", but no step can be shorter than the " + num(model->host_floor_s * 1e3, "%.3g") +
-                   " ms the host takes to issue one (its fastest step, less the " +
-                   "launches the fused kernels save)"
+                   " ms the host takes to issue one (its fastest step this epoch, less the " +
+                   "launches the fused kernels save" +
+                   (s.data_wait_ns > 0 ? "; plus the data wait)" : ")")
              : std::string()) +
         ": a " + num(step_s * 1e3, "%.3g") + " ms step becomes " +
         num(model->new_step_s * 1e3, "%.3g") + " ms";

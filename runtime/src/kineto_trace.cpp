@@ -657,6 +657,15 @@ EpochSummary kineto_epoch_summary(const KinetoTrace& t, const KinetoOptions& opt
   }
   EpochSummary summary = acc.summarize(0, t.phases);
   summary.epoch = 1;
+  // The steps are GPU spans here, so their shortest is no issue time: the host's own spans are
+  // (a host that ran ahead of the queue), less their data wait (gain models' host floor).
+  summary.compute_min_ns = 0;
+  for (const KinetoStep& k : t.steps) {
+    const Nanos own = std::max<Nanos>(0, k.spans.host.end - k.spans.host.begin - k.data_wait_ns);
+    if (own > 0 && (summary.compute_min_ns == 0 || own < summary.compute_min_ns)) {
+      summary.compute_min_ns = own;
+    }
+  }
 
   const std::string device = options.device_name.empty() ? t.device : options.device_name;
   if (!t.device.empty() || !options.device_name.empty()) {

@@ -306,7 +306,9 @@ TEST(PrecisionAdvisorTest, Fp32GainStopsAtTheHostsFastestStep) {
   EXPECT_NEAR(a->expected_gain, 32.0 / 8.0 - 1, 1e-9);
   EXPECT_NEAR(*evidence(*a, "host_floor_time"), 8, 1e-9);
   EXPECT_NEAR(*evidence(*a, "predicted_step_time"), 8, 1e-9);
-  EXPECT_TRUE(contains(a->action, "8 ms in which the host issued its fastest step")) << a->action;
+  EXPECT_TRUE(contains(a->action, "8 ms the host takes to issue one")) << a->action;
+  // TF32 stops at the same floor: 2 TFLOP at 396 TFLOP/s would make a 7.1 ms step.
+  EXPECT_NEAR(*evidence(*a, "expected_gain_tf32"), 32.0 / 8.0 - 1, 1e-9);
   // A fastest step of 90% of the median or more (29 of 32 ms) says nothing: the host may have
   // been blocked in every step (a full launch queue). No floor, the GPU-side prediction stands.
   s.compute_min_ns = 29 * kMs;
@@ -323,6 +325,28 @@ TEST(PrecisionAdvisorTest, Fp32GainStopsAtTheHostsFastestStep) {
   a = advise_fp32_matmul(s, kConfig);
   EXPECT_NEAR(a->expected_gain, 32.0 / 6.0 - 1, 1e-9);
   EXPECT_NEAR(*evidence(*a, "host_floor_time"), 6, 1e-9);
+}
+
+// With a data wait the floor is judged against the step's own work and the wait is added back:
+// 32 ms steps of which 12 wait for data (20 ms of own work). A shortest own step of 19 ms is 95%
+// of it: unknown, no floor (it is no sign of a host running ahead, though 19 < 0.9 x 32). One of
+// 8 ms is: the new step takes at least 12 + 8 ms.
+TEST(PrecisionAdvisorTest, Fp32HostFloorKeepsTheDataWait) {
+  const double F = 1e12;
+  EpochSummary s = make_summary(32, 12, make_flops(kH100, {{MathPrecision::kFp32, 2 * F}}, 0.5));
+  s.compute_p50_ns = 20 * kMs;
+  const double unbounded = advise_fp32_matmul(s, kConfig)->expected_gain;
+  s.compute_min_ns = 19 * kMs;
+  auto a = advise_fp32_matmul(s, kConfig);
+  EXPECT_NEAR(a->expected_gain, unbounded, 1e-9);
+  EXPECT_FALSE(evidence(*a, "host_floor_time").has_value());
+  s.compute_min_ns = 8 * kMs;
+  a = advise_fp32_matmul(s, kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_LT(a->expected_gain, unbounded);
+  EXPECT_NEAR(a->expected_gain, 32.0 / 20.0 - 1, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "predicted_step_time"), 20, 1e-9);
+  EXPECT_TRUE(contains(a->action, "plus the data wait")) << a->action;
 }
 
 // The fusion's floor is the host's fastest step less the launches the fused kernels save: 1,000

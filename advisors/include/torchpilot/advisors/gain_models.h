@@ -45,11 +45,13 @@ struct PrecisionGain {
   double attention_s = 0;
   double cast_bytes = 0;  // autocast's casts per step (estimated)
   double cast_s = 0;      // cast_bytes / DRAM bandwidth
-  // The fastest the host issued a step (the shortest step less its data wait; 0: unknown, when
-  // that is 90% of the step or more): the new step is no shorter.
+  // The fastest the host issued a step (the shortest step less its data wait, or the window's
+  // host time less syncs; 0: unknown, when that is 90% of the median step's own work or more):
+  // the new step is no shorter than it plus the mean data wait (TF32's either).
   double host_floor_s = 0;
-  double new_step_s = 0;  // max(step - removed - attention removed + gemm + attention + cast,
-                          //     host floor)
+  bool host_bound = false;  // the floor, not the GPU, sets new_step_s
+  double new_step_s = 0;    // max(step - removed - attention removed + gemm + attention + cast,
+                            //     data wait + host floor)
   double gain = 0;
   double tf32_rate = 0;  // TF32 instead (no casts)
   double tf32_gain = 0;
@@ -74,10 +76,12 @@ struct FusionGain {
   double fused_s = 0;           // fused_flops / fused_rate
   std::string calibration;
   // The host's fastest step (as PrecisionGain's) x launch_factor: the launches left after the
-  // fused kernels replace the attention's (2 per softmax segment) over the window's launches.
+  // fused kernels replace the attention's (2 per softmax segment) over the window's launches
+  // (1 without a window).
   double launch_factor = 0;
   double host_floor_s = 0;  // 0: unknown
-  double new_step_s = 0;    // max(step - removed + fused, host floor)
+  bool host_bound = false;  // the floor, not the GPU, sets new_step_s
+  double new_step_s = 0;    // max(step - removed + fused, data wait + host floor)
   double gain = 0;
 };
 std::optional<FusionGain> fusion_gain(const EpochSummary& s);
