@@ -3,13 +3,15 @@
 // fast. One variant per process (cuptiFinalize is process-wide):
 //   cupti_reattach_probe baseline | probe | nofinalize | finalize | reattach-subscribe |
 //                        reattach-timestamp | reattach-profiler | backend-pm | backend-nopm |
-//                        kinds-kernel | kinds-kernel-noprof | kinds-all | kinds-all-callbacks |
-//                        kinds-ab
+//                        kinds-kernel | kinds-kernel-noprof | kinds-kernel-nosub |
+//                        kinds-subscribe-only | kinds-all | kinds-all-callbacks | kinds-ab
 // (kinds-*: which activity kinds and callbacks make a launch dearer while a window is on;
 // kinds-ab: in one process, rounds of six states in rotated order -- subscribed only, the kernel
 // kind, the window's four kinds, and those with the window's main sync and copy callbacks (8 of
 // its 14: no _ptsz/_ptds variants, cudaThreadSynchronize, cuCtxSynchronize_v2), the runtime ones
 // only, the driver ones only -- and each state's median step against subscribed-only, per launch.)
+// (kinds-kernel-nosub: the kernel kind without a callback subscription, as a tracer that needs no
+// callbacks would run; kinds-subscribe-only: subscribed, buffers registered, no kind enabled.)
 // (backend-*: torchpilot's own GPU backend, PM sampling on or off, a window, release_trace().)
 // Prints the median time of a launch-bound step (2000 tiny kernels + synchronize) before the
 // window, during it, and after it. Not part of the library; results in bench/results/.
@@ -192,9 +194,11 @@ int main(int argc, char** argv) {
   double during = -1, after = -1;
   int init_after = -1, init_after2 = -1;
   if (variant != "baseline" && variant != "probe") {
-    subscribe(&h, no_op, nullptr);
+    const bool subscribed = variant != "kinds-kernel-nosub";
+    if (subscribed) subscribe(&h, no_op, nullptr);
     reg(requested, completed);
     std::vector<CUpti_ActivityKind> on = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL};
+    if (variant == "kinds-subscribe-only") on.clear();
     if (!kinds || variant.rfind("kinds-all", 0) == 0)
       on.push_back(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION);
     if (variant.rfind("kinds-all", 0) == 0) {
@@ -214,7 +218,7 @@ int main(int argc, char** argv) {
     during = step_ms(y, 20);
     for (auto k : on) disable(k);
     flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
-    unsubscribe(h);
+    if (subscribed) unsubscribe(h);
     if (variant != "nofinalize") {
       CUpti_Profiler_DeInitialize_Params d{};
       d.structSize = CUpti_Profiler_DeInitialize_Params_STRUCT_SIZE;
