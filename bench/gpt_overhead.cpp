@@ -11,6 +11,10 @@
 //              step: a requested window starts at the end of that step). Without a GPU monitor it
 //              is advise.
 //   counting - advise, with the FLOP counter's counting window over the measured steps.
+//   torch-profiler, torch-profiler-cuda - for scale, what a user could run instead: torchpilot
+//              off, and LibTorch's own profiler (Kineto; CPU and CUDA activities, or CUDA only)
+//              on over the measured steps, started after the warm-up's last step and stopped
+//              after the measured ones (its stop is timed apart). LibTorch 2.x with CUDA only.
 // Rounds: every configuration once per round, the order rotated by one each round (A B C D,
 // B C D A, ...). In a round a configuration runs `warmup` steps, then `steps` measured steps with
 // the device synchronized before each clock read at the window's edges; its figure is the mean
@@ -31,6 +35,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -40,10 +45,16 @@
 #include "gpt_cli.h"
 #include "gpt_flops.h"
 #include "gpt_trainer.h"
+#include "torchpilot/hooks/compat.h"
 #include "torchpilot/hooks/flop_counter.h"
 #include "torchpilot/runtime/config.h"
 #include "torchpilot/runtime/gpu_monitor.h"
 #include "torchpilot/runtime/pilot.h"
+
+#if TORCHPILOT_TORCH_CUDA && TORCHPILOT_TORCH_AT_LEAST(2, 0)
+#include <torch/csrc/autograd/profiler_kineto.h>
+#define GPT_OVERHEAD_TORCH_PROFILER 1
+#endif
 
 namespace {
 
@@ -76,14 +87,18 @@ enum Setup {
   kWindowNoOps,
   kWindowDeviceBuffer,
   kWindowNoPm,
+  kTorchProfiler,
+  kTorchProfilerCuda,
   kSetups
 };
 // window-noops: a window without the op-name hook (gpu.sync_op_names off), to split its cost.
 // window-devbuf: a window with CUPTI's device buffer at --device-buffer-mb
 // (gpu.trace_device_buffer_mb; the default 0 is CUPTI's own size, the library's before 64 MiB).
 // window-nopm: a window without PM sampling (gpu.pm_sampling off), to split the two.
-const char* kNames[kSetups] = {"off",          "advise",        "window",     "counting",
-                               "window-noops", "window-devbuf", "window-nopm"};
+const char* kNames[kSetups] = {"off",         "advise",         "window",
+                               "counting",    "window-noops",   "window-devbuf",
+                               "window-nopm", "torch-profiler", "torch-profiler-cuda"};
+bool is_torch_profiler(int setup) { return setup == kTorchProfiler || setup == kTorchProfilerCuda; }
 bool is_window(int setup) {
   return setup == kWindow || setup == kWindowNoOps || setup == kWindowDeviceBuffer ||
          setup == kWindowNoPm;
@@ -115,6 +130,10 @@ struct RoundResult {
   // The threads that ran during the measured steps, by CPU time (the training thread as
   // "training"; torchpilot's own are named tp-*): what else competes while a window is on.
   std::vector<std::pair<std::string, double>> thread_cpu_ms;
+  // torch-profiler rounds: how long stopping LibTorch's profiler held the training thread (it
+  // collects the trace there), and the GPU events it recorded.
+  double profiler_stop_ms = std::nan("");
+  int64_t profiler_gpu_events = -1;
 };
 
 // Each thread's CPU time so far (ns, /proc/self/task/*/schedstat) and name, by thread id. Linux
@@ -167,7 +186,7 @@ torchpilot::Config config_for(Setup setup, const Args& a) {
   torchpilot::Config c;  // defaults, not the environment: the bench controls every key
   c.log.level = a.log_level;
   c.gpu.pm_sampling = a.pm_sampling;
-  if (setup == kOff) {
+  if (setup == kOff || is_torch_profiler(setup)) {
     c.mode = torchpilot::Mode::kOff;
     c.gpu.enabled = false;
     return c;
@@ -220,6 +239,18 @@ RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, j
     pilot.request_window(a.steps);
   trainer.train(pilot, 1);
   trainer.synchronize();
+#if GPT_OVERHEAD_TORCH_PROFILER
+  namespace prof = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  const torch::profiler::impl::ProfilerConfig profiler_config(
+      torch::profiler::impl::ProfilerState::KINETO, false, false);
+  std::set<ActivityType> activities{ActivityType::CUDA};
+  if (setup == kTorchProfiler) activities.insert(ActivityType::CPU);
+  if (is_torch_profiler(setup)) {
+    prof::prepareProfiler(profiler_config, activities);
+    prof::enableProfiler(profiler_config, activities);
+  }
+#endif
   const std::vector<torchpilot::StepRecord> before = pilot.recent_steps();
   const int64_t first_measured = before.empty() ? 0 : before.back().step + 1;
   const auto cpu0 = thread_cpu();  // before the clock: reading /proc takes a millisecond
@@ -236,6 +267,20 @@ RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, j
   const auto t1 = std::chrono::steady_clock::now();
   r.thread_cpu_ms = cpu_between(cpu0, thread_cpu());  // outside the timed steps
   r.step_ms = std::chrono::duration<double, std::milli>(t1 - t0).count() / a.steps;
+#if GPT_OVERHEAD_TORCH_PROFILER
+  if (is_torch_profiler(setup)) {
+    const auto p0 = std::chrono::steady_clock::now();
+    const auto result = prof::disableProfiler();
+    r.profiler_stop_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p0).count();
+    r.profiler_gpu_events = 0;
+    if (result) {
+      for (const auto& e : result->events()) {
+        if (e.deviceType() == c10::DeviceType::CUDA) ++r.profiler_gpu_events;
+      }
+    }
+  }
+#endif
   std::vector<double> tail;
   for (int i = 0; i < kTailSteps; ++i) {
     const auto s0 = std::chrono::steady_clock::now();
@@ -355,6 +400,11 @@ int run(int argc, char** argv) {
   for (const std::string& name : configs) {
     const int s = static_cast<int>(std::find(std::begin(kNames), std::end(kNames), name) -
                                    std::begin(kNames));
+#if !GPT_OVERHEAD_TORCH_PROFILER
+    if (is_torch_profiler(s)) {
+      example_cli::fail(app, "--configs", name + " needs LibTorch 2.x with CUDA");
+    }
+#endif
     if (!has(a.setups, s)) a.setups.push_back(s);
   }
 
@@ -459,6 +509,14 @@ int run(int argc, char** argv) {
       median_of(results[kAdvise], &RoundResult::max_step_call_ms),
       median_of(results[kWindow], &RoundResult::tail_excess_ms),
       median_of(results[kOff], &RoundResult::tail_excess_ms));
+  for (int s : {kTorchProfiler, kTorchProfilerCuda}) {
+    if (!has(a.setups, s)) continue;
+    std::printf(
+        "%s: stopping it held the training thread %.1f ms (median); it recorded %lld GPU "
+        "events in the first round\n",
+        kNames[s], median_of(results[s], &RoundResult::profiler_stop_ms),
+        static_cast<long long>(results[s].front().profiler_gpu_events));
+  }
   std::printf("bench wall time %.0f s\n", elapsed);
 
   if (!a.out.empty()) {
@@ -487,7 +545,9 @@ int run(int argc, char** argv) {
                                t.push_back({{"thread", name}, {"cpu_ms", ms}});
                              return t;
                            }()},
-                          {"max_step_call_ms", number(r.max_step_call_ms)}});
+                          {"max_step_call_ms", number(r.max_step_call_ms)},
+                          {"profiler_stop_ms", number(r.profiler_stop_ms)},
+                          {"profiler_gpu_events", r.profiler_gpu_events}});
       }
       per_config[kNames[s]] = {{"median_step_ms", number(medians[s])}, {"rounds", rounds}};
     }
@@ -544,7 +604,13 @@ int run(int argc, char** argv) {
           {"counting", "advise + the FLOP counter's counting window over the measured steps"},
           {"window-noops", "window without the op-name hook (gpu.sync_op_names false)"},
           {"window-devbuf", "window with CUPTI's device buffer at --device-buffer-mb"},
-          {"window-nopm", "window without PM sampling (gpu.pm_sampling false)"}}},
+          {"window-nopm", "window without PM sampling (gpu.pm_sampling false)"},
+          {"torch-profiler",
+           "torchpilot off; LibTorch's profiler (Kineto, CPU and CUDA activities) over the "
+           "measured steps"},
+          {"torch-profiler-cuda",
+           "torchpilot off; LibTorch's profiler (Kineto, CUDA activities only) over the measured "
+           "steps"}}},
         {"gpu_collectors", collectors},
         {"flops_check",
          {{"analytic_model_flops_per_step", analytic},
@@ -555,7 +621,9 @@ int run(int argc, char** argv) {
          {{"off", number(medians[kOff])},
           {"advise", number(medians[kAdvise])},
           {"window", number(medians[kWindow])},
-          {"counting", number(medians[kCounting])}}},
+          {"counting", number(medians[kCounting])},
+          {"torch-profiler", number(medians[kTorchProfiler])},
+          {"torch-profiler-cuda", number(medians[kTorchProfilerCuda])}}},
         {"ratios", ratio_json},
         // The stall at a window's end: the longest the GPU monitor held the training thread at a
         // step boundary in a window round (its start and end included); medians over rounds.
