@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -168,6 +169,62 @@ TEST(GpuProfilerTest, StepsAsideWhilePyTorchProfilerRunsAndResumesAfter) {
   EXPECT_GT(after->stats.sm_efficiency, 0.3) << "4096^2 matmuls keep most SMs busy";
   EXPECT_LE(testing_support::occurrences(log, "line up with the steps again"),
             testing_support::occurrences(log, "sample times are"));
+}
+
+// LibTorch's profiler run and stopped before torchpilot starts (a user who profiled a few steps
+// first): a Pilot started afterwards still gets PM figures. Seen on the H100 with torch 2.11:
+// each new Pilot's PM samples came 1.0 s off the steady clock after Kineto had run.
+TEST(GpuProfilerTest, PmFiguresComeForAPilotStartedAfterThePyTorchProfiler) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  namespace prof = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  using torch::profiler::impl::ProfilerConfig;
+  using torch::profiler::impl::ProfilerState;
+  auto a = torch::randn({4096, 4096}, torch::kCUDA);
+  const ProfilerConfig config(ProfilerState::KINETO, false, false);
+  const std::set<ActivityType> activities{ActivityType::CPU, ActivityType::CUDA};
+  prof::prepareProfiler(config, activities);
+  prof::enableProfiler(config, activities);
+  for (int i = 0; i < 10; ++i) {
+    auto c = torch::mm(a, a);
+    torch::cuda::synchronize();
+  }
+  ASSERT_TRUE(prof::disableProfiler());
+  std::string log;
+  std::vector<EpochSummary> epochs;
+  {
+    testing_support::CapturedStderr captured("profiler-after-test");
+    Config c = gpu_config(1'000'000, 4);
+    c.log.level = "debug";  // the PM clock's checks, for the record
+    PilotRun run(c);
+    if (run.pilot->collector<GpuMonitor>() == nullptr) GTEST_SKIP() << "no GPU monitor here";
+    for (int e = 0; e < 3; ++e) {
+      for (int i = 0; i < 40; ++i) {
+        auto step = run.pilot->step(1);
+        auto c2 = torch::mm(a, a);
+        torch::cuda::synchronize();
+      }
+      run.pilot->end_epoch();
+    }
+    epochs = run.sink->epochs;
+    log = captured.text();
+  }
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("PM sampling") != std::string::npos ||
+        line.find("CUPTI clock") != std::string::npos) {
+      std::printf("%s\n", line.c_str());
+    }
+  }
+  ASSERT_EQ(epochs.size(), 3u);
+  for (size_t i = 0; i < epochs.size(); ++i) {
+    const GpuEpochStats* g = epochs[i].sections.get<GpuEpochStats>();
+    ASSERT_NE(g, nullptr);
+    std::printf("  epoch %zu: SM efficiency %.4f\n", i, g->stats.sm_efficiency);
+  }
+  const GpuEpochStats* last = epochs.back().sections.get<GpuEpochStats>();
+  EXPECT_TRUE(measured(last->stats.sm_efficiency)) << "PM figures must come";
+  EXPECT_GT(last->stats.sm_efficiency, 0.3) << "4096^2 matmuls keep most SMs busy";
 }
 
 // Issue 14: one planted trainer (host work, GPU work, loss.item() every step: the planted
