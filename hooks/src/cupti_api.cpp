@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
+#include <thread>
 #include <vector>
 
 namespace torchpilot {
@@ -148,34 +150,103 @@ Nanos steady_now_ns() {
       .count();
 }
 
-TimeBase measure_time_base(const std::function<uint64_t()>& cupti_now,
-                           const std::function<Nanos()>& steady_now, int reads, Nanos* latency_ns) {
-  TimeBase best;
-  Nanos best_latency = std::numeric_limits<Nanos>::max();
+ClockPair read_clock_pair(const std::function<uint64_t()>& cupti_now,
+                          const std::function<Nanos()>& steady_now, int reads) {
+  ClockPair best;
+  best.latency = std::numeric_limits<Nanos>::max();
   for (int i = 0; i < std::max(1, reads); ++i) {
     const Nanos s0 = steady_now();
     const uint64_t c = cupti_now();
     const Nanos s1 = steady_now();
-    const Nanos latency = s1 - s0;
-    if (latency < best_latency) {
-      best_latency = latency;
-      best.offset_ns = static_cast<int64_t>(c) - (s0 + latency / 2);
-    }
+    if (s1 - s0 < best.latency) best = {c, s0 + (s1 - s0) / 2, s1 - s0};
   }
-  if (latency_ns != nullptr) *latency_ns = best_latency;
   return best;
 }
 
-bool CuptiClock::measure(CuptiApi& api, Nanos* latency_ns) {
+TimeBase measure_time_base(const std::function<uint64_t()>& cupti_now,
+                           const std::function<Nanos()>& steady_now, int reads, Nanos* latency_ns) {
+  const ClockPair p = read_clock_pair(cupti_now, steady_now, reads);
+  if (latency_ns != nullptr) *latency_ns = p.latency;
+  TimeBase tb;
+  tb.offset_ns = static_cast<int64_t>(p.cupti) - p.steady;
+  tb.anchor = p.cupti;
+  return tb;
+}
+
+TimeBase time_base_through(const ClockPair& now, const ClockPair* earlier, double fallback_scale,
+                           bool* rate_measured) {
+  TimeBase tb;
+  tb.offset_ns = static_cast<int64_t>(now.cupti) - now.steady;
+  tb.anchor = now.cupti;
+  tb.scale = fallback_scale;
+  bool measured = false;
+  if (earlier != nullptr && now.steady - earlier->steady >= kMinClockBaselineNs &&
+      now.cupti > earlier->cupti) {
+    const double rate = static_cast<double>(now.steady - earlier->steady) /
+                        static_cast<double>(now.cupti - earlier->cupti);
+    // Plausible clocks: nanoseconds, or ticks of 0.05-20 GHz.
+    if (rate > 0.05 && rate < 20) {
+      measured = true;
+      tb.scale = std::abs(rate - 1) <= 2e-3 ? 1.0 : rate;
+    }
+  }
+  if (rate_measured != nullptr) *rate_measured = measured;
+  return tb;
+}
+
+bool CuptiClock::measure(CuptiApi& api, Nanos* latency_ns, Nanos wait_ns) {
   bool ok = true;
   auto cupti_now = [&]() -> uint64_t {
     uint64_t t = 0;
     if (api.get_timestamp(&t) != CUPTI_SUCCESS) ok = false;
     return t;
   };
-  const TimeBase tb = measure_time_base(cupti_now, steady_now_ns, 5, latency_ns);
-  if (ok) set(tb);
-  return ok;
+  ClockPair now = read_clock_pair(cupti_now, steady_now_ns);
+  if (!ok) return false;
+  bool have_first = false, rate_known = false;
+  ClockPair first;
+  double scale = 1.0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    have_first = have_first_;
+    rate_known = rate_known_;
+    first = first_;
+    scale = tb_.scale;
+  }
+  bool measured = false;
+  TimeBase tb = time_base_through(now, have_first ? &first : nullptr, scale, &measured);
+  // The same clock as the first reading: its rate found now, if it was not known; else a
+  // nanosecond clock that stays one, or a tick clock within 1% of its rate (the longer baseline
+  // refines it). Anything else is another clock since (an NTP step, another client's timestamp
+  // callback): this reading starts it.
+  const bool same =
+      measured &&
+      (!rate_known || (scale == 1.0 ? tb.scale == 1.0 : std::abs(tb.scale / scale - 1) <= 0.01));
+  ClockPair start = now;
+  if (same) {
+    rate_known = true;
+  } else {
+    tb.scale = scale;  // until the new clock's rate is known
+    rate_known = false;
+    if (wait_ns > 0) {
+      // Off the training thread: a second reading a moment later gives the new clock's rate.
+      std::this_thread::sleep_for(std::chrono::nanoseconds(std::max(wait_ns, kMinClockBaselineNs)));
+      const ClockPair later = read_clock_pair(cupti_now, steady_now_ns);
+      if (!ok) return false;
+      tb = time_base_through(later, &start, scale, &rate_known);
+      now = later;
+      if (!rate_known) start = later;  // changed again in between: go on from here
+    }
+  }
+  if (latency_ns != nullptr) *latency_ns = now.latency;
+  std::lock_guard<std::mutex> lock(mutex_);
+  tb_ = tb;
+  rate_known_ = rate_known;
+  if (!same) {
+    first_ = start;
+    have_first_ = true;
+  }
+  return true;
 }
 
 }  // namespace detail

@@ -22,9 +22,11 @@
 #include <cupti_version.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "torchpilot/runtime/clock.h"
@@ -153,35 +155,80 @@ std::unique_ptr<CuptiApi> load_cupti(const std::string& configured_path, std::st
 // "CUPTI_ERROR_INSUFFICIENT_PRIVILEGES (35)": CUPTI's name for `result` and its number.
 std::string cupti_error_name(CuptiApi& api, CUptiResult result);
 
-// CUPTI timestamps (activity records; PM samples, presumably) are on CUPTI's own clock
-// (CLOCK_REALTIME on Linux unless a timestamp callback is registered). The collectors convert them
-// to the steady clock with an offset measured by paired reads.
+// CUPTI timestamps (activity records, PM samples) are on CUPTI's own clock: CLOCK_REALTIME in ns
+// on Linux, unless a client registered a timestamp callback
+// (cuptiActivityRegisterTimestampCallback). PyTorch's profiler (Kineto, torch 2.x) registers one
+// that returns TSC ticks, and it stays for the rest of the process. The collectors convert CUPTI
+// readings to the steady clock along a line through a paired reading: its offset, and the CUPTI
+// clock's rate where that is not 1 ns a unit.
 struct TimeBase {
-  int64_t offset_ns = 0;  // CUPTI clock minus steady clock
-  Nanos to_steady(uint64_t cupti_ns) const { return static_cast<Nanos>(cupti_ns) - offset_ns; }
+  int64_t offset_ns = 0;  // the CUPTI reading at the anchor minus the steady reading there
+  double scale = 1.0;     // steady ns per CUPTI unit (1: a nanosecond clock)
+  uint64_t anchor = 0;    // the CUPTI reading the line goes through (used when scale != 1)
+  Nanos to_steady(uint64_t cupti_ns) const {
+    if (scale == 1.0) return static_cast<Nanos>(cupti_ns) - offset_ns;
+    const double units = static_cast<double>(static_cast<int64_t>(cupti_ns - anchor));
+    return static_cast<Nanos>(anchor) - offset_ns + std::llround(units * scale);
+  }
 };
 
-// The offset from `reads` paired reads: steady, CUPTI, steady; the pair with the least latency
-// wins and the CUPTI reading is taken to fall at the midpoint of its two steady readings. Pure
-// (clocks injected). `latency_ns` receives the winning pair's latency when not null.
+// One paired reading: a CUPTI reading and the steady time it was taken at.
+struct ClockPair {
+  uint64_t cupti = 0;
+  Nanos steady = 0;
+  Nanos latency = 0;  // of the steady reads around it
+};
+
+// The pair from `reads` paired reads: steady, CUPTI, steady; the one with the least latency wins
+// and the CUPTI reading is taken to fall at the midpoint of its two steady readings. Pure (clocks
+// injected).
+ClockPair read_clock_pair(const std::function<uint64_t()>& cupti_now,
+                          const std::function<Nanos()>& steady_now, int reads = 5);
+
+// The offset alone, from read_clock_pair (a nanosecond clock). `latency_ns` receives the winning
+// pair's latency when not null.
 TimeBase measure_time_base(const std::function<uint64_t()>& cupti_now,
                            const std::function<Nanos()>& steady_now, int reads = 5,
                            Nanos* latency_ns = nullptr);
 
+// The line through `now`. Its rate comes from `earlier`, a reading of the same clock at least
+// kMinClockBaselineNs before: 1 when within 0.2% of it (a nanosecond clock; the reads' latency
+// and NTP's slewing would only blur it), otherwise the measured rate. Without a usable `earlier`
+// (none, too close, or a CUPTI clock that went backwards or moved at an implausible rate: another
+// clock since), the rate is `fallback_scale` and `*rate_measured` (when not null) is false.
+constexpr Nanos kMinClockBaselineNs = 1'000'000;
+// How long a thread that may wait waits for the second reading of a clock not seen before.
+constexpr Nanos kClockWaitNs = 2'000'000;
+TimeBase time_base_through(const ClockPair& now, const ClockPair* earlier, double fallback_scale,
+                           bool* rate_measured = nullptr);
+
 // The steady clock the events are on (std::chrono::steady_clock, ns since its epoch).
 Nanos steady_now_ns();
 
-// The current TimeBase, shared by the collectors (the activity callback and the PM decode thread
-// read it while the training thread re-measures it at each trace window).
+// The current TimeBase, shared by the collectors (the activity collector's converter and the PM
+// decode thread read it while the training thread and the decode thread re-measure it).
 class CuptiClock {
  public:
-  TimeBase get() const { return TimeBase{offset_.load(std::memory_order_relaxed)}; }
-  void set(TimeBase tb) { offset_.store(tb.offset_ns, std::memory_order_relaxed); }
-  // Measures with api.get_timestamp(); false (and the offset unchanged) when that fails.
-  bool measure(CuptiApi& api, Nanos* latency_ns = nullptr);
+  TimeBase get() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return tb_;
+  }
+  void set(TimeBase tb) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tb_ = tb;
+  }
+  // Measures with api.get_timestamp(): the offset from a paired reading now, the rate from the
+  // first reading of the same clock. When there is none (the first measure, or the clock changed
+  // since), a second reading `wait_ns` later gives the rate, if `wait_ns` > 0 (threads that may
+  // wait: never the training thread). False (the line unchanged) when a read fails.
+  bool measure(CuptiApi& api, Nanos* latency_ns = nullptr, Nanos wait_ns = 0);
 
  private:
-  std::atomic<int64_t> offset_{0};
+  mutable std::mutex mutex_;
+  TimeBase tb_;
+  bool have_first_ = false;
+  bool rate_known_ = false;  // of the clock now in use
+  ClockPair first_;          // its first reading
 };
 
 }  // namespace detail

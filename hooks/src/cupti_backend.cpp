@@ -130,7 +130,7 @@ class CuptiBackend final : public GpuBackend {
       }
       // CUPTI's clock is CLOCK_REALTIME: re-measure the offset at each window (NTP steps). Only
       // once CUPTI is ours: another client may have replaced its timestamps.
-      measure_clock();
+      measure_clock(false);
       const std::string why = activity_->enable();
       if (!why.empty()) {
         set_off(activity_status_, why);
@@ -398,7 +398,7 @@ class CuptiBackend final : public GpuBackend {
           "with the older layouts",
           version, CUPTI_API_VERSION);
     }
-    measure_clock();
+    measure_clock(true);
 
     // The profiler API: the chip name, and PM sampling.
     CUpti_Profiler_Initialize_Params init{};
@@ -588,11 +588,21 @@ class CuptiBackend final : public GpuBackend {
     return false;
   }
 
-  void measure_clock() {
+  // `wait`: off the training thread, a clock not seen before gets its rate at once.
+  void measure_clock(bool wait) {
     Nanos latency = 0;
-    if (cupti_ != nullptr && clock_.measure(*cupti_, &latency)) {
-      logger_.debug("CUPTI clock: offset to the steady clock {} ns (paired-read latency {} ns)",
-                    clock_.get().offset_ns, latency);
+    if (cupti_ == nullptr || !clock_.measure(*cupti_, &latency, wait ? kClockWaitNs : 0)) return;
+    const TimeBase tb = clock_.get();
+    logger_.debug(
+        "CUPTI clock: offset to the steady clock {} ns, {} steady ns a unit (paired-read latency "
+        "{} ns)",
+        tb.offset_ns, tb.scale, latency);
+    if (tb.scale != 1.0 && !clock_scale_noted_) {
+      clock_scale_noted_ = true;
+      logger_.info(
+          "CUPTI's clock is not in nanoseconds here (another client, such as PyTorch's profiler, "
+          "registered its own timestamps): {:.4f} ns a unit, converted",
+          tb.scale);
     }
   }
 
@@ -665,6 +675,7 @@ class CuptiBackend final : public GpuBackend {
   std::unique_ptr<CuptiApi> cupti_;
   std::unique_ptr<NvmlApi> nvml_;
   CuptiClock clock_;
+  bool clock_scale_noted_ = false;  // the one line saying CUPTI's clock is not in ns
   std::unique_ptr<ActivityCollector> activity_;
   std::unique_ptr<PmSampler> pm_;
   std::unique_ptr<NvmlSampler> nvml_sampler_;

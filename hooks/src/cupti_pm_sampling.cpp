@@ -482,6 +482,9 @@ void PmSampler::run() {
     bool ok = false;
     try {  // nothing may escape a collector thread (std::terminate would end the training)
       std::lock_guard<std::mutex> lock(decode_mutex_);
+      // The CUPTI clock's line, kept fresh here, off the training thread (another client may
+      // change what CUPTI's clock is at any time).
+      if (running_) clock_.measure(api_, nullptr, kClockWaitNs);
       // A burst that is over decodes to its end as it stops: not twice in one tick.
       ok = !failed_ && (!running_ || burst_over_locked() || decode_locked());
       if (ok) duty_step_locked();
@@ -612,10 +615,10 @@ bool PmSampler::decode_locked() {
         const double age_ms =
             (static_cast<double>(now) - static_cast<double>(si.endTimestamp)) / 1e6;
         logger_.debug(
-            "PM sampling clock check{}: sample [{}, {}] ns, cuptiGetTimestamp() {} ns, age {:.3f} "
-            "ms, offset to steady {} ns",
+            "PM sampling clock check{}: sample [{}, {}], cuptiGetTimestamp() {}, age {:.3f} "
+            "units/1e6, offset to steady {} ns, {} steady ns a unit",
             discard_next_ ? " (first sample, discarded)" : "", si.startTimestamp, si.endTimestamp,
-            now, age_ms, tb.offset_ns);
+            now, age_ms, tb.offset_ns, tb.scale);
         // Samples whose times do not line up with the steps are dropped by lines_up().
         if (!discard_next_) clock_checked_ = true;
       }
@@ -710,9 +713,9 @@ bool PmSampler::lines_up(const PmSample& sample) {
                               std::chrono::system_clock::now().time_since_epoch())
                               .count();
     logger_.debug(
-        "PM sampling clock: sample end {} ns on CUPTI's clock, cuptiGetTimestamp() {} ns, "
-        "CLOCK_REALTIME {} ns, steady {} ns, offset in use {} ns",
-        sample.end + tb.offset_ns, cupti_now, realtime, now, tb.offset_ns);
+        "PM sampling clock: sample end {} ns steady, cuptiGetTimestamp() {}, CLOCK_REALTIME {} ns, "
+        "steady {} ns, line in use: offset {} ns, {} steady ns a unit",
+        sample.end, cupti_now, realtime, now, tb.offset_ns, tb.scale);
     logger_.warn(
         "PM sampling: sample times are {:.1f} s away from the steady clock (another CUPTI client, "
         "such as PyTorch's profiler, changed CUPTI's clock?); samples are dropped, and PM figures "
@@ -723,7 +726,7 @@ bool PmSampler::lines_up(const PmSample& sample) {
   // most once a second.
   if (now - last_remeasure_ns_ > 1'000'000'000) {
     last_remeasure_ns_ = now;
-    clock_.measure(api_);
+    clock_.measure(api_, nullptr, kClockWaitNs);
   }
   return false;
 }

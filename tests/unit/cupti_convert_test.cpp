@@ -251,6 +251,52 @@ TEST(CuptiClockOffset, RealSteadyClockIsMonotonicInOffsetTerms) {
   EXPECT_NEAR(static_cast<double>(tb.offset_ns), 1e9, static_cast<double>(latency) + 1000.0);
 }
 
+TEST(CuptiClockLine, NanosecondClockKeepsRateOne) {
+  // 600 ppb apart over 50 ms (NTP's slewing): a nanosecond clock still.
+  const ClockPair earlier{1'000'000, 0, 50};
+  const ClockPair now{1'000'000 + 50'000'030, 50'000'000, 50};
+  bool measured = false;
+  const TimeBase tb = time_base_through(now, &earlier, 0.5, &measured);
+  EXPECT_TRUE(measured);
+  EXPECT_EQ(tb.scale, 1.0);
+  EXPECT_EQ(tb.offset_ns, 1'000'030);
+  EXPECT_EQ(tb.to_steady(now.cupti + 1'000'000'000), 1'050'000'000);
+}
+
+TEST(CuptiClockLine, TickClockGetsItsRate) {
+  // Ticks of a 2.1 GHz host (PyTorch's profiler's timestamps), 50 ms apart.
+  const ClockPair earlier{5'000, 0, 50};
+  const ClockPair now{5'000 + 105'000'000, 50'000'000, 50};
+  bool measured = false;
+  const TimeBase tb = time_base_through(now, &earlier, 1.0, &measured);
+  EXPECT_TRUE(measured);
+  EXPECT_NEAR(tb.scale, 1 / 2.1, 1e-12);
+  EXPECT_EQ(tb.to_steady(now.cupti), 50'000'000);
+  EXPECT_NEAR(static_cast<double>(tb.to_steady(now.cupti + 2'100'000'000)), 1'050'000'000.0, 2.0);
+  EXPECT_NEAR(static_cast<double>(tb.to_steady(earlier.cupti)), 0.0, 2.0);  // before the anchor
+}
+
+TEST(CuptiClockLine, NoUsableEarlierReadingKeepsTheFallbackRate) {
+  const ClockPair now{2'000'000'000, 100'000'000, 50};
+  bool measured = true;
+  EXPECT_EQ(time_base_through(now, nullptr, 0.5, &measured).scale, 0.5);
+  EXPECT_FALSE(measured);
+  const ClockPair close{now.cupti - 500'000, now.steady - 500'000, 50};  // < 1 ms apart
+  EXPECT_EQ(time_base_through(now, &close, 0.5, &measured).scale, 0.5);
+  EXPECT_FALSE(measured);
+  const ClockPair later_clock{now.cupti + 1, now.steady - 50'000'000, 50};  // went backwards
+  EXPECT_EQ(time_base_through(now, &later_clock, 0.5, &measured).scale, 0.5);
+  EXPECT_FALSE(measured);
+  const ClockPair realtime{1'700'000'000'000'000'000, now.steady - 50'000'000, 50};
+  EXPECT_EQ(time_base_through(now, &realtime, 1.0, &measured).scale, 1.0);  // another clock
+  EXPECT_FALSE(measured);
+  const ClockPair slow{now.cupti - 1'000, now.steady - 50'000'000, 50};  // 50 us a unit
+  EXPECT_EQ(time_base_through(now, &slow, 1.0, &measured).scale, 1.0);
+  EXPECT_FALSE(measured);
+  // The offset is the newest reading's either way.
+  EXPECT_EQ(time_base_through(now, nullptr, 0.5).offset_ns, 1'900'000'000);
+}
+
 TEST(PmSampleConvert, ValuesInMetricOrderBecomeFractions) {
   const auto metrics = pm_metric_tiers().front();
   ASSERT_EQ(metrics.size(), 7u);

@@ -163,7 +163,11 @@ class FakeCupti final : public CuptiApiFake {
   std::string other_subscriber;
   std::set<std::string> rejected_metrics;  // ConfigAddMetrics refuses sets containing these
   size_t max_metrics_per_pass = 64;        // more -> 2 passes
-  int64_t clock_offset_ns = 1'700'000'000'000'000'000;  // CUPTI clock = steady + this
+  // CUPTI clock = steady x clock_rate + clock_offset_ns. Rate 2.1, offset 0: TSC ticks of a
+  // 2.1 GHz host, as after PyTorch's profiler registered its timestamps. Atomic: a test changes
+  // them while the collectors' threads read the clock.
+  std::atomic<int64_t> clock_offset_ns{1'700'000'000'000'000'000};
+  std::atomic<double> clock_rate{1.0};
   std::string chip = "GH100";
 
   // Recorded (under m).
@@ -236,7 +240,13 @@ class FakeCupti final : public CuptiApiFake {
   static constexpr size_t kImageSamples = 4;
 
   // --- Test helpers ---
-  uint64_t cupti_now() const { return static_cast<uint64_t>(steady_now_ns() + clock_offset_ns); }
+  uint64_t cupti_now() const {
+    const double rate = clock_rate.load();
+    const Nanos steady = steady_now_ns();
+    return static_cast<uint64_t>(
+        (rate == 1.0 ? steady : std::llround(static_cast<double>(steady) * rate)) +
+        clock_offset_ns.load());
+  }
   void push_sample(FakeSample s) {
     std::lock_guard<std::mutex> lock(m);
     hardware.push_back(std::move(s));
@@ -724,6 +734,94 @@ TEST(GpuBackend, AutoDeviceOutsideAPilotTakesLocalRankWhenVisible) {
   } else {
     ::unsetenv("LOCAL_RANK");
   }
+}
+
+// --- CUPTI's clock ------------------------------------------------------------------------------
+
+// PyTorch's profiler registers its own timestamps with CUPTI (TSC ticks), and they stay after it
+// stops: the clock's rate is measured along with its offset, and follows a change of clock.
+TEST(CuptiClockTest, MeasuresATickClocksRateAndFollowsAChangeOfClock) {
+  FakeCupti cupti;
+  const auto error_ns = [&](const CuptiClock& clock) {
+    const Nanos steady = steady_now_ns();
+    return std::abs(static_cast<double>(clock.get().to_steady(cupti.cupti_now()) - steady));
+  };
+  CuptiClock clock;
+  ASSERT_TRUE(clock.measure(cupti, nullptr, kClockWaitNs));
+  EXPECT_EQ(clock.get().scale, 1.0);  // CUPTI's own clock: nanoseconds
+  EXPECT_LT(error_ns(clock), 1e5);
+  cupti.clock_rate = 2.1;  // the profiler's timestamps: ticks of a 2.1 GHz host
+  cupti.clock_offset_ns = 0;
+  ASSERT_TRUE(clock.measure(cupti));  // the training thread does not wait: rate not known yet
+  EXPECT_EQ(clock.get().scale, 1.0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  ASSERT_TRUE(clock.measure(cupti));  // a second reading of the new clock: its rate
+  EXPECT_NEAR(clock.get().scale, 1 / 2.1, 1e-3);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_LT(error_ns(clock), 1e5);
+  // A clock on ticks from the start, measured where waiting is allowed: the rate at once.
+  CuptiClock fresh;
+  ASSERT_TRUE(fresh.measure(cupti, nullptr, kClockWaitNs));
+  EXPECT_NEAR(fresh.get().scale, 1 / 2.1, 1e-3);
+  EXPECT_LT(error_ns(fresh), 1e5);
+  // Back to nanoseconds (the callback gone): found on the next measure that may wait.
+  cupti.clock_rate = 1.0;
+  cupti.clock_offset_ns = 1'700'000'000'000'000'000;
+  ASSERT_TRUE(fresh.measure(cupti, nullptr, kClockWaitNs));
+  EXPECT_EQ(fresh.get().scale, 1.0);
+  EXPECT_LT(error_ns(fresh), 1e5);
+}
+
+// A backend started after PyTorch's profiler ran: its PM samples, on CUPTI's tick clock, land on
+// the steady clock (seen on the H100 with torch 2.11: without the rate, none reached the steps).
+TEST(GpuBackend, PmSamplesOnATickClockLandOnTheSteadyClock) {
+  Rig rig;
+  rig.cupti->clock_rate = 2.1;
+  rig.cupti->clock_offset_ns = 0;
+  auto b = rig.make();
+  b->start();
+  const Nanos s0 = steady_now_ns();
+  const uint64_t t0 = rig.cupti->cupti_now();
+  const auto at = [t0](int i) { return t0 + static_cast<uint64_t>(std::llround(i * 2e6 * 2.1)); };
+  for (int i = 0; i < 6; ++i) rig.cupti->push_sample(sample(at(i), at(i + 1), 10.0 * i));
+  GpuEventBatch batch;
+  ASSERT_TRUE(eventually([&] {
+    b->flush();
+    b->drain(batch);
+    return batch.pm.size() >= 5;
+  }));
+  EXPECT_NEAR(static_cast<double>(batch.pm[0].begin - s0), 2e6, 1e5);  // sample 1 (0 discarded)
+  EXPECT_NEAR(static_cast<double>(batch.pm[0].end - batch.pm[0].begin), 2e6, 2e3);
+  EXPECT_NEAR(static_cast<double>(batch.pm[4].end - s0), 12e6, 1e5);
+  EXPECT_NE(rig.log_text.str().find("CUPTI's clock is not in nanoseconds"), std::string::npos);
+  b->stop();
+}
+
+// The clock changes while PM sampling runs (the profiler starts): the decode thread measures the
+// new clock, and samples land on the steady clock again.
+TEST(GpuBackend, PmSamplesFollowCuptisClockWhenAnotherClientChangesIt) {
+  Rig rig;
+  auto b = rig.make();
+  b->start();
+  rig.cupti->clock_rate = 2.1;
+  rig.cupti->clock_offset_ns = 0;
+  GpuEventBatch batch;
+  bool first = true;
+  EXPECT_TRUE(eventually([&] {
+    const Nanos s0 = steady_now_ns();
+    const uint64_t t0 = rig.cupti->cupti_now();
+    rig.cupti->push_sample(sample(t0, t0 + 4'200'000, 20.0));
+    if (first) {  // the first sample after the start is discarded
+      rig.cupti->push_sample(sample(t0, t0 + 4'200'000, 20.0));
+      first = false;
+    }
+    batch.clear();
+    b->flush();
+    b->drain(batch);
+    return !batch.pm.empty() && std::abs(static_cast<double>(batch.pm.back().begin - s0)) < 1e5 &&
+           std::abs(static_cast<double>(batch.pm.back().end - batch.pm.back().begin) - 2e6) < 2e3;
+  })) << rig.log_text.str();
+  b->stop();
 }
 
 // --- Happy path --------------------------------------------------------------------------------
