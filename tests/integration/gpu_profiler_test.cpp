@@ -82,8 +82,9 @@ TEST(GpuProfilerTest, RunsCleanlyWhilePyTorchProfilerHoldsCupti) {
 
 // LibTorch's own profiler (Kineto) started and stopped inside a running trainer while torchpilot
 // samples: torchpilot steps aside (a window asked for meanwhile is skipped, with one line; PM
-// samples on Kineto's clock are dropped, with one line), never crashes, and resumes after: PM
-// figures come back, and windows are traced again once Kineto lets go of CUPTI.
+// samples are dropped, with one line, until CUPTI's new clock, Kineto's ticks, is measured),
+// never crashes, and resumes after: PM figures come back, and windows are traced again once
+// Kineto lets go of CUPTI.
 TEST(GpuProfilerTest, StepsAsideWhilePyTorchProfilerRunsAndResumesAfter) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   namespace prof = torch::autograd::profiler;
@@ -166,14 +167,16 @@ TEST(GpuProfilerTest, StepsAsideWhilePyTorchProfilerRunsAndResumesAfter) {
   }
   // PM sampling goes on: its samples line up with the steps again after the profiler.
   EXPECT_TRUE(measured(after->stats.sm_efficiency)) << "PM figures must come back";
-  EXPECT_GT(after->stats.sm_efficiency, 0.3) << "4096^2 matmuls keep most SMs busy";
+  // On the right steps: with CUPTI's clock on Kineto's ticks converted as nanoseconds, samples ran
+  // 2.1 times as fast as the steps and this read 0.33 (27f08c3 measures the clock's rate; 0.94).
+  EXPECT_GT(after->stats.sm_efficiency, 0.6) << "4096^2 matmuls keep most SMs busy";
   EXPECT_LE(testing_support::occurrences(log, "line up with the steps again"),
             testing_support::occurrences(log, "sample times are"));
 }
 
 // LibTorch's profiler run and stopped before torchpilot starts (a user who profiled a few steps
-// first): a Pilot started afterwards still gets PM figures. Seen on the H100 with torch 2.11:
-// each new Pilot's PM samples came 1.0 s off the steady clock after Kineto had run.
+// first): a Pilot started afterwards still gets PM figures. Kineto leaves CUPTI's clock on TSC
+// ticks; before the clock's rate was measured (27f08c3) this Pilot got none (H100, torch 2.11).
 TEST(GpuProfilerTest, PmFiguresComeForAPilotStartedAfterThePyTorchProfiler) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   namespace prof = torch::autograd::profiler;
@@ -224,7 +227,7 @@ TEST(GpuProfilerTest, PmFiguresComeForAPilotStartedAfterThePyTorchProfiler) {
   }
   const GpuEpochStats* last = epochs.back().sections.get<GpuEpochStats>();
   EXPECT_TRUE(measured(last->stats.sm_efficiency)) << "PM figures must come";
-  EXPECT_GT(last->stats.sm_efficiency, 0.3) << "4096^2 matmuls keep most SMs busy";
+  EXPECT_GT(last->stats.sm_efficiency, 0.6) << "4096^2 matmuls keep most SMs busy (0.93 seen)";
 }
 
 // Issue 14: one planted trainer (host work, GPU work, loss.item() every step: the planted
