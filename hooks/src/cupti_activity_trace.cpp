@@ -840,7 +840,7 @@ void ActivityCollector::convert(const ReadyBuffer& b) {
       const auto& o = reinterpret_cast<const CUpti_ActivityOverhead3&>(*record);
       const int i = std::clamp(static_cast<int>(static_cast<uint32_t>(o.overheadKind) >> 16), 0,
                                BufferStats::kOverheadKinds - 1);
-      const Nanos ns = o.end > o.start ? static_cast<Nanos>(o.end - o.start) : 0;
+      const Nanos ns = o.end > o.start ? tb.to_steady(o.end) - tb.to_steady(o.start) : 0;
       ++overhead.overhead_count[i];
       overhead.overhead_ns[i] += ns;
       if (o.objectKind == CUPTI_ACTIVITY_OBJECT_THREAD && o.objectId.pt.threadId == trainer) {

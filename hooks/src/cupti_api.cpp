@@ -2,6 +2,7 @@
 #include "cupti_api.h"
 
 #include <dlfcn.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
@@ -206,13 +207,16 @@ bool CuptiClock::measure(CuptiApi& api, Nanos* latency_ns, Nanos wait_ns) {
   bool have_first = false, rate_known = false;
   ClockPair first;
   double scale = 1.0;
+  uint64_t generation = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     have_first = have_first_;
     rate_known = rate_known_;
     first = first_;
     scale = tb_.scale;
+    generation = generation_;
   }
+  const bool was_known = rate_known;
   bool measured = false;
   TimeBase tb = time_base_through(now, have_first ? &first : nullptr, scale, &measured);
   // The same clock as the first reading: its rate found now, if it was not known; else a
@@ -240,12 +244,33 @@ bool CuptiClock::measure(CuptiApi& api, Nanos* latency_ns, Nanos wait_ns) {
   }
   if (latency_ns != nullptr) *latency_ns = now.latency;
   std::lock_guard<std::mutex> lock(mutex_);
+  // Another measure (the training thread's, the decode thread's) wrote meanwhile: its line is as
+  // fresh, and this one's view of the state is stale.
+  if (generation_ != generation) return true;
+  ++generation_;
   tb_ = tb;
   rate_known_ = rate_known;
   if (!same) {
     first_ = start;
     have_first_ = true;
   }
+  // A tick rate that a second, longer baseline agreed with (not one pair across a clock step).
+  if (same && was_known && tb.scale != 1.0) tick_confirmed_ = true;
+  return true;
+}
+
+void note_tick_clock(CuptiClock& clock, spdlog::logger& logger) {
+  if (!clock.take_tick_clock_note()) return;
+  logger.info(
+      "CUPTI's clock is not in nanoseconds here (another client, such as PyTorch's profiler, "
+      "registered its own timestamps): {:.4f} ns a unit, converted",
+      clock.get().scale);
+}
+
+bool CuptiClock::take_tick_clock_note() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!tick_confirmed_ || tick_noted_) return false;
+  tick_noted_ = true;
   return true;
 }
 

@@ -21,6 +21,7 @@
 #include <cupti_target.h>
 #include <cupti_version.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -30,6 +31,10 @@
 #include <string>
 
 #include "torchpilot/runtime/clock.h"
+
+namespace spdlog {
+class logger;
+}  // namespace spdlog
 
 namespace torchpilot {
 namespace detail {
@@ -168,7 +173,9 @@ struct TimeBase {
   Nanos to_steady(uint64_t cupti_ns) const {
     if (scale == 1.0) return static_cast<Nanos>(cupti_ns) - offset_ns;
     const double units = static_cast<double>(static_cast<int64_t>(cupti_ns - anchor));
-    return static_cast<Nanos>(anchor) - offset_ns + std::llround(units * scale);
+    // Clamped: a garbage timestamp must not overflow (a real one is hours from the anchor).
+    const double ns = std::clamp(units * scale, -4e18, 4e18);
+    return static_cast<Nanos>(anchor) - offset_ns + std::llround(ns);
   }
 };
 
@@ -202,6 +209,10 @@ constexpr Nanos kClockWaitNs = 2'000'000;
 TimeBase time_base_through(const ClockPair& now, const ClockPair* earlier, double fallback_scale,
                            bool* rate_measured = nullptr);
 
+// The one info line, once a clock's rate other than 1 was confirmed (CuptiClock below).
+class CuptiClock;
+void note_tick_clock(CuptiClock& clock, spdlog::logger& logger);
+
 // The steady clock the events are on (std::chrono::steady_clock, ns since its epoch).
 Nanos steady_now_ns();
 
@@ -213,15 +224,14 @@ class CuptiClock {
     std::lock_guard<std::mutex> lock(mutex_);
     return tb_;
   }
-  void set(TimeBase tb) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    tb_ = tb;
-  }
   // Measures with api.get_timestamp(): the offset from a paired reading now, the rate from the
   // first reading of the same clock. When there is none (the first measure, or the clock changed
   // since), a second reading `wait_ns` later gives the rate, if `wait_ns` > 0 (threads that may
   // wait: never the training thread). False (the line unchanged) when a read fails.
   bool measure(CuptiApi& api, Nanos* latency_ns = nullptr, Nanos wait_ns = 0);
+  // True once: the first time a rate other than 1 was confirmed (two baselines agreeing), for the
+  // one log line saying so.
+  bool take_tick_clock_note();
 
  private:
   mutable std::mutex mutex_;
@@ -229,6 +239,8 @@ class CuptiClock {
   bool have_first_ = false;
   bool rate_known_ = false;  // of the clock now in use
   ClockPair first_;          // its first reading
+  uint64_t generation_ = 0;  // of the state: a measure that raced another keeps the other's
+  bool tick_confirmed_ = false, tick_noted_ = false;
 };
 
 }  // namespace detail

@@ -150,7 +150,11 @@ class CuptiBackend final : public GpuBackend {
 
   void stop_trace() override {
     guard("stop_trace", [&] {
-      if (activity_ != nullptr && !release_running()) activity_->disable();
+      if (activity_ == nullptr || release_running()) return;
+      activity_->disable();
+      // A second reading of the clock since the window's start: should another client have
+      // changed CUPTI's clock, its rate is known before the release converts the records.
+      measure_clock(false);
     });
   }
 
@@ -594,16 +598,10 @@ class CuptiBackend final : public GpuBackend {
     if (cupti_ == nullptr || !clock_.measure(*cupti_, &latency, wait ? kClockWaitNs : 0)) return;
     const TimeBase tb = clock_.get();
     logger_.debug(
-        "CUPTI clock: offset to the steady clock {} ns, {} steady ns a unit (paired-read latency "
-        "{} ns)",
-        tb.offset_ns, tb.scale, latency);
-    if (tb.scale != 1.0 && !clock_scale_noted_) {
-      clock_scale_noted_ = true;
-      logger_.info(
-          "CUPTI's clock is not in nanoseconds here (another client, such as PyTorch's profiler, "
-          "registered its own timestamps): {:.4f} ns a unit, converted",
-          tb.scale);
-    }
+        "CUPTI clock: offset to the steady clock {} (CUPTI reading {} at steady {} ns), {} steady "
+        "ns a unit (paired-read latency {} ns)",
+        tb.offset_ns, tb.anchor, static_cast<int64_t>(tb.anchor) - tb.offset_ns, tb.scale, latency);
+    note_tick_clock(clock_, logger_);
   }
 
   void on_pm(std::vector<PmSample>& samples) {
@@ -675,7 +673,6 @@ class CuptiBackend final : public GpuBackend {
   std::unique_ptr<CuptiApi> cupti_;
   std::unique_ptr<NvmlApi> nvml_;
   CuptiClock clock_;
-  bool clock_scale_noted_ = false;  // the one line saying CUPTI's clock is not in ns
   std::unique_ptr<ActivityCollector> activity_;
   std::unique_ptr<PmSampler> pm_;
   std::unique_ptr<NvmlSampler> nvml_sampler_;

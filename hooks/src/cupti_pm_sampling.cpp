@@ -481,10 +481,12 @@ void PmSampler::run() {
     state.unlock();
     bool ok = false;
     try {  // nothing may escape a collector thread (std::terminate would end the training)
+      // The CUPTI clock's line, kept fresh here, off the training thread and outside the decode
+      // lock (its wait, on a changed clock, holds no one up): another client may change what
+      // CUPTI's clock is at any time. stop() joins this thread before CUPTI goes.
+      clock_.measure(api_, nullptr, kClockWaitNs);
+      note_tick_clock(clock_, logger_);
       std::lock_guard<std::mutex> lock(decode_mutex_);
-      // The CUPTI clock's line, kept fresh here, off the training thread (another client may
-      // change what CUPTI's clock is at any time).
-      if (running_) clock_.measure(api_, nullptr, kClockWaitNs);
       // A burst that is over decodes to its end as it stops: not twice in one tick.
       ok = !failed_ && (!running_ || burst_over_locked() || decode_locked());
       if (ok) duty_step_locked();
@@ -722,11 +724,12 @@ bool PmSampler::lines_up(const PmSample& sample) {
         "are missing, until they line up again",
         static_cast<double>(age) / 1e9);
   }
-  // The offset may have been measured while the other client held the clock: measure again, at
-  // most once a second.
+  // The line may have been measured while the other client held the clock: measure again, at
+  // most once a second, without waiting (this may be the training thread's flush); the decode
+  // thread's next measure gives a new clock's rate.
   if (now - last_remeasure_ns_ > 1'000'000'000) {
     last_remeasure_ns_ = now;
-    clock_.measure(api_, nullptr, kClockWaitNs);
+    clock_.measure(api_);
   }
   return false;
 }

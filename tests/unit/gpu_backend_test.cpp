@@ -742,9 +742,14 @@ TEST(GpuBackend, AutoDeviceOutsideAPilotTakesLocalRankWhenVisible) {
 // stops: the clock's rate is measured along with its offset, and follows a change of clock.
 TEST(CuptiClockTest, MeasuresATickClocksRateAndFollowsAChangeOfClock) {
   FakeCupti cupti;
-  const auto error_ns = [&](const CuptiClock& clock) {
-    const Nanos steady = steady_now_ns();
-    return std::abs(static_cast<double>(clock.get().to_steady(cupti.cupti_now()) - steady));
+  const auto error_ns = [&](const CuptiClock& clock) {  // the least of three (preemption)
+    double least = 1e18;
+    for (int i = 0; i < 3; ++i) {
+      const Nanos steady = steady_now_ns();
+      least = std::min(
+          least, std::abs(static_cast<double>(clock.get().to_steady(cupti.cupti_now()) - steady)));
+    }
+    return least;
   };
   CuptiClock clock;
   ASSERT_TRUE(clock.measure(cupti, nullptr, kClockWaitNs));
@@ -770,6 +775,33 @@ TEST(CuptiClockTest, MeasuresATickClocksRateAndFollowsAChangeOfClock) {
   ASSERT_TRUE(fresh.measure(cupti, nullptr, kClockWaitNs));
   EXPECT_EQ(fresh.get().scale, 1.0);
   EXPECT_LT(error_ns(fresh), 1e5);
+  // CLOCK_REALTIME stepped by 10 ms (NTP): still a nanosecond clock, with the new offset.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  cupti.clock_offset_ns += 10'000'000;
+  ASSERT_TRUE(fresh.measure(cupti, nullptr, kClockWaitNs));
+  EXPECT_EQ(fresh.get().scale, 1.0);
+  EXPECT_LT(error_ns(fresh), 1e5);
+}
+
+// A tick clock whose rate changes by more than 1% (another client's timestamps on another
+// clock): a new line, with the new rate; within 1% the longer baseline refines the rate.
+TEST(CuptiClockTest, ATickRateThatChangesStartsANewLine) {
+  FakeCupti cupti;
+  cupti.clock_rate = 2.1;
+  cupti.clock_offset_ns = 0;
+  CuptiClock clock;
+  ASSERT_TRUE(clock.measure(cupti, nullptr, kClockWaitNs));
+  EXPECT_NEAR(clock.get().scale, 1 / 2.1, 1e-3);
+  EXPECT_FALSE(clock.take_tick_clock_note());  // one baseline: not confirmed yet
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(clock.measure(cupti));
+  EXPECT_NEAR(clock.get().scale, 1 / 2.1, 1e-4);
+  EXPECT_TRUE(clock.take_tick_clock_note());   // a second baseline agreed
+  EXPECT_FALSE(clock.take_tick_clock_note());  // once
+  cupti.clock_rate = 2.5;
+  cupti.clock_offset_ns = -1'000'000'000;
+  ASSERT_TRUE(clock.measure(cupti, nullptr, kClockWaitNs));
+  EXPECT_NEAR(clock.get().scale, 1 / 2.5, 1e-3);
 }
 
 // A backend started after PyTorch's profiler ran: its PM samples, on CUPTI's tick clock, land on
@@ -793,7 +825,10 @@ TEST(GpuBackend, PmSamplesOnATickClockLandOnTheSteadyClock) {
   EXPECT_NEAR(static_cast<double>(batch.pm[0].begin - s0), 2e6, 1e5);  // sample 1 (0 discarded)
   EXPECT_NEAR(static_cast<double>(batch.pm[0].end - batch.pm[0].begin), 2e6, 2e3);
   EXPECT_NEAR(static_cast<double>(batch.pm[4].end - s0), 12e6, 1e5);
-  EXPECT_NE(rig.log_text.str().find("CUPTI's clock is not in nanoseconds"), std::string::npos);
+  // Said once the decode thread's next reading confirmed the rate.
+  EXPECT_TRUE(eventually([&] {
+    return rig.log_text.str().find("CUPTI's clock is not in nanoseconds") != std::string::npos;
+  }));
   b->stop();
 }
 
@@ -805,22 +840,33 @@ TEST(GpuBackend, PmSamplesFollowCuptisClockWhenAnotherClientChangesIt) {
   b->start();
   rig.cupti->clock_rate = 2.1;
   rig.cupti->clock_offset_ns = 0;
+  // No flush from this thread: the decode thread alone decodes, and measures the new clock.
   GpuEventBatch batch;
+  std::vector<Nanos> pushed;  // each sample's steady start
   bool first = true;
   EXPECT_TRUE(eventually([&] {
     const Nanos s0 = steady_now_ns();
     const uint64_t t0 = rig.cupti->cupti_now();
-    rig.cupti->push_sample(sample(t0, t0 + 4'200'000, 20.0));
     if (first) {  // the first sample after the start is discarded
       rig.cupti->push_sample(sample(t0, t0 + 4'200'000, 20.0));
       first = false;
     }
+    rig.cupti->push_sample(sample(t0, t0 + 4'200'000, 20.0));
+    pushed.push_back(s0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
     batch.clear();
-    b->flush();
     b->drain(batch);
-    return !batch.pm.empty() && std::abs(static_cast<double>(batch.pm.back().begin - s0)) < 1e5 &&
-           std::abs(static_cast<double>(batch.pm.back().end - batch.pm.back().begin) - 2e6) < 2e3;
+    for (const PmSample& p : batch.pm) {
+      const bool lasts = std::abs(static_cast<double>(p.end - p.begin) - 2e6) < 2e3;
+      for (Nanos s : pushed) {
+        if (lasts && std::abs(static_cast<double>(p.begin - s)) < 1e5) return true;
+      }
+    }
+    return false;
   })) << rig.log_text.str();
+  EXPECT_TRUE(eventually([&] {
+    return rig.log_text.str().find("CUPTI's clock is not in nanoseconds") != std::string::npos;
+  }));
   b->stop();
 }
 
