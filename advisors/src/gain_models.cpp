@@ -12,6 +12,7 @@
 #include "torchpilot/runtime/gpu_records.h"
 #include "torchpilot/runtime/kernel_classes.h"
 #include "torchpilot/runtime/loader_records.h"
+#include "torchpilot/runtime/step_outliers.h"
 
 namespace torchpilot::gains {
 namespace {
@@ -154,6 +155,25 @@ double step_seconds(const EpochSummary& s) {
 double steady_step_seconds(const EpochSummary& s) {
   if (s.steps > 0 && s.step_p50_ns > 0) return static_cast<double>(s.step_p50_ns) / 1e9;
   return step_seconds(s);
+}
+
+UntracedIdle untraced_idle(const EpochSummary& s) {
+  UntracedIdle u;
+  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
+  if (gpu == nullptr || gpu->traced_steps <= 0 || gpu->stats.traced_ns <= 0 ||
+      !measured(gpu->stats.gpu_utilization)) {
+    return u;
+  }
+  u.traced_s = static_cast<double>(gpu->stats.traced_ns) / 1e9 / gpu->traced_steps;
+  u.busy_s = std::clamp(gpu->stats.gpu_utilization, 0.0, 1.0) * u.traced_s;
+  const OutlierStats* o = s.sections.get<OutlierStats>();
+  u.untraced_s = o != nullptr && o->gpu_median_ns > 0 ? static_cast<double>(o->gpu_median_ns) / 1e9
+                                                      : steady_step_seconds(s);
+  const double idle_traced = u.traced_s - u.busy_s;
+  if (u.untraced_s > 0 && idle_traced > 0) {
+    u.share = std::clamp((u.untraced_s - u.busy_s) / idle_traced, 0.0, 1.0);
+  }
+  return u;
 }
 
 std::optional<PrecisionGain> precision_gain(const EpochSummary& s) {

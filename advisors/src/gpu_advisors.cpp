@@ -191,8 +191,24 @@ std::optional<Advice> advise_host_sync(const EpochSummary& s, const AdvisorsConf
         a.action;
     a.evidence.push_back({"pageable_mb_per_step", mb, "MB"});
   }
-  // Removing the syncs removes the idle they cause: new step = step - that idle.
-  a.expected_gain = gain_from_removing(idle);
+  // Removing the syncs removes the idle they cause: new step = step - that idle. The window's own
+  // cost lengthens the drain after each sync (tracing slows the host's launches): the idle an
+  // untraced step keeps, in its own step (gains::untraced_idle).
+  const gains::UntracedIdle u = gains::untraced_idle(s);
+  double removed = idle;
+  if (u.traced_s > 0 && u.untraced_s > 0) {
+    removed = std::clamp(idle * u.traced_s * u.share / u.untraced_s, 0.0, 1.0);
+    a.evidence.push_back({"untraced_idle_share", u.share, "fraction"});
+    a.evidence.push_back({"gpu_idle_in_sync_untraced_fraction", removed, "fraction"});
+    if (u.share < 0.9) {
+      a.action += "; estimated for the untraced steps: the traced ones ran " +
+                  num(u.traced_s * 1e3, "%.2f") + " ms on the GPU against " +
+                  num(u.untraced_s * 1e3, "%.2f") +
+                  " ms (tracing slowed the host's launches), so their syncs idle the GPU " +
+                  pct(removed) + " of a step, not " + pct(idle);
+    }
+  }
+  a.expected_gain = gain_from_removing(removed);
   a.gain_estimated = true;
   return a;
 }

@@ -28,6 +28,20 @@ double step_seconds(const EpochSummary& s);
 // torchpilot off.
 double steady_step_seconds(const EpochSummary& s);
 
+// A trace window slows the host's launches (CUPTI's per-launch cost): where the host is what the
+// GPU waits for (after a sync, the drain lasts until the host launches again), the window's steps
+// show GPU idle that the others do not have. The share of a traced step's idle an untraced step
+// keeps: (untraced step - busy) / (traced step - busy), in [0, 1], where busy is the window's
+// kernel time per step and the untraced step is the median GPU span of ordinary steps (step
+// markers), else the median step. 1 without the figures.
+struct UntracedIdle {
+  double share = 1.0;     // of the traced step's idle
+  double traced_s = 0;    // the window's GPU span per step
+  double untraced_s = 0;  // the ordinary step
+  double busy_s = 0;      // the window's kernel time per step
+};
+UntracedIdle untraced_idle(const EpochSummary& s);
+
 // fp32 GEMM/conv kernels moved to the tensor cores (bf16 autocast; TF32 beside it).
 struct PrecisionGain {
   double step_s = 0;
