@@ -164,16 +164,6 @@ ClockPair read_clock_pair(const std::function<uint64_t()>& cupti_now,
   return best;
 }
 
-TimeBase measure_time_base(const std::function<uint64_t()>& cupti_now,
-                           const std::function<Nanos()>& steady_now, int reads, Nanos* latency_ns) {
-  const ClockPair p = read_clock_pair(cupti_now, steady_now, reads);
-  if (latency_ns != nullptr) *latency_ns = p.latency;
-  TimeBase tb;
-  tb.offset_ns = static_cast<int64_t>(p.cupti) - p.steady;
-  tb.anchor = p.cupti;
-  return tb;
-}
-
 TimeBase time_base_through(const ClockPair& now, const ClockPair* earlier, double fallback_scale,
                            bool* rate_measured) {
   TimeBase tb;

@@ -192,12 +192,6 @@ struct ClockPair {
 ClockPair read_clock_pair(const std::function<uint64_t()>& cupti_now,
                           const std::function<Nanos()>& steady_now, int reads = 5);
 
-// The offset alone, from read_clock_pair (a nanosecond clock). `latency_ns` receives the winning
-// pair's latency when not null.
-TimeBase measure_time_base(const std::function<uint64_t()>& cupti_now,
-                           const std::function<Nanos()>& steady_now, int reads = 5,
-                           Nanos* latency_ns = nullptr);
-
 // The line through `now`. Its rate comes from `earlier`, a reading of the same clock at least
 // kMinClockBaselineNs before: 1 when within 0.2% of it (a nanosecond clock; the reads' latency
 // and NTP's slewing would only blur it), otherwise the measured rate. Without a usable `earlier`

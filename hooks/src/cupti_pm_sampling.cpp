@@ -705,19 +705,6 @@ bool PmSampler::lines_up(const PmSample& sample) {
   ++dropped_misaligned_;
   if (!misaligned_) {
     misaligned_ = true;
-    // The raw numbers, to tell which clock the samples are on (CUPTI's default is
-    // CLOCK_REALTIME; a timestamp callback registered by another client moves
-    // cuptiGetTimestamp()).
-    uint64_t cupti_now = 0;
-    api_.get_timestamp(&cupti_now);
-    const TimeBase tb = clock_.get();
-    const auto realtime = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                              std::chrono::system_clock::now().time_since_epoch())
-                              .count();
-    logger_.debug(
-        "PM sampling clock: sample end {} ns steady, cuptiGetTimestamp() {}, CLOCK_REALTIME {} ns, "
-        "steady {} ns, line in use: offset {} ns, {} steady ns a unit",
-        sample.end, cupti_now, realtime, now, tb.offset_ns, tb.scale);
     logger_.warn(
         "PM sampling: sample times are {:.1f} s away from the steady clock (another CUPTI client, "
         "such as PyTorch's profiler, changed CUPTI's clock?); samples are dropped, and PM figures "

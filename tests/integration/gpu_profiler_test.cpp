@@ -31,17 +31,21 @@ namespace {
 
 using testing_support::gpu_config;
 using testing_support::PilotRun;
+namespace prof = torch::autograd::profiler;
 
-TEST(GpuProfilerTest, RunsCleanlyWhilePyTorchProfilerHoldsCupti) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  namespace prof = torch::autograd::profiler;
+// LibTorch's profiler as users run it (Kineto; CPU and CUDA activities), started.
+void start_torch_profiler() {
   using torch::profiler::impl::ActivityType;
-  using torch::profiler::impl::ProfilerConfig;
-  using torch::profiler::impl::ProfilerState;
-  const ProfilerConfig config(ProfilerState::KINETO, false, false);
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO,
+                                                     false, false);
   const std::set<ActivityType> activities{ActivityType::CPU, ActivityType::CUDA};
   prof::prepareProfiler(config, activities);
   prof::enableProfiler(config, activities);
+}
+
+TEST(GpuProfilerTest, RunsCleanlyWhilePyTorchProfilerHoldsCupti) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  start_torch_profiler();
   auto a = torch::randn({2048, 2048}, torch::kCUDA);
   {
     PilotRun run(gpu_config(0, 4));
@@ -87,10 +91,6 @@ TEST(GpuProfilerTest, RunsCleanlyWhilePyTorchProfilerHoldsCupti) {
 // Kineto lets go of CUPTI.
 TEST(GpuProfilerTest, StepsAsideWhilePyTorchProfilerRunsAndResumesAfter) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  namespace prof = torch::autograd::profiler;
-  using torch::profiler::impl::ActivityType;
-  using torch::profiler::impl::ProfilerConfig;
-  using torch::profiler::impl::ProfilerState;
   auto a = torch::randn({4096, 4096}, torch::kCUDA);
   int64_t gpu_events = 0;
   std::string log;
@@ -112,10 +112,7 @@ TEST(GpuProfilerTest, StepsAsideWhilePyTorchProfilerRunsAndResumesAfter) {
       run.pilot->end_epoch();
     };
     epoch(20);  // before: PM figures
-    const ProfilerConfig config(ProfilerState::KINETO, false, false);
-    const std::set<ActivityType> activities{ActivityType::CPU, ActivityType::CUDA};
-    prof::prepareProfiler(config, activities);
-    prof::enableProfiler(config, activities);
+    start_torch_profiler();
     run.pilot->request_window(4);  // while the profiler holds CUPTI
     epoch(20);
     auto result = prof::disableProfiler();
@@ -179,15 +176,8 @@ TEST(GpuProfilerTest, StepsAsideWhilePyTorchProfilerRunsAndResumesAfter) {
 // ticks; before the clock's rate was measured (27f08c3) this Pilot got none (H100, torch 2.11).
 TEST(GpuProfilerTest, PmFiguresComeForAPilotStartedAfterThePyTorchProfiler) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  namespace prof = torch::autograd::profiler;
-  using torch::profiler::impl::ActivityType;
-  using torch::profiler::impl::ProfilerConfig;
-  using torch::profiler::impl::ProfilerState;
   auto a = torch::randn({4096, 4096}, torch::kCUDA);
-  const ProfilerConfig config(ProfilerState::KINETO, false, false);
-  const std::set<ActivityType> activities{ActivityType::CPU, ActivityType::CUDA};
-  prof::prepareProfiler(config, activities);
-  prof::enableProfiler(config, activities);
+  start_torch_profiler();
   for (int i = 0; i < 10; ++i) {
     auto c = torch::mm(a, a);
     torch::cuda::synchronize();

@@ -231,9 +231,9 @@ TEST(CuptiClockOffset, MinLatencyPairWins) {
   const std::vector<Nanos> steady = {0, 100, 200, 210, 300, 350, 400, 480, 500, 590};
   const std::vector<uint64_t> cupti = {5'000'000, 5'000'300, 5'000'333, 5'000'444, 5'000'555};
   size_t si = 0, ci = 0;
-  Nanos latency = 0;
-  const TimeBase tb =
-      measure_time_base([&] { return cupti[ci++]; }, [&] { return steady[si++]; }, 5, &latency);
+  const ClockPair p = read_clock_pair([&] { return cupti[ci++]; }, [&] { return steady[si++]; }, 5);
+  const Nanos latency = p.latency;
+  const TimeBase tb = time_base_through(p, nullptr, 1.0);
   EXPECT_EQ(latency, 10);
   // The second pair: CUPTI 5'000'300 at steady 205.
   EXPECT_EQ(tb.offset_ns, 5'000'300 - 205);
@@ -244,10 +244,10 @@ TEST(CuptiClockOffset, MinLatencyPairWins) {
 
 TEST(CuptiClockOffset, RealSteadyClockIsMonotonicInOffsetTerms) {
   // With CUPTI's clock = steady + 1 s, the measured offset is 1 s within the read latency.
-  Nanos latency = 0;
-  const TimeBase tb =
-      measure_time_base([] { return static_cast<uint64_t>(steady_now_ns() + 1'000'000'000); },
-                        steady_now_ns, 5, &latency);
+  const ClockPair p = read_clock_pair(
+      [] { return static_cast<uint64_t>(steady_now_ns() + 1'000'000'000); }, steady_now_ns, 5);
+  const Nanos latency = p.latency;
+  const TimeBase tb = time_base_through(p, nullptr, 1.0);
   EXPECT_NEAR(static_cast<double>(tb.offset_ns), 1e9, static_cast<double>(latency) + 1000.0);
 }
 

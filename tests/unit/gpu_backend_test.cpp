@@ -683,6 +683,11 @@ bool eventually(Pred pred) {
   return pred();
 }
 
+// Whether `text` shows in the rig's log within eventually()'s time (a collector thread logs it).
+bool logged_eventually(Rig& rig, const std::string& text) {
+  return eventually([&] { return rig.log_text.str().find(text) != std::string::npos; });
+}
+
 const char* kKernelName = "_Z9my_kernelILi4EN2at4HalfEEvPT0_i";
 
 CUpti_ActivityKernel10 kernel_at(uint64_t start, uint64_t end, const char* name = kKernelName) {
@@ -826,9 +831,7 @@ TEST(GpuBackend, PmSamplesOnATickClockLandOnTheSteadyClock) {
   EXPECT_NEAR(static_cast<double>(batch.pm[0].end - batch.pm[0].begin), 2e6, 2e3);
   EXPECT_NEAR(static_cast<double>(batch.pm[4].end - s0), 12e6, 1e5);
   // Said once the decode thread's next reading confirmed the rate.
-  EXPECT_TRUE(eventually([&] {
-    return rig.log_text.str().find("CUPTI's clock is not in nanoseconds") != std::string::npos;
-  }));
+  EXPECT_TRUE(logged_eventually(rig, "CUPTI's clock is not in nanoseconds"));
   b->stop();
 }
 
@@ -864,9 +867,7 @@ TEST(GpuBackend, PmSamplesFollowCuptisClockWhenAnotherClientChangesIt) {
     }
     return false;
   })) << rig.log_text.str();
-  EXPECT_TRUE(eventually([&] {
-    return rig.log_text.str().find("CUPTI's clock is not in nanoseconds") != std::string::npos;
-  }));
+  EXPECT_TRUE(logged_eventually(rig, "CUPTI's clock is not in nanoseconds"));
   b->stop();
 }
 
