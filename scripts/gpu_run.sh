@@ -2,9 +2,9 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default ./gpu-out).
-#   scripts/gpu_run.sh [all|build|test|gputest|capture|pmprobe|kineto|clocks|example|bench|gpt|overhead|planted|shortepochs|collectives1|collectives2|memory|offload|loader2]...
+#   scripts/gpu_run.sh [all|build|test|gputest|capture|pmprobe|kineto|clocks|example|bench|gpt|gptab|overhead|planted|shortepochs|collectives1|collectives2|memory|offload|loader2]...
 #   (default: all; collectives2 and loader2 need two GPUs; collectives1, memory, offload,
-#   loader2 and pmprobe only when named)
+#   loader2, pmprobe and gptab only when named)
 # gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs,
 # and the per-parameter AdamW beside the default fused one); overhead: bench/gpt_overhead
 # (torchpilot off vs advise vs a detailed window); planted: bench/planted_pairs (the advice on
@@ -189,6 +189,59 @@ if want gpt; then
     | tee "$OUT/gpt-fp32-unfused.log" | grep -vE "^\s*$" | tail -40
   log "the same GPT in Python PyTorch (MFU reference on this GPU)"
   python3 scripts/gpt_reference.py --out "$OUT/gpt-python-reference.json" 2>&1 | tail -3
+fi
+
+if named gptab; then
+  # The example against the Python reference, interleaved: per round the C++ example (advise; and
+  # torchpilot off) and the Python reference (foreach and fused AdamW), order rotated; the same
+  # steps (GPTAB_STEPS; wall time per step: the example's epochs 1-2 after a warm-up epoch, the
+  # reference's back-to-back steps after 10 warm-up steps); medians over GPTAB_ROUNDS rounds.
+  GPT=./build-gpu/examples/gpt_trainer
+  rounds=${GPTAB_ROUNDS:-3}; steps=${GPTAB_STEPS:-100}; ab=$OUT/gptab; mkdir -p "$ab"
+  log "gptab: C++ example vs Python reference, $rounds rounds x $steps steps, interleaved"
+  cxx() {  # $1 mode, $2 log: epoch 0 warms up (and counts FLOPs); epochs 1-2 are measured
+    $GPT --d-model 1024 --layers 12 --heads 16 --seq 1024 --batch 8 --precision bf16 \
+      --attention fused --mode "$1" --epochs 3 --steps "$steps" > "$2" 2>&1
+  }
+  py() { python3 scripts/gpt_reference.py --steps "$steps" --warmup 10 --optimizers foreach,fused --out "$1" > "$1.log" 2>&1; }
+  for r in $(seq 1 "$rounds"); do
+    order=(advise off python); k=$(( (r - 1) % 3 )); order=("${order[@]:$k}" "${order[@]:0:$k}")
+    for c in "${order[@]}"; do
+      case $c in python) py "$ab/python-$r.json" ;; *) cxx "$c" "$ab/cxx-$c-$r.log" ;; esac
+    done
+  done
+  python3 - "$ab" "$rounds" "$MACHINE" "$COMMIT" "$OUT/gpt-vs-python-$MACHINE.json" <<'PY'
+import json, re, statistics as st, sys, datetime
+ab, rounds, machine, commit, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+flops, peak = 8671538970624, 989.5e12
+def cxx(path):  # epochs 1-2: wall time per step, from the printed tokens/s (8192 tokens a step)
+    rates = [float(m.group(1)) for m in re.finditer(r"^gpt: epoch [12]: .*?, ([0-9.]+) tokens/s", open(path).read(), re.M)]
+    if len(rates) != 2:
+        sys.exit(f"{path}: expected epochs 1 and 2")
+    return st.mean(8192 / r * 1e3 for r in rates)
+per = {"cxx_advise": [], "cxx_off": [], "python_foreach": [], "python_fused": [],
+       "python_foreach_synced": [], "python_fused_synced": []}
+for r in range(1, rounds + 1):
+    for m in ("advise", "off"):
+        per["cxx_" + m].append(cxx(f"{ab}/cxx-{m}-{r}.log"))
+    p = json.load(open(f"{ab}/python-{r}.json"))
+    for o in ("foreach", "fused"):
+        per["python_" + o].append(p["adamw_" + o]["wall_step_ms"])
+        per[f"python_{o}_synced"].append(p["adamw_" + o]["median_step_ms"])
+res = {"bench": "gpt_vs_python", "machine": machine, "commit": commit,
+       "date": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"), "rounds": rounds,
+       "method": "per round: the C++ example (mode advise, mode off; 3 epochs, the wall time "
+                 "per step of epochs 1-2, epoch ends included) and scripts/gpt_reference.py "
+                 "(foreach, fused AdamW; the wall time per step of back-to-back steps; _synced: "
+                 "the median step synchronized on both sides), order rotated; medians over "
+                 "rounds; MFU from the analytic FLOPs at 989.5 TFLOP/s",
+       "median_step_ms": {k: st.median(v) for k, v in per.items()},
+       "mfu": {k: flops / (st.median(v) / 1e3) / peak for k, v in per.items()},
+       "per_round_step_ms": per}
+json.dump(res, open(out, "w"), indent=1)
+for k, v in per.items():
+    print(f"{k:16s} median {st.median(v):7.3f} ms  MFU {flops / (st.median(v) / 1e3) / peak:.4f}  rounds {[round(x, 2) for x in v]}")
+PY
 fi
 
 if want overhead; then
