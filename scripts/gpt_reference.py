@@ -79,7 +79,32 @@ def run(args, optimizer):
     for _ in range(args.steps):
         step()
     torch.cuda.synchronize()
-    return statistics.median(times), (time.perf_counter() - t0) / args.steps
+    wall = (time.perf_counter() - t0) / args.steps
+    if args.profile_dir:
+        profile(args, optimizer, step)
+    return statistics.median(times), wall
+
+
+def profile(args, optimizer, step, steps=10):
+    """CUDA kernels of `steps` back-to-back steps (torch.profiler, CUDA activities only): a
+    Chrome trace and a table of kernel time by name, to set beside a torchpilot window's."""
+    import os
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    os.makedirs(args.profile_dir, exist_ok=True)
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(os.path.join(args.profile_dir, f"python-{optimizer}.trace.json"))
+    kernels = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels.setdefault(e.name, {"count": 0, "us": 0.0})
+            k["count"] += 1
+            k["us"] += e.time_range.elapsed_us()
+    with open(os.path.join(args.profile_dir, f"python-{optimizer}.kernels.json"), "w") as f:
+        json.dump({"steps": steps, "kernels": kernels}, f, indent=0)
 
 
 def main():
@@ -94,6 +119,7 @@ def main():
     p.add_argument("--peak-tflops", type=float, default=989.0)  # H100/H200 SXM bf16 dense
     p.add_argument("--optimizers", default="per_parameter,foreach",
                    help="comma-separated: " + ", ".join(OPTIMIZERS))
+    p.add_argument("--profile-dir", help="also profile 10 steps per optimizer (torch.profiler)")
     p.add_argument("--out")
     a = p.parse_args()
     chosen = a.optimizers.split(",")
