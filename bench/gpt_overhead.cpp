@@ -413,14 +413,15 @@ int run(int argc, char** argv) {
   const gpt_example::GptShape shape = trainer.shape();
   const double analytic = gpt_example::model_flops_per_step(shape);
   std::printf(
-      "gpt_overhead: %s; d %lld, %lld layers, %lld heads, T %lld, batch %lld, %s attention, %s, "
-      "%s AdamW, device %s; %d rounds x %d configurations x (%d warm-up + %d measured steps)\n",
+      "gpt_overhead: %s; d %lld, %lld layers, %lld heads, T %lld, batch %lld, %s attention, %s "
+      "linear, %s, %s AdamW, device %s; %d rounds x %d configurations x (%d warm-up + %d measured "
+      "steps)\n",
       a.machine.c_str(), static_cast<long long>(shape.d_model),
       static_cast<long long>(shape.layers), static_cast<long long>(a.train.heads),
       static_cast<long long>(shape.seq), static_cast<long long>(shape.batch),
-      trainer.fused_attention() ? "fused" : "unfused", gpt_example::to_string(trainer.precision()),
-      gpt_example::to_string(trainer.optimizer()), trainer.device().c_str(), a.rounds, n_setups,
-      a.warmup, a.steps);
+      trainer.fused_attention() ? "fused" : "unfused", a.train.aten_linear ? "aten" : "module",
+      gpt_example::to_string(trainer.precision()), gpt_example::to_string(trainer.optimizer()),
+      trainer.device().c_str(), a.rounds, n_setups, a.warmup, a.steps);
   std::fflush(stdout);
   const auto started = std::chrono::steady_clock::now();
   {
@@ -581,6 +582,7 @@ int run(int argc, char** argv) {
           {"batch", shape.batch},
           {"vocab", shape.vocab},
           {"attention", trainer.fused_attention() ? "fused" : "unfused"},
+          {"linear", a.train.aten_linear ? "aten" : "module"},
           {"precision", gpt_example::to_string(trainer.precision())},
           {"optimizer", gpt_example::to_string(trainer.optimizer())},
           {"parameters", trainer.parameter_count()},

@@ -626,6 +626,15 @@ std::vector<Pair> all_pairs() {
          o.fused_attention = fixed;
          return std::make_unique<Gpt>(o);
        }});
+  pairs.push_back({"linear_bias", "unfused_linear_bias", "", false,
+                   "GPT d 1024, 12 layers, T 1024, batch 8, bf16, torch::nn::Linear's forward "
+                   "(matmul, then += bias on 3-D inputs)",
+                   "the same with torch::linear (the bias in the GEMM's epilogue)", nullptr,
+                   [](const Env& env, const Args&, bool fixed) -> std::unique_ptr<Workload> {
+                     auto o = gpt_options(env, 1024, 12, 1024, 8);
+                     o.aten_linear = fixed;
+                     return std::make_unique<Gpt>(o);
+                   }});
   pairs.push_back({"optimizer", "per_parameter_optimizer", "", false,
                    "GPT d 512, 12 layers, T 256, batch 2, bf16, per-parameter torch::optim::AdamW",
                    "the same with at::_fused_adamw_ (foreach where fused is unavailable)", nullptr,

@@ -193,21 +193,27 @@ fi
 
 if named gptab; then
   # The example against the Python reference, interleaved: per round the C++ example (advise; and
-  # torchpilot off) and the Python reference (foreach and fused AdamW), order rotated; the same
+  # torchpilot off; and advise with --linear module, the frontend's Linear) and the Python
+  # reference (foreach and fused AdamW), order rotated; the same
   # steps (GPTAB_STEPS; wall time per step: the example's epochs 1-2 after a warm-up epoch, the
   # reference's back-to-back steps after 10 warm-up steps); medians over GPTAB_ROUNDS rounds.
   GPT=./build-gpu/examples/gpt_trainer
   rounds=${GPTAB_ROUNDS:-3}; steps=${GPTAB_STEPS:-100}; ab=$OUT/gptab; mkdir -p "$ab"
   log "gptab: C++ example vs Python reference, $rounds rounds x $steps steps, interleaved"
-  cxx() {  # $1 mode, $2 log: epoch 0 warms up (and counts FLOPs); epochs 1-2 are measured
+  cxx() {  # $1 mode, $2 linear, $3 log: epoch 0 warms up (and counts FLOPs); epochs 1-2 measured
     $GPT --d-model 1024 --layers 12 --heads 16 --seq 1024 --batch 8 --precision bf16 \
-      --attention fused --mode "$1" --epochs 3 --steps "$steps" > "$2" 2>&1
+      --attention fused --linear "$2" --mode "$1" --epochs 3 --steps "$steps" > "$3" 2>&1
   }
   py() { python3 scripts/gpt_reference.py --steps "$steps" --warmup 10 --optimizers foreach,fused --out "$1" > "$1.log" 2>&1; }
   for r in $(seq 1 "$rounds"); do
-    order=(advise off python); k=$(( (r - 1) % 3 )); order=("${order[@]:$k}" "${order[@]:0:$k}")
+    order=(advise off module python); k=$(( (r - 1) % 4 ))
+    order=("${order[@]:$k}" "${order[@]:0:$k}")
     for c in "${order[@]}"; do
-      case $c in python) py "$ab/python-$r.json" ;; *) cxx "$c" "$ab/cxx-$c-$r.log" ;; esac
+      case $c in
+        python) py "$ab/python-$r.json" ;;
+        module) cxx advise module "$ab/cxx-module-$r.log" ;;
+        *) cxx "$c" aten "$ab/cxx-$c-$r.log" ;;
+      esac
     done
   done
   python3 - "$ab" "$rounds" "$MACHINE" "$COMMIT" "$OUT/gpt-vs-python-$MACHINE.json" <<'PY'
@@ -219,10 +225,10 @@ def cxx(path):  # epochs 1-2: wall time per step, from the printed tokens/s (819
     if len(rates) != 2:
         sys.exit(f"{path}: expected epochs 1 and 2")
     return st.mean(8192 / r * 1e3 for r in rates)
-per = {"cxx_advise": [], "cxx_off": [], "python_foreach": [], "python_fused": [],
+per = {"cxx_advise": [], "cxx_off": [], "cxx_module": [], "python_foreach": [], "python_fused": [],
        "python_foreach_synced": [], "python_fused_synced": []}
 for r in range(1, rounds + 1):
-    for m in ("advise", "off"):
+    for m in ("advise", "off", "module"):
         per["cxx_" + m].append(cxx(f"{ab}/cxx-{m}-{r}.log"))
     p = json.load(open(f"{ab}/python-{r}.json"))
     for o in ("foreach", "fused"):
@@ -230,7 +236,8 @@ for r in range(1, rounds + 1):
         per[f"python_{o}_synced"].append(p["adamw_" + o]["median_step_ms"])
 res = {"bench": "gpt_vs_python", "machine": machine, "commit": commit,
        "date": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"), "rounds": rounds,
-       "method": "per round: the C++ example (mode advise, mode off; 3 epochs, the wall time "
+       "method": "per round: the C++ example (mode advise, mode off, and mode advise with "
+                 "--linear module; 3 epochs, the wall time "
                  "per step of epochs 1-2, epoch ends included) and scripts/gpt_reference.py "
                  "(foreach, fused AdamW; the wall time per step of back-to-back steps; _synced: "
                  "the median step synchronized on both sides), order rotated; medians over "

@@ -341,6 +341,35 @@ std::optional<FusionGain> fusion_gain(const EpochSummary& s) {
   return g;
 }
 
+std::optional<BiasGain> bias_gain(const EpochSummary& s) {
+  const KernelClassStats* k = window(s);
+  if (k == nullptr || k->unfused_bias_adds == 0) return std::nullopt;
+  BiasGain g;
+  g.step_s = steady_step_seconds(s);
+  if (!(g.step_s > 0)) return std::nullopt;
+  g.adds = static_cast<double>(k->unfused_bias_adds) / static_cast<double>(k->steps);
+  g.add_s = per_step_s(*k, k->unfused_bias_add_ns);
+  g.gemm_s = per_step_s(*k, k->unfused_bias_gemm_ns);
+  g.epilogue_s = g.gemm_s * kBiasEpilogueCost;
+  g.removed_s = std::clamp(g.add_s - g.epilogue_s, 0.0, g.step_s);
+  g.new_step_s = g.step_s - g.removed_s;
+  // As the fusion model: the host's fastest step less the launches the epilogue saves.
+  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
+  const HostFloor floor = host_floor(s, g.step_s);
+  if (floor.issue_s > 0) {
+    g.launch_factor = 1;
+    if (gpu != nullptr && gpu->traced_steps > 0 && gpu->stats.kernels > 0) {
+      const double launches = static_cast<double>(gpu->stats.kernels) / gpu->traced_steps;
+      g.launch_factor = std::clamp((launches - g.adds) / launches, 0.0, 1.0);
+    }
+    g.host_floor_s = floor.issue_s * g.launch_factor;
+    g.host_bound = floor.wait_s + g.host_floor_s >= g.new_step_s;
+    g.new_step_s = std::max(g.new_step_s, floor.wait_s + g.host_floor_s);
+  }
+  g.gain = gain(g.step_s, g.new_step_s);
+  return g;
+}
+
 std::optional<LaunchBoundGain> launch_bound_gain(const EpochSummary& s) {
   const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
   const KernelClassStats* k = window(s);

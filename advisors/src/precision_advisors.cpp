@@ -238,6 +238,57 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
   return a;
 }
 
+std::optional<Advice> advise_unfused_linear_bias(const EpochSummary& s,
+                                                 const AdvisorsConfig& config) {
+  if (s.steps == 0) return std::nullopt;
+  const std::optional<gains::BiasGain> model = gains::bias_gain(s);
+  if (!model) return std::nullopt;
+  const gains::BiasGain& m = *model;
+  const double share = m.add_s / m.step_s;
+  if (!(share > config.linear_bias.threshold)) return std::nullopt;
+  Advice a;
+  a.id = "unfused_linear_bias";
+  a.severity = m.gain >= 0.1 ? Severity::kHigh : Severity::kWarning;
+  a.finding = num(m.adds, "%.0f") + " GEMMs per step are each followed by a separate broadcast " +
+              "add kernel (a bias added outside the GEMM): the adds take " +
+              num(m.add_s * 1e3, "%.3g") + " ms of a " + num(m.step_s * 1e3, "%.3g") +
+              " ms step (" + pct(share) + "; threshold " + pct(config.linear_bias.threshold) + ")";
+  a.cause =
+      "LibTorch's C++ frontend (torch::nn::Linear, torch::nn::functional::linear) computes a "
+      "linear layer on an input of more than 2 dimensions as matmul, then `output += bias`: the "
+      "bias takes its own pass over the output, in ATen's generic strided kernel (under autocast "
+      "a mixed-precision one: a bf16 or fp16 output, an fp32 bias), where at::linear (what "
+      "Python's F.linear calls) adds it in the GEMM's epilogue";
+  a.action =
+      "call torch::linear(x, weight, bias) (at::linear) in the forward instead of the module's "
+      "forward, e.g. torch::linear(x, fc->weight, fc->bias); estimated: the adds' " +
+      num(m.add_s * 1e3, "%.3g") + " ms leave, the epilogue adds about " +
+      num(m.epilogue_s * 1e3, "%.3g") + " ms to the GEMMs (" + pct(gains::kBiasEpilogueCost) +
+      " of their " + num(m.gemm_s * 1e3, "%.3g") + " ms)" +
+      (m.host_bound ? ", but no step can be shorter than the " + num(m.host_floor_s * 1e3, "%.3g") +
+                          " ms the host takes to issue one (its fastest step this epoch, less the "
+                          "adds' launches" +
+                          (s.data_wait_ns > 0 ? "; plus the data wait)" : ")")
+                    : std::string()) +
+      ": a " + num(m.step_s * 1e3, "%.3g") + " ms step becomes " + num(m.new_step_s * 1e3, "%.3g") +
+      " ms";
+  a.evidence = {{"unfused_bias_share", share, "fraction"},
+                {"unfused_bias_adds_per_step", m.adds, "kernels"},
+                {"unfused_bias_add_time", m.add_s * 1e3, "ms"},
+                {"unfused_bias_gemm_time", m.gemm_s * 1e3, "ms"},
+                {"predicted_epilogue_time", m.epilogue_s * 1e3, "ms"},
+                {"step_time", m.step_s * 1e3, "ms"},
+                {"predicted_step_time", m.new_step_s * 1e3, "ms"},
+                {"threshold", config.linear_bias.threshold, "fraction"}};
+  if (m.host_floor_s > 0) {
+    a.evidence.push_back({"host_floor_time", m.host_floor_s * 1e3, "ms"});
+    a.evidence.push_back({"host_floor_launch_factor", m.launch_factor, "fraction"});
+  }
+  a.expected_gain = m.gain;
+  a.gain_estimated = true;
+  return a;
+}
+
 std::optional<Advice> advise_per_parameter_optimizer(const EpochSummary& s,
                                                      const AdvisorsConfig& config) {
   if (s.steps == 0) return std::nullopt;

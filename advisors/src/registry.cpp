@@ -29,6 +29,10 @@ const std::vector<AdvisorEntry>& advisor_registry() {
        [](const EpochSummary& s, const Config& c) {
          return advise_unfused_attention(s, c.advisors);
        }},
+      {"unfused_linear_bias",
+       [](const EpochSummary& s, const Config& c) {
+         return advise_unfused_linear_bias(s, c.advisors);
+       }},
       {"per_parameter_optimizer",
        [](const EpochSummary& s, const Config& c) {
          return advise_per_parameter_optimizer(s, c.advisors);

@@ -16,8 +16,13 @@ const char* to_string(Attention attention) {
 
 bool fused_attention_available() { return TORCHPILOT_TORCH_AT_LEAST(2, 0); }
 
+torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x, bool aten_linear) {
+  if (!aten_linear) return layer->forward(x);
+  return torch::linear(x, layer->weight, layer->bias);  // bias undefined without one
+}
+
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c, bool fused)
-    : heads_(c.heads), d_model_(c.d_model), fused_(fused) {
+    : heads_(c.heads), d_model_(c.d_model), fused_(fused), aten_linear_(c.aten_linear) {
   qkv = register_module("qkv", torch::nn::Linear(c.d_model, 3 * c.d_model));
   proj = register_module("proj", torch::nn::Linear(c.d_model, c.d_model));
   if (!fused_) {
@@ -29,7 +34,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c, bool fused)
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t b = x.size(0), t = x.size(1), dh = d_model_ / heads_;
   // [B, T, 3d] -> three [B, H, T, dh]
-  std::vector<torch::Tensor> parts = qkv->forward(x).split(d_model_, /*dim=*/2);
+  std::vector<torch::Tensor> parts = linear(qkv, x, aten_linear_).split(d_model_, /*dim=*/2);
   auto heads = [&](const torch::Tensor& p) { return p.view({b, t, heads_, dh}).transpose(1, 2); };
   torch::Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
   torch::Tensor y;
@@ -47,11 +52,11 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
                                 -std::numeric_limits<float>::infinity());
     y = torch::matmul(torch::softmax(scores, /*dim=*/-1), v);
   }
-  return proj->forward(y.transpose(1, 2).contiguous().view({b, t, d_model_}));
+  return linear(proj, y.transpose(1, 2).contiguous().view({b, t, d_model_}), aten_linear_);
 }
 
 BlockImpl::BlockImpl(const GptConfig& c, bool fused, const std::string& name)
-    : attn_name_(name + ".attn"), mlp_name_(name + ".mlp") {
+    : attn_name_(name + ".attn"), mlp_name_(name + ".mlp"), aten_linear_(c.aten_linear) {
   ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
   attn = register_module("attn", CausalSelfAttention(c, fused));
   ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
@@ -66,7 +71,7 @@ torch::Tensor BlockImpl::forward(torch::Tensor x) {
     x = x + attn->forward(ln1->forward(x));
   }
   torchpilot::ModuleScope m(mlp_name_);
-  return x + fc_out->forward(torch::gelu(fc->forward(ln2->forward(x))));
+  return x + linear(fc_out, torch::gelu(linear(fc, ln2->forward(x), aten_linear_)), aten_linear_);
 }
 
 GptImpl::GptImpl(const GptConfig& c)
@@ -119,7 +124,7 @@ torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
   torch::Tensor x = tok->forward(tokens) + pos->forward(positions);
   for (const auto& block : *blocks) x = block->as<Block>()->forward(x);
   torchpilot::ModuleScope m("lm_head");
-  return head->forward(ln_f->forward(x));
+  return linear(head, ln_f->forward(x), config_.aten_linear);
 }
 
 int64_t GptImpl::parameter_count() const {

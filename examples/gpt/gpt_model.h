@@ -9,6 +9,13 @@
 //              CUDA a flash / memory-efficient kernel).
 //  - kUnfused: softmax(mask(q k^T / sqrt(d_head))) v as two batched matmuls around a
 //              materialised T x T score matrix: the pattern the fusion advisor looks for.
+// Linear layers (qkv, proj, fc, fc_out; the LM head has no bias):
+//  - aten_linear (default): torch::linear(x, weight, bias), ATen's linear, as Python's F.linear:
+//              a [B, T, d] input runs as one GEMM with the bias in its epilogue.
+//  - otherwise: the modules' forward, LibTorch's C++ torch::nn::functional::linear, which for
+//              inputs of more than 2 dims runs matmul, then `output += bias` as a separate
+//              broadcast add (in bf16 autocast, a mixed-dtype one in ATen's generic kernel): the
+//              pattern the unfused_linear_bias advice looks for. Same results.
 // On LibTorch 1.x, kFused is not available: the model runs the unfused path
 // (fused_attention_available() says so; the trainer logs it once).
 #pragma once
@@ -32,7 +39,11 @@ struct GptConfig {
   int64_t heads = 4;  // must divide d_model
   int64_t seq = 256;  // longest sequence (position embeddings)
   Attention attention = Attention::kFused;
+  bool aten_linear = true;  // torch::linear, else the Linear modules' forward (above)
 };
+
+// A Linear layer's forward as `config` says: torch::linear, else the module's.
+torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x, bool aten_linear);
 
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
@@ -43,7 +54,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
  private:
   int64_t heads_, d_model_;
-  bool fused_;
+  bool fused_, aten_linear_;
   torch::Tensor causal_mask_;  // [seq, seq] bool, true above the diagonal (unfused path)
 };
 TORCH_MODULE(CausalSelfAttention);
@@ -60,6 +71,7 @@ class BlockImpl : public torch::nn::Module {
 
  private:
   std::string attn_name_, mlp_name_;
+  bool aten_linear_;
 };
 TORCH_MODULE(Block);
 

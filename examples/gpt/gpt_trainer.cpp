@@ -341,6 +341,7 @@ Trainer::Trainer(TrainOptions options) : impl_(std::make_unique<Impl>()) {
   config.heads = options.heads;
   config.seq = options.seq;
   config.attention = options.fused_attention ? Attention::kFused : Attention::kUnfused;
+  config.aten_linear = options.aten_linear;
   m.model = Gpt(config);
   m.model->to(m.device);
   m.model->train();

@@ -60,6 +60,9 @@ struct TrainOptions {
   int64_t seq = 256;
   int64_t batch = 16;
   bool fused_attention = true;  // false: the unfused path (plants the fusion advisor)
+  // torch::linear for the linear layers; false: the Linear modules' forward (LibTorch's C++
+  // frontend adds their biases in separate kernels: plants the unfused_linear_bias advice).
+  bool aten_linear = true;
   Precision precision = Precision::kBf16;
   std::string device;  // "cuda", "cuda:N" or "cpu"; empty: cuda when available, else cpu
   double lr = 3e-4;

@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   bool no_flops = false;
   long long steps = 100, epochs = 3;
   double corpus_mb = static_cast<double>(options.corpus_bytes) / (1 << 20);
-  std::string attention = "fused", precision = "bf16", optimizer = "fused";
+  std::string attention = "fused", precision = "bf16", optimizer = "fused", linear = "aten";
   std::string mode, config_path, json_path;
   int world_size = 1, straggler_rank = -1;
   double straggler_ms = 0;
@@ -64,6 +64,12 @@ int main(int argc, char** argv) {
                  "fused: scaled_dot_product_attention; unfused: matmul + mask + softmax + matmul "
                  "(plants the fusion advisor)")
       ->check(CLI::IsMember({"fused", "unfused"}))
+      ->capture_default_str();
+  app.add_option("--linear", linear,
+                 "aten: torch::linear (the bias in the GEMM, as Python's F.linear); module: the "
+                 "Linear modules' forward, which adds the bias in a separate kernel on 3-D inputs "
+                 "(plants the unfused_linear_bias advice)")
+      ->check(CLI::IsMember({"aten", "module"}))
       ->capture_default_str();
   app.add_option("--precision", precision,
                  "bf16 autocast on CUDA, or fp32 (plants the precision advisor); the CPU runs fp32")
@@ -159,6 +165,7 @@ int main(int argc, char** argv) {
                           " is not a multiple of --heads " + std::to_string(options.heads));
   }
   options.fused_attention = attention == "fused";
+  options.aten_linear = linear == "aten";
   options.precision =
       precision == "bf16" ? gpt_example::Precision::kBf16 : gpt_example::Precision::kFp32;
   options.optimizer = optimizer == "fused"     ? gpt_example::Optimizer::kFused
@@ -247,14 +254,15 @@ int main(int argc, char** argv) {
       std::printf(
           "gpt: d %lld, %lld layers, %lld heads, T %lld, batch %lld (%lld tokens/step), vocab "
           "%lld; "
-          "%s attention, %s, %s AdamW, device %s, mode %s\n",
+          "%s attention, %s linear, %s, %s AdamW, device %s, mode %s\n",
           static_cast<long long>(shape.d_model), static_cast<long long>(shape.layers),
           static_cast<long long>(options.heads), static_cast<long long>(shape.seq),
           static_cast<long long>(shape.batch),
           static_cast<long long>(gpt_example::tokens_per_step(shape)),
           static_cast<long long>(shape.vocab), trainer.fused_attention() ? "fused" : "unfused",
-          gpt_example::to_string(trainer.precision()), gpt_example::to_string(trainer.optimizer()),
-          trainer.device().c_str(), torchpilot::to_string(config.mode));
+          options.aten_linear ? "aten" : "module", gpt_example::to_string(trainer.precision()),
+          gpt_example::to_string(trainer.optimizer()), trainer.device().c_str(),
+          torchpilot::to_string(config.mode));
     if (speak)
       std::printf(
           "gpt: %.2fM parameters, N = %.2fM matmul weights (blocks + untied LM head); corpus %lld "

@@ -114,6 +114,7 @@ const std::vector<KeySpec>& schema() {
       TP_DOUBLE(advisors.launch_bound.threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.precision.fp32_matmul_threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.attention.unfused_threshold, 0.0, 1.0),
+      TP_DOUBLE(advisors.linear_bias.threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.optimizer.threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.host_bound.threshold, 0.0, 1.0),
       TP_DOUBLE(advisors.periodic_stall.threshold, 0.0, 1.0),

@@ -70,7 +70,11 @@ json kernel_classes_json(const KernelClassStats& k) {
           {"unfused_attention_launches_per_step",
            k.steps > 0 ? static_cast<double>(k.unfused_attention_launches) / k.steps : 0.0},
           {"unfused_attention_softmaxes_per_step",
-           k.steps > 0 ? static_cast<double>(k.unfused_attention_softmaxes) / k.steps : 0.0}};
+           k.steps > 0 ? static_cast<double>(k.unfused_attention_softmaxes) / k.steps : 0.0},
+          {"unfused_bias_ms_per_step", k.per_step_ms(k.unfused_bias_add_ns)},
+          {"unfused_bias_gemm_ms_per_step", k.per_step_ms(k.unfused_bias_gemm_ns)},
+          {"unfused_bias_adds_per_step",
+           k.steps > 0 ? static_cast<double>(k.unfused_bias_adds) / k.steps : 0.0}};
 }
 
 // Per traced step: each phase's GPU time (docs/metrics.md, "GPU time of a phase").

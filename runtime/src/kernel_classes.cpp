@@ -6,7 +6,9 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "torchpilot/runtime/gpu_backend.h"
@@ -173,6 +175,17 @@ KernelKind classify_kernel(std::string_view name, bool communication) {
   return {KernelClass::kOther, false};
 }
 
+bool is_broadcast_add_kernel(std::string_view name) {
+  const std::string n = lower(name);
+  // LibTorch 2.x names the functor CUDAFunctor_add, 1.x AddFunctor.
+  return n.find("native::elementwise_kernel<") != std::string::npos &&
+         has(n, {"cudafunctor_add", "addfunctor"});
+}
+
+bool gemm_has_bias_epilogue(std::string_view name) {
+  return lower(name).find("bias") != std::string::npos;
+}
+
 double KernelClassStats::busy_ns() const {
   double sum = 0;
   for (double v : ns) sum += v;
@@ -200,6 +213,9 @@ void KernelClassStats::add(const KernelClassStats& o) {
   unfused_attention_gemm_ns += o.unfused_attention_gemm_ns;
   unfused_attention_softmaxes += o.unfused_attention_softmaxes;
   unfused_attention_launches += o.unfused_attention_launches;
+  unfused_bias_add_ns += o.unfused_bias_add_ns;
+  unfused_bias_gemm_ns += o.unfused_bias_gemm_ns;
+  unfused_bias_adds += o.unfused_bias_adds;
 }
 
 namespace {
@@ -221,15 +237,33 @@ KernelKind classify_cached(const std::string& name, bool communication) {
   return kind;
 }
 
-// A kernel that started in the step, for the unfused-attention segments.
+// A kernel that started in the step, for the unfused-attention segments and unfused biases.
 struct Launched {
   const KernelRecord* k;
   bool gemm = false, softmax = false, backward = false;
+  bool gemm_bias = false;      // a GEMM with a bias epilogue
+  bool broadcast_add = false;  // is_broadcast_add_kernel
 };
+
+// Both name tests lower-case long names: once per distinct name and thread, as classify_cached.
+std::pair<bool, bool> bias_flags_cached(const std::string& name, bool gemm) {
+  constexpr size_t kMaxNames = 4096;
+  thread_local std::unordered_map<std::string, std::pair<bool, bool>> cache;
+  const auto it = cache.find(name);
+  if (it != cache.end()) return it->second;
+  if (cache.size() >= kMaxNames) cache.clear();
+  const std::pair<bool, bool> flags{gemm && gemm_has_bias_epilogue(name),
+                                    !gemm && is_broadcast_add_kernel(name)};
+  cache.emplace(name, flags);
+  return flags;
+}
 
 Launched launched(const KernelRecord& k, const KernelKind& kind) {
   Launched l{&k};
   l.gemm = kind.cls == KernelClass::kTensorGemm || kind.cls == KernelClass::kSimtGemm;
+  if (l.gemm || kind.cls == KernelClass::kElementwise) {
+    std::tie(l.gemm_bias, l.broadcast_add) = bias_flags_cached(k.name, l.gemm);
+  }
   if (kind.cls == KernelClass::kAttention && !kind.fused) {  // softmax or masked fill
     const std::string n = lower(k.name);
     l.softmax = n.find("softmax") != std::string::npos;
@@ -289,6 +323,18 @@ void add_unfused_attention(KernelClassStats& s, const std::vector<Launched>& seq
     take(i, s.unfused_attention_pieces_ns);
     for (int j : pieces) take(j, s.unfused_attention_pieces_ns);
     for (int j : gemms) take(j, s.unfused_attention_gemm_ns);
+  }
+}
+
+// Biases added outside their GEMMs in one stream's kernels of a step, in launch order: a GEMM
+// without a bias epilogue directly followed by a broadcast add.
+void add_unfused_bias(KernelClassStats& s, const std::vector<Launched>& seq) {
+  for (size_t i = 1; i < seq.size(); ++i) {
+    const Launched& gemm = seq[i - 1];
+    if (!seq[i].broadcast_add || !gemm.gemm || gemm.gemm_bias) continue;
+    ++s.unfused_bias_adds;
+    s.unfused_bias_add_ns += static_cast<double>(seq[i].k->end - seq[i].k->begin);
+    s.unfused_bias_gemm_ns += static_cast<double>(gemm.k->end - gemm.k->begin);
   }
 }
 
@@ -358,16 +404,18 @@ void add_kernel_classes(KernelClassStats& stats, const GpuEventBatch& events,
   }
   s.idle_ns = static_cast<double>(s.traced_ns) - busy;
 
-  // Unfused attentions, stream by stream in launch order.
+  // Unfused attentions and biases, stream by stream in launch order.
   std::stable_sort(started.begin(), started.end(), [](const Launched& a, const Launched& b) {
     return a.k->stream != b.k->stream ? a.k->stream < b.k->stream : a.k->begin < b.k->begin;
   });
   for (auto first = started.begin(); first != started.end();) {
     const auto last = std::find_if(
         first, started.end(), [&](const Launched& l) { return l.k->stream != first->k->stream; });
+    const std::vector<Launched> stream(first, last);
     if (std::any_of(first, last, [](const Launched& l) { return l.softmax; })) {
-      add_unfused_attention(s, std::vector<Launched>(first, last));
+      add_unfused_attention(s, stream);
     }
+    add_unfused_bias(s, stream);
     first = last;
   }
 

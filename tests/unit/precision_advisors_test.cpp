@@ -460,6 +460,86 @@ TEST(PrecisionAdvisorTest, FusedOrSmallAttentionIsQuiet) {
 // ---- low MFU
 // -------------------------------------------------------------------------------------------
 
+// ---- biases added outside their GEMMs
+// ------------------------------------------------------------------
+
+// A 28 ms GPU-bound step (the GPT example on the H200 with torch::nn::Linear): 48 broadcast adds
+// of 3.95 ms after GEMMs of 3.32 ms, 727 launches a step, 10 traced steps.
+EpochSummary bias_epoch(double step_ms) {
+  EpochSummary s;
+  s.steps = 100;
+  s.wall_ns = static_cast<Nanos>(std::llround(100 * step_ms * kMs));
+  GpuEpochStats g;
+  g.device = kH100;
+  g.traced_steps = 10;
+  g.stats.kernels = 7270;
+  g.kernel_classes.steps = 10;
+  g.kernel_classes.unfused_bias_adds = 480;
+  g.kernel_classes.unfused_bias_add_ns = 39.5 * kMs;
+  g.kernel_classes.unfused_bias_gemm_ns = 33.2 * kMs;
+  s.sections.set<GpuEpochStats>(g);
+  return s;
+}
+
+TEST(PrecisionAdvisorTest, UnfusedLinearBiasGainRemovesTheAddsLessTheEpilogue) {
+  EpochSummary s = bias_epoch(28);
+  const auto a = advise_unfused_linear_bias(s, kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->id, "unfused_linear_bias");
+  // 3.95 ms of adds leave; the epilogue costs 3% of the GEMMs' 3.32 ms.
+  const double new_ms = 28 - (3.95 - 0.03 * 3.32);
+  EXPECT_NEAR(*evidence(*a, "predicted_step_time"), new_ms, 1e-9);
+  EXPECT_NEAR(a->expected_gain, 28 / new_ms - 1, 1e-9);
+  EXPECT_TRUE(a->gain_estimated);
+  EXPECT_EQ(a->severity, Severity::kHigh);  // +15.9%
+  EXPECT_NEAR(*evidence(*a, "unfused_bias_adds_per_step"), 48, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "unfused_bias_share"), 3.95 / 28, 1e-9);
+  EXPECT_TRUE(contains(a->action, "torch::linear(x, weight, bias)")) << a->action;
+  EXPECT_TRUE(contains(a->cause, "torch::nn::Linear")) << a->cause;
+  EXPECT_TRUE(contains(a->finding, "48 GEMMs per step")) << a->finding;
+  EXPECT_FALSE(evidence(*a, "host_floor_time").has_value());
+
+  // A host that issues a step in 20 ms at best: less the 48 adds' launches, 20 x 679 / 727 =
+  // 18.7 ms, under the GPU's 24.2: the GPU still sets the step.
+  s.compute_min_ns = 20 * kMs;
+  const auto gpu_bound = advise_unfused_linear_bias(s, kConfig);
+  ASSERT_TRUE(gpu_bound.has_value());
+  EXPECT_NEAR(gpu_bound->expected_gain, 28 / new_ms - 1, 1e-9);
+  EXPECT_NEAR(*evidence(*gpu_bound, "host_floor_time"), 20.0 * 679 / 727, 1e-9);
+
+  // A 20 ms step whose host issues one in 17.5 ms at best: 16.3 ms less the adds' launches,
+  // above the 16.15 ms the GPU would take.
+  EpochSummary h = bias_epoch(20);
+  h.compute_p50_ns = 20 * kMs;
+  h.compute_min_ns = static_cast<Nanos>(17.5 * kMs);
+  const auto host = advise_unfused_linear_bias(h, kConfig);
+  ASSERT_TRUE(host.has_value());
+  const double floor_ms = 17.5 * 679 / 727;
+  EXPECT_NEAR(*evidence(*host, "host_floor_time"), floor_ms, 1e-9);
+  EXPECT_NEAR(host->expected_gain, 20 / floor_ms - 1, 1e-9);
+  EXPECT_TRUE(contains(host->action, "ms the host takes to issue one")) << host->action;
+}
+
+TEST(PrecisionAdvisorTest, UnfusedLinearBiasQuietBelowThresholdOrWithoutAWindow) {
+  // 0.5 ms of adds in a 28 ms step: 1.8%, under the 2% threshold.
+  EpochSummary s = bias_epoch(28);
+  GpuEpochStats g = *s.sections.get<GpuEpochStats>();
+  g.kernel_classes.unfused_bias_add_ns = 5 * kMs;
+  s.sections.set<GpuEpochStats>(g);
+  EXPECT_FALSE(advise_unfused_linear_bias(s, kConfig).has_value());
+  AdvisorsConfig low = kConfig;
+  low.linear_bias.threshold = 0.01;
+  EXPECT_TRUE(advise_unfused_linear_bias(s, low).has_value());
+  // No window, or a window that found none.
+  g.kernel_classes = KernelClassStats{};
+  s.sections.set<GpuEpochStats>(g);
+  EXPECT_FALSE(advise_unfused_linear_bias(s, kConfig).has_value());
+  EpochSummary bare;
+  bare.steps = 100;
+  bare.wall_ns = 100 * 28 * kMs;
+  EXPECT_FALSE(advise_unfused_linear_bias(bare, kConfig).has_value());
+}
+
 TEST(PrecisionAdvisorTest, LowMfuBreakdownNamesTheDataWait) {
   const EpochSummary s =
       make_summary(100, 60, make_flops(kH100, {{MathPrecision::kBf16, 1e13}}, 0.1));

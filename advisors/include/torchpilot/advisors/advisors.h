@@ -85,6 +85,13 @@ std::optional<Advice> advise_fp32_matmul(const EpochSummary& summary, const Advi
 // predicted time (gain_models.h).
 std::optional<Advice> advise_unfused_attention(const EpochSummary& summary,
                                                const AdvisorsConfig& config);
+// Biases added outside their GEMMs (in the trace window, a GEMM without a bias epilogue followed by
+// a broadcast add kernel) taking more than advisors.linear_bias.threshold of the step: suggests
+// at::linear (LibTorch's C++ torch::nn::Linear runs matmul, then `+= bias`, on inputs of more than
+// 2 dims); the gain removes the adds' measured time less what the epilogue adds to the GEMMs
+// (gain_models.h).
+std::optional<Advice> advise_unfused_linear_bias(const EpochSummary& summary,
+                                                 const AdvisorsConfig& config);
 // A per-parameter Adam-style optimizer (addcmul/addcdiv kernels per parameter in the trace window)
 // whose update takes more than advisors.optimizer.threshold of the step: suggests a fused or
 // multi-tensor update (at::_fused_adamw_, _foreach_*); the gain sets its measured host time (the

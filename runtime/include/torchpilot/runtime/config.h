@@ -133,6 +133,9 @@ struct PrecisionConfig {
 struct AttentionConfig {
   double unfused_threshold = 0.02;  // share of model FLOPs in unfused attention
 };
+struct LinearBiasConfig {
+  double threshold = 0.02;  // biases added outside their GEMMs: share of step time the adds take
+};
 struct OptimizerConfig {
   double threshold = 0.05;  // per-parameter optimizer: share of step time its update takes
 };
@@ -174,6 +177,7 @@ struct AdvisorsConfig {
   LaunchBoundConfig launch_bound;
   PrecisionConfig precision;
   AttentionConfig attention;
+  LinearBiasConfig linear_bias;
   OptimizerConfig optimizer;
   HostBoundConfig host_bound;
   PeriodicStallConfig periodic_stall;

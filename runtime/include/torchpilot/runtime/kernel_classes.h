@@ -46,6 +46,11 @@ struct KernelKind {
 bool is_communication_kernel(std::string_view name);
 // The class of a kernel from its (demangled) name; `communication` is the trace's NCCL flag.
 KernelKind classify_kernel(std::string_view name, bool communication = false);
+// ATen's generic elementwise add (strided or broadcast operands; at::native::elementwise_kernel
+// with an add functor), not its vectorized or unrolled forms (contiguous operands).
+bool is_broadcast_add_kernel(std::string_view name);
+// A GEMM kernel whose name says it adds a bias in its epilogue (cuBLASLt: "..._bias_...").
+bool gemm_has_bias_epilogue(std::string_view name);
 
 // The batch factor the launch-bound model predicts for (kernel_sum_scaled_ns).
 constexpr double kLaunchBoundBatchFactor = 2.0;
@@ -78,6 +83,13 @@ struct KernelClassStats {
   double unfused_attention_gemm_ns = 0;
   int64_t unfused_attention_softmaxes = 0;  // softmax kernels that bounded a segment
   int64_t unfused_attention_launches = 0;   // kernels in those segments, GEMMs included
+  // A bias added outside its GEMM (docs/advice.md, "unfused_linear_bias"): on a stream, a GEMM
+  // with no bias epilogue followed directly by a broadcast add (ATen's generic, strided
+  // elementwise add kernel; contiguous adds such as residuals run vectorized or unrolled ones).
+  // LibTorch's C++ torch::nn::Linear does this for inputs of more than 2 dimensions.
+  double unfused_bias_add_ns = 0;   // the add kernels' durations, summed
+  double unfused_bias_gemm_ns = 0;  // the GEMMs before them
+  int64_t unfused_bias_adds = 0;
 
   double busy_ns() const;  // sum of ns: the kernel union
   double per_step_ms(double total_ns) const {
