@@ -525,6 +525,15 @@ std::optional<Advice> advise_low_mfu(const EpochSummary& s, const AdvisorsConfig
            "use at::scaled_dot_product_attention (see the unfused_attention advice)"});
     }
   }
+  if (const auto m = gains::bias_gain(s)) {
+    candidates.push_back(
+        {m->add_s / std::max(m->step_s, 1e-12), m->gain,
+         "biases added outside their GEMMs (" + num(m->adds, "%.0f") +
+             " broadcast add kernels per step) take " + num(m->add_s * 1e3, "%.3g") +
+             " ms of the step",
+         "call torch::linear(x, weight, bias) instead of the Linear module's forward (see the "
+         "unfused_linear_bias advice)"});
+  }
   // The per-parameter optimizer's launches are among the launch gaps of a host-bound step: the
   // share it removes is not counted again as launch gaps (one cause per idle second).
   double optimizer_share = 0;

@@ -520,6 +520,24 @@ TEST(PrecisionAdvisorTest, UnfusedLinearBiasGainRemovesTheAddsLessTheEpilogue) {
   EXPECT_TRUE(contains(host->action, "ms the host takes to issue one")) << host->action;
 }
 
+// low_mfu over the same window names the adds as its largest fixable share.
+TEST(PrecisionAdvisorTest, LowMfuNamesBiasesAddedOutsideTheirGemms) {
+  EpochSummary s = bias_epoch(28);
+  GpuEpochStats g = *s.sections.get<GpuEpochStats>();
+  g.kernel_classes.traced_ns = 10 * 28 * kMs;
+  g.kernel_classes.ns[static_cast<size_t>(KernelClass::kTensorGemm)] = 10 * 10 * kMs;
+  g.kernel_classes.ns[static_cast<size_t>(KernelClass::kElementwise)] = 10 * 18 * kMs;
+  g.stats.traced_ns = 10 * 28 * kMs;
+  s.sections.set<GpuEpochStats>(g);
+  s.sections.set<FlopEpochStats>(make_flops(kH100, {{MathPrecision::kBf16, 8e12}}, 0.29));
+  const auto a = advise_low_mfu(s, kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_TRUE(contains(a->cause, "biases added outside their GEMMs (48 broadcast add kernels"))
+      << a->cause;
+  EXPECT_TRUE(contains(a->action, "torch::linear")) << a->action;
+  EXPECT_NEAR(a->expected_gain, advise_unfused_linear_bias(s, kConfig)->expected_gain, 1e-9);
+}
+
 TEST(PrecisionAdvisorTest, UnfusedLinearBiasQuietBelowThresholdOrWithoutAWindow) {
   // 0.5 ms of adds in a 28 ms step: 1.8%, under the 2% threshold.
   EpochSummary s = bias_epoch(28);
