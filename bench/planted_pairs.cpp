@@ -626,7 +626,7 @@ std::vector<Pair> all_pairs() {
          o.fused_attention = fixed;
          return std::make_unique<Gpt>(o);
        }});
-  pairs.push_back({"linear_bias", "unfused_linear_bias", "", false,
+  pairs.push_back({"linear_bias", "unfused_linear_bias", "", true,
                    "GPT d 1024, 12 layers, T 1024, batch 8, bf16, torch::nn::Linear's forward "
                    "(matmul, then += bias on 3-D inputs)",
                    "the same with torch::linear (the bias in the GEMM's epilogue)", nullptr,

@@ -198,13 +198,13 @@ if named gptab; then
   # steps (GPTAB_STEPS; wall time per step: the example's epochs 1-2 after a warm-up epoch, the
   # reference's back-to-back steps after 10 warm-up steps); medians over GPTAB_ROUNDS rounds.
   GPT=./build-gpu/examples/gpt_trainer
-  rounds=${GPTAB_ROUNDS:-3}; steps=${GPTAB_STEPS:-100}; ab=$OUT/gptab; mkdir -p "$ab"
-  log "gptab: C++ example vs Python reference, $rounds rounds x $steps steps, interleaved"
+  rounds=${GPTAB_ROUNDS:-3}; gsteps=${GPTAB_STEPS:-100}; ab=$OUT/gptab; mkdir -p "$ab"
+  log "gptab: C++ example vs Python reference, $rounds rounds x $gsteps steps, interleaved"
   cxx() {  # $1 mode, $2 linear, $3 log: epoch 0 warms up (and counts FLOPs); epochs 1-2 measured
     $GPT --d-model 1024 --layers 12 --heads 16 --seq 1024 --batch 8 --precision bf16 \
-      --attention fused --linear "$2" --mode "$1" --epochs 3 --steps "$steps" > "$3" 2>&1
+      --attention fused --linear "$2" --mode "$1" --epochs 3 --steps "$gsteps" > "$3" 2>&1
   }
-  py() { python3 scripts/gpt_reference.py --steps "$steps" --warmup 10 --optimizers foreach,fused --out "$1" > "$1.log" 2>&1; }
+  py() { python3 scripts/gpt_reference.py --steps "$gsteps" --warmup 10 --optimizers foreach,fused --out "$1" > "$1.log" 2>&1; }
   for r in $(seq 1 "$rounds"); do
     order=(advise off module python); k=$(( (r - 1) % 4 ))
     order=("${order[@]:$k}" "${order[@]:0:$k}")

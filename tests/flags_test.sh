@@ -70,6 +70,7 @@ rows=(
   "gpt_trainer|$gpt --attention bogus|--attention"
   "gpt_trainer|$gpt --precision fp16|--precision"
   "gpt_trainer|$gpt --optimizer sgd|--optimizer"
+  "gpt_trainer|$gpt --linear fused|--linear"
   "gpt_trainer|$gpt --device tpu|--device"
   "gpt_trainer|$gpt --device cudaX|--device"
   "gpt_trainer|$gpt --mode bogus|--mode"

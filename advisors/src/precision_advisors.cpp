@@ -260,14 +260,14 @@ std::optional<Advice> advise_unfused_linear_bias(const EpochSummary& s,
       "a mixed-precision one: a bf16 or fp16 output, an fp32 bias), where at::linear (what "
       "Python's F.linear calls) adds it in the GEMM's epilogue";
   a.action =
-      "call torch::linear(x, weight, bias) (at::linear) in the forward instead of the module's "
-      "forward, e.g. torch::linear(x, fc->weight, fc->bias); estimated: the adds' " +
+      "call torch::linear(x, weight, bias) (at::linear) on a contiguous input in the forward "
+      "instead of the module's forward, e.g. torch::linear(x, fc->weight, fc->bias) (for other "
+      "inputs, flatten them to 2-D first); estimated: the adds' " +
       num(m.add_s * 1e3, "%.3g") + " ms leave, the epilogue adds about " +
       num(m.epilogue_s * 1e3, "%.3g") + " ms to the GEMMs (" + pct(gains::kBiasEpilogueCost) +
       " of their " + num(m.gemm_s * 1e3, "%.3g") + " ms)" +
       (m.host_bound ? ", but no step can be shorter than the " + num(m.host_floor_s * 1e3, "%.3g") +
-                          " ms the host takes to issue one (its fastest step this epoch, less the "
-                          "adds' launches" +
+                          " ms the host takes to issue one (its fastest step this epoch" +
                           (s.data_wait_ns > 0 ? "; plus the data wait)" : ")")
                     : std::string()) +
       ": a " + num(m.step_s * 1e3, "%.3g") + " ms step becomes " + num(m.new_step_s * 1e3, "%.3g") +
@@ -280,10 +280,7 @@ std::optional<Advice> advise_unfused_linear_bias(const EpochSummary& s,
                 {"step_time", m.step_s * 1e3, "ms"},
                 {"predicted_step_time", m.new_step_s * 1e3, "ms"},
                 {"threshold", config.linear_bias.threshold, "fraction"}};
-  if (m.host_floor_s > 0) {
-    a.evidence.push_back({"host_floor_time", m.host_floor_s * 1e3, "ms"});
-    a.evidence.push_back({"host_floor_launch_factor", m.launch_factor, "fraction"});
-  }
+  if (m.host_floor_s > 0) a.evidence.push_back({"host_floor_time", m.host_floor_s * 1e3, "ms"});
   a.expected_gain = m.gain;
   a.gain_estimated = true;
   return a;

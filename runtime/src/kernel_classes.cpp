@@ -6,9 +6,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
-#include <tuple>
 #include <unordered_map>
-#include <utility>
 #include <vector>
 
 #include "torchpilot/runtime/gpu_backend.h"
@@ -177,13 +175,18 @@ KernelKind classify_kernel(std::string_view name, bool communication) {
 
 bool is_broadcast_add_kernel(std::string_view name) {
   const std::string n = lower(name);
-  // LibTorch 2.x names the functor CUDAFunctor_add, 1.x AddFunctor.
+  // ATen's add functor is CUDAFunctor_add (LibTorch 2.11); AddFunctor is matched too, a name
+  // older builds may use.
   return n.find("native::elementwise_kernel<") != std::string::npos &&
          has(n, {"cudafunctor_add", "addfunctor"});
 }
 
 bool gemm_has_bias_epilogue(std::string_view name) {
   return lower(name).find("bias") != std::string::npos;
+}
+
+bool is_convolution_kernel(std::string_view name) {
+  return has(lower(name), {"conv", "fprop", "dgrad", "wgrad", "winograd", "implicit", "cudnn"});
 }
 
 double KernelClassStats::busy_ns() const {
@@ -241,28 +244,43 @@ KernelKind classify_cached(const std::string& name, bool communication) {
 struct Launched {
   const KernelRecord* k;
   bool gemm = false, softmax = false, backward = false;
-  bool gemm_bias = false;      // a GEMM with a bias epilogue
-  bool broadcast_add = false;  // is_broadcast_add_kernel
+  // For unfused biases: a matrix GEMM (not a convolution) that adds no bias in its epilogue, a
+  // broadcast add, a split-K reduction (cuBLASLt's, between a GEMM and what follows it).
+  bool gemm_no_bias = false, broadcast_add = false, split_k = false;
 };
 
-// Both name tests lower-case long names: once per distinct name and thread, as classify_cached.
-std::pair<bool, bool> bias_flags_cached(const std::string& name, bool gemm) {
+struct BiasFlags {
+  bool gemm_no_bias = false, broadcast_add = false, split_k = false;
+};
+
+// The name tests lower-case long names: once per distinct name and thread, as classify_cached.
+BiasFlags bias_flags_cached(const std::string& name, bool gemm) {
   constexpr size_t kMaxNames = 4096;
-  thread_local std::unordered_map<std::string, std::pair<bool, bool>> cache;
+  thread_local std::unordered_map<std::string, BiasFlags> cache;
   const auto it = cache.find(name);
   if (it != cache.end()) return it->second;
   if (cache.size() >= kMaxNames) cache.clear();
-  const std::pair<bool, bool> flags{gemm && gemm_has_bias_epilogue(name),
-                                    !gemm && is_broadcast_add_kernel(name)};
-  cache.emplace(name, flags);
-  return flags;
+  BiasFlags f;
+  if (gemm) {
+    // A convolution's bias is a separate add too (ATen's cuDNN path), but torch::linear is no
+    // fix for it.
+    f.gemm_no_bias = !gemm_has_bias_epilogue(name) && !is_convolution_kernel(name);
+  } else {
+    f.broadcast_add = is_broadcast_add_kernel(name);
+    f.split_k = lower(name).find("splitkreduce") != std::string::npos;
+  }
+  cache.emplace(name, f);
+  return f;
 }
 
 Launched launched(const KernelRecord& k, const KernelKind& kind) {
   Launched l{&k};
   l.gemm = kind.cls == KernelClass::kTensorGemm || kind.cls == KernelClass::kSimtGemm;
   if (l.gemm || kind.cls == KernelClass::kElementwise) {
-    std::tie(l.gemm_bias, l.broadcast_add) = bias_flags_cached(k.name, l.gemm);
+    const BiasFlags f = bias_flags_cached(k.name, l.gemm);
+    l.gemm_no_bias = f.gemm_no_bias;
+    l.broadcast_add = f.broadcast_add;
+    l.split_k = f.split_k;
   }
   if (kind.cls == KernelClass::kAttention && !kind.fused) {  // softmax or masked fill
     const std::string n = lower(k.name);
@@ -326,15 +344,31 @@ void add_unfused_attention(KernelClassStats& s, const std::vector<Launched>& seq
   }
 }
 
-// Biases added outside their GEMMs in one stream's kernels of a step, in launch order: a GEMM
-// without a bias epilogue directly followed by a broadcast add.
+// An additive attention mask or position bias (scores = q k^T, += mask, softmax) is a broadcast
+// add after a GEMM too: a softmax this near after the add, before any GEMM, says so.
+constexpr int kMaskToSoftmax = 4;
+
+// Biases added outside their GEMMs in one stream's kernels of a step, in launch order: a matrix
+// GEMM without a bias epilogue followed by a broadcast add (a split-K reduction between them
+// allowed), no softmax right after it.
 void add_unfused_bias(KernelClassStats& s, const std::vector<Launched>& seq) {
-  for (size_t i = 1; i < seq.size(); ++i) {
-    const Launched& gemm = seq[i - 1];
-    if (!seq[i].broadcast_add || !gemm.gemm || gemm.gemm_bias) continue;
+  const int n = static_cast<int>(seq.size());
+  auto at = [&](int i) -> const Launched& { return seq[static_cast<size_t>(i)]; };
+  for (int i = 1; i < n; ++i) {
+    if (!at(i).broadcast_add) continue;
+    const int g = at(i - 1).split_k && i >= 2 ? i - 2 : i - 1;
+    if (!at(g).gemm_no_bias) continue;
+    bool mask = false;
+    for (int j = i + 1; j < n && j <= i + kMaskToSoftmax && !at(j).gemm; ++j) {
+      if (at(j).softmax) {
+        mask = true;
+        break;
+      }
+    }
+    if (mask) continue;
     ++s.unfused_bias_adds;
-    s.unfused_bias_add_ns += static_cast<double>(seq[i].k->end - seq[i].k->begin);
-    s.unfused_bias_gemm_ns += static_cast<double>(gemm.k->end - gemm.k->begin);
+    s.unfused_bias_add_ns += static_cast<double>(at(i).k->end - at(i).k->begin);
+    s.unfused_bias_gemm_ns += static_cast<double>(at(g).k->end - at(g).k->begin);
   }
 }
 

@@ -56,6 +56,21 @@ void expect_same(bool autocast, const std::string& device, double tolerance) {
 
 TEST(GptLinear, AtenAndModuleLinearAgreeOnCpu) { expect_same(false, "cpu", 1e-5); }
 
+// The two paths do differ: on a 3-D input the module's forward ends in the bias add, torch::linear
+// in a reshape of one addmm.
+TEST(GptLinear, TheTwoPathsRunDifferentOps) {
+  torch::nn::Linear layer(4, 6);
+  const torch::Tensor x = torch::randn({2, 3, 4});
+  const auto aten = gpt_example::linear(layer, x, true);
+  const auto module = gpt_example::linear(layer, x, false);
+  ASSERT_TRUE(aten.grad_fn() && module.grad_fn());
+  EXPECT_NE(module.grad_fn()->name().find("AddBackward"), std::string::npos)
+      << module.grad_fn()->name();
+  EXPECT_EQ(aten.grad_fn()->name().find("AddBackward"), std::string::npos)
+      << aten.grad_fn()->name();
+  EXPECT_TRUE(torch::allclose(aten, module, 1e-5, 1e-5));
+}
+
 TEST(GptLinear, AtenAndModuleLinearAgreeOnCudaInBf16) {
   if (!gpt_example::cuda_available()) GTEST_SKIP() << "no CUDA device";
   // bf16 keeps 8 bits of mantissa; the two paths round the bias add differently.

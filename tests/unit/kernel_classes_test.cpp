@@ -295,7 +295,7 @@ TEST(KernelClasses, BiasesAddedAfterTheirGemmsAreMeasured) {
       "void at::native::elementwise_kernel<128, 4, "
       "at::native::gpu_kernel_impl<at::native::CUDAFunctor_add<float> >(at::TensorIteratorBase&, "
       "at::native::CUDAFunctor_add<float> const&)::{lambda(int)#1}>(int, ...)";
-  const char* broadcast_add_113 =  // LibTorch 1.x names the functor AddFunctor
+  const char* broadcast_add_113 =  // the older functor name
       "void at::native::elementwise_kernel<128, 2, "
       "at::native::gpu_kernel_impl<at::native::AddFunctor<float> >(at::TensorIteratorBase&, "
       "at::native::AddFunctor<float> const&)::{lambda(int)#1}>(int, ...)";
@@ -315,6 +315,16 @@ TEST(KernelClasses, BiasesAddedAfterTheirGemmsAreMeasured) {
   EXPECT_TRUE(gemm_has_bias_epilogue(gemm_bias));
   EXPECT_FALSE(gemm_has_bias_epilogue(gemm));
 
+  const char* softmax =
+      "void (anonymous namespace)::softmax_warp_forward<c10::BFloat16, c10::BFloat16, float, 10, "
+      "false, false>";
+  const char* conv =
+      "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64_"
+      "warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cudnn";
+  const char* split_k = "void cublasLt::splitKreduce_kernel<32, 16, int, float, float, float>";
+  EXPECT_TRUE(is_convolution_kernel(conv));
+  EXPECT_FALSE(is_convolution_kernel(gemm));
+
   std::vector<std::pair<Nanos, const char*>> seq = {
       {7, gemm},
       {4, broadcast_add},  // counted: 4 (GEMM 7)
@@ -327,7 +337,15 @@ TEST(KernelClasses, BiasesAddedAfterTheirGemmsAreMeasured) {
       {2, layer_norm},
       {4, broadcast_add},  // a broadcast add after no GEMM: not counted
       {9, "ampere_sgemm_128x64_nn"},
-      {5, broadcast_add_113}};  // counted: 5 (GEMM 9)
+      {5, broadcast_add_113},  // counted: 5 (GEMM 9)
+      {6, gemm},
+      {4, broadcast_add},
+      {5, softmax},  // scores += mask, then softmax: not counted
+      {8, conv},
+      {4, broadcast_add},  // a convolution's bias: not counted
+      {11, gemm},
+      {2, split_k},
+      {3, broadcast_add}};  // counted past the split-K reduction: 3 (GEMM 11)
   GpuEventBatch e;
   Nanos t = 1000;
   for (const auto& [d, name] : seq) {
@@ -348,19 +366,19 @@ TEST(KernelClasses, BiasesAddedAfterTheirGemmsAreMeasured) {
 
   KernelClassStats s;
   add_kernel_classes(s, e, traced_span({1000, 1200}), 100);
-  EXPECT_EQ(s.unfused_bias_adds, 3);
-  EXPECT_DOUBLE_EQ(s.unfused_bias_add_ns, 4 + 5 + 6);
-  EXPECT_DOUBLE_EQ(s.unfused_bias_gemm_ns, 7 + 9 + 8);
+  EXPECT_EQ(s.unfused_bias_adds, 4);
+  EXPECT_DOUBLE_EQ(s.unfused_bias_add_ns, 4 + 5 + 3 + 6);
+  EXPECT_DOUBLE_EQ(s.unfused_bias_gemm_ns, 7 + 9 + 11 + 8);
   add_kernel_classes(s, e, traced_span({1000, 1200}), 100);  // steps add up
-  EXPECT_EQ(s.unfused_bias_adds, 6);
-  EXPECT_DOUBLE_EQ(s.unfused_bias_add_ns, 30);
+  EXPECT_EQ(s.unfused_bias_adds, 8);
+  EXPECT_DOUBLE_EQ(s.unfused_bias_add_ns, 36);
 
   GpuEpochStats epoch;
   epoch.kernel_classes = s;
   const auto j = nlohmann::json::parse(section_json(epoch)).at("kernel_classes");
-  EXPECT_DOUBLE_EQ(j.at("unfused_bias_adds_per_step").get<double>(), 3);
-  EXPECT_DOUBLE_EQ(j.at("unfused_bias_ms_per_step").get<double>(), 15e-6);
-  EXPECT_DOUBLE_EQ(j.at("unfused_bias_gemm_ms_per_step").get<double>(), 24e-6);
+  EXPECT_DOUBLE_EQ(j.at("unfused_bias_adds_per_step").get<double>(), 4);
+  EXPECT_DOUBLE_EQ(j.at("unfused_bias_ms_per_step").get<double>(), 18e-6);
+  EXPECT_DOUBLE_EQ(j.at("unfused_bias_gemm_ms_per_step").get<double>(), 35e-6);
 }
 
 // One GPU step of the GPT example (d 1024, 12 layers, batch 8, bf16 autocast, fused attention and

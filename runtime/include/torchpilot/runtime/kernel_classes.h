@@ -51,6 +51,8 @@ KernelKind classify_kernel(std::string_view name, bool communication = false);
 bool is_broadcast_add_kernel(std::string_view name);
 // A GEMM kernel whose name says it adds a bias in its epilogue (cuBLASLt: "..._bias_...").
 bool gemm_has_bias_epilogue(std::string_view name);
+// A convolution's kernel (cuDNN's, implicit GEMM, Winograd), of the GEMM classes.
+bool is_convolution_kernel(std::string_view name);
 
 // The batch factor the launch-bound model predicts for (kernel_sum_scaled_ns).
 constexpr double kLaunchBoundBatchFactor = 2.0;
@@ -83,10 +85,11 @@ struct KernelClassStats {
   double unfused_attention_gemm_ns = 0;
   int64_t unfused_attention_softmaxes = 0;  // softmax kernels that bounded a segment
   int64_t unfused_attention_launches = 0;   // kernels in those segments, GEMMs included
-  // A bias added outside its GEMM (docs/advice.md, "unfused_linear_bias"): on a stream, a GEMM
-  // with no bias epilogue followed directly by a broadcast add (ATen's generic, strided
-  // elementwise add kernel; contiguous adds such as residuals run vectorized or unrolled ones).
-  // LibTorch's C++ torch::nn::Linear does this for inputs of more than 2 dimensions.
+  // A bias added outside its GEMM (docs/advice.md, "unfused_linear_bias"): on a stream, a matrix
+  // GEMM (not a convolution) with no bias epilogue followed by a broadcast add (ATen's generic,
+  // strided elementwise add kernel; contiguous adds such as residuals run vectorized or unrolled
+  // ones), a split-K reduction between them allowed, and no softmax within 4 kernels after it (an
+  // attention mask). LibTorch's C++ torch::nn::Linear does this for inputs of more than 2 dims.
   double unfused_bias_add_ns = 0;   // the add kernels' durations, summed
   double unfused_bias_gemm_ns = 0;  // the GEMMs before them
   int64_t unfused_bias_adds = 0;
