@@ -101,6 +101,16 @@ double host_seconds(const EpochSummary& s, double step_s) {
 struct HostFloor {
   double issue_s = 0;  // the host's issue time per step (0: unknown)
   double wait_s = 0;   // the mean data wait per step
+  // Where the issue time is known: raises `new_step_s` to the data wait plus the issue time x
+  // `launch_factor` (the launches left after the change over those before), sets `bound` when
+  // that sets the step, and returns the issue part; 0 otherwise.
+  double apply(double launch_factor, double& new_step_s, bool& bound) const {
+    if (!(issue_s > 0)) return 0;
+    const double floor_s = issue_s * launch_factor;
+    bound = wait_s + floor_s >= new_step_s;
+    new_step_s = std::max(new_step_s, wait_s + floor_s);
+    return floor_s;
+  }
 };
 HostFloor host_floor(const EpochSummary& s, double step_s) {
   HostFloor h;
@@ -235,13 +245,8 @@ std::optional<PrecisionGain> precision_gain(const EpochSummary& s) {
   // The host issues the same launches and autocast's casts besides: the new step takes at least
   // the data wait and the host's fastest step so far (TF32 too).
   const HostFloor floor = host_floor(s, g.step_s);
-  double least_s = 0;
-  if (floor.issue_s > 0) {
-    g.host_floor_s = floor.issue_s;
-    least_s = floor.wait_s + floor.issue_s;
-  }
-  g.host_bound = least_s > 0 && least_s >= g.new_step_s;
-  g.new_step_s = std::max(g.new_step_s, least_s);
+  g.host_floor_s = floor.apply(1.0, g.new_step_s, g.host_bound);
+  const double least_s = g.host_floor_s > 0 ? floor.wait_s + g.host_floor_s : 0;
   g.gain = gain(g.step_s, g.new_step_s);
   if (ptf > 0) {
     // TF32 moves the GEMMs only: fp32 attention stays as it is.
@@ -333,10 +338,8 @@ std::optional<FusionGain> fusion_gain(const EpochSummary& s) {
           kFusedKernelsPerSegment * static_cast<double>(k->unfused_attention_softmaxes) / k->steps;
       g.launch_factor = std::clamp((launches - removed + added) / launches, 0.0, 1.0);
     }
-    g.host_floor_s = floor.issue_s * g.launch_factor;
-    g.host_bound = floor.wait_s + g.host_floor_s >= g.new_step_s;
-    g.new_step_s = std::max(g.new_step_s, floor.wait_s + g.host_floor_s);
   }
+  g.host_floor_s = floor.apply(g.launch_factor, g.new_step_s, g.host_bound);
   g.gain = gain(g.step_s, g.new_step_s);
   return g;
 }
@@ -355,12 +358,7 @@ std::optional<BiasGain> bias_gain(const EpochSummary& s) {
   g.new_step_s = g.step_s - g.removed_s;
   // The host's fastest step bounds it, as in the fusion model, but with no launches saved: under
   // autocast at::linear casts each bias to bf16 in a kernel of its own, where the add was.
-  const HostFloor floor = host_floor(s, g.step_s);
-  if (floor.issue_s > 0) {
-    g.host_floor_s = floor.issue_s;
-    g.host_bound = floor.wait_s + g.host_floor_s >= g.new_step_s;
-    g.new_step_s = std::max(g.new_step_s, floor.wait_s + g.host_floor_s);
-  }
+  g.host_floor_s = host_floor(s, g.step_s).apply(1.0, g.new_step_s, g.host_bound);
   g.gain = gain(g.step_s, g.new_step_s);
   return g;
 }

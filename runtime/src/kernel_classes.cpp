@@ -223,72 +223,56 @@ void KernelClassStats::add(const KernelClassStats& o) {
 
 namespace {
 
-// classify_kernel lower-cases and searches names of hundreds of characters: about 4 us a kernel
+// What a kernel's name says: its class, and the flags the unfused-attention and unfused-bias
+// sequences read.
+struct NameFacts {
+  KernelKind kind;
+  bool gemm = false;
+  bool softmax = false, backward = false;  // an unfused attention's softmax (backward's)
+  // A matrix GEMM (not a convolution: its bias is a separate add too, on ATen's cuDNN path, but
+  // torch::linear is no fix for it) that adds no bias in its epilogue; a broadcast add; a split-K
+  // reduction (cuBLASLt's, between a GEMM and what follows it).
+  bool gemm_no_bias = false, broadcast_add = false, split_k = false;
+};
+
+NameFacts name_facts(const std::string& name, bool communication) {
+  NameFacts f;
+  f.kind = classify_kernel(name, communication);
+  const KernelClass c = f.kind.cls;
+  f.gemm = c == KernelClass::kTensorGemm || c == KernelClass::kSimtGemm;
+  const std::string n = lower(name);
+  if (c == KernelClass::kAttention && !f.kind.fused) {  // softmax or masked fill
+    f.softmax = n.find("softmax") != std::string::npos;
+    f.backward = n.find("backward") != std::string::npos;
+  }
+  if (f.gemm) f.gemm_no_bias = !gemm_has_bias_epilogue(n) && !is_convolution_kernel(n);
+  if (c == KernelClass::kElementwise) {
+    f.broadcast_add = is_broadcast_add_kernel(n);
+    f.split_k = n.find("splitkreduce") != std::string::npos;
+  }
+  return f;
+}
+
+// The tests above lower-case and search names of hundreds of characters: about 4 us a kernel
 // for names like LibTorch's (CPU machine), most of the ~13 ms a traced batch-32 GPT step of 3,000
 // kernels took to finish on the H100's training thread. A model launches a few hundred distinct
-// names, so each is classified once per thread (bounded: a run that keeps making new names starts
+// names, so each is looked at once per thread (bounded: a run that keeps making new names starts
 // the cache over).
-KernelKind classify_cached(const std::string& name, bool communication) {
-  if (communication) return {KernelClass::kCommunication, false};
+NameFacts name_facts_cached(const std::string& name, bool communication) {
+  if (communication) return {{KernelClass::kCommunication, false}};
   constexpr size_t kMaxNames = 4096;
-  thread_local std::unordered_map<std::string, KernelKind> cache;
+  thread_local std::unordered_map<std::string, NameFacts> cache;
   const auto it = cache.find(name);
   if (it != cache.end()) return it->second;
   if (cache.size() >= kMaxNames) cache.clear();
-  const KernelKind kind = classify_kernel(name, false);
-  cache.emplace(name, kind);
-  return kind;
+  return cache.emplace(name, name_facts(name, false)).first->second;
 }
 
 // A kernel that started in the step, for the unfused-attention segments and unfused biases.
 struct Launched {
   const KernelRecord* k;
-  bool gemm = false, softmax = false, backward = false;
-  // For unfused biases: a matrix GEMM (not a convolution) that adds no bias in its epilogue, a
-  // broadcast add, a split-K reduction (cuBLASLt's, between a GEMM and what follows it).
-  bool gemm_no_bias = false, broadcast_add = false, split_k = false;
+  NameFacts f;  // a copy: the cache may start over while the step's kernels are read
 };
-
-struct BiasFlags {
-  bool gemm_no_bias = false, broadcast_add = false, split_k = false;
-};
-
-// The name tests lower-case long names: once per distinct name and thread, as classify_cached.
-BiasFlags bias_flags_cached(const std::string& name, bool gemm) {
-  constexpr size_t kMaxNames = 4096;
-  thread_local std::unordered_map<std::string, BiasFlags> cache;
-  const auto it = cache.find(name);
-  if (it != cache.end()) return it->second;
-  if (cache.size() >= kMaxNames) cache.clear();
-  BiasFlags f;
-  if (gemm) {
-    // A convolution's bias is a separate add too (ATen's cuDNN path), but torch::linear is no
-    // fix for it.
-    f.gemm_no_bias = !gemm_has_bias_epilogue(name) && !is_convolution_kernel(name);
-  } else {
-    f.broadcast_add = is_broadcast_add_kernel(name);
-    f.split_k = lower(name).find("splitkreduce") != std::string::npos;
-  }
-  cache.emplace(name, f);
-  return f;
-}
-
-Launched launched(const KernelRecord& k, const KernelKind& kind) {
-  Launched l{&k};
-  l.gemm = kind.cls == KernelClass::kTensorGemm || kind.cls == KernelClass::kSimtGemm;
-  if (l.gemm || kind.cls == KernelClass::kElementwise) {
-    const BiasFlags f = bias_flags_cached(k.name, l.gemm);
-    l.gemm_no_bias = f.gemm_no_bias;
-    l.broadcast_add = f.broadcast_add;
-    l.split_k = f.split_k;
-  }
-  if (kind.cls == KernelClass::kAttention && !kind.fused) {  // softmax or masked fill
-    const std::string n = lower(k.name);
-    l.softmax = n.find("softmax") != std::string::npos;
-    l.backward = n.find("backward") != std::string::npos;
-  }
-  return l;
-}
 
 // Kernels between a softmax and its bounding GEMMs are few (scale, mask, casts, dropout): a
 // softmax with no GEMM this near on a side is not an attention's there.
@@ -302,8 +286,8 @@ int gemm_from(const std::vector<Launched>& seq, int from, int dir, int limit,
   int count = 0;
   for (int j = from + dir; j >= 0 && j < static_cast<int>(seq.size()); j += dir) {
     const Launched& l = seq[static_cast<size_t>(j)];
-    if (l.gemm) return j;
-    if (l.softmax || count == limit) return -1;
+    if (l.f.gemm) return j;
+    if (l.f.softmax || count == limit) return -1;
     ++count;
     if (passed != nullptr) passed->push_back(j);
   }
@@ -324,7 +308,7 @@ void add_unfused_attention(KernelClassStats& s, const std::vector<Launched>& seq
   };
   for (int i = 0; i < static_cast<int>(seq.size()); ++i) {
     const Launched& softmax = seq[static_cast<size_t>(i)];
-    if (!softmax.softmax) continue;
+    if (!softmax.f.softmax) continue;
     std::vector<int> pieces, gemms;
     bool bounded = true;
     for (int dir : {-1, +1}) {
@@ -333,7 +317,7 @@ void add_unfused_attention(KernelClassStats& s, const std::vector<Launched>& seq
       if (!bounded) break;
       gemms.push_back(g);
       const int second =
-          softmax.backward ? gemm_from(seq, g, dir, kMaxSkippedBetweenGemms, nullptr) : -1;
+          softmax.f.backward ? gemm_from(seq, g, dir, kMaxSkippedBetweenGemms, nullptr) : -1;
       if (second >= 0) gemms.push_back(second);
     }
     if (!bounded) continue;
@@ -355,12 +339,12 @@ void add_unfused_bias(KernelClassStats& s, const std::vector<Launched>& seq) {
   const int n = static_cast<int>(seq.size());
   auto at = [&](int i) -> const Launched& { return seq[static_cast<size_t>(i)]; };
   for (int i = 1; i < n; ++i) {
-    if (!at(i).broadcast_add) continue;
-    const int g = at(i - 1).split_k && i >= 2 ? i - 2 : i - 1;
-    if (!at(g).gemm_no_bias) continue;
+    if (!at(i).f.broadcast_add) continue;
+    const int g = at(i - 1).f.split_k && i >= 2 ? i - 2 : i - 1;
+    if (!at(g).f.gemm_no_bias) continue;
     bool mask = false;
-    for (int j = i + 1; j < n && j <= i + kMaskToSoftmax && !at(j).gemm; ++j) {
-      if (at(j).softmax) {
+    for (int j = i + 1; j < n && j <= i + kMaskToSoftmax && !at(j).f.gemm; ++j) {
+      if (at(j).f.softmax) {
         mask = true;
         break;
       }
@@ -400,12 +384,13 @@ void add_kernel_classes(KernelClassStats& stats, const GpuEventBatch& events,
   for (const KernelRecord& k : in_span) {
     const Nanos b = std::max(k.begin, span.begin), e = std::min(k.end, span.end);
     if (e <= b) continue;
-    const KernelKind kind = classify_cached(k.name, k.communication);
+    const NameFacts facts = name_facts_cached(k.name, k.communication);
+    const KernelKind& kind = facts.kind;
     const auto c = static_cast<size_t>(kind.cls);
     if (k.begin >= span.begin) {  // counted in the step it started in, as GpuStats::kernels
       ++s.launches[c];
       if (kind.cls == KernelClass::kOptimizer && !kind.fused) ++s.per_parameter_optimizer_launches;
-      if (kind.cls != KernelClass::kCommunication) started.push_back(launched(k, kind));
+      if (kind.cls != KernelClass::kCommunication) started.push_back({&k, facts});
     }
     points.push_back({b, +1, kind});
     points.push_back({e, -1, kind});
@@ -446,7 +431,7 @@ void add_kernel_classes(KernelClassStats& stats, const GpuEventBatch& events,
     const auto last = std::find_if(
         first, started.end(), [&](const Launched& l) { return l.k->stream != first->k->stream; });
     const std::vector<Launched> stream(first, last);
-    if (std::any_of(first, last, [](const Launched& l) { return l.softmax; })) {
+    if (std::any_of(first, last, [](const Launched& l) { return l.f.softmax; })) {
       add_unfused_attention(s, stream);
     }
     add_unfused_bias(s, stream);

@@ -135,6 +135,23 @@ KernelRecord kernel(Nanos b, Nanos e, int64_t blocks, const char* name) {
   return k;
 }
 
+KernelRecord on_stream(KernelRecord k, int64_t stream) {
+  k.stream = stream;
+  return k;
+}
+
+// Kernels of the given durations back to back (1 ns apart) on the default stream from t = 1000.
+using Sequence = std::vector<std::pair<Nanos, const char*>>;
+GpuEventBatch laid_out(const Sequence& seq) {
+  GpuEventBatch e;
+  Nanos t = 1000;
+  for (const auto& [d, name] : seq) {
+    e.kernels.push_back(kernel(t, t + d, 1, name));
+    t += d + 1;
+  }
+  return e;
+}
+
 StepSpans traced_span(Interval host) {
   StepSpans s;
   s.host = host;
@@ -215,7 +232,7 @@ TEST(KernelClasses, UnfusedAttentionSegmentsAreMeasuredAroundEachSoftmax) {
       "namespace)::masked_fill_kernel(at::TensorIterator&, c10::Scalar const&)::{lambda()#1}>";
   const char* copy =
       "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>";
-  std::vector<std::pair<Nanos, const char*>> seq = {
+  const Sequence seq = {
       {7, gemm},  // qkv projection: not the attention's
       {2, copy},  // q, k, v made contiguous
       {5, gemm},  // QK^T
@@ -240,19 +257,10 @@ TEST(KernelClasses, UnfusedAttentionSegmentsAreMeasuredAroundEachSoftmax) {
       {5, gemm},   // dQ
       {5, gemm},   // dK
       {7, gemm}};  // qkv projection's backward: a third GEMM, not the attention's
-  GpuEventBatch e;
-  Nanos t = 1000;
-  for (const auto& [d, name] : seq) {
-    e.kernels.push_back(kernel(t, t + d, 1, name));
-    t += d + 1;
-  }
+  GpuEventBatch e = laid_out(seq);
   // Another stream: a softmax with no GEMM near it, and a GEMM.
-  KernelRecord other = kernel(1000, 1010, 1, "cunn_SoftMaxForward<4, float>");
-  other.stream = 7;
-  e.kernels.push_back(other);
-  other = kernel(1011, 1020, 1, gemm);
-  other.stream = 7;
-  e.kernels.push_back(other);
+  e.kernels.push_back(on_stream(kernel(1000, 1010, 1, "cunn_SoftMaxForward<4, float>"), 7));
+  e.kernels.push_back(on_stream(kernel(1011, 1020, 1, gemm), 7));
 
   KernelClassStats s;
   add_kernel_classes(s, e, traced_span({1000, 1200}), 100);
@@ -272,7 +280,7 @@ TEST(KernelClasses, UnfusedAttentionSegmentsAreMeasuredAroundEachSoftmax) {
 
   // A softmax with more kernels than an attention has between it and a GEMM is not bounded.
   GpuEventBatch far;
-  t = 1000;
+  Nanos t = 1000;
   far.kernels.push_back(kernel(t, t + 5, 1, gemm));
   for (int i = 0; i < 9; ++i) {
     t += 6;
@@ -325,44 +333,32 @@ TEST(KernelClasses, BiasesAddedAfterTheirGemmsAreMeasured) {
   EXPECT_TRUE(is_convolution_kernel(conv));
   EXPECT_FALSE(is_convolution_kernel(gemm));
 
-  std::vector<std::pair<Nanos, const char*>> seq = {
-      {7, gemm},
-      {4, broadcast_add},  // counted: 4 (GEMM 7)
-      {7, gemm_bias},
-      {4, broadcast_add},  // the GEMM added its bias: not counted
-      {7, gemm},
-      {3, residual_vectorized},  // a contiguous add: not a bias
-      {7, gemm},
-      {3, residual_unrolled},  // nor this
-      {2, layer_norm},
-      {4, broadcast_add},  // a broadcast add after no GEMM: not counted
-      {9, "ampere_sgemm_128x64_nn"},
-      {5, broadcast_add_113},  // counted: 5 (GEMM 9)
-      {6, gemm},
-      {4, broadcast_add},
-      {5, softmax},  // scores += mask, then softmax: not counted
-      {8, conv},
-      {4, broadcast_add},  // a convolution's bias: not counted
-      {11, gemm},
-      {2, split_k},
-      {3, broadcast_add}};  // counted past the split-K reduction: 3 (GEMM 11)
-  GpuEventBatch e;
-  Nanos t = 1000;
-  for (const auto& [d, name] : seq) {
-    e.kernels.push_back(kernel(t, t + d, 1, name));
-    t += d + 1;
-  }
+  const Sequence seq = {{7, gemm},
+                        {4, broadcast_add},  // counted: 4 (GEMM 7)
+                        {7, gemm_bias},
+                        {4, broadcast_add},  // the GEMM added its bias: not counted
+                        {7, gemm},
+                        {3, residual_vectorized},  // a contiguous add: not a bias
+                        {7, gemm},
+                        {3, residual_unrolled},  // nor this
+                        {2, layer_norm},
+                        {4, broadcast_add},  // a broadcast add after no GEMM: not counted
+                        {9, "ampere_sgemm_128x64_nn"},
+                        {5, broadcast_add_113},  // counted: 5 (GEMM 9)
+                        {6, gemm},
+                        {4, broadcast_add},
+                        {5, softmax},  // scores += mask, then softmax: not counted
+                        {8, conv},
+                        {4, broadcast_add},  // a convolution's bias: not counted
+                        {11, gemm},
+                        {2, split_k},
+                        {3, broadcast_add}};  // counted past the split-K reduction: 3 (GEMM 11)
+  GpuEventBatch e = laid_out(seq);
   // Another stream: its GEMM, then its add, interleaved in time with the first stream's kernels
   // (counted: 6, GEMM 8); and an add there whose stream's previous kernel is no GEMM.
-  KernelRecord other = kernel(1001, 1009, 1, gemm);
-  other.stream = 7;
-  e.kernels.push_back(other);
-  other = kernel(1010, 1016, 1, broadcast_add);
-  other.stream = 7;
-  e.kernels.push_back(other);
-  other = kernel(1017, 1020, 1, broadcast_add);
-  other.stream = 7;
-  e.kernels.push_back(other);
+  e.kernels.push_back(on_stream(kernel(1001, 1009, 1, gemm), 7));
+  e.kernels.push_back(on_stream(kernel(1010, 1016, 1, broadcast_add), 7));
+  e.kernels.push_back(on_stream(kernel(1017, 1020, 1, broadcast_add), 7));
 
   KernelClassStats s;
   add_kernel_classes(s, e, traced_span({1000, 1200}), 100);
