@@ -25,9 +25,9 @@
 
 #include "bench_util.h"
 #include "cli_flags.h"
-#include "torchpilot/hooks/torch_transfer.h"
-#include "torchpilot/runtime/loader_core.h"
-#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/hooks/loader/torch_transfer.h"
+#include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/loader/loader_core.h"
 #include "trainer.h"
 
 namespace {

@@ -49,11 +49,11 @@
 #include "gpt_cli.h"
 #include "gpt_dist.h"
 #include "gpt_trainer.h"
-#include "torchpilot/runtime/comm_records.h"
-#include "torchpilot/runtime/config.h"
-#include "torchpilot/runtime/cost.h"
-#include "torchpilot/runtime/gpu_records.h"
-#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/runtime/comm/comm_records.h"
+#include "torchpilot/runtime/core/config.h"
+#include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/cost/cost.h"
+#include "torchpilot/runtime/gpu/gpu_records.h"
 
 namespace {
 

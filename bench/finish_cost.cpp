@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "torchpilot/runtime/gpu_monitor.h"
-#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/gpu/gpu_monitor.h"
 
 namespace {
 

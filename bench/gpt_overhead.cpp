@@ -45,11 +45,11 @@
 #include "gpt_cli.h"
 #include "gpt_flops.h"
 #include "gpt_trainer.h"
-#include "torchpilot/hooks/compat.h"
-#include "torchpilot/hooks/flop_counter.h"
-#include "torchpilot/runtime/config.h"
-#include "torchpilot/runtime/gpu_monitor.h"
-#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/hooks/core/compat.h"
+#include "torchpilot/hooks/flops/flop_counter.h"
+#include "torchpilot/runtime/core/config.h"
+#include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/gpu/gpu_monitor.h"
 
 #if TORCHPILOT_TORCH_CUDA && TORCHPILOT_TORCH_AT_LEAST(2, 0)
 #include <torch/csrc/autograd/profiler_kineto.h>

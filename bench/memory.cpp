@@ -25,9 +25,9 @@
 #include "cli_flags.h"
 #include "gpt_cli.h"
 #include "gpt_trainer.h"
-#include "torchpilot/runtime/batch_policy.h"
-#include "torchpilot/runtime/config.h"
-#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/runtime/core/config.h"
+#include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/memory/batch_policy.h"
 
 namespace {
 

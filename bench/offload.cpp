@@ -31,9 +31,9 @@
 #include "gpt_cli.h"
 #include "gpt_flops.h"
 #include "gpt_trainer.h"
-#include "torchpilot/hooks/activation_offload.h"
-#include "torchpilot/runtime/config.h"
-#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/hooks/memory/activation_offload.h"
+#include "torchpilot/runtime/core/config.h"
+#include "torchpilot/runtime/core/pilot.h"
 
 #if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>

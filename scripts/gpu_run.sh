@@ -156,7 +156,7 @@ fi
 
 if named pmprobe; then
   # What PM sampling costs the GPU work around it, by metric set, and what turning it on and off
-  # costs (hooks/tools/pm_cost_probe.cpp); PMPROBE_ARGS: "[cycles] [steps]".
+  # costs (hooks/gpu/pm_cost_probe.cpp); PMPROBE_ARGS: "[cycles] [steps]".
   log "pmprobe: PM sampling's cost by phase"
   ./build-gpu/bench/pm_cost_probe ${PMPROBE_ARGS:-} > "$OUT/pm-cost-probe-$MACHINE.jsonl" 2> "$OUT/pm-cost-probe.log"
   tail -12 "$OUT/pm-cost-probe-$MACHINE.jsonl"

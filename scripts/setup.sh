@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 # zlib1g-dev: gzip-compressed PyTorch profiler traces (torchpilot-analyze).
 packages=(cmake ninja-build g++ ccache libtorch-dev libspdlog-dev libyaml-cpp-dev nlohmann-json3-dev
           libgtest-dev libgmock-dev libjpeg62-turbo-dev libcli11-dev libasan8 libubsan1 libtsan2
-          libcpp-httplib-dev chromium libgloo-dev zlib1g-dev)
+          libcpp-httplib-dev chromium libgloo-dev zlib1g-dev python3)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

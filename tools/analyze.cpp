@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "cli_flags.h"
-#include "torchpilot/advisors/advisors.h"
-#include "torchpilot/runtime/config.h"
-#include "torchpilot/runtime/kineto_trace.h"
-#include "torchpilot/runtime/sink.h"
+#include "torchpilot/advisors/core/advisors.h"
+#include "torchpilot/runtime/analyze/kineto_trace.h"
+#include "torchpilot/runtime/core/config.h"
+#include "torchpilot/runtime/core/sink.h"
 
 int main(int argc, char** argv) {
   using namespace torchpilot;

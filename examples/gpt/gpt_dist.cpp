@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "torchpilot/hooks/collectives.h"
+#include "torchpilot/hooks/comm/collectives.h"
 
 // c10d's backends are compiled in only with their macros (USE_C10D_GLOO, USE_C10D_NCCL: set by
 // Debian's Torch config, or by examples/CMakeLists.txt where it finds their headers). The PyTorch
@@ -29,7 +29,7 @@
 #define GPT_HAVE_DIST 1
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "torchpilot/hooks/grad_sync.h"
+#include "torchpilot/hooks/comm/grad_sync.h"
 #if defined(USE_C10D_GLOO)
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif

@@ -5,8 +5,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "torchpilot/hooks/compat.h"
-#include "torchpilot/hooks/flop_counter.h"
+#include "torchpilot/hooks/core/compat.h"
+#include "torchpilot/hooks/flops/flop_counter.h"
 
 namespace gpt_example {
 

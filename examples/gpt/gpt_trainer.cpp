@@ -17,9 +17,9 @@
 #include "gpt_data.h"
 #include "gpt_dist.h"
 #include "gpt_model.h"
-#include "torchpilot/hooks/accumulation.h"
-#include "torchpilot/hooks/compat.h"
-#include "torchpilot/hooks/tunable_loader.h"
+#include "torchpilot/hooks/core/compat.h"
+#include "torchpilot/hooks/loader/tunable_loader.h"
+#include "torchpilot/hooks/memory/accumulation.h"
 
 namespace gpt_example {
 

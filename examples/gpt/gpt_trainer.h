@@ -37,8 +37,8 @@
 #include <vector>
 
 #include "gpt_flops.h"
-#include "torchpilot/hooks/activation_offload.h"
-#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/hooks/memory/activation_offload.h"
+#include "torchpilot/runtime/core/pilot.h"
 
 namespace gpt_example {
 
@@ -84,12 +84,12 @@ struct TrainOptions {
   double bucket_mb = 25;
   // Host work on the training thread at each step's start (a busy loop, ms): plants a straggler.
   double host_ms = 0;
-  // Gradient accumulation (torchpilot::Accumulation, hooks/accumulation.h): each step's `batch`
-  // rows run as micro-batches of this many rows, the optimizer stepping once per batch (global
-  // batch = batch x world_size, unchanged); in mode autotune torchpilot searches the micro-batch
-  // ("batch.micro") and recovers from an out-of-memory trial. 0: the whole batch at once, no
-  // Accumulation (the default). With world_size > 1 gradients are all-reduced after the last
-  // micro-batch (grad_overlap off).
+  // Gradient accumulation (torchpilot::Accumulation, hooks/memory/accumulation.h): each step's
+  // `batch` rows run as micro-batches of this many rows, the optimizer stepping once per batch
+  // (global batch = batch x world_size, unchanged); in mode autotune torchpilot searches the
+  // micro-batch ("batch.micro") and recovers from an out-of-memory trial. 0: the whole batch at
+  // once, no Accumulation (the default). With world_size > 1 gradients are all-reduced after the
+  // last micro-batch (grad_overlap off).
   int64_t micro_batch = 0;
   // Micro-batches the search may try (empty: powers of two up to the batch, the batch, the start).
   std::vector<int64_t> micro_choices;

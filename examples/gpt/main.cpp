@@ -20,9 +20,9 @@
 #include "gpt_dist.h"
 #include "gpt_flops.h"
 #include "gpt_trainer.h"
-#include "torchpilot/hooks/flop_counter.h"
-#include "torchpilot/runtime/config.h"
-#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/hooks/flops/flop_counter.h"
+#include "torchpilot/runtime/core/config.h"
+#include "torchpilot/runtime/core/pilot.h"
 
 int main(int argc, char** argv) {
   gpt_example::TrainOptions options = gpt_example::reference_options(8);

@@ -13,9 +13,9 @@
 #include <string>
 
 #include "cli_flags.h"
-#include "torchpilot/runtime/config.h"
-#include "torchpilot/runtime/loader_core.h"
-#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/runtime/core/config.h"
+#include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/loader/loader_core.h"
 #include "trainer.h"
 
 int main(int argc, char** argv) {

@@ -7,7 +7,7 @@
 #include <random>
 
 #include "jpeg_io.h"
-#include "torchpilot/hooks/tunable_loader.h"
+#include "torchpilot/hooks/loader/tunable_loader.h"
 
 namespace jpeg_example {
 namespace {

@@ -9,8 +9,8 @@
 #include <memory>
 #include <string>
 
-#include "torchpilot/runtime/pilot.h"
-#include "torchpilot/runtime/records.h"
+#include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/core/records.h"
 
 namespace jpeg_example {
 

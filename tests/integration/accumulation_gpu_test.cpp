@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "torchpilot/hooks/accumulation.h"
-#include "torchpilot/runtime/batch_policy.h"
+#include "torchpilot/hooks/memory/accumulation.h"
+#include "torchpilot/runtime/memory/batch_policy.h"
 
 #if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
 #include <ATen/cuda/CUDAContext.h>

@@ -1,8 +1,8 @@
-// torchpilot::Accumulation on the CPU (hooks/accumulation.h): gradients of one batch against
+// torchpilot::Accumulation on the CPU (hooks/memory/accumulation.h): gradients of one batch against
 // micro-batches with accumulation, out-of-memory recovery during auto-tune with every sample run
 // exactly once, the error rethrown outside auto-tune, and the line that says memory figures are
 // missing.
-#include "torchpilot/hooks/accumulation.h"
+#include "torchpilot/hooks/memory/accumulation.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "captured_stderr.h"
-#include "torchpilot/runtime/batch_policy.h"
+#include "torchpilot/runtime/memory/batch_policy.h"
 
 namespace torchpilot {
 namespace {

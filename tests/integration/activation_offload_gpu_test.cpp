@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "offload_test_model.h"
-#include "torchpilot/hooks/activation_offload.h"
-#include "torchpilot/hooks/compat.h"
+#include "torchpilot/hooks/core/compat.h"
+#include "torchpilot/hooks/memory/activation_offload.h"
 
 #if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>

@@ -1,7 +1,7 @@
 // ActivationOffload on the CPU build: the pure decisions, the refusal line, and the whole
 // mechanism (engine stub, default saved-tensor hooks, storage sharing, settling, fetching ahead,
 // the in-place check) with host-to-host copies standing in for the GPU.
-#include "torchpilot/hooks/activation_offload.h"
+#include "torchpilot/hooks/memory/activation_offload.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "offload_test_model.h"
-#include "torchpilot/runtime/config.h"
-#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/runtime/core/config.h"
+#include "torchpilot/runtime/core/pilot.h"
 
 namespace torchpilot {
 namespace {

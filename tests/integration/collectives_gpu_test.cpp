@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "gpu_test_support.h"
-#include "torchpilot/hooks/collectives.h"
-#include "torchpilot/hooks/grad_sync.h"
-#include "torchpilot/runtime/gpu_records.h"
+#include "torchpilot/hooks/comm/collectives.h"
+#include "torchpilot/hooks/comm/grad_sync.h"
+#include "torchpilot/runtime/gpu/gpu_records.h"
 
 namespace torchpilot {
 namespace {
@@ -93,7 +93,7 @@ TEST(CollectivesGpu, NcclKernelsAreSeenAndTheirOverlapComputed) {
 // What this LibTorch's NCCL backend emits to RecordFunction observers (docs/collectives.md's
 // table): every USER_SCOPE and FUNCTION scope whose name mentions a collective, with its scope, the
 // thread and its inputs, printed for the docs. Torchpilot's observer relies on one of them: a
-// USER_SCOPE "nccl:<op>" on the calling thread (hooks/src/torch_collectives.cpp).
+// USER_SCOPE "nccl:<op>" on the calling thread (hooks/comm/torch_collectives.cpp).
 struct SeenScope {
   std::string name;
   at::RecordScope scope;

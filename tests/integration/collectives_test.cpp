@@ -4,7 +4,7 @@
 // tests read them. Scenarios: GradSync's gradients against one process on the concatenated batch;
 // bytes observed; exposed communication without and with overlap; a planted straggler named on
 // rank 0; auto-tune deciding the same at the same step on every rank; a rank killed mid-epoch.
-#include "torchpilot/hooks/collectives.h"
+#include "torchpilot/hooks/comm/collectives.h"
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -29,7 +29,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
-#include "torchpilot/hooks/grad_sync.h"
+#include "torchpilot/hooks/comm/grad_sync.h"
 #include "torchpilot/torchpilot.h"
 
 namespace {

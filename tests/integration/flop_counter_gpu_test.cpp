@@ -8,9 +8,9 @@
 #include <functional>
 #include <memory>
 
-#include "torchpilot/hooks/compat.h"
-#include "torchpilot/hooks/flop_counter.h"
-#include "torchpilot/runtime/sink.h"
+#include "torchpilot/hooks/core/compat.h"
+#include "torchpilot/hooks/flops/flop_counter.h"
+#include "torchpilot/runtime/core/sink.h"
 
 namespace torchpilot {
 namespace {

@@ -1,7 +1,7 @@
 // FlopCounter with real LibTorch ops on the CPU: counted FLOPs against hand-computed values
 // (linear, conv2d, forward and backward), the leaf rule, unfused attention, the counting window
 // and recounting when the batch size changes.
-#include "torchpilot/hooks/flop_counter.h"
+#include "torchpilot/hooks/flops/flop_counter.h"
 
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "torchpilot/hooks/compat.h"
-#include "torchpilot/runtime/sink.h"
+#include "torchpilot/hooks/core/compat.h"
+#include "torchpilot/runtime/core/sink.h"
 
 namespace torchpilot {
 namespace {

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "gpt_trainer.h"
-#include "torchpilot/runtime/config.h"
-#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/runtime/core/config.h"
+#include "torchpilot/runtime/core/pilot.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 
 #include "gpt_model.h"
 #include "gpt_trainer.h"
-#include "torchpilot/hooks/compat.h"
+#include "torchpilot/hooks/core/compat.h"
 
 namespace {
 

@@ -14,9 +14,9 @@
 
 #include "captured_stderr.h"
 #include "gpu_test_support.h"
-#include "torchpilot/advisors/advisors.h"
-#include "torchpilot/runtime/gpu_monitor.h"
-#include "torchpilot/runtime/kineto_trace.h"
+#include "torchpilot/advisors/core/advisors.h"
+#include "torchpilot/runtime/analyze/kineto_trace.h"
+#include "torchpilot/runtime/gpu/gpu_monitor.h"
 #include "torchpilot/torchpilot.h"
 
 #if TORCHPILOT_TORCH_CUDA && TORCHPILOT_TORCH_AT_LEAST(2, 0)

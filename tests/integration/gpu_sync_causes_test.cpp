@@ -8,8 +8,8 @@
 #include <cstdio>
 
 #include "gpu_test_support.h"
-#include "torchpilot/advisors/advisors.h"
-#include "torchpilot/runtime/gpu_monitor.h"
+#include "torchpilot/advisors/core/advisors.h"
+#include "torchpilot/runtime/gpu/gpu_monitor.h"
 #include "torchpilot/torchpilot.h"
 
 #if TORCHPILOT_TORCH_CUDA

@@ -6,8 +6,8 @@
 #include <memory>
 #include <string>
 
-#include "torchpilot/runtime/gpu_monitor.h"
-#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/gpu/gpu_monitor.h"
 
 namespace torchpilot::testing_support {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "gpu_test_support.h"
-#include "torchpilot/runtime/gpu_monitor.h"
+#include "torchpilot/runtime/gpu/gpu_monitor.h"
 #include "torchpilot/torchpilot.h"
 
 namespace torchpilot {

@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "gpu_test_support.h"
-#include "torchpilot/runtime/gpu_monitor.h"
-#include "torchpilot/runtime/kernel_classes.h"
+#include "torchpilot/runtime/gpu/gpu_monitor.h"
+#include "torchpilot/runtime/gpu/kernel_classes.h"
 #include "torchpilot/torchpilot.h"
 
 #if TORCHPILOT_TORCH_CUDA

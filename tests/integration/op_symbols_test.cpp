@@ -1,7 +1,7 @@
-// Which ATen op a call was made from, by the stack (hooks/src/op_symbols.h), on this process's
+// Which ATen op a call was made from, by the stack (hooks/gpu/op_symbols.h), on this process's
 // own LibTorch (1.13 CPU here, 2.x on the GPU machine): the symbol parser, the index of the
 // loaded libraries, and a stack walk from inside a real op (a CPU allocator that asks).
-#include "op_symbols.h"
+#include "torchpilot/hooks/gpu/op_symbols.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>

@@ -1,4 +1,4 @@
-// The sync probe (hooks/src/torch_sync_probe.cpp) on the CPU build: which steps it probes (the
+// The sync probe (hooks/gpu/torch_sync_probe.cpp) on the CPU build: which steps it probes (the
 // steps around each periodic stall once a period is known, and no other) and that host tensors'
 // item() and copies are not counted as syncs. Its CUDA counting is checked on the GPU
 // (gpu_host_stall_test.cpp).
@@ -9,10 +9,10 @@
 #include <memory>
 #include <set>
 
-#include "torchpilot/runtime/clock.h"
-#include "torchpilot/runtime/pilot.h"
-#include "torchpilot/runtime/records.h"
-#include "torchpilot/runtime/sink.h"
+#include "torchpilot/runtime/core/clock.h"
+#include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/core/records.h"
+#include "torchpilot/runtime/core/sink.h"
 
 namespace {
 

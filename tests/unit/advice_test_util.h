@@ -4,7 +4,7 @@
 #include <optional>
 #include <string>
 
-#include "torchpilot/runtime/advice.h"
+#include "torchpilot/runtime/core/advice.h"
 
 namespace torchpilot {
 namespace test {

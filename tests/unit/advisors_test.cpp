@@ -1,5 +1,5 @@
 // The data-starvation advisor: planted starvation, healthy runs, thresholds, and each cause branch.
-#include "torchpilot/advisors/advisors.h"
+#include "torchpilot/advisors/core/advisors.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "advice_test_util.h"
-#include "torchpilot/runtime/metrics.h"
+#include "torchpilot/runtime/core/metrics.h"
 
 namespace torchpilot {
 namespace {

@@ -1,5 +1,5 @@
-// The unfused-attention detector (runtime/src/attention_detector.cpp).
-#include "torchpilot/runtime/attention_detector.h"
+// The unfused-attention detector (runtime/flops/attention_detector.cpp).
+#include "torchpilot/runtime/flops/attention_detector.h"
 
 #include <gtest/gtest.h>
 

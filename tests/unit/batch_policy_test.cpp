@@ -1,7 +1,7 @@
 // The micro-batch search (batch_policy.h) through the trial engine, against a simulated trainer
 // whose step time and memory peak are known functions of the micro-batch: the search keeps the
 // best samples/s within the memory headroom, not simply the largest micro-batch that fits.
-#include "torchpilot/runtime/batch_policy.h"
+#include "torchpilot/runtime/memory/batch_policy.h"
 
 #include <gtest/gtest.h>
 
@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "torchpilot/runtime/loader_policy.h"
-#include "torchpilot/runtime/rank_exchange.h"
-#include "torchpilot/runtime/trial_engine.h"
+#include "torchpilot/runtime/comm/rank_exchange.h"
+#include "torchpilot/runtime/loader/loader_policy.h"
+#include "torchpilot/runtime/tune/trial_engine.h"
 
 namespace torchpilot {
 namespace {
@@ -208,7 +208,8 @@ TEST(MicroBatchPolicy, AFailureFromOutsideRestoresTheIncumbentAtOnce) {
   bool oom_seen = false;
   while (!engine.finished() && driver.step < 1000) {
     if (sim.micro == 16 && !oom_seen) {
-      // A step at 16 runs out of memory mid-way (hooks/accumulation.h calls this from the step).
+      // A step at 16 runs out of memory mid-way (hooks/memory/accumulation.h calls this from the
+      // step).
       oom_seen = true;
       EXPECT_TRUE(engine.fail_current_trial("out of memory at batch.micro=16"));
       EXPECT_EQ(sim.micro, 8) << "the incumbent must be back before the step runs again";

@@ -16,14 +16,14 @@
 #include <thread>
 #include <vector>
 
-#include "torchpilot/advisors/advisors.h"
-#include "torchpilot/runtime/comm_monitor.h"
-#include "torchpilot/runtime/comm_records.h"
-#include "torchpilot/runtime/gpu_records.h"
-#include "torchpilot/runtime/loader_policy.h"
-#include "torchpilot/runtime/pilot.h"
-#include "torchpilot/runtime/rank_exchange.h"
-#include "torchpilot/runtime/trial_engine.h"
+#include "torchpilot/advisors/core/advisors.h"
+#include "torchpilot/runtime/comm/comm_monitor.h"
+#include "torchpilot/runtime/comm/comm_records.h"
+#include "torchpilot/runtime/comm/rank_exchange.h"
+#include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/gpu/gpu_records.h"
+#include "torchpilot/runtime/loader/loader_policy.h"
+#include "torchpilot/runtime/tune/trial_engine.h"
 
 namespace torchpilot {
 namespace {

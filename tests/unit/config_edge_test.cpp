@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "temp_dir.h"
-#include "torchpilot/runtime/config.h"
-#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/runtime/core/config.h"
+#include "torchpilot/runtime/core/pilot.h"
 
 namespace torchpilot {
 namespace {

@@ -1,5 +1,5 @@
 // Config: defaults, configs/default.yaml, YAML errors (key, file and line), environment overrides.
-#include "torchpilot/runtime/config.h"
+#include "torchpilot/runtime/core/config.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "temp_dir.h"
-#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/runtime/core/pilot.h"
 
 namespace torchpilot {
 namespace {

@@ -1,6 +1,6 @@
 // What torchpilot costs and the budget it keeps (cost.h), step-time outliers and periodic stalls
 // (step_outliers.h), and the host-side advisors (host_bound, periodic_stall, low_mfu's bound).
-#include "torchpilot/runtime/cost.h"
+#include "torchpilot/runtime/cost/cost.h"
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
@@ -9,10 +9,10 @@
 #include <set>
 #include <sstream>
 
-#include "torchpilot/advisors/advisors.h"
-#include "torchpilot/runtime/pilot.h"
-#include "torchpilot/runtime/run_journal.h"
-#include "torchpilot/runtime/step_outliers.h"
+#include "torchpilot/advisors/core/advisors.h"
+#include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/reports/run_journal.h"
+#include "torchpilot/runtime/stalls/step_outliers.h"
 
 namespace torchpilot {
 namespace {
@@ -225,7 +225,7 @@ TEST(StallTrackerTest, ProbedStallsGetTheirSyncShareAboveTheOrdinaryProbedSteps)
     StepRecord r = record(i, i, slow ? 110 : 10);
     t.add(r);
     r.at_period = t.at_period(i);
-    // What the probe does (hooks/src/torch_sync_probe.cpp): it probes from the step after one
+    // What the probe does (hooks/gpu/torch_sync_probe.cpp): it probes from the step after one
     // at the period; here every step at the period is probed, as are the one after them.
     if (r.at_period || (i > 0 && t.at_period(i - 1))) {
       r.metrics.set("sync", "probed", 1);

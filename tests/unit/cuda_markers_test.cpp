@@ -1,6 +1,6 @@
-// GPU step markers (hooks/src/cuda_markers.*) on a fake CUDA driver whose events complete when
+// GPU step markers (hooks/gpu/cuda_markers.*) on a fake CUDA driver whose events complete when
 // the test says (the GPU "reaching" them), and through the CUPTI backend.
-#include "cuda_markers.h"
+#include "torchpilot/hooks/gpu/cuda_markers.h"
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/null_sink.h>
@@ -16,12 +16,12 @@
 #include <tuple>
 #include <utility>
 
-#include "cuda_driver.h"
-#include "cupti_api.h"
-#include "cupti_backend.h"
-#include "marker_stream.h"
-#include "nvml_sampler.h"
-#include "torchpilot/runtime/config.h"
+#include "torchpilot/hooks/gpu/cuda_driver.h"
+#include "torchpilot/hooks/gpu/cupti_api.h"
+#include "torchpilot/hooks/gpu/cupti_backend.h"
+#include "torchpilot/hooks/gpu/marker_stream.h"
+#include "torchpilot/hooks/gpu/nvml_sampler.h"
+#include "torchpilot/runtime/core/config.h"
 
 namespace torchpilot {
 namespace detail {

@@ -1,5 +1,5 @@
 // CuptiApiFake: the default fake of CuptiApi, generated from TORCHPILOT_CUPTI_ENTRY_POINTS
-// (hooks/src/cupti_api.h). Every entry point
+// (hooks/gpu/cupti_api.h). Every entry point
 //   1. for a params-struct (P) entry point, checks p->structSize against Params_STRUCT_SIZE (a
 //      wrong one is recorded in bad_struct_sizes and the call goes on; a null p answers
 //      CUPTI_ERROR_INVALID_PARAMETER);
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "cupti_api.h"
+#include "torchpilot/hooks/gpu/cupti_api.h"
 
 namespace torchpilot {
 namespace detail {

@@ -8,10 +8,10 @@
 #include <utility>
 #include <vector>
 
-#include "cupti_activity_trace.h"
-#include "cupti_api.h"
-#include "cupti_pm_sampling.h"
-#include "torchpilot/runtime/kernel_classes.h"
+#include "torchpilot/hooks/gpu/cupti_activity_trace.h"
+#include "torchpilot/hooks/gpu/cupti_api.h"
+#include "torchpilot/hooks/gpu/cupti_pm_sampling.h"
+#include "torchpilot/runtime/gpu/kernel_classes.h"
 
 namespace torchpilot {
 namespace detail {

@@ -3,7 +3,7 @@
 // to_pm_sample, then per-step figures with gpu_step_stats. Two fixtures:
 //   - a synthetic one, written here from hand-made CUPTI structs in the capture format (so the
 //     writer, the parser and the replay run on every CI machine), with exact expected values;
-//   - the one captured on a GPU machine in tests/fixtures/cupti/ by hooks/tools/cupti_capture.cpp
+//   - the one captured on a GPU machine in tests/fixtures/cupti/ by hooks/gpu/cupti_capture.cpp
 //     (build-gpu/bench/cupti_capture --out tests/fixtures/cupti); skipped while it is absent.
 // Both go through the same consistency checks (check_fixture).
 #include <gtest/gtest.h>
@@ -19,13 +19,13 @@
 #include <string>
 #include <vector>
 
-#include "cupti_activity_trace.h"
-#include "cupti_api.h"
-#include "cupti_fixture.h"
-#include "cupti_pm_sampling.h"
-#include "torchpilot/runtime/gpu_monitor.h"
-#include "torchpilot/runtime/gpu_step_stats.h"
-#include "torchpilot/runtime/kernel_classes.h"
+#include "torchpilot/hooks/gpu/cupti_activity_trace.h"
+#include "torchpilot/hooks/gpu/cupti_api.h"
+#include "torchpilot/hooks/gpu/cupti_fixture.h"
+#include "torchpilot/hooks/gpu/cupti_pm_sampling.h"
+#include "torchpilot/runtime/gpu/gpu_monitor.h"
+#include "torchpilot/runtime/gpu/gpu_step_stats.h"
+#include "torchpilot/runtime/gpu/kernel_classes.h"
 
 namespace torchpilot {
 namespace detail {

@@ -1,5 +1,5 @@
-// The peak table, peak resolution and the MFU/HFU math (runtime/src/device_peaks.cpp).
-#include "torchpilot/runtime/device_peaks.h"
+// The peak table, peak resolution and the MFU/HFU math (runtime/flops/device_peaks.cpp).
+#include "torchpilot/runtime/flops/device_peaks.h"
 
 #include <gtest/gtest.h>
 

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "torchpilot/runtime/gpu_backend.h"
-#include "torchpilot/runtime/gpu_monitor.h"
-#include "torchpilot/runtime/pilot.h"
-#include "torchpilot/runtime/sink.h"
+#include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/core/sink.h"
+#include "torchpilot/runtime/gpu/gpu_backend.h"
+#include "torchpilot/runtime/gpu/gpu_monitor.h"
 
 namespace torchpilot {
 namespace {

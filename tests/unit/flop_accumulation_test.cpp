@@ -1,6 +1,6 @@
 // The FLOP tallies, the epoch accumulator and a step record's FLOP fields
-// (runtime/src/flop_accumulation.cpp).
-#include "torchpilot/runtime/flop_accumulation.h"
+// (runtime/flops/flop_accumulation.cpp).
+#include "torchpilot/runtime/flops/flop_accumulation.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // FLOP formulas against hand-computed values, which ops count, and precision
-// (runtime/src/flop_formulas.cpp).
-#include "torchpilot/runtime/flop_formulas.h"
+// (runtime/flops/flop_formulas.cpp).
+#include "torchpilot/runtime/flops/flop_formulas.h"
 
 #include <gtest/gtest.h>
 

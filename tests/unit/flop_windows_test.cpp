@@ -1,6 +1,6 @@
 // The FLOP window planner: when to count, and which count applies to a step
-// (runtime/src/flop_windows.cpp).
-#include "torchpilot/runtime/flop_windows.h"
+// (runtime/flops/flop_windows.cpp).
+#include "torchpilot/runtime/flops/flop_windows.h"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // launch-bound at a larger batch, the per-parameter optimizer, and low MFU naming the largest
 // fixable share of the traced step. (Precision and fusion: precision_advisors_test.cpp; data
 // starvation: advisors_test.cpp.)
-#include "torchpilot/advisors/gain_models.h"
+#include "torchpilot/advisors/core/gain_models.h"
 
 #include <gtest/gtest.h>
 
@@ -10,9 +10,9 @@
 #include <string>
 
 #include "advice_test_util.h"
-#include "torchpilot/advisors/advisors.h"
-#include "torchpilot/runtime/device_peaks.h"
-#include "torchpilot/runtime/kernel_classes.h"
+#include "torchpilot/advisors/core/advisors.h"
+#include "torchpilot/runtime/flops/device_peaks.h"
+#include "torchpilot/runtime/gpu/kernel_classes.h"
 
 namespace torchpilot {
 namespace {

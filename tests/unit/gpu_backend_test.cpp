@@ -3,7 +3,7 @@
 // counters busy, MIG, a second CUPTI subscriber, no NVML), PM sampling (sequence, first sample
 // discarded, metric fallbacks, clock offset), the activity trace (buffers, conversion, drops), and
 // the real dlopen path on this machine.
-#include "torchpilot/runtime/gpu_backend.h"
+#include "torchpilot/runtime/gpu/gpu_backend.h"
 
 #include <cupti_driver_cbid.h>
 #include <dlfcn.h>
@@ -26,16 +26,16 @@
 #include <sstream>
 #include <thread>
 
-#include "cuda_driver.h"
-#include "cupti_activity_trace.h"
-#include "cupti_api.h"
 #include "cupti_api_fake.h"
-#include "cupti_backend.h"
-#include "cupti_fixture.h"
-#include "cupti_pm_sampling.h"
-#include "nvml_sampler.h"
-#include "own_thread.h"
-#include "torchpilot/runtime/config.h"
+#include "torchpilot/hooks/gpu/cuda_driver.h"
+#include "torchpilot/hooks/gpu/cupti_activity_trace.h"
+#include "torchpilot/hooks/gpu/cupti_api.h"
+#include "torchpilot/hooks/gpu/cupti_backend.h"
+#include "torchpilot/hooks/gpu/cupti_fixture.h"
+#include "torchpilot/hooks/gpu/cupti_pm_sampling.h"
+#include "torchpilot/hooks/gpu/nvml_sampler.h"
+#include "torchpilot/hooks/gpu/own_thread.h"
+#include "torchpilot/runtime/core/config.h"
 
 namespace torchpilot {
 namespace detail {

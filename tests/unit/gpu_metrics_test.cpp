@@ -1,5 +1,5 @@
 // GPU metric math on hand-made kernel timelines with known answers.
-#include "torchpilot/runtime/gpu_metrics.h"
+#include "torchpilot/runtime/gpu/gpu_metrics.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // The GPU monitor and GPU advisors on hand-made timelines, through a fake GPU backend (the CUPTI
 // backend's own tests are in gpu_backend_test.cpp).
-#include "torchpilot/runtime/gpu_monitor.h"
+#include "torchpilot/runtime/gpu/gpu_monitor.h"
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
@@ -14,10 +14,10 @@
 #include <optional>
 #include <sstream>
 
-#include "torchpilot/advisors/advisors.h"
-#include "torchpilot/runtime/cost.h"
-#include "torchpilot/runtime/gpu_step_stats.h"
-#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/advisors/core/advisors.h"
+#include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/cost/cost.h"
+#include "torchpilot/runtime/gpu/gpu_step_stats.h"
 
 namespace torchpilot {
 namespace {

@@ -1,6 +1,6 @@
 // The GPU monitor's window scheduling alone: when detailed windows open and close, which steps are
 // traced, and the tail before a closed window's records are final.
-#include "torchpilot/runtime/gpu_window_planner.h"
+#include "torchpilot/runtime/gpu/gpu_window_planner.h"
 
 #include <gtest/gtest.h>
 

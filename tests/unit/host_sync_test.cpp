@@ -11,13 +11,13 @@
 #include <string>
 
 #include "advice_test_util.h"
-#include "torchpilot/advisors/advisors.h"
-#include "torchpilot/runtime/gpu_monitor.h"
-#include "torchpilot/runtime/gpu_step_stats.h"
-#include "torchpilot/runtime/host_op_scopes.h"
-#include "torchpilot/runtime/pilot.h"
-#include "torchpilot/runtime/sink.h"
-#include "torchpilot/runtime/step_outliers.h"
+#include "torchpilot/advisors/core/advisors.h"
+#include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/core/sink.h"
+#include "torchpilot/runtime/gpu/gpu_monitor.h"
+#include "torchpilot/runtime/gpu/gpu_step_stats.h"
+#include "torchpilot/runtime/gpu/host_op_scopes.h"
+#include "torchpilot/runtime/stalls/step_outliers.h"
 
 namespace torchpilot {
 namespace {

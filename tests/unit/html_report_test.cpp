@@ -1,6 +1,6 @@
 // The HTML report: what a short run's report holds, and (where Chromium is installed) that a real
 // browser renders its charts non-empty and lists the advice; a screenshot is saved.
-#include "torchpilot/runtime/html_report.h"
+#include "torchpilot/runtime/reports/html_report.h"
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
@@ -13,9 +13,9 @@
 #include <sstream>
 
 #include "temp_dir.h"
-#include "torchpilot/runtime/flop_records.h"
-#include "torchpilot/runtime/gpu_records.h"
-#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/flops/flop_records.h"
+#include "torchpilot/runtime/gpu/gpu_records.h"
 
 namespace torchpilot {
 namespace {

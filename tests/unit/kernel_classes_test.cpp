@@ -1,6 +1,6 @@
 // Kernel classes (kernel_classes.h): names as CUPTI gives them (demangled), from cuBLAS, cuDNN,
 // ATen, flash attention and NCCL, and a window's time split by class.
-#include "torchpilot/runtime/kernel_classes.h"
+#include "torchpilot/runtime/gpu/kernel_classes.h"
 
 #include <gtest/gtest.h>
 #include <zlib.h>
@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "torchpilot/runtime/gpu_backend.h"
-#include "torchpilot/runtime/gpu_records.h"
-#include "torchpilot/runtime/gpu_step_stats.h"
+#include "torchpilot/runtime/gpu/gpu_backend.h"
+#include "torchpilot/runtime/gpu/gpu_records.h"
+#include "torchpilot/runtime/gpu/gpu_step_stats.h"
 
 namespace torchpilot {
 namespace {

@@ -1,7 +1,7 @@
-// The Kineto trace analyzer (runtime/src/kineto_trace.cpp, docs/analyze.md): hand-made traces
+// The Kineto trace analyzer (runtime/analyze/kineto_trace.cpp, docs/analyze.md): hand-made traces
 // with hand-computed figures, then the real fixtures (tests/fixtures/kineto) against the advice
 // their planted trainers must produce.
-#include "torchpilot/runtime/kineto_trace.h"
+#include "torchpilot/runtime/analyze/kineto_trace.h"
 
 #include <gtest/gtest.h>
 
@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "torchpilot/advisors/advisors.h"
-#include "torchpilot/runtime/config.h"
+#include "torchpilot/advisors/core/advisors.h"
+#include "torchpilot/runtime/core/config.h"
 
 namespace torchpilot {
 namespace {

@@ -1,7 +1,7 @@
 // LoaderCore: exactly-once in-order delivery under live retuning, errors, epochs and shutdown.
 // Batches are the vectors of their sample indices; producers sleep a few random microseconds to
 // shake the interleavings.
-#include "torchpilot/runtime/loader_core.h"
+#include "torchpilot/runtime/loader/loader_core.h"
 
 #include <gtest/gtest.h>
 

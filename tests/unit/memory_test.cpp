@@ -4,9 +4,9 @@
 
 #include <string>
 
-#include "torchpilot/advisors/advisors.h"
-#include "torchpilot/runtime/gpu_records.h"
-#include "torchpilot/runtime/memory_records.h"
+#include "torchpilot/advisors/core/advisors.h"
+#include "torchpilot/runtime/gpu/gpu_records.h"
+#include "torchpilot/runtime/memory/memory_records.h"
 
 namespace torchpilot {
 namespace {

@@ -1,6 +1,6 @@
 // Metrics: fraction, median, relative standard error, the duration histogram, epoch summaries,
 // loader deltas.
-#include "torchpilot/runtime/metrics.h"
+#include "torchpilot/runtime/core/metrics.h"
 
 #include <gtest/gtest.h>
 
@@ -11,6 +11,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include "torchpilot/runtime/loader/loader_records.h"
 
 namespace torchpilot {
 namespace {

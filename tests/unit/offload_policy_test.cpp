@@ -1,7 +1,7 @@
 // The offloading stage of auto-tune (offload_policy.h): it tries offloading only where memory
 // ended the micro-batch search, at the micro-batch that failed and larger ones, and stops at a
 // failure or a clear decline.
-#include "torchpilot/runtime/offload_policy.h"
+#include "torchpilot/runtime/memory/offload_policy.h"
 
 #include <gtest/gtest.h>
 

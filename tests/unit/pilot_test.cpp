@@ -1,6 +1,6 @@
 // Pilot: step boundaries, phases, epochs, the advisory log, sinks, the ring buffer, mode off,
 // JSON-lines records and autotune through an attached (fake) loader. Time is a ManualClock.
-#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/runtime/core/pilot.h"
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>

@@ -9,10 +9,10 @@
 #include <string>
 
 #include "advice_test_util.h"
-#include "torchpilot/advisors/advisors.h"
-#include "torchpilot/runtime/device_peaks.h"
-#include "torchpilot/runtime/kernel_classes.h"
-#include "torchpilot/runtime/metrics.h"
+#include "torchpilot/advisors/core/advisors.h"
+#include "torchpilot/runtime/core/metrics.h"
+#include "torchpilot/runtime/flops/device_peaks.h"
+#include "torchpilot/runtime/gpu/kernel_classes.h"
 
 namespace torchpilot {
 namespace {

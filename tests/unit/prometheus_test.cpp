@@ -10,8 +10,8 @@
 #include <set>
 #include <sstream>
 
-#include "prometheus_exporter.h"
-#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/hooks/reports/prometheus_exporter.h"
+#include "torchpilot/runtime/core/pilot.h"
 
 namespace torchpilot {
 namespace {

@@ -1,5 +1,5 @@
 // The run journal: ETTR across restarts, the work lost at each failure, the checkpoint advice.
-#include "torchpilot/runtime/run_journal.h"
+#include "torchpilot/runtime/reports/run_journal.h"
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
@@ -10,8 +10,8 @@
 #include <sstream>
 
 #include "temp_dir.h"
-#include "torchpilot/advisors/advisors.h"
-#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/advisors/core/advisors.h"
+#include "torchpilot/runtime/core/pilot.h"
 
 namespace torchpilot {
 namespace {

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "torchpilot/runtime/collector.h"
-#include "torchpilot/runtime/pilot.h"
-#include "torchpilot/runtime/sink.h"
+#include "torchpilot/runtime/core/collector.h"
+#include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/core/sink.h"
 
 namespace toy {
 

@@ -1,6 +1,6 @@
 // Chrome/Perfetto trace files of detailed windows: the format (trace_event_check.h) and what a
 // window written by a Pilot over a fake GPU backend holds.
-#include "torchpilot/runtime/trace_events.h"
+#include "torchpilot/runtime/reports/trace_events.h"
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
@@ -12,8 +12,8 @@
 #include <sstream>
 
 #include "temp_dir.h"
-#include "torchpilot/runtime/gpu_monitor.h"
-#include "torchpilot/runtime/pilot.h"
+#include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/gpu/gpu_monitor.h"
 #include "trace_event_check.h"
 
 namespace torchpilot {

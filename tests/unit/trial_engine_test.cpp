@@ -1,6 +1,6 @@
 // TrialEngine + the loader policy against a simulated loader whose step time is a known function
 // of its knobs, so the true best setting is known by exhaustive evaluation.
-#include "torchpilot/runtime/trial_engine.h"
+#include "torchpilot/runtime/tune/trial_engine.h"
 
 #include <gtest/gtest.h>
 
@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "torchpilot/runtime/loader_policy.h"
-#include "torchpilot/runtime/sink.h"
+#include "torchpilot/runtime/core/sink.h"
+#include "torchpilot/runtime/loader/loader_policy.h"
 
 namespace torchpilot {
 namespace {

@@ -1,0 +1,175 @@
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "torchpilot/advisors/core/advice_text.h"
+#include "torchpilot/advisors/core/advisors.h"
+#include "torchpilot/advisors/core/gain_models.h"
+#include "torchpilot/runtime/core/metrics.h"
+
+namespace torchpilot {
+namespace {
+
+// Production that spends at least this share of its time on the CPU counts as CPU-bound.
+constexpr double kCpuBoundShare = 0.5;
+// Below this share of the step spent computing, the compute time is too small to size from.
+constexpr double kMinComputeShare = 0.01;
+constexpr double kMaxWorkersEstimate = 1e6;
+
+using detail::num;
+
+}  // namespace
+
+std::optional<Advice> advise_data_starvation(const EpochSummary& s, const AdvisorsConfig& config) {
+  const double f = s.data_wait_fraction;
+  if (s.steps == 0 || f <= config.data_starvation.threshold) return std::nullopt;
+
+  Advice a;
+  a.id = "data_starvation";
+  a.severity = f >= config.data_starvation.high_severity ? Severity::kHigh : Severity::kWarning;
+  const double wait_ms = static_cast<double>(s.data_wait_ns) / 1e6 / s.steps;
+  const double step_ms = static_cast<double>(s.wall_ns) / 1e6 / s.steps;
+  // The step's own work: the median step less its wait where known (as the gain model: a short
+  // epoch's first step or a trace window's stall would otherwise size the workers), else the mean
+  // step less the mean wait. When (nearly) all of a step is waiting, the compute time is not
+  // known well enough to size workers or a gain from it.
+  const double compute_ms = s.compute_p50_ns > 0 ? static_cast<double>(s.compute_p50_ns) / 1e6
+                                                 : std::max(0.0, step_ms - wait_ms);
+  const bool compute_known = compute_ms > kMinComputeShare * step_ms;
+  a.finding = "the training thread waited for data " + num(100 * f) + "% of step time (" +
+              num(wait_ms, "%.2f") + " ms of a " + num(step_ms, "%.2f") + " ms step; threshold " +
+              num(100 * config.data_starvation.threshold) + "%)";
+  a.evidence = {{"data_wait_fraction", f, "fraction"},
+                {"data_wait_per_step", wait_ms, "ms"},
+                {"step_time", step_ms, "ms"},
+                {"threshold", config.data_starvation.threshold, "fraction"}};
+  // Removing the wait entirely turns a step of `step` into one of `compute`.
+  a.expected_gain = compute_known ? f / (1.0 - f) : 0.0;
+  a.gain_estimated = true;
+
+  const LoaderStats* counters = s.sections.get<LoaderStats>();
+  if (counters == nullptr || counters->produce_count == 0) {
+    const std::string tunable =
+        "torchpilot::TunableLoader measures how long a batch takes to produce and, with mode: "
+        "autotune, picks workers and prefetch itself";
+    if (counters == nullptr || !counters->settings_known) {
+      a.cause =
+          "the loader's settings and production time are not visible (no loader attached, "
+          "or one whose options cannot be read)";
+      a.action = "check the loader's worker count against the CPUs; " + tunable;
+      return a;
+    }
+    // A watched stock loader: its own settings, and why more workers would (or would not) help.
+    const LoaderStats& l = *counters;
+    const int workers = l.settings.workers;
+    a.evidence.push_back({"workers", static_cast<double>(workers), "threads"});
+    a.evidence.push_back({"cpus_available", static_cast<double>(l.max_workers), "cpus"});
+    if (workers == 0) {
+      a.cause =
+          "the loader has workers 0: batches are loaded on the training thread, so the step "
+          "waits for each one";
+      a.action =
+          "load in worker threads (DataLoaderOptions().workers(n)) so batches are produced "
+          "while the step computes; " +
+          tunable;
+    } else {
+      a.cause = "the loader has " + std::to_string(workers) + " workers" +
+                (l.max_jobs >= 0 ? " and queues " + std::to_string(l.max_jobs) + " jobs ahead"
+                                 : std::string()) +
+                ", and still no batch was ready: producing a batch takes its workers longer than "
+                "the step (how much longer is not visible from a stock loader)";
+      const bool spare = l.max_workers > workers + 1;  // the training thread needs a core
+      a.action =
+          (spare ? "more workers help only if production is CPU-bound with cores to spare (" +
+                       std::to_string(l.max_workers) + " CPUs, " + std::to_string(workers) +
+                       " workers) or waits on I/O; "
+                 : "the workers already use the CPUs (" + std::to_string(l.max_workers) +
+                       "): make batches cheaper to produce (decode less, cache), or ") +
+          tunable;
+    }
+    return a;
+  }
+  const LoaderStats& l = *counters;
+  const double batch_ms = static_cast<double>(l.produce_ns) / 1e6 / l.produce_count;
+  // Share of production time spent on the CPU; the rest is waiting (disk, network, locks).
+  const double cpu_share = fraction(l.produce_cpu_ns, l.produce_ns);
+  const bool cpu_bound = cpu_share >= kCpuBoundShare;
+  const int cpus = std::max(1, l.max_workers);
+  // Workers needed so that a batch is ready every compute_ms (all CPUs when that is unknown).
+  const double ratio = compute_known ? batch_ms / compute_ms : std::max(1, l.max_workers);
+  const int needed = static_cast<int>(std::ceil(std::min(ratio, kMaxWorkersEstimate)));
+  const int workers = l.settings.workers;
+  a.evidence.push_back({"batch_produce_time", batch_ms, "ms"});
+  a.evidence.push_back({"batch_produce_cpu_share", cpu_share, "fraction"});
+  a.evidence.push_back({"compute_time_per_step", compute_ms, "ms"});
+  a.evidence.push_back({"workers", static_cast<double>(workers), "threads"});
+  a.evidence.push_back({"workers_needed_estimate", static_cast<double>(needed), "threads"});
+  a.evidence.push_back({"cpus_available", static_cast<double>(cpus), "cpus"});
+  const std::string tune_hint =
+      s.tuned ? " (auto-tune already chose the loader settings: what remains needs more than them)"
+      : l.tunable ? " (mode: autotune picks this during warm-up)"
+                  : " (torchpilot::TunableLoader with mode: autotune picks this during warm-up)";
+  // CPU-bound loading cannot go faster than all CPUs producing; I/O-bound loading can use more
+  // workers than CPUs.
+  const int useful = cpu_bound ? std::min(needed, cpus) : needed;
+  // The worker count the action names (the current count when workers are not the problem).
+  a.evidence.push_back({"workers_advised",
+                        static_cast<double>(needed > workers ? std::max(1, useful) : workers),
+                        "threads"});
+  const std::string production = "one batch takes " + num(batch_ms, "%.2f") + " ms to produce (" +
+                                 num(100 * cpu_share, "%.0f") + "% of it on the CPU)";
+  if (workers == 0) {
+    a.cause = "batches are loaded on the training thread (workers = 0): " + production +
+              " and the step waits for it";
+    a.action = "load in " + std::to_string(std::max(1, useful)) + " worker threads" + tune_hint;
+  } else if (needed > workers && cpu_bound && needed > cpus) {
+    a.cause = "loading is CPU-bound: " + production + ", the step computes for " +
+              num(compute_ms, "%.2f") + " ms, so " + std::to_string(needed) +
+              " workers would be needed but only " + std::to_string(cpus) + " CPUs are available";
+    a.action = "use " + std::to_string(cpus) +
+               " workers and make loading cheaper: decode at lower resolution, cache decoded "
+               "samples, or move augmentation to the GPU" +
+               tune_hint;
+  } else if (needed > workers) {
+    a.cause = "too few workers: " + production + ", so " + std::to_string(workers) +
+              " workers deliver one every " + num(batch_ms / workers, "%.2f") +
+              " ms while the step computes in " + num(compute_ms, "%.2f") + " ms";
+    a.action = "use about " + std::to_string(useful) + " workers" +
+               (cpu_bound ? "" : " (loading mostly waits, so more workers than CPUs can help)") +
+               tune_hint;
+  } else {
+    a.cause = "workers keep up on average (" + std::to_string(workers) + " deliver a batch every " +
+              num(batch_ms / workers, "%.2f") + " ms) but the queue still runs dry: prefetch " +
+              std::to_string(l.settings.prefetch) +
+              " batches per worker is too shallow for the variation in batch time";
+    a.action = "prefetch deeper (e.g. " + std::to_string(l.settings.prefetch * 2) +
+               " batches per worker)" + tune_hint;
+  }
+  if (cpu_bound && needed > cpus && workers == 0) {
+    a.action += "; even then loading is CPU-bound: make it cheaper";
+  }
+  // Gain: bounded by what the machine's cores deliver (gain_models.h): every core but the
+  // training thread's producing, a batch every (CPU time per batch / usable cores) at best.
+  if (compute_known) {
+    if (const auto m = gains::starvation_gain(s)) {
+      a.expected_gain = m->gain;
+      a.evidence.push_back({"usable_workers", static_cast<double>(m->usable_workers), "threads"});
+      a.evidence.push_back({"fastest_delivery_per_batch", m->delivery_s * 1e3, "ms"});
+      a.evidence.push_back({"predicted_step_time", m->new_step_s * 1e3, "ms"});
+      a.action += "; estimated: with " + std::to_string(m->usable_workers) +
+                  (m->usable_workers == 1 ? " core" : " cores") +
+                  " producing, a batch is ready every " + num(m->delivery_s * 1e3, "%.2f") +
+                  " ms at best, so a " + num(m->step_s * 1e3, "%.2f") +
+                  " ms step (the median step's own work plus the mean wait) becomes " +
+                  num(m->new_step_s * 1e3, "%.2f") + " ms";
+      a.evidence.push_back({"steady_step_time", m->step_s * 1e3, "ms"});
+    }
+  }
+  if (l.pin_memory_available && !l.settings.pin_memory) {
+    a.cause += "; batches are in pageable memory, so host-to-device copies block";
+    a.action += "; pin memory (loader pin_memory) so copies run asynchronously";
+  }
+  return a;
+}
+
+}  // namespace torchpilot

@@ -1,0 +1,82 @@
+// The Prometheus endpoint (docs/reports.md, "Prometheus"): a sink that keeps the latest figures
+// and serves them at GET /metrics in the text exposition format, from cpp-httplib's server on a
+// thread of its own (report.prometheus_port, report.prometheus_address; loopback by default).
+//
+// Never stalls or throws into the training loop: the sink updates its figures on the training
+// thread and hands a copy over only when the scrape side's mutex is free (try_lock); a scrape
+// formats from its copy. A bind failure (port in use, bad address) is one warning line and no
+// endpoint. Registered with the runtime as a default sink (prometheus_exporter.cpp).
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "torchpilot/runtime/core/sink.h"
+
+namespace spdlog {
+class logger;
+}
+namespace httplib {
+class Server;
+}
+
+namespace torchpilot {
+
+struct MetricsSnapshot {
+  std::string rank = "0", device = "0";
+  int64_t steps = 0, samples = 0, epochs = 0;
+  double step_seconds_sum = 0, data_wait_seconds = 0, last_step_seconds = 0;
+  std::map<std::string, double> phase_seconds;  // by phase name
+  // The last epoch's figures (NaN: not measured).
+  double epoch_samples_per_second = 0, epoch_data_wait_ratio = 0;
+  double epoch_step_p50_seconds = 0, epoch_step_p90_seconds = 0;
+  double mfu_ratio = 0, hfu_ratio = 0;
+  bool has_mfu = false;
+  // The latest step's GPU figures, by name (sm_efficiency, ...), fractions.
+  std::map<std::string, double> gpu;
+  struct AdviceGain {
+    std::string id, severity;
+    double expected_gain = 0;
+  };
+  std::vector<AdviceGain> advice;  // the last epoch's
+  // Named gauges other parts may set (the run journal's ETTR): name -> (help, value).
+  std::map<std::string, std::pair<std::string, double>> extra;
+};
+
+// The text exposition format (version 0.0.4) of a snapshot.
+std::string prometheus_text(const MetricsSnapshot& s);
+
+class PrometheusSink : public Sink {
+ public:
+  // Binds `address`:`port` (port 0: any free port, for tests). serving() false after a failed
+  // bind, with one warning line on `logger`.
+  // `device`: the CUDA device index observed (label device).
+  PrometheusSink(const std::string& address, int port, spdlog::logger& logger,
+                 std::string device = "0");
+  ~PrometheusSink() override;
+  std::string name() const override { return "prometheus"; }
+  void on_step(const StepRecord& record, const std::vector<std::string>& phase_names) override;
+  void on_epoch(const EpochSummary& summary, const std::vector<Advice>& advice) override;
+  void on_late_step(const LateStepRecord& record) override;
+
+  bool serving() const { return thread_.joinable(); }
+  int port() const { return port_; }
+  std::string scrape() const;  // what GET /metrics answers
+
+ private:
+  void publish();
+  MetricsSnapshot state_;  // training thread
+  mutable std::mutex mutex_;
+  MetricsSnapshot published_;  // under mutex_
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+  std::atomic<bool> listen_done_{false};
+  int port_ = 0;
+};
+
+}  // namespace torchpilot

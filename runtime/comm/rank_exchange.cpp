@@ -1,0 +1,479 @@
+#include "torchpilot/runtime/comm/rank_exchange.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <utility>
+
+#include "torchpilot/runtime/core/format.h"
+#include "torchpilot/runtime/core/guard.h"
+#include "torchpilot/runtime/gpu/gpu_records.h"
+
+namespace torchpilot {
+
+using detail::dump;
+using detail::json;
+
+namespace {
+
+Nanos steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s.empty() ? "none" : s;
+}
+
+}  // namespace
+
+// --- InMemoryStore
+// ---------------------------------------------------------------------------------
+
+void InMemoryStore::set(const std::string& key, const std::string& value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  map_[key] = value;
+}
+bool InMemoryStore::check(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& k : keys) {
+    if (map_.count(k) == 0) return false;
+  }
+  return true;
+}
+std::string InMemoryStore::get(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return map_.at(key);
+}
+bool InMemoryStore::remove(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return map_.erase(key) > 0;
+}
+size_t InMemoryStore::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return map_.size();
+}
+
+// --- RankExchange
+// ----------------------------------------------------------------------------------
+
+RankExchange::RankExchange(std::shared_ptr<KeyValueStore> store, int rank, int world_size,
+                           Nanos timeout_ns, std::string prefix)
+    : store_(std::move(store)),
+      rank_(rank),
+      world_size_(std::max(1, world_size)),
+      timeout_ns_(timeout_ns),
+      prefix_(std::move(prefix)) {}
+
+std::string RankExchange::key(const std::string& tag, int rank) const {
+  return prefix_ + tag + "/" + std::to_string(rank);
+}
+
+bool RankExchange::post(const std::string& tag, const std::string& value, std::string* error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  try {
+    store_->set(key(tag, rank_), value);
+    return true;
+  } catch (...) {
+    if (error != nullptr) *error = what_of(std::current_exception());
+    return false;
+  }
+}
+
+bool RankExchange::aborted(const std::string& family) {
+  std::lock_guard<std::mutex> lock(mu_);
+  try {
+    return store_->check({prefix_ + "abort/" + family});
+  } catch (...) {
+    return true;  // a store that fails cannot agree on anything
+  }
+}
+
+void RankExchange::forget(const std::string& tag) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int r = 0; r < world_size_; ++r) {
+    try {
+      store_->remove(key(tag, r));
+    } catch (...) {  // a key left behind costs memory, nothing else
+    }
+  }
+}
+
+std::optional<std::string> RankExchange::peek(const std::string& tag, int rank,
+                                              std::string* error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  try {
+    const std::string k = key(tag, rank);
+    if (!store_->check({k})) return std::nullopt;
+    return store_->get(k);
+  } catch (...) {
+    if (error != nullptr) *error = what_of(std::current_exception());
+    return std::nullopt;
+  }
+}
+
+std::vector<std::optional<std::string>> RankExchange::gather(const std::string& tag,
+                                                             Nanos timeout_ns, std::string* error) {
+  std::vector<std::optional<std::string>> out(world_size_);
+  const Nanos deadline = steady_ns() + timeout_ns;
+  auto pause = std::chrono::microseconds(200);
+  for (;;) {
+    bool all = true;
+    for (int r = 0; r < world_size_; ++r) {
+      if (out[r]) continue;
+      std::string e;
+      out[r] = peek(tag, r, &e);
+      if (!e.empty()) {
+        if (error != nullptr) *error = e;
+        return out;  // the store is gone: what was read so far
+      }
+      all = all && out[r].has_value();
+    }
+    if (all || steady_ns() >= deadline) return out;
+    std::this_thread::sleep_for(pause);
+    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(20));
+  }
+}
+
+std::optional<std::vector<std::string>> RankExchange::all_gather(const std::string& family,
+                                                                 const std::string& tag,
+                                                                 const std::string& value,
+                                                                 std::vector<int>* missing,
+                                                                 std::string* error) {
+  if (aborted(family)) {
+    if (error != nullptr) *error = "another rank gave up on this exchange earlier";
+    return std::nullopt;
+  }
+  if (!post(tag, value, error)) return std::nullopt;
+  auto got = gather(tag, timeout_ns_, error);
+  std::vector<std::string> values;
+  std::vector<int> absent;
+  for (int r = 0; r < world_size_; ++r) {
+    if (got[r]) {
+      values.push_back(*got[r]);
+    } else {
+      absent.push_back(r);
+    }
+  }
+  if (!absent.empty()) {
+    if (missing != nullptr) *missing = absent;
+    // Tell the others (and a rank arriving late) that this exchange is over.
+    std::lock_guard<std::mutex> lock(mu_);
+    try {
+      store_->set(prefix_ + "abort/" + family, std::to_string(rank_));
+    } catch (...) {
+    }
+    return std::nullopt;
+  }
+  // A rank that timed out may have marked the family after this rank's values were all there.
+  if (aborted(family)) {
+    if (error != nullptr) *error = "another rank gave up on this exchange";
+    return std::nullopt;
+  }
+  return values;
+}
+
+// --- rank summaries
+// ----------------------------------------------------------------------------------
+
+RankSummary summarize_rank(const EpochSummary& summary, int rank) {
+  RankSummary r;
+  r.rank = rank;
+  r.steps = summary.steps;
+  const double steps = std::max<int64_t>(1, summary.steps);
+  r.step_ns = static_cast<double>(summary.wall_ns) / steps;
+  r.data_wait_ns = static_cast<double>(summary.data_wait_ns) / steps;
+  if (const auto* c = summary.sections.get<CommEpochStats>()) {
+    r.comm_ns = static_cast<double>(c->stats.comm_ns) / steps;
+    r.exposed_ns = static_cast<double>(c->stats.exposed_ns) / steps;
+    r.durations = c->durations;
+  }
+  if (const auto* g = summary.sections.get<GpuEpochStats>()) {
+    // A trainer that does not wait for the GPU each step: its host steps say how fast the host
+    // queues work, not how long the rank's step takes (ranks run ahead by different amounts).
+    // The steps' GPU spans do, when most steps have one.
+    if (g->steps > 0 && 2 * g->gpu_timed_steps >= g->steps && g->stats.wall_ns > 0) {
+      r.step_ns = static_cast<double>(g->stats.wall_ns) / static_cast<double>(g->steps);
+    }
+  }
+  r.compute_ns = std::max(0.0, r.step_ns - r.data_wait_ns - r.exposed_ns);
+  if (const auto* g = summary.sections.get<GpuEpochStats>()) {
+    // PM's first: the SM efficiency beside it comes from the same samples (stragglers divide one
+    // by the other), and it covers the epoch, not only its trace windows.
+    r.gpu_utilization = measured(g->stats.counter_utilization) ? g->stats.counter_utilization
+                                                               : g->stats.gpu_utilization;
+    r.sm_efficiency = g->stats.sm_efficiency;
+    r.sm_clock_mhz = g->stats.sm_clock_mhz;
+    if (g->traced_steps > 0) {
+      r.host_sync_ns = static_cast<double>(g->stats.idle_host_sync_ns) / g->traced_steps;
+    }
+  }
+  return r;
+}
+
+RankCollector::RankCollector(std::shared_ptr<RankExchange> exchange, double straggler_threshold)
+    : exchange_(std::move(exchange)), threshold_(straggler_threshold) {}
+
+void RankCollector::on_epoch_end(EpochSummary& summary) {
+  if (!exchange_ || store_failed_) return;
+  const int rank = exchange_->rank();
+  const std::string tag = "epoch/" + std::to_string(summary.epoch);
+  std::string error;
+  if (!exchange_->post(tag, to_json(summarize_rank(summary, rank), /*with_durations=*/true),
+                       &error)) {
+    store_failed_ = true;
+    if (host_ != nullptr) {
+      host_->log(LogLevel::kWarn,
+                 "ranks: the store failed (" + error + "); no per-rank summaries from now on");
+    }
+    return;
+  }
+  // Sent: the epoch's summary, kept by the Pilot, need not carry them any more.
+  if (auto* c = summary.sections.get<CommEpochStats>()) {
+    std::vector<CollectiveDuration>().swap(c->durations);
+  }
+  if (rank != 0) return;
+  // Rank 0 waits (bounded) for the others: they end the same epoch at about the same time, held
+  // together by the gradient all-reduce.
+  auto got = exchange_->gather(tag, exchange_->timeout_ns(), &error);
+  exchange_->forget(tag);  // read once, here
+  RankEpochStats stats;
+  stats.world_size = exchange_->world_size();
+  stats.threshold = threshold_;
+  std::vector<int> newly_missing;
+  for (int r = 0; r < exchange_->world_size(); ++r) {
+    RankSummary s;
+    if (got[r] && from_json(*got[r], s)) {
+      stats.ranks.push_back(std::move(s));
+    } else {
+      stats.missing.push_back(r);
+      if (reported_missing_.insert(r).second) newly_missing.push_back(r);
+    }
+  }
+  if (!newly_missing.empty() && host_ != nullptr) {
+    host_->log(LogLevel::kWarn, "ranks: rank(s) " + ranks_text(newly_missing) +
+                                    " did not report epoch " + std::to_string(summary.epoch) +
+                                    " within " + detail::fmt_num(exchange_->timeout_ns() / 1e6) +
+                                    " ms (stopped or stalled?); the table shows the others" +
+                                    (error.empty() ? "" : "; store: " + error));
+  }
+  set_collective_waits(stats.ranks);  // among the ranks that reported
+  stats.stragglers = find_stragglers(stats.ranks, threshold_);
+  summary.sections.set(std::move(stats));
+}
+
+// --- tuning across ranks
+// -----------------------------------------------------------------------------
+
+std::string to_json(const TrialWindow& w) {
+  return dump(json{{"trial", w.trial},
+                   {"round", w.round},
+                   {"first_step", w.first_step},
+                   {"last_step", w.last_step},
+                   {"throughput", w.throughput},
+                   {"demand", w.demand},
+                   {"supply_capacity", w.supply_capacity},
+                   {"supply_limited", w.supply_limited},
+                   {"mean_step_ns", w.mean_step_ns},
+                   {"relative_error", w.relative_error},
+                   {"data_wait_fraction", w.data_wait_fraction},
+                   {"window_ns", w.window_ns},
+                   {"elapsed_ns", w.elapsed_ns},
+                   {"peak_memory_fraction", w.peak_memory_fraction},
+                   {"peak_memory_bytes", w.peak_memory_bytes},
+                   {"failed", w.failed},
+                   {"note", w.note}});
+}
+
+bool from_json(const std::string& text, TrialWindow& out) {
+  const json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return false;
+  try {
+    TrialWindow w;
+    w.trial = j.at("trial").get<int64_t>();
+    w.round = j.at("round").get<int64_t>();
+    w.first_step = j.at("first_step").get<int64_t>();
+    w.last_step = j.at("last_step").get<int64_t>();
+    w.throughput = j.at("throughput").get<double>();
+    w.demand = j.at("demand").get<double>();
+    w.supply_capacity = j.at("supply_capacity").get<double>();
+    w.supply_limited = j.at("supply_limited").get<bool>();
+    w.mean_step_ns = j.at("mean_step_ns").get<Nanos>();
+    w.relative_error = j.at("relative_error").get<double>();
+    w.data_wait_fraction = j.at("data_wait_fraction").get<double>();
+    w.window_ns = j.at("window_ns").get<Nanos>();
+    w.elapsed_ns = j.at("elapsed_ns").get<Nanos>();
+    // Absent in a window from an older build: unknown.
+    w.peak_memory_fraction = j.value("peak_memory_fraction", -1.0);
+    w.peak_memory_bytes = j.value("peak_memory_bytes", int64_t{-1});
+    w.failed = j.at("failed").get<bool>();
+    w.note = j.at("note").get<std::string>();
+    out = std::move(w);
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+std::optional<TrialWindow> combine_trial_windows(const std::vector<TrialWindow>& windows) {
+  if (windows.empty()) return std::nullopt;
+  TrialWindow c = windows.front();
+  size_t slowest = 0;
+  for (size_t i = 0; i < windows.size(); ++i) {
+    const TrialWindow& w = windows[i];
+    if (w.trial != c.trial || w.round != c.round || w.first_step != c.first_step ||
+        w.last_step != c.last_step) {
+      return std::nullopt;  // the ranks are not measuring the same steps
+    }
+    if (w.throughput < windows[slowest].throughput) slowest = i;
+  }
+  const TrialWindow& s = windows[slowest];
+  c.throughput = s.throughput;
+  c.demand = s.demand;
+  c.supply_capacity = s.supply_capacity;
+  c.supply_limited = s.supply_limited;
+  c.data_wait_fraction = s.data_wait_fraction;
+  c.failed = false;
+  c.note.clear();
+  for (const TrialWindow& w : windows) {
+    c.mean_step_ns = std::max(c.mean_step_ns, w.mean_step_ns);
+    c.relative_error = std::max(c.relative_error, w.relative_error);
+    c.window_ns = std::max(c.window_ns, w.window_ns);
+    c.elapsed_ns = std::max(c.elapsed_ns, w.elapsed_ns);
+    // The rank nearest to running out governs (the fraction; its bytes go with it).
+    if (w.peak_memory_fraction > c.peak_memory_fraction) {
+      c.peak_memory_fraction = w.peak_memory_fraction;
+      c.peak_memory_bytes = w.peak_memory_bytes;
+    }
+    if (w.failed) {
+      c.failed = true;
+      if (c.note.empty()) c.note = w.note;
+    }
+  }
+  return c;
+}
+
+TrialAgreement make_trial_agreement(std::shared_ptr<RankExchange> exchange,
+                                    std::function<void(const std::string&)> log) {
+  auto logged = std::make_shared<bool>(false);
+  return [exchange, log, logged](const TrialWindow& mine) -> std::optional<TrialWindow> {
+    const std::string tag = "tune/" + std::to_string(mine.trial) + "/" + std::to_string(mine.round);
+    std::vector<int> missing;
+    std::string error;
+    auto values = exchange->all_gather("tune", tag, to_json(mine), &missing, &error);
+    std::optional<TrialWindow> agreed;
+    std::string why;
+    if (values) {
+      std::vector<TrialWindow> windows(values->size());
+      bool ok = true;
+      for (size_t i = 0; i < values->size() && ok; ++i) ok = from_json((*values)[i], windows[i]);
+      agreed = ok ? combine_trial_windows(windows) : std::nullopt;
+      if (!agreed) why = "the ranks measured different steps";
+    } else if (!missing.empty()) {
+      why = "rank(s) " + ranks_text(missing) + " missed it within " +
+            detail::fmt_num(exchange->timeout_ns() / 1e6) + " ms";
+    } else {
+      why = error;
+    }
+    if (!agreed && !*logged && log) {
+      *logged = true;
+      log("autotune: the tuning exchange after trial " + std::to_string(mine.trial) + " (steps " +
+          std::to_string(mine.first_step) + "-" + std::to_string(mine.last_step) +
+          ") failed: " + why + "; every rank keeps its starting settings");
+    }
+    return agreed;
+  };
+}
+
+// --- watchdog
+// ----------------------------------------------------------------------------------------
+
+CommWatchdog::CommWatchdog(std::shared_ptr<RankExchange> exchange, CommMonitor* monitor,
+                           Nanos threshold_ns, std::function<void(const std::string&)> log)
+    : exchange_(std::move(exchange)),
+      monitor_(monitor),
+      threshold_ns_(threshold_ns),
+      log_(std::move(log)) {
+  const auto period =
+      std::chrono::nanoseconds(std::clamp<Nanos>(threshold_ns_ / 4, 10'000'000, 1'000'000'000));
+  thread_ = std::thread([this, period] {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      cv_.wait_for(lock, period, [this] { return stop_; });
+      if (stop_) break;
+      lock.unlock();
+      poll();
+      lock.lock();
+    }
+  });
+}
+
+CommWatchdog::~CommWatchdog() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void CommWatchdog::poll() {
+  if (monitor_ == nullptr || !exchange_) return;
+  try {
+    const int64_t started = monitor_->started();
+    if (started != published_ && !store_failed_) {
+      std::string error;
+      if (exchange_->post("coll/started", std::to_string(started), &error)) {
+        published_ = started;
+      } else {
+        store_failed_ = true;
+        if (log_)
+          log_("collective watchdog: the store failed (" + error + "); it stops publishing");
+      }
+    }
+    const Nanos now = monitor_->now();
+    for (const CollectiveRecord& r : monitor_->outstanding()) {
+      if (now - r.begin_ns < threshold_ns_ || logged_.count(r.seq) != 0) continue;
+      logged_.insert(r.seq);
+      std::vector<int> reached, behind, silent;
+      for (int k = 0; k < exchange_->world_size(); ++k) {
+        if (k == exchange_->rank()) {
+          reached.push_back(k);
+          continue;
+        }
+        const auto v = exchange_->peek("coll/started", k);
+        if (!v) {
+          silent.push_back(k);
+        } else if (std::atoll(v->c_str()) >= r.seq) {
+          reached.push_back(k);
+        } else {
+          behind.push_back(k);
+        }
+      }
+      if (log_) {
+        log_("collective " + std::string(to_string(r.op)) + " seq " + std::to_string(r.seq) + " (" +
+             std::to_string(r.bytes) + " bytes, " + r.dtype + ") outstanding for " +
+             detail::fmt_num((now - r.begin_ns) / 1e9) + " s on rank " +
+             std::to_string(exchange_->rank()) + ": reached by ranks " + ranks_text(reached) +
+             "; not reached by " + ranks_text(behind) + "; no report from " + ranks_text(silent));
+      }
+    }
+  } catch (...) {  // allocation in a log line: skip this poll
+  }
+}
+
+}  // namespace torchpilot

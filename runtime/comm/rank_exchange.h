@@ -1,0 +1,171 @@
+// Across ranks: everything torchpilot exchanges between the ranks of a data-parallel run goes
+// through a key-value store (hooks/ adapts c10d's TCPStore or FileStore), never through a
+// collective on the trainer's process group, and every wait is bounded: a rank that does not
+// answer within the timeout is reported, never waited for forever.
+//
+//  - RankExchange: post a value under a tag, gather every rank's (all ranks) or rank 0's view,
+//    with a timeout; a rank that times out in an all-gather marks the tag's family aborted so the
+//    others stop too (see all_gather).
+//  - RankCollector: at each epoch's end every rank posts its summary (RankSummary); rank 0 gathers
+//    them (bounded wait) and adds the section "ranks" (per-rank table, stragglers).
+//  - make_trial_agreement: the trial engine's cross-rank agreement (TrialAgreement, tuning.h).
+//  - CommWatchdog: a thread that publishes how many collectives this rank has started and logs,
+//    once, a collective outstanding longer than a threshold with the ranks that have and have not
+//    reached it.
+//
+// Thread-safety: RankExchange serializes its store calls (one mutex); RankCollector is called on
+// the training thread; CommWatchdog runs its own thread. Failure behaviour: a store that throws is
+// treated as a missing answer (logged once by the caller); nothing here throws into the loop.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "torchpilot/runtime/comm/comm_monitor.h"
+#include "torchpilot/runtime/comm/comm_records.h"
+#include "torchpilot/runtime/core/collector.h"
+#include "torchpilot/runtime/core/tuning.h"
+
+namespace torchpilot {
+
+// What torchpilot needs of a store. Implementations may throw (a dead server); callers catch.
+class KeyValueStore {
+ public:
+  virtual ~KeyValueStore() = default;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  // Whether every key is present, without blocking.
+  virtual bool check(const std::vector<std::string>& keys) = 0;
+  // A present key's value.
+  virtual std::string get(const std::string& key) = 0;
+  // Deletes a key once nobody will read it (keeps the store from growing with the epochs); false
+  // when the store cannot.
+  virtual bool remove(const std::string& key) {
+    (void)key;
+    return false;
+  }
+};
+
+// A store in this process's memory (tests; thread-safe).
+class InMemoryStore : public KeyValueStore {
+ public:
+  void set(const std::string& key, const std::string& value) override;
+  bool check(const std::vector<std::string>& keys) override;
+  std::string get(const std::string& key) override;
+  bool remove(const std::string& key) override;
+  size_t size() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, std::string> map_;
+};
+
+class RankExchange {
+ public:
+  RankExchange(std::shared_ptr<KeyValueStore> store, int rank, int world_size, Nanos timeout_ns,
+               std::string prefix = "torchpilot/");
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  Nanos timeout_ns() const { return timeout_ns_; }
+
+  // Posts this rank's value under `tag`. False if the store failed (`error` says why).
+  bool post(const std::string& tag, const std::string& value, std::string* error = nullptr);
+  // Every rank's value under `tag`, by rank, waiting up to the timeout. On a timeout: nullopt,
+  // the ranks missing in *missing, and `family` marked aborted, so that a rank arriving late
+  // (which would find everyone's values) stops too; a call finding its family aborted returns
+  // nullopt at once. A store failure counts as a timeout.
+  std::optional<std::vector<std::string>> all_gather(const std::string& family,
+                                                     const std::string& tag,
+                                                     const std::string& value,
+                                                     std::vector<int>* missing,
+                                                     std::string* error = nullptr);
+  // The values the ranks posted under `tag`, waiting up to `timeout_ns` for all (nullopt entries
+  // for the ranks that did not post).
+  std::vector<std::optional<std::string>> gather(const std::string& tag, Nanos timeout_ns,
+                                                 std::string* error = nullptr);
+  // Deletes every rank's value under `tag` (after a gather, by the only rank that reads them);
+  // store failures are ignored.
+  void forget(const std::string& tag);
+  // What a rank posted under `tag` now, without waiting.
+  std::optional<std::string> peek(const std::string& tag, int rank, std::string* error = nullptr);
+  bool aborted(const std::string& family);
+
+ private:
+  std::string key(const std::string& tag, int rank) const;
+  std::shared_ptr<KeyValueStore> store_;
+  int rank_;
+  int world_size_;
+  Nanos timeout_ns_;
+  std::string prefix_;
+  std::mutex mu_;  // one store call at a time (c10d clients are not all thread-safe)
+};
+
+// The per-epoch exchange of rank summaries (section "ranks" on rank 0). Add it after the
+// collectors whose sections it reads (comm, gpu).
+class RankCollector : public Collector {
+ public:
+  RankCollector(std::shared_ptr<RankExchange> exchange, double straggler_threshold);
+  std::string name() const override { return "ranks"; }
+  void attach(CollectorHost* host) override { host_ = host; }
+  void on_epoch_end(EpochSummary& summary) override;
+
+ private:
+  std::shared_ptr<RankExchange> exchange_;
+  double threshold_;
+  CollectorHost* host_ = nullptr;
+  std::set<int> reported_missing_;
+  bool store_failed_ = false;
+};
+
+// This rank's summary of an epoch (reads the sections "comm" and "gpu" when present).
+// The step time is the steps' GPU span when most steps have one (section "gpu"), else the host's.
+RankSummary summarize_rank(const EpochSummary& summary, int rank);
+
+// The trial engine's agreement over RankExchange: each trial's window is all-gathered under
+// tag "tune/<trial>/<round>" (family "tune"), combined by combine_trial_windows.
+TrialAgreement make_trial_agreement(std::shared_ptr<RankExchange> exchange,
+                                    std::function<void(const std::string&)> log);
+// Deterministic combination of the ranks' windows (same inputs, same result on every rank): the
+// slowest rank governs (lowest throughput, its data-wait share), the longest window and elapsed
+// time, the largest error; failed if any failed; nullopt if they measured different steps.
+std::optional<TrialWindow> combine_trial_windows(const std::vector<TrialWindow>& windows);
+std::string to_json(const TrialWindow& w);
+bool from_json(const std::string& text, TrialWindow& out);
+
+// Logs (once per collective) a collective outstanding longer than `threshold_ns`, with the ranks
+// that have started it and those that have not (from the counts each rank's watchdog publishes).
+class CommWatchdog {
+ public:
+  CommWatchdog(std::shared_ptr<RankExchange> exchange, CommMonitor* monitor, Nanos threshold_ns,
+               std::function<void(const std::string&)> log);
+  ~CommWatchdog();  // stops and joins the thread
+  CommWatchdog(const CommWatchdog&) = delete;
+  CommWatchdog& operator=(const CommWatchdog&) = delete;
+  // One poll (the thread calls it; tests may too).
+  void poll();
+
+ private:
+  std::shared_ptr<RankExchange> exchange_;
+  CommMonitor* monitor_;
+  Nanos threshold_ns_;
+  std::function<void(const std::string&)> log_;
+  int64_t published_ = -1;
+  std::set<int64_t> logged_;
+  bool store_failed_ = false;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace torchpilot

@@ -1,0 +1,87 @@
+// Collectors: every source of records (the GPU monitor, the FLOP counter, the loader's counters,
+// and whatever comes next) plugs into the Pilot through this one interface, in the spirit of
+// kineto's IActivityProfiler. A collector hears step, phase and epoch boundaries and window
+// requests, may add named figures to each step record (StepRecord::metrics), publish late step
+// records (CollectorHost::publish), and adds its section to each epoch summary
+// (EpochSummary::sections). Sinks format sections generically, so a new collector touches its own
+// files, its config rows and its docs, nothing else (docs/architecture.md has the checklist).
+//
+// Registration: a program adds collectors with Pilot::add_collector (or PilotOptions::collectors);
+// a library layer (hooks/, e.g. the GPU collectors) registers a factory with
+// register_default_collector, and every Pilot then creates one from it at construction.
+//
+// Thread-safety: the Pilot calls collectors on the training thread, in the order they were added
+// (the loader's first, then the default ones, then the program's). Failure behaviour: the Pilot
+// catches anything a collector throws, logs it once with the collector's name and drops it; the
+// training loop never sees it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "torchpilot/runtime/core/clock.h"
+#include "torchpilot/runtime/core/config.h"
+#include "torchpilot/runtime/core/logging.h"
+#include "torchpilot/runtime/core/records.h"
+#include "torchpilot/runtime/core/section.h"
+
+namespace torchpilot {
+
+// What a collector may use of the Pilot it is attached to.
+class CollectorHost {
+ public:
+  virtual ~CollectorHost() = default;
+  virtual const Config& config() const = 0;
+  virtual Clock& clock() = 0;
+  // The host runs on the steady clock, which vendor timestamps are converted to.
+  virtual bool steady_clock() const = 0;
+  virtual void log(LogLevel level, const std::string& message) = 0;
+  // The advisory log itself, for vendor code that logs with spdlog (never from a LibTorch
+  // translation unit: use log()).
+  virtual spdlog::logger& logger() = 0;
+  // Auto-tune trials are running: optional measurements (trace windows) wait until they end.
+  virtual bool tuning() const = 0;
+  // A step's figures that became known after the step (sent to every sink's on_late_step).
+  virtual void publish(const LateStepRecord& record) = 0;
+  // The cost budget (cost.h): would optional work costing `estimate_ns` of the training thread
+  // fit now? Work that does not fit is deferred or skipped and reported with cost_deferred().
+  virtual bool cost_allows(Nanos estimate_ns) const { return true; }
+  virtual void cost_deferred(const std::string& what, Nanos estimate_ns) {}
+  // What the collector cost the training thread outside its own callbacks (a trace window's
+  // slower launches); the host times the callbacks itself.
+  virtual void charge_cost(Nanos ns) {}
+  // torchpilot's time on the training thread in the open epoch so far (its step calls, windows).
+  virtual Nanos epoch_cost_ns() const { return 0; }
+};
+
+class Collector {
+ public:
+  virtual ~Collector() = default;
+  virtual std::string name() const = 0;
+  // Called once when added to a host, and with nullptr when the host goes away (or drops the
+  // collector): from then on the collector must not use it.
+  virtual void attach(CollectorHost* host) {}
+  // A step scope opened at `now` (step numbers from 0).
+  virtual void on_step_begin(int64_t step, Nanos now) {}
+  virtual void on_phase_begin(int phase_id, const std::string& phase_name) {}
+  virtual void on_phase_end(int phase_id) {}
+  // The step ended; the collector may add its metrics to the record before sinks see it.
+  virtual void on_step_end(StepRecord& record) {}
+  // The epoch ended; the collector adds its section before advisors run.
+  virtual void on_epoch_end(EpochSummary& summary) {}
+  // The run ends (the Pilot goes): publish what is still held back (late step records).
+  virtual void on_close() {}
+  // Someone asked for a detailed measurement window of `steps` steps from the next step.
+  virtual void on_window_request(int steps) {}
+};
+
+// A factory a library layer registers; it may return null (with a log line through the host)
+// when its collector cannot run here.
+using CollectorFactory = std::unique_ptr<Collector> (*)(CollectorHost& host);
+// Thread-safe; usually called during static initialization of the registering library.
+void register_default_collector(CollectorFactory factory);
+std::vector<CollectorFactory> default_collectors();
+
+}  // namespace torchpilot

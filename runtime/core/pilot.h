@@ -1,0 +1,287 @@
+// The Pilot: torchpilot's in-process runtime. Create one per training process from a Config, mark
+// steps and phases with scope objects, end epochs, read the advisory log.
+//
+//   torchpilot::Pilot pilot(torchpilot::Config::load());
+//   for (auto& batch : loader) {                  // a TunableLoader attached to the pilot
+//     auto step = pilot.step(batch_size);         // step boundary when `step` goes out of scope
+//     { auto p = pilot.phase("forward"); ... }
+//   }
+//   pilot.end_epoch();                            // summary + advice (attached loaders call it
+//   too)
+//
+// Step time is boundary to boundary: a step runs from the previous step's end to its own end, so
+// the wait for its batch (before the scope opens) belongs to it.
+//
+// Thread-safety: step(), phase(), end_epoch() and the knob registry belong to one training thread.
+// record_data_wait() may be called from any thread.
+// Failure behaviour: the constructor throws (bad config, JSON file that cannot be opened). After
+// that nothing throws: a failing sink is logged once and skipped, advisor errors are logged.
+// Cost: a step scope is a few clock reads (its own cost is timed too: cost.h), a read of the
+// thread's CPU clock and a ring-buffer write plus the sinks' on_step. What torchpilot costs the
+// training thread is the epoch summary's "cost" section, kept under cost.budget.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "torchpilot/runtime/core/advice.h"
+#include "torchpilot/runtime/core/clock.h"
+#include "torchpilot/runtime/core/collector.h"
+#include "torchpilot/runtime/core/config.h"
+#include "torchpilot/runtime/core/knobs.h"
+#include "torchpilot/runtime/core/logging.h"
+#include "torchpilot/runtime/core/metrics.h"
+#include "torchpilot/runtime/core/records.h"
+#include "torchpilot/runtime/core/sink.h"
+#include "torchpilot/runtime/core/tuning.h"
+#include "torchpilot/runtime/cost/cost.h"
+#include "torchpilot/runtime/loader/loader_records.h"
+#include "torchpilot/runtime/stalls/step_outliers.h"
+
+namespace spdlog {
+class logger;
+}
+
+namespace torchpilot {
+
+class Pilot;
+
+// Ends a step when destroyed (or at end()). Move-only.
+class StepScope {
+ public:
+  StepScope(StepScope&& other) noexcept;
+  StepScope& operator=(StepScope&&) = delete;
+  StepScope(const StepScope&) = delete;
+  ~StepScope() { end(); }
+  void set_samples(int64_t samples);
+  void end();
+
+ private:
+  friend class Pilot;
+  StepScope(Pilot* pilot, int64_t step) : pilot_(pilot), step_(step) {}
+  Pilot* pilot_;
+  int64_t step_;  // the step this scope opened: if the Pilot closed it already, end() does nothing
+};
+
+// Adds its lifetime to a named phase of the current step. Move-only.
+class PhaseScope {
+ public:
+  PhaseScope(PhaseScope&& other) noexcept;
+  PhaseScope& operator=(PhaseScope&&) = delete;
+  PhaseScope(const PhaseScope&) = delete;
+  ~PhaseScope() { end(); }
+  void end();
+
+ private:
+  friend class Pilot;
+  PhaseScope(Pilot* pilot, int id, Nanos begin) : pilot_(pilot), id_(id), begin_(begin) {}
+  Pilot* pilot_;
+  int id_;
+  Nanos begin_;
+};
+
+// What a data loader shows the Pilot. One loader is attached at a time: it is measured (waits,
+// epoch counters) and, in autotune mode, tuned. The loader detaches itself when destroyed. The
+// Pilot calls forget_pilot() when it is destroyed first or when another loader replaces this one;
+// the loader must then stop reporting to it.
+class LoaderProbe {
+ public:
+  virtual ~LoaderProbe() = default;
+  virtual LoaderStats stats() const = 0;
+  virtual void forget_pilot() = 0;
+};
+
+class TrialEngine;
+class RunJournal;
+
+struct PilotOptions {
+  std::shared_ptr<spdlog::logger> logger;  // advisory log; default: "torchpilot" on stderr
+  std::shared_ptr<Clock> clock;            // default: the steady clock
+  // The training thread's CPU time (StepRecord::cpu_ns); default: ThreadCpuClock when `clock` is
+  // the default one, else none (a test's manual clock has no CPU time to go with it).
+  std::shared_ptr<Clock> cpu_clock;
+  std::vector<std::shared_ptr<Sink>> sinks;  // in addition to the log and the JSON-lines file
+  // Collectors the Pilot owns, added after the default ones (tests pass a GpuMonitor over a fake
+  // backend here). A default collector whose name one of these has is not created.
+  std::vector<std::shared_ptr<Collector>> collectors;
+  // Create the collectors registered with register_default_collector (the GPU monitor when
+  // torchpilot::torchpilot is linked).
+  bool default_collectors = true;
+};
+
+class Pilot : private CollectorHost {
+ public:
+  explicit Pilot(Config config = Config::load(), PilotOptions options = {});
+  ~Pilot();
+  Pilot(const Pilot&) = delete;
+  Pilot& operator=(const Pilot&) = delete;
+
+  Mode mode() const { return config_.mode; }
+  const Config& config() const override { return config_; }
+
+  // Step and phase scopes. In mode off they do nothing.
+  StepScope step(int64_t samples = 0);
+  PhaseScope phase(std::string_view name);
+  PhaseScope phase(int id);
+  // Interns a phase name (kMaxPhases at most; beyond that -1 and the phase is not timed).
+  int phase_id(std::string_view name);
+
+  // Closes the epoch: summary, advice, sinks. Does nothing if no step ran since the last call.
+  void end_epoch();
+
+  void add_sink(std::shared_ptr<Sink> sink);
+  void flush();
+  // The trainer saved a checkpoint at `step` (its own step count): a record in the run journal
+  // (report.journal_path; docs/reports.md, "ETTR"). Does nothing without a journal.
+  void checkpoint_saved(int64_t step);
+
+  // --- for hooks -------------------------------------------------------------------------------
+  void record_data_wait(Nanos ns) {
+    if (enabled_) pending_wait_ns_.fetch_add(ns, std::memory_order_relaxed);
+  }
+  // The loader's knobs join the registry (autotune tunes them); its stats go into epoch summaries.
+  void attach_loader(LoaderProbe* probe, std::vector<Knob> knobs);
+  void detach_loader(LoaderProbe* probe);
+  KnobRegistry& knobs() { return knobs_; }
+  // Auto-tune trials may still run: mode autotune and no decision yet (a hook that can recover
+  // from a failed setting recovers only then).
+  bool autotuning() const;
+  // The running trial's setting failed in a step (an out-of-memory error:
+  // hooks/memory/accumulation.h): the trial fails and the incumbent's setting is applied before
+  // this returns (the trial engine's fail_current_trial). False when no trial is running (nothing
+  // changed). Never throws.
+  bool fail_trial(const std::string& reason);
+  // The device memory each trial uses (tuning.h, MemoryProbe); a hook that knows the allocator
+  // sets it (hooks/memory/accumulation.h). Trials above autotune.memory_headroom then fail.
+  void set_memory_probe(MemoryProbe probe);
+  // Ranks of a data-parallel run tune together (rank_exchange.h's make_trial_agreement); set it
+  // before the first step. Null: this process decides alone.
+  void set_trial_agreement(TrialAgreement agreement);
+  // Collectors (collector.h) see every step and epoch. A collector added by pointer (the FLOP
+  // counter adds itself) is not owned: it removes itself before it is destroyed, and the Pilot
+  // detaches the ones left (attach(nullptr)) when it is destroyed. In mode off nothing is added.
+  void add_collector(Collector* collector);
+  void add_collector(std::shared_ptr<Collector> collector);
+  void remove_collector(Collector* collector);
+  // The first collector of type T (e.g. GpuMonitor), or null.
+  template <typename T>
+  T* collector() const {
+    for (Collector* c : collectors_) {
+      if (auto* t = dynamic_cast<T*>(c)) return t;
+    }
+    return nullptr;
+  }
+  // Asks every collector for a detailed window of `steps` steps from the next step (the GPU
+  // monitor traces kernels, copies and syncs).
+  void request_window(int steps);
+  Clock& clock() override { return *clock_; }
+  const std::shared_ptr<Clock>& shared_clock() const { return clock_; }
+  spdlog::logger& logger() override { return *logger_; }
+  // The advisory log without spdlog's headers: LibTorch translation units must not include them
+  // (the PyTorch wheel ships its own fmt, which shadows the one spdlog was built with).
+  using LogLevel = torchpilot::LogLevel;
+  void log(LogLevel level, const std::string& message) override;
+
+  // --- results, for programs and tests -----------------------------------------------------------
+  int64_t steps() const { return next_step_; }
+  int64_t epoch() const { return epoch_; }
+  // The last `records.step_history` steps, oldest first.
+  std::vector<StepRecord> recent_steps() const;
+  const std::vector<EpochSummary>& epoch_summaries() const { return epoch_summaries_; }
+  const std::vector<Advice>& last_advice() const { return last_advice_; }
+  const std::optional<TuningDecision>& tuning_decision() const;
+  bool tuning_finished() const;
+
+ private:
+  friend class StepScope;
+  friend class PhaseScope;
+  void end_step();
+  void autotune_step(const StepRecord& record);
+  void summarize_epoch(Nanos began);
+  // CollectorHost
+  bool steady_clock() const override;
+  bool tuning() const override;
+  void publish(const LateStepRecord& record) override;
+  bool cost_allows(Nanos estimate_ns) const override;
+  void cost_deferred(const std::string& what, Nanos estimate_ns) override;
+  void charge_cost(Nanos ns) override;
+  Nanos epoch_cost_ns() const override {
+    return epoch_step_calls_ns_ + epoch_window_ns_ + epoch_end_carry_ns_;
+  }
+  // Time spent in torchpilot's own calls on the training thread, from `since` to now.
+  void spend_own(Nanos since, Nanos now);
+  CostStats epoch_cost(const EpochSummary& summary, Nanos began, Nanos now);
+  void add_default_collectors(std::vector<std::shared_ptr<Collector>> given);
+  void choose_device(bool probe_driver);  // gpu.device auto (-1): the device observed
+  void insert_collector(Collector* collector, bool front);
+  bool owns_open_step(int64_t step) const { return step_open_ && next_step_ == step; }
+  void end_phase(int id, Nanos begin);
+  template <typename Fn>
+  void for_each_sink(const char* what, Fn&& fn);
+
+  Config config_;
+  const bool enabled_;  // mode != off, fixed at construction (read from any thread)
+  std::shared_ptr<Clock> clock_;
+  std::shared_ptr<spdlog::logger> logger_;
+  std::vector<std::shared_ptr<Sink>> sinks_;
+  std::vector<bool> sink_failed_;
+
+  // Current step state (training thread).
+  std::atomic<Nanos> pending_wait_ns_{0};
+  bool step_open_ = false;
+  int64_t open_step_samples_ = 0;
+  Nanos step_begin_ns_ = 0;
+  Nanos last_boundary_ns_ = -1;  // -1: no step yet in this epoch
+  std::array<Nanos, kMaxPhases> phase_ns_{};
+  std::vector<std::string> phase_names_;
+
+  int64_t next_step_ = 0;
+  int64_t epoch_ = 0;
+  int64_t step_in_epoch_ = 0;
+  int64_t epoch_tuning_steps_ = 0;
+  std::vector<StepRecord> history_;  // ring buffer
+  size_t history_next_ = 0;
+  EpochAccumulator accumulator_;
+  std::vector<EpochSummary> epoch_summaries_;
+  std::vector<Advice> last_advice_;
+
+  std::vector<Collector*> collectors_;  // in calling order
+  std::vector<std::shared_ptr<Collector>> owned_collectors_;
+  std::unique_ptr<Collector> loader_collector_;  // the attached loader's epoch counters
+  template <typename Fn>
+  void for_each_collector(const char* what, Fn&& fn);
+  template <typename Fn>
+  void for_each_collector_timed(const char* what, Fn&& fn);
+  std::vector<std::pair<const Collector*, Nanos>> step_parts_;  // this epoch's, per collector
+  void drop_collector(size_t index);
+
+  // What torchpilot costs (cost.h) and the steps far above the median (step_outliers.h).
+  std::shared_ptr<Clock> cpu_clock_;  // null: not measured
+  Nanos cpu_mark_ = -1;               // CPU time at the last step boundary
+  CostBudget cost_{config_.cost};
+  Nanos own_pending_ns_ = 0;  // own time since the last step boundary (the next record's own_ns)
+  Nanos epoch_step_calls_ns_ = 0, epoch_window_ns_ = 0, epoch_end_carry_ns_ = 0;
+  int64_t epoch_deferred_ = 0;
+  Nanos summary_cut_ns_ = -1;
+  std::vector<std::pair<std::string, Nanos>> epoch_end_parts_;  // this epoch end's, so far
+  Nanos log_carry_ns_ = 0;  // the previous epoch end's sinks and flush  // when this epoch end's
+                            // cost was written into its summary
+  Nanos own_threads_mark_ = 0;
+  bool warned_budget_ = false;
+  StallTracker stalls_{config_.outliers.factor};
+
+  KnobRegistry knobs_;
+  std::shared_ptr<RunJournal> journal_;  // also among the owned collectors
+  LoaderProbe* loader_ = nullptr;
+  TrialAgreement trial_agreement_;
+  MemoryProbe memory_probe_;
+  std::unique_ptr<TrialEngine> engine_;
+  void publish_decision();
+  bool warned_nothing_to_tune_ = false;
+};
+
+}  // namespace torchpilot

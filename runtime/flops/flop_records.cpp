@@ -1,0 +1,101 @@
+#include "torchpilot/runtime/flops/flop_records.h"
+
+#include <string>
+#include <vector>
+
+#include "torchpilot/runtime/core/format.h"
+#include "torchpilot/runtime/gpu/gpu_records.h"
+
+namespace torchpilot {
+
+const char* to_string(MathPrecision precision) {
+  switch (precision) {
+    case MathPrecision::kFp32:
+      return "fp32";
+    case MathPrecision::kTf32:
+      return "tf32";
+    case MathPrecision::kBf16:
+      return "bf16";
+    case MathPrecision::kFp16:
+      return "fp16";
+    case MathPrecision::kFp8:
+      return "fp8";
+    case MathPrecision::kFp64:
+      return "fp64";
+    case MathPrecision::kOther:
+      break;
+  }
+  return "other";
+}
+
+namespace {
+using namespace detail;
+}  // namespace
+
+std::string section_json(const FlopEpochStats& f) {
+  json ops = json::array();
+  for (const auto& o : f.top_ops) {
+    ops.push_back({{"op", o.op},
+                   {"precision", to_string(o.precision)},
+                   {"flops_per_step", o.flops_per_step},
+                   {"calls_per_step", o.calls_per_step}});
+  }
+  json modules = json::array();
+  for (const auto& m : f.modules) {
+    modules.push_back({{"module", m.op}, {"flops_per_step", m.flops_per_step}});
+  }
+  json by = json::object();
+  for (int i = 0; i < kMathPrecisions; ++i) {
+    if (f.model_flops_by_precision[i] > 0) {
+      by[to_string(static_cast<MathPrecision>(i))] = f.model_flops_by_precision[i];
+    }
+  }
+  return dump(json{{"device", f.device},
+                   {"counted_steps", f.counted_steps},
+                   {"model_flops_per_step", f.model_flops_per_step},
+                   {"hardware_flops_per_step", f.hardware_flops_per_step},
+                   {"model_flops_by_precision", by},
+                   {"achieved_flops_per_s", f.achieved_flops_per_s},
+                   {"mfu", number(f.mfu)},
+                   {"hfu", number(f.hfu)},
+                   {"peak_flops_per_s", number(f.peak_flops_per_s)},
+                   {"dominant_precision", to_string(f.dominant_precision)},
+                   {"peak_source", f.peak_source},
+                   {"unfused_attention_flops_per_step", f.unfused_attention_flops_per_step},
+                   {"unfused_attention_per_step", f.unfused_attention_per_step},
+                   {"fused_attention_flops_per_step", f.fused_attention_flops_per_step},
+                   {"top_ops", ops},
+                   {"modules", modules}});
+}
+
+void section_text(const FlopEpochStats& flops, const EpochSummary& s,
+                  std::vector<std::string>& lines) {
+  // With a GPU section the MFU sits on its line, beside utilization and SM efficiency.
+  if (s.sections.get<GpuEpochStats>() == nullptr) {
+    lines.push_back("  GPU MFU " + fmt_opt_pct(flops.mfu) + " (HFU " + fmt_opt_pct(flops.hfu) +
+                    ")");
+  }
+  if (flops.counted_steps > 0) {
+    const FlopEpochStats& f = flops;
+    lines.push_back(
+        "  FLOPs: " + fmt_num(f.model_flops_per_step / 1e12) + " TFLOP/step model, " +
+        fmt_num(f.hardware_flops_per_step / 1e12) + " hardware; achieved " +
+        fmt_num(f.achieved_flops_per_s / 1e12) + " TFLOP/s" +
+        (measured(f.peak_flops_per_s)
+             ? " of " + fmt_num(f.peak_flops_per_s / 1e12) + " peak (" + f.peak_source + ")"
+             : std::string(" (no peak known for this device)")));
+    if (!f.modules.empty() && f.model_flops_per_step > 0) {
+      constexpr size_t kShown = 8;
+      std::string line = "  FLOPs by module:";
+      for (size_t i = 0; i < f.modules.size() && i < kShown; ++i) {
+        line += std::string(i == 0 ? " " : ", ") +
+                (f.modules[i].op.empty() ? std::string("(unnamed)") : f.modules[i].op) + " " +
+                fmt_pct(f.modules[i].flops_per_step / f.model_flops_per_step);
+      }
+      if (f.modules.size() > kShown) line += ", ...";
+      lines.push_back(line);
+    }
+  }
+}
+
+}  // namespace torchpilot

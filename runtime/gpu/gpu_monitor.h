@@ -1,0 +1,209 @@
+// The GPU monitor: turns the GPU backend's events into per-step and per-epoch GPU figures
+// (docs/metrics.md, "GPU"). Vendor-free: hooks/ supply the backend, tests a fake one.
+//
+// Always on: PM-sampling counters and NVML readings, averaged over each step by time overlap, and
+// NVTX ranges for steps and phases. Detailed windows (CUPTI activity trace): trace_steps steps
+// from gpu.trace_first_step (or once auto-tune is done), again every gpu.trace_every_epochs
+// epochs, after a step slower than gpu.trace_anomaly_factor x the median, and on request.
+// Step markers (GpuBackend::record_marker) at every step boundary give each step its GPU span,
+// which its GPU figures are attributed by (docs/metrics.md, "GPU time of a step"); without them,
+// or when they do not resolve within kMarkerWaitNs, the host span. A detailed window's trace is
+// stopped only once the GPU ran its last step. A step's figures are published
+// (Sink::on_late_step, a GpuStepRecord) once its span is known and samples covering its end
+// arrived; the epoch's figures are the summary's "gpu" section (GpuEpochStats) at end_epoch,
+// over the steps finished by then: the epoch's end waits for the GPU no longer than
+// gpu.epoch_end_wait_ms and cost.budget x the epoch's time, and the steps it left count in the
+// next epoch (a short epoch must not pay a wait or a PM decode at its end). hooks/ registers a
+// default collector that makes one over the CUPTI backend for every Pilot; tests add one over a
+// fake backend (PilotOptions::collectors).
+//
+// Thread-safety: training thread only (it is a Collector of the Pilot).
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "torchpilot/runtime/core/collector.h"
+#include "torchpilot/runtime/core/config.h"
+#include "torchpilot/runtime/gpu/gpu_backend.h"
+#include "torchpilot/runtime/gpu/gpu_metrics.h"
+#include "torchpilot/runtime/gpu/gpu_step_stats.h"
+#include "torchpilot/runtime/gpu/gpu_window_planner.h"
+
+namespace spdlog {
+class logger;
+}
+
+namespace torchpilot {
+
+struct GpuWindowRecord;
+
+class GpuMonitor : public Collector {
+ public:
+  // How long (host time after a step's end) its markers may take to resolve before the step is
+  // attributed by its host span; also how long a closing window waits for the GPU.
+  static constexpr Nanos kMarkerWaitNs = 2000000000;
+  // An epoch's end waits at most this long for the GPU to reach its last boundary.
+  static constexpr Nanos kEpochEndMarkerWaitNs = 1000000000;
+  // What a window's release takes off the training thread (measured 0.1-0.4 s): an epoch's end
+  // waits for one still running only when this fits in its allowance (or for the first window).
+  static constexpr Nanos kReleaseEstimateNs = 400000000;
+  static constexpr Nanos kFinishBudgetNs = 5000000;  // finishing steps, per step call
+  // What a window costs the training thread before one has been measured here (its start, stop
+  // and slower launches; the release apart): the budget's estimate for the first window.
+  static constexpr Nanos kFirstWindowEstimateNs = 50000000;
+  // Outside windows, steps' GPU figures are collected this often (host time), or once this many
+  // steps wait.
+  static constexpr Nanos kCollectEveryNs = 10000000;
+  static constexpr size_t kCollectMaxPending = 64;
+
+  // Starts the backend's always-on collectors.
+  GpuMonitor(const GpuConfig& config, std::shared_ptr<GpuBackend> backend);
+  ~GpuMonitor() override;
+
+  std::string name() const override { return "gpu"; }
+  void attach(CollectorHost* host) override { host_ = host; }
+  void on_window_request(int steps) override { request_window(steps); }
+  void on_step_begin(int64_t step, Nanos now) override;
+  void on_phase_begin(int phase_id, const std::string& phase_name) override;
+  void on_phase_end(int phase_id) override;
+  void on_step_end(StepRecord& record) override;
+  void on_epoch_end(EpochSummary& summary) override;
+  void on_close() override;
+
+  // Opens a detailed window of `steps` steps at the next step boundary (ignored while one runs).
+  void request_window(int steps);
+  bool tracing() const { return planner_.tracing(); }
+  const GpuDeviceInfo& device() const { return device_; }
+  std::vector<CollectorStatus> status() const { return backend_->status(); }
+
+ private:
+  struct PhaseMarks {
+    int id = 0;
+    std::string name;
+    Interval host;                              // end: max while open
+    uint64_t begin_marker = 0, end_marker = 0;  // 0: not recorded
+  };
+  struct PendingStep {
+    int64_t step = 0, epoch = 0;
+    Interval span;       // [begin, end] of the step
+    Interval data_wait;  // the part the training thread waited for its batch
+    bool traced = false;
+    Nanos trace_from = 0;  // traced from here (a window's first step starts at its scope)
+    uint64_t begin_marker = 0, end_marker = 0;  // 0: not recorded
+    std::vector<PhaseMarks> phases;             // traced steps: their phases' markers
+    bool phases_complete = true;                // every phase got both its markers
+  };
+  // A marker's id, 0 when not recorded; optional (a phase's): never the step markers' last events.
+  uint64_t record_marker(bool optional = false);
+  void drain();
+  void name_phases();
+  void refresh_pm_status();
+  // Stops a closed window's trace once the GPU ran its last step (or waited long enough).
+  void maybe_stop_trace(Nanos now, bool force);
+  // The step's spans, the GPU span when both markers resolved; false while that is still to
+  // come. `timed_out`: they were recorded but did not resolve in time (host span).
+  bool gpu_span(const PendingStep& step, Nanos now, bool all, StepSpans& spans, bool& timed_out);
+  // all: every pending step now (markers not resolved: host span). pm_flushed: the collectors
+  // were just flushed, so PM samples do not hold back a step the GPU has run.
+  // Finishes ready steps for up to budget_ns (two at least); all: every pending step, at once.
+  void finish_ready_steps(bool all, Nanos now, bool pm_flushed = false,
+                          Nanos budget_ns = kFinishBudgetNs);
+  Nanos now_ns() const;  // the host's clock
+  void finish(const PendingStep& step, const StepSpans& spans);
+  void prune_events();
+  bool allow_window(const char* kind, int steps);
+  // A window's cost: its steps' work above the median and torchpilot's time in them, from its
+  // start to the step after its release.
+  void account_window(const StepRecord& r, bool in_window, bool traced);
+  // A detailed window's timeline for the trace files (report.trace_dir): each traced step's
+  // records as it finishes; published as a GpuWindowRecord once the window's steps are done.
+  void capture_window(const PendingStep& step, const StepSpans& spans);
+  void publish_window();
+
+  GpuConfig config_;
+  std::shared_ptr<GpuBackend> backend_;
+  CollectorHost* host_ = nullptr;  // steps are published to it; no windows while it tunes
+  GpuDeviceInfo device_;
+
+  // Events not yet consumed, in arrival order (bounded by pruning once steps are finished); the
+  // kernels in start order.
+  GpuEventBatch events_;
+  // An index over events_.kernels for traced steps' figures, built when first needed after the
+  // kernels changed (a window's steps finish one after another over the same kernels).
+  std::optional<KernelIndex> kernel_index_;
+  const KernelIndex& kernel_index();
+  GpuEventBatch incoming_;
+  Nanos pm_watermark_ = 0;  // end of the latest PM sample received
+  bool pm_active_ = false;
+  std::deque<PendingStep> pending_;
+
+  // Detailed windows: when they open and close, which steps are traced, when their records are
+  // final. The monitor carries out its actions on the backend.
+  GpuWindowPlanner planner_{config_};
+
+  // Step markers: the one at the open step's start (the previous step's end within an epoch),
+  // resolved times not yet consumed, a closed window's last marker its trace stop waits for.
+  uint64_t next_marker_ = 1;
+  uint64_t boundary_marker_ = 0;
+  uint64_t open_begin_marker_ = 0;
+  std::map<uint64_t, Nanos> marker_times_;
+  bool stop_pending_ = false;
+  uint64_t stop_marker_ = 0;
+  Nanos stop_deadline_ = 0;
+  Nanos latest_ns_ = 0;       // the latest host time seen (step ends), for the markers' wait bound
+  int64_t latest_epoch_ = 0;  // the epoch of the latest step seen
+  Nanos last_flush_ns_ = 0;   // the latest flush on the training thread took this long
+  bool traced_finished_ = false;  // a window's step has been reported (the first window is over)
+
+  Nanos pruned_before_ = 0;
+  Nanos last_finished_end_ = 0;
+  int open_ranges_ = 0;  // NVTX ranges pushed for the open step and its phases
+  // Recent phases on the host clock, to name the phase a host sync began in (bounded).
+  struct PhaseSpan {
+    int id = 0;
+    std::string name;
+    Interval span;  // end: max while open
+  };
+  std::deque<PhaseSpan> phases_;
+  // The open step's phases with markers at their boundaries (traced steps only), for their GPU
+  // spans (docs/metrics.md, "GPU time of a phase"); they go with the step when it ends.
+  bool phase_markers_ = false;
+  bool phases_complete_ = true;
+  std::vector<PhaseMarks> open_phases_;
+  // A traced step's phases' GPU spans into the epoch's phase figures.
+  void add_phases(const PendingStep& step, const StepSpans& spans);
+  // A phase's GPU span inside its step's, when both its markers resolved.
+  std::optional<Interval> phase_gpu_span(const PhaseMarks& p, Interval step) const;
+  int steps_since_status_ = 0;
+  Nanos max_step_call_ns_ = 0;  // the longest step-boundary call this epoch
+  Nanos window_cost_ns_ = 0;    // the open window's cost so far
+  int window_cost_steps_ = 0;   // its traced steps
+  bool window_costing_ = false;
+  Nanos last_window_cost_ns_ = -1;  // the latest finished window's (-1: none yet)
+  Nanos last_collect_ns_ = -1;      // host time of the latest drain and step finishing
+  int last_window_steps_ = 0;
+  std::string denied_;  // the optional window the budget held back last, and its estimate
+  Nanos denied_estimate_ns_ = 0;
+
+  std::unique_ptr<GpuWindowRecord> window_;  // the window being captured
+  Nanos window_until_ = 0;                   // its records are taken up to here
+
+  // Epoch accumulation.
+  struct EpochAcc;
+  std::unique_ptr<EpochAcc> epoch_;
+};
+
+// A monitor over `backend`, or null when the backend found no device; logs to `logger` why the
+// GPU (or each of its collectors) is not observed, and which GPU is.
+std::unique_ptr<GpuMonitor> make_gpu_monitor(const GpuConfig& config,
+                                             std::shared_ptr<GpuBackend> backend,
+                                             spdlog::logger& logger);
+
+}  // namespace torchpilot
