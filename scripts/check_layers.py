@@ -32,13 +32,7 @@ PRIVATE = {"hooks/gpu/" + n for n in (
 KNOWN_UP = {
     ("runtime/core/pilot.h", "runtime/cost/cost.h"),
     ("runtime/core/pilot.h", "runtime/loader/loader_records.h"),
-    ("runtime/core/pilot.h", "runtime/stalls/step_outliers.h"),
-    ("runtime/core/pilot.cpp", "runtime/gpu/gpu_backend.h"),
-    ("runtime/core/pilot.cpp", "runtime/gpu/gpu_records.h"),
     ("runtime/core/pilot.cpp", "runtime/memory/batch_policy.h"),
-    ("runtime/core/pilot.cpp", "runtime/reports/html_report.h"),
-    ("runtime/core/pilot.cpp", "runtime/reports/run_journal.h"),
-    ("runtime/core/pilot.cpp", "runtime/reports/trace_events.h"),
     ("runtime/core/pilot.cpp", "runtime/tune/trial_engine.h"),
     ("runtime/core/pilot.cpp", "advisors/core/advisors.h"),
     # The advisor catalog declares every subsystem's rules; the gain models are shared by them.
@@ -54,7 +48,7 @@ KNOWN_UP = {
     ("advisors/core/gain_models.cpp", "runtime/stalls/step_outliers.h"),
 }
 
-files = [f for f in subprocess.check_output(["git", "ls-files", *LAYERS], text=True).split()
+files = [f for f in subprocess.check_output(["git", "ls-files", "--cached", "--others", "--exclude-standard", *LAYERS], text=True).split()
          if f.endswith((".h", ".cpp"))]
 if not files:  # not a git checkout (a source archive): walk the folders
     files = [os.path.join(d, n) for layer in LAYERS for d, _, ns in os.walk(layer) for n in ns

@@ -17,6 +17,7 @@
 #include "torchpilot/runtime/analyze/kineto_trace.h"
 #include "torchpilot/runtime/core/config.h"
 #include "torchpilot/runtime/core/sink.h"
+#include "torchpilot/runtime/reports/sinks.h"
 
 int main(int argc, char** argv) {
   using namespace torchpilot;

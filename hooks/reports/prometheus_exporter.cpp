@@ -237,17 +237,18 @@ void PrometheusSink::on_epoch(const EpochSummary& e, const std::vector<Advice>& 
 
 namespace {
 
-std::shared_ptr<Sink> make_prometheus_sink(const Config& config, spdlog::logger& logger) {
+std::shared_ptr<Sink> make_prometheus_sink(const Config& config,
+                                           const std::shared_ptr<spdlog::logger>& logger) {
   if (config.report.prometheus_port == 0) return nullptr;
   auto sink = std::make_shared<PrometheusSink>(config.report.prometheus_address,
-                                               config.report.prometheus_port, logger,
+                                               config.report.prometheus_port, *logger,
                                                std::to_string(config.gpu.device));
   if (!sink->serving()) return nullptr;
   return sink;
 }
 
 const bool registered = [] {
-  register_default_sink(&make_prometheus_sink);
+  register_default_sink("prometheus", 40, &make_prometheus_sink);
   return true;
 }();
 

@@ -7,8 +7,8 @@
 // files, its config rows and its docs, nothing else (docs/architecture.md has the checklist).
 //
 // Registration: a program adds collectors with Pilot::add_collector (or PilotOptions::collectors);
-// a library layer (hooks/, e.g. the GPU collectors) registers a factory with
-// register_default_collector, and every Pilot then creates one from it at construction.
+// a subsystem (the GPU collectors, the stall tracker, the run journal, ...) registers a factory
+// with register_default_collector, and every Pilot then creates one from it at construction.
 //
 // Thread-safety: the Pilot calls collectors on the training thread, in the order they were added
 // (the loader's first, then the default ones, then the program's). Failure behaviour: the Pilot
@@ -54,6 +54,11 @@ class CollectorHost {
   virtual void charge_cost(Nanos ns) {}
   // torchpilot's time on the training thread in the open epoch so far (its step calls, windows).
   virtual Nanos epoch_cost_ns() const { return 0; }
+  // The phases' names by id (Pilot::phase_id).
+  virtual const std::vector<std::string>& phase_names() const {
+    static const std::vector<std::string> none;
+    return none;
+  }
 };
 
 class Collector {
@@ -69,19 +74,41 @@ class Collector {
   virtual void on_phase_end(int phase_id) {}
   // The step ended; the collector may add its metrics to the record before sinks see it.
   virtual void on_step_end(StepRecord& record) {}
+  // Every collector's on_step_end has run: the record as sinks will see it.
+  virtual void on_step_complete(const StepRecord& record) {}
   // The epoch ended; the collector adds its section before advisors run.
   virtual void on_epoch_end(EpochSummary& summary) {}
+  // Every collector's on_epoch_end has run: a figure over the others' sections is added here.
+  virtual void on_epoch_complete(EpochSummary& summary) {}
+  // A collector published a late step record (CollectorHost::publish); sinks get it next.
+  virtual void on_late_step(const LateStepRecord& record) {}
+  // The trainer saved a checkpoint at its step `step` (Pilot::checkpoint_saved).
+  virtual void on_checkpoint(int64_t step) {}
   // The run ends (the Pilot goes): publish what is still held back (late step records).
   virtual void on_close() {}
   // Someone asked for a detailed measurement window of `steps` steps from the next step.
   virtual void on_window_request(int steps) {}
 };
 
-// A factory a library layer registers; it may return null (with a log line through the host)
-// when its collector cannot run here.
+// A factory a subsystem registers; it may return null (with a log line through the host) when its
+// collector cannot run here. A factory that throws ConfigError fails the Pilot's construction (a
+// bad path in the config); anything else it throws is logged and the collector left out.
 using CollectorFactory = std::unique_ptr<Collector> (*)(CollectorHost& host);
+struct DefaultCollector {
+  CollectorFactory factory = nullptr;
+  int order = 0;  // calling order among the default collectors: lower first, then registration's
+  // Made even when PilotOptions::default_collectors is off: pure collectors that read only the
+  // config (the stall tracker, the run journal), not devices or LibTorch.
+  bool always = false;
+};
 // Thread-safe; usually called during static initialization of the registering library.
-void register_default_collector(CollectorFactory factory);
-std::vector<CollectorFactory> default_collectors();
+void register_default_collector(CollectorFactory factory, int order = 0, bool always = false);
+std::vector<DefaultCollector> default_collectors();  // by order
+
+// Settings a subsystem resolves once, before any collector is made (the gpu subsystem: which GPU
+// gpu.device auto observes). `probe_devices` is false when the default collectors are off.
+using ConfigResolver = void (*)(Config& config, spdlog::logger& logger, bool probe_devices);
+void register_config_resolver(ConfigResolver resolver);
+std::vector<ConfigResolver> config_resolvers();
 
 }  // namespace torchpilot

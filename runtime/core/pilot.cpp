@@ -1,69 +1,20 @@
 #include "torchpilot/runtime/core/pilot.h"
 
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <mutex>
+#include <exception>
 #include <optional>
 
 #include "torchpilot/advisors/core/advisors.h"
 #include "torchpilot/runtime/core/guard.h"
 #include "torchpilot/runtime/core/logging.h"
-#include "torchpilot/runtime/gpu/gpu_backend.h"
-#include "torchpilot/runtime/gpu/gpu_records.h"
 #include "torchpilot/runtime/memory/batch_policy.h"
-#include "torchpilot/runtime/reports/html_report.h"
-#include "torchpilot/runtime/reports/run_journal.h"
-#include "torchpilot/runtime/reports/trace_events.h"
 #include "torchpilot/runtime/tune/trial_engine.h"
 
 namespace torchpilot {
 
-std::shared_ptr<spdlog::logger> torchpilot_logger() {
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
-  auto logger = spdlog::get("torchpilot");
-  if (!logger) {
-    logger = std::make_shared<spdlog::logger>(
-        "torchpilot", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
-    logger->set_pattern("[%H:%M:%S.%e] [torchpilot] [%^%l%$] %v");
-    spdlog::register_logger(logger);
-  }
-  return logger;
-}
-
-void log_to(spdlog::logger& logger, LogLevel level, const std::string& message) {
-  switch (level) {
-    case LogLevel::kDebug:
-      logger.debug("{}", message);
-      break;
-    case LogLevel::kInfo:
-      logger.info("{}", message);
-      break;
-    case LogLevel::kWarn:
-      logger.warn("{}", message);
-      break;
-    case LogLevel::kError:
-      logger.error("{}", message);
-      break;
-  }
-}
-
-// --- default collectors ---------------------------------------------------------------------
-
 namespace {
-std::mutex& registry_mutex() {
-  static std::mutex mu;
-  return mu;
-}
-std::vector<CollectorFactory>& registry() {
-  static std::vector<CollectorFactory> factories;
-  return factories;
-}
-
 // The attached loader's counters for each epoch: the difference of two snapshots.
 class LoaderCollector final : public Collector {
  public:
@@ -79,34 +30,23 @@ class LoaderCollector final : public Collector {
   LoaderProbe* probe_;
   LoaderStats at_epoch_start_;
 };
+
+// Runs a factory: a ConfigError (a bad path in the config) fails the Pilot's construction, as a
+// bad config does; anything else is returned as the reason it failed.
+template <typename Fn>
+std::optional<std::string> start(Fn&& fn) {
+  std::exception_ptr config_error;
+  auto failed = failure_of([&] {
+    try {
+      fn();
+    } catch (const ConfigError&) {
+      config_error = std::current_exception();
+    }
+  });
+  if (config_error) std::rethrow_exception(config_error);
+  return failed;
+}
 }  // namespace
-
-void register_default_collector(CollectorFactory factory) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  registry().push_back(factory);
-}
-
-std::vector<CollectorFactory> default_collectors() {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  return registry();
-}
-
-namespace {
-std::vector<SinkFactory>& sink_registry() {
-  static std::vector<SinkFactory> factories;
-  return factories;
-}
-}  // namespace
-
-void register_default_sink(SinkFactory factory) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  sink_registry().push_back(factory);
-}
-
-std::vector<SinkFactory> default_sinks() {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  return sink_registry();
-}
 
 // --- scopes ---------------------------------------------------------------------------------
 
@@ -153,7 +93,12 @@ Pilot::Pilot(Config config, PilotOptions options)
   // A logger handed in keeps its level.
   if (!options.logger) logger_->set_level(spdlog::level::from_str(config_.log.level));
   if (config_.mode == Mode::kOff) return;
-  choose_device(options.default_collectors);
+  for (ConfigResolver resolve : config_resolvers()) {
+    if (const auto failed =
+            failure_of([&] { resolve(config_, *logger_, options.default_collectors); })) {
+      logger_->warn("a setting could not be resolved{}", reason_suffix(*failed));
+    }
+  }
   cpu_clock_ = options.cpu_clock ? options.cpu_clock
                : options.clock   ? nullptr
                                  : std::make_shared<ThreadCpuClock>();
@@ -161,77 +106,25 @@ Pilot::Pilot(Config config, PilotOptions options)
   // The ring grows as steps come (up to records.step_history); only a default-sized start is
   // reserved, so a large history costs memory only once that many steps have run.
   history_.reserve(std::min<size_t>(static_cast<size_t>(config_.records.step_history), 4096));
-  sinks_.push_back(make_log_sink(logger_));
-  if (!config_.log.json_path.empty()) sinks_.push_back(make_json_lines_sink(config_.log.json_path));
-  if (!config_.report.trace_dir.empty()) {
-    sinks_.push_back(make_trace_sink(config_.report.trace_dir));
-  }
-  if (!config_.report.html_path.empty()) {
-    sinks_.push_back(make_html_report(config_.report.html_path));
-  }
-  const std::vector<SinkFactory> factories = default_sinks();
-  for (SinkFactory factory : factories) {
-    // A registered sink that cannot start (a port in use) says so itself and returns null.
+  for (const DefaultSink& d : default_sinks()) {
     std::shared_ptr<Sink> sink;
-    if (const auto failed = failure_of([&] { sink = factory(config_, *logger_); })) {
-      logger_->warn("a default sink failed to start{}", reason_suffix(*failed));
+    if (const auto failed = start([&] { sink = d.factory(config_, logger_); })) {
+      logger_->warn("sink '{}' failed to start{}", d.name, reason_suffix(*failed));
     }
     if (sink) sinks_.push_back(std::move(sink));
-  }
-  if (config_.report.prometheus_port != 0 && factories.empty()) {
-    logger_->warn(
-        "report.prometheus_port is set but this build has no metrics endpoint (cpp-httplib was "
-        "not found at configure time)");
   }
   for (auto& s : options.sinks) sinks_.push_back(std::move(s));
   sink_failed_.assign(sinks_.size(), false);
   logger_->info("mode {}{}", to_string(config_.mode),
                 config_.log.json_path.empty() ? "" : ", records to " + config_.log.json_path);
-  if (!config_.report.journal_path.empty()) {
-    journal_ = std::make_shared<RunJournal>(config_.report.journal_path);
-    const RunJournalStats j = journal_->stats();
-    logger_->info(
-        "run journal {}: run {}, {} failures before it, ETTR {:.1f}% ({:.0f} s of work lost)",
-        config_.report.journal_path, j.runs, j.failures, measured(j.ettr) ? 100 * j.ettr : 100.0,
-        j.lost_s);
-    add_collector(journal_);
-  }
-  if (!options.default_collectors) {
-    for (auto& c : options.collectors) add_collector(std::move(c));
-    return;
-  }
-  add_default_collectors(std::move(options.collectors));
+  add_default_collectors(std::move(options.collectors), options.default_collectors);
 }
 
-void Pilot::choose_device(bool probe_driver) {
-  if (config_.gpu.device >= 0) return;
-  // Resolved once, before any collector reads it: every GPU collector of this Pilot observes the
-  // same device (on a host of several GPUs, each rank its own). The driver is asked only when the
-  // default collectors (GPU, memory) will read it.
-  int visible = -1, current = -1;
-  if (const GpuDeviceProbe probe = gpu_device_probe(); probe != nullptr && probe_driver) {
-    (void)failure_of([&] { probe(&visible, &current); });
-  }
-  const GpuDeviceChoice c = choose_gpu_device(-1, std::getenv("LOCAL_RANK"), visible, current);
-  config_.gpu.device = c.index;
-  if (visible > 1 || c.source == "LOCAL_RANK") {
-    logger_->info("observing GPU {} of {} ({}; gpu.device sets another)", c.index,
-                  visible < 0 ? std::string("?") : std::to_string(visible), c.source);
-  }
-  if (current >= 0 && current != c.index) {
-    // The step markers follow the observed GPU (its context pushed where the thread keeps another
-    // current), so a trainer that really runs on its current GPU needs gpu.device: say it.
-    logger_->warn(
-        "the thread making the Pilot has GPU {} current, but LOCAL_RANK chose GPU {} to observe; "
-        "if the trainer runs on GPU {}, set gpu.device: {}",
-        current, c.index, current, current);
-  }
-}
-
-void Pilot::add_default_collectors(std::vector<std::shared_ptr<Collector>> given) {
-  for (CollectorFactory factory : default_collectors()) {
+void Pilot::add_default_collectors(std::vector<std::shared_ptr<Collector>> given, bool all) {
+  for (const DefaultCollector& d : default_collectors()) {
+    if (!all && !d.always) continue;
     std::unique_ptr<Collector> c;
-    if (const auto failed = failure_of([&] { c = factory(*this); })) {
+    if (const auto failed = start([&] { c = d.factory(*this); })) {
       logger_->warn("a default collector failed to start{}", reason_suffix(*failed));
       continue;
     }
@@ -302,12 +195,7 @@ void Pilot::request_window(int steps) {
 }
 
 void Pilot::publish(const LateStepRecord& record) {
-  // A step's GPU span: what a periodic stall cost the GPU (OutlierStats).
-  if (record.record_type == GpuStepRecord::kRecordType) {
-    if (const auto* g = record.get<GpuStepRecord>(); g != nullptr && g->gpu_timed) {
-      stalls_.add_gpu_span(record.step, g->gpu_end_ns - g->gpu_begin_ns);
-    }
-  }
+  for_each_collector("on_late_step", [&](Collector& c) { c.on_late_step(record); });
   for_each_sink("on_late_step", [&](Sink& s) { s.on_late_step(record); });
 }
 
@@ -489,9 +377,8 @@ void Pilot::end_step() {
   }
   last_boundary_ns_ = now;
   step_open_ = false;
-  // Before the collectors: a slow step at a known period is no anomaly for the GPU monitor.
-  stalls_.add(r);
-  r.at_period = stalls_.at_period(r.step);
+  for_each_collector_timed("on_step_end", [&](Collector& o) { o.on_step_end(r); });
+  for_each_collector("on_step_complete", [&](Collector& o) { o.on_step_complete(r); });
 
   const size_t history = static_cast<size_t>(config_.records.step_history);
   if (history_.size() < history) {
@@ -504,8 +391,6 @@ void Pilot::end_step() {
     history_[history_next_] = r;
     history_next_ = (history_next_ + 1) % history_.size();
   }
-  for_each_collector_timed("on_step_end", [&](Collector& o) { o.on_step_end(r); });
-  stalls_.add_probe(r);
   accumulator_.add(r);
   for_each_sink("on_step", [&](Sink& s) { s.on_step(r, phase_names_); });
 
@@ -670,7 +555,7 @@ void Pilot::summarize_epoch(Nanos began) {
     o.on_epoch_end(summary);
     part(o.name());
   });
-  summary.sections.set(stalls_.summarize(summary, phase_names_));
+  for_each_collector("on_epoch_complete", [&](Collector& o) { o.on_epoch_complete(summary); });
   std::vector<Advice> advice;
   std::vector<std::string> advisor_errors;
   if (const auto failed =
@@ -693,10 +578,7 @@ void Pilot::add_sink(std::shared_ptr<Sink> sink) {
 }
 
 void Pilot::checkpoint_saved(int64_t step) {
-  if (journal_ == nullptr) return;
-  if (const auto failed = failure_of([&] { journal_->checkpoint_saved(step); })) {
-    logger_->error("the run journal failed to record a checkpoint{}", reason_suffix(*failed));
-  }
+  for_each_collector("on_checkpoint", [&](Collector& c) { c.on_checkpoint(step); });
 }
 
 void Pilot::flush() {

@@ -40,7 +40,6 @@
 #include "torchpilot/runtime/core/tuning.h"
 #include "torchpilot/runtime/cost/cost.h"
 #include "torchpilot/runtime/loader/loader_records.h"
-#include "torchpilot/runtime/stalls/step_outliers.h"
 
 namespace spdlog {
 class logger;
@@ -96,7 +95,6 @@ class LoaderProbe {
 };
 
 class TrialEngine;
-class RunJournal;
 
 struct PilotOptions {
   std::shared_ptr<spdlog::logger> logger;  // advisory log; default: "torchpilot" on stderr
@@ -109,7 +107,8 @@ struct PilotOptions {
   // backend here). A default collector whose name one of these has is not created.
   std::vector<std::shared_ptr<Collector>> collectors;
   // Create the collectors registered with register_default_collector (the GPU monitor when
-  // torchpilot::torchpilot is linked).
+  // torchpilot::torchpilot is linked); off, only those registered as `always` (the stall tracker,
+  // the run journal) are made.
   bool default_collectors = true;
 };
 
@@ -135,8 +134,8 @@ class Pilot : private CollectorHost {
 
   void add_sink(std::shared_ptr<Sink> sink);
   void flush();
-  // The trainer saved a checkpoint at `step` (its own step count): a record in the run journal
-  // (report.journal_path; docs/reports.md, "ETTR"). Does nothing without a journal.
+  // The trainer saved a checkpoint at `step` (its own step count): every collector hears it (the
+  // run journal records it: report.journal_path; docs/reports.md, "ETTR").
   void checkpoint_saved(int64_t step);
 
   // --- for hooks -------------------------------------------------------------------------------
@@ -209,14 +208,14 @@ class Pilot : private CollectorHost {
   bool cost_allows(Nanos estimate_ns) const override;
   void cost_deferred(const std::string& what, Nanos estimate_ns) override;
   void charge_cost(Nanos ns) override;
+  const std::vector<std::string>& phase_names() const override { return phase_names_; }
   Nanos epoch_cost_ns() const override {
     return epoch_step_calls_ns_ + epoch_window_ns_ + epoch_end_carry_ns_;
   }
   // Time spent in torchpilot's own calls on the training thread, from `since` to now.
   void spend_own(Nanos since, Nanos now);
   CostStats epoch_cost(const EpochSummary& summary, Nanos began, Nanos now);
-  void add_default_collectors(std::vector<std::shared_ptr<Collector>> given);
-  void choose_device(bool probe_driver);  // gpu.device auto (-1): the device observed
+  void add_default_collectors(std::vector<std::shared_ptr<Collector>> given, bool all);
   void insert_collector(Collector* collector, bool front);
   bool owns_open_step(int64_t step) const { return step_open_ && next_step_ == step; }
   void end_phase(int id, Nanos begin);
@@ -272,10 +271,8 @@ class Pilot : private CollectorHost {
                             // cost was written into its summary
   Nanos own_threads_mark_ = 0;
   bool warned_budget_ = false;
-  StallTracker stalls_{config_.outliers.factor};
 
   KnobRegistry knobs_;
-  std::shared_ptr<RunJournal> journal_;  // also among the owned collectors
   LoaderProbe* loader_ = nullptr;
   TrialAgreement trial_agreement_;
   MemoryProbe memory_probe_;

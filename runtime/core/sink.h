@@ -34,22 +34,22 @@ class Sink {
 
 struct Config;
 
-// A sink a library layer registers (hooks/: the Prometheus endpoint); every Pilot not in mode off
-// calls each factory once at construction, which returns null when its config keys leave it off.
+// A sink a subsystem registers (reports: the advisory log, JSON lines, trace windows, the HTML
+// report; hooks/reports: the Prometheus endpoint). Every Pilot not in mode off calls each factory
+// once at construction, in `order` (lower first), and adds what it returns (null: its config keys
+// leave it off). A factory that throws ConfigError fails the Pilot's construction (a path that
+// cannot be opened); anything else it throws is logged and the sink left out.
 // Thread-safe; usually called during static initialization of the registering library.
-using SinkFactory = std::shared_ptr<Sink> (*)(const Config& config, spdlog::logger& logger);
-void register_default_sink(SinkFactory factory);
-std::vector<SinkFactory> default_sinks();
-
-// The advisory log: epoch summaries, advice and tuning decisions as readable lines.
-std::shared_ptr<Sink> make_log_sink(std::shared_ptr<spdlog::logger> logger);
-
-// One JSON object per line: a record per step, per epoch, per trial and per decision
-// (docs/records.md), appended to `path`. Never blocks opening it: throws ConfigError (key
-// log.json_path, the OS's reason) if it cannot be opened for appending, is a directory or
-// socket, or is a FIFO with no reader. A FIFO with a reader is written like a file (a reader that
-// goes away makes a write fail; no SIGPIPE).
-std::shared_ptr<Sink> make_json_lines_sink(const std::string& path);
+using SinkFactory = std::shared_ptr<Sink> (*)(const Config& config,
+                                              const std::shared_ptr<spdlog::logger>& logger);
+struct DefaultSink {
+  std::string name;
+  int order = 0;
+  SinkFactory factory = nullptr;
+};
+void register_default_sink(std::string name, int order, SinkFactory factory);
+std::vector<DefaultSink> default_sinks();  // by order
+bool default_sink_registered(const std::string& name);
 
 // Keeps copies of everything it receives; for tests and for programs that inspect results.
 class RecordingSink : public Sink {
@@ -82,18 +82,5 @@ class RecordingSink : public Sink {
   std::vector<TuningDecision> decisions;
   std::vector<LateStepRecord> late_steps;
 };
-
-// JSON text of each record kind, as the JSON-lines sink writes them (one line, no newline).
-std::string step_json(const StepRecord& record, const std::vector<std::string>& phase_names);
-std::string epoch_json(const EpochSummary& summary, const std::vector<Advice>& advice);
-std::string trial_json(const TrialResult& trial, bool kept);
-std::string decision_json(const TuningDecision& decision);
-std::string late_step_json(const LateStepRecord& record);
-
-// Human-readable lines of the advisory log.
-std::vector<std::string> format_epoch(const EpochSummary& summary,
-                                      const std::vector<Advice>& advice);
-std::string format_decision(const TuningDecision& decision);
-std::string format_trial(const TrialResult& trial, bool kept);
 
 }  // namespace torchpilot

@@ -1,8 +1,17 @@
-// Which GPU a process observes (gpu_backend.h, choose_gpu_device).
+// Which GPU a process observes (gpu_backend.h, choose_gpu_device), resolved for every Pilot
+// before its collectors are made (a config resolver, collector.h). The registration runs at
+// static initialization; the anchor below is named on the link line (CMake, torchpilot_core) so
+// that a static library does not drop this object.
+#include <spdlog/spdlog.h>
+
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
+#include <string>
 
+#include "torchpilot/runtime/core/collector.h"
+#include "torchpilot/runtime/core/config.h"
+#include "torchpilot/runtime/core/guard.h"
 #include "torchpilot/runtime/gpu/gpu_backend.h"
 
 namespace torchpilot {
@@ -36,4 +45,38 @@ void register_gpu_device_probe(GpuDeviceProbe p) { probe.store(p, std::memory_or
 
 GpuDeviceProbe gpu_device_probe() { return probe.load(std::memory_order_acquire); }
 
+namespace {
+// gpu.device auto (-1): resolved once, before any collector reads it, so that every GPU collector
+// of a Pilot observes the same device (on a host of several GPUs, each rank its own). The driver
+// is asked only when the default collectors (GPU, memory) will read it.
+void resolve_device(Config& config, spdlog::logger& logger, bool probe_driver) {
+  if (config.gpu.device >= 0) return;
+  int visible = -1, current = -1;
+  if (const GpuDeviceProbe p = gpu_device_probe(); p != nullptr && probe_driver) {
+    (void)failure_of([&] { p(&visible, &current); });
+  }
+  const GpuDeviceChoice c = choose_gpu_device(-1, std::getenv("LOCAL_RANK"), visible, current);
+  config.gpu.device = c.index;
+  if (visible > 1 || c.source == "LOCAL_RANK") {
+    logger.info("observing GPU {} of {} ({}; gpu.device sets another)", c.index,
+                visible < 0 ? std::string("?") : std::to_string(visible), c.source);
+  }
+  if (current >= 0 && current != c.index) {
+    // The step markers follow the observed GPU (its context pushed where the thread keeps another
+    // current), so a trainer that really runs on its current GPU needs gpu.device: say it.
+    logger.warn(
+        "the thread making the Pilot has GPU {} current, but LOCAL_RANK chose GPU {} to observe; "
+        "if the trainer runs on GPU {}, set gpu.device: {}",
+        current, c.index, current, current);
+  }
+}
+
+const bool registered = [] {
+  register_config_resolver(&resolve_device);
+  return true;
+}();
+}  // namespace
+
 }  // namespace torchpilot
+
+extern "C" int torchpilot_gpu_anchor() { return torchpilot::registered ? 1 : 0; }

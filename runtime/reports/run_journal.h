@@ -29,6 +29,7 @@ class RunJournal final : public Collector {
   std::string name() const override { return "journal"; }
   void on_step_end(StepRecord& record) override;
   void on_epoch_end(EpochSummary& summary) override;
+  void on_checkpoint(int64_t step) override { checkpoint_saved(step); }
   void checkpoint_saved(int64_t step);
   RunJournalStats stats() const;
 

@@ -14,7 +14,7 @@
 #include "torchpilot/runtime/core/config.h"
 #include "torchpilot/runtime/core/format.h"
 #include "torchpilot/runtime/core/metrics.h"
-#include "torchpilot/runtime/core/sink.h"
+#include "torchpilot/runtime/reports/sinks.h"
 
 namespace torchpilot {
 namespace {

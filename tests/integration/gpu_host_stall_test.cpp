@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "torchpilot/runtime/stalls/step_outliers.h"
 #include "torchpilot/torchpilot.h"
 
 namespace {

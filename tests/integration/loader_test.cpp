@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "torchpilot/torchpilot.h"
+#include "torchpilot/runtime/reports/sinks.h"
 
 namespace {
 

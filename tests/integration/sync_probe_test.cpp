@@ -13,6 +13,7 @@
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/core/records.h"
 #include "torchpilot/runtime/core/sink.h"
+#include "torchpilot/runtime/stalls/step_outliers.h"
 
 namespace {
 

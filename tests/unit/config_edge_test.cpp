@@ -27,6 +27,7 @@
 #include "temp_dir.h"
 #include "torchpilot/runtime/core/config.h"
 #include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/reports/sinks.h"
 
 namespace torchpilot {
 namespace {

@@ -13,6 +13,7 @@
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/reports/run_journal.h"
 #include "torchpilot/runtime/stalls/step_outliers.h"
+#include "torchpilot/runtime/reports/sinks.h"
 
 namespace torchpilot {
 namespace {

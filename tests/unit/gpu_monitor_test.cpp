@@ -18,6 +18,7 @@
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/cost/cost.h"
 #include "torchpilot/runtime/gpu/gpu_step_stats.h"
+#include "torchpilot/runtime/stalls/step_outliers.h"
 
 namespace torchpilot {
 namespace {

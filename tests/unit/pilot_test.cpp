@@ -1,6 +1,7 @@
 // Pilot: step boundaries, phases, epochs, the advisory log, sinks, the ring buffer, mode off,
 // JSON-lines records and autotune through an attached (fake) loader. Time is a ManualClock.
 #include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/reports/sinks.h"
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>

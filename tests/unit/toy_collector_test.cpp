@@ -12,6 +12,7 @@
 #include "torchpilot/runtime/core/collector.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/core/sink.h"
+#include "torchpilot/runtime/reports/sinks.h"
 
 namespace toy {
 

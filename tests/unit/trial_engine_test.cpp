@@ -18,6 +18,7 @@
 
 #include "torchpilot/runtime/core/sink.h"
 #include "torchpilot/runtime/loader/loader_policy.h"
+#include "torchpilot/runtime/reports/sinks.h"
 
 namespace torchpilot {
 namespace {

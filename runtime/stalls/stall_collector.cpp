@@ -1,0 +1,56 @@
+// The stall tracker (step_outliers.h) as a collector every Pilot has (it reads only the config).
+// It comes first in the calling order, so a slow step at a known period is marked
+// (StepRecord::at_period) before the GPU monitor judges it; it reads the sync probe's figures once
+// every collector has added its own, and takes each step's GPU span from the GPU monitor's late
+// record. The registration runs at static initialization; the anchor below is named on the link
+// line (CMake, torchpilot_core) so that a static library does not drop this object.
+#include <memory>
+#include <string>
+
+#include "torchpilot/runtime/core/collector.h"
+#include "torchpilot/runtime/gpu/gpu_records.h"
+#include "torchpilot/runtime/stalls/step_outliers.h"
+
+namespace torchpilot {
+namespace {
+
+class StallCollector final : public Collector {
+ public:
+  explicit StallCollector(double factor) : stalls_(factor) {}
+  std::string name() const override { return "stalls"; }
+  void attach(CollectorHost* host) override { host_ = host; }
+  void on_step_end(StepRecord& record) override {
+    stalls_.add(record);
+    record.at_period = stalls_.at_period(record.step);
+  }
+  void on_step_complete(const StepRecord& record) override { stalls_.add_probe(record); }
+  void on_late_step(const LateStepRecord& record) override {
+    // A step's GPU span: what a periodic stall cost the GPU (OutlierStats).
+    if (record.record_type != GpuStepRecord::kRecordType) return;
+    if (const auto* g = record.get<GpuStepRecord>(); g != nullptr && g->gpu_timed) {
+      stalls_.add_gpu_span(record.step, g->gpu_end_ns - g->gpu_begin_ns);
+    }
+  }
+  void on_epoch_complete(EpochSummary& summary) override {
+    static const std::vector<std::string> none;
+    summary.sections.set(stalls_.summarize(summary, host_ ? host_->phase_names() : none));
+  }
+
+ private:
+  StallTracker stalls_;
+  CollectorHost* host_ = nullptr;
+};
+
+std::unique_ptr<Collector> make_stall_collector(CollectorHost& host) {
+  return std::make_unique<StallCollector>(host.config().outliers.factor);
+}
+
+const bool registered = [] {
+  register_default_collector(&make_stall_collector, /*order=*/-100, /*always=*/true);
+  return true;
+}();
+
+}  // namespace
+}  // namespace torchpilot
+
+extern "C" int torchpilot_stalls_anchor() { return torchpilot::registered ? 1 : 0; }
