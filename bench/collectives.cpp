@@ -14,7 +14,8 @@
 // Reported by rank 0: the median per configuration over rounds, advise/off − 1 with the spread of
 // the per-round ratios, and the advise runs' communication figures (communication, exposed,
 // overlap per step, from the always-on measure). With --no-overlap the same for GradSync's
-// all-reduce after backward. Written to --out (bench/results/collectives-<machine>.json).
+// all-reduce after backward. Written to --out (bench/runs/collectives-<machine>.json; baseline
+// bench/baselines/collectives/<machine>.json).
 //
 // --suite full adds, in the same ranks and process (the two-GPU run, issue 12; "suite" in the
 // JSON):

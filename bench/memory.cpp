@@ -10,7 +10,7 @@
 // tuned setting against the grid's best (goal: within 5%). JSON with machine, date and commit.
 //
 // GPU (the reference model, bf16): build/bench/memory --batch 32 --micro 2 --out
-// bench/results/memory-<machine>.json --machine <machine> --commit $(git rev-parse --short HEAD)
+// bench/runs/memory-<machine>.json --machine <machine> --commit $(git rev-parse --short HEAD)
 // CPU smoke (tiny sizes): --device cpu --d-model 32 --layers 1 --heads 2 --seq 16 --batch 8
 // --micro 2 --steps 5 --warmup-steps 40 --settle-steps 1 --measure-steps 3 --min-window-ms 0
 #include <chrono>

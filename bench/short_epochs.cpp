@@ -10,7 +10,7 @@
 // over the round's epochs after the first (the first pays cuDNN's and the allocator's warm-up).
 // Reported: default_over_off = median over rounds of the per-round ratio default / off, its
 // spread, and the default runs' own "cost" sections (torchpilot's share of each epoch). Written to
-// --out (bench/results/short-epochs-<machine>.json).
+// --out (bench/runs/short-epochs-<machine>.json).
 #include <torch/torch.h>
 #include <torch/version.h>
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
-# logs go to $OUT (default ./gpu-out).
+# logs go to $OUT (default bench/runs/gpu-out, git-ignored; curated baselines: bench/baselines/).
 #   scripts/gpu_run.sh [all|build|test|gputest|capture|pmprobe|kineto|clocks|example|bench|gpt|gptab|overhead|planted|shortepochs|collectives1|collectives2|memory|offload|loader2]...
 #   (default: all; collectives2 and loader2 need two GPUs; collectives1, memory, offload,
 #   loader2, pmprobe and gptab only when named)
@@ -19,7 +19,7 @@
 # .deps/root (scripts/fetch_gpu_deps.sh); the machine's own installs are preferred.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu-out}
+OUT=${OUT:-$PWD/bench/runs/gpu-out}
 mkdir -p "$OUT"
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(all)

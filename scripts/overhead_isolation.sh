@@ -7,7 +7,7 @@
 #   OUT=dir [WORLD=1] [STEPS=100] scripts/overhead_isolation.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu-out}
+OUT=${OUT:-$PWD/bench/runs/gpu-out}
 ROUNDS=${ROUNDS:-7}
 WORLD=${WORLD:-2}
 MACHINE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ' ' '-')

@@ -88,7 +88,7 @@ struct PmOptions {
   size_t max_decode_rounds = 64;  // per decode call (each empties the image once)
   // gpu.pm_duty: the share of each duty period that the sampler is enabled (1: always). Enabled,
   // PM sampling slows a GPU-bound step by 0.5-1% whatever the interval or the counters
-  // (bench/results/overhead-isolation-*.json); stopped but enabled, it still does. So between
+  // (bench/baselines/overhead-isolation/*.json); stopped but enabled, it still does. So between
   // bursts the sampler is disabled (the host config image is kept).
   double duty = 1;
   int duty_period_ms = 2000;

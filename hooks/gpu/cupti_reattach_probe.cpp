@@ -14,7 +14,8 @@
 // callbacks would run; kinds-subscribe-only: subscribed, buffers registered, no kind enabled.)
 // (backend-*: torchpilot's own GPU backend, PM sampling on or off, a window, release_trace().)
 // Prints the median time of a launch-bound step (2000 tiny kernels + synchronize) before the
-// window, during it, and after it. Not part of the library; results in bench/results/.
+// window, during it, and after it. Not part of the library; results in bench/runs/ (baseline
+// bench/baselines/cupti-reattach-probe/h200.jsonl).
 #include <cupti_activity.h>
 #include <cupti_callbacks.h>
 #include <cupti_driver_cbid.h>

@@ -1,7 +1,7 @@
 // Diagnostic (GPU machine): what PM sampling costs the GPU work around it, and what turning it on
 // and off costs. PM sampling enabled costs a GPU-bound trainer 0.5-0.6% of its step time on an
 // H100 whatever the sampling interval, decode period or Stop/Start duty cycle
-// (bench/results/overhead-isolation-h100x1.json). This probe tells apart, in one process, phases
+// (bench/baselines/overhead-isolation/h100.json). This probe tells apart, in one process, phases
 // interleaved over several cycles:
 //   off            no PM sampling
 //   full           the library's metric set, started
@@ -12,7 +12,7 @@
 // 8192x4096x4096 matmuls; mlp: 8 blocks of matmul, gelu, matmul, add, layer norm on 16384x1024),
 // the time of configure(), start() and stop() on the calling thread, the SM clock and throttle
 // reasons from nvidia-smi while a GEMM batch runs, and the PM samples decoded. One JSON line per
-// phase. Not part of the library; results in bench/results/.
+// phase. Not part of the library; results in bench/runs/.
 //   pm_cost_probe [cycles] [steps]
 // With "duty" (pm_cost_probe CYCLES SEGMENT_MS duty [ON_MS PERIOD_MS]): does the cost go away when
 // the sampler is disabled between bursts? Segments of SEGMENT_MS of the mlp workload, rotated

@@ -158,7 +158,7 @@ struct ExposedCommunicationConfig {
   double threshold = 0.05;  // exposed communication: share of step time
   // The share of an overlapped collective's time that the compute it overlaps loses (NCCL's
   // kernels take SMs and memory bandwidth): 0.7 measured on 2 H100s over NVLink
-  // (bench/results/collectives-*-x2.json). Overlap removes exposed x (1 - this).
+  // (bench/baselines/collectives/*x2.json). Overlap removes exposed x (1 - this).
   double interference = 0.7;
 };
 struct LowBusBandwidthConfig {
