@@ -22,6 +22,7 @@
 #include "cupti_api_fake.h"
 #include "torchpilot/hooks/gpu/cupti_activity_trace.h"
 #include "torchpilot/hooks/gpu/cupti_api.h"
+#include "torchpilot/hooks/gpu/cupti_fixture.h"
 #include "torchpilot/hooks/gpu/cupti_pm_sampling.h"
 
 namespace torchpilot {

@@ -480,22 +480,6 @@ TEST(HostOpScopesTest, BoundedAndSwitchedByTheMonitor) {
 // --- the monitor: sites and phases over an epoch ---------------------------------------------
 
 using test::FakeBackend;
-}
-void start() override {}
-bool start_trace() override { return tracing = true; }
-void stop_trace() override { tracing = false; }
-void release_trace() override {}
-void flush() override {}
-void drain(GpuEventBatch& out) override {
-  out.kernels.insert(out.kernels.end(), queued.kernels.begin(), queued.kernels.end());
-  out.syncs.insert(out.syncs.end(), queued.syncs.begin(), queued.syncs.end());
-  queued.kernels.clear();
-  queued.syncs.clear();
-}
-void stop() override {}
-void range_push(const char*) override {}
-void range_pop() override {}
-};
 
 TEST(HostSyncMonitorTest, EpochNamesTopCallSitesWithTheirPhase) {
   auto clock = std::make_shared<ManualClock>(1'000'000);
