@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "fakes/scoped_env.h"
 #include "temp_dir.h"
 #include "torchpilot/runtime/core/config.h"
 #include "torchpilot/runtime/core/pilot.h"
@@ -58,27 +59,7 @@ ConfigError expect_config_error(const std::function<void()>& fn) {
   return ConfigError("", "", "");
 }
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (had_) {
-      setenv(name_, old_.c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
+using test::ScopedEnv;
 
 PilotOptions quiet_options() {
   PilotOptions o;

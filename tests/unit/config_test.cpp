@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "fakes/scoped_env.h"
 #include "temp_dir.h"
 #include "torchpilot/runtime/core/pilot.h"
 
@@ -78,28 +79,7 @@ std::set<std::string> yaml_key_paths(const std::string& text) {
   return paths;
 }
 
-// Sets a process environment variable for the lifetime of the object.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    const char* old = std::getenv(name);
-    if (old != nullptr) old_ = old;
-    had_ = old != nullptr;
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (had_) {
-      setenv(name_, old_.c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
+using test::ScopedEnv;
 
 using torchpilot_test::TempDir;
 

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "fakes/gpu_records.h"
 #include "torchpilot/hooks/gpu/cupti_activity_trace.h"
 #include "torchpilot/hooks/gpu/cupti_api.h"
 #include "torchpilot/hooks/gpu/cupti_fixture.h"
@@ -31,16 +32,7 @@ namespace torchpilot {
 namespace detail {
 namespace {
 
-// The spans of a step whose GPU work ran inside its host span.
-inline StepSpans spans(Interval host, Interval wait, bool traced,
-                       Nanos trace_from = std::numeric_limits<Nanos>::min()) {
-  StepSpans s;
-  s.host = host;
-  s.data_wait = wait;
-  s.traced = traced;
-  s.trace_from = trace_from;
-  return s;
-}
+using test::spans;
 
 namespace fx = cupti_fixture;
 

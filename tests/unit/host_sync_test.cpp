@@ -11,6 +11,8 @@
 #include <string>
 
 #include "advice_test_util.h"
+#include "fakes/fake_backend.h"
+#include "fakes/gpu_records.h"
 #include "torchpilot/advisors/core/advisors.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/core/sink.h"
@@ -477,36 +479,15 @@ TEST(HostOpScopesTest, BoundedAndSwitchedByTheMonitor) {
 
 // --- the monitor: sites and phases over an epoch ---------------------------------------------
 
-class FakeBackend : public GpuBackend {
- public:
-  GpuEventBatch queued;
-  bool tracing = false;
-  GpuDeviceInfo device() const override { return {0, "Fake GPU", "FAKE", 100}; }
-  std::vector<CollectorStatus> status() const override {
-    return {{"pm_sampling", false, "off"},
-            {"activity", true, ""},
-            {"nvml", false, "off"},
-            {"nvtx", false, "off"}};
-  }
-  void start() override {}
-  bool start_trace() override { return tracing = true; }
-  void stop_trace() override { tracing = false; }
-  void release_trace() override {}
-  void flush() override {}
-  void drain(GpuEventBatch& out) override {
-    out.kernels.insert(out.kernels.end(), queued.kernels.begin(), queued.kernels.end());
-    out.syncs.insert(out.syncs.end(), queued.syncs.begin(), queued.syncs.end());
-    queued.kernels.clear();
-    queued.syncs.clear();
-  }
-  void stop() override {}
-  void range_push(const char*) override {}
-  void range_pop() override {}
-};
+using test::FakeBackend;
 
 TEST(HostSyncMonitorTest, EpochNamesTopCallSitesWithTheirPhase) {
   auto clock = std::make_shared<ManualClock>(1'000'000);
   auto backend = std::make_shared<FakeBackend>();
+  backend->statuses = {{"pm_sampling", false, "off"},
+                       {"activity", true, ""},
+                       {"nvml", false, "off"},
+                       {"nvtx", false, "off"}};
   auto sink = std::make_shared<RecordingSink>();
   Config c;
   c.gpu.trace_first_step = 0;
@@ -572,19 +553,10 @@ constexpr Nanos kMs = 1000000;
 
 using test::evidence;
 EpochSummary traced_summary() {
-  EpochSummary s;
-  s.steps = 10;
-  s.wall_ns = 1000 * kMs;
-  GpuEpochStats e;
-  e.device = "Fake GPU";
-  e.sm_count = 132;
-  e.traced_steps = 10;
-  e.stats.wall_ns = s.wall_ns;
-  e.stats.traced_ns = s.wall_ns;
+  EpochSummary s = test::traced_gpu_summary();
+  GpuEpochStats& e = *s.sections.get<GpuEpochStats>();
   e.stats.gpu_utilization = 0.6;
-  e.stats.kernels = 1000;
   e.stats.idle_other_ns = 10 * kMs;
-  s.sections.set<GpuEpochStats>(e);
   return s;
 }
 

@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "fakes/fake_backend.h"
 #include "temp_dir.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/gpu/gpu_monitor.h"
@@ -22,36 +23,7 @@ namespace {
 using nlohmann::json;
 constexpr Nanos kMs = 1000000;
 
-// Hands out what the test queued while a trace runs.
-class FakeBackend : public GpuBackend {
- public:
-  GpuEventBatch queued;
-  bool tracing = false;
-  GpuDeviceInfo device() const override { return {0, "Fake GPU", "FAKE", 100}; }
-  std::vector<CollectorStatus> status() const override {
-    return {
-        {"pm_sampling", true, ""}, {"activity", true, ""}, {"nvml", true, ""}, {"nvtx", true, ""}};
-  }
-  void start() override {}
-  bool start_trace() override { return tracing = true; }
-  void stop_trace() override { tracing = false; }
-  void release_trace() override {}
-  void flush() override {}
-  void drain(GpuEventBatch& out) override {
-    auto move = [](auto& to, auto& from) {
-      to.insert(to.end(), from.begin(), from.end());
-      from.clear();
-    };
-    move(out.kernels, queued.kernels);
-    move(out.copies, queued.copies);
-    move(out.syncs, queued.syncs);
-    move(out.pm, queued.pm);
-    move(out.nvml, queued.nvml);
-  }
-  void stop() override {}
-  void range_push(const char*) override {}
-  void range_pop() override {}
-};
+using test::FakeBackend;
 
 KernelRecord kernel(Nanos b, Nanos e, uint32_t stream, std::string name) {
   KernelRecord k;
