@@ -32,8 +32,6 @@ PRIVATE = {"hooks/gpu/" + n for n in (
 KNOWN_UP = {
     ("runtime/core/pilot.h", "runtime/cost/cost.h"),
     ("runtime/core/pilot.h", "runtime/loader/loader_records.h"),
-    ("runtime/core/pilot.cpp", "runtime/memory/batch_policy.h"),
-    ("runtime/core/pilot.cpp", "runtime/tune/trial_engine.h"),
     ("runtime/core/pilot.cpp", "advisors/core/advisors.h"),
     # The advisor catalog declares every subsystem's rules; the gain models are shared by them.
     ("advisors/core/advisors.h", "runtime/flops/flop_records.h"),

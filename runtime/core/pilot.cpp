@@ -9,8 +9,6 @@
 #include "torchpilot/advisors/core/advisors.h"
 #include "torchpilot/runtime/core/guard.h"
 #include "torchpilot/runtime/core/logging.h"
-#include "torchpilot/runtime/memory/batch_policy.h"
-#include "torchpilot/runtime/tune/trial_engine.h"
 
 namespace torchpilot {
 
@@ -118,6 +116,14 @@ Pilot::Pilot(Config config, PilotOptions options)
   logger_->info("mode {}{}", to_string(config_.mode),
                 config_.log.json_path.empty() ? "" : ", records to " + config_.log.json_path);
   add_default_collectors(std::move(options.collectors), options.default_collectors);
+  if (config_.mode == Mode::kAutotune) {
+    const TunerFactory make = tuner_factory();
+    if (make != nullptr) tuner_ = make(*this);
+    if (!tuner_) {
+      logger_->warn("mode autotune, but this build has no tuner: advising only");
+      config_.mode = Mode::kAdvise;
+    }
+  }
 }
 
 void Pilot::add_default_collectors(std::vector<std::shared_ptr<Collector>> given, bool all) {
@@ -394,80 +400,57 @@ void Pilot::end_step() {
   accumulator_.add(r);
   for_each_sink("on_step", [&](Sink& s) { s.on_step(r, phase_names_); });
 
-  if (config_.mode != Mode::kAutotune || (engine_ && engine_->finished())) return;
-  // The engine calls knob setters and the loader's probe: user code. Whatever it throws stops
+  if (!tuner_ || tuner_->finished()) return;
+  // The tuner calls knob setters and the loader's probe: user code. Whatever it throws stops
   // tuning with one log line; the step goes on.
-  if (const auto failed = failure_of([&] { autotune_step(r); })) {
-    logger_->error("autotune stopped after an internal error{}", reason_suffix(*failed));
-    if (engine_) {
-      const std::string why = "internal error" + reason_suffix(*failed);
-      if (const auto again = failure_of([&] { engine_->abandon(why); })) {  // applies the best
-        logger_->error("autotune could not restore the best setting{}", reason_suffix(*again));
-      }
-    }
-    engine_.reset();
-    config_.mode = Mode::kAdvise;
-  }
-}
-
-void Pilot::autotune_step(const StepRecord& r) {
-  if (!engine_) {
-    engine_ = std::make_unique<TrialEngine>(knobs_, make_autotune_policy(config_.autotune),
-                                            config_.autotune);
-    engine_->agreement = trial_agreement_;
-    engine_->memory_probe = memory_probe_;
-    engine_->on_trial = [this](const TrialResult& t, bool kept) {
-      for_each_sink("on_trial", [&](Sink& s) { s.on_trial(t, kept); });
-    };
-    engine_->supply_probe = [this]() {
-      TrialEngine::SupplySample sample;
-      if (loader_ != nullptr) {
-        const LoaderStats s = loader_->stats();
-        sample = {s.produce_count, s.produce_ns, s.settings.workers};
-      }
-      return sample;
-    };
-  }
   ++epoch_tuning_steps_;
-  engine_->on_step(r);
-  if (engine_->finished()) publish_decision();
+  if (const auto failed = failure_of([&] { tuner_->on_step(r); })) stop_tuning(*failed);
 }
 
-void Pilot::publish_decision() {
-  const TuningDecision& d = *engine_->decision();
-  if (d.trials.empty() && !warned_nothing_to_tune_) {
-    warned_nothing_to_tune_ = true;
-    logger_->warn(
-        "autotune: nothing to tune ({}); attach a torchpilot::TunableLoader or a "
-        "torchpilot::Accumulation",
-        d.reason);
-    return;
+void Pilot::stop_tuning(const std::string& reason) {
+  logger_->error("autotune stopped after an internal error{}", reason_suffix(reason));
+  const std::string why = "internal error" + reason_suffix(reason);
+  if (const auto again = failure_of([&] { tuner_->abandon(why); })) {  // applies the best
+    logger_->error("autotune could not restore the best setting{}", reason_suffix(*again));
   }
-  for_each_sink("on_decision", [&](Sink& s) { s.on_decision(d); });
+  tuner_.reset();
+  config_.mode = Mode::kAdvise;
+}
+
+SupplySample Pilot::supply() {
+  SupplySample sample;
+  if (loader_ != nullptr) {
+    const LoaderStats s = loader_->stats();
+    sample = {s.produce_count, s.produce_ns, s.settings.workers};
+  }
+  return sample;
+}
+
+void Pilot::publish_trial(const TrialResult& trial, bool kept) {
+  for_each_sink("on_trial", [&](Sink& s) { s.on_trial(trial, kept); });
+}
+
+void Pilot::publish_decision(const TuningDecision& decision) {
+  for_each_sink("on_decision", [&](Sink& s) { s.on_decision(decision); });
 }
 
 bool Pilot::autotuning() const {
-  return config_.mode == Mode::kAutotune && !(engine_ && engine_->finished());
+  return config_.mode == Mode::kAutotune && !(tuner_ && tuner_->finished());
 }
 
 bool Pilot::fail_trial(const std::string& reason) {
-  if (!engine_ || engine_->finished()) return false;
+  if (!tuner_) return false;
   bool failed = false;
-  // The engine calls knob setters (user code): whatever they throw stops tuning, as in end_step.
-  if (const auto error = failure_of([&] { failed = engine_->fail_current_trial(reason); })) {
-    logger_->error("autotune stopped after an internal error{}", reason_suffix(*error));
-    (void)failure_of([&] { engine_->abandon("internal error" + reason_suffix(*error)); });
-    engine_.reset();
-    config_.mode = Mode::kAdvise;
+  // The tuner calls knob setters (user code): whatever they throw stops tuning, as in end_step.
+  if (const auto error = failure_of([&] { failed = tuner_->fail_trial(reason); })) {
+    stop_tuning(*error);
     return false;
   }
-  if (engine_->finished()) publish_decision();
   return failed;
 }
 
 void Pilot::set_memory_probe(MemoryProbe probe) {
-  memory_probe_ = std::move(probe);
-  if (engine_ && !engine_->finished()) engine_->memory_probe = memory_probe_;
+  if (tuner_) tuner_->set_memory_probe(std::move(probe));
 }
 
 void Pilot::end_epoch() {
@@ -549,7 +532,7 @@ void Pilot::summarize_epoch(Nanos began) {
   };
   EpochSummary summary = accumulator_.summarize(epoch_, phase_names_);
   summary.tuning_steps = epoch_tuning_steps_;
-  summary.tuned = engine_ && engine_->finished() && !engine_->decision()->trials.empty();
+  summary.tuned = tuning_finished() && !tuning_decision()->trials.empty();
   part("summary");
   for_each_collector("on_epoch_end", [&](Collector& o) {
     o.on_epoch_end(summary);
@@ -608,17 +591,7 @@ void Pilot::attach_loader(LoaderProbe* probe, std::vector<Knob> knobs) {
   loader_collector_ = std::make_unique<LoaderCollector>(probe);
   insert_collector(loader_collector_.get(), true);  // its section comes first
   for (auto& k : knobs) knobs_.add(std::move(k));
-  if (!engine_) return;
-  if (!engine_->finished()) {
-    engine_.reset();  // a search over another loader's knobs means nothing now: start afresh
-  } else if (engine_->decision() && !engine_->decision()->trials.empty()) {
-    // Tuning is over: the new loader gets the decided setting.
-    try {
-      knobs_.apply(engine_->decision()->chosen);
-    } catch (const std::exception& e) {
-      logger_->warn("could not apply the tuned loader setting to the new loader: {}", e.what());
-    }
-  }
+  if (tuner_) tuner_->knobs_changed();
 }
 
 void Pilot::detach_loader(LoaderProbe* probe) {
@@ -640,14 +613,13 @@ std::vector<StepRecord> Pilot::recent_steps() const {
 
 const std::optional<TuningDecision>& Pilot::tuning_decision() const {
   static const std::optional<TuningDecision> none;
-  return engine_ ? engine_->decision() : none;
+  return tuner_ ? tuner_->decision() : none;
 }
 
 void Pilot::set_trial_agreement(TrialAgreement agreement) {
-  trial_agreement_ = std::move(agreement);
-  if (engine_ && !engine_->finished()) engine_->agreement = trial_agreement_;
+  if (tuner_) tuner_->set_agreement(std::move(agreement));
 }
 
-bool Pilot::tuning_finished() const { return engine_ && engine_->finished(); }
+bool Pilot::tuning_finished() const { return tuner_ && tuner_->finished(); }
 
 }  // namespace torchpilot

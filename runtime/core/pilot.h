@@ -94,8 +94,6 @@ class LoaderProbe {
   virtual void forget_pilot() = 0;
 };
 
-class TrialEngine;
-
 struct PilotOptions {
   std::shared_ptr<spdlog::logger> logger;  // advisory log; default: "torchpilot" on stderr
   std::shared_ptr<Clock> clock;            // default: the steady clock
@@ -112,7 +110,7 @@ struct PilotOptions {
   bool default_collectors = true;
 };
 
-class Pilot : private CollectorHost {
+class Pilot : private CollectorHost, private TunerHost {
  public:
   explicit Pilot(Config config = Config::load(), PilotOptions options = {});
   ~Pilot();
@@ -145,7 +143,7 @@ class Pilot : private CollectorHost {
   // The loader's knobs join the registry (autotune tunes them); its stats go into epoch summaries.
   void attach_loader(LoaderProbe* probe, std::vector<Knob> knobs);
   void detach_loader(LoaderProbe* probe);
-  KnobRegistry& knobs() { return knobs_; }
+  KnobRegistry& knobs() override { return knobs_; }
   // Auto-tune trials may still run: mode autotune and no decision yet (a hook that can recover
   // from a failed setting recovers only then).
   bool autotuning() const;
@@ -199,7 +197,6 @@ class Pilot : private CollectorHost {
   friend class StepScope;
   friend class PhaseScope;
   void end_step();
-  void autotune_step(const StepRecord& record);
   void summarize_epoch(Nanos began);
   // CollectorHost
   bool steady_clock() const override;
@@ -274,11 +271,13 @@ class Pilot : private CollectorHost {
 
   KnobRegistry knobs_;
   LoaderProbe* loader_ = nullptr;
-  TrialAgreement trial_agreement_;
-  MemoryProbe memory_probe_;
-  std::unique_ptr<TrialEngine> engine_;
-  void publish_decision();
-  bool warned_nothing_to_tune_ = false;
+  std::unique_ptr<Tuner> tuner_;  // mode autotune: the tune subsystem's (core/tuning.h)
+  // Tuning stopped on an internal error: the best setting so far stays, mode advise from here.
+  void stop_tuning(const std::string& why);
+  // TunerHost
+  SupplySample supply() override;
+  void publish_trial(const TrialResult& trial, bool kept) override;
+  void publish_decision(const TuningDecision& decision) override;
 };
 
 }  // namespace torchpilot

@@ -7,6 +7,7 @@
 
 #include "torchpilot/runtime/core/collector.h"
 #include "torchpilot/runtime/core/sink.h"
+#include "torchpilot/runtime/core/tuning.h"
 
 namespace torchpilot {
 namespace {
@@ -21,6 +22,10 @@ std::vector<DefaultCollector>& collector_registry() {
 std::vector<DefaultSink>& sink_registry() {
   static std::vector<DefaultSink> entries;
   return entries;
+}
+TunerFactory& tuner_registry() {
+  static TunerFactory factory = nullptr;
+  return factory;
 }
 std::vector<ConfigResolver>& resolver_registry() {
   static std::vector<ConfigResolver> entries;
@@ -69,6 +74,16 @@ bool default_sink_registered(const std::string& name) {
   std::lock_guard<std::mutex> lock(registry_mutex());
   const auto& all = sink_registry();
   return std::any_of(all.begin(), all.end(), [&](const auto& d) { return d.name == name; });
+}
+
+void register_tuner(TunerFactory factory) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  tuner_registry() = factory;
+}
+
+TunerFactory tuner_factory() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  return tuner_registry();
 }
 
 }  // namespace torchpilot

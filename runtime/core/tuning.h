@@ -5,12 +5,16 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "torchpilot/runtime/core/clock.h"
+#include "torchpilot/runtime/core/config.h"
 #include "torchpilot/runtime/core/knobs.h"
+#include "torchpilot/runtime/core/logging.h"
+#include "torchpilot/runtime/core/records.h"
 
 namespace torchpilot {
 
@@ -107,5 +111,52 @@ class TuningPolicy {
   // with it.
   virtual int extra_settle_steps(const Setting& from, const Setting& to) const { return 0; }
 };
+
+// What producing the run's batches took so far (the attached loader's counters): the tuner
+// bounds a setting's throughput by it.
+struct SupplySample {
+  int64_t units = 0;    // work units produced (one per step)
+  Nanos busy_ns = 0;    // producing time summed over producers
+  int parallelism = 0;  // producers running in parallel (0: the training thread produces)
+};
+
+// What a tuner may use of the Pilot that drives it.
+class TunerHost {
+ public:
+  virtual ~TunerHost() = default;
+  virtual const Config& config() const = 0;
+  virtual KnobRegistry& knobs() = 0;
+  virtual void log(LogLevel level, const std::string& message) = 0;
+  virtual SupplySample supply() = 0;
+  // Sent to every sink (on_trial, on_decision).
+  virtual void publish_trial(const TrialResult& trial, bool kept) = 0;
+  virtual void publish_decision(const TuningDecision& decision) = 0;
+};
+
+// The run's auto-tuning in mode autotune (the tune subsystem implements it and registers a
+// factory; the Pilot forwards its tuning calls here). Training thread only; anything it throws
+// stops tuning (the Pilot then calls abandon() and goes on in mode advise).
+class Tuner {
+ public:
+  virtual ~Tuner() = default;
+  // A step ended and the sinks have it.
+  virtual void on_step(const StepRecord& record) = 0;
+  virtual bool finished() const = 0;
+  virtual const std::optional<TuningDecision>& decision() const = 0;
+  // Stops the search, the best setting so far applied.
+  virtual void abandon(const std::string& reason) = 0;
+  // The running trial's setting failed in a step; false when no trial is running.
+  virtual bool fail_trial(const std::string& reason) = 0;
+  virtual void set_memory_probe(MemoryProbe probe) = 0;
+  virtual void set_agreement(TrialAgreement agreement) = 0;
+  // The knobs changed (another loader was attached): a search in progress starts afresh; a
+  // decided setting is applied to the new knobs.
+  virtual void knobs_changed() = 0;
+};
+using TunerFactory = std::unique_ptr<Tuner> (*)(TunerHost& host);
+// Thread-safe; called at static initialization by the tune subsystem (the last one registered
+// wins).
+void register_tuner(TunerFactory factory);
+TunerFactory tuner_factory();
 
 }  // namespace torchpilot

@@ -62,11 +62,7 @@ class TrialEngine {
   std::function<void(const TrialResult& trial, bool kept)> on_trial;
   // Optional: the producer's cumulative counters (a loader's batches), read at the start and end
   // of each measured window to measure its capacity (TrialResult::supply_capacity).
-  struct SupplySample {
-    int64_t units = 0;    // work units produced (one per step)
-    Nanos busy_ns = 0;    // producing time summed over producers
-    int parallelism = 0;  // producers running in parallel (0: the training thread produces)
-  };
+  using SupplySample = torchpilot::SupplySample;
   std::function<SupplySample()> supply_probe;
   // Optional: several ranks tune together (rank_exchange.h). Each window then ends after a count
   // of steps (measure_steps, extended by agreed rounds while the slowest rank's window is shorter
