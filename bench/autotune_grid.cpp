@@ -23,7 +23,6 @@
 #include <string>
 #include <vector>
 
-#include "cli_flags.h"
 #include "harness.h"
 #include "torchpilot/hooks/loader/torch_transfer.h"
 #include "torchpilot/runtime/core/pilot.h"
@@ -180,33 +179,24 @@ int run(int argc, char** argv) {
       ->check(example_cli::DirectoryOrAbsent())
       ->capture_default_str();
   bench::add_run_flags(app, a.run, "write the results here (JSON)");
-  example_cli::add_int(app, "--screen-rounds", a.screen_rounds, 1, 1000,
-                       "screen rounds (each runs every grid point and auto-tune --autotune-runs "
-                       "times)")
-      ->capture_default_str();
-  example_cli::add_int(app, "--autotune-runs", a.autotune_runs, 1, 100,
-                       "auto-tuned runs per screen round (more runs, one screen: the spread of "
-                       "auto-tune's choices at less cost)")
-      ->capture_default_str();
-  example_cli::add_int(app, "--screen-steps", a.screen_steps, 1, 1000000, "steps per screen run")
-      ->capture_default_str();
-  example_cli::add_int(app, "--final-rounds", a.final_rounds, 1, 1000, "final rounds")
-      ->capture_default_str();
-  example_cli::add_int(app, "--final-steps", a.final_steps, 1, 1000000, "steps per final run")
-      ->capture_default_str();
-  example_cli::add_int(app, "--top", a.top, 1, 1000, "screen leaders re-measured in the final")
-      ->capture_default_str();
-  example_cli::add_int(app, "--holdout-rounds", a.holdout_rounds, 0, 1000,
-                       "fresh rounds of the final's best grid setting and the auto-tuned settings "
-                       "(0: none)")
-      ->capture_default_str();
-  example_cli::add_int(app, "--after-decision", a.after_decision, 1, 1000000,
-                       "auto-tune steps measured after its decision")
-      ->capture_default_str();
-  example_cli::add_int(app, "--max-workers", a.max_workers, 0, torchpilot::LoaderCore::kMaxWorkers,
-                       "largest worker count of the grid and of auto-tune (0: the CPUs in this "
-                       "process's affinity)")
-      ->capture_default_str();
+  bench::int_flag(app, "--screen-rounds", a.screen_rounds, 1, 1000,
+                  "screen rounds (each runs every grid point and auto-tune --autotune-runs "
+                  "times)");
+  bench::int_flag(app, "--autotune-runs", a.autotune_runs, 1, 100,
+                  "auto-tuned runs per screen round (more runs, one screen: the spread of "
+                  "auto-tune's choices at less cost)");
+  bench::int_flag(app, "--screen-steps", a.screen_steps, 1, 1000000, "steps per screen run");
+  bench::int_flag(app, "--final-rounds", a.final_rounds, 1, 1000, "final rounds");
+  bench::int_flag(app, "--final-steps", a.final_steps, 1, 1000000, "steps per final run");
+  bench::int_flag(app, "--top", a.top, 1, 1000, "screen leaders re-measured in the final");
+  bench::int_flag(app, "--holdout-rounds", a.holdout_rounds, 0, 1000,
+                  "fresh rounds of the final's best grid setting and the auto-tuned settings "
+                  "(0: none)");
+  bench::int_flag(app, "--after-decision", a.after_decision, 1, 1000000,
+                  "auto-tune steps measured after its decision");
+  bench::int_flag(app, "--max-workers", a.max_workers, 0, torchpilot::LoaderCore::kMaxWorkers,
+                  "largest worker count of the grid and of auto-tune (0: the CPUs in this "
+                  "process's affinity)");
   example_cli::parse_or_exit(app, argc, argv);
 
   const int cpus = torchpilot::affinity_cpu_count();

@@ -45,7 +45,6 @@
 #include <string>
 #include <vector>
 
-#include "cli_flags.h"
 #include "gpt_cli.h"
 #include "gpt_dist.h"
 #include "gpt_trainer.h"
@@ -436,14 +435,11 @@ int main(int argc, char** argv) {
       "rounds) and the always-on communication figures (bench/README.md).",
       "collectives");
   example_cli::last_wins(app);
-  example_cli::add_int(app, "--world-size", a.world, 1, 64,
-                       "ranks on this host (1: one rank, still through a process group)")
-      ->capture_default_str();
-  example_cli::add_int(app, "--rounds", a.rounds, 1, 1000, "rounds")->capture_default_str();
-  example_cli::add_int(app, "--steps", a.steps, 1, 1000000, "measured steps per round")
-      ->capture_default_str();
-  example_cli::add_int(app, "--warmup", a.warmup, 0, 1000000, "steps before the measured ones")
-      ->capture_default_str();
+  bench::int_flag(app, "--world-size", a.world, 1, 64,
+                  "ranks on this host (1: one rank, still through a process group)");
+  bench::int_flag(app, "--rounds", a.rounds, 1, 1000, "rounds");
+  bench::int_flag(app, "--steps", a.steps, 1, 1000000, "measured steps per round");
+  bench::int_flag(app, "--warmup", a.warmup, 0, 1000000, "steps before the measured ones");
   gpt_example::add_shape_flags(app, a.train, "batch per rank");
   app.add_option("--device", a.train.device, "cpu, cuda; default cuda when available")
       ->check(example_cli::Device());
@@ -457,15 +453,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--buckets", a.buckets, "bucket sizes (MiB) for the buckets part")
       ->capture_default_str();
-  example_cli::add_int(app, "--autotune-start", a.autotune_start, 0, 1 << 20,
-                       "starting bucket size (MiB) of the autotune part")
-      ->capture_default_str();
-  example_cli::add_int(app, "--autotune-warmup", a.autotune_warmup, 10, 1000000,
-                       "autotune warm-up steps")
-      ->capture_default_str();
-  example_cli::add_int(app, "--straggler-rank", a.straggler_rank, 0, 1 << 20,
-                       "the planted straggler's rank")
-      ->capture_default_str();
+  bench::int_flag(app, "--autotune-start", a.autotune_start, 0, 1 << 20,
+                  "starting bucket size (MiB) of the autotune part");
+  bench::int_flag(app, "--autotune-warmup", a.autotune_warmup, 10, 1000000,
+                  "autotune warm-up steps");
+  bench::int_flag(app, "--straggler-rank", a.straggler_rank, 0, 1 << 20,
+                  "the planted straggler's rank");
   app.add_option("--straggler-ms", a.straggler_ms, "its host work per step, ms")
       ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();

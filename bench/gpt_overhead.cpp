@@ -40,7 +40,6 @@
 #include <string>
 #include <vector>
 
-#include "cli_flags.h"
 #include "gpt_cli.h"
 #include "gpt_flops.h"
 #include "gpt_trainer.h"
@@ -346,17 +345,13 @@ int run(int argc, char** argv) {
   app.add_option("--device", a.train.device, "cpu, cuda or cuda:N; default cuda when available")
       ->check(example_cli::Device())
       ->type_name("cpu|cuda|cuda:N");
-  example_cli::add_int(app, "--rounds", a.rounds, 1, 10000,
-                       "rounds (every configuration once per round)")
-      ->capture_default_str();
-  example_cli::add_int(app, "--steps-per-round", a.steps, 1, 1000000,
-                       "measured steps per round and configuration")
-      ->capture_default_str();
-  example_cli::add_int(app, "--warmup", a.warmup, 3, 1000000,
-                       "steps before the measured ones, per round and configuration")
-      ->capture_default_str();
-  example_cli::add_int(app, "--prime", a.prime, 0, 1000000, "untimed steps before the first round")
-      ->capture_default_str();
+  bench::int_flag(app, "--rounds", a.rounds, 1, 10000,
+                  "rounds (every configuration once per round)");
+  bench::int_flag(app, "--steps-per-round", a.steps, 1, 1000000,
+                  "measured steps per round and configuration");
+  bench::int_flag(app, "--warmup", a.warmup, 3, 1000000,
+                  "steps before the measured ones, per round and configuration");
+  bench::int_flag(app, "--prime", a.prime, 0, 1000000, "untimed steps before the first round");
   app.add_flag("!--no-pm-sampling", a.pm_sampling,
                "PM sampling off in every configuration (gpu.pm_sampling false): its share of the "
                "cost");

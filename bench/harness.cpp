@@ -72,6 +72,11 @@ void interleave_shuffled(int rounds, size_t items, std::mt19937& rng,
   }
 }
 
+CLI::Option* number_flag(CLI::App& app, const std::string& name, double& value, double above,
+                         double max, const std::string& help) {
+  return example_cli::add_number(app, name, value, above, max, help)->capture_default_str();
+}
+
 void add_run_flags(CLI::App& app, RunFlags& run, const std::string& out_help, bool out_checked) {
   app.add_option("--machine", run.machine, "machine name, for the JSON file")
       ->capture_default_str();

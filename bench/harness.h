@@ -62,6 +62,19 @@ void interleave(int rounds, int configs, Order order,
 void interleave_shuffled(int rounds, size_t items, std::mt19937& rng,
                          const std::function<void(size_t item)>& measure);
 
+// --- flags -------------------------------------------------------------------------------------
+
+// An integer flag in [min, max] (example_cli::add_int) whose help shows its default.
+template <typename T>
+CLI::Option* int_flag(CLI::App& app, const std::string& name, T& value, int64_t min, int64_t max,
+                      const std::string& help) {
+  return example_cli::add_int(app, name, value, min, max, help)->capture_default_str();
+}
+
+// A finite number flag in (above, max] (example_cli::add_number) whose help shows its default.
+CLI::Option* number_flag(CLI::App& app, const std::string& name, double& value, double above,
+                         double max, const std::string& help);
+
 // --- the run's flags and JSON header ------------------------------------------------------------
 
 // Who ran it where: every benchmark's --machine, --commit and --out.

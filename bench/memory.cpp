@@ -21,7 +21,6 @@
 #include <vector>
 
 #include "bench_cuda.h"
-#include "cli_flags.h"
 #include "gpt_cli.h"
 #include "gpt_trainer.h"
 #include "harness.h"
@@ -98,39 +97,29 @@ int run(int argc, char** argv) {
   CLI::App app{"bench/memory: the micro-batch search against its start and a grid"};
   example_cli::last_wins(app);
   gpt_example::add_shape_flags(app, a.train, "the rank's batch (rows per optimizer step)");
-  example_cli::add_int(app, "--micro", a.micro, 1, 65536, "the starting micro-batch")
-      ->capture_default_str();
+  bench::int_flag(app, "--micro", a.micro, 1, 65536, "the starting micro-batch");
   app.add_option("--grid", a.grid, "micro-batches of the grid; default powers of two to --batch")
       ->delimiter(',');
   app.add_option("--precision", precision, "bf16 autocast on CUDA, or fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();
   app.add_option("--device", a.train.device, "cpu, cuda or cuda:N; default cuda when available");
-  example_cli::add_int(app, "--steps", a.steps, 1, 1000000, "measured steps per setting")
-      ->capture_default_str();
-  example_cli::add_int(app, "--prime", a.prime, 0, 1000000, "untimed steps before each")
-      ->capture_default_str();
-  example_cli::add_int(app, "--max-tune-steps", a.max_tune_steps, 1, 10000000,
-                       "most steps the search may take")
-      ->capture_default_str();
-  example_cli::add_int(app, "--warmup-steps", a.autotune.warmup_steps, 0, 1000000000,
-                       "autotune.warmup_steps")
-      ->capture_default_str();
-  example_cli::add_number(app, "--warmup-seconds", a.autotune.warmup_seconds, -1e-9, 86400,
-                          "autotune.warmup_seconds")
-      ->capture_default_str();
-  example_cli::add_int(app, "--settle-steps", a.autotune.settle_steps, 0, 10000,
-                       "autotune.settle_steps")
-      ->capture_default_str();
-  example_cli::add_int(app, "--measure-steps", a.autotune.measure_steps, 3, 10000,
-                       "autotune.measure_steps")
-      ->capture_default_str();
-  example_cli::add_number(app, "--min-window-ms", a.autotune.min_window_ms, -1e-9, 600000,
-                          "autotune.min_window_ms")
-      ->capture_default_str();
-  example_cli::add_number(app, "--headroom", a.autotune.memory_headroom, 0.05, 1,
-                          "autotune.memory_headroom")
-      ->capture_default_str();
+  bench::int_flag(app, "--steps", a.steps, 1, 1000000, "measured steps per setting");
+  bench::int_flag(app, "--prime", a.prime, 0, 1000000, "untimed steps before each");
+  bench::int_flag(app, "--max-tune-steps", a.max_tune_steps, 1, 10000000,
+                  "most steps the search may take");
+  bench::int_flag(app, "--warmup-steps", a.autotune.warmup_steps, 0, 1000000000,
+                  "autotune.warmup_steps");
+  bench::number_flag(app, "--warmup-seconds", a.autotune.warmup_seconds, -1e-9, 86400,
+                     "autotune.warmup_seconds");
+  bench::int_flag(app, "--settle-steps", a.autotune.settle_steps, 0, 10000,
+                  "autotune.settle_steps");
+  bench::int_flag(app, "--measure-steps", a.autotune.measure_steps, 3, 10000,
+                  "autotune.measure_steps");
+  bench::number_flag(app, "--min-window-ms", a.autotune.min_window_ms, -1e-9, 600000,
+                     "autotune.min_window_ms");
+  bench::number_flag(app, "--headroom", a.autotune.memory_headroom, 0.05, 1,
+                     "autotune.memory_headroom");
   app.add_flag("--offload-activations", a.train.offload_activations,
                "the GPT example's activation offloading (its knob joins the search)");
   bench::add_memory_fraction_flag(app, a.memory_fraction);

@@ -26,7 +26,6 @@
 #include <vector>
 
 #include "bench_cuda.h"
-#include "cli_flags.h"
 #include "gpt_cli.h"
 #include "gpt_flops.h"
 #include "gpt_trainer.h"
@@ -146,31 +145,23 @@ int main(int argc, char** argv) {
   app.add_option("--device", a.train.device, "cpu, cuda or cuda:N; default cuda when available")
       ->check(example_cli::Device())
       ->type_name("cpu|cuda|cuda:N");
-  example_cli::add_int(app, "--min-bytes", a.train.offload_min_bytes, 1, INT64_MAX,
-                       "storages smaller than this stay on the GPU")
-      ->capture_default_str();
-  example_cli::add_int(app, "--depth", a.train.offload_depth, 0, 1000,
-                       "copies in flight behind forward, fetched ahead in backward")
-      ->capture_default_str();
-  example_cli::add_int(app, "--rounds", a.rounds, 1, 1000, "rounds at the fixed micro-batch")
-      ->capture_default_str();
-  example_cli::add_int(app, "--steps", a.steps, 1, 1000000, "measured steps per round and setting")
-      ->capture_default_str();
-  example_cli::add_int(app, "--warmup", a.warmup, 1, 1000000, "steps before the measured ones")
-      ->capture_default_str();
+  bench::int_flag(app, "--min-bytes", a.train.offload_min_bytes, 1, INT64_MAX,
+                  "storages smaller than this stay on the GPU");
+  bench::int_flag(app, "--depth", a.train.offload_depth, 0, 1000,
+                  "copies in flight behind forward, fetched ahead in backward");
+  bench::int_flag(app, "--rounds", a.rounds, 1, 1000, "rounds at the fixed micro-batch");
+  bench::int_flag(app, "--steps", a.steps, 1, 1000000, "measured steps per round and setting");
+  bench::int_flag(app, "--warmup", a.warmup, 1, 1000000, "steps before the measured ones");
   app.add_option("--search", a.search,
                  "micro-batches tried, ascending, comma-separated; empty: none")
       ->capture_default_str();
-  example_cli::add_int(app, "--search-warmup", a.search_warmup, 1, 1000000,
-                       "steps before the measured ones in the search")
-      ->capture_default_str();
-  example_cli::add_int(app, "--search-steps", a.search_steps, 1, 1000000,
-                       "measured steps per micro-batch in the search")
-      ->capture_default_str();
-  example_cli::add_number(app, "--host-fraction", a.host_fraction, 0, 1,
-                          "the search skips micro-batches whose offloaded activations would pin "
-                          "more than this share of the host's memory (estimated)")
-      ->capture_default_str();
+  bench::int_flag(app, "--search-warmup", a.search_warmup, 1, 1000000,
+                  "steps before the measured ones in the search");
+  bench::int_flag(app, "--search-steps", a.search_steps, 1, 1000000,
+                  "measured steps per micro-batch in the search");
+  bench::number_flag(app, "--host-fraction", a.host_fraction, 0, 1,
+                     "the search skips micro-batches whose offloaded activations would pin "
+                     "more than this share of the host's memory (estimated)");
   bench::add_memory_fraction_flag(app, a.memory_fraction);
   bench::add_run_flags(app, a.run, "write the results here (JSON)");
   example_cli::parse_or_exit(app, argc, argv);

@@ -56,7 +56,6 @@
 #include <string>
 #include <vector>
 
-#include "cli_flags.h"
 #include "gpt_trainer.h"
 #include "harness.h"
 #include "torchpilot/hooks/core/compat.h"
@@ -923,49 +922,35 @@ int run(int argc, char** argv) {
       ->check(example_cli::Device())
       ->type_name("cpu|cuda|cuda:N");
   app.add_flag("--small", a.small, "tiny sizes (always so without CUDA): a smoke test");
-  example_cli::add_int(app, "--rounds", a.rounds, 1, 1000, "A/B rounds (bad and fixed once each)")
-      ->capture_default_str();
-  example_cli::add_int(app, "--steps", a.steps, 1, 1000000, "timed steps per A/B run")
-      ->capture_default_str();
-  example_cli::add_int(app, "--warmup", a.warmup, 0, 1000000, "untimed steps before them")
-      ->capture_default_str();
-  example_cli::add_number(app, "--min-run-s", a.min_run_s, 0, 3600,
-                          "the timed steps are repeated until a run lasts this long")
-      ->capture_default_str();
-  example_cli::add_int(app, "--advise-steps", a.advise_steps, 1, 1000000,
-                       "steps of the advised run (one epoch)")
-      ->capture_default_str();
-  example_cli::add_int(app, "--window-first", a.window_first, 0, 1000000,
-                       "the detailed window starts after this step of the advised run")
-      ->capture_default_str();
-  example_cli::add_int(app, "--window-steps", a.window_steps, 1, 1000000,
-                       "steps in the detailed window")
-      ->capture_default_str();
+  bench::int_flag(app, "--rounds", a.rounds, 1, 1000, "A/B rounds (bad and fixed once each)");
+  bench::int_flag(app, "--steps", a.steps, 1, 1000000, "timed steps per A/B run");
+  bench::int_flag(app, "--warmup", a.warmup, 0, 1000000, "untimed steps before them");
+  bench::number_flag(app, "--min-run-s", a.min_run_s, 0, 3600,
+                     "the timed steps are repeated until a run lasts this long");
+  bench::int_flag(app, "--advise-steps", a.advise_steps, 1, 1000000,
+                  "steps of the advised run (one epoch)");
+  bench::int_flag(app, "--window-first", a.window_first, 0, 1000000,
+                  "the detailed window starts after this step of the advised run");
+  bench::int_flag(app, "--window-steps", a.window_steps, 1, 1000000,
+                  "steps in the detailed window");
   bool no_advise_fixed = false;
   app.add_flag("--no-advise-fixed", no_advise_fixed,
                "no advised run of the fixed form (by default one shows which advice remains)");
-  example_cli::add_number(app, "--budget-s", a.budget_s, 0, 1e6,
-                          "total time: pairs that would start later are skipped")
-      ->capture_default_str();
-  example_cli::add_number(app, "--sample-us", a.sample_us, 0, 1e6,
-                          "data_starvation: CPU work per sample, microseconds")
-      ->capture_default_str();
-  example_cli::add_number(app, "--host-us", a.host_us, 0, 1e7,
-                          "host_sync: host work per step, microseconds (async_sync_every_n: "
-                          "shared among the micro-steps)")
-      ->capture_default_str();
-  example_cli::add_int(app, "--micro-steps", a.micro_steps, 1, 1024,
-                       "async_sync_every_n: micro-steps per optimizer step")
-      ->capture_default_str();
-  example_cli::add_int(app, "--sync-every", a.sync_every, 1, 1000000,
-                       "async_sync_every_n, fixed form: .item() every N optimizer steps")
-      ->capture_default_str();
-  example_cli::add_int(app, "--checkpoint-every", a.checkpoint_every, 2, 1000000,
-                       "checkpoint: steps between saves")
-      ->capture_default_str();
-  example_cli::add_int(app, "--launch-batch-factor", a.launch_batch_factor, 2, 1024,
-                       "launch_bound: the fixed form's batch / the bad form's")
-      ->capture_default_str();
+  bench::number_flag(app, "--budget-s", a.budget_s, 0, 1e6,
+                     "total time: pairs that would start later are skipped");
+  bench::number_flag(app, "--sample-us", a.sample_us, 0, 1e6,
+                     "data_starvation: CPU work per sample, microseconds");
+  bench::number_flag(app, "--host-us", a.host_us, 0, 1e7,
+                     "host_sync: host work per step, microseconds (async_sync_every_n: "
+                     "shared among the micro-steps)");
+  bench::int_flag(app, "--micro-steps", a.micro_steps, 1, 1024,
+                  "async_sync_every_n: micro-steps per optimizer step");
+  bench::int_flag(app, "--sync-every", a.sync_every, 1, 1000000,
+                  "async_sync_every_n, fixed form: .item() every N optimizer steps");
+  bench::int_flag(app, "--checkpoint-every", a.checkpoint_every, 2, 1000000,
+                  "checkpoint: steps between saves");
+  bench::int_flag(app, "--launch-batch-factor", a.launch_batch_factor, 2, 1024,
+                  "launch_bound: the fixed form's batch / the bad form's");
   app.add_option(
       "--trace-dir", a.trace_dir,
       "write the advise runs' detailed windows as trace-event files here (report.trace_dir), a "

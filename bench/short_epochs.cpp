@@ -24,7 +24,6 @@
 #include <string>
 #include <vector>
 
-#include "cli_flags.h"
 #include "harness.h"
 #include "torchpilot/torchpilot.h"
 
@@ -161,14 +160,11 @@ int main(int argc, char** argv) {
       "rounds (bench/README.md).",
       "short_epochs");
   example_cli::last_wins(app);
-  example_cli::add_int(app, "--rounds", a.rounds, 1, 1000, "rounds")->capture_default_str();
-  example_cli::add_int(app, "--epochs", a.epochs, 2, 100000, "epochs per round and configuration")
-      ->capture_default_str();
-  example_cli::add_int(app, "--batch", a.batch, 1, 1 << 20, "batch size")->capture_default_str();
-  example_cli::add_int(app, "--workers", a.workers, 0, 1024, "loader workers")
-      ->capture_default_str();
-  example_cli::add_int(app, "--steps", a.steps, 1, 1 << 20, "batches per epoch")
-      ->capture_default_str();
+  bench::int_flag(app, "--rounds", a.rounds, 1, 1000, "rounds");
+  bench::int_flag(app, "--epochs", a.epochs, 2, 100000, "epochs per round and configuration");
+  bench::int_flag(app, "--batch", a.batch, 1, 1 << 20, "batch size");
+  bench::int_flag(app, "--workers", a.workers, 0, 1024, "loader workers");
+  bench::int_flag(app, "--steps", a.steps, 1, 1 << 20, "batches per epoch");
   app.add_option("--device", a.device, "cpu, cuda or cuda:N; default cuda when available");
   bench::add_run_flags(app, a.run, "JSON results file", false);
   try {
