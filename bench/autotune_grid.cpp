@@ -23,8 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.h"
-#include "cli_flags.h"
+#include "harness.h"
 #include "torchpilot/hooks/loader/torch_transfer.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/loader/loader_core.h"
@@ -39,9 +38,7 @@ using torchpilot::LoaderSettings;
 
 struct Args {
   std::string data_dir = "data/jpeg_classifier";
-  std::string out;  // JSON results file
-  std::string machine = "unnamed";
-  std::string commit = "unknown";
+  bench::RunFlags run;    // --machine, --commit, --out
   int screen_rounds = 3;  // each also runs auto-tune --autotune-runs times
   int autotune_runs = 1;  // auto-tuned runs per screen round
   int screen_steps = 64;
@@ -103,12 +100,9 @@ std::vector<std::vector<double>> interleaved_runs(jpeg_example::Trainer& trainer
                                                   const std::vector<LoaderSettings>& settings,
                                                   int rounds, int steps, std::mt19937& rng) {
   std::vector<std::vector<double>> runs(settings.size());
-  for (int round = 0; round < rounds; ++round) {
-    std::vector<size_t> order(settings.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::shuffle(order.begin(), order.end(), rng);
-    for (size_t i : order) runs[i].push_back(fixed_run(trainer, settings[i], steps));
-  }
+  bench::interleave_shuffled(rounds, settings.size(), rng, [&](size_t i) {
+    runs[i].push_back(fixed_run(trainer, settings[i], steps));
+  });
   return runs;
 }
 
@@ -184,36 +178,25 @@ int run(int argc, char** argv) {
                         "image folder; generated (10 classes x 160 images) if it has no images")
       ->check(example_cli::DirectoryOrAbsent())
       ->capture_default_str();
-  example_cli::add_path(app, "--out", a.out, "FILE", "write the results here (JSON)");
-  app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
-  app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
-  example_cli::add_int(app, "--screen-rounds", a.screen_rounds, 1, 1000,
-                       "screen rounds (each runs every grid point and auto-tune --autotune-runs "
-                       "times)")
-      ->capture_default_str();
-  example_cli::add_int(app, "--autotune-runs", a.autotune_runs, 1, 100,
-                       "auto-tuned runs per screen round (more runs, one screen: the spread of "
-                       "auto-tune's choices at less cost)")
-      ->capture_default_str();
-  example_cli::add_int(app, "--screen-steps", a.screen_steps, 1, 1000000, "steps per screen run")
-      ->capture_default_str();
-  example_cli::add_int(app, "--final-rounds", a.final_rounds, 1, 1000, "final rounds")
-      ->capture_default_str();
-  example_cli::add_int(app, "--final-steps", a.final_steps, 1, 1000000, "steps per final run")
-      ->capture_default_str();
-  example_cli::add_int(app, "--top", a.top, 1, 1000, "screen leaders re-measured in the final")
-      ->capture_default_str();
-  example_cli::add_int(app, "--holdout-rounds", a.holdout_rounds, 0, 1000,
-                       "fresh rounds of the final's best grid setting and the auto-tuned settings "
-                       "(0: none)")
-      ->capture_default_str();
-  example_cli::add_int(app, "--after-decision", a.after_decision, 1, 1000000,
-                       "auto-tune steps measured after its decision")
-      ->capture_default_str();
-  example_cli::add_int(app, "--max-workers", a.max_workers, 0, torchpilot::LoaderCore::kMaxWorkers,
-                       "largest worker count of the grid and of auto-tune (0: the CPUs in this "
-                       "process's affinity)")
-      ->capture_default_str();
+  bench::add_run_flags(app, a.run, "write the results here (JSON)");
+  bench::int_flag(app, "--screen-rounds", a.screen_rounds, 1, 1000,
+                  "screen rounds (each runs every grid point and auto-tune --autotune-runs "
+                  "times)");
+  bench::int_flag(app, "--autotune-runs", a.autotune_runs, 1, 100,
+                  "auto-tuned runs per screen round (more runs, one screen: the spread of "
+                  "auto-tune's choices at less cost)");
+  bench::int_flag(app, "--screen-steps", a.screen_steps, 1, 1000000, "steps per screen run");
+  bench::int_flag(app, "--final-rounds", a.final_rounds, 1, 1000, "final rounds");
+  bench::int_flag(app, "--final-steps", a.final_steps, 1, 1000000, "steps per final run");
+  bench::int_flag(app, "--top", a.top, 1, 1000, "screen leaders re-measured in the final");
+  bench::int_flag(app, "--holdout-rounds", a.holdout_rounds, 0, 1000,
+                  "fresh rounds of the final's best grid setting and the auto-tuned settings "
+                  "(0: none)");
+  bench::int_flag(app, "--after-decision", a.after_decision, 1, 1000000,
+                  "auto-tune steps measured after its decision");
+  bench::int_flag(app, "--max-workers", a.max_workers, 0, torchpilot::LoaderCore::kMaxWorkers,
+                  "largest worker count of the grid and of auto-tune (0: the CPUs in this "
+                  "process's affinity)");
   example_cli::parse_or_exit(app, argc, argv);
 
   const int cpus = torchpilot::affinity_cpu_count();
@@ -240,34 +223,30 @@ int run(int argc, char** argv) {
       for (auto [pin, dev] : transfer) grid.push_back(LoaderSettings{w, p, pin, dev});
     }
   }
-  std::printf("autotune_grid: %s, %d CPUs, device %s, %zu grid points\n", a.machine.c_str(), cpus,
-              trainer.device().c_str(), grid.size());
+  std::printf("autotune_grid: %s, %d CPUs, device %s, %zu grid points\n", a.run.machine.c_str(),
+              cpus, trainer.device().c_str(), grid.size());
   std::fflush(stdout);
-  const auto started = std::chrono::steady_clock::now();
+  const auto started = bench::Clock::now();
   std::mt19937 rng(12345);
 
   // 1. Screen, with the auto-tuned runs interleaved (indices from grid.size() on).
   std::vector<std::vector<double>> screen(grid.size());
   std::vector<AutoRun> autos;
-  for (int round = 0; round < a.screen_rounds; ++round) {
-    std::vector<size_t> order(grid.size() + static_cast<size_t>(a.autotune_runs));
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::shuffle(order.begin(), order.end(), rng);
-    for (size_t item : order) {
-      if (item < grid.size()) {
-        screen[item].push_back(fixed_run(trainer, grid[item], a.screen_steps));
-        continue;
-      }
-      autos.push_back(autotuned_run(trainer, max_workers, a.after_decision));
-      const AutoRun& r = autos.back();
-      std::printf(
-          "  auto-tune run %zu: chose [%s] in %lld steps (%.1f s), %zu trials; %.0f "
-          "samples/s after the decision\n",
-          autos.size(), label(r.chosen).c_str(), static_cast<long long>(r.steps_used),
-          r.seconds_used, r.trials, r.after_samples_per_s);
-      std::fflush(stdout);
+  const size_t screen_items = grid.size() + static_cast<size_t>(a.autotune_runs);
+  bench::interleave_shuffled(a.screen_rounds, screen_items, rng, [&](size_t item) {
+    if (item < grid.size()) {
+      screen[item].push_back(fixed_run(trainer, grid[item], a.screen_steps));
+      return;
     }
-  }
+    autos.push_back(autotuned_run(trainer, max_workers, a.after_decision));
+    const AutoRun& r = autos.back();
+    std::printf(
+        "  auto-tune run %zu: chose [%s] in %lld steps (%.1f s), %zu trials; %.0f "
+        "samples/s after the decision\n",
+        autos.size(), label(r.chosen).c_str(), static_cast<long long>(r.steps_used), r.seconds_used,
+        r.trials, r.after_samples_per_s);
+    std::fflush(stdout);
+  });
 
   // 2. Final: screen leaders, the default and the auto-tuned settings, measured alike.
   std::vector<size_t> by_screen(grid.size());
@@ -330,8 +309,7 @@ int run(int argc, char** argv) {
   const double best_held = a.holdout_rounds > 0 ? median(held_tp[0]) : 0.0;
   const double tuned_held = a.holdout_rounds > 0 ? median(auto_held) : 0.0;
   const double held_fraction = best_held > 0 ? tuned_held / best_held : 0.0;
-  const double elapsed =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const double elapsed = bench::seconds_since(started);
 
   std::printf("\nfinal round (%d rounds of %d steps, medians):\n", a.final_rounds, a.final_steps);
   for (size_t i = 0; i < finalists.size(); ++i) {
@@ -357,8 +335,7 @@ int run(int argc, char** argv) {
               default_tp, tuned_tp / default_tp);
   std::printf("| bench wall time | %.0f s |\n", elapsed);
 
-  if (!a.out.empty()) {
-    const std::string date = bench::utc_date();
+  if (!a.run.out.empty()) {
     json grid_json = json::array();
     for (size_t i = 0; i < grid.size(); ++i) {
       grid_json.push_back({{"setting", label(grid[i])},
@@ -391,13 +368,10 @@ int run(int argc, char** argv) {
                            {"median_samples_per_s", median(held_tp[i])},
                            {"runs", held_tp[i]}});
     }
-    json j = {{"bench", "autotune_grid"},
-              {"machine", a.machine},
-              {"cpu", cpu_model()},
+    json j = bench::run_header("autotune_grid", a.run);
+    j.update({{"cpu", cpu_model()},
               {"cpus_in_affinity", cpus},
               {"device", trainer.device()},
-              {"date", date},
-              {"commit", a.commit},
               {"method",
                "screen: every grid point and --autotune-runs auto-tuned runs per round, shuffled; "
                "final: screen "
@@ -428,20 +402,13 @@ int run(int argc, char** argv) {
                 {"autotuned_fraction_of_best", held_fraction},
                 {"settings", held_json}}},
               {"grid", grid_json},
-              {"wall_s", elapsed}};
-    bench::write_json(a.out, j);
-    std::printf("autotune_grid: results in %s\n", a.out.c_str());
+              {"wall_s", elapsed}});
+    bench::write_json(a.run.out, j);
+    std::printf("autotune_grid: results in %s\n", a.run.out.c_str());
   }
   return 0;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "autotune_grid: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return bench::guarded_main("autotune_grid", argc, argv, run); }

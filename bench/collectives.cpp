@@ -45,11 +45,10 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.h"
-#include "cli_flags.h"
 #include "gpt_cli.h"
 #include "gpt_dist.h"
 #include "gpt_trainer.h"
+#include "harness.h"
 #include "torchpilot/runtime/comm/comm_records.h"
 #include "torchpilot/runtime/core/config.h"
 #include "torchpilot/runtime/core/pilot.h"
@@ -60,8 +59,8 @@ namespace {
 
 using bench::median;
 
+using bench::Clock;
 using nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 struct Args {
   gpt_example::TrainOptions train;
@@ -77,7 +76,7 @@ struct Args {
   int autotune_warmup = 120;
   int straggler_rank = 1;
   double straggler_ms = 20;
-  std::string machine = "unnamed", commit = "unknown", out;
+  bench::RunFlags run;  // --machine, --commit, --out
 };
 
 struct Run {
@@ -146,7 +145,7 @@ Run run(gpt_example::Trainer& trainer, const Args& a, const RunOptions& o) {
     const auto t0 = Clock::now();
     train(steps);
     trainer.synchronize();
-    r.step_s = std::chrono::duration<double>(Clock::now() - t0).count() / steps;
+    r.step_s = bench::seconds_since(t0) / steps;
     pilot.end_epoch();
     int64_t window_comm_ns = 0, window_exposed_ns = 0;
     if (!pilot.epoch_summaries().empty()) {
@@ -343,8 +342,8 @@ json full_suite(gpt_example::Trainer& trainer, const Args& a, int rank) {
     t.mode = torchpilot::Mode::kAutotune;
     t.steps = a.autotune_warmup + a.steps;
     const Run r = run(trainer, a, t);
-    if (!a.out.empty()) {
-      std::ofstream(a.out + ".rank" + std::to_string(rank) + ".json")
+    if (!a.run.out.empty()) {
+      std::ofstream(a.run.out + ".rank" + std::to_string(rank) + ".json")
           << json{{"rank", rank}, {"decision", r.decision}}.dump(1) << "\n";
     }
     double best_ms = 0;
@@ -436,14 +435,11 @@ int main(int argc, char** argv) {
       "rounds) and the always-on communication figures (bench/README.md).",
       "collectives");
   example_cli::last_wins(app);
-  example_cli::add_int(app, "--world-size", a.world, 1, 64,
-                       "ranks on this host (1: one rank, still through a process group)")
-      ->capture_default_str();
-  example_cli::add_int(app, "--rounds", a.rounds, 1, 1000, "rounds")->capture_default_str();
-  example_cli::add_int(app, "--steps", a.steps, 1, 1000000, "measured steps per round")
-      ->capture_default_str();
-  example_cli::add_int(app, "--warmup", a.warmup, 0, 1000000, "steps before the measured ones")
-      ->capture_default_str();
+  bench::int_flag(app, "--world-size", a.world, 1, 64,
+                  "ranks on this host (1: one rank, still through a process group)");
+  bench::int_flag(app, "--rounds", a.rounds, 1, 1000, "rounds");
+  bench::int_flag(app, "--steps", a.steps, 1, 1000000, "measured steps per round");
+  bench::int_flag(app, "--warmup", a.warmup, 0, 1000000, "steps before the measured ones");
   gpt_example::add_shape_flags(app, a.train, "batch per rank");
   app.add_option("--device", a.train.device, "cpu, cuda; default cuda when available")
       ->check(example_cli::Device());
@@ -457,21 +453,16 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--buckets", a.buckets, "bucket sizes (MiB) for the buckets part")
       ->capture_default_str();
-  example_cli::add_int(app, "--autotune-start", a.autotune_start, 0, 1 << 20,
-                       "starting bucket size (MiB) of the autotune part")
-      ->capture_default_str();
-  example_cli::add_int(app, "--autotune-warmup", a.autotune_warmup, 10, 1000000,
-                       "autotune warm-up steps")
-      ->capture_default_str();
-  example_cli::add_int(app, "--straggler-rank", a.straggler_rank, 0, 1 << 20,
-                       "the planted straggler's rank")
-      ->capture_default_str();
+  bench::int_flag(app, "--autotune-start", a.autotune_start, 0, 1 << 20,
+                  "starting bucket size (MiB) of the autotune part");
+  bench::int_flag(app, "--autotune-warmup", a.autotune_warmup, 10, 1000000,
+                  "autotune warm-up steps");
+  bench::int_flag(app, "--straggler-rank", a.straggler_rank, 0, 1 << 20,
+                  "the planted straggler's rank");
   app.add_option("--straggler-ms", a.straggler_ms, "its host work per step, ms")
       ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
-  app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
-  app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
-  app.add_option("--out", a.out, "JSON results file (rank 0)");
+  bench::add_run_flags(app, a.run, "JSON results file (rank 0)", false);
   example_cli::parse_or_exit(app, argc, argv);
   if (a.train.d_model % a.train.heads != 0) {
     example_cli::fail(app, "--heads", "--d-model is not a multiple of --heads");
@@ -504,18 +495,14 @@ int main(int argc, char** argv) {
     std::vector<double> off_s, advise_s, ratios, comm, exposed, overlap, observer_ratios;
     json rounds = json::array();
     for (int k = 0; k < a.rounds; ++k) {
-      Run off, adv, obs;
+      // 0: off, 1: advise, 2: advise with the observer; reversed in odd rounds.
+      Run runs[3];
       RunOptions observed;
       observed.observe_nccl_ops = true;
-      if (k % 2 == 0) {
-        off = run(trainer, a, false);
-        adv = run(trainer, a, true);
-        if (a.compare_observer) obs = run(trainer, a, observed);
-      } else {
-        if (a.compare_observer) obs = run(trainer, a, observed);
-        adv = run(trainer, a, true);
-        off = run(trainer, a, false);
+      for (int c : bench::round_order(k, a.compare_observer ? 3 : 2, bench::Order::kReverse)) {
+        runs[c] = c == 2 ? run(trainer, a, observed) : run(trainer, a, c == 1);
       }
+      const Run &off = runs[0], &adv = runs[1], &obs = runs[2];
       if (a.compare_observer) observer_ratios.push_back(obs.step_s / off.step_s);
       off_s.push_back(off.step_s);
       advise_s.push_back(adv.step_s);
@@ -546,22 +533,18 @@ int main(int argc, char** argv) {
     json suite;
     if (a.suite != "overhead") suite = full_suite(trainer, a, dist.rank);
     if (dist.rank == 0) {
-      const double ratio = median(ratios);
+      const bench::Spread ratio = bench::spread(ratios);
       std::printf(
           "advise_over_off %.4f (min %.4f, max %.4f) over %d rounds, %d ranks (%s); comm "
           "%.2f ms, exposed %.2f ms per step, overlap %.1f%% (medians)\n",
-          ratio, *std::min_element(ratios.begin(), ratios.end()),
-          *std::max_element(ratios.begin(), ratios.end()), a.rounds, dist.world,
-          trainer.comm_backend().c_str(), median(comm), median(exposed), 100 * median(overlap));
-      json out = {{"bench", "collectives"},
-                  {"machine", a.machine},
-                  {"commit", a.commit},
-                  {"torch", TORCH_VERSION},
+          ratio.median, ratio.min, ratio.max, a.rounds, dist.world, trainer.comm_backend().c_str(),
+          median(comm), median(exposed), 100 * median(overlap));
+      json out = bench::run_header("collectives", a.run, bench::Stamp::kUnixTime);
+      out.update({{"torch", TORCH_VERSION},
                   {"device", trainer.device()},
                   {"backend", trainer.comm_backend()},
                   {"world_size", dist.world},
                   {"overlap_mode", a.no_overlap ? "after backward" : "from backward's hooks"},
-                  {"unix_time_s", static_cast<int64_t>(std::time(nullptr))},
                   {"model",
                    {{"d_model", a.train.d_model},
                     {"layers", a.train.layers},
@@ -570,25 +553,24 @@ int main(int argc, char** argv) {
                   {"steps_per_round", a.steps},
                   {"off_step_ms_median", 1e3 * median(off_s)},
                   {"advise_step_ms_median", 1e3 * median(advise_s)},
-                  {"advise_over_off", ratio},
-                  {"ratio_min", *std::min_element(ratios.begin(), ratios.end())},
-                  {"ratio_max", *std::max_element(ratios.begin(), ratios.end())},
+                  {"advise_over_off", ratio.median},
+                  {"ratio_min", ratio.min},
+                  {"ratio_max", ratio.max},
                   {"budget", 1.005},
                   {"comm_ms_per_step_median", median(comm)},
                   {"exposed_ms_per_step_median", median(exposed)},
                   {"overlap_median", overlap.empty() ? json() : json(median(overlap))},
-                  {"rounds", rounds}};
+                  {"rounds", rounds}});
       if (!suite.is_null()) out["suite"] = suite;
       if (a.compare_observer) {
-        out["observer_over_off"] = median(observer_ratios);
-        out["observer_ratio_min"] =
-            *std::min_element(observer_ratios.begin(), observer_ratios.end());
-        out["observer_ratio_max"] =
-            *std::max_element(observer_ratios.begin(), observer_ratios.end());
+        const bench::Spread observer = bench::spread(observer_ratios);
+        out["observer_over_off"] = observer.median;
+        out["observer_ratio_min"] = observer.min;
+        out["observer_ratio_max"] = observer.max;
         std::printf("with comm.observe_nccl_ops: observer_over_off %.4f\n",
                     median(observer_ratios));
       }
-      if (!a.out.empty()) std::ofstream(a.out) << out.dump(1) << "\n";
+      if (!a.run.out.empty()) std::ofstream(a.run.out) << out.dump(1) << "\n";
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "collectives: %s\n", e.what());

@@ -40,11 +40,10 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.h"
-#include "cli_flags.h"
 #include "gpt_cli.h"
 #include "gpt_flops.h"
 #include "gpt_trainer.h"
+#include "harness.h"
 #include "torchpilot/hooks/core/compat.h"
 #include "torchpilot/hooks/flops/flop_counter.h"
 #include "torchpilot/runtime/core/config.h"
@@ -65,12 +64,10 @@ using nlohmann::json;
 struct Args {
   gpt_example::TrainOptions train;
   int rounds = 7;
-  int steps = 100;  // measured steps per round and configuration
-  int warmup = 10;  // steps before the measured ones, per round and configuration
-  int prime = 10;   // untimed steps before the first round (allocator, cuBLAS, autotuning)
-  std::string machine = "unnamed";
-  std::string commit = "unknown";
-  std::string out;
+  int steps = 100;          // measured steps per round and configuration
+  int warmup = 10;          // steps before the measured ones, per round and configuration
+  int prime = 10;           // untimed steps before the first round (allocator, cuBLAS, autotuning)
+  bench::RunFlags run;      // --machine, --commit, --out
   bool pm_sampling = true;  // gpu.pm_sampling of the configurations other than off
   std::string trace_dir;    // window runs write their windows here, one folder per run
   std::string log_level =
@@ -269,10 +266,9 @@ RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, j
   r.step_ms = std::chrono::duration<double, std::milli>(t1 - t0).count() / a.steps;
 #if GPT_OVERHEAD_TORCH_PROFILER
   if (is_torch_profiler(setup)) {
-    const auto p0 = std::chrono::steady_clock::now();
+    const auto p0 = bench::Clock::now();
     const auto result = prof::disableProfiler();
-    r.profiler_stop_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p0).count();
+    r.profiler_stop_ms = bench::ms_since(p0);
     r.profiler_gpu_events = 0;
     if (result) {
       for (const auto& e : result->events()) {
@@ -283,11 +279,10 @@ RoundResult run_one(gpt_example::Trainer& trainer, Setup setup, const Args& a, j
 #endif
   std::vector<double> tail;
   for (int i = 0; i < kTailSteps; ++i) {
-    const auto s0 = std::chrono::steady_clock::now();
+    const auto s0 = bench::Clock::now();
     trainer.train(pilot, 1);
     trainer.synchronize();
-    tail.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
+    tail.push_back(bench::ms_since(s0));
   }
   r.tail_excess_ms = *std::max_element(tail.begin(), tail.end()) - median(tail);
   pilot.end_epoch();  // outside the measurement: flushes the collectors, fills the summary
@@ -350,17 +345,13 @@ int run(int argc, char** argv) {
   app.add_option("--device", a.train.device, "cpu, cuda or cuda:N; default cuda when available")
       ->check(example_cli::Device())
       ->type_name("cpu|cuda|cuda:N");
-  example_cli::add_int(app, "--rounds", a.rounds, 1, 10000,
-                       "rounds (every configuration once per round)")
-      ->capture_default_str();
-  example_cli::add_int(app, "--steps-per-round", a.steps, 1, 1000000,
-                       "measured steps per round and configuration")
-      ->capture_default_str();
-  example_cli::add_int(app, "--warmup", a.warmup, 3, 1000000,
-                       "steps before the measured ones, per round and configuration")
-      ->capture_default_str();
-  example_cli::add_int(app, "--prime", a.prime, 0, 1000000, "untimed steps before the first round")
-      ->capture_default_str();
+  bench::int_flag(app, "--rounds", a.rounds, 1, 10000,
+                  "rounds (every configuration once per round)");
+  bench::int_flag(app, "--steps-per-round", a.steps, 1, 1000000,
+                  "measured steps per round and configuration");
+  bench::int_flag(app, "--warmup", a.warmup, 3, 1000000,
+                  "steps before the measured ones, per round and configuration");
+  bench::int_flag(app, "--prime", a.prime, 0, 1000000, "untimed steps before the first round");
   app.add_flag("!--no-pm-sampling", a.pm_sampling,
                "PM sampling off in every configuration (gpu.pm_sampling false): its share of the "
                "cost");
@@ -371,12 +362,10 @@ int run(int argc, char** argv) {
   app.add_option("--trace-dir", a.trace_dir,
                  "window runs write their windows as trace-event files here (report.trace_dir), "
                  "a folder per run");
-  app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
   app.add_option("--log-level", a.log_level, "torchpilot's log level")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
       ->capture_default_str();
-  app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
-  example_cli::add_path(app, "--out", a.out, "FILE", "write every round's numbers here (JSON)");
+  bench::add_run_flags(app, a.run, "write every round's numbers here (JSON)");
   app.add_option("--configs", configs,
                  "configurations measured, comma-separated (off is always measured, first)")
       ->delimiter(',')
@@ -416,14 +405,14 @@ int run(int argc, char** argv) {
       "gpt_overhead: %s; d %lld, %lld layers, %lld heads, T %lld, batch %lld, %s attention, %s "
       "linear, %s, %s AdamW, device %s; %d rounds x %d configurations x (%d warm-up + %d measured "
       "steps)\n",
-      a.machine.c_str(), static_cast<long long>(shape.d_model),
+      a.run.machine.c_str(), static_cast<long long>(shape.d_model),
       static_cast<long long>(shape.layers), static_cast<long long>(a.train.heads),
       static_cast<long long>(shape.seq), static_cast<long long>(shape.batch),
       trainer.fused_attention() ? "fused" : "unfused", a.train.aten_linear ? "aten" : "module",
       gpt_example::to_string(trainer.precision()), gpt_example::to_string(trainer.optimizer()),
       trainer.device().c_str(), a.rounds, n_setups, a.warmup, a.steps);
   std::fflush(stdout);
-  const auto started = std::chrono::steady_clock::now();
+  const auto started = bench::Clock::now();
   {
     torchpilot::Config off = config_for(kOff, a);
     torchpilot::Pilot pilot(off);
@@ -434,41 +423,35 @@ int run(int argc, char** argv) {
 
   std::vector<std::vector<RoundResult>> results(kSetups);
   json collectors;  // the GPU collectors' status, from the first Pilot that had a GPU monitor
-  for (int round = 0; round < a.rounds; ++round) {
-    std::printf("  round %d:", round + 1);
-    for (int k = 0; k < n_setups; ++k) {
-      const Setup setup = static_cast<Setup>(a.setups[static_cast<size_t>((k + round) % n_setups)]);
-      RoundResult r = run_one(trainer, setup, a, collectors);
-      r.round = round;
-      r.position = k;
-      std::printf(" %s %.3f ms", kNames[setup], r.step_ms);
-      std::fflush(stdout);
-      results[setup].push_back(r);
-    }
-    std::printf("\n");
-  }
-  const double elapsed =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  bench::interleave(a.rounds, n_setups, bench::Order::kRotate, [&](int round, int k, int i) {
+    if (k == 0) std::printf("  round %d:", round + 1);
+    const Setup setup = static_cast<Setup>(a.setups[static_cast<size_t>(i)]);
+    RoundResult r = run_one(trainer, setup, a, collectors);
+    r.round = round;
+    r.position = k;
+    std::printf(" %s %.3f ms", kNames[setup], r.step_ms);
+    std::fflush(stdout);
+    results[setup].push_back(r);
+    if (k == n_setups - 1) std::printf("\n");
+  });
+  const double elapsed = bench::seconds_since(started);
 
+  std::vector<std::vector<double>> step_ms(kSetups);
   std::vector<double> medians(kSetups);
   for (int s = 0; s < kSetups; ++s) {
-    std::vector<double> v;
-    for (const auto& r : results[s]) v.push_back(r.step_ms);
-    medians[s] = median(v);
+    for (const auto& r : results[s]) step_ms[s].push_back(r.step_ms);
+    medians[s] = median(step_ms[s]);
   }
   struct Ratio {
-    double of_medians, lo, hi, median_of_rounds;
+    double of_medians = 0;
+    bench::Spread rounds{};
     std::vector<double> per_round;
   };
   auto ratio = [&](Setup s) {
     Ratio q;
-    for (int i = 0; i < a.rounds; ++i) {
-      q.per_round.push_back(results[s][i].step_ms / results[kOff][i].step_ms - 1);
-    }
+    q.per_round = bench::per_round_ratios(step_ms[s], step_ms[kOff], 1);
     q.of_medians = medians[s] / medians[kOff] - 1;
-    q.lo = *std::min_element(q.per_round.begin(), q.per_round.end());
-    q.hi = *std::max_element(q.per_round.begin(), q.per_round.end());
-    q.median_of_rounds = median(q.per_round);
+    q.rounds = bench::spread(q.per_round);
     return q;
   };
 
@@ -484,7 +467,7 @@ int run(int argc, char** argv) {
     if (!has(a.setups, s)) continue;
     ratios[s] = ratio(static_cast<Setup>(s));
     std::printf("| %s | %.3f | %+.2f%% | %+.2f%% .. %+.2f%% |\n", kNames[s], medians[s],
-                100 * ratios[s].of_medians, 100 * ratios[s].lo, 100 * ratios[s].hi);
+                100 * ratios[s].of_medians, 100 * ratios[s].rounds.min, 100 * ratios[s].rounds.max);
   }
   const RoundResult& counted = results[kCounting].empty() ? none : results[kCounting].front();
   const RoundResult& advised = results[kAdvise].empty() ? none : results[kAdvise].front();
@@ -520,8 +503,7 @@ int run(int argc, char** argv) {
   }
   std::printf("bench wall time %.0f s\n", elapsed);
 
-  if (!a.out.empty()) {
-    const std::string date = bench::utc_date();
+  if (!a.run.out.empty()) {
     json per_config = json::object();
     for (int s = 0; s < kSetups; ++s) {
       if (!has(a.setups, s)) continue;
@@ -557,102 +539,92 @@ int run(int argc, char** argv) {
       if (!has(a.setups, s)) continue;
       ratio_json[std::string(kNames[s]) + "_vs_off"] = {
           {"ratio_of_medians_minus_1", ratios[s].of_medians},
-          {"per_round_min", ratios[s].lo},
-          {"per_round_max", ratios[s].hi},
-          {"per_round_median", ratios[s].median_of_rounds},
+          {"per_round_min", ratios[s].rounds.min},
+          {"per_round_max", ratios[s].rounds.max},
+          {"per_round_median", ratios[s].rounds.median},
           {"per_round", ratios[s].per_round}};
     }
-    json j = {
-        {"bench", "gpt_overhead"},
-        {"machine", a.machine},
-        {"date", date},
-        {"commit", a.commit},
-        {"device", trainer.device()},
-        {"libtorch", TORCH_VERSION},
-        {"method",
-         "one process, one model; per round every configuration once, order rotated by one per "
-         "round; each a fresh Pilot, warm-up steps then measured steps with the device "
-         "synchronized at the window edges; figure = mean step time of the window; medians over "
-         "rounds; ratios vs off"},
-        {"config",
-         {{"d_model", shape.d_model},
-          {"layers", shape.layers},
-          {"heads", a.train.heads},
-          {"seq", shape.seq},
-          {"batch", shape.batch},
-          {"vocab", shape.vocab},
-          {"attention", trainer.fused_attention() ? "fused" : "unfused"},
-          {"linear", a.train.aten_linear ? "aten" : "module"},
-          {"precision", gpt_example::to_string(trainer.precision())},
-          {"optimizer", gpt_example::to_string(trainer.optimizer())},
-          {"parameters", trainer.parameter_count()},
-          {"analytic_model_flops_per_step", analytic},
-          {"rounds", a.rounds},
-          {"warmup_steps", a.warmup},
-          {"measured_steps", a.steps},
-          {"prime_steps", a.prime},
-          {"configurations_measured",
-           [&] {
-             json names = json::array();
-             for (int x : a.setups) names.push_back(kNames[x]);
-             return names;
-           }()}}},
-        {"configurations",
-         {{"off", "mode off, gpu.enabled false, no FLOP counter"},
-          {"advise",
-           "mode advise, GPU monitor always-on collectors, FLOP counter (counting "
-           "window in the warm-up), no detailed window"},
-          {"window", "advise + a detailed window (CUPTI activity) over the measured steps"},
-          {"counting", "advise + the FLOP counter's counting window over the measured steps"},
-          {"window-noops", "window without the op-name hook (gpu.sync_op_names false)"},
-          {"window-devbuf", "window with CUPTI's device buffer at --device-buffer-mb"},
-          {"window-nopm", "window without PM sampling (gpu.pm_sampling false)"},
-          {"torch-profiler",
-           "torchpilot off; LibTorch's profiler (Kineto, CPU and CUDA activities) over the "
-           "measured steps"},
-          {"torch-profiler-cuda",
-           "torchpilot off; LibTorch's profiler (Kineto, CUDA activities only) over the measured "
-           "steps"}}},
-        {"gpu_collectors", collectors},
-        {"flops_check",
-         {{"analytic_model_flops_per_step", analytic},
-          {"counted_model_flops_per_step", number(counted.counted_flops_per_step)},
-          {"counted_over_analytic", number(counted.counted_flops_per_step / analytic)}}},
-        {"window_traced", window_traced},
-        {"median_step_ms",
-         {{"off", number(medians[kOff])},
-          {"advise", number(medians[kAdvise])},
-          {"window", number(medians[kWindow])},
-          {"counting", number(medians[kCounting])},
-          {"torch-profiler", number(medians[kTorchProfiler])},
-          {"torch-profiler-cuda", number(medians[kTorchProfilerCuda])}}},
-        {"ratios", ratio_json},
-        // The stall at a window's end: the longest the GPU monitor held the training thread at a
-        // step boundary in a window round (its start and end included); medians over rounds.
-        {"window_end_stall_ms",
-         number(median_of(results[kWindow], &RoundResult::max_step_call_ms))},
-        {"advise_max_step_call_ms",
-         number(median_of(results[kAdvise], &RoundResult::max_step_call_ms))},
-        // Cross-check from outside: the longest of kTailSteps synchronized steps after the measured
-        // ones minus their median, per configuration (noisy; "off" is the noise floor).
-        {"tail_excess_ms",
-         {{"off", number(median_of(results[kOff], &RoundResult::tail_excess_ms))},
-          {"window", number(median_of(results[kWindow], &RoundResult::tail_excess_ms))}}},
-        {"per_config", per_config},
-        {"wall_s", elapsed}};
-    bench::write_json(a.out, j);
-    std::printf("gpt_overhead: results in %s\n", a.out.c_str());
+    json j = bench::run_header("gpt_overhead", a.run);
+    j.update(
+        {{"device", trainer.device()},
+         {"libtorch", TORCH_VERSION},
+         {"method",
+          "one process, one model; per round every configuration once, order rotated by one per "
+          "round; each a fresh Pilot, warm-up steps then measured steps with the device "
+          "synchronized at the window edges; figure = mean step time of the window; medians over "
+          "rounds; ratios vs off"},
+         {"config",
+          {{"d_model", shape.d_model},
+           {"layers", shape.layers},
+           {"heads", a.train.heads},
+           {"seq", shape.seq},
+           {"batch", shape.batch},
+           {"vocab", shape.vocab},
+           {"attention", trainer.fused_attention() ? "fused" : "unfused"},
+           {"linear", a.train.aten_linear ? "aten" : "module"},
+           {"precision", gpt_example::to_string(trainer.precision())},
+           {"optimizer", gpt_example::to_string(trainer.optimizer())},
+           {"parameters", trainer.parameter_count()},
+           {"analytic_model_flops_per_step", analytic},
+           {"rounds", a.rounds},
+           {"warmup_steps", a.warmup},
+           {"measured_steps", a.steps},
+           {"prime_steps", a.prime},
+           {"configurations_measured",
+            [&] {
+              json names = json::array();
+              for (int x : a.setups) names.push_back(kNames[x]);
+              return names;
+            }()}}},
+         {"configurations",
+          {{"off", "mode off, gpu.enabled false, no FLOP counter"},
+           {"advise",
+            "mode advise, GPU monitor always-on collectors, FLOP counter (counting "
+            "window in the warm-up), no detailed window"},
+           {"window", "advise + a detailed window (CUPTI activity) over the measured steps"},
+           {"counting", "advise + the FLOP counter's counting window over the measured steps"},
+           {"window-noops", "window without the op-name hook (gpu.sync_op_names false)"},
+           {"window-devbuf", "window with CUPTI's device buffer at --device-buffer-mb"},
+           {"window-nopm", "window without PM sampling (gpu.pm_sampling false)"},
+           {"torch-profiler",
+            "torchpilot off; LibTorch's profiler (Kineto, CPU and CUDA activities) over the "
+            "measured steps"},
+           {"torch-profiler-cuda",
+            "torchpilot off; LibTorch's profiler (Kineto, CUDA activities only) over the measured "
+            "steps"}}},
+         {"gpu_collectors", collectors},
+         {"flops_check",
+          {{"analytic_model_flops_per_step", analytic},
+           {"counted_model_flops_per_step", number(counted.counted_flops_per_step)},
+           {"counted_over_analytic", number(counted.counted_flops_per_step / analytic)}}},
+         {"window_traced", window_traced},
+         {"median_step_ms",
+          {{"off", number(medians[kOff])},
+           {"advise", number(medians[kAdvise])},
+           {"window", number(medians[kWindow])},
+           {"counting", number(medians[kCounting])},
+           {"torch-profiler", number(medians[kTorchProfiler])},
+           {"torch-profiler-cuda", number(medians[kTorchProfilerCuda])}}},
+         {"ratios", ratio_json},
+         // The stall at a window's end: the longest the GPU monitor held the training thread at a
+         // step boundary in a window round (its start and end included); medians over rounds.
+         {"window_end_stall_ms",
+          number(median_of(results[kWindow], &RoundResult::max_step_call_ms))},
+         {"advise_max_step_call_ms",
+          number(median_of(results[kAdvise], &RoundResult::max_step_call_ms))},
+         // Cross-check from outside: the longest of kTailSteps synchronized steps after the
+         // measured ones minus their median, per configuration (noisy; "off" is the noise floor).
+         {"tail_excess_ms",
+          {{"off", number(median_of(results[kOff], &RoundResult::tail_excess_ms))},
+           {"window", number(median_of(results[kWindow], &RoundResult::tail_excess_ms))}}},
+         {"per_config", per_config},
+         {"wall_s", elapsed}});
+    bench::write_json(a.run.out, j);
+    std::printf("gpt_overhead: results in %s\n", a.run.out.c_str());
   }
   return 0;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpt_overhead: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return bench::guarded_main("gpt_overhead", argc, argv, run); }

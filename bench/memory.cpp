@@ -21,10 +21,9 @@
 #include <vector>
 
 #include "bench_cuda.h"
-#include "bench_util.h"
-#include "cli_flags.h"
 #include "gpt_cli.h"
 #include "gpt_trainer.h"
+#include "harness.h"
 #include "torchpilot/runtime/core/config.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/memory/batch_policy.h"
@@ -42,9 +41,7 @@ struct Args {
   int max_tune_steps = 2000;   // the search's steps at most (it decides within its budget)
   double memory_fraction = 1;  // of the device's memory the caching allocator may use
   torchpilot::AutotuneConfig autotune;
-  std::string machine = "unnamed";
-  std::string commit = "unknown";
-  std::string out;
+  bench::RunFlags run;  // --machine, --commit, --out
 };
 
 torchpilot::Config config_for(const Args& a, torchpilot::Mode mode) {
@@ -67,10 +64,10 @@ void without_offloading(gpt_example::Trainer& trainer) {
 double measure(gpt_example::Trainer& trainer, torchpilot::Pilot& pilot, const Args& a) {
   trainer.train(pilot, a.prime);
   trainer.synchronize();
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = bench::Clock::now();
   trainer.train(pilot, a.steps);
   trainer.synchronize();
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double s = bench::seconds_since(t0);
   return static_cast<double>(a.steps * a.train.batch * a.train.seq) / s;
 }
 
@@ -100,45 +97,33 @@ int run(int argc, char** argv) {
   CLI::App app{"bench/memory: the micro-batch search against its start and a grid"};
   example_cli::last_wins(app);
   gpt_example::add_shape_flags(app, a.train, "the rank's batch (rows per optimizer step)");
-  example_cli::add_int(app, "--micro", a.micro, 1, 65536, "the starting micro-batch")
-      ->capture_default_str();
+  bench::int_flag(app, "--micro", a.micro, 1, 65536, "the starting micro-batch");
   app.add_option("--grid", a.grid, "micro-batches of the grid; default powers of two to --batch")
       ->delimiter(',');
   app.add_option("--precision", precision, "bf16 autocast on CUDA, or fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();
   app.add_option("--device", a.train.device, "cpu, cuda or cuda:N; default cuda when available");
-  example_cli::add_int(app, "--steps", a.steps, 1, 1000000, "measured steps per setting")
-      ->capture_default_str();
-  example_cli::add_int(app, "--prime", a.prime, 0, 1000000, "untimed steps before each")
-      ->capture_default_str();
-  example_cli::add_int(app, "--max-tune-steps", a.max_tune_steps, 1, 10000000,
-                       "most steps the search may take")
-      ->capture_default_str();
-  example_cli::add_int(app, "--warmup-steps", a.autotune.warmup_steps, 0, 1000000000,
-                       "autotune.warmup_steps")
-      ->capture_default_str();
-  example_cli::add_number(app, "--warmup-seconds", a.autotune.warmup_seconds, -1e-9, 86400,
-                          "autotune.warmup_seconds")
-      ->capture_default_str();
-  example_cli::add_int(app, "--settle-steps", a.autotune.settle_steps, 0, 10000,
-                       "autotune.settle_steps")
-      ->capture_default_str();
-  example_cli::add_int(app, "--measure-steps", a.autotune.measure_steps, 3, 10000,
-                       "autotune.measure_steps")
-      ->capture_default_str();
-  example_cli::add_number(app, "--min-window-ms", a.autotune.min_window_ms, -1e-9, 600000,
-                          "autotune.min_window_ms")
-      ->capture_default_str();
-  example_cli::add_number(app, "--headroom", a.autotune.memory_headroom, 0.05, 1,
-                          "autotune.memory_headroom")
-      ->capture_default_str();
+  bench::int_flag(app, "--steps", a.steps, 1, 1000000, "measured steps per setting");
+  bench::int_flag(app, "--prime", a.prime, 0, 1000000, "untimed steps before each");
+  bench::int_flag(app, "--max-tune-steps", a.max_tune_steps, 1, 10000000,
+                  "most steps the search may take");
+  bench::int_flag(app, "--warmup-steps", a.autotune.warmup_steps, 0, 1000000000,
+                  "autotune.warmup_steps");
+  bench::number_flag(app, "--warmup-seconds", a.autotune.warmup_seconds, -1e-9, 86400,
+                     "autotune.warmup_seconds");
+  bench::int_flag(app, "--settle-steps", a.autotune.settle_steps, 0, 10000,
+                  "autotune.settle_steps");
+  bench::int_flag(app, "--measure-steps", a.autotune.measure_steps, 3, 10000,
+                  "autotune.measure_steps");
+  bench::number_flag(app, "--min-window-ms", a.autotune.min_window_ms, -1e-9, 600000,
+                     "autotune.min_window_ms");
+  bench::number_flag(app, "--headroom", a.autotune.memory_headroom, 0.05, 1,
+                     "autotune.memory_headroom");
   app.add_flag("--offload-activations", a.train.offload_activations,
                "the GPT example's activation offloading (its knob joins the search)");
   bench::add_memory_fraction_flag(app, a.memory_fraction);
-  app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
-  app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
-  app.add_option("--out", a.out, "write the results here (JSON)");
+  bench::add_run_flags(app, a.run, "write the results here (JSON)", false);
   example_cli::parse_or_exit(app, argc, argv);
   if (a.micro > a.train.batch) example_cli::fail(app, "--micro", "larger than --batch");
   a.train.precision =
@@ -242,13 +227,11 @@ int run(int argc, char** argv) {
   std::printf("memory: tuned/start %.3f; tuned/grid best (micro %lld) %.3f (goal >= 0.95)\n",
               tuned_tps / start_tps, static_cast<long long>(best_micro), within);
 
-  if (!a.out.empty()) {
-    const std::string date = bench::utc_date();
-    json j = {{"benchmark", "memory"},
-              {"machine", a.machine},
-              {"date", date},
-              {"commit", a.commit},
-              {"device", device},
+  if (!a.run.out.empty()) {
+    json j = bench::run_header("memory", a.run);
+    j["benchmark"] = j["bench"];  // this file has always named it "benchmark"
+    j.erase("bench");
+    j.update({{"device", device},
               {"model",
                {{"d_model", a.train.d_model},
                 {"layers", a.train.layers},
@@ -274,19 +257,12 @@ int run(int argc, char** argv) {
               {"tuned_vs_start", tuned_tps / start_tps},
               {"grid", grid},
               {"grid_best_micro_batch", best_micro},
-              {"tuned_vs_grid_best", within}};
-    bench::write_json(a.out, j);
+              {"tuned_vs_grid_best", within}});
+    bench::write_json(a.run.out, j);
   }
   return 0;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "memory: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return bench::guarded_main("memory", argc, argv, run); }

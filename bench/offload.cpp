@@ -26,11 +26,10 @@
 #include <vector>
 
 #include "bench_cuda.h"
-#include "bench_util.h"
-#include "cli_flags.h"
 #include "gpt_cli.h"
 #include "gpt_flops.h"
 #include "gpt_trainer.h"
+#include "harness.h"
 #include "torchpilot/hooks/memory/activation_offload.h"
 #include "torchpilot/runtime/core/config.h"
 #include "torchpilot/runtime/core/pilot.h"
@@ -46,8 +45,8 @@ namespace {
 
 using bench::median;
 
+using bench::Clock;
 using nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 struct Args {
   gpt_example::TrainOptions train;
@@ -59,9 +58,7 @@ struct Args {
   int search_steps = 8;
   double host_fraction = 0.5;  // of the host's memory that offloaded activations may pin
   double memory_fraction = 1;  // of the device's memory the caching allocator may use
-  std::string machine = "unnamed";
-  std::string commit = "unknown";
-  std::string out;
+  bench::RunFlags run;         // --machine, --commit, --out
 };
 
 void reset_peak(const gpt_example::Trainer& t) {
@@ -107,7 +104,7 @@ Window measure(gpt_example::Trainer& t, torchpilot::Pilot& pilot, int warmup, in
   t.train(pilot, steps);
   t.synchronize();
   Window w;
-  w.step_ms = 1e3 * std::chrono::duration<double>(Clock::now() - t0).count() / steps;
+  w.step_ms = 1e3 * bench::seconds_since(t0) / steps;
   w.peak = peak_allocated(t);
   if (t.offload() != nullptr) w.stats = t.offload()->stats();
   t.take_mean_loss();
@@ -148,35 +145,25 @@ int main(int argc, char** argv) {
   app.add_option("--device", a.train.device, "cpu, cuda or cuda:N; default cuda when available")
       ->check(example_cli::Device())
       ->type_name("cpu|cuda|cuda:N");
-  example_cli::add_int(app, "--min-bytes", a.train.offload_min_bytes, 1, INT64_MAX,
-                       "storages smaller than this stay on the GPU")
-      ->capture_default_str();
-  example_cli::add_int(app, "--depth", a.train.offload_depth, 0, 1000,
-                       "copies in flight behind forward, fetched ahead in backward")
-      ->capture_default_str();
-  example_cli::add_int(app, "--rounds", a.rounds, 1, 1000, "rounds at the fixed micro-batch")
-      ->capture_default_str();
-  example_cli::add_int(app, "--steps", a.steps, 1, 1000000, "measured steps per round and setting")
-      ->capture_default_str();
-  example_cli::add_int(app, "--warmup", a.warmup, 1, 1000000, "steps before the measured ones")
-      ->capture_default_str();
+  bench::int_flag(app, "--min-bytes", a.train.offload_min_bytes, 1, INT64_MAX,
+                  "storages smaller than this stay on the GPU");
+  bench::int_flag(app, "--depth", a.train.offload_depth, 0, 1000,
+                  "copies in flight behind forward, fetched ahead in backward");
+  bench::int_flag(app, "--rounds", a.rounds, 1, 1000, "rounds at the fixed micro-batch");
+  bench::int_flag(app, "--steps", a.steps, 1, 1000000, "measured steps per round and setting");
+  bench::int_flag(app, "--warmup", a.warmup, 1, 1000000, "steps before the measured ones");
   app.add_option("--search", a.search,
                  "micro-batches tried, ascending, comma-separated; empty: none")
       ->capture_default_str();
-  example_cli::add_int(app, "--search-warmup", a.search_warmup, 1, 1000000,
-                       "steps before the measured ones in the search")
-      ->capture_default_str();
-  example_cli::add_int(app, "--search-steps", a.search_steps, 1, 1000000,
-                       "measured steps per micro-batch in the search")
-      ->capture_default_str();
-  example_cli::add_number(app, "--host-fraction", a.host_fraction, 0, 1,
-                          "the search skips micro-batches whose offloaded activations would pin "
-                          "more than this share of the host's memory (estimated)")
-      ->capture_default_str();
+  bench::int_flag(app, "--search-warmup", a.search_warmup, 1, 1000000,
+                  "steps before the measured ones in the search");
+  bench::int_flag(app, "--search-steps", a.search_steps, 1, 1000000,
+                  "measured steps per micro-batch in the search");
+  bench::number_flag(app, "--host-fraction", a.host_fraction, 0, 1,
+                     "the search skips micro-batches whose offloaded activations would pin "
+                     "more than this share of the host's memory (estimated)");
   bench::add_memory_fraction_flag(app, a.memory_fraction);
-  app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
-  app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
-  example_cli::add_path(app, "--out", a.out, "FILE", "write the results here (JSON)");
+  bench::add_run_flags(app, a.run, "write the results here (JSON)");
   example_cli::parse_or_exit(app, argc, argv);
   if (a.train.d_model % a.train.heads != 0) {
     example_cli::fail(app, "--heads", "--d-model is not a multiple of --heads");
@@ -221,7 +208,7 @@ int main(int argc, char** argv) {
     std::printf(
         "offload: %s; d %lld, %lld layers, T %lld, micro-batch %lld, %s, %s attention, device %s; "
         "offloading %s (min %lld bytes, depth %d)\n",
-        a.machine.c_str(), static_cast<long long>(shape.d_model),
+        a.run.machine.c_str(), static_cast<long long>(shape.d_model),
         static_cast<long long>(shape.layers), static_cast<long long>(shape.seq),
         static_cast<long long>(shape.batch), gpt_example::to_string(trainer.precision()),
         trainer.fused_attention() ? "fused" : "unfused", trainer.device().c_str(),
@@ -232,25 +219,23 @@ int main(int argc, char** argv) {
     std::vector<double> ms[2], peak[2];
     json rounds = json::array();
     torchpilot::OffloadStats on_stats;
-    for (int r = 0; r < a.rounds; ++r) {
-      std::printf("  round %d:", r + 1);
-      for (int k = 0; k < 2; ++k) {
-        const int on = (k + r) % 2;
-        offload->set_enabled(on == 1);
-        const Window w = measure(trainer, pilot, a.warmup, a.steps);
-        if (on) on_stats = w.stats;
-        ms[on].push_back(w.step_ms);
-        peak[on].push_back(static_cast<double>(w.peak));
-        rounds.push_back({{"round", r},
-                          {"offload", on == 1},
-                          {"step_ms", w.step_ms},
-                          {"peak_allocated_bytes", w.peak}});
-        std::printf(" %s %.2f ms/step, peak %.0f MiB;", on ? "on" : "off", w.step_ms,
-                    static_cast<double>(w.peak) / (1 << 20));
-        std::fflush(stdout);
-      }
-      std::printf("\n");
-    }
+    // Configuration 0: offloading off, 1: on; the order swapped each round.
+    bench::interleave(a.rounds, 2, bench::Order::kRotate, [&](int r, int k, int on) {
+      if (k == 0) std::printf("  round %d:", r + 1);
+      offload->set_enabled(on == 1);
+      const Window w = measure(trainer, pilot, a.warmup, a.steps);
+      if (on) on_stats = w.stats;
+      ms[on].push_back(w.step_ms);
+      peak[on].push_back(static_cast<double>(w.peak));
+      rounds.push_back({{"round", r},
+                        {"offload", on == 1},
+                        {"step_ms", w.step_ms},
+                        {"peak_allocated_bytes", w.peak}});
+      std::printf(" %s %.2f ms/step, peak %.0f MiB;", on ? "on" : "off", w.step_ms,
+                  static_cast<double>(w.peak) / (1 << 20));
+      std::fflush(stdout);
+      if (k == 1) std::printf("\n");
+    });
     offloaded_per_sample =
         static_cast<double>(on_stats.offloaded_bytes) / a.steps / static_cast<double>(shape.batch);
     const double ms_off = median(ms[0]), ms_on = median(ms[1]);
@@ -365,12 +350,8 @@ int main(int argc, char** argv) {
   }
   j["search"] = search;
 
-  if (!a.out.empty()) {
-    const std::string date = bench::utc_date();
-    j["bench"] = "offload";
-    j["machine"] = a.machine;
-    j["date"] = date;
-    j["commit"] = a.commit;
+  if (!a.run.out.empty()) {
+    j.update(bench::run_header("offload", a.run));
     j["libtorch"] = TORCH_VERSION;
     j["method"] =
         "fixed micro-batch: one trainer, offloading toggled by its knob, the order swapped each "
@@ -382,8 +363,8 @@ int main(int argc, char** argv) {
         "pinned host memory passes --host-fraction of the host's). torchpilot mode off. "
         "config.memory_fraction < 1: the caching allocator was capped at that share of the "
         "device's memory (setMemoryFraction), standing for a smaller device.";
-    bench::write_json(a.out, j);
-    std::printf("wrote %s\n", a.out.c_str());
+    bench::write_json(a.run.out, j);
+    std::printf("wrote %s\n", a.run.out.c_str());
   }
   return 0;
 }

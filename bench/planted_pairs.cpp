@@ -56,9 +56,8 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.h"
-#include "cli_flags.h"
 #include "gpt_trainer.h"
+#include "harness.h"
 #include "torchpilot/hooks/core/compat.h"
 #include "torchpilot/hooks/flops/flop_counter.h"
 #include "torchpilot/hooks/loader/tunable_loader.h"
@@ -80,8 +79,8 @@ namespace {
 
 using bench::median;
 
+using bench::Clock;
 using nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 struct Args {
   std::string device;  // empty: cuda when available
@@ -103,7 +102,7 @@ struct Args {
   // launch_bound: the fixed form's batch factor, the one the advice's estimate is for.
   int launch_batch_factor = static_cast<int>(torchpilot::kLaunchBoundBatchFactor);
   std::vector<std::string> pairs;  // empty: all
-  std::string machine = "unnamed", commit = "unknown", out;
+  bench::RunFlags run;             // --machine, --commit, --out
   std::string trace_dir;  // report.trace_dir of the advise runs (their windows as trace files)
 };
 
@@ -769,7 +768,7 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
   json row = {{"pair", pair.name},        {"advice", nullptr},  {"estimated_gain", nullptr},
               {"measured_gain", nullptr}, {"ratio", nullptr},   {"expected_advice", pair.advice},
               {"bad", pair.bad},          {"fixed", pair.fixed}};
-  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - started).count(); };
+  auto elapsed = [&] { return bench::seconds_since(started); };
   if (pair.needs_cuda && !env.cuda) {
     row["skipped"] = "no CUDA device";
     return row;
@@ -859,10 +858,10 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
         row["note_rounds"] = "time budget: stopped after " + std::to_string(round) + " rounds";
         break;
       }
-      // Interleaved, the order swapped each round (drift and thermal effects fall on both).
-      const bool bad_first = round % 2 == 0;
-      for (int k = 0; k < 2; ++k) {
-        const bool run_bad = (k == 0) == bad_first;
+      // Interleaved, the order swapped each round (drift and thermal effects fall on both): 0 is
+      // the bad form, first in even rounds.
+      for (int form : bench::round_order(round, 2, bench::Order::kReverse)) {
+        const bool run_bad = form == 0;
         const TimedRun t =
             timed_run(run_bad ? *bad : *fixed, env, a.warmup, timed_steps, a.min_run_s);
         (run_bad ? bad_sps : fixed_sps).push_back(t.samples_per_s);
@@ -893,7 +892,7 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
     c10::cuda::CUDACachingAllocator::emptyCache();  // the next pair starts with the memory free
   }
 #endif
-  row["seconds"] = std::chrono::duration<double>(Clock::now() - t0).count();
+  row["seconds"] = bench::seconds_since(t0);
   return row;
 }
 
@@ -923,56 +922,40 @@ int run(int argc, char** argv) {
       ->check(example_cli::Device())
       ->type_name("cpu|cuda|cuda:N");
   app.add_flag("--small", a.small, "tiny sizes (always so without CUDA): a smoke test");
-  example_cli::add_int(app, "--rounds", a.rounds, 1, 1000, "A/B rounds (bad and fixed once each)")
-      ->capture_default_str();
-  example_cli::add_int(app, "--steps", a.steps, 1, 1000000, "timed steps per A/B run")
-      ->capture_default_str();
-  example_cli::add_int(app, "--warmup", a.warmup, 0, 1000000, "untimed steps before them")
-      ->capture_default_str();
-  example_cli::add_number(app, "--min-run-s", a.min_run_s, 0, 3600,
-                          "the timed steps are repeated until a run lasts this long")
-      ->capture_default_str();
-  example_cli::add_int(app, "--advise-steps", a.advise_steps, 1, 1000000,
-                       "steps of the advised run (one epoch)")
-      ->capture_default_str();
-  example_cli::add_int(app, "--window-first", a.window_first, 0, 1000000,
-                       "the detailed window starts after this step of the advised run")
-      ->capture_default_str();
-  example_cli::add_int(app, "--window-steps", a.window_steps, 1, 1000000,
-                       "steps in the detailed window")
-      ->capture_default_str();
+  bench::int_flag(app, "--rounds", a.rounds, 1, 1000, "A/B rounds (bad and fixed once each)");
+  bench::int_flag(app, "--steps", a.steps, 1, 1000000, "timed steps per A/B run");
+  bench::int_flag(app, "--warmup", a.warmup, 0, 1000000, "untimed steps before them");
+  bench::number_flag(app, "--min-run-s", a.min_run_s, 0, 3600,
+                     "the timed steps are repeated until a run lasts this long");
+  bench::int_flag(app, "--advise-steps", a.advise_steps, 1, 1000000,
+                  "steps of the advised run (one epoch)");
+  bench::int_flag(app, "--window-first", a.window_first, 0, 1000000,
+                  "the detailed window starts after this step of the advised run");
+  bench::int_flag(app, "--window-steps", a.window_steps, 1, 1000000,
+                  "steps in the detailed window");
   bool no_advise_fixed = false;
   app.add_flag("--no-advise-fixed", no_advise_fixed,
                "no advised run of the fixed form (by default one shows which advice remains)");
-  example_cli::add_number(app, "--budget-s", a.budget_s, 0, 1e6,
-                          "total time: pairs that would start later are skipped")
-      ->capture_default_str();
-  example_cli::add_number(app, "--sample-us", a.sample_us, 0, 1e6,
-                          "data_starvation: CPU work per sample, microseconds")
-      ->capture_default_str();
-  example_cli::add_number(app, "--host-us", a.host_us, 0, 1e7,
-                          "host_sync: host work per step, microseconds (async_sync_every_n: "
-                          "shared among the micro-steps)")
-      ->capture_default_str();
-  example_cli::add_int(app, "--micro-steps", a.micro_steps, 1, 1024,
-                       "async_sync_every_n: micro-steps per optimizer step")
-      ->capture_default_str();
-  example_cli::add_int(app, "--sync-every", a.sync_every, 1, 1000000,
-                       "async_sync_every_n, fixed form: .item() every N optimizer steps")
-      ->capture_default_str();
-  example_cli::add_int(app, "--checkpoint-every", a.checkpoint_every, 2, 1000000,
-                       "checkpoint: steps between saves")
-      ->capture_default_str();
-  example_cli::add_int(app, "--launch-batch-factor", a.launch_batch_factor, 2, 1024,
-                       "launch_bound: the fixed form's batch / the bad form's")
-      ->capture_default_str();
+  bench::number_flag(app, "--budget-s", a.budget_s, 0, 1e6,
+                     "total time: pairs that would start later are skipped");
+  bench::number_flag(app, "--sample-us", a.sample_us, 0, 1e6,
+                     "data_starvation: CPU work per sample, microseconds");
+  bench::number_flag(app, "--host-us", a.host_us, 0, 1e7,
+                     "host_sync: host work per step, microseconds (async_sync_every_n: "
+                     "shared among the micro-steps)");
+  bench::int_flag(app, "--micro-steps", a.micro_steps, 1, 1024,
+                  "async_sync_every_n: micro-steps per optimizer step");
+  bench::int_flag(app, "--sync-every", a.sync_every, 1, 1000000,
+                  "async_sync_every_n, fixed form: .item() every N optimizer steps");
+  bench::int_flag(app, "--checkpoint-every", a.checkpoint_every, 2, 1000000,
+                  "checkpoint: steps between saves");
+  bench::int_flag(app, "--launch-batch-factor", a.launch_batch_factor, 2, 1024,
+                  "launch_bound: the fixed form's batch / the bad form's");
   app.add_option(
       "--trace-dir", a.trace_dir,
       "write the advise runs' detailed windows as trace-event files here (report.trace_dir), a "
       "folder per run (the bad form's first)");
-  app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
-  app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
-  example_cli::add_path(app, "--out", a.out, "FILE", "write the rows here (JSON)");
+  bench::add_run_flags(app, a.run, "write the rows here (JSON)");
   example_cli::parse_or_exit(app, argc, argv);
   a.advise_fixed = !no_advise_fixed;
   if (a.window_first + a.window_steps + 3 > a.advise_steps) {
@@ -999,42 +982,38 @@ int run(int argc, char** argv) {
   env.dtype = env.cuda ? torch::kBFloat16 : torch::kFloat;
   calibrate_cpu_work();
   std::printf("planted_pairs: %s, device %s%s, LibTorch %s; CPU work %.0f iterations/us\n",
-              a.machine.c_str(), env.device.str().c_str(), env.small ? " (small sizes)" : "",
+              a.run.machine.c_str(), env.device.str().c_str(), env.small ? " (small sizes)" : "",
               TORCH_VERSION, g_iterations_per_us);
   std::fflush(stdout);
 
-  const std::string date = bench::utc_date();
-  json result = {
-      {"bench", "planted_pairs"},
-      {"machine", a.machine},
-      {"date", date},
-      {"commit", a.commit},
-      {"device", env.device.str()},
-      {"small", env.small},
-      {"libtorch", TORCH_VERSION},
-      {"method",
-       "per pair: the bad form once with a Pilot in advise mode (one epoch of advise_steps steps, "
-       "a detailed window of window_steps steps after step window_first, a FLOP counter); its "
-       "advice of the expected id gives estimated_gain. Then bad and fixed forms alternately "
-       "(order swapped each round) with torchpilot off, warmup untimed + steps timed steps "
-       "between device synchronizations, repeated until the run lasts min_run_s (the steps in "
-       "bad_run_steps, fixed_run_steps); throughput = samples/s; medians over rounds; "
-       "measured_gain = fixed/bad - 1; ratio = estimated_gain / measured_gain"},
-      {"config",
-       {{"rounds", a.rounds},
-        {"steps", a.steps},
-        {"warmup", a.warmup},
-        {"min_run_s", a.min_run_s},
-        {"advise_steps", a.advise_steps},
-        {"window_first", a.window_first},
-        {"window_steps", a.window_steps},
-        {"sample_us", a.sample_us},
-        {"host_us", a.host_us},
-        {"micro_steps", a.micro_steps},
-        {"sync_every", a.sync_every},
-        {"launch_batch_factor", a.launch_batch_factor},
-        {"budget_s", a.budget_s}}},
-      {"rows", json::array()}};
+  json result = bench::run_header("planted_pairs", a.run);
+  result.update(
+      {{"device", env.device.str()},
+       {"small", env.small},
+       {"libtorch", TORCH_VERSION},
+       {"method",
+        "per pair: the bad form once with a Pilot in advise mode (one epoch of advise_steps steps, "
+        "a detailed window of window_steps steps after step window_first, a FLOP counter); its "
+        "advice of the expected id gives estimated_gain. Then bad and fixed forms alternately "
+        "(order swapped each round) with torchpilot off, warmup untimed + steps timed steps "
+        "between device synchronizations, repeated until the run lasts min_run_s (the steps in "
+        "bad_run_steps, fixed_run_steps); throughput = samples/s; medians over rounds; "
+        "measured_gain = fixed/bad - 1; ratio = estimated_gain / measured_gain"},
+       {"config",
+        {{"rounds", a.rounds},
+         {"steps", a.steps},
+         {"warmup", a.warmup},
+         {"min_run_s", a.min_run_s},
+         {"advise_steps", a.advise_steps},
+         {"window_first", a.window_first},
+         {"window_steps", a.window_steps},
+         {"sample_us", a.sample_us},
+         {"host_us", a.host_us},
+         {"micro_steps", a.micro_steps},
+         {"sync_every", a.sync_every},
+         {"launch_batch_factor", a.launch_batch_factor},
+         {"budget_s", a.budget_s}}},
+       {"rows", json::array()}});
 
   const auto started = Clock::now();
   int named = 0, within = 0, measured_rows = 0;
@@ -1075,23 +1054,16 @@ int run(int argc, char** argv) {
     result["summary"] = {{"pairs_measured", measured_rows},
                          {"advice_named", named},
                          {"ratio_within_0.5_2", within},
-                         {"wall_s", std::chrono::duration<double>(Clock::now() - started).count()}};
-    write(a.out, result);  // after every pair: a run cut short keeps what it finished
+                         {"wall_s", bench::seconds_since(started)}};
+    write(a.run.out, result);  // after every pair: a run cut short keeps what it finished
   }
   std::printf(
       "planted_pairs: %d pairs measured, %d named the expected advice, %d ratios in "
       "[0.5, 2]%s%s\n",
-      measured_rows, named, within, a.out.empty() ? "" : "; results in ", a.out.c_str());
+      measured_rows, named, within, a.run.out.empty() ? "" : "; results in ", a.run.out.c_str());
   return 0;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "planted_pairs: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return bench::guarded_main("planted_pairs", argc, argv, run); }

@@ -24,16 +24,15 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.h"
-#include "cli_flags.h"
+#include "harness.h"
 #include "torchpilot/torchpilot.h"
 
 namespace {
 
 using bench::median;
 
+using bench::Clock;
 using nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 // Synthetic 3x32x32 images in memory: the loader's work is indexing and stacking.
 class Images : public torch::data::datasets::Dataset<Images> {
@@ -76,7 +75,7 @@ struct Args {
   int workers = 4;
   int steps = 20;  // batches per epoch
   std::string device;
-  std::string machine = "unnamed", commit = "unknown", out;
+  bench::RunFlags run;  // --machine, --commit, --out
 };
 
 struct Run {
@@ -116,7 +115,7 @@ Run run(const Args& a, bool with_pilot, torch::Device device) {
       const auto t0 = Clock::now();
       for (auto& b : *loader) train(b);
       sync();
-      r.epoch_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      r.epoch_s.push_back(bench::seconds_since(t0));
     }
     return r;
   }
@@ -133,7 +132,7 @@ Run run(const Args& a, bool with_pilot, torch::Device device) {
       train(b);
     }  // the watched loader's end ends the Pilot's epoch
     sync();
-    r.epoch_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    r.epoch_s.push_back(bench::seconds_since(t0));
   }
   for (const auto& s : pilot.epoch_summaries()) {
     if (const auto* c = s.sections.get<torchpilot::CostStats>()) {
@@ -161,18 +160,13 @@ int main(int argc, char** argv) {
       "rounds (bench/README.md).",
       "short_epochs");
   example_cli::last_wins(app);
-  example_cli::add_int(app, "--rounds", a.rounds, 1, 1000, "rounds")->capture_default_str();
-  example_cli::add_int(app, "--epochs", a.epochs, 2, 100000, "epochs per round and configuration")
-      ->capture_default_str();
-  example_cli::add_int(app, "--batch", a.batch, 1, 1 << 20, "batch size")->capture_default_str();
-  example_cli::add_int(app, "--workers", a.workers, 0, 1024, "loader workers")
-      ->capture_default_str();
-  example_cli::add_int(app, "--steps", a.steps, 1, 1 << 20, "batches per epoch")
-      ->capture_default_str();
+  bench::int_flag(app, "--rounds", a.rounds, 1, 1000, "rounds");
+  bench::int_flag(app, "--epochs", a.epochs, 2, 100000, "epochs per round and configuration");
+  bench::int_flag(app, "--batch", a.batch, 1, 1 << 20, "batch size");
+  bench::int_flag(app, "--workers", a.workers, 0, 1024, "loader workers");
+  bench::int_flag(app, "--steps", a.steps, 1, 1 << 20, "batches per epoch");
   app.add_option("--device", a.device, "cpu, cuda or cuda:N; default cuda when available");
-  app.add_option("--machine", a.machine, "machine name, for the JSON file")->capture_default_str();
-  app.add_option("--commit", a.commit, "commit, for the JSON file")->capture_default_str();
-  app.add_option("--out", a.out, "JSON results file");
+  bench::add_run_flags(app, a.run, "JSON results file", false);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -185,14 +179,10 @@ int main(int argc, char** argv) {
   std::map<std::string, std::vector<double>> parts_all;
   int64_t deferred = 0;
   for (int k = 0; k < a.rounds; ++k) {
-    Run off, def;
-    if (k % 2 == 0) {
-      off = run(a, false, device);
-      def = run(a, true, device);
-    } else {
-      def = run(a, true, device);
-      off = run(a, false, device);
-    }
+    Run runs[2];  // 0: off, 1: default; off first in even rounds
+    for (int c : bench::round_order(k, 2, bench::Order::kReverse)) runs[c] = run(a, c == 1, device);
+    const Run& off = runs[0];
+    const Run& def = runs[1];
     auto steady = [](const std::vector<double>& v) {
       return median(std::vector<double>(v.begin() + 1, v.end()));
     };
@@ -227,7 +217,7 @@ int main(int argc, char** argv) {
         "mean %.4f; torchpilot's own share (median over epochs) %.3f%%\n",
         k, o, d, d / o, mean(def.epoch_s) / mean(off.epoch_s), 100 * median(def.cost_fraction));
   }
-  const double ratio = median(ratios);
+  const bench::Spread ratio = bench::spread(ratios);
   json parts = json::object();
   json parts_max = json::object();  // a window's epoch shows here
   for (const auto& [part, v] : parts_all) {
@@ -241,22 +231,18 @@ int main(int argc, char** argv) {
     std::printf(" %s %.1f;", part.c_str(), *std::max_element(v.begin(), v.end()));
   }
   std::printf("\n");
-  std::printf("default_over_off %.4f (min %.4f, max %.4f) over %d rounds; budget 1.01\n", ratio,
-              *std::min_element(ratios.begin(), ratios.end()),
-              *std::max_element(ratios.begin(), ratios.end()), a.rounds);
-  json out = {{"bench", "short_epochs"},
-              {"machine", a.machine},
-              {"commit", a.commit},
-              {"torch", TORCH_VERSION},
+  std::printf("default_over_off %.4f (min %.4f, max %.4f) over %d rounds; budget 1.01\n",
+              ratio.median, ratio.min, ratio.max, a.rounds);
+  json out = bench::run_header("short_epochs", a.run, bench::Stamp::kUnixTime);
+  out.update({{"torch", TORCH_VERSION},
               {"device", device.str()},
-              {"unix_time_s", static_cast<int64_t>(std::time(nullptr))},
               {"batch", a.batch},
               {"workers", a.workers},
               {"steps_per_epoch", a.steps},
               {"epochs_per_round", a.epochs},
-              {"default_over_off", ratio},
-              {"ratio_min", *std::min_element(ratios.begin(), ratios.end())},
-              {"ratio_max", *std::max_element(ratios.begin(), ratios.end())},
+              {"default_over_off", ratio.median},
+              {"ratio_min", ratio.min},
+              {"ratio_max", ratio.max},
               {"mean_ratio_median", median(mean_ratios)},
               {"cost_parts_median_us", parts},
               {"cost_parts_max_us", parts_max},
@@ -266,9 +252,9 @@ int main(int argc, char** argv) {
               {"horizon_fraction_at_end_median", median(horizon_all)},
               {"deferred_windows", deferred},
               {"budget", 0.01},
-              {"rounds", rounds}};
-  if (!a.out.empty()) {
-    bench::write_json(a.out, out, 1);
+              {"rounds", rounds}});
+  if (!a.run.out.empty()) {
+    bench::write_json(a.run.out, out, 1);
   }
   return 0;
 }
