@@ -1,0 +1,66 @@
+// The process-wide routing of CUPTI's buffer and API callbacks to the activity collector, shared
+// by cupti_activity_routing.cpp (the callbacks) and cupti_activity_trace.cpp (the collector).
+#pragma once
+
+#include <cupti.h>
+#include <cupti_driver_cbid.h>
+#include <cupti_runtime_cbid.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <shared_mutex>
+
+#include "cupti_activity_trace.h"
+
+namespace torchpilot::detail::activity_internal {
+
+// The collector CUPTI's callbacks reach (nullptr: none), under its mutex.
+std::shared_mutex& route_mutex();
+ActivityCollector*& route();
+
+// A zeroed buffer registered to collector `owner`; nullptr when out of memory.
+uint8_t* allocate_buffer(size_t bytes, uint64_t owner);
+// 0 when the buffer is not one of ours.
+uint64_t owner_of(uint8_t* buffer);
+// Frees a buffer of ours; one that is not ours is left alone.
+void free_buffer(uint8_t* buffer);
+
+// CUPTI's buffer callbacks (cuptiActivityRegisterCallbacks).
+void CUPTIAPI on_buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records);
+void CUPTIAPI on_buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t size,
+                                  size_t valid_size);
+
+// The synchronizing API calls whose thread the collector notes (enable() turns them on).
+struct SyncCallbackId {
+  CUpti_CallbackDomain domain;
+  CUpti_CallbackId cbid;
+};
+inline constexpr SyncCallbackId kSyncCallbacks[] = {
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaEventSynchronize_v3020},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_ptsz_v7000},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaThreadSynchronize_v3020},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuEventSynchronize},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize_ptsz},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize},
+    {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize_v2},
+};
+
+// Copies the host may wait in (to pageable memory, the host waits inside the call): their op is
+// named like a synchronize's. The runtime's copies only: LibTorch copies through it.
+inline constexpr SyncCallbackId kCopyCallbacks[] = {
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_ptds_v7000},
+    {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_ptsz_v7000},
+};
+
+// On the calling thread, inside the call: which thread made it, by its correlation id (a runtime
+// call and the driver call inside it each have one; the sync record carries one of them); and the
+// op it was made from.
+void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+                          const void* data);
+
+}  // namespace torchpilot::detail::activity_internal

@@ -1,0 +1,351 @@
+// GpuMonitor's step completion: draining the backend, matching kernels to steps and phases,
+// capturing windows and pruning the held events.
+#include <algorithm>
+#include <iterator>
+#include <limits>
+#include <utility>
+
+#include "gpu_monitor_internal.h"
+#include "torchpilot/runtime/core/metrics.h"
+#include "torchpilot/runtime/gpu/gpu_metrics.h"
+#include "torchpilot/runtime/gpu/gpu_monitor.h"
+#include "torchpilot/runtime/gpu/host_op_scopes.h"
+#include "torchpilot/runtime/reports/trace_events.h"
+
+namespace torchpilot {
+using namespace gpu_monitor_detail;
+
+namespace {
+// Keeps the held kernels ordered by start: every finished step builds a busy-interval index over
+// them (NextKernel in gpu_step_stats), and a long window holds hundreds of thousands (100 steps
+// of a GPT of ~3,000 kernels a step), which it would otherwise sort again at every step. A drain's
+// records come in nearly in order (per stream, buffer by buffer): only the overlap is merged.
+void add_kernels_in_order(std::vector<KernelRecord>& held, std::vector<KernelRecord>& incoming) {
+  auto by_begin = [](const KernelRecord& a, const KernelRecord& b) { return a.begin < b.begin; };
+  if (!std::is_sorted(incoming.begin(), incoming.end(), by_begin)) {
+    std::stable_sort(incoming.begin(), incoming.end(), by_begin);
+  }
+  const auto old = static_cast<std::ptrdiff_t>(held.size());
+  held.insert(held.end(), std::make_move_iterator(incoming.begin()),
+              std::make_move_iterator(incoming.end()));
+  const auto mid = held.begin() + old;
+  if (old == 0 || mid == held.end() || !by_begin(*mid, *(mid - 1))) return;
+  // The held kernels that start after the first new one: the only ones out of place.
+  const auto from = std::upper_bound(held.begin(), mid, *mid, by_begin);
+  std::inplace_merge(from, mid, held.end(), by_begin);
+}
+}  // namespace
+
+void GpuMonitor::drain() {
+  incoming_.clear();
+  backend_->drain(incoming_);
+  auto append = [](auto& to, auto& from) {
+    to.insert(to.end(), std::make_move_iterator(from.begin()), std::make_move_iterator(from.end()));
+  };
+  for (const PmSample& s : incoming_.pm) pm_watermark_ = std::max(pm_watermark_, s.end);
+  // Paused between bursts: no step waits for samples that will not come.
+  pm_watermark_ = std::max(pm_watermark_, incoming_.pm_final_until);
+  append(events_.pm, incoming_.pm);
+  append(events_.nvml, incoming_.nvml);
+  if (!incoming_.kernels.empty()) kernel_index_.reset();
+  add_kernels_in_order(events_.kernels, incoming_.kernels);
+  append(events_.copies, incoming_.copies);
+  HostOpScopes& scopes = HostOpScopes::instance();
+  scopes.drain(incoming_.scopes);
+  name_phases();
+  for (const SyncRecord& s : incoming_.syncs) {
+    if ((s.thread == SyncThread::kOwn || s.thread == SyncThread::kInternal) && epoch_ != nullptr)
+      ++epoch_->own_thread_syncs;
+  }
+  append(events_.syncs, incoming_.syncs);
+  append(events_.scopes, incoming_.scopes);
+  for (const MarkerRecord& m : incoming_.markers) marker_times_[m.id] = m.time;
+  events_.dropped += incoming_.dropped + scopes.take_dropped();
+}
+
+void GpuMonitor::name_phases() {
+  // The innermost phase open when it began (phases close in order: the latest that holds it).
+  auto phase_at = [this](Nanos t) -> std::string {
+    for (auto it = phases_.rbegin(); it != phases_.rend(); ++it) {
+      if (t >= it->span.begin && t <= it->span.end) return it->name;
+    }
+    return {};
+  };
+  for (SyncRecord& s : incoming_.syncs) s.phase = phase_at(s.begin);
+  for (HostOpScope& s : incoming_.scopes) s.phase = phase_at(s.begin);
+}
+
+const KernelIndex& GpuMonitor::kernel_index() {
+  if (!kernel_index_) kernel_index_.emplace(events_.kernels);
+  return *kernel_index_;
+}
+
+void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
+  GpuStepRecord rec;
+  rec.step = step.step;
+  rec.epoch = step.epoch;
+  rec.traced = step.traced;
+  rec.gpu_timed = spans.gpu_timed;
+  if (spans.gpu_timed) {
+    rec.gpu_begin_ns = spans.gpu.begin;
+    rec.gpu_end_ns = spans.gpu.end;
+    rec.gpu_lag_ns = spans.gpu.end - spans.host.end;
+  }
+  const auto nvml_ns = static_cast<Nanos>(config_.nvml_interval_ms * 1e6);
+  std::vector<SyncSite> sites;
+  // Untraced steps have no kernels to look at: no index for them.
+  const KernelIndex* index = step.traced ? &kernel_index() : nullptr;
+  rec.stats = gpu_step_stats(events_, spans, device_.sm_count, nvml_ns, &sites, index);
+  last_finished_end_ = std::max(last_finished_end_, step.span.end);
+  epoch_->add(rec.stats);
+  ++epoch_->steps;
+  if (step.epoch < latest_epoch_) ++epoch_->earlier_steps;
+  if (spans.gpu_timed) ++epoch_->gpu_timed_steps;
+  if (rec.stats.traced_ns > 0) epoch_->add_sync_sites(sites);
+  if (step.traced) {
+    epoch_->add_kernels(index->overlapping(spans.figures()), spans.figures(), device_.sm_count);
+    traced_finished_ = true;
+    add_kernel_classes(epoch_->classes, events_, spans, device_.sm_count, index);
+    add_phases(step, spans);
+  }
+  if (host_ != nullptr && !host_->config().report.trace_dir.empty()) {
+    if (step.traced) {
+      capture_window(step, spans);
+    } else {
+      publish_window();
+    }
+  }
+  if (host_ != nullptr) host_->publish(make_late_step(rec.step, rec.epoch, std::move(rec)));
+}
+
+std::optional<Interval> GpuMonitor::phase_gpu_span(const PhaseMarks& p, Interval step) const {
+  const auto b = marker_times_.find(p.begin_marker);
+  const auto e = marker_times_.find(p.end_marker);
+  if (p.begin_marker == 0 || p.end_marker == 0 || b == marker_times_.end() ||
+      e == marker_times_.end()) {
+    return std::nullopt;
+  }
+  // Clipped to the step's GPU span: a phase's work is the step's.
+  return Interval{std::clamp(b->second, step.begin, step.end),
+                  std::clamp(std::max(b->second, e->second), step.begin, step.end)};
+}
+
+void GpuMonitor::add_phases(const PendingStep& step, const StepSpans& spans) {
+  if (step.phases.empty() || !spans.gpu_timed) return;  // a phase's GPU span needs its step's
+  GpuPhaseTimes& out = epoch_->phases_gpu;
+  // Each phase that ended in the step; one without a span (a marker not recorded or not
+  // resolved) leaves the step out whole, so that the shares over the steps counted stay true.
+  std::vector<std::pair<const PhaseMarks*, Interval>> spans_of;
+  for (const PhaseMarks& p : step.phases) {
+    if (p.host.end == std::numeric_limits<Nanos>::max()) continue;  // ends in a later step
+    const std::optional<Interval> g =
+        step.phases_complete ? phase_gpu_span(p, spans.gpu) : std::nullopt;
+    if (!g) {
+      ++out.incomplete_steps;
+      return;
+    }
+    spans_of.emplace_back(&p, *g);
+  }
+  if (spans_of.empty()) return;
+  std::vector<Interval> covered;
+  for (const auto& [p, g] : spans_of) {
+    auto it = std::find_if(out.phases.begin(), out.phases.end(),
+                           [&](const GpuPhaseStats& x) { return x.name == p->name; });
+    if (it == out.phases.end()) {
+      if (out.phases.size() >= kMaxStepPhases) continue;
+      out.phases.push_back({p->name});
+      it = out.phases.end() - 1;
+    }
+    ++it->count;
+    it->gpu_ns += g.end - g.begin;
+    it->busy_ns += kernel_index().busy_within(g);
+    it->host_ns += std::max<Nanos>(0, p->host.end - p->host.begin);
+    covered.push_back(g);
+  }
+  ++out.steps;
+  out.step_gpu_ns += spans.gpu.end - spans.gpu.begin;
+  out.covered_ns += union_length(std::move(covered), spans.gpu);  // nested phases count once
+}
+
+void GpuMonitor::capture_window(const PendingStep& step, const StepSpans& spans) {
+  if (window_ != nullptr && window_->epoch != step.epoch) publish_window();
+  if (window_ == nullptr) {
+    window_ = std::make_unique<GpuWindowRecord>();
+    window_->epoch = step.epoch;
+    window_->device = device_.name;
+    window_until_ = spans.traced_part().begin;
+  }
+  GpuWindowRecord& w = *window_;
+  // Each record once: those that begin between the previous traced step's end and this one's.
+  const Interval take{window_until_, std::max(window_until_, spans.figures().end)};
+  auto in = [&take](Nanos t) { return t >= take.begin && t < take.end; };
+  WindowStep ws;
+  ws.step = step.step;
+  ws.host = spans.host;
+  ws.data_wait = spans.data_wait;
+  ws.gpu_timed = spans.gpu_timed;
+  ws.gpu = spans.gpu;
+  w.steps.push_back(ws);
+  for (const PhaseSpan& p : phases_) {
+    if (p.span.end != std::numeric_limits<Nanos>::max() && p.span.begin >= spans.host.begin &&
+        p.span.begin < spans.host.end) {
+      w.phases.push_back({p.name, p.span});
+    }
+  }
+  for (const PhaseMarks& p : step.phases) {
+    if (!spans.gpu_timed) break;
+    if (const auto g = phase_gpu_span(p, spans.gpu)) w.gpu_phases.push_back({p.name, *g});
+  }
+  for (const KernelRecord& k : kernel_index().starting_in(take)) {
+    if (in(k.begin)) w.kernels.push_back(k);
+  }
+  for (const CopyRecord& c : events_.copies) {
+    if (in(c.begin)) w.copies.push_back(c);
+  }
+  // A sample that began before the window but runs into it is its first counter value.
+  const bool first = w.steps.size() == 1;
+  for (const PmSample& p : events_.pm) {
+    if (in(p.begin) || (first && p.begin < take.begin && p.end > take.begin)) w.pm.push_back(p);
+  }
+  // Host syncs by the host's time: those that began in this step's host span.
+  for (SyncRecord& s : resolve_host_syncs(events_, true, spans.host)) {
+    if (s.thread == SyncThread::kOwn || s.thread == SyncThread::kInternal) continue;
+    if (s.begin >= spans.host.begin && s.begin < spans.host.end) {
+      w.host_syncs.push_back(std::move(s));
+    }
+  }
+  window_until_ = take.end;
+}
+
+void GpuMonitor::publish_window() {
+  if (window_ == nullptr) return;
+  std::unique_ptr<GpuWindowRecord> w = std::move(window_);
+  if (host_ == nullptr || w->steps.empty()) return;
+  const int64_t step = w->steps.back().step;
+  const int64_t epoch = w->epoch;
+  host_->publish(make_late_step(step, epoch, std::move(*w)));
+}
+
+bool GpuMonitor::gpu_span(const PendingStep& p, Nanos now, bool all, StepSpans& spans,
+                          bool& timed_out) {
+  timed_out = false;
+  spans.host = p.span;
+  spans.data_wait = p.data_wait;
+  spans.traced = p.traced;
+  spans.trace_from = p.trace_from;
+  spans.gpu_timed = false;
+  if (p.begin_marker == 0 || p.end_marker == 0) return true;  // not recorded: host span
+  const auto b = marker_times_.find(p.begin_marker);
+  const auto e = marker_times_.find(p.end_marker);
+  if (b != marker_times_.end() && e != marker_times_.end()) {
+    spans.gpu = {b->second, std::max(b->second, e->second)};
+    spans.gpu_timed = true;
+    return true;
+  }
+  // Never held forever: a marker that does not resolve in time leaves the step its host span.
+  if (all || now - p.span.end >= kMarkerWaitNs || pending_.size() > kMaxPendingSteps) {
+    timed_out = true;
+    return true;
+  }
+  return false;
+}
+
+void GpuMonitor::finish_ready_steps(bool all, Nanos now, bool pm_flushed, Nanos budget_ns) {
+  // A window's records often arrive at once (its release's forced flush): finishing its steps
+  // takes milliseconds each (13 ms a step at batch 32 on the H100), so a step call finishes
+  // them for at most kFinishBudgetNs (two at least, so a backlog shrinks) and the next calls go
+  // on; an epoch's end within what its wait allows; close() (all) finishes every one.
+  const Nanos t0 = now_ns();
+  int finished = 0;
+  while (!pending_.empty()) {
+    if (!all && finished >= 2 && now_ns() - t0 > budget_ns) break;
+    const PendingStep& p = pending_.front();
+    StepSpans spans;
+    bool timed_out = false;
+    bool ready = gpu_span(p, now, all, spans, timed_out);
+    if (ready && !all && pending_.size() <= kMaxPendingSteps) {
+      const Nanos end = spans.figures().end;
+      // Just flushed: the samples there are, are all there will be for a step the GPU has run
+      // (but the one being taken).
+      const bool pm_ready = !pm_active_ || pm_flushed || pm_watermark_ >= end;
+      // Traced steps: the window's records are final once its tail is over, and the tail starts
+      // only after the GPU ran the window's last step.
+      // A release running off the training thread still holds the window's last records.
+      const bool trace_ready =
+          !p.traced || (planner_.records_final(p.span.end) && !backend_->trace_releasing());
+      ready = pm_ready && trace_ready;
+    }
+    if (!ready) break;  // steps finish in order
+    if (timed_out) ++epoch_->marker_timeouts;
+    finish(p, spans);
+    pending_.pop_front();
+    ++finished;
+  }
+  prune_events();
+}
+
+void GpuMonitor::prune_events() {
+  // A bound whatever the clocks do: the oldest events go first.
+  auto cap = [](auto& v) {
+    if (v.size() > kMaxEvents)
+      v.erase(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() - kMaxEvents));
+  };
+  cap(events_.pm);
+  cap(events_.nvml);
+  if (events_.kernels.size() > kMaxEvents) kernel_index_.reset();
+  cap(events_.kernels);
+  cap(events_.copies);
+  cap(events_.syncs);
+  cap(events_.scopes);
+  // Resolved markers older than every one still needed (ids increase): the unfinished steps',
+  // the next step's start, the one a window's stop waits for.
+  uint64_t floor = std::numeric_limits<uint64_t>::max();
+  auto need = [&floor](uint64_t id) {
+    if (id != 0) floor = std::min(floor, id);
+  };
+  for (const PendingStep& p : pending_) {
+    need(p.begin_marker);
+    need(p.end_marker);
+    if (p.begin_marker != 0 || p.end_marker != 0) break;
+  }
+  need(boundary_marker_);
+  need(open_begin_marker_);
+  if (stop_pending_) need(stop_marker_);
+  marker_times_.erase(marker_times_.begin(), marker_times_.lower_bound(floor));
+  // Events ending before the oldest unfinished step are not needed any more. A step's GPU span
+  // starts after its host span's start (the GPU runs what the host queued); the slack covers the
+  // clock conversions of markers and CUPTI timestamps.
+  constexpr Nanos kSlackNs = 1000000;
+  const Nanos keep_from =
+      (pending_.empty() ? std::max<Nanos>(0, last_finished_end_) : pending_.front().span.begin) -
+      kSlackNs;
+  if (keep_from <= pruned_before_) return;
+  pruned_before_ = keep_from;
+  auto prune = [keep_from](auto& v, auto end_of) {
+    v.erase(
+        std::remove_if(v.begin(), v.end(), [&](const auto& e) { return end_of(e) < keep_from; }),
+        v.end());
+  };
+  prune(events_.pm, [](const PmSample& s) { return s.end; });
+  // NVML readings stand for the interval before them: keep the last one before the boundary.
+  prune(events_.nvml, [this](const UtilSample& u) {
+    return u.time + static_cast<Nanos>(config_.nvml_interval_ms * 1e6);
+  });
+  // Kernels: only once a quarter of them or more can go. A window's steps finish a few per step
+  // call, and pruning a few steps' kernels at a time would scan (and re-index) all the window's
+  // held kernels each time. Held in start order: those starting before keep_from are the most
+  // that can go.
+  const auto before = std::lower_bound(events_.kernels.begin(), events_.kernels.end(), keep_from,
+                                       [](const KernelRecord& k, Nanos t) { return k.begin < t; });
+  if (static_cast<size_t>(before - events_.kernels.begin()) * 4 >= events_.kernels.size() &&
+      before != events_.kernels.begin()) {
+    kernel_index_.reset();
+    prune(events_.kernels, [](const KernelRecord& k) { return k.end; });
+  }
+  prune(events_.copies, [](const CopyRecord& c) { return c.end; });
+  // Syncs and op scopes stay longer: the drain after a sync can idle the GPU steps later.
+  prune(events_.syncs, [](const SyncRecord& s) { return s.end + kSyncKeepNs; });
+  prune(events_.scopes, [](const HostOpScope& s) { return s.end + kSyncKeepNs; });
+}
+
+}  // namespace torchpilot
