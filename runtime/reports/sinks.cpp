@@ -1,3 +1,5 @@
+#include "torchpilot/runtime/reports/sinks.h"
+
 #include <fcntl.h>
 #include <pthread.h>
 #include <spdlog/spdlog.h>
@@ -14,7 +16,6 @@
 #include "torchpilot/runtime/core/config.h"
 #include "torchpilot/runtime/core/format.h"
 #include "torchpilot/runtime/core/metrics.h"
-#include "torchpilot/runtime/reports/sinks.h"
 
 namespace torchpilot {
 namespace {

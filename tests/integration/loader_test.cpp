@@ -11,8 +11,8 @@
 #include <random>
 #include <thread>
 
-#include "torchpilot/torchpilot.h"
 #include "torchpilot/runtime/reports/sinks.h"
+#include "torchpilot/torchpilot.h"
 
 namespace {
 

@@ -12,8 +12,8 @@
 #include "torchpilot/advisors/core/advisors.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/reports/run_journal.h"
-#include "torchpilot/runtime/stalls/step_outliers.h"
 #include "torchpilot/runtime/reports/sinks.h"
+#include "torchpilot/runtime/stalls/step_outliers.h"
 
 namespace torchpilot {
 namespace {
