@@ -23,6 +23,12 @@ class SteadyClock final : public Clock {
   Nanos now_ns() const override;
 };
 
+// The calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID): user + system, not blocked time.
+class ThreadCpuClock final : public Clock {
+ public:
+  Nanos now_ns() const override;
+};
+
 // A clock that moves only when told to (tests, simulations).
 class ManualClock final : public Clock {
  public:

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -20,6 +21,8 @@ const char* to_string(Mode mode);
 
 // A key is the path of the field it sets: key "log.level" sets Config::log.level, key
 // "advisors.low_mfu.threshold" sets Config::advisors.low_mfu.threshold (docs/configuration.md).
+// A subsystem may register a section of its own instead (config_section.h): key "toy.threshold"
+// then sets config.section<ToyConfig>().threshold.
 
 struct LogConfig {
   std::string level = "info";  // trace | debug | info | warn | error | off
@@ -216,6 +219,52 @@ struct OffloadConfig {
   int depth = 4;                // copies in flight behind forward; fetches ahead in backward
 };
 
+// Sections that subsystems register (config_section.h), with value semantics (copies clone).
+class ConfigSections {
+ public:
+  ConfigSections() = default;
+  ConfigSections(const ConfigSections& other) { *this = other; }
+  ConfigSections& operator=(const ConfigSections& other) {
+    if (this == &other) return *this;
+    items_.clear();
+    for (const auto& item : other.items_) items_.push_back(item->clone());
+    return *this;
+  }
+  ConfigSections(ConfigSections&&) noexcept = default;
+  ConfigSections& operator=(ConfigSections&&) noexcept = default;
+
+  // The section of type S, made from its defaults on first use.
+  template <typename S>
+  S& get() {
+    for (const auto& item : items_) {
+      if (auto* h = dynamic_cast<Holder<S>*>(item.get())) return h->value;
+    }
+    items_.push_back(std::make_unique<Holder<S>>());
+    return static_cast<Holder<S>&>(*items_.back()).value;
+  }
+  // The section of type S, or its defaults when none was set.
+  template <typename S>
+  const S& get() const {
+    for (const auto& item : items_) {
+      if (auto* h = dynamic_cast<const Holder<S>*>(item.get())) return h->value;
+    }
+    static const S defaults{};
+    return defaults;
+  }
+
+ private:
+  struct Item {
+    virtual ~Item() = default;
+    virtual std::unique_ptr<Item> clone() const = 0;
+  };
+  template <typename S>
+  struct Holder final : Item {
+    S value{};
+    std::unique_ptr<Item> clone() const override { return std::make_unique<Holder<S>>(*this); }
+  };
+  std::vector<std::unique_ptr<Item>> items_;
+};
+
 struct Config {
   Mode mode = Mode::kAdvise;
   LogConfig log;
@@ -229,6 +278,16 @@ struct Config {
   ReportConfig report;
   CommConfig comm;
   OffloadConfig offload;
+  // Sections registered by subsystems outside the ones above (config_section.h).
+  ConfigSections sections;
+  template <typename S>
+  S& section() {
+    return sections.get<S>();
+  }
+  template <typename S>
+  const S& section() const {
+    return sections.get<S>();
+  }
 
   // Defaults, then TORCHPILOT_CONFIG's file if that variable is set, then TORCHPILOT_* overrides,
   // then the cross-key checks on the merged values.

@@ -1,13 +1,15 @@
 // The configuration schema: one row per key (its type, range and field), the table that the YAML
 // reader, the environment reader and config_keys() walk.
+#include <algorithm>
 #include <cstdio>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "config_internal.h"
 
 namespace torchpilot {
-namespace {
+namespace config_detail {
 
 std::string text(double v) {
   char buf[32];
@@ -15,15 +17,52 @@ std::string text(double v) {
   return buf;
 }
 std::string text(bool v) { return v ? "true" : "false"; }
+std::string text(int64_t v) { return std::to_string(v); }
+std::string text(const std::string& v) { return v; }
 std::string text(const std::vector<int>& list) {
   std::string out;
   for (int v : list) out += (out.empty() ? "" : ",") + std::to_string(v);
   return out;
 }
 
+namespace {
+std::mutex& rows_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::vector<KeySpec>& registered_rows() {
+  static std::vector<KeySpec> rows;
+  return rows;
+}
+const std::vector<KeySpec>& builtin_schema();
 }  // namespace
 
-namespace config_detail {
+void register_rows(const char* section, std::vector<KeySpec> rows) {
+  std::lock_guard<std::mutex> lock(rows_mutex());
+  for (auto& row : rows) {
+    const bool taken = row.key.rfind(std::string(section) + ".", 0) != 0 ||
+                       std::any_of(builtin_schema().begin(), builtin_schema().end(),
+                                   [&](const KeySpec& k) { return k.key == row.key; }) ||
+                       std::any_of(registered_rows().begin(), registered_rows().end(),
+                                   [&](const KeySpec& k) { return k.key == row.key; });
+    if (!taken) registered_rows().push_back(std::move(row));
+  }
+}
+
+const std::vector<KeySpec>& schema() {
+  // Registration ends with static initialization; the merged table is rebuilt if one came later.
+  std::lock_guard<std::mutex> lock(rows_mutex());
+  static std::vector<KeySpec> merged;
+  static size_t merged_rows = static_cast<size_t>(-1);
+  if (merged_rows != registered_rows().size()) {
+    merged = builtin_schema();
+    merged.insert(merged.end(), registered_rows().begin(), registered_rows().end());
+    merged_rows = registered_rows().size();
+  }
+  return merged;
+}
+
+namespace {
 
 // Rows for plain fields: TP_INT(field.path, min, max) etc. The key is the field's path spelled
 // out (#field), so a row cannot give a key a name other than the field it sets.
@@ -55,7 +94,7 @@ namespace config_detail {
                                                         const Value& v) { c.field = v.s; } \
   }
 
-const std::vector<KeySpec>& schema() {
+const std::vector<KeySpec>& builtin_schema() {
   static const std::vector<KeySpec> table = {
       {"mode",
        Type::kString,
@@ -176,6 +215,7 @@ const std::vector<KeySpec>& schema() {
 #undef TP_DOUBLE
 #undef TP_BOOL
 #undef TP_STRING
+}  // namespace
 
 const KeySpec* find_key(const std::string& key) {
   for (const auto& spec : schema()) {

@@ -1,11 +1,14 @@
-// The kernel's registries (collector.h, sink.h): what subsystems register at static
+// The kernel's registries (collector.h, sink.h, tuning.h, cost_meter.h, advisor_registry.h): what subsystems register at static
 // initialization, read by every Pilot at construction. Thread-safe.
 #include <algorithm>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "torchpilot/runtime/core/advisor_registry.h"
 #include "torchpilot/runtime/core/collector.h"
+#include "torchpilot/runtime/core/cost_meter.h"
 #include "torchpilot/runtime/core/sink.h"
 #include "torchpilot/runtime/core/tuning.h"
 
@@ -31,6 +34,25 @@ std::vector<ConfigResolver>& resolver_registry() {
   static std::vector<ConfigResolver> entries;
   return entries;
 }
+CostMeterFactory& cost_meter_registry() {
+  static CostMeterFactory factory = nullptr;
+  return factory;
+}
+std::vector<RegisteredAdvisor>& advisor_entries() {
+  static std::vector<RegisteredAdvisor> entries;
+  return entries;
+}
+std::vector<AdvicePass>& advice_passes() {
+  static std::vector<AdvicePass> entries;
+  return entries;
+}
+template <typename T>
+std::vector<T> by_order(std::vector<T> out) {
+  // Registration order (static initialization) breaks ties.
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.order < b.order; });
+  return out;
+}
 }  // namespace
 
 void register_default_collector(CollectorFactory factory, int order, bool always) {
@@ -40,11 +62,7 @@ void register_default_collector(CollectorFactory factory, int order, bool always
 
 std::vector<DefaultCollector> default_collectors() {
   std::lock_guard<std::mutex> lock(registry_mutex());
-  std::vector<DefaultCollector> out = collector_registry();
-  // Registration order (static initialization) breaks ties.
-  std::stable_sort(out.begin(), out.end(),
-                   [](const auto& a, const auto& b) { return a.order < b.order; });
-  return out;
+  return by_order(collector_registry());
 }
 
 void register_config_resolver(ConfigResolver resolver) {
@@ -64,10 +82,7 @@ void register_default_sink(std::string name, int order, SinkFactory factory) {
 
 std::vector<DefaultSink> default_sinks() {
   std::lock_guard<std::mutex> lock(registry_mutex());
-  std::vector<DefaultSink> out = sink_registry();
-  std::stable_sort(out.begin(), out.end(),
-                   [](const auto& a, const auto& b) { return a.order < b.order; });
-  return out;
+  return by_order(sink_registry());
 }
 
 bool default_sink_registered(const std::string& name) {
@@ -84,6 +99,52 @@ void register_tuner(TunerFactory factory) {
 TunerFactory tuner_factory() {
   std::lock_guard<std::mutex> lock(registry_mutex());
   return tuner_registry();
+}
+
+void register_cost_meter(CostMeterFactory factory) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  cost_meter_registry() = factory;
+}
+
+CostMeterFactory cost_meter_factory() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  return cost_meter_registry();
+}
+
+void register_advisor(std::string id, int order, AdvisorRule rule) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  advisor_entries().push_back({std::move(id), order, rule});
+}
+
+std::vector<RegisteredAdvisor> registered_advisors() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  return by_order(advisor_entries());
+}
+
+void register_advice_pass(AdvicePass pass) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  advice_passes().push_back(pass);
+}
+
+std::vector<Advice> run_registered_advisors(const EpochSummary& summary, const Config& config,
+                                            std::vector<std::string>* errors) {
+  std::vector<Advice> out;
+  for (const RegisteredAdvisor& entry : registered_advisors()) {
+    try {
+      if (auto a = entry.rule(summary, config)) out.push_back(std::move(*a));
+    } catch (const std::exception& e) {
+      if (errors != nullptr) errors->push_back(entry.id + ": " + e.what());
+    } catch (...) {
+      if (errors != nullptr) errors->push_back(entry.id + ": unknown exception");
+    }
+  }
+  std::vector<AdvicePass> passes;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    passes = advice_passes();
+  }
+  for (AdvicePass pass : passes) pass(out, summary);
+  return out;
 }
 
 }  // namespace torchpilot

@@ -161,8 +161,6 @@ struct OwnThreadEntry {
 };
 }  // namespace
 
-Nanos ThreadCpuClock::now_ns() const { return read_cpu_clock(CLOCK_THREAD_CPUTIME_ID); }
-
 void register_own_thread() { static thread_local OwnThreadEntry entry; }
 
 Nanos own_threads_cpu_ns() {

@@ -86,12 +86,6 @@ std::string section_json(const CostStats& cost);
 void section_text(const CostStats& cost, const EpochSummary& epoch,
                   std::vector<std::string>& lines);
 
-// The calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID): user + system, not blocked time.
-class ThreadCpuClock final : public Clock {
- public:
-  Nanos now_ns() const override;
-};
-
 // Registers the calling thread as one of torchpilot's own until the thread exits (its CPU time
 // then moves to a retired total). Idempotent per thread.
 void register_own_thread();
