@@ -30,9 +30,6 @@ PRIVATE = {"hooks/gpu/" + n for n in (
     "op_symbols.h", "own_thread.h", "cupti_fixture.h")} | {"hooks/comm/comm_observer.h", "hooks/reports/prometheus_exporter.h"}
 # The kernel's includes of subsystems that remain (issue 38: each subsystem registers itself instead).
 KNOWN_UP = {
-    ("runtime/core/pilot.h", "runtime/cost/cost.h"),
-    ("runtime/core/pilot.h", "runtime/loader/loader_records.h"),
-    ("runtime/core/pilot.cpp", "advisors/core/advisors.h"),
     # The advisor catalog declares every subsystem's rules; the gain models are shared by them.
     ("advisors/core/advisors.h", "runtime/flops/flop_records.h"),
     ("advisors/core/advisors.h", "runtime/gpu/gpu_records.h"),

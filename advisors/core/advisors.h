@@ -1,10 +1,11 @@
 // Advisors: pure rules from an epoch's summary to advice, with thresholds from the config. The
-// registry (advisor_registry) lists every rule once, in catalog order; the Pilot runs them at each
-// epoch's end. Adding an advisor: write the rule in its own file here, add one registry row
-// (advisors/core/registry.cpp), a config section for its thresholds (a struct in AdvisorsConfig
-// whose field path is its key, advisors.<rule>.*, and a schema row in runtime/core/config.cpp) and
-// a docs/advice.md entry. Every rule takes the whole AdvisorsConfig (Config::advisors) and reads
-// its own section.
+// catalog (advisors/core/registry.cpp) registers every rule once, in the order its advice is
+// listed, with the kernel's advisor registry (runtime/core/advisor_registry.h); the Pilot runs the
+// registry at each epoch's end. Adding an advisor: write the rule in its own file here, add one
+// catalog row, a config section for its thresholds (a struct in AdvisorsConfig whose field path is
+// its key, advisors.<rule>.*, and a schema row in runtime/core/config_schema.cpp) and a
+// docs/advice.md entry. A subsystem outside this library registers its rule itself
+// (register_advisor) with a config section of its own (runtime/core/config_section.h).
 #pragma once
 
 #include <memory>
@@ -22,16 +23,8 @@
 
 namespace torchpilot {
 
-// One rule of the catalog: its advice id and the rule, which reads its thresholds from
-// `config.advisors`.
-struct AdvisorEntry {
-  const char* id;
-  std::optional<Advice> (*rule)(const EpochSummary& summary, const Config& config);
-};
-// Every advisor, in catalog order.
-const std::vector<AdvisorEntry>& advisor_registry();
-// Runs the registry's rules in order. A rule that throws is skipped; its id and error are appended
-// to `errors` (when given) and the others still run.
+// Runs every registered rule in order (run_registered_advisors). A rule that throws is skipped;
+// its id and error are appended to `errors` (when given) and the others still run.
 std::vector<Advice> run_advisors(const EpochSummary& summary, const Config& config,
                                  std::vector<std::string>* errors = nullptr);
 

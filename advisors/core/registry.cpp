@@ -1,68 +1,16 @@
-// The advisor catalog in one place: every rule, in the order its advice is listed.
+// The advisor catalog: every rule of the advisors library, registered with the kernel's advisor
+// registry (runtime/core/advisor_registry.h) in the order its advice is listed.
 #include <exception>
 #include <string>
 
 #include "torchpilot/advisors/core/advisors.h"
+#include "torchpilot/runtime/core/advisor_registry.h"
 
 namespace torchpilot {
 
 bool is_idle_cause(const std::string& id) {
   return id == "data_starvation" || id == "host_sync" || id == "pageable_copies" ||
          id == "launch_bound";
-}
-
-const std::vector<AdvisorEntry>& advisor_registry() {
-  static const std::vector<AdvisorEntry> rules = {
-      {"data_starvation", [](const EpochSummary& s,
-                             const Config& c) { return advise_data_starvation(s, c.advisors); }},
-      {"busy_inefficient", [](const EpochSummary& s,
-                              const Config& c) { return advise_busy_inefficient(s, c.advisors); }},
-      {"host_sync",
-       [](const EpochSummary& s, const Config& c) { return advise_host_sync(s, c.advisors); }},
-      {"pageable_copies", [](const EpochSummary& s,
-                             const Config& c) { return advise_pageable_copies(s, c.advisors); }},
-      {"launch_bound",
-       [](const EpochSummary& s, const Config& c) { return advise_launch_bound(s, c.advisors); }},
-      {"fp32_matmul",
-       [](const EpochSummary& s, const Config& c) { return advise_fp32_matmul(s, c.advisors); }},
-      {"unfused_attention",
-       [](const EpochSummary& s, const Config& c) {
-         return advise_unfused_attention(s, c.advisors);
-       }},
-      {"unfused_linear_bias",
-       [](const EpochSummary& s, const Config& c) {
-         return advise_unfused_linear_bias(s, c.advisors);
-       }},
-      {"per_parameter_optimizer",
-       [](const EpochSummary& s, const Config& c) {
-         return advise_per_parameter_optimizer(s, c.advisors);
-       }},
-      {"host_bound",
-       [](const EpochSummary& s, const Config& c) { return advise_host_bound(s, c.advisors); }},
-      {"periodic_stall",
-       [](const EpochSummary& s, const Config& c) { return advise_periodic_stall(s, c.advisors); }},
-      {"low_mfu",
-       [](const EpochSummary& s, const Config& c) { return advise_low_mfu(s, c.advisors); }},
-      {"memory_pressure", [](const EpochSummary& s,
-                             const Config& c) { return advise_memory_pressure(s, c.advisors); }},
-      {"small_micro_batch",
-       [](const EpochSummary& s, const Config& c) {
-         return advise_small_micro_batch(s, c.advisors);
-       }},
-      {"checkpoint",
-       [](const EpochSummary& s, const Config& c) { return advise_checkpoint(s, c.advisors); }},
-      {"exposed_communication",
-       [](const EpochSummary& s, const Config& c) {
-         return advise_exposed_communication(s, c.advisors);
-       }},
-      {"low_bus_bandwidth",
-       [](const EpochSummary& s, const Config& c) {
-         return advise_low_bus_bandwidth(s, c.advisors);
-       }},
-      {"straggler_rank",
-       [](const EpochSummary& s, const Config& c) { return advise_straggler_rank(s, c.advisors); }},
-  };
-  return rules;
 }
 
 void cap_idle_gains(std::vector<Advice>& advice, const EpochSummary& summary) {
@@ -95,18 +43,50 @@ void cap_idle_gains(std::vector<Advice>& advice, const EpochSummary& summary) {
 
 std::vector<Advice> run_advisors(const EpochSummary& summary, const Config& config,
                                  std::vector<std::string>* errors) {
-  std::vector<Advice> out;
-  for (const AdvisorEntry& entry : advisor_registry()) {
-    try {
-      if (auto a = entry.rule(summary, config)) out.push_back(std::move(*a));
-    } catch (const std::exception& e) {
-      if (errors != nullptr) errors->push_back(std::string(entry.id) + ": " + e.what());
-    } catch (...) {
-      if (errors != nullptr) errors->push_back(std::string(entry.id) + ": unknown exception");
-    }
-  }
-  cap_idle_gains(out, summary);
-  return out;
+  return run_registered_advisors(summary, config, errors);
 }
 
+namespace {
+// The catalog, in the order its advice is listed (docs/advice.md). Each rule reads its own
+// section, advisors.<id>.*, of the config.
+template <std::optional<Advice> (*Rule)(const EpochSummary&, const AdvisorsConfig&)>
+std::optional<Advice> rule(const EpochSummary& summary, const Config& config) {
+  return Rule(summary, config.advisors);
+}
+
+const bool registered = [] {
+  struct Row {
+    const char* id;
+    AdvisorRule rule;
+  };
+  const Row catalog[] = {
+      {"data_starvation", rule<advise_data_starvation>},
+      {"busy_inefficient", rule<advise_busy_inefficient>},
+      {"host_sync", rule<advise_host_sync>},
+      {"pageable_copies", rule<advise_pageable_copies>},
+      {"launch_bound", rule<advise_launch_bound>},
+      {"fp32_matmul", rule<advise_fp32_matmul>},
+      {"unfused_attention", rule<advise_unfused_attention>},
+      {"unfused_linear_bias", rule<advise_unfused_linear_bias>},
+      {"per_parameter_optimizer", rule<advise_per_parameter_optimizer>},
+      {"host_bound", rule<advise_host_bound>},
+      {"periodic_stall", rule<advise_periodic_stall>},
+      {"low_mfu", rule<advise_low_mfu>},
+      {"memory_pressure", rule<advise_memory_pressure>},
+      {"small_micro_batch", rule<advise_small_micro_batch>},
+      {"checkpoint", rule<advise_checkpoint>},
+      {"exposed_communication", rule<advise_exposed_communication>},
+      {"low_bus_bandwidth", rule<advise_low_bus_bandwidth>},
+      {"straggler_rank", rule<advise_straggler_rank>},
+  };
+  int order = 0;
+  for (const Row& row : catalog) register_advisor(row.id, order += 10, row.rule);
+  register_advice_pass(&cap_idle_gains);
+  return true;
+}();
+}  // namespace
+
 }  // namespace torchpilot
+
+// Named on the link line (CMake, torchpilot_core) so that the catalog above is linked in.
+extern "C" int torchpilot_advisors_anchor() { return torchpilot::registered ? 1 : 0; }

@@ -11,6 +11,7 @@
 
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/core/records.h"
+#include "torchpilot/runtime/loader/loader_records.h"
 
 namespace jpeg_example {
 

@@ -42,6 +42,7 @@
 #include "torchpilot/hooks/core/compat.h"
 #include "torchpilot/hooks/loader/torch_transfer.h"
 #include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/loader/loader_probe.h"
 #include "torchpilot/runtime/loader/loader_core.h"
 
 namespace torchpilot {
@@ -109,7 +110,7 @@ class TunableLoader final : public LoaderProbe {
     shared_->closing = true;
     // The Pilot stays in pilot_ (and in the core's warning sink) until core_ is destroyed, so
     // that a warning of its shutdown reaches the Pilot's log.
-    if (pilot_ != nullptr) pilot_->detach_loader(this);
+    if (pilot_ != nullptr) detach_loader(*pilot_, this);
   }
   TunableLoader(const TunableLoader&) = delete;
   TunableLoader& operator=(const TunableLoader&) = delete;
@@ -118,13 +119,13 @@ class TunableLoader final : public LoaderProbe {
   // epoch of this loader is exhausted.
   // Attaching to another pilot detaches from the previous one.
   void attach(Pilot& pilot) {
-    if (pilot_ != nullptr && pilot_ != &pilot) pilot_->detach_loader(this);
+    if (pilot_ != nullptr && pilot_ != &pilot) detach_loader(*pilot_, this);
     pilot_ = &pilot;
     core_.set_wait_observer([p = &pilot](Nanos ns) { p->record_data_wait(ns); },
                             pilot.shared_clock());
     core_.set_warning_sink(
         [p = &pilot](const std::string& message) { p->log(LogLevel::kWarn, message); });
-    pilot.attach_loader(this, make_knobs());
+    attach_loader(pilot, this, make_knobs());
   }
 
   class Iterator {

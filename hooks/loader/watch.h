@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/loader/loader_probe.h"
 
 namespace torchpilot {
 
@@ -26,10 +27,10 @@ class WatchedLoader final : public LoaderProbe {
   using Inner = torch::data::Iterator<Batch>;
 
   WatchedLoader(Loader& loader, Pilot& pilot) : loader_(loader), pilot_(&pilot) {
-    pilot.attach_loader(this, {});
+    attach_loader(pilot, this, {});
   }
   ~WatchedLoader() override {
-    if (pilot_ != nullptr) pilot_->detach_loader(this);
+    if (pilot_ != nullptr) detach_loader(*pilot_, this);
   }
   WatchedLoader(const WatchedLoader&) = delete;
   WatchedLoader& operator=(const WatchedLoader&) = delete;

@@ -16,12 +16,17 @@
 // record_data_wait() may be called from any thread.
 // Failure behaviour: the constructor throws (bad config, JSON file that cannot be opened). After
 // that nothing throws: a failing sink is logged once and skipped, advisor errors are logged.
-// Cost: a step scope is a few clock reads (its own cost is timed too: cost.h), a read of the
+// Cost: a step scope is a few clock reads (its own cost is timed too: cost_meter.h), a read of the
 // thread's CPU clock and a ring-buffer write plus the sinks' on_step. What torchpilot costs the
 // training thread is the epoch summary's "cost" section, kept under cost.budget.
+//
+// The Pilot is the kernel: steps, phases and epochs, fanned out to what subsystems registered
+// (collectors, sinks, advisors, the tuner, the cost meter, config resolvers). It knows none of them;
+// pilot_hosting.cpp holds the collector, sink and tuner hosting.
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,14 +37,13 @@
 #include "torchpilot/runtime/core/clock.h"
 #include "torchpilot/runtime/core/collector.h"
 #include "torchpilot/runtime/core/config.h"
+#include "torchpilot/runtime/core/cost_meter.h"
 #include "torchpilot/runtime/core/knobs.h"
 #include "torchpilot/runtime/core/logging.h"
 #include "torchpilot/runtime/core/metrics.h"
 #include "torchpilot/runtime/core/records.h"
 #include "torchpilot/runtime/core/sink.h"
 #include "torchpilot/runtime/core/tuning.h"
-#include "torchpilot/runtime/cost/cost.h"
-#include "torchpilot/runtime/loader/loader_records.h"
 
 namespace spdlog {
 class logger;
@@ -81,17 +85,6 @@ class PhaseScope {
   Pilot* pilot_;
   int id_;
   Nanos begin_;
-};
-
-// What a data loader shows the Pilot. One loader is attached at a time: it is measured (waits,
-// epoch counters) and, in autotune mode, tuned. The loader detaches itself when destroyed. The
-// Pilot calls forget_pilot() when it is destroyed first or when another loader replaces this one;
-// the loader must then stop reporting to it.
-class LoaderProbe {
- public:
-  virtual ~LoaderProbe() = default;
-  virtual LoaderStats stats() const = 0;
-  virtual void forget_pilot() = 0;
 };
 
 struct PilotOptions {
@@ -140,10 +133,13 @@ class Pilot : private CollectorHost, private TunerHost {
   void record_data_wait(Nanos ns) {
     if (enabled_) pending_wait_ns_.fetch_add(ns, std::memory_order_relaxed);
   }
-  // The loader's knobs join the registry (autotune tunes them); its stats go into epoch summaries.
-  void attach_loader(LoaderProbe* probe, std::vector<Knob> knobs);
-  void detach_loader(LoaderProbe* probe);
+  // Data loaders attach with attach_loader (runtime/loader/loader_probe.h).
   KnobRegistry& knobs() override { return knobs_; }
+  // Knobs were added or removed (a loader attached): the tuner plans with the new set.
+  void knobs_changed();
+  // What feeds the training loop (the attached loader's production), for the tuner's capacity
+  // bound (TunerHost::supply); null: nothing known.
+  void set_supply(std::function<SupplySample()> supply) { supply_ = std::move(supply); }
   // Auto-tune trials may still run: mode autotune and no decision yet (a hook that can recover
   // from a failed setting recovers only then).
   bool autotuning() const;
@@ -161,8 +157,10 @@ class Pilot : private CollectorHost, private TunerHost {
   // Collectors (collector.h) see every step and epoch. A collector added by pointer (the FLOP
   // counter adds itself) is not owned: it removes itself before it is destroyed, and the Pilot
   // detaches the ones left (attach(nullptr)) when it is destroyed. In mode off nothing is added.
+  // An owned one is destroyed by remove_collector (never from inside a collector's callback).
+  // `first`: called before the others (the loader's section comes first).
   void add_collector(Collector* collector);
-  void add_collector(std::shared_ptr<Collector> collector);
+  void add_collector(std::shared_ptr<Collector> collector, bool first = false);
   void remove_collector(Collector* collector);
   // The first collector of type T (e.g. GpuMonitor), or null.
   template <typename T>
@@ -206,12 +204,10 @@ class Pilot : private CollectorHost, private TunerHost {
   void cost_deferred(const std::string& what, Nanos estimate_ns) override;
   void charge_cost(Nanos ns) override;
   const std::vector<std::string>& phase_names() const override { return phase_names_; }
-  Nanos epoch_cost_ns() const override {
-    return epoch_step_calls_ns_ + epoch_window_ns_ + epoch_end_carry_ns_;
-  }
+  Nanos epoch_cost_ns() const override { return cost_->epoch_cost_ns(); }
   // Time spent in torchpilot's own calls on the training thread, from `since` to now.
   void spend_own(Nanos since, Nanos now);
-  CostStats epoch_cost(const EpochSummary& summary, Nanos began, Nanos now);
+  void add_default_sinks(std::vector<std::shared_ptr<Sink>> given);
   void add_default_collectors(std::vector<std::shared_ptr<Collector>> given, bool all);
   void insert_collector(Collector* collector, bool front);
   bool owns_open_step(int64_t step) const { return step_open_ && next_step_ == step; }
@@ -247,30 +243,21 @@ class Pilot : private CollectorHost, private TunerHost {
 
   std::vector<Collector*> collectors_;  // in calling order
   std::vector<std::shared_ptr<Collector>> owned_collectors_;
-  std::unique_ptr<Collector> loader_collector_;  // the attached loader's epoch counters
   template <typename Fn>
   void for_each_collector(const char* what, Fn&& fn);
   template <typename Fn>
   void for_each_collector_timed(const char* what, Fn&& fn);
-  std::vector<std::pair<const Collector*, Nanos>> step_parts_;  // this epoch's, per collector
   void drop_collector(size_t index);
 
-  // What torchpilot costs (cost.h) and the steps far above the median (step_outliers.h).
+  // What torchpilot costs (cost_meter.h).
   std::shared_ptr<Clock> cpu_clock_;  // null: not measured
   Nanos cpu_mark_ = -1;               // CPU time at the last step boundary
-  CostBudget cost_{config_.cost};
+  std::unique_ptr<CostMeter> cost_ = std::make_unique<CostMeter>();  // the registered one, if any
   Nanos own_pending_ns_ = 0;  // own time since the last step boundary (the next record's own_ns)
-  Nanos epoch_step_calls_ns_ = 0, epoch_window_ns_ = 0, epoch_end_carry_ns_ = 0;
-  int64_t epoch_deferred_ = 0;
-  Nanos summary_cut_ns_ = -1;
-  std::vector<std::pair<std::string, Nanos>> epoch_end_parts_;  // this epoch end's, so far
-  Nanos log_carry_ns_ = 0;  // the previous epoch end's sinks and flush  // when this epoch end's
-                            // cost was written into its summary
-  Nanos own_threads_mark_ = 0;
-  bool warned_budget_ = false;
+  Nanos summary_cut_ns_ = -1;  // when this epoch end's cost was written into its summary
 
   KnobRegistry knobs_;
-  LoaderProbe* loader_ = nullptr;
+  std::function<SupplySample()> supply_;
   std::unique_ptr<Tuner> tuner_;  // mode autotune: the tune subsystem's (core/tuning.h)
   // Tuning stopped on an internal error: the best setting so far stays, mode advise from here.
   void stop_tuning(const std::string& why);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/loader/loader_probe.h"
 #include "torchpilot/runtime/core/sink.h"
 #include "torchpilot/runtime/gpu/gpu_backend.h"
 #include "torchpilot/runtime/gpu/gpu_monitor.h"
@@ -112,7 +113,7 @@ TEST(FaultInjection, AKnobSetterThatThrowsFailsItsTrialNotTheStep) {
     Harness h(autotune_config());
     FaultyLoader loader;
     loader.setter_throws = t;
-    h.pilot->attach_loader(&loader, loader.knobs());
+    attach_loader(*h.pilot, &loader, loader.knobs());
     for (int i = 0; i < 80 && !h.pilot->tuning_finished(); ++i) {
       loader.produced += 1;
       EXPECT_NO_THROW(h.steps(1));
@@ -129,7 +130,7 @@ TEST(FaultInjection, AKnobSetterThatThrowsFailsItsTrialNotTheStep) {
     }
     EXPECT_TRUE(failed_trial) << "the search never tried the throwing value";
     EXPECT_NE(d.chosen.at("loader.workers"), 1);
-    h.pilot->detach_loader(&loader);
+    detach_loader(*h.pilot, &loader);
   }
 }
 
@@ -139,7 +140,7 @@ TEST(FaultInjection, ALoaderProbeThatThrowsNeverReachesTheLoop) {
     {
       Harness h;
       FaultyLoader loader;
-      h.pilot->attach_loader(&loader, {});
+      attach_loader(*h.pilot, &loader, {});
       h.steps(3);
       loader.stats_throws = t;
       EXPECT_NO_THROW(h.pilot->end_epoch());
@@ -149,19 +150,19 @@ TEST(FaultInjection, ALoaderProbeThatThrowsNeverReachesTheLoop) {
       h.steps(3);
       EXPECT_NO_THROW(h.pilot->end_epoch());
       EXPECT_EQ(h.sink->epochs.size(), 2u);
-      h.pilot->detach_loader(&loader);
+      detach_loader(*h.pilot, &loader);
     }
     // autotune: the engine reads the probe for the loader's capacity.
     {
       Harness h(autotune_config());
       FaultyLoader loader;
-      h.pilot->attach_loader(&loader, loader.knobs());
+      attach_loader(*h.pilot, &loader, loader.knobs());
       loader.stats_throws = t;
       EXPECT_NO_THROW(h.steps(20));
       EXPECT_EQ(h.count("autotune stopped after an internal error"), 1) << h.log.str();
       EXPECT_EQ(h.pilot->mode(), Mode::kAdvise);
       EXPECT_NO_THROW(h.pilot->end_epoch());
-      h.pilot->detach_loader(&loader);
+      detach_loader(*h.pilot, &loader);
     }
   }
 }
@@ -171,7 +172,7 @@ TEST(FaultInjection, APilotOutlivedByAThrowingLoaderStillGoesQuietly) {
     FaultyLoader loader;
     {
       Harness h;
-      h.pilot->attach_loader(&loader, {});
+      attach_loader(*h.pilot, &loader, {});
       h.steps(2);
       loader.forget_throws = t;
       h.pilot.reset();  // ~Pilot tells the loader to forget it: that throws, and must not escape

@@ -9,6 +9,7 @@
 
 #include "fakes/gpu_monitor_rig.h"
 #include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/cost/cost.h"
 #include "torchpilot/runtime/gpu/gpu_monitor.h"
 #include "torchpilot/runtime/gpu/gpu_step_stats.h"
 

@@ -1,6 +1,7 @@
 // Pilot: step boundaries, phases, epochs, the advisory log, sinks, the ring buffer, mode off,
 // JSON-lines records and autotune through an attached (fake) loader. Time is a ManualClock.
 #include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/loader/loader_probe.h"
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
@@ -500,7 +501,7 @@ TEST(PilotTest, AutotuneWithAttachedLoader) {
   config.autotune.min_window_ms = 0;  // windows and budget in steps only
   config.autotune.warmup_seconds = 0;
   auto pilot = std::make_unique<Pilot>(config, h.options());
-  pilot->attach_loader(&loader, loader.knobs());
+  attach_loader(*pilot, &loader, loader.knobs());
   EXPECT_EQ(pilot->knobs().knobs().size(), 3u);
   int64_t steps = 0;
   while (!pilot->tuning_finished() && steps < 1000) {
@@ -566,8 +567,8 @@ TEST(PilotTest, AttachingAnotherLoaderMakesTheFirstForgetThePilot) {
   Harness h;
   FakeLoader first, second;
   Pilot pilot(advise_config(), h.options());
-  pilot.attach_loader(&first, first.knobs());
-  pilot.attach_loader(&second, second.knobs());
+  attach_loader(pilot, &first, first.knobs());
+  attach_loader(pilot, &second, second.knobs());
   EXPECT_TRUE(first.pilot_gone);  // it must no longer report or detach itself from this pilot
   EXPECT_FALSE(second.pilot_gone);
   EXPECT_EQ(pilot.knobs().knobs().size(), 3u);  // the second loader's knobs only
@@ -579,9 +580,9 @@ TEST(PilotTest, DetachLoaderRemovesItsKnobs) {
   {
     Pilot pilot(advise_config(), h.options());
     pilot.knobs().add({"other.knob", {0, 1}, [] { return int64_t{0}; }, [](int64_t) {}});
-    pilot.attach_loader(&loader, loader.knobs());
+    attach_loader(pilot, &loader, loader.knobs());
     EXPECT_EQ(pilot.knobs().knobs().size(), 4u);
-    pilot.detach_loader(&loader);
+    detach_loader(pilot, &loader);
     ASSERT_EQ(pilot.knobs().knobs().size(), 1u);
     EXPECT_EQ(pilot.knobs().knobs()[0].name, "other.knob");
     run_step(pilot, *h.clock, 0, kMs);
@@ -605,7 +606,7 @@ TEST(PilotTest, JsonLinesRecordsAreValidJsonWithDocumentedTypes) {
   size_t trials = 0;
   {
     Pilot pilot(config, h.options());
-    pilot.attach_loader(&loader, loader.knobs());
+    attach_loader(pilot, &loader, loader.knobs());
     while (!pilot.tuning_finished() && steps < 1000) {
       run_model_step(pilot, *h.clock, loader);
       ++steps;

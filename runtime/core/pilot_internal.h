@@ -1,0 +1,54 @@
+// The Pilot's fan-out to collectors and sinks, shared by pilot.cpp and pilot_hosting.cpp:
+// each call guarded, a collector that throws dropped, a sink that throws disabled.
+#pragma once
+
+#include <string>
+
+#include "torchpilot/runtime/core/guard.h"
+#include "torchpilot/runtime/core/logging.h"
+#include "torchpilot/runtime/core/pilot.h"
+
+namespace torchpilot {
+
+template <typename Fn>
+void Pilot::for_each_collector(const char* what, Fn&& fn) {
+  for (size_t i = 0; i < collectors_.size();) {
+    Collector* c = collectors_[i];
+    if (const auto failed = failure_of([&] { fn(*c); })) {
+      log_to(*logger_, LogLevel::kError,
+             "collector '" + c->name() + "' failed in " + what + " and is removed" +
+                 reason_suffix(*failed));
+      drop_collector(i);
+    } else {
+      ++i;
+    }
+  }
+}
+
+template <typename Fn>
+void Pilot::for_each_collector_timed(const char* what, Fn&& fn) {
+  // Each collector's share of the step calls (CostStats::step_parts): one clock read each, the
+  // previous collector's end being the next one's start.
+  Nanos t0 = clock_->now_ns();
+  for_each_collector(what, [&](Collector& c) {
+    fn(c);
+    const Nanos t1 = clock_->now_ns();
+    cost_->step_part(&c, t1 - t0);
+    t0 = t1;
+  });
+}
+
+template <typename Fn>
+void Pilot::for_each_sink(const char* what, Fn&& fn) {
+  for (size_t i = 0; i < sinks_.size(); ++i) {
+    if (sink_failed_[i]) continue;
+    if (const auto failed = failure_of([&] { fn(*sinks_[i]); })) {
+      sink_failed_[i] = true;
+      log_to(*logger_, LogLevel::kError,
+             "sink '" + sinks_[i]->name() + "' failed in " + what + " and is disabled" +
+                 reason_suffix(*failed));
+    }
+  }
+}
+
+}  // namespace torchpilot
