@@ -55,7 +55,7 @@ void probe_devices(int* visible, int* current) {
 #endif
 
 const bool registered = [] {
-  register_default_collector(&make_gpu_collector);
+  register_default_collector("gpu", 0, &make_gpu_collector);
 #if TORCHPILOT_HAVE_CUPTI
   register_gpu_device_probe(&probe_devices);
 #endif

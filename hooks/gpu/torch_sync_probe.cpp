@@ -161,7 +161,7 @@ std::unique_ptr<Collector> make_sync_probe(CollectorHost& host) {
 }
 
 const bool registered = [] {
-  register_default_collector(&make_sync_probe);
+  register_default_collector("sync_probe", 0, &make_sync_probe);
   return true;
 }();
 

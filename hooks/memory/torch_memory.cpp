@@ -100,7 +100,7 @@ std::unique_ptr<Collector> make_memory_collector(CollectorHost&) { return nullpt
 #endif
 
 const bool registered = [] {
-  register_default_collector(&make_memory_collector);
+  register_default_collector("memory", 0, &make_memory_collector);
   return true;
 }();
 

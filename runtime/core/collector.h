@@ -95,6 +95,7 @@ class Collector {
 // bad path in the config); anything else it throws is logged and the collector left out.
 using CollectorFactory = std::unique_ptr<Collector> (*)(CollectorHost& host);
 struct DefaultCollector {
+  std::string name;  // the collector's name() (docs/architecture.md lists every one)
   CollectorFactory factory = nullptr;
   int order = 0;  // calling order among the default collectors: lower first, then registration's
   // Made even when PilotOptions::default_collectors is off: pure collectors that read only the
@@ -102,7 +103,8 @@ struct DefaultCollector {
   bool always = false;
 };
 // Thread-safe; usually called during static initialization of the registering library.
-void register_default_collector(CollectorFactory factory, int order = 0, bool always = false);
+void register_default_collector(std::string name, int order, CollectorFactory factory,
+                                bool always = false);
 std::vector<DefaultCollector> default_collectors();  // by order
 
 // Settings a subsystem resolves once, before any collector is made (the gpu subsystem: which GPU

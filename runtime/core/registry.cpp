@@ -55,9 +55,10 @@ std::vector<T> by_order(std::vector<T> out) {
 }
 }  // namespace
 
-void register_default_collector(CollectorFactory factory, int order, bool always) {
+void register_default_collector(std::string name, int order, CollectorFactory factory,
+                                bool always) {
   std::lock_guard<std::mutex> lock(registry_mutex());
-  collector_registry().push_back({factory, order, always});
+  collector_registry().push_back({std::move(name), factory, order, always});
 }
 
 std::vector<DefaultCollector> default_collectors() {

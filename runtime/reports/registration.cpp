@@ -69,7 +69,7 @@ const bool registered = [] {
   register_default_sink("html_report", 30, &html_sink);
   register_default_sink("no_prometheus", 50, &no_endpoint);
   // Before the default collectors, after the stall tracker: its section comes first.
-  register_default_collector(&make_journal, /*order=*/-50, /*always=*/true);
+  register_default_collector("journal", -50, &make_journal, /*always=*/true);
   return true;
 }();
 

@@ -46,7 +46,7 @@ std::unique_ptr<Collector> make_stall_collector(CollectorHost& host) {
 }
 
 const bool registered = [] {
-  register_default_collector(&make_stall_collector, /*order=*/-100, /*always=*/true);
+  register_default_collector("stalls", -100, &make_stall_collector, /*always=*/true);
   return true;
 }();
 

@@ -50,12 +50,13 @@ const bool registered = [] {
       {config_key<ToyAdvisorConfig, &ToyAdvisorConfig::threshold>("threshold", 0.0, 1.0)});
   // `always`: a pure collector, made even when the device collectors are off.
   torchpilot::register_default_collector(
+      "toy", 100,
       [](torchpilot::CollectorHost& host) -> std::unique_ptr<torchpilot::Collector> {
         const ToyConfig& c = host.config().section<ToyConfig>();
         if (!c.enabled) return nullptr;
         return std::make_unique<ToyCollector>(c.slow_ms);
       },
-      /*order=*/100, /*always=*/true);
+      /*always=*/true);
   return true;
 }();
 
