@@ -5,6 +5,7 @@
 
 #include "torchpilot/advisors/core/advisors.h"
 #include "torchpilot/runtime/core/advisor_registry.h"
+#include "torchpilot/runtime/core/anchor.h"
 
 namespace torchpilot {
 
@@ -54,7 +55,9 @@ std::optional<Advice> rule(const EpochSummary& summary, const Config& config) {
   return Rule(summary, config.advisors);
 }
 
-const bool registered = [] {
+}  // namespace
+
+TORCHPILOT_REGISTRATION(advisors) {
   struct Row {
     const char* id;
     AdvisorRule rule;
@@ -82,11 +85,6 @@ const bool registered = [] {
   int order = 0;
   for (const Row& row : catalog) register_advisor(row.id, order += 10, row.rule);
   register_advice_pass(&cap_idle_gains);
-  return true;
-}();
-}  // namespace
+}
 
 }  // namespace torchpilot
-
-// Named on the link line (CMake, torchpilot_core) so that the catalog above is linked in.
-extern "C" int torchpilot_advisors_anchor() { return torchpilot::registered ? 1 : 0; }

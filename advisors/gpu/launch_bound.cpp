@@ -68,9 +68,8 @@ std::optional<Advice> advise_launch_bound(const EpochSummary& s, const AdvisorsC
               " launches at " + num(m.per_launch_s * 1e6, "%.1f") + " us each (" +
               num(m.host_s * 1e3, "%.3g") + " ms) while the kernels grow from " +
               num(m.gpu_busy_s * 1e3, "%.3g") + " to " + num(m.gpu_busy_scaled_s * 1e3, "%.3g") +
-              " ms, so a " + num(m.step_s * 1e3, "%.3g") + " ms step becomes " +
-              num(m.new_step_s * 1e3, "%.3g") + " ms for " + num(m.factor, "%.0f") +
-              "x the samples (if the larger batch fits in memory)";
+              " ms, so " + detail::step_becomes(m.step_s, m.new_step_s) + " for " +
+              num(m.factor, "%.0f") + "x the samples (if the larger batch fits in memory)";
   a.evidence.push_back({"batch_factor", m.factor, "x"});
   a.evidence.push_back({"samples_per_step", m.samples_per_step, "samples"});
   a.evidence.push_back({"host_time_per_step", m.host_s * 1e3, "ms"});

@@ -27,15 +27,9 @@ using precision_detail::P;
 double clamp01(double v) { return std::isnan(v) ? 0.0 : std::min(1.0, std::max(0.0, v)); }
 
 // Without a trace window: the step split into the counted FLOPs at peak, data wait, GPU idle and
-// the rest.
-std::optional<Advice> low_mfu_from_flops(const EpochSummary& s, const AdvisorsConfig& config) {
-  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
-  const FlopEpochStats* flops = s.sections.get<FlopEpochStats>();
-  if (!flops || s.steps == 0) return std::nullopt;
-  const FlopEpochStats& f = *flops;
-  if (!measured(f.mfu) || !(f.model_flops_per_step > 0)) return std::nullopt;
-  if (f.mfu >= config.low_mfu.threshold) return std::nullopt;
-
+// the rest. `f`: the epoch's FLOPs, MFU measured and under the threshold (advise_low_mfu).
+Advice low_mfu_from_flops(const EpochSummary& s, const FlopEpochStats& f, const GpuEpochStats* gpu,
+                          const AdvisorsConfig& config) {
   const double step_s = step_seconds(s);
   const double wait = clamp01(s.data_wait_fraction);
   double idle = kNotMeasured;
@@ -141,7 +135,7 @@ std::optional<Advice> advise_low_mfu(const EpochSummary& s, const AdvisorsConfig
   if (!measured(f.mfu) || !(f.model_flops_per_step > 0)) return std::nullopt;
   if (f.mfu >= config.low_mfu.threshold) return std::nullopt;
   if (gpu == nullptr || gpu->kernel_classes.steps == 0 || gpu->kernel_classes.traced_ns <= 0) {
-    return low_mfu_from_flops(s, config);
+    return low_mfu_from_flops(s, f, gpu, config);
   }
 
   // Where the step goes: the traced steps' GPU time by kernel class, and idle by cause.

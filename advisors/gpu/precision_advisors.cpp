@@ -24,11 +24,24 @@ constexpr double kTensorCoreRatio = 4.0;
 using detail::lower;
 using detail::num;
 using detail::pct;
+using detail::share_of_step;
+using detail::step_becomes;
 using gains::step_seconds;
 using precision_detail::P;
 
 std::string device_name(const FlopEpochStats& f) {
   return f.device.empty() ? "this GPU" : f.device;
+}
+
+// The end of an advice sized by a gain model (gain_models.h): the step before and after the change
+// and the advisor's threshold as evidence, and the model's gain as the (estimated) expected gain.
+template <typename Gain>
+void add_model_gain(Advice& a, const Gain& m, double threshold) {
+  a.evidence.push_back({"step_time", m.step_s * 1e3, "ms"});
+  a.evidence.push_back({"predicted_step_time", m.new_step_s * 1e3, "ms"});
+  a.evidence.push_back({"threshold", threshold, "fraction"});
+  a.expected_gain = m.gain;
+  a.gain_estimated = true;
 }
 
 }  // namespace
@@ -94,8 +107,7 @@ std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const AdvisorsCo
                           " ms the host takes to issue one (its fastest step this epoch" +
                           (s.data_wait_ns > 0 ? ", plus the data wait)" : ")")
                     : std::string()) +
-      ": a " + num(m.step_s * 1e3, "%.3g") + " ms step becomes " + num(m.new_step_s * 1e3, "%.3g") +
-      " ms";
+      ": " + step_becomes(m.step_s, m.new_step_s);
   a.evidence = {{"fp32_flops_share", share, "fraction"},
                 {"fp32_flops_per_step", fp32 / 1e9, "GFLOP"},
                 {"fp32_peak", p32 / 1e12, "TFLOP/s"},
@@ -202,8 +214,7 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
                    "launches the fused kernels save" +
                    (s.data_wait_ns > 0 ? "; plus the data wait)" : ")")
              : std::string()) +
-        ": a " + num(step_s * 1e3, "%.3g") + " ms step becomes " +
-        num(model->new_step_s * 1e3, "%.3g") + " ms";
+        ": " + step_becomes(step_s, model->new_step_s);
   } else {
     a.action += "; the time it saves is not estimated here (no GPU trace, no device bandwidth)";
   }
@@ -248,8 +259,7 @@ std::optional<Advice> advise_unfused_linear_bias(const EpochSummary& s,
   a.severity = m.gain >= 0.1 ? Severity::kHigh : Severity::kWarning;
   a.finding = num(m.adds, "%.0f") + " GEMMs per step are each followed by a separate broadcast " +
               "add kernel (a bias added outside the GEMM): the adds take " +
-              num(m.add_s * 1e3, "%.3g") + " ms of a " + num(m.step_s * 1e3, "%.3g") +
-              " ms step (" + pct(share) + "; threshold " + pct(config.linear_bias.threshold) + ")";
+              share_of_step(m.add_s, m.step_s, share, config.linear_bias.threshold);
   a.cause =
       "LibTorch's C++ frontend (torch::nn::Linear, torch::nn::functional::linear) computes a "
       "linear layer on an input of more than 2 dimensions as matmul, then `output += bias`: the "
@@ -267,19 +277,14 @@ std::optional<Advice> advise_unfused_linear_bias(const EpochSummary& s,
                           " ms the host takes to issue one (its fastest step this epoch" +
                           (s.data_wait_ns > 0 ? "; plus the data wait)" : ")")
                     : std::string()) +
-      ": a " + num(m.step_s * 1e3, "%.3g") + " ms step becomes " + num(m.new_step_s * 1e3, "%.3g") +
-      " ms";
+      ": " + step_becomes(m.step_s, m.new_step_s);
   a.evidence = {{"unfused_bias_share", share, "fraction"},
                 {"unfused_bias_adds_per_step", m.adds, "kernels"},
                 {"unfused_bias_add_time", m.add_s * 1e3, "ms"},
                 {"unfused_bias_gemm_time", m.gemm_s * 1e3, "ms"},
-                {"predicted_epilogue_time", m.epilogue_s * 1e3, "ms"},
-                {"step_time", m.step_s * 1e3, "ms"},
-                {"predicted_step_time", m.new_step_s * 1e3, "ms"},
-                {"threshold", config.linear_bias.threshold, "fraction"}};
+                {"predicted_epilogue_time", m.epilogue_s * 1e3, "ms"}};
+  add_model_gain(a, m, config.linear_bias.threshold);
   if (m.host_floor_s > 0) a.evidence.push_back({"host_floor_time", m.host_floor_s * 1e3, "ms"});
-  a.expected_gain = m.gain;
-  a.gain_estimated = true;
   return a;
 }
 
@@ -297,8 +302,7 @@ std::optional<Advice> advise_per_parameter_optimizer(const EpochSummary& s,
   a.finding = "the optimizer updates each parameter in its own kernels (per-parameter " +
               std::string("addcmul_/addcdiv_ in the trace window: about ") +
               num(m.per_parameter_kernels, "%.0f") + " launches per step); the update takes " +
-              num(m.removed_s * 1e3, "%.3g") + " ms of a " + num(m.step_s * 1e3, "%.3g") +
-              " ms step (" + pct(share) + "; threshold " + pct(config.optimizer.threshold) + ")";
+              share_of_step(m.removed_s, m.step_s, share, config.optimizer.threshold);
   a.cause =
       m.host_s >= m.kernels_s
           ? "the host issues 9 small kernels per parameter (" +
@@ -315,20 +319,16 @@ std::optional<Advice> advise_per_parameter_optimizer(const EpochSummary& s,
       "update all parameters in one fused or multi-tensor call: at::_fused_adamw_ (LibTorch 2.x) "
       "over the parameter, gradient and moment lists, or the foreach (_foreach_*) ops; estimated: "
       "the update takes " +
-      num(m.fused_s * 1e3, "%.3g") + " ms of kernels fused, so a " + num(m.step_s * 1e3, "%.3g") +
-      " ms step becomes " + num(m.new_step_s * 1e3, "%.3g") + " ms";
+      num(m.fused_s * 1e3, "%.3g") + " ms of kernels fused, so " +
+      step_becomes(m.step_s, m.new_step_s);
   a.evidence = {{"optimizer_share", share, "fraction"},
                 {"per_parameter_kernels_per_step", m.per_parameter_kernels, "kernels"},
                 {"optimizer_host_time", m.host_s * 1e3, "ms"},
                 {"optimizer_host_time_from_phase", m.host_from_phase ? 1.0 : 0.0, "bool"},
                 {"host_cost_per_launch", m.per_launch_s * 1e6, "us"},
                 {"optimizer_kernel_time", m.kernels_s * 1e3, "ms"},
-                {"predicted_fused_time", m.fused_s * 1e3, "ms"},
-                {"step_time", m.step_s * 1e3, "ms"},
-                {"predicted_step_time", m.new_step_s * 1e3, "ms"},
-                {"threshold", config.optimizer.threshold, "fraction"}};
-  a.expected_gain = m.gain;
-  a.gain_estimated = true;
+                {"predicted_fused_time", m.fused_s * 1e3, "ms"}};
+  add_model_gain(a, m, config.optimizer.threshold);
   return a;
 }
 

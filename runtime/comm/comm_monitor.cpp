@@ -160,14 +160,7 @@ void CommMonitor::collective_end(int64_t seq) {
     if (--inflight_ == 0) close_union(t);
     const Nanos busy = std::max<Nanos>(0, r.end_ns - r.begin_ns);
     keep_duration({r.step, r.in_step, busy});
-    step_.stats.collectives += 1;
-    step_.stats.bytes += r.bytes;
-    step_.stats.busy_ns += busy;
-    CommOpStats& o = step_.ops[r.op];
-    o.op = r.op;
-    o.count += 1;
-    o.bytes += r.bytes;
-    o.busy_ns += busy;
+    count_collective(r.op, r.bytes, busy);
     if (recent_.size() < kRecent) {
       recent_.push_back(std::move(r));
     } else {
@@ -178,25 +171,25 @@ void CommMonitor::collective_end(int64_t seq) {
   }
 }
 
-void CommMonitor::collective_counted(CommOp op, std::string_view name, int64_t bytes,
-                                     std::string dtype) {
+void CommMonitor::collective_counted(CommOp op, std::string_view /*name*/, int64_t bytes,
+                                     std::string /*dtype*/) {
   try {
     std::lock_guard<std::mutex> lock(mu_);
-    CollectiveRecord r;
-    r.op = op;
-    r.name = std::string(name);
-    r.bytes = bytes;
-    r.dtype = std::move(dtype);
-    r.group_size = world_size_;
-    r.seq = next_seq_++;
-    step_.stats.collectives += 1;
-    step_.stats.bytes += bytes;
-    CommOpStats& o = step_.ops[op];
-    o.op = op;
-    o.count += 1;
-    o.bytes += bytes;
+    ++next_seq_;  // it takes a sequence number, as a timed one does, but keeps no record
+    count_collective(op, bytes, 0);
   } catch (...) {
   }
+}
+
+void CommMonitor::count_collective(CommOp op, int64_t bytes, Nanos busy) {
+  step_.stats.collectives += 1;
+  step_.stats.bytes += bytes;
+  step_.stats.busy_ns += busy;
+  CommOpStats& o = step_.ops[op];
+  o.op = op;
+  o.count += 1;
+  o.bytes += bytes;
+  o.busy_ns += busy;
 }
 
 void CommMonitor::gpu_timing_unavailable(const std::string& why) {

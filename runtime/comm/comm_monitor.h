@@ -107,9 +107,11 @@ class CommMonitor : public Collector {
     std::vector<CollectiveDuration> durations;  // the last ones (keep_duration)
   };
   void keep_duration(const CollectiveDuration& d);  // mu_ held
-  void open_union(Nanos now);                       // mu_ held
-  void close_union(Nanos now);                      // mu_ held: credits the segment to step_
-  bool blocked_ns(Nanos now, Nanos& out);           // mu_ held
+  // Counts one collective in step_ (in total and by op); mu_ held.
+  void count_collective(CommOp op, int64_t bytes, Nanos busy);
+  void open_union(Nanos now);              // mu_ held
+  void close_union(Nanos now);             // mu_ held: credits the segment to step_
+  bool blocked_ns(Nanos now, Nanos& out);  // mu_ held
 
   Options options_;
   std::shared_ptr<Clock> clock_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <map>
 #include <string>
 #include <utility>
@@ -18,33 +19,11 @@ using detail::median;
 using detail::number;
 
 const char* to_string(CommOp op) {
-  switch (op) {
-    case CommOp::kAllReduce:
-      return "all_reduce";
-    case CommOp::kAllGather:
-      return "all_gather";
-    case CommOp::kReduceScatter:
-      return "reduce_scatter";
-    case CommOp::kBroadcast:
-      return "broadcast";
-    case CommOp::kReduce:
-      return "reduce";
-    case CommOp::kAllToAll:
-      return "all_to_all";
-    case CommOp::kBarrier:
-      return "barrier";
-    case CommOp::kSend:
-      return "send";
-    case CommOp::kRecv:
-      return "recv";
-    case CommOp::kGather:
-      return "gather";
-    case CommOp::kScatter:
-      return "scatter";
-    case CommOp::kOther:
-      break;
-  }
-  return "other";
+  static constexpr const char* kNames[] = {
+      "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",  "all_to_all",
+      "barrier",    "send",       "recv",           "gather",    "scatter", "other"};
+  static_assert(std::size(kNames) == static_cast<size_t>(CommOp::kOther) + 1);
+  return detail::enum_name(op, kNames, "other");
 }
 
 CommOp comm_op_from_name(std::string_view name) {

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <string>
+#include <type_traits>
 #include <utility>
 
 #include "torchpilot/runtime/core/format.h"
@@ -279,24 +281,38 @@ void RankCollector::on_epoch_end(EpochSummary& summary) {
 // --- tuning across ranks
 // -----------------------------------------------------------------------------
 
+namespace {
+
+// TrialWindow's fields under their JSON keys: what to_json writes and from_json reads. A field
+// marked optional may be absent (a window from an older build): it keeps its default (unknown).
+constexpr bool kRequired = true, kOptional = false;
+template <typename Window, typename Field>
+void window_fields(Window& w, Field&& field) {
+  field("trial", w.trial, kRequired);
+  field("round", w.round, kRequired);
+  field("first_step", w.first_step, kRequired);
+  field("last_step", w.last_step, kRequired);
+  field("throughput", w.throughput, kRequired);
+  field("demand", w.demand, kRequired);
+  field("supply_capacity", w.supply_capacity, kRequired);
+  field("supply_limited", w.supply_limited, kRequired);
+  field("mean_step_ns", w.mean_step_ns, kRequired);
+  field("relative_error", w.relative_error, kRequired);
+  field("data_wait_fraction", w.data_wait_fraction, kRequired);
+  field("window_ns", w.window_ns, kRequired);
+  field("elapsed_ns", w.elapsed_ns, kRequired);
+  field("peak_memory_fraction", w.peak_memory_fraction, kOptional);
+  field("peak_memory_bytes", w.peak_memory_bytes, kOptional);
+  field("failed", w.failed, kRequired);
+  field("note", w.note, kRequired);
+}
+
+}  // namespace
+
 std::string to_json(const TrialWindow& w) {
-  return dump(json{{"trial", w.trial},
-                   {"round", w.round},
-                   {"first_step", w.first_step},
-                   {"last_step", w.last_step},
-                   {"throughput", w.throughput},
-                   {"demand", w.demand},
-                   {"supply_capacity", w.supply_capacity},
-                   {"supply_limited", w.supply_limited},
-                   {"mean_step_ns", w.mean_step_ns},
-                   {"relative_error", w.relative_error},
-                   {"data_wait_fraction", w.data_wait_fraction},
-                   {"window_ns", w.window_ns},
-                   {"elapsed_ns", w.elapsed_ns},
-                   {"peak_memory_fraction", w.peak_memory_fraction},
-                   {"peak_memory_bytes", w.peak_memory_bytes},
-                   {"failed", w.failed},
-                   {"note", w.note}});
+  json j = json::object();
+  window_fields(w, [&](const char* key, const auto& value, bool) { j[key] = value; });
+  return dump(j);
 }
 
 bool from_json(const std::string& text, TrialWindow& out) {
@@ -304,24 +320,9 @@ bool from_json(const std::string& text, TrialWindow& out) {
   if (j.is_discarded() || !j.is_object()) return false;
   try {
     TrialWindow w;
-    w.trial = j.at("trial").get<int64_t>();
-    w.round = j.at("round").get<int64_t>();
-    w.first_step = j.at("first_step").get<int64_t>();
-    w.last_step = j.at("last_step").get<int64_t>();
-    w.throughput = j.at("throughput").get<double>();
-    w.demand = j.at("demand").get<double>();
-    w.supply_capacity = j.at("supply_capacity").get<double>();
-    w.supply_limited = j.at("supply_limited").get<bool>();
-    w.mean_step_ns = j.at("mean_step_ns").get<Nanos>();
-    w.relative_error = j.at("relative_error").get<double>();
-    w.data_wait_fraction = j.at("data_wait_fraction").get<double>();
-    w.window_ns = j.at("window_ns").get<Nanos>();
-    w.elapsed_ns = j.at("elapsed_ns").get<Nanos>();
-    // Absent in a window from an older build: unknown.
-    w.peak_memory_fraction = j.value("peak_memory_fraction", -1.0);
-    w.peak_memory_bytes = j.value("peak_memory_bytes", int64_t{-1});
-    w.failed = j.at("failed").get<bool>();
-    w.note = j.at("note").get<std::string>();
+    window_fields(w, [&](const char* key, auto& value, bool required) {
+      if (required || j.contains(key)) value = j.at(key).get<std::decay_t<decltype(value)>>();
+    });
     out = std::move(w);
     return true;
   } catch (...) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -55,5 +56,13 @@ inline std::string fmt_num(double v) {
 inline json number(double v) { return std::isnan(v) ? json(nullptr) : json(v); }
 
 inline std::string fmt_opt_pct(double f) { return measured(f) ? fmt_pct(f) : std::string("n/a"); }
+
+// The name of an enumerator, for an enum whose values run 0, 1, 2, ... in the order of `names`;
+// `fallback` for a value outside them.
+template <typename E, size_t N>
+const char* enum_name(E value, const char* const (&names)[N], const char* fallback) {
+  const auto i = static_cast<size_t>(value);
+  return i < N ? names[i] : fallback;
+}
 
 }  // namespace torchpilot::detail

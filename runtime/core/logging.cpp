@@ -3,6 +3,8 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <cstddef>
+#include <iterator>
 #include <mutex>
 
 namespace torchpilot {
@@ -21,20 +23,10 @@ std::shared_ptr<spdlog::logger> torchpilot_logger() {
 }
 
 void log_to(spdlog::logger& logger, LogLevel level, const std::string& message) {
-  switch (level) {
-    case LogLevel::kDebug:
-      logger.debug("{}", message);
-      break;
-    case LogLevel::kInfo:
-      logger.info("{}", message);
-      break;
-    case LogLevel::kWarn:
-      logger.warn("{}", message);
-      break;
-    case LogLevel::kError:
-      logger.error("{}", message);
-      break;
-  }
+  static constexpr spdlog::level::level_enum kLevels[] = {spdlog::level::debug, spdlog::level::info,
+                                                          spdlog::level::warn, spdlog::level::err};
+  const auto i = static_cast<size_t>(level);
+  if (i < std::size(kLevels)) logger.log(kLevels[i], "{}", message);
 }
 
 }  // namespace torchpilot

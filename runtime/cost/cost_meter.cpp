@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "torchpilot/runtime/core/anchor.h"
 #include "torchpilot/runtime/core/collector.h"
 #include "torchpilot/runtime/core/metrics.h"
 #include "torchpilot/runtime/cost/cost.h"
@@ -118,16 +119,12 @@ void BudgetMeter::summarize(EpochSummary& summary, Nanos began, Nanos now,
   deferred_ = 0;
 }
 
-const bool registered = [] {
-  register_cost_meter(
-      [](const Config& config) -> std::unique_ptr<CostMeter> {
-        return std::make_unique<BudgetMeter>(config.cost);
-      });
-  return true;
-}();
-
 }  // namespace
-}  // namespace torchpilot
 
-// Named on the link line (CMake, torchpilot_core) so that the registration above is linked in.
-extern "C" int torchpilot_cost_anchor() { return torchpilot::registered ? 1 : 0; }
+TORCHPILOT_REGISTRATION(cost) {
+  register_cost_meter([](const Config& config) -> std::unique_ptr<CostMeter> {
+    return std::make_unique<BudgetMeter>(config.cost);
+  });
+}
+
+}  // namespace torchpilot

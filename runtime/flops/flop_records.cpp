@@ -1,5 +1,6 @@
 #include "torchpilot/runtime/flops/flop_records.h"
 
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -9,23 +10,9 @@
 namespace torchpilot {
 
 const char* to_string(MathPrecision precision) {
-  switch (precision) {
-    case MathPrecision::kFp32:
-      return "fp32";
-    case MathPrecision::kTf32:
-      return "tf32";
-    case MathPrecision::kBf16:
-      return "bf16";
-    case MathPrecision::kFp16:
-      return "fp16";
-    case MathPrecision::kFp8:
-      return "fp8";
-    case MathPrecision::kFp64:
-      return "fp64";
-    case MathPrecision::kOther:
-      break;
-  }
-  return "other";
+  static constexpr const char* kNames[] = {"fp32", "tf32", "bf16", "fp16", "fp8", "fp64", "other"};
+  static_assert(std::size(kNames) == kMathPrecisions);
+  return detail::enum_name(precision, kNames, "other");
 }
 
 namespace {

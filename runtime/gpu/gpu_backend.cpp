@@ -1,40 +1,25 @@
 // The backend that only says why there is no GPU data.
 #include "torchpilot/runtime/gpu/gpu_backend.h"
 
+#include <iterator>
+
 #include "torchpilot/runtime/core/config.h"
+#include "torchpilot/runtime/core/format.h"
 
 namespace torchpilot {
 
 const char* to_string(SyncApi api) {
-  switch (api) {
-    case SyncApi::kStreamSynchronize:
-      return "cudaStreamSynchronize";
-    case SyncApi::kEventSynchronize:
-      return "cudaEventSynchronize";
-    case SyncApi::kDeviceSynchronize:
-      return "cudaDeviceSynchronize";
-    case SyncApi::kBlockingCopy:
-      return "blocking copy";
-    case SyncApi::kUnknown:
-      break;
-  }
-  return "unknown";
+  static constexpr const char* kNames[] = {"unknown", "cudaStreamSynchronize",
+                                           "cudaEventSynchronize", "cudaDeviceSynchronize",
+                                           "blocking copy"};
+  static_assert(std::size(kNames) == static_cast<size_t>(SyncApi::kBlockingCopy) + 1);
+  return detail::enum_name(api, kNames, "unknown");
 }
 
 const char* to_string(SyncThread thread) {
-  switch (thread) {
-    case SyncThread::kTrainer:
-      return "trainer";
-    case SyncThread::kOther:
-      return "other";
-    case SyncThread::kOwn:
-      return "torchpilot";
-    case SyncThread::kInternal:
-      return "internal";
-    case SyncThread::kUnknown:
-      break;
-  }
-  return "unknown";
+  static constexpr const char* kNames[] = {"unknown", "trainer", "other", "torchpilot", "internal"};
+  static_assert(std::size(kNames) == static_cast<size_t>(SyncThread::kInternal) + 1);
+  return detail::enum_name(thread, kNames, "unknown");
 }
 
 namespace {

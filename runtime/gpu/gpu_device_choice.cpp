@@ -1,7 +1,7 @@
 // Which GPU a process observes (gpu_backend.h, choose_gpu_device), resolved for every Pilot
 // before its collectors are made (a config resolver, collector.h). The registration runs at
-// static initialization; the anchor below is named on the link line (CMake, torchpilot_core) so
-// that a static library does not drop this object.
+// static initialization; its anchor (anchor.h) is named on the link line (CMake, torchpilot_core)
+// so that a static library does not drop this object.
 #include <spdlog/spdlog.h>
 
 #include <atomic>
@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "torchpilot/runtime/core/anchor.h"
 #include "torchpilot/runtime/core/collector.h"
 #include "torchpilot/runtime/core/config.h"
 #include "torchpilot/runtime/core/guard.h"
@@ -71,12 +72,8 @@ void resolve_device(Config& config, spdlog::logger& logger, bool probe_driver) {
   }
 }
 
-const bool registered = [] {
-  register_config_resolver(&resolve_device);
-  return true;
-}();
 }  // namespace
 
-}  // namespace torchpilot
+TORCHPILOT_REGISTRATION(gpu) { register_config_resolver(&resolve_device); }
 
-extern "C" int torchpilot_gpu_anchor() { return torchpilot::registered ? 1 : 0; }
+}  // namespace torchpilot

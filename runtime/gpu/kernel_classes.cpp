@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <cctype>
 #include <initializer_list>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "torchpilot/runtime/core/format.h"
 #include "torchpilot/runtime/gpu/gpu_backend.h"
 #include "torchpilot/runtime/gpu/gpu_metrics.h"
 #include "torchpilot/runtime/gpu/gpu_step_stats.h"
@@ -105,43 +107,23 @@ bool elementwise_family(const std::string& n) {
 }  // namespace
 
 const char* to_string(KernelClass c) {
-  switch (c) {
-    case KernelClass::kTensorGemm:
-      return "tensor_gemm";
-    case KernelClass::kSimtGemm:
-      return "simt_gemm";
-    case KernelClass::kAttention:
-      return "attention";
-    case KernelClass::kElementwise:
-      return "elementwise";
-    case KernelClass::kOptimizer:
-      return "optimizer";
-    case KernelClass::kCommunication:
-      return "communication";
-    case KernelClass::kOther:
-      return "other";
-  }
-  return "other";
+  static constexpr const char* kNames[] = {"tensor_gemm", "simt_gemm", "attention",
+                                           "elementwise", "optimizer", "communication",
+                                           "other"};
+  static_assert(std::size(kNames) == kKernelClasses);
+  return detail::enum_name(c, kNames, "other");
 }
 
 const char* label(KernelClass c) {
-  switch (c) {
-    case KernelClass::kTensorGemm:
-      return "tensor-core GEMM/conv";
-    case KernelClass::kSimtGemm:
-      return "non-tensor (fp32/SIMT) GEMM/conv";
-    case KernelClass::kAttention:
-      return "attention";
-    case KernelClass::kElementwise:
-      return "elementwise/normalization";
-    case KernelClass::kOptimizer:
-      return "optimizer";
-    case KernelClass::kCommunication:
-      return "communication";
-    case KernelClass::kOther:
-      return "other kernels";
-  }
-  return "other kernels";
+  static constexpr const char* kLabels[] = {"tensor-core GEMM/conv",
+                                            "non-tensor (fp32/SIMT) GEMM/conv",
+                                            "attention",
+                                            "elementwise/normalization",
+                                            "optimizer",
+                                            "communication",
+                                            "other kernels"};
+  static_assert(std::size(kLabels) == kKernelClasses);
+  return detail::enum_name(c, kLabels, "other kernels");
 }
 
 bool is_communication_kernel(std::string_view name) {

@@ -66,6 +66,40 @@ constexpr double kW = 760, kH = 220, kLeft = 56, kRight = 12, kTop = 12, kBottom
 
 std::string axis_text(double v) { return num(v, std::fabs(v) >= 100 ? "%.0f" : "%.3g"); }
 
+const char* color(size_t i) { return kColors[i % (sizeof kColors / sizeof kColors[0])]; }
+
+// A chart's <svg> opening tag and its y grid: five lines from 0 to ymax, labelled.
+std::string svg_with_y_grid(double ymax) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+                "viewBox=\"0 0 %.0f %.0f\">",
+                kW, kH, kW, kH);
+  std::string svg = buf;
+  for (int i = 0; i <= 4; ++i) {
+    const double v = ymax * i / 4, y = kTop + (1 - v / ymax) * (kH - kTop - kBottom);
+    std::snprintf(buf, sizeof buf,
+                  "<line class=\"grid\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>"
+                  "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">",
+                  kLeft, kW - kRight, y, y, kLeft - 4, y + 4);
+    svg += buf + axis_text(v) + "</text>";
+  }
+  return svg;
+}
+
+// The legend's entry for series i.
+std::string legend_key(size_t i, const std::string& name) {
+  return "<span class=\"key\"><i style=\"background:" + std::string(color(i)) + "\"></i>" +
+         esc(name) + "</span>";
+}
+
+// The chart's figure: its caption, the svg (closed here) and the legend.
+std::string figure(const std::string& id, const std::string& title, const std::string& unit,
+                   const std::string& svg, const std::string& legend) {
+  return "<figure class=\"chart\" id=\"" + id + "\"><figcaption>" + esc(title) + " (" + esc(unit) +
+         ")</figcaption>" + svg + "</svg><div class=\"legend\">" + legend + "</div></figure>\n";
+}
+
 // A line chart of `lines` over `xs`; values times `scale`; gaps (NaN) break a line.
 std::string line_chart(const std::string& id, const std::string& title, const std::string& unit,
                        const std::vector<double>& xs, const std::vector<Line>& lines,
@@ -86,21 +120,8 @@ std::string line_chart(const std::string& id, const std::string& title, const st
   }
   auto px = [&](double x) { return kLeft + (x - xmin) / (xmax - xmin) * (kW - kLeft - kRight); };
   auto py = [&](double y) { return kTop + (1 - y / ymax) * (kH - kTop - kBottom); };
-  std::string svg;
+  std::string svg = svg_with_y_grid(ymax);
   char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-                "viewBox=\"0 0 %.0f %.0f\">",
-                kW, kH, kW, kH);
-  svg += buf;
-  for (int i = 0; i <= 4; ++i) {
-    const double v = ymax * i / 4;
-    std::snprintf(buf, sizeof buf,
-                  "<line class=\"grid\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>"
-                  "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">",
-                  kLeft, kW - kRight, py(v), py(v), kLeft - 4, py(v) + 4);
-    svg += buf + axis_text(v) + "</text>";
-  }
   std::snprintf(buf, sizeof buf,
                 "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\">%s</text>"
                 "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>",
@@ -109,11 +130,10 @@ std::string line_chart(const std::string& id, const std::string& title, const st
   svg += buf;
   std::string legend;
   for (size_t li = 0; li < lines.size(); ++li) {
-    const char* color = kColors[li % (sizeof kColors / sizeof kColors[0])];
     std::string points;
     auto flush_line = [&] {
       if (!points.empty()) {
-        svg += "<polyline fill=\"none\" stroke=\"" + std::string(color) +
+        svg += "<polyline fill=\"none\" stroke=\"" + std::string(color(li)) +
                "\" stroke-width=\"1.5\" data-series=\"" + esc(lines[li].name) + "\" points=\"" +
                points + "\"/>";
       }
@@ -138,12 +158,9 @@ std::string line_chart(const std::string& id, const std::string& title, const st
       points += buf;
     }
     flush_line();
-    legend += "<span class=\"key\"><i style=\"background:" + std::string(color) + "\"></i>" +
-              esc(lines[li].name) + "</span>";
+    legend += legend_key(li, lines[li].name);
   }
-  svg += "</svg>";
-  return "<figure class=\"chart\" id=\"" + id + "\"><figcaption>" + esc(title) + " (" + esc(unit) +
-         ")</figcaption>" + svg + "<div class=\"legend\">" + legend + "</div></figure>\n";
+  return figure(id, title, unit, svg, legend);
 }
 
 // Bars per epoch (values times `scale`), one group per label.
@@ -158,24 +175,11 @@ std::string bar_chart(const std::string& id, const std::string& title, const std
   }
   if (ymax <= 0) ymax = 1;
   ymax *= 1.1;
-  std::string svg;
+  std::string svg = svg_with_y_grid(ymax);
   char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-                "viewBox=\"0 0 %.0f %.0f\">",
-                kW, kH, kW, kH);
-  svg += buf;
   const double plot_w = kW - kLeft - kRight, plot_h = kH - kTop - kBottom;
   const double group = plot_w / std::max<size_t>(1, labels.size());
   const double bar = group * 0.8 / std::max<size_t>(1, bars.size());
-  for (int i = 0; i <= 4; ++i) {
-    const double v = ymax * i / 4, y = kTop + (1 - v / ymax) * plot_h;
-    std::snprintf(buf, sizeof buf,
-                  "<line class=\"grid\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>"
-                  "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">",
-                  kLeft, kW - kRight, y, y, kLeft - 4, y + 4);
-    svg += buf + axis_text(v) + "</text>";
-  }
   std::string legend;
   for (size_t g = 0; g < labels.size(); ++g) {
     const double x0 = kLeft + g * group + group * 0.1;
@@ -190,19 +194,14 @@ std::string bar_chart(const std::string& id, const std::string& title, const std
       std::snprintf(buf, sizeof buf,
                     "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
                     "fill=\"%s\"><title>",
-                    x0 + b * bar, kTop + plot_h - h, bar * 0.95, h,
-                    kColors[b % (sizeof kColors / sizeof kColors[0])]);
+                    x0 + b * bar, kTop + plot_h - h, bar * 0.95, h, color(b));
       svg += buf + esc(bars[b].name + " " + labels[g] + ": " + num(v * scale)) + "</title></rect>";
     }
   }
   for (size_t b = 0; b < bars.size(); ++b) {
-    legend += "<span class=\"key\"><i style=\"background:" +
-              std::string(kColors[b % (sizeof kColors / sizeof kColors[0])]) + "\"></i>" +
-              esc(bars[b].name) + "</span>";
+    legend += legend_key(b, bars[b].name);
   }
-  svg += "</svg>";
-  return "<figure class=\"chart\" id=\"" + id + "\"><figcaption>" + esc(title) + " (" + esc(unit) +
-         ")</figcaption>" + svg + "<div class=\"legend\">" + legend + "</div></figure>\n";
+  return figure(id, title, unit, svg, legend);
 }
 
 std::string scalar_text(const json& v) {

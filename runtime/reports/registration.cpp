@@ -1,13 +1,14 @@
 // The reports subsystem's place in every Pilot: the sinks that report.* and log.* keys turn on
 // (the advisory log always; JSON lines, trace windows, the HTML report when their key is set) and
-// the run journal's collector. The registration runs at static initialization; the anchor below
-// is named on the link line (CMake, torchpilot_core) so that a static library does not drop this
-// object.
+// the run journal's collector. The registration runs at static initialization; its anchor
+// (anchor.h) is named on the link line (CMake, torchpilot_core) so that a static library does not
+// drop this object.
 #include <spdlog/spdlog.h>
 
 #include <memory>
 #include <string>
 
+#include "torchpilot/runtime/core/anchor.h"
 #include "torchpilot/runtime/core/collector.h"
 #include "torchpilot/runtime/core/config.h"
 #include "torchpilot/runtime/core/sink.h"
@@ -62,7 +63,9 @@ std::unique_ptr<Collector> make_journal(CollectorHost& host) {
   return journal;
 }
 
-const bool registered = [] {
+}  // namespace
+
+TORCHPILOT_REGISTRATION(reports) {
   register_default_sink("log", 0, &log_sink);
   register_default_sink("json_lines", 10, &json_sink);
   register_default_sink("trace", 20, &trace_sink);
@@ -70,10 +73,6 @@ const bool registered = [] {
   register_default_sink("no_prometheus", 50, &no_endpoint);
   // Before the default collectors, after the stall tracker: its section comes first.
   register_default_collector("journal", -50, &make_journal, /*always=*/true);
-  return true;
-}();
+}
 
-}  // namespace
 }  // namespace torchpilot
-
-extern "C" int torchpilot_reports_anchor() { return torchpilot::registered ? 1 : 0; }

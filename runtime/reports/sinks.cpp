@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstring>
 #include <ctime>
+#include <iterator>
 #include <stdexcept>
 
 #include "torchpilot/runtime/core/config.h"
@@ -211,15 +212,9 @@ class JsonLinesSink final : public Sink {
 }  // namespace
 
 const char* to_string(Severity severity) {
-  switch (severity) {
-    case Severity::kInfo:
-      return "info";
-    case Severity::kWarning:
-      return "warning";
-    case Severity::kHigh:
-      return "high";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"info", "warning", "high"};
+  static_assert(std::size(kNames) == static_cast<size_t>(Severity::kHigh) + 1);
+  return detail::enum_name(severity, kNames, "?");
 }
 
 std::shared_ptr<Sink> make_log_sink(std::shared_ptr<spdlog::logger> logger) {

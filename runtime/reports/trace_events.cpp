@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <stdexcept>
 #include <system_error>
@@ -18,17 +19,9 @@ namespace {
 using detail::json;
 
 const char* copy_kind_name(const CopyRecord& c) {
-  if (c.memset) return "memset";
-  switch (c.kind) {
-    case CopyKind::kHostToDevice:
-      return "HtoD";
-    case CopyKind::kDeviceToHost:
-      return "DtoH";
-    case CopyKind::kDeviceToDevice:
-      return "DtoD";
-    default:
-      return "copy";
-  }
+  static constexpr const char* kNames[] = {"HtoD", "DtoH", "DtoD", "copy"};
+  static_assert(std::size(kNames) == static_cast<size_t>(CopyKind::kOther) + 1);
+  return c.memset ? "memset" : detail::enum_name(c.kind, kNames, "copy");
 }
 
 // Builds the event list. Times are microseconds from the window's start (small numbers keep

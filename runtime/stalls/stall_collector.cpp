@@ -2,11 +2,12 @@
 // It comes first in the calling order, so a slow step at a known period is marked
 // (StepRecord::at_period) before the GPU monitor judges it; it reads the sync probe's figures once
 // every collector has added its own, and takes each step's GPU span from the GPU monitor's late
-// record. The registration runs at static initialization; the anchor below is named on the link
-// line (CMake, torchpilot_core) so that a static library does not drop this object.
+// record. The registration runs at static initialization; its anchor (anchor.h) is named on the
+// link line (CMake, torchpilot_core) so that a static library does not drop this object.
 #include <memory>
 #include <string>
 
+#include "torchpilot/runtime/core/anchor.h"
 #include "torchpilot/runtime/core/collector.h"
 #include "torchpilot/runtime/gpu/gpu_records.h"
 #include "torchpilot/runtime/stalls/step_outliers.h"
@@ -45,12 +46,10 @@ std::unique_ptr<Collector> make_stall_collector(CollectorHost& host) {
   return std::make_unique<StallCollector>(host.config().outliers.factor);
 }
 
-const bool registered = [] {
-  register_default_collector("stalls", -100, &make_stall_collector, /*always=*/true);
-  return true;
-}();
-
 }  // namespace
-}  // namespace torchpilot
 
-extern "C" int torchpilot_stalls_anchor() { return torchpilot::registered ? 1 : 0; }
+TORCHPILOT_REGISTRATION(stalls) {
+  register_default_collector("stalls", -100, &make_stall_collector, /*always=*/true);
+}
+
+}  // namespace torchpilot

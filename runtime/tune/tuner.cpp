@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "torchpilot/runtime/core/anchor.h"
 #include "torchpilot/runtime/core/tuning.h"
 #include "torchpilot/runtime/memory/batch_policy.h"
 #include "torchpilot/runtime/tune/trial_engine.h"
@@ -94,12 +95,8 @@ class EngineTuner final : public Tuner {
 
 std::unique_ptr<Tuner> make_tuner(TunerHost& host) { return std::make_unique<EngineTuner>(host); }
 
-const bool registered = [] {
-  register_tuner(&make_tuner);
-  return true;
-}();
-
 }  // namespace
-}  // namespace torchpilot
 
-extern "C" int torchpilot_tune_anchor() { return torchpilot::registered ? 1 : 0; }
+TORCHPILOT_REGISTRATION(tune) { register_tuner(&make_tuner); }
+
+}  // namespace torchpilot
