@@ -56,6 +56,46 @@ std::string text(int64_t v);
 std::string text(const std::string& v);
 std::string text(const std::vector<int>& v);
 
+// A field's key type, its value as text and its assignment from a parsed value, by its C++ type
+// (numbers, bool, string, list of ints): one definition for the built-in rows and config_key.
+template <typename V>
+constexpr Type type_of() {
+  if constexpr (std::is_same_v<V, bool>) {
+    return Type::kBool;
+  } else if constexpr (std::is_integral_v<V>) {
+    return Type::kInt;
+  } else if constexpr (std::is_floating_point_v<V>) {
+    return Type::kDouble;
+  } else if constexpr (std::is_same_v<V, std::string>) {
+    return Type::kString;
+  } else {
+    static_assert(std::is_same_v<V, std::vector<int>>, "a key is a number, bool, string or list");
+    return Type::kIntList;
+  }
+}
+template <typename V>
+std::string value_text(const V& v) {
+  if constexpr (std::is_integral_v<V> && !std::is_same_v<V, bool>) {
+    return text(static_cast<int64_t>(v));
+  } else {
+    return text(v);
+  }
+}
+template <typename V>
+void assign(V& field, const Value& v) {
+  if constexpr (std::is_same_v<V, bool>) {
+    field = v.b;
+  } else if constexpr (std::is_integral_v<V>) {
+    field = static_cast<V>(v.i);
+  } else if constexpr (std::is_floating_point_v<V>) {
+    field = v.d;
+  } else if constexpr (std::is_same_v<V, std::string>) {
+    field = v.s;
+  } else {
+    field.assign(v.list.begin(), v.list.end());
+  }
+}
+
 void register_rows(const char* section, std::vector<KeySpec> rows);
 
 }  // namespace config_detail
@@ -66,46 +106,14 @@ template <typename S, auto F>
 config_detail::KeySpec config_key(const std::string& field, double lo = 0, double hi = 0,
                                   std::vector<std::string> choices = {}) {
   using V = std::remove_cv_t<std::remove_reference_t<decltype(std::declval<S&>().*F)>>;
-  using config_detail::Type;
-  using config_detail::Value;
-  Type type;
-  if constexpr (std::is_same_v<V, bool>) {
-    type = Type::kBool;
-  } else if constexpr (std::is_integral_v<V>) {
-    type = Type::kInt;
-  } else if constexpr (std::is_floating_point_v<V>) {
-    type = Type::kDouble;
-  } else if constexpr (std::is_same_v<V, std::string>) {
-    type = Type::kString;
-  } else {
-    static_assert(std::is_same_v<V, std::vector<int>>, "a key is a number, bool, string or list");
-    type = Type::kIntList;
-  }
   return {std::string(S::kSectionName) + "." + field,
-          type,
+          config_detail::type_of<V>(),
           lo,
           hi,
           std::move(choices),
-          [](const Config& c) -> std::string {
-            if constexpr (std::is_integral_v<V> && !std::is_same_v<V, bool>) {
-              return config_detail::text(static_cast<int64_t>(c.section<S>().*F));
-            } else {
-              return config_detail::text(c.section<S>().*F);
-            }
-          },
-          [](Config& c, const Value& v) {
-            V& field = c.section<S>().*F;
-            if constexpr (std::is_same_v<V, bool>) {
-              field = v.b;
-            } else if constexpr (std::is_integral_v<V>) {
-              field = static_cast<V>(v.i);
-            } else if constexpr (std::is_floating_point_v<V>) {
-              field = v.d;
-            } else if constexpr (std::is_same_v<V, std::string>) {
-              field = v.s;
-            } else {
-              field.assign(v.list.begin(), v.list.end());
-            }
+          [](const Config& c) { return config_detail::value_text(c.section<S>().*F); },
+          [](Config& c, const config_detail::Value& v) {
+            config_detail::assign(c.section<S>().*F, v);
           }};
 }
 

@@ -33,9 +33,7 @@ class CostMeter {
   // CollectorHost::cost_allows.
   virtual bool allows(Nanos now, Nanos estimate_ns) const { return true; }
   // Optional work was deferred; returns a line for the log (empty: nothing to say).
-  virtual std::string deferred(Nanos now, const std::string& what, Nanos estimate_ns) {
-    return {};
-  }
+  virtual std::string deferred(Nanos now, const std::string& what, Nanos estimate_ns) { return {}; }
   // torchpilot's time on the training thread in the open epoch so far.
   virtual Nanos epoch_cost_ns() const { return 0; }
   // The epoch's end, after the advisors: adds the meter's section to `summary`. `parts` are the

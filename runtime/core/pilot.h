@@ -21,8 +21,8 @@
 // training thread is the epoch summary's "cost" section, kept under cost.budget.
 //
 // The Pilot is the kernel: steps, phases and epochs, fanned out to what subsystems registered
-// (collectors, sinks, advisors, the tuner, the cost meter, config resolvers). It knows none of them;
-// pilot_hosting.cpp holds the collector, sink and tuner hosting.
+// (collectors, sinks, advisors, the tuner, the cost meter, config resolvers). It knows none of
+// them; pilot_hosting.cpp holds the collector, sink and tuner hosting.
 #pragma once
 
 #include <atomic>
@@ -253,7 +253,7 @@ class Pilot : private CollectorHost, private TunerHost {
   std::shared_ptr<Clock> cpu_clock_;  // null: not measured
   Nanos cpu_mark_ = -1;               // CPU time at the last step boundary
   std::unique_ptr<CostMeter> cost_ = std::make_unique<CostMeter>();  // the registered one, if any
-  Nanos own_pending_ns_ = 0;  // own time since the last step boundary (the next record's own_ns)
+  Nanos own_pending_ns_ = 0;   // own time since the last step boundary (the next record's own_ns)
   Nanos summary_cut_ns_ = -1;  // when this epoch end's cost was written into its summary
 
   KnobRegistry knobs_;

@@ -1,5 +1,5 @@
-// The kernel's registries (collector.h, sink.h, tuning.h, cost_meter.h, advisor_registry.h): what subsystems register at static
-// initialization, read by every Pilot at construction. Thread-safe.
+// The kernel's registries (collector.h, sink.h, tuning.h, cost_meter.h, advisor_registry.h): what
+// subsystems register at static initialization, read by every Pilot at construction. Thread-safe.
 #include <algorithm>
 #include <exception>
 #include <mutex>
@@ -14,37 +14,28 @@
 
 namespace torchpilot {
 namespace {
-std::mutex& registry_mutex() {
-  static std::mutex mu;
-  return mu;
+// Everything registered, behind one mutex. Made on first use: registrations run during other
+// objects' static initialization, in no set order.
+struct Registries {
+  std::mutex mu;
+  std::vector<DefaultCollector> collectors;
+  std::vector<DefaultSink> sinks;
+  std::vector<ConfigResolver> resolvers;
+  std::vector<RegisteredAdvisor> advisors;
+  std::vector<AdvicePass> advice_passes;
+  TunerFactory tuner = nullptr;
+  CostMeterFactory cost_meter = nullptr;
+};
+Registries& registries() {
+  static Registries* r = new Registries();  // never destroyed: read until the process ends
+  return *r;
 }
-std::vector<DefaultCollector>& collector_registry() {
-  static std::vector<DefaultCollector> entries;
-  return entries;
-}
-std::vector<DefaultSink>& sink_registry() {
-  static std::vector<DefaultSink> entries;
-  return entries;
-}
-TunerFactory& tuner_registry() {
-  static TunerFactory factory = nullptr;
-  return factory;
-}
-std::vector<ConfigResolver>& resolver_registry() {
-  static std::vector<ConfigResolver> entries;
-  return entries;
-}
-CostMeterFactory& cost_meter_registry() {
-  static CostMeterFactory factory = nullptr;
-  return factory;
-}
-std::vector<RegisteredAdvisor>& advisor_entries() {
-  static std::vector<RegisteredAdvisor> entries;
-  return entries;
-}
-std::vector<AdvicePass>& advice_passes() {
-  static std::vector<AdvicePass> entries;
-  return entries;
+// Runs `fn` on the registries under their mutex and returns what it returns.
+template <typename Fn>
+auto locked(Fn&& fn) {
+  Registries& r = registries();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return fn(r);
 }
 template <typename T>
 std::vector<T> by_order(std::vector<T> out) {
@@ -57,74 +48,62 @@ std::vector<T> by_order(std::vector<T> out) {
 
 void register_default_collector(std::string name, int order, CollectorFactory factory,
                                 bool always) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  collector_registry().push_back({std::move(name), factory, order, always});
+  locked([&](Registries& r) { r.collectors.push_back({std::move(name), factory, order, always}); });
 }
 
 std::vector<DefaultCollector> default_collectors() {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  return by_order(collector_registry());
+  return by_order(locked([](Registries& r) { return r.collectors; }));
 }
 
 void register_config_resolver(ConfigResolver resolver) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  resolver_registry().push_back(resolver);
+  locked([&](Registries& r) { r.resolvers.push_back(resolver); });
 }
 
 std::vector<ConfigResolver> config_resolvers() {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  return resolver_registry();
+  return locked([](Registries& r) { return r.resolvers; });
 }
 
 void register_default_sink(std::string name, int order, SinkFactory factory) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  sink_registry().push_back({std::move(name), order, factory});
+  locked([&](Registries& r) { r.sinks.push_back({std::move(name), order, factory}); });
 }
 
 std::vector<DefaultSink> default_sinks() {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  return by_order(sink_registry());
+  return by_order(locked([](Registries& r) { return r.sinks; }));
 }
 
 bool default_sink_registered(const std::string& name) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  const auto& all = sink_registry();
-  return std::any_of(all.begin(), all.end(), [&](const auto& d) { return d.name == name; });
+  return locked([&](Registries& r) {
+    return std::any_of(r.sinks.begin(), r.sinks.end(),
+                       [&](const auto& d) { return d.name == name; });
+  });
 }
 
 void register_tuner(TunerFactory factory) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  tuner_registry() = factory;
+  locked([&](Registries& r) { r.tuner = factory; });
 }
 
 TunerFactory tuner_factory() {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  return tuner_registry();
+  return locked([](Registries& r) { return r.tuner; });
 }
 
 void register_cost_meter(CostMeterFactory factory) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  cost_meter_registry() = factory;
+  locked([&](Registries& r) { r.cost_meter = factory; });
 }
 
 CostMeterFactory cost_meter_factory() {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  return cost_meter_registry();
+  return locked([](Registries& r) { return r.cost_meter; });
 }
 
 void register_advisor(std::string id, int order, AdvisorRule rule) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  advisor_entries().push_back({std::move(id), order, rule});
+  locked([&](Registries& r) { r.advisors.push_back({std::move(id), order, rule}); });
 }
 
 std::vector<RegisteredAdvisor> registered_advisors() {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  return by_order(advisor_entries());
+  return by_order(locked([](Registries& r) { return r.advisors; }));
 }
 
 void register_advice_pass(AdvicePass pass) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  advice_passes().push_back(pass);
+  locked([&](Registries& r) { r.advice_passes.push_back(pass); });
 }
 
 std::vector<Advice> run_registered_advisors(const EpochSummary& summary, const Config& config,
@@ -139,12 +118,7 @@ std::vector<Advice> run_registered_advisors(const EpochSummary& summary, const C
       if (errors != nullptr) errors->push_back(entry.id + ": unknown exception");
     }
   }
-  std::vector<AdvicePass> passes;
-  {
-    std::lock_guard<std::mutex> lock(registry_mutex());
-    passes = advice_passes();
-  }
-  for (AdvicePass pass : passes) pass(out, summary);
+  for (AdvicePass pass : locked([](Registries& r) { return r.advice_passes; })) pass(out, summary);
   return out;
 }
 

@@ -34,7 +34,8 @@ std::string config_error_key(const std::function<void()>& fn) {
 }
 
 TEST(ToySubsystem, ItsConfigSectionLoadsLikeABuiltInOne) {
-  Config c = Config::from_yaml_string("toy:\n  slow_ms: 5\nadvisors:\n  toy:\n    threshold: 0.5\n");
+  Config c =
+      Config::from_yaml_string("toy:\n  slow_ms: 5\nadvisors:\n  toy:\n    threshold: 0.5\n");
   EXPECT_DOUBLE_EQ(c.section<toy::ToyConfig>().slow_ms, 5);
   EXPECT_TRUE(c.section<toy::ToyConfig>().enabled);  // a default
   EXPECT_DOUBLE_EQ(c.section<toy::ToyAdvisorConfig>().threshold, 0.5);
@@ -61,8 +62,8 @@ TEST(ToySubsystem, ItsConfigSectionLoadsLikeABuiltInOne) {
     EXPECT_NE(std::find(keys.begin(), keys.end(), k), keys.end()) << k;
   }
   const auto values = config_values(c);
-  EXPECT_NE(std::find(values.begin(), values.end(), std::make_pair(std::string("toy.slow_ms"),
-                                                                   std::string("7"))),
+  EXPECT_NE(std::find(values.begin(), values.end(),
+                      std::make_pair(std::string("toy.slow_ms"), std::string("7"))),
             values.end());
 
   // A Config is a value: a copy's section is its own.
@@ -118,9 +119,8 @@ TEST(ToySubsystem, ItsCollectorAdvisorAndPanelJoinThePilot) {
   EXPECT_NE(std::find(lines.begin(), lines.end(), "  toy: 6 of 10 steps slow"), lines.end());
 
   const auto& advice = run.sink->advice[0];
-  const auto toy = std::find_if(advice.begin(), advice.end(), [](const Advice& a) {
-    return a.id == "toy";
-  });
+  const auto toy =
+      std::find_if(advice.begin(), advice.end(), [](const Advice& a) { return a.id == "toy"; });
   ASSERT_NE(toy, advice.end()) << "the advisor's advice";
   EXPECT_DOUBLE_EQ(toy->evidence.at(0).value, 0.6);
 

@@ -12,8 +12,8 @@ const bool registered = [] {
     std::string rows;
     for (const auto& e : *view.epochs) {
       if (const ToyStats* s = e.sections.get<ToyStats>()) {
-        rows += "<tr><td>" + std::to_string(e.epoch) + "</td><td>" +
-                std::to_string(s->slow_steps) + "</td></tr>";
+        rows += "<tr><td>" + std::to_string(e.epoch) + "</td><td>" + std::to_string(s->slow_steps) +
+                "</td></tr>";
       }
     }
     if (rows.empty()) return std::string();
