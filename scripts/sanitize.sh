@@ -53,6 +53,9 @@ run_pass() {
     targets+=(torchpilot_gpu_backend_tests)
   ninja -C "$dir" -t query torchpilot_prometheus_tests >/dev/null 2>&1 &&
     targets+=(torchpilot_prometheus_tests)
+  # Subsystems added from tests/extensions/ (label unit): their own test executables.
+  targets+=($(ninja -C "$dir" -t targets all 2>/dev/null |
+    sed -n 's/^\(torchpilot_[a-z_]*_subsystem_tests\): phony$/\1/p'))
   # The analyzer's command-line test (label unit) runs the tool itself.
   ninja -C "$dir" -t query torchpilot-analyze >/dev/null 2>&1 && targets+=(torchpilot-analyze)
   cmake --build "$dir" -j "$jobs" --target "${targets[@]}" || {
