@@ -67,26 +67,26 @@ std::optional<Advice> advise_launch_bound(const EpochSummary& summary,
 // and, when present, GpuEpochStats). Quiet without FLOP counts; the MFU-based ones quiet without a
 // peak (CPU, unknown GPU).
 // fp32 matmuls on a tensor-core GPU: the share of counted FLOPs in plain fp32 is above
-// advisors.precision.fp32_matmul_threshold and the device table's bf16 peak is at least 4x its fp32
+// advisors.fp32_matmul.threshold and the device table's bf16 peak is at least 4x its fp32
 // peak. Suggests bf16 autocast or TF32 (flops.allow_tf32); the gain replaces the fp32 kernels'
 // measured time with their FLOPs at a calibrated tensor-core rate plus autocast's casts
 // (gain_models.h).
 std::optional<Advice> advise_fp32_matmul(const EpochSummary& summary, const AdvisorsConfig& config);
-// Unfused attention (matmul + softmax + matmul) above advisors.attention.unfused_threshold of
+// Unfused attention (matmul + softmax + matmul) above advisors.unfused_attention.threshold of
 // model FLOPs: suggests at::scaled_dot_product_attention (or, for its math fallback, inputs a fused
 // kernel takes); the gain sets the unfused form's measured kernels against a fused kernel's
 // predicted time (gain_models.h).
 std::optional<Advice> advise_unfused_attention(const EpochSummary& summary,
                                                const AdvisorsConfig& config);
 // Biases added outside their GEMMs (in the trace window, a GEMM without a bias epilogue followed by
-// a broadcast add kernel) taking more than advisors.linear_bias.threshold of the step: suggests
+// a broadcast add kernel) taking more than advisors.unfused_linear_bias.threshold of the step: suggests
 // at::linear (LibTorch's C++ torch::nn::Linear runs matmul, then `+= bias`, on inputs of more than
 // 2 dims); the gain removes the adds' measured time less what the epilogue adds to the GEMMs
 // (gain_models.h).
 std::optional<Advice> advise_unfused_linear_bias(const EpochSummary& summary,
                                                  const AdvisorsConfig& config);
 // A per-parameter Adam-style optimizer (addcmul/addcdiv kernels per parameter in the trace window)
-// whose update takes more than advisors.optimizer.threshold of the step: suggests a fused or
+// whose update takes more than advisors.per_parameter_optimizer.threshold of the step: suggests a fused or
 // multi-tensor update (at::_fused_adamw_, _foreach_*); the gain sets its measured host time (the
 // optimizer phase, else its launches at the step's cost per launch) or kernel time against a fused
 // update's predicted kernel time (gain_models.h).
@@ -117,8 +117,8 @@ std::optional<Advice> advise_memory_pressure(const EpochSummary& summary,
                                              const AdvisorsConfig& config);
 
 // A micro-batch memory would allow larger while the step is launch-bound (detailed windows: launch
-// gaps above advisors.launch_bound.threshold): the largest factor k (2..8) with k x the peak
-// allocated within advisors.memory_pressure.threshold of the device. Info; the gain of a larger
+// gaps above advisors.small_micro_batch.launch_gap_share): the largest factor k (2..8) with k x
+// the peak allocated within advisors.small_micro_batch.memory_share of the device. Info; the gain of a larger
 // batch is launch_bound's (not repeated here).
 std::optional<Advice> advise_small_micro_batch(const EpochSummary& summary,
                                                const AdvisorsConfig& config);

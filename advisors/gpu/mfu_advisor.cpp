@@ -94,11 +94,11 @@ Advice low_mfu_from_flops(const EpochSummary& s, const FlopEpochStats& f, const 
     a.expected_gain = 0;
     a.action += "; gain not estimated without a trace window";
   } else {
-    if (fp32_share > config.precision.fp32_matmul_threshold) {
+    if (fp32_share > config.low_mfu.fp32_share) {
       a.cause = "most of the step the GPU runs below peak, and " + pct(fp32_share) +
                 " of the FLOPs are fp32";
       a.action = "compute in bf16 (see the fp32_matmul advice)";
-    } else if (unfused_share > config.attention.unfused_threshold) {
+    } else if (unfused_share > config.low_mfu.unfused_attention_share) {
       a.cause = "most of the step the GPU runs below peak, with unfused attention among the work";
       a.action = "fuse attention (see the unfused_attention advice)";
     } else {

@@ -53,7 +53,7 @@ std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const AdvisorsCo
   if (!(f.model_flops_per_step > 0)) return std::nullopt;
   const double fp32 = f.model_flops_by_precision[P(MathPrecision::kFp32)];
   const double share = fp32 / f.model_flops_per_step;
-  if (!(share > config.precision.fp32_matmul_threshold)) return std::nullopt;
+  if (!(share > config.fp32_matmul.threshold)) return std::nullopt;
   const double* ds = f.datasheet_flops_by_precision;
   const double p32 = ds[P(MathPrecision::kFp32)];
   const double ptf = ds[P(MathPrecision::kTf32)];
@@ -78,7 +78,7 @@ std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const AdvisorsCo
               ", whose tensor cores run bf16 at " + num(pbf / p32, "%.0f") + "x" +
               (ptf > 0 ? " and TF32 at " + num(ptf / p32, "%.0f") + "x" : std::string()) +
               " its fp32 peak of " + num(p32 / 1e12, "%.1f") + " TFLOP/s (threshold " +
-              pct(config.precision.fp32_matmul_threshold) + ")";
+              pct(config.fp32_matmul.threshold) + ")";
   a.cause =
       "the model computes in fp32 and TF32 is off for its matmuls, so they run on the CUDA "
       "cores: " +
@@ -114,7 +114,7 @@ std::optional<Advice> advise_fp32_matmul(const EpochSummary& s, const AdvisorsCo
                 {"bf16_peak", pbf / 1e12, "TFLOP/s"},
                 {"fp32_time_share_estimate", fp32_step_share, "fraction"},
                 {"expected_gain_tf32", gain_tf32, "fraction"},
-                {"threshold", config.precision.fp32_matmul_threshold, "fraction"},
+                {"threshold", config.fp32_matmul.threshold, "fraction"},
                 {"fp32_kernel_time", m.removed_s * 1e3, "ms"},
                 {"fp32_kernel_time_measured", m.removed_measured ? 1.0 : 0.0, "bool"},
                 {"tensor_core_rate", m.rate / 1e12, "TFLOP/s"},
@@ -142,7 +142,7 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
   if (!(f.model_flops_per_step > 0)) return std::nullopt;
   const double unfused = f.unfused_attention_flops_per_step;
   const double share = unfused / f.model_flops_per_step;
-  if (!(share > config.attention.unfused_threshold)) return std::nullopt;
+  if (!(share > config.unfused_attention.threshold)) return std::nullopt;
 
   const double traffic = f.unfused_attention_traffic_bytes_per_step;
   // Gain: the measured kernels of the unfused attention against a fused kernel's predicted time
@@ -184,7 +184,7 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
               " per step run as matmul + softmax + matmul: " + pct(share) + " of model FLOPs (" +
               num(unfused / 1e9, "%.3g") + " GFLOP per step, forward and backward) and about " +
               num(traffic / 1e6, "%.3g") + " MB of score-matrix traffic per step (threshold " +
-              pct(config.attention.unfused_threshold) + ")";
+              pct(config.unfused_attention.threshold) + ")";
   const bool fallback = f.sdpa_math_fallback_per_step > 0;
   if (fallback) {
     a.cause =
@@ -223,7 +223,7 @@ std::optional<Advice> advise_unfused_attention(const EpochSummary& s,
                 {"unfused_attentions_per_step", static_cast<double>(n), "attentions"},
                 {"score_matrix_traffic_per_step", traffic / 1e6, "MB"},
                 {"step_time", step_s * 1e3, "ms"},
-                {"threshold", config.attention.unfused_threshold, "fraction"}};
+                {"threshold", config.unfused_attention.threshold, "fraction"}};
   if (fallback) {
     a.evidence.push_back({"sdpa_math_fallback_per_step", f.sdpa_math_fallback_per_step, "calls"});
   }
@@ -253,13 +253,13 @@ std::optional<Advice> advise_unfused_linear_bias(const EpochSummary& s,
   if (!model) return std::nullopt;
   const gains::BiasGain& m = *model;
   const double share = m.add_s / m.step_s;
-  if (!(share > config.linear_bias.threshold)) return std::nullopt;
+  if (!(share > config.unfused_linear_bias.threshold)) return std::nullopt;
   Advice a;
   a.id = "unfused_linear_bias";
   a.severity = m.gain >= 0.1 ? Severity::kHigh : Severity::kWarning;
   a.finding = num(m.adds, "%.0f") + " GEMMs per step are each followed by a separate broadcast " +
               "add kernel (a bias added outside the GEMM): the adds take " +
-              share_of_step(m.add_s, m.step_s, share, config.linear_bias.threshold);
+              share_of_step(m.add_s, m.step_s, share, config.unfused_linear_bias.threshold);
   a.cause =
       "LibTorch's C++ frontend (torch::nn::Linear, torch::nn::functional::linear) computes a "
       "linear layer on an input of more than 2 dimensions as matmul, then `output += bias`: the "
@@ -283,7 +283,7 @@ std::optional<Advice> advise_unfused_linear_bias(const EpochSummary& s,
                 {"unfused_bias_add_time", m.add_s * 1e3, "ms"},
                 {"unfused_bias_gemm_time", m.gemm_s * 1e3, "ms"},
                 {"predicted_epilogue_time", m.epilogue_s * 1e3, "ms"}};
-  add_model_gain(a, m, config.linear_bias.threshold);
+  add_model_gain(a, m, config.unfused_linear_bias.threshold);
   if (m.host_floor_s > 0) a.evidence.push_back({"host_floor_time", m.host_floor_s * 1e3, "ms"});
   return a;
 }
@@ -295,14 +295,14 @@ std::optional<Advice> advise_per_parameter_optimizer(const EpochSummary& s,
   if (!model) return std::nullopt;
   const gains::OptimizerGain& m = *model;
   const double share = m.removed_s / m.step_s;
-  if (!(share > config.optimizer.threshold)) return std::nullopt;
+  if (!(share > config.per_parameter_optimizer.threshold)) return std::nullopt;
   Advice a;
   a.id = "per_parameter_optimizer";
   a.severity = share >= 0.25 ? Severity::kHigh : Severity::kWarning;
   a.finding = "the optimizer updates each parameter in its own kernels (per-parameter " +
               std::string("addcmul_/addcdiv_ in the trace window: about ") +
               num(m.per_parameter_kernels, "%.0f") + " launches per step); the update takes " +
-              share_of_step(m.removed_s, m.step_s, share, config.optimizer.threshold);
+              share_of_step(m.removed_s, m.step_s, share, config.per_parameter_optimizer.threshold);
   a.cause =
       m.host_s >= m.kernels_s
           ? "the host issues 9 small kernels per parameter (" +
@@ -328,7 +328,7 @@ std::optional<Advice> advise_per_parameter_optimizer(const EpochSummary& s,
                 {"host_cost_per_launch", m.per_launch_s * 1e6, "us"},
                 {"optimizer_kernel_time", m.kernels_s * 1e3, "ms"},
                 {"predicted_fused_time", m.fused_s * 1e3, "ms"}};
-  add_model_gain(a, m, config.optimizer.threshold);
+  add_model_gain(a, m, config.per_parameter_optimizer.threshold);
   return a;
 }
 

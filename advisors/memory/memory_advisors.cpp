@@ -89,10 +89,10 @@ std::optional<Advice> advise_small_micro_batch(const EpochSummary& s,
   }
   const double gaps = static_cast<double>(gpu->stats.idle_launch_gap_ns) /
                       static_cast<double>(gpu->stats.traced_ns);
-  if (gaps <= config.launch_bound.threshold) return std::nullopt;
+  if (gaps <= config.small_micro_batch.launch_gap_share) return std::nullopt;
   // Everything counted as growing with the batch (parameters and optimizer state do not): a
   // conservative factor.
-  const double room = config.memory_pressure.threshold * static_cast<double>(m->capacity_bytes);
+  const double room = config.small_micro_batch.memory_share * static_cast<double>(m->capacity_bytes);
   const int k =
       static_cast<int>(std::min(8.0, room / static_cast<double>(m->peak_allocated_bytes)));
   if (k < 2) return std::nullopt;
@@ -111,7 +111,7 @@ std::optional<Advice> advise_small_micro_batch(const EpochSummary& s,
       "the step launches the same kernels for few samples: their launches, not the GPU's "
       "work, set the pace";
   a.action = "raise the micro-batch, up to " + std::to_string(k) + "x (" + std::to_string(k) +
-             " x the peak stays within " + pct(config.memory_pressure.threshold) +
+             " x the peak stays within " + pct(config.small_micro_batch.memory_share) +
              " of the device, counting all memory as growing with it), with fewer accumulation "
              "steps for the same global batch; the gain is launch_bound's estimate";
   a.gain_estimated = false;

@@ -137,6 +137,8 @@ int line_of(const YAML::Node& node, int fallback) {
 using Origins = std::map<std::string, std::string>;
 
 // Walks the YAML mappings; every leaf must be a known key, set once.
+std::string unknown_key(const std::string& key_or_variable);
+
 class YamlReader {
  public:
   YamlReader(Config& config, std::string source, Origins& origins)
@@ -172,7 +174,7 @@ class YamlReader {
         for (const auto& s : schema()) {
           known_section = known_section || std::string(s.key).rfind(key + ".", 0) == 0;
         }
-        if (!known_section) fail("unknown key");
+        if (!known_section) fail(unknown_key(key));
         if (!value.IsMap()) {
           fail(std::string("is a section: expected a mapping of its keys, got ") + kind(value));
         }
@@ -337,6 +339,24 @@ bool is_non_key_variable(const std::string& name) {
   return false;
 }
 
+// Why a key (or a TORCHPILOT_* variable) is unknown: a key this version renamed says its new name.
+std::string unknown_key(const std::string& key_or_variable) {
+  static const std::pair<const char*, const char*> renamed[] = {
+      {"advisors.precision.fp32_matmul_threshold", "advisors.fp32_matmul.threshold"},
+      {"advisors.attention.unfused_threshold", "advisors.unfused_attention.threshold"},
+      {"advisors.linear_bias.threshold", "advisors.unfused_linear_bias.threshold"},
+      {"advisors.optimizer.threshold", "advisors.per_parameter_optimizer.threshold"},
+  };
+  for (const auto& [old_key, new_key] : renamed) {
+    const std::string o = old_key;
+    if (key_or_variable == o || key_or_variable == env_name(o) ||
+        o.rfind(key_or_variable + ".", 0) == 0) {  // a section of the old key, in YAML
+      return "unknown key: " + o + " was renamed " + new_key + " (docs/configuration.md)";
+    }
+  }
+  return "unknown key";
+}
+
 // Sets TORCHPILOT_<KEY> overrides, recording origins; no cross-key checks.
 void read_env(Config& config, const Environment& env, Origins& origins) {
   for (const auto& [name, text] : env) {
@@ -346,7 +366,7 @@ void read_env(Config& config, const Environment& env, Origins& origins) {
       if (env_name(s.key) == name) spec = &s;
     }
     const std::string source = "environment variable " + name;
-    if (spec == nullptr) throw ConfigError(source, name, "unknown key");
+    if (spec == nullptr) throw ConfigError(source, name, unknown_key(name));
     auto fail = [&](const std::string& reason) { throw ConfigError(source, spec->key, reason); };
     spec->set(config, parse_scalar(text, *spec, fail));
     origins[spec->key] = source;

@@ -130,16 +130,16 @@ struct PageableCopiesConfig {
 struct LaunchBoundConfig {
   double threshold = 0.2;  // launch-bound: share of step time in launch gaps
 };
-struct PrecisionConfig {
-  double fp32_matmul_threshold = 0.2;  // share of matmul FLOPs in plain fp32
+struct Fp32MatmulConfig {
+  double threshold = 0.2;  // share of matmul FLOPs in plain fp32
 };
-struct AttentionConfig {
-  double unfused_threshold = 0.02;  // share of model FLOPs in unfused attention
+struct UnfusedAttentionConfig {
+  double threshold = 0.02;  // share of model FLOPs in unfused attention
 };
-struct LinearBiasConfig {
+struct UnfusedLinearBiasConfig {
   double threshold = 0.02;  // biases added outside their GEMMs: share of step time the adds take
 };
-struct OptimizerConfig {
+struct PerParameterOptimizerConfig {
   double threshold = 0.05;  // per-parameter optimizer: share of step time its update takes
 };
 struct HostBoundConfig {
@@ -156,6 +156,14 @@ struct MemoryPressureConfig {
 };
 struct LowMfuConfig {
   double threshold = 0.3;  // MFU below this gets a breakdown
+  // The breakdown names bf16 when fp32 matmuls hold more than this share of the FLOPs, else
+  // fused attention when unfused attention holds more than this share of them.
+  double fp32_share = 0.2;
+  double unfused_attention_share = 0.02;
+};
+struct SmallMicroBatchConfig {
+  double launch_gap_share = 0.2;  // launch gaps above this share of traced step time ...
+  double memory_share = 0.9;      // ... and k x the peak allocated within this share of memory
 };
 struct ExposedCommunicationConfig {
   double threshold = 0.05;  // exposed communication: share of step time
@@ -178,15 +186,16 @@ struct AdvisorsConfig {
   HostSyncConfig host_sync;
   PageableCopiesConfig pageable_copies;
   LaunchBoundConfig launch_bound;
-  PrecisionConfig precision;
-  AttentionConfig attention;
-  LinearBiasConfig linear_bias;
-  OptimizerConfig optimizer;
+  Fp32MatmulConfig fp32_matmul;
+  UnfusedAttentionConfig unfused_attention;
+  UnfusedLinearBiasConfig unfused_linear_bias;
+  PerParameterOptimizerConfig per_parameter_optimizer;
   HostBoundConfig host_bound;
   PeriodicStallConfig periodic_stall;
   LowMfuConfig low_mfu;
   CheckpointConfig checkpoint;
   MemoryPressureConfig memory_pressure;
+  SmallMicroBatchConfig small_micro_batch;
   ExposedCommunicationConfig exposed_communication;
   LowBusBandwidthConfig low_bus_bandwidth;
   StragglerRankConfig straggler_rank;

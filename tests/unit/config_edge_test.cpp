@@ -443,5 +443,28 @@ TEST(ConfigEdge, EveryCMakeOptionIsIgnoredInTheEnvironment) {
   }
 }
 
+// A key this version renamed fails with its new name, in a file and in the environment.
+TEST(ConfigEdge, ARenamedKeyNamesItsNewName) {
+  auto reason = [](const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const ConfigError& e) {
+      return e.reason();
+    }
+    return std::string("(no error)");
+  };
+  const std::string yaml = reason(
+      [] { Config::from_yaml_string("advisors:\n  precision:\n    fp32_matmul_threshold: 0.1\n"); });
+  EXPECT_NE(yaml.find("was renamed advisors.fp32_matmul.threshold"), std::string::npos) << yaml;
+  const std::string env = reason([] {
+    Config c;
+    apply_env_overrides(c, {{"TORCHPILOT_ADVISORS_OPTIMIZER_THRESHOLD", "0.1"}});
+  });
+  EXPECT_NE(env.find("was renamed advisors.per_parameter_optimizer.threshold"), std::string::npos)
+      << env;
+  EXPECT_EQ(reason([] { Config::from_yaml_string("advisors:\n  nothing: {a: 1}\n"); }),
+            "unknown key");
+}
+
 }  // namespace
 }  // namespace torchpilot

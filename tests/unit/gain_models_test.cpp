@@ -256,7 +256,7 @@ TEST(GainModels, OptimizerHostTimeFromItsPhase) {
   EXPECT_NEAR(m->removed_s, 4e-3, 1e-12);
   EXPECT_NEAR(m->gain, 20 / (20 - 4 + 0.875) - 1, 1e-9);
 
-  // The advice of its own: above advisors.optimizer.threshold of the step (4 of 20 ms).
+  // The advice of its own: above advisors.per_parameter_optimizer.threshold of the step (4 of 20 ms).
   AdvisorsConfig config;
   const auto a = advise_per_parameter_optimizer(s, config);
   ASSERT_TRUE(a.has_value());
@@ -268,7 +268,7 @@ TEST(GainModels, OptimizerHostTimeFromItsPhase) {
   EXPECT_TRUE(contains(a->cause, "phase Optimizer_step took 4 ms")) << a->cause;
   EXPECT_TRUE(contains(a->action, "at::_fused_adamw_")) << a->action;
   EXPECT_TRUE(contains(a->action, "becomes 16.9 ms")) << a->action;
-  config.optimizer.threshold = 0.2;  // at the threshold: quiet
+  config.per_parameter_optimizer.threshold = 0.2;  // at the threshold: quiet
   EXPECT_FALSE(advise_per_parameter_optimizer(s, config).has_value());
   // A GPU-bound step (idle 10% of it: 2 ms) hides the rest of the host time: 2.875 ms of
   // kernels are what the update removes.

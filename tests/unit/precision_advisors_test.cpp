@@ -544,7 +544,7 @@ TEST(PrecisionAdvisorTest, UnfusedLinearBiasQuietBelowThresholdOrWithoutAWindow)
   s.sections.set<GpuEpochStats>(g);
   EXPECT_FALSE(advise_unfused_linear_bias(s, kConfig).has_value());
   AdvisorsConfig low = kConfig;
-  low.linear_bias.threshold = 0.01;
+  low.unfused_linear_bias.threshold = 0.01;
   EXPECT_TRUE(advise_unfused_linear_bias(s, low).has_value());
   // No window, or a window that found none.
   g.kernel_classes = KernelClassStats{};
