@@ -98,10 +98,6 @@ struct CostConfig {
   double horizon_s = 600;  // ... counted over this sliding horizon; optional work waits for room
 };
 
-// Step-time outliers (runtime/stalls/step_outliers.h; docs/metrics.md, "Outliers").
-struct OutliersConfig {
-  double factor = 3.0;  // a step slower than this x the median of recent steps is an outlier
-};
 
 // FLOP counting and MFU (hooks/flop_counter); docs/metrics.md, "MFU".
 struct FlopConfig {
@@ -283,7 +279,6 @@ struct Config {
   GpuConfig gpu;
   FlopConfig flops;
   CostConfig cost;
-  OutliersConfig outliers;
   ReportConfig report;
   CommConfig comm;
   OffloadConfig offload;

@@ -179,7 +179,6 @@ const std::vector<KeySpec>& builtin_schema() {
       TP_FLAG(flops.allow_tf32),
       TP_KEY(cost.budget, 0.0001, 1.0),
       TP_KEY(cost.horizon_s, 1.0, 1e7),
-      TP_KEY(outliers.factor, 1.1, 1000.0),
       TP_FLAG(report.trace_dir),
       TP_FLAG(report.html_path),
       TP_KEY(report.prometheus_port, 0, 65535),

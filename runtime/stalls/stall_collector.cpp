@@ -9,6 +9,7 @@
 
 #include "torchpilot/runtime/core/anchor.h"
 #include "torchpilot/runtime/core/collector.h"
+#include "torchpilot/runtime/core/config_section.h"
 #include "torchpilot/runtime/gpu/gpu_records.h"
 #include "torchpilot/runtime/stalls/step_outliers.h"
 
@@ -43,12 +44,14 @@ class StallCollector final : public Collector {
 };
 
 std::unique_ptr<Collector> make_stall_collector(CollectorHost& host) {
-  return std::make_unique<StallCollector>(host.config().outliers.factor);
+  return std::make_unique<StallCollector>(host.config().section<OutliersConfig>().factor);
 }
 
 }  // namespace
 
 TORCHPILOT_REGISTRATION(stalls) {
+  register_config_section<OutliersConfig>(
+      {config_key<OutliersConfig, &OutliersConfig::factor>("factor", 1.1, 1000.0)});
   register_default_collector("stalls", -100, &make_stall_collector, /*always=*/true);
 }
 

@@ -20,6 +20,12 @@
 
 namespace torchpilot {
 
+// Its settings: keys outliers.*, registered by the stalls subsystem (stall_collector.cpp).
+struct OutliersConfig {
+  static constexpr const char* kSectionName = "outliers";
+  double factor = 3.0;  // a step slower than this x the median of recent steps is an outlier
+};
+
 // The epoch summary's "outliers" section.
 struct OutlierStats {
   static constexpr const char* kSectionName = "outliers";
