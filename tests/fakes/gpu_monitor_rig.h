@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "fake_backend.h"
+#include "fakes/string_logger.h"
 #include "gpu_records.h"
 #include "torchpilot/runtime/core/clock.h"
 #include "torchpilot/runtime/core/config.h"
@@ -38,8 +39,7 @@ struct Rig {
   }
   void make(Config c) {
     PilotOptions o;
-    auto logger = std::make_shared<spdlog::logger>(
-        "gpu-test", std::make_shared<spdlog::sinks::ostream_sink_st>(log));
+    auto logger = test::string_logger("gpu-test", log);
     o.logger = logger;
     o.clock = clock;
     o.sinks = {sink};

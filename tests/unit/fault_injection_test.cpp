@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "fakes/string_logger.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/core/sink.h"
 #include "torchpilot/runtime/gpu/gpu_backend.h"
@@ -33,8 +34,7 @@ const Throw kBoth[] = {Throw::kStd, Throw::kOther};
 
 struct Harness {
   std::ostringstream log;
-  std::shared_ptr<spdlog::logger> logger = std::make_shared<spdlog::logger>(
-      "fault", std::make_shared<spdlog::sinks::ostream_sink_st>(log));
+  std::shared_ptr<spdlog::logger> logger = test::string_logger("fault", log);
   std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>();
   std::shared_ptr<RecordingSink> sink = std::make_shared<RecordingSink>();
   std::unique_ptr<Pilot> pilot;
@@ -288,8 +288,7 @@ TEST(FaultInjection, AThrowingGpuBackendNeverTerminatesTheProgram) {
     c.gpu.trace_steps = 100;  // a window still open when the Pilot goes
     auto backend = std::make_shared<ThrowingBackend>(t);
     std::ostringstream out;
-    auto logger = std::make_shared<spdlog::logger>(
-        "gpu-fault", std::make_shared<spdlog::sinks::ostream_sink_st>(out));
+    auto logger = test::string_logger("gpu-fault", out);
     {
       Harness h(c, {make_gpu_monitor(c.gpu, backend, *logger)});
       h.steps(4);

@@ -14,6 +14,7 @@
 
 #include "fakes/gpu_monitor_rig.h"
 #include "fakes/scoped_env.h"
+#include "fakes/string_logger.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/cost/cost.h"
 #include "torchpilot/runtime/gpu/gpu_step_stats.h"
@@ -309,8 +310,7 @@ TEST(GpuMonitorTest, ACheckpointEveryNStepsIsAPeriodicStallNotAnAnomaly) {
   auto cpu = std::make_shared<ManualClock>();
   {
     PilotOptions o;
-    auto logger = std::make_shared<spdlog::logger>(
-        "gpu-test", std::make_shared<spdlog::sinks::ostream_sink_st>(rig.log));
+    auto logger = test::string_logger("gpu-test", rig.log);
     o.logger = logger;
     o.clock = rig.clock;
     o.cpu_clock = cpu;
