@@ -37,6 +37,14 @@ struct Rig {
     c.cost.budget = 1;  // windows open when due; the budget's own tests set one
     return c;
   }
+  // base_config() with a window of `steps` steps from `first_step` (every `every_epochs` epochs).
+  static Config window_config(int64_t first_step, int64_t steps, int every_epochs = 0) {
+    Config c = base_config();
+    c.gpu.trace_first_step = first_step;
+    c.gpu.trace_steps = steps;
+    c.gpu.trace_every_epochs = every_epochs;
+    return c;
+  }
   void make(Config c) {
     PilotOptions o;
     auto logger = test::string_logger("gpu-test", log);

@@ -29,9 +29,7 @@ using test::Rig;
 constexpr Nanos kMs = 1000000;
 
 TEST(GpuMonitorTest, OneSmKernelIsBusyButInefficientInTheAdvisoryLog) {
-  Config c = Rig::base_config();
-  c.gpu.trace_first_step = 3;
-  c.gpu.trace_steps = 4;
+  Config c = Rig::window_config(3, 4);
   Rig rig(c);
   ASSERT_NE(rig.pilot->collector<GpuMonitor>(), nullptr);
   for (int i = 0; i < 12; ++i) rig.step(100, 1, 0.01);
@@ -119,10 +117,7 @@ TEST(GpuMonitorTest, EpochPmMeansWeighStepsByTheirSampledTime) {
 }
 
 TEST(GpuMonitorTest, WindowsOpenAtTheFirstStepAgainEachEpochAndOnRequest) {
-  Config c = Rig::base_config();
-  c.gpu.trace_first_step = 2;
-  c.gpu.trace_steps = 3;
-  c.gpu.trace_every_epochs = 1;
+  Config c = Rig::window_config(2, 3, 1);
   Rig rig(c);
   for (int i = 0; i < 10; ++i) rig.step(10, 200, 1.0);
   EXPECT_EQ(rig.backend->trace_starts, 1);
@@ -147,9 +142,7 @@ TEST(GpuMonitorTest, WindowsOpenAtTheFirstStepAgainEachEpochAndOnRequest) {
 }
 
 TEST(GpuMonitorTest, StepsDoNotWaitForPmSamplingThatStoppedAfterAWindow) {
-  Config c = Rig::base_config();
-  c.gpu.trace_first_step = 1;
-  c.gpu.trace_steps = 1;
+  Config c = Rig::window_config(1, 1);
   Rig rig(c);
   rig.step(10, 200, 1.0);
   rig.step(10, 200, 1.0);  // traced
@@ -169,9 +162,7 @@ TEST(GpuMonitorTest, StepsDoNotWaitForPmSamplingThatStoppedAfterAWindow) {
 }
 
 TEST(GpuMonitorTest, AWindowArmedAtAnEpochsLastStepOpensInTheNext) {
-  Config c = Rig::base_config();
-  c.gpu.trace_first_step = 4;  // armed at the end of step 3, the epoch's last
-  c.gpu.trace_steps = 2;
+  Config c = Rig::window_config(4, 2);  // armed at the end of step 3, the epoch's last
   Rig rig(c);
   for (int i = 0; i < 4; ++i) rig.step(10, 200, 1.0);
   rig.pilot->end_epoch();
@@ -184,9 +175,7 @@ TEST(GpuMonitorTest, AWindowArmedAtAnEpochsLastStepOpensInTheNext) {
 }
 
 TEST(GpuMonitorTest, AWindowsFirstStepIsTracedFromItsScope) {
-  Config c = Rig::base_config();
-  c.gpu.trace_first_step = 1;
-  c.gpu.trace_steps = 1;
+  Config c = Rig::window_config(1, 1);
   Rig rig(c);
   rig.step(10, 200, 1.0);
   rig.clock->advance(5 * kMs);  // between the boundary and the scope: not traced

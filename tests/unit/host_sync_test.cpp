@@ -38,14 +38,9 @@ SyncRecord sync(Nanos b, Nanos e, SyncApi api = SyncApi::kStreamSynchronize) {
   return s;
 }
 
+// A copy of 1 MiB.
 CopyRecord copy(Nanos b, Nanos e, CopyKind kind, bool pageable) {
-  CopyRecord c;
-  c.begin = b;
-  c.end = e;
-  c.bytes = 1 << 20;
-  c.kind = kind;
-  c.pageable = pageable;
-  return c;
+  return test::copy_record(b, e, 1 << 20, kind, pageable);
 }
 
 // A sync's [begin, end], to compare with an expected one.
@@ -479,9 +474,7 @@ TEST(HostOpScopesTest, BoundedAndSwitchedByTheMonitor) {
 using test::FakeBackend;
 
 TEST(HostSyncMonitorTest, EpochNamesTopCallSitesWithTheirPhase) {
-  Config c = test::Rig::base_config();  // the window opens when due (a short fake run)
-  c.gpu.trace_first_step = 0;
-  c.gpu.trace_steps = 3;
+  Config c = test::Rig::window_config(0, 3);  // the window opens when due (a short fake run)
   c.gpu.nvtx = false;
   test::Rig rig(c, false);
   rig.clock->advance(1'000'000);

@@ -119,9 +119,7 @@ TEST(TraceEventsTest, OverlappingSlicesOfATrackGoToLanesThatNest) {
 
 TEST(TraceEventsTest, APilotWritesEachWindowWithItsStepsRecordsAndAdvice) {
   torchpilot_test::TempDir dir;
-  Config c = test::Rig::base_config();  // the window opens when due (a short fake run)
-  c.gpu.trace_first_step = 3;
-  c.gpu.trace_steps = 4;
+  Config c = test::Rig::window_config(3, 4);  // the window opens when due (a short fake run)
   c.gpu.step_markers = false;
   c.report.trace_dir = dir.file("traces");
   test::Rig rig(c);
@@ -155,13 +153,8 @@ TEST(TraceEventsTest, APilotWritesEachWindowWithItsStepsRecordsAndAdvice) {
         // One SM busy the whole step on stream 7 (plants busy_inefficient), a copy, a sync.
         backend->queued.kernels.push_back(kernel(b, e, 7, "spin_kernel"));
         backend->queued.kernels.push_back(kernel(b, b + kMs, 13, "side_kernel"));
-        CopyRecord cp;
-        cp.begin = b;
-        cp.end = b + kMs / 2;
-        cp.bytes = 4096;
-        cp.kind = CopyKind::kHostToDevice;
-        cp.pageable = true;
-        backend->queued.copies.push_back(cp);
+        backend->queued.copies.push_back(
+            test::copy_record(b, b + kMs / 2, 4096, CopyKind::kHostToDevice, true));
         SyncRecord sy;
         sy.begin = e - kMs;
         sy.end = e - kMs / 2;
