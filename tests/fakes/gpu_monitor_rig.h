@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "fake_backend.h"
-#include "fakes/string_logger.h"
+#include "fakes/pilot_parts.h"
 #include "gpu_records.h"
 #include "torchpilot/runtime/core/clock.h"
 #include "torchpilot/runtime/core/config.h"
@@ -20,16 +20,13 @@
 namespace torchpilot {
 namespace test {
 
-struct Rig {
-  std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>();
+struct Rig : PilotParts {
   std::shared_ptr<FakeBackend> backend = std::make_shared<FakeBackend>();
-  std::shared_ptr<RecordingSink> sink = std::make_shared<RecordingSink>();
-  std::ostringstream log;
-  std::unique_ptr<Pilot> pilot;
 
   explicit Rig(Config c = base_config(), bool start = true) {
     if (start) make(std::move(c));
   }
+  ~Rig() { pilot.reset(); }  // before the backend
   static Config base_config() {
     Config c;
     c.gpu.trace_first_step = 1000000;  // windows only where a test asks for them
@@ -46,12 +43,8 @@ struct Rig {
     return c;
   }
   void make(Config c) {
-    PilotOptions o;
-    auto logger = test::string_logger("gpu-test", log);
-    o.logger = logger;
-    o.clock = clock;
-    o.sinks = {sink};
-    if (auto m = make_gpu_monitor(c.gpu, backend, *logger)) o.collectors.push_back(std::move(m));
+    PilotOptions o = options("gpu-test");
+    if (auto m = make_gpu_monitor(c.gpu, backend, *o.logger)) o.collectors.push_back(std::move(m));
     pilot = std::make_unique<Pilot>(std::move(c), std::move(o));
   }
   static constexpr Nanos kMs = 1000000;

@@ -6,10 +6,13 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <functional>
 #include <set>
 #include <sstream>
+#include <string>
+#include <vector>
 
-#include "fakes/string_logger.h"
+#include "fakes/pilot_parts.h"
 #include "torchpilot/advisors/core/advisors.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/reports/run_journal.h"
@@ -63,18 +66,11 @@ class SlowCollector final : public Collector {
   ManualClock& clock_;
 };
 
-struct PilotRig {
-  std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>();
+struct PilotRig : test::PilotParts {
   std::shared_ptr<ManualClock> cpu = std::make_shared<ManualClock>();
-  std::shared_ptr<RecordingSink> sink = std::make_shared<RecordingSink>();
-  std::ostringstream log;
-  std::unique_ptr<Pilot> pilot;
   explicit PilotRig(Config c = {}, bool slow = true) {
-    PilotOptions o;
-    o.logger = test::string_logger("cost-test", log);
-    o.clock = clock;
+    PilotOptions o = options("cost-test");
     o.cpu_clock = cpu;
-    o.sinks = {sink};
     o.default_collectors = false;
     if (slow) o.collectors.push_back(std::make_shared<SlowCollector>(*clock));
     pilot = std::make_unique<Pilot>(std::move(c), std::move(o));
@@ -464,39 +460,56 @@ TEST(PeriodicStallTest, ProbedHostCopiesNameTheCopyAndTheAsynchronousCheckpoint)
   o.sync_share = 0.7;
   o.syncs_per_stall = 6;
   o.d2h_mb_per_stall = 201.3;
-  auto a = advise_stall(s, o);
-  ASSERT_TRUE(a.has_value());
-  EXPECT_NE(a->cause.find("70.0% of it waits for the GPU or copies to the host (201.3 MB"),
-            std::string::npos)
-      << a->cause;
-  EXPECT_NE(a->action.find("if this is a checkpoint: checkpoint asynchronously"), std::string::npos)
-      << a->action;
-  // The copies a small part of the stall (serializing and writing the rest): still named.
-  o.sync_share = 0.26;
-  o.cpu_share = 0.85;
-  a = advise_stall(s, o);
-  ASSERT_TRUE(a.has_value());
-  EXPECT_NE(a->action.find("if this is a checkpoint: checkpoint asynchronously"), std::string::npos)
-      << a->action;
-  // Few bytes: reads for logging, named only when they are most of the stall.
-  o.d2h_mb_per_stall = 0.001;
-  o.sync_share = 0.26;
-  a = advise_stall(s, o);
-  ASSERT_TRUE(a.has_value());
-  EXPECT_NE(a->action.find("mark the periodic work"), std::string::npos) << a->action;
-  o.sync_share = 0.7;
-  a = advise_stall(s, o);
-  ASSERT_TRUE(a.has_value());
-  EXPECT_NE(a->cause.find("6 reads per stall"), std::string::npos) << a->cause;
-  EXPECT_NE(a->action.find("without synchronizing every time"), std::string::npos) << a->action;
-  // A marked phase still names the work; the probe's share is only added to the cause.
-  o.d2h_mb_per_stall = 201.3;
-  o.phase = "eval";
-  o.phase_share = 0.9;
-  a = advise_stall(s, o);
-  ASSERT_TRUE(a.has_value());
-  EXPECT_NE(a->cause.find("in the phase 'eval'"), std::string::npos) << a->cause;
-  EXPECT_NE(a->action.find("evaluate less often"), std::string::npos) << a->action;
+  // Each row changes the stall further, then names what the cause and the action must say.
+  struct Row {
+    const char* what;
+    std::function<void(OutlierStats&)> change;
+    std::vector<std::string> in_cause, in_action;
+  };
+  const std::vector<Row> rows = {
+      {"copies most of the stall",
+       [](OutlierStats&) {},
+       {"70.0% of it waits for the GPU or copies to the host (201.3 MB"},
+       {"if this is a checkpoint: checkpoint asynchronously"}},
+      {"the copies a small part of the stall (serializing and writing the rest): still named",
+       [](OutlierStats& o) {
+         o.sync_share = 0.26;
+         o.cpu_share = 0.85;
+       },
+       {},
+       {"if this is a checkpoint: checkpoint asynchronously"}},
+      {"few bytes: reads for logging, named only when they are most of the stall",
+       [](OutlierStats& o) {
+         o.d2h_mb_per_stall = 0.001;
+         o.sync_share = 0.26;
+       },
+       {},
+       {"mark the periodic work"}},
+      {"few bytes, most of the stall",
+       [](OutlierStats& o) { o.sync_share = 0.7; },
+       {"6 reads per stall"},
+       {"without synchronizing every time"}},
+      {"a marked phase still names the work; the probe's share is only added to the cause",
+       [](OutlierStats& o) {
+         o.d2h_mb_per_stall = 201.3;
+         o.phase = "eval";
+         o.phase_share = 0.9;
+       },
+       {"in the phase 'eval'"},
+       {"evaluate less often"}},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.what);
+    row.change(o);
+    const auto a = advise_stall(s, o);
+    ASSERT_TRUE(a.has_value());
+    for (const std::string& part : row.in_cause) {
+      EXPECT_NE(a->cause.find(part), std::string::npos) << a->cause;
+    }
+    for (const std::string& part : row.in_action) {
+      EXPECT_NE(a->action.find(part), std::string::npos) << a->action;
+    }
+  }
 }
 
 TEST(PeriodicStallTest, RunJournalFailuresGiveYoungsCheckpointInterval) {

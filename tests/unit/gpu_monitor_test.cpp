@@ -14,7 +14,6 @@
 
 #include "fakes/gpu_monitor_rig.h"
 #include "fakes/scoped_env.h"
-#include "fakes/string_logger.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/cost/cost.h"
 #include "torchpilot/runtime/gpu/gpu_step_stats.h"
@@ -298,13 +297,9 @@ TEST(GpuMonitorTest, ACheckpointEveryNStepsIsAPeriodicStallNotAnAnomaly) {
   Rig rig(c, false);
   auto cpu = std::make_shared<ManualClock>();
   {
-    PilotOptions o;
-    auto logger = test::string_logger("gpu-test", rig.log);
-    o.logger = logger;
-    o.clock = rig.clock;
+    PilotOptions o = rig.options("gpu-test");
     o.cpu_clock = cpu;
-    o.sinks = {rig.sink};
-    if (auto m = make_gpu_monitor(c.gpu, rig.backend, *logger))
+    if (auto m = make_gpu_monitor(c.gpu, rig.backend, *o.logger))
       o.collectors.push_back(std::move(m));
     rig.pilot = std::make_unique<Pilot>(c, std::move(o));
   }
