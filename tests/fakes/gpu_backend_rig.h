@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "cupti_records.h"
 #include "fake_cuda_driver.h"
 #include "fake_cupti.h"
 #include "fake_nvml.h"
@@ -77,6 +78,17 @@ struct Rig {
   }
 
   std::unique_ptr<GpuBackend> make() { return make_cupti_backend(config, *logger, loaders()); }
+  // A backend made with CUPTI's `call` failing with `result`.
+  std::unique_ptr<GpuBackend> make_failing(const std::string& call, CUptiResult result) {
+    cupti->fail[call] = result;
+    return make();
+  }
+  // A backend made and started.
+  std::unique_ptr<GpuBackend> started() {
+    auto b = make();
+    b->start();
+    return b;
+  }
   std::string log() {
     logger->flush();
     return log_text.str();
@@ -102,6 +114,16 @@ bool eventually(Pred pred) {
   return pred();
 }
 
+// Flushes `b` and drains it into `batch` until `batch` holds `pm` PM samples and `nvml` NVML
+// ones or more, within eventually()'s time.
+inline bool flushed_eventually(GpuBackend& b, GpuEventBatch& batch, size_t pm, size_t nvml = 0) {
+  return eventually([&] {
+    b.flush();
+    b.drain(batch);
+    return batch.pm.size() >= pm && batch.nvml.size() >= nvml;
+  });
+}
+
 // Whether `text` shows in the rig's log within eventually()'s time (a collector thread logs it).
 inline bool logged_eventually(Rig& rig, const std::string& text) {
   return eventually([&] { return rig.log_text.str().find(text) != std::string::npos; });
@@ -109,19 +131,10 @@ inline bool logged_eventually(Rig& rig, const std::string& text) {
 
 inline const char* const kKernelName = "_Z9my_kernelILi4EN2at4HalfEEvPT0_i";
 
+// A kernel of 132 blocks of 256 threads.
 inline CUpti_ActivityKernel10 kernel_at(uint64_t start, uint64_t end,
                                         const char* name = kKernelName) {
-  CUpti_ActivityKernel10 k;
-  std::memset(&k, 0, sizeof k);
-  k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
-  k.start = start;
-  k.end = end;
-  k.gridX = 132;
-  k.gridY = k.gridZ = 1;
-  k.blockX = 256;
-  k.blockY = k.blockZ = 1;
-  k.name = name;
-  return k;
+  return test::cupti_kernel(start, end, name, 132, 256);
 }
 
 inline FakeSample sample(uint64_t start, uint64_t end, double sm_pct) {

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "fake_backend.h"
+#include "fakes/pilot_parts.h"
 #include "gpu_records.h"
 #include "torchpilot/runtime/core/clock.h"
 #include "torchpilot/runtime/core/config.h"
@@ -19,16 +20,13 @@
 namespace torchpilot {
 namespace test {
 
-struct Rig {
-  std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>();
+struct Rig : PilotParts {
   std::shared_ptr<FakeBackend> backend = std::make_shared<FakeBackend>();
-  std::shared_ptr<RecordingSink> sink = std::make_shared<RecordingSink>();
-  std::ostringstream log;
-  std::unique_ptr<Pilot> pilot;
 
   explicit Rig(Config c = base_config(), bool start = true) {
     if (start) make(std::move(c));
   }
+  ~Rig() { pilot.reset(); }  // before the backend
   static Config base_config() {
     Config c;
     c.gpu.trace_first_step = 1000000;  // windows only where a test asks for them
@@ -36,14 +34,17 @@ struct Rig {
     c.cost.budget = 1;  // windows open when due; the budget's own tests set one
     return c;
   }
+  // base_config() with a window of `steps` steps from `first_step` (every `every_epochs` epochs).
+  static Config window_config(int64_t first_step, int64_t steps, int every_epochs = 0) {
+    Config c = base_config();
+    c.gpu.trace_first_step = first_step;
+    c.gpu.trace_steps = steps;
+    c.gpu.trace_every_epochs = every_epochs;
+    return c;
+  }
   void make(Config c) {
-    PilotOptions o;
-    auto logger = std::make_shared<spdlog::logger>(
-        "gpu-test", std::make_shared<spdlog::sinks::ostream_sink_st>(log));
-    o.logger = logger;
-    o.clock = clock;
-    o.sinks = {sink};
-    if (auto m = make_gpu_monitor(c.gpu, backend, *logger)) o.collectors.push_back(std::move(m));
+    PilotOptions o = options("gpu-test");
+    if (auto m = make_gpu_monitor(c.gpu, backend, *o.logger)) o.collectors.push_back(std::move(m));
     pilot = std::make_unique<Pilot>(std::move(c), std::move(o));
   }
   static constexpr Nanos kMs = 1000000;

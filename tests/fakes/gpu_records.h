@@ -50,6 +50,11 @@ inline KernelRecord kernel(Nanos b, Nanos e, int64_t blocks, std::string name = 
   return k;
 }
 
+// A copy of `bytes` over [b, e).
+inline CopyRecord copy_record(Nanos b, Nanos e, int64_t bytes, CopyKind kind, bool pageable) {
+  return CopyRecord{b, e, bytes, kind, pageable};
+}
+
 // An epoch of 10 steps in 1 s, all traced on a 132-SM "Fake GPU" with 1000 kernels; the caller
 // sets the utilization and idle figures its advisor reads.
 inline EpochSummary traced_gpu_summary() {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "fakes/autotune_config.h"
 #include "torchpilot/hooks/memory/accumulation.h"
 #include "torchpilot/runtime/memory/batch_policy.h"
 
@@ -27,14 +28,8 @@ int64_t device_memory() {
 }
 
 Config tuning_config(double headroom) {
-  Config c;
-  c.mode = Mode::kAutotune;
+  Config c = test::short_autotune_config();
   c.log.level = "warn";
-  c.autotune.settle_steps = 1;
-  c.autotune.measure_steps = 3;
-  c.autotune.min_window_ms = 0;
-  c.autotune.warmup_seconds = 0;
-  c.autotune.warmup_steps = 60;
   c.autotune.memory_headroom = headroom;
   return c;
 }

@@ -12,20 +12,15 @@
 #include <vector>
 
 #include "captured_stderr.h"
+#include "fakes/autotune_config.h"
 #include "torchpilot/runtime/memory/batch_policy.h"
 
 namespace torchpilot {
 namespace {
 
 Config config_for(Mode mode, const std::string& level = "warn") {
-  Config c;
-  c.mode = mode;
+  Config c = test::short_autotune_config(mode);
   c.log.level = level;
-  c.autotune.settle_steps = 1;
-  c.autotune.measure_steps = 3;
-  c.autotune.min_window_ms = 0;
-  c.autotune.warmup_seconds = 0;
-  c.autotune.warmup_steps = 60;
   return c;
 }
 

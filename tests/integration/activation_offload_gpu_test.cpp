@@ -42,6 +42,20 @@ int64_t peak_allocated(const std::function<void()>& f) {
 #endif
 }
 
+// Seeded with `seed`: a TinyModel `width` wide of `heads` heads and `layers` blocks on the first
+// GPU, and an input of 4 x width x width there.
+struct OnGpu {
+  TinyModel model;
+  torch::Tensor x;
+};
+OnGpu model_on_gpu(uint64_t seed, int64_t width, int64_t heads, int layers) {
+  const torch::Device dev(torch::kCUDA, 0);
+  torch::manual_seed(seed);
+  TinyModel model(width, heads, layers);
+  model->to(dev);
+  return {model, torch::randn({4, width, width}, dev)};
+}
+
 struct Case {
   bool bf16;
   bool per_block;
@@ -55,13 +69,11 @@ std::string name(const Case& c) {
 
 TEST(ActivationOffloadGpu, GradientsBitIdenticalAndPeakLower) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  const torch::Device dev(torch::kCUDA, 0);
-  torch::manual_seed(11);
   // Twelve blocks: at the forward/backward boundary up to 2 x depth storages stay on the GPU (the
   // last ones saved, the first ones fetched ahead), a small share of twelve blocks' activations.
-  TinyModel model(512, 8, 12);
-  model->to(dev);
-  const auto x = torch::randn({4, 512, 512}, dev);
+  OnGpu on_gpu = model_on_gpu(11, 512, 8, 12);
+  TinyModel& model = on_gpu.model;
+  const torch::Tensor& x = on_gpu.x;
 
   auto loss_fn = [&](ActivationOffload* offload, bool bf16, bool per_block) {
     return [&, offload, bf16, per_block](torch::Tensor in) {
@@ -134,11 +146,9 @@ TEST(ActivationOffloadGpu, GradientsBitIdenticalAndPeakLower) {
 // The knob turns offloading off and on between forwards on the GPU too.
 TEST(ActivationOffloadGpu, KnobTurnsItOffAndOn) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  const torch::Device dev(torch::kCUDA, 0);
-  torch::manual_seed(12);
-  TinyModel model(128, 4, 2);
-  model->to(dev);
-  const auto x = torch::randn({4, 128, 128}, dev);
+  OnGpu on_gpu = model_on_gpu(12, 128, 4, 2);
+  TinyModel& model = on_gpu.model;
+  const torch::Tensor& x = on_gpu.x;
   OffloadOptions o;
   o.min_bytes = 4096;
   ActivationOffload offload(o);

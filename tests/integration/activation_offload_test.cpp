@@ -75,8 +75,7 @@ TEST(ActivationOffload, CpuModelIsRefusedWithOneLine) {
   OffloadOptions o;
   o.min_bytes = 1024;
   ActivationOffload offload(o, log.fn());
-  const auto plain =
-      gradients(model, x, [&](torch::Tensor in) { return model->forward(in).sum(); });
+  const auto plain = gradients(model, x);
   for (int i = 0; i < 3; ++i) {
     const auto with = gradients(model, x, [&](torch::Tensor in) {
       auto s = offload.scope();
@@ -157,8 +156,7 @@ TEST(ActivationOffload, HostCopiesGiveBitIdenticalGradients) {
   torch::manual_seed(5);
   TinyModel model(64, 4, 3);
   const auto x = torch::randn({2, 32, 64});
-  const auto plain =
-      gradients(model, x, [&](torch::Tensor in) { return model->forward(in).sum(); });
+  const auto plain = gradients(model, x);
   for (int depth : {0, 1, 4, 1000}) {
     for (bool per_block : {false, true}) {
       SCOPED_TRACE("depth " + std::to_string(depth) + (per_block ? " per block" : " whole"));
@@ -204,14 +202,12 @@ TEST(ActivationOffload, OutsideAScopeAndWhenDisabledNothingIsSaved) {
   OffloadOptions o;
   o.min_bytes = 1024;
   auto offload = ActivationOffload::for_testing_host_copies(o);
-  gradients(model, x, [&](torch::Tensor in) { return model->forward(in).sum(); });
+  gradients(model, x);
   EXPECT_EQ(offload->stats().saved, 0);
   // Another thread's scope does not reach this thread.
   {
     auto s = offload->scope();
-    std::thread([&] {
-      gradients(model, x, [&](torch::Tensor in) { return model->forward(in).sum(); });
-    }).join();
+    std::thread([&] { gradients(model, x); }).join();
   }
   EXPECT_EQ(offload->stats().saved, 0);
   Knob k = offload->knob();
@@ -239,8 +235,7 @@ TEST(ActivationOffload, AFailingCopyKeepsTheTensorWithOneLine) {
   torch::manual_seed(8);
   TinyModel model(32, 4, 2);
   const auto x = torch::randn({2, 16, 32});
-  const auto plain =
-      gradients(model, x, [&](torch::Tensor in) { return model->forward(in).sum(); });
+  const auto plain = gradients(model, x);
   Lines log;
   OffloadOptions o;
   o.min_bytes = 1024;

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 
+#include "flop_harness.h"
 #include "torchpilot/hooks/core/compat.h"
 #include "torchpilot/hooks/flops/flop_counter.h"
 #include "torchpilot/runtime/core/sink.h"
@@ -15,38 +16,20 @@
 namespace torchpilot {
 namespace {
 
-constexpr size_t P(MathPrecision p) { return static_cast<size_t>(p); }
+using test::P;
 
 bool have_gpu() { return torch::cuda::is_available() && torch::cuda::device_count() > 0; }
 
-struct GpuHarness {
-  std::shared_ptr<RecordingSink> sink = std::make_shared<RecordingSink>();
-  std::unique_ptr<Pilot> pilot;
-  std::unique_ptr<FlopCounter> counter;
-  GpuHarness() {
-    Config c;
-    c.mode = Mode::kAdvise;
-    c.log.level = "warn";
-    c.gpu.enabled = false;  // the FLOP counter alone
-    c.flops.skip_steps = 0;
-    c.flops.count_steps = 1;
-    PilotOptions po;
-    po.sinks = {sink};
-    pilot = std::make_unique<Pilot>(c, po);
-    counter = std::make_unique<FlopCounter>(*pilot);
-  }
+// The FLOP counter alone (no GPU monitor), counting every step; a step waits for the GPU.
+struct GpuHarness : test::Harness {
+  GpuHarness() : Harness(test::flop_config(0, 1)) {}
   const StepRecord& step(int64_t samples, const std::function<void()>& body) {
-    {
-      auto s = pilot->step(samples);
+    return Harness::step(samples, [&] {
       body();
       torch::cuda::synchronize();
-    }
-    return sink->steps.back();
+    });
   }
-  FlopEpochStats end_epoch() {
-    pilot->end_epoch();
-    return *sink->epochs.back().sections.get<FlopEpochStats>();
-  }
+  FlopEpochStats end_epoch() { return *Harness::end_epoch().sections.get<FlopEpochStats>(); }
 };
 
 TEST(FlopCounterGpu, Bf16LinearHasAPeakAndMfu) {
@@ -129,19 +112,29 @@ TEST(FlopCounterGpu, Conv2dOnCudnn) {
 }
 
 #if TORCHPILOT_TORCH_AT_LEAST(2, 0)
+// Attention of bf16 queries, keys and values on the GPU (batch 4, 8 heads of 64, length 256;
+// random, requiring grad) as `attention` computes it, summed and backpropagated in one step of `h`.
+using Attention =
+    std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>;
+constexpr int64_t kB = 4, kH = 8, kL = 256, kD = 64;
+constexpr double kBmmFlops = 2.0 * kB * kH * kL * kL * kD;  // one of its batched matmuls
+const StepRecord& attention_step(GpuHarness& h, const Attention& attention) {
+  return h.step(1, [&] {
+    auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+    auto q = torch::randn({kB, kH, kL, kD}, opts).requires_grad_(true);
+    auto k = torch::randn({kB, kH, kL, kD}, opts).requires_grad_(true);
+    auto v = torch::randn({kB, kH, kL, kD}, opts).requires_grad_(true);
+    attention(q, k, v).sum().backward();
+  });
+}
+
 TEST(FlopCounterGpu, ScaledDotProductAttentionIsFused) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA in this LibTorch or no GPU";
   GpuHarness h;
-  const int64_t B = 4, H = 8, L = 256, D = 64;
-  auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
-  auto body = [&] {
-    auto q = torch::randn({B, H, L, D}, opts).requires_grad_(true);
-    auto k = torch::randn({B, H, L, D}, opts).requires_grad_(true);
-    auto v = torch::randn({B, H, L, D}, opts).requires_grad_(true);
-    at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true).sum().backward();
-  };
-  const double bmm = 2.0 * B * H * L * L * D;
-  const StepRecord r = h.step(1, body);
+  const double bmm = kBmmFlops;
+  const StepRecord r = attention_step(h, [](const auto& q, const auto& k, const auto& v) {
+    return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+  });
   EXPECT_DOUBLE_EQ(r.metrics.get("flops", "model_flops"), 6 * bmm) << "2 forward + 4 backward";
   EXPECT_DOUBLE_EQ(r.metrics.get("flops", "hardware_flops"), 7 * bmm)
       << "+ QK^T recomputed in the backward kernel";
@@ -158,17 +151,11 @@ TEST(FlopCounterGpu, ScaledDotProductAttentionIsFused) {
 TEST(FlopCounterGpu, UnfusedBf16AttentionIsFound) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA in this LibTorch or no GPU";
   GpuHarness h;
-  const int64_t B = 4, H = 8, L = 256, D = 64;
-  auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
-  auto body = [&] {
-    auto q = torch::randn({B, H, L, D}, opts).requires_grad_(true);
-    auto k = torch::randn({B, H, L, D}, opts).requires_grad_(true);
-    auto v = torch::randn({B, H, L, D}, opts).requires_grad_(true);
-    auto p = torch::softmax(torch::matmul(q, k.transpose(-2, -1)) / 8.0, -1);
-    torch::matmul(p, v).sum().backward();
-  };
-  const double bmm = 2.0 * B * H * L * L * D;
-  EXPECT_DOUBLE_EQ(h.step(1, body).metrics.get("flops", "model_flops"), 6 * bmm);
+  const double bmm = kBmmFlops;
+  const StepRecord& r = attention_step(h, [](const auto& q, const auto& k, const auto& v) {
+    return torch::matmul(torch::softmax(torch::matmul(q, k.transpose(-2, -1)) / 8.0, -1), v);
+  });
+  EXPECT_DOUBLE_EQ(r.metrics.get("flops", "model_flops"), 6 * bmm);
   const FlopEpochStats f = h.end_epoch();
   EXPECT_EQ(f.unfused_attention_per_step, 1);
   EXPECT_DOUBLE_EQ(f.unfused_attention_flops_per_step, 6 * bmm)

@@ -14,48 +14,16 @@
 #include <thread>
 #include <vector>
 
+#include "flop_harness.h"
 #include "torchpilot/hooks/core/compat.h"
 #include "torchpilot/runtime/core/sink.h"
 
 namespace torchpilot {
 namespace {
 
-constexpr size_t P(MathPrecision p) { return static_cast<size_t>(p); }
-
-Config flop_config(int skip, int count, double peak_tflops = 0) {
-  Config c;
-  c.mode = Mode::kAdvise;
-  c.log.level = "warn";
-  c.gpu.enabled = false;
-  c.flops.skip_steps = skip;
-  c.flops.count_steps = count;
-  c.flops.peak_tflops = peak_tflops;
-  return c;
-}
-
-struct Harness {
-  std::shared_ptr<RecordingSink> sink = std::make_shared<RecordingSink>();
-  std::unique_ptr<Pilot> pilot;
-  std::unique_ptr<FlopCounter> counter;
-  explicit Harness(const Config& config) {
-    PilotOptions po;
-    po.sinks = {sink};
-    pilot = std::make_unique<Pilot>(config, po);
-    counter = std::make_unique<FlopCounter>(*pilot);
-  }
-  // One step of `samples` running `body`; returns its record.
-  const StepRecord& step(int64_t samples, const std::function<void()>& body) {
-    {
-      auto s = pilot->step(samples);
-      body();
-    }
-    return sink->steps.back();
-  }
-  const EpochSummary& end_epoch() {
-    pilot->end_epoch();
-    return sink->epochs.back();
-  }
-};
+using test::flop_config;
+using test::Harness;
+using test::P;
 
 // A Linear layer's forward and backward with the input requiring grad:
 //   forward  addmm(bias, x, W^T)     2·B·in·out
@@ -71,6 +39,12 @@ std::function<void()> linear_step(torch::nn::Linear& lin, int64_t batch) {
     auto x = torch::randn({batch, kIn}).requires_grad_(true);
     lin->forward(x).sum().backward();
   };
+}
+
+// One step of the Linear layer on a batch of `batch` in `h`: the model FLOPs it was counted at
+// (NaN where it was not counted).
+double linear_step_flops(Harness& h, torch::nn::Linear& lin, int64_t batch) {
+  return h.step(batch, linear_step(lin, batch)).metrics.get("flops", "model_flops");
 }
 
 // Two named layers: each layer's forward and backward FLOPs count for its module, the backward
@@ -126,9 +100,7 @@ TEST(FlopCounterTest, LinearForwardBackwardIsSixBatchInOut) {
   torch::nn::Linear lin(kIn, kOut);
   const int64_t batch = 16;
   EXPECT_FALSE(h.counter->counting()) << "skipping first";
-  EXPECT_TRUE(
-      std::isnan(h.step(batch, linear_step(lin, batch)).metrics.get("flops", "model_flops")))
-      << "skipped";
+  EXPECT_TRUE(std::isnan(linear_step_flops(h, lin, batch))) << "skipped";
   EXPECT_TRUE(h.counter->counting());
   for (int i = 0; i < 2; ++i) {
     const StepRecord& r = h.step(batch, linear_step(lin, batch));
@@ -142,8 +114,7 @@ TEST(FlopCounterTest, LinearForwardBackwardIsSixBatchInOut) {
   EXPECT_FALSE(h.counter->counting()) << "window over";
   EXPECT_EQ(h.counter->windows(), 1);
   for (int i = 0; i < 3; ++i) {
-    EXPECT_DOUBLE_EQ(h.step(batch, linear_step(lin, batch)).metrics.get("flops", "model_flops"),
-                     linear_flops(batch));
+    EXPECT_DOUBLE_EQ(linear_step_flops(h, lin, batch), linear_flops(batch));
   }
   const EpochSummary& e = h.end_epoch();
   ASSERT_TRUE((e.sections.get<FlopEpochStats>() != nullptr));
@@ -171,8 +142,7 @@ TEST(FlopCounterTest, CallbacksAreOffOutsideTheWindowAndRecountTurnsThemOn) {
   Harness h(flop_config(0, 1));
   torch::nn::Linear lin(kIn, kOut);
   const int64_t batch = 8;
-  EXPECT_DOUBLE_EQ(h.step(batch, linear_step(lin, batch)).metrics.get("flops", "model_flops"),
-                   linear_flops(batch));
+  EXPECT_DOUBLE_EQ(linear_step_flops(h, lin, batch), linear_flops(batch));
   // An extra matmul after the window: not seen (callbacks off), the step keeps the cached count.
   auto extra = [&] {
     linear_step(lin, batch)();
@@ -185,8 +155,7 @@ TEST(FlopCounterTest, CallbacksAreOffOutsideTheWindowAndRecountTurnsThemOn) {
   EXPECT_TRUE(h.counter->counting());
   EXPECT_DOUBLE_EQ(h.step(batch, extra).metrics.get("flops", "model_flops"),
                    linear_flops(batch) + 12000.0);
-  EXPECT_DOUBLE_EQ(h.step(batch, linear_step(lin, batch)).metrics.get("flops", "model_flops"),
-                   linear_flops(batch) + 12000.0)
+  EXPECT_DOUBLE_EQ(linear_step_flops(h, lin, batch), linear_flops(batch) + 12000.0)
       << "cached from the recount";
 }
 
@@ -197,19 +166,15 @@ TEST(FlopCounterTest, RecountsWhenTheBatchSizeChanges) {
   for (int i = 0; i < 3; ++i) h.step(16, linear_step(lin, 16));
   EXPECT_FALSE(h.counter->counting());
   // Batch 8: that step has no count yet; the next two are counted.
-  EXPECT_TRUE(std::isnan(h.step(8, linear_step(lin, 8)).metrics.get("flops", "model_flops")));
+  EXPECT_TRUE(std::isnan(linear_step_flops(h, lin, 8)));
   EXPECT_TRUE(h.counter->counting());
-  EXPECT_DOUBLE_EQ(h.step(8, linear_step(lin, 8)).metrics.get("flops", "model_flops"),
-                   linear_flops(8));
-  EXPECT_DOUBLE_EQ(h.step(8, linear_step(lin, 8)).metrics.get("flops", "model_flops"),
-                   linear_flops(8));
+  EXPECT_DOUBLE_EQ(linear_step_flops(h, lin, 8), linear_flops(8));
+  EXPECT_DOUBLE_EQ(linear_step_flops(h, lin, 8), linear_flops(8));
   EXPECT_FALSE(h.counter->counting());
   EXPECT_EQ(h.counter->windows(), 2);
   // Both sizes are remembered.
-  EXPECT_DOUBLE_EQ(h.step(16, linear_step(lin, 16)).metrics.get("flops", "model_flops"),
-                   linear_flops(16));
-  EXPECT_DOUBLE_EQ(h.step(8, linear_step(lin, 8)).metrics.get("flops", "model_flops"),
-                   linear_flops(8));
+  EXPECT_DOUBLE_EQ(linear_step_flops(h, lin, 16), linear_flops(16));
+  EXPECT_DOUBLE_EQ(linear_step_flops(h, lin, 8), linear_flops(8));
   EXPECT_FALSE(h.counter->counting());
   EXPECT_EQ(h.counter->windows(), 2);
 }

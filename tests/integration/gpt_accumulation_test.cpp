@@ -6,36 +6,19 @@
 #include <cmath>
 #include <vector>
 
-#include "gpt_trainer.h"
-#include "torchpilot/runtime/core/config.h"
-#include "torchpilot/runtime/core/pilot.h"
+#include "gpt_test_setup.h"
 
 namespace {
 
 std::vector<double> losses(int64_t micro_batch, int64_t* accumulation) {
-  gpt_example::TrainOptions o;
-  o.d_model = 32;
-  o.layers = 2;
-  o.heads = 2;
-  o.seq = 16;
-  o.batch = 8;
-  o.lr = 1e-2;
-  o.device = "cpu";
-  o.precision = gpt_example::Precision::kFp32;
-  o.corpus_bytes = 1 << 16;
+  gpt_example::TrainOptions o = gpt_test::tiny_gpt(8, "cpu");
   o.optimizer = gpt_example::Optimizer::kPerParameter;
   o.micro_batch = micro_batch;
-  torchpilot::Config c;
-  c.mode = torchpilot::Mode::kAdvise;
+  torchpilot::Config c = gpt_test::pilot_config(torchpilot::Mode::kAdvise);
   c.log.level = "warn";
-  c.gpu.enabled = false;
   torchpilot::Pilot pilot(c);  // before the trainer, as in the example
   gpt_example::Trainer trainer(o);
-  std::vector<double> out;
-  for (int i = 0; i < 6; ++i) {
-    trainer.train(pilot, 1);
-    out.push_back(trainer.take_mean_loss());
-  }
+  std::vector<double> out = gpt_test::step_losses(trainer, pilot, 6);
   *accumulation = trainer.accumulation();
   return out;
 }

@@ -5,7 +5,7 @@
 #include <torch/torch.h>
 
 #include "gpt_model.h"
-#include "gpt_trainer.h"
+#include "gpt_test_setup.h"
 #include "torchpilot/hooks/core/compat.h"
 
 namespace {
@@ -16,11 +16,7 @@ using gpt_example::GptConfig;
 // Logits and the gradients of their sum, from a model built with `aten_linear` (same seeds).
 std::pair<torch::Tensor, std::vector<torch::Tensor>> run(bool aten_linear,
                                                          const std::string& device, bool autocast) {
-  GptConfig c;
-  c.d_model = 32;
-  c.layers = 2;
-  c.heads = 2;
-  c.seq = 16;
+  GptConfig c = gpt_test::tiny_gpt_model();
   c.aten_linear = aten_linear;
   torch::manual_seed(7);
   Gpt model(c);

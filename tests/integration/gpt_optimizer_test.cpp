@@ -7,38 +7,19 @@
 #include <cmath>
 #include <vector>
 
-#include "gpt_trainer.h"
-#include "torchpilot/runtime/core/config.h"
-#include "torchpilot/runtime/core/pilot.h"
+#include "gpt_test_setup.h"
 
 namespace {
 
 using gpt_example::Optimizer;
 
 std::vector<double> losses(Optimizer optimizer, const std::string& device, Optimizer* ran) {
-  gpt_example::TrainOptions o;
-  o.d_model = 32;
-  o.layers = 2;
-  o.heads = 2;
-  o.seq = 16;
-  o.batch = 4;
-  o.lr = 1e-2;
-  o.device = device;
-  o.precision = gpt_example::Precision::kFp32;
-  o.corpus_bytes = 1 << 16;
+  gpt_example::TrainOptions o = gpt_test::tiny_gpt(4, device);
   o.optimizer = optimizer;
   gpt_example::Trainer trainer(o);
   *ran = trainer.optimizer();
-  torchpilot::Config c;
-  c.mode = torchpilot::Mode::kOff;
-  c.gpu.enabled = false;
-  torchpilot::Pilot pilot(c);
-  std::vector<double> out;
-  for (int i = 0; i < 8; ++i) {
-    trainer.train(pilot, 1);
-    out.push_back(trainer.take_mean_loss());
-  }
-  return out;
+  torchpilot::Pilot pilot(gpt_test::pilot_config(torchpilot::Mode::kOff));
+  return gpt_test::step_losses(trainer, pilot, 8);
 }
 
 void expect_same(const std::vector<double>& a, const std::vector<double>& b, double tolerance) {

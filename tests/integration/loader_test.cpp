@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "fakes/gate.h"
 #include "torchpilot/runtime/reports/sinks.h"
 #include "torchpilot/torchpilot.h"
 
@@ -47,6 +48,13 @@ torchpilot::Config quiet_config(torchpilot::Mode mode) {
   c.mode = mode;
   c.log.level = "warn";
   return c;
+}
+
+// PilotOptions whose only sink is `recording`.
+torchpilot::PilotOptions recording_into(std::shared_ptr<torchpilot::RecordingSink> recording) {
+  torchpilot::PilotOptions po;
+  po.sinks.push_back(std::move(recording));
+  return po;
 }
 
 void count(const torch::Tensor& targets, std::vector<int>& seen) {
@@ -183,27 +191,17 @@ TEST(TunableLoader, DestroyedMidEpochWithBusyWorkersJoinsCleanly) {
 }
 
 // Sample i is [i], but every get() waits for the gate to open (a dataset blocked for good).
-struct Gate {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool open = false;
-  std::atomic<int> entered{0};
-  std::atomic<int> left{0};
-};
+using torchpilot::test::Gate;
 class GatedDataset : public torch::data::datasets::Dataset<GatedDataset> {
  public:
   GatedDataset(size_t size, std::shared_ptr<Gate> gate) : values_(size), gate_(std::move(gate)) {
     for (size_t i = 0; i < size; ++i) values_[i] = static_cast<int64_t>(i);
   }
   torch::data::Example<> get(size_t i) override {
-    ++gate_->entered;
-    {
-      std::unique_lock<std::mutex> lock(gate_->mu);
-      gate_->cv.wait(lock, [&] { return gate_->open; });
-    }
+    gate_->enter();
     // Reads this dataset copy after the wait: it must still exist when the loader is long gone.
     const int64_t v = values_.at(i);
-    ++gate_->left;
+    gate_->leave();
     return {torch::full({1}, static_cast<float>(v)), torch::tensor(v)};
   }
   torch::optional<size_t> size() const override { return values_.size(); }
@@ -215,19 +213,7 @@ class GatedDataset : public torch::data::datasets::Dataset<GatedDataset> {
 
 TEST(TunableLoader, DestroyedWhileTheDatasetBlocksReturnsAndAbandonsTheCall) {
   auto gate = std::make_shared<Gate>();
-  auto open_gate = [gate] {
-    {
-      std::lock_guard<std::mutex> lock(gate->mu);
-      gate->open = true;
-    }
-    gate->cv.notify_all();
-  };
-  auto wait_for = [](const std::function<bool()>& done) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!done() && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    return done();
-  };
+  using torchpilot::test::within_ten_seconds;
   torchpilot::Pilot pilot(quiet_config(torchpilot::Mode::kAdvise));
   LoaderOptions options;
   options.batch_size = 1;
@@ -238,31 +224,21 @@ TEST(TunableLoader, DestroyedWhileTheDatasetBlocksReturnsAndAbandonsTheCall) {
       GatedDataset(50, gate).map(torch::data::transforms::Stack<>()), options);
   loader->attach(pilot);  // the abandonment warning goes to the Pilot's log
   loader->start_epoch();
-  ASSERT_TRUE(wait_for([&] { return gate->entered.load() == 2; }));
+  ASSERT_TRUE(within_ten_seconds([&] { return gate->entered.load() == 2; }));
 
-  std::promise<void> destroyed;
-  std::future<void> done = destroyed.get_future();
-  std::thread destroyer([&] {
-    loader.reset();
-    destroyed.set_value();
-  });
-  const bool returned = done.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
-  if (!returned) open_gate();
-  destroyer.join();
-  ASSERT_TRUE(returned) << "destroying the loader hung on a blocked dataset call";
+  ASSERT_TRUE(gate->destroyed_in_time([&] { loader.reset(); }))
+      << "destroying the loader hung on a blocked dataset call";
 
   // The abandoned calls finish on their datasets, which the loader's destruction did not free.
-  open_gate();
-  ASSERT_TRUE(wait_for([&] { return gate->left.load() == 2; }));
+  gate->open();
+  ASSERT_TRUE(within_ten_seconds([&] { return gate->left.load() == 2; }));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(gate->entered.load(), 2);
 }
 
 TEST(TunableLoader, ReportsWaitsToThePilotAndEndsItsEpochs) {
   auto recording = std::make_shared<torchpilot::RecordingSink>();
-  torchpilot::PilotOptions po;
-  po.sinks.push_back(recording);
-  torchpilot::Pilot pilot(quiet_config(torchpilot::Mode::kAdvise), po);
+  torchpilot::Pilot pilot(quiet_config(torchpilot::Mode::kAdvise), recording_into(recording));
   LoaderOptions options;
   options.batch_size = 5;
   TunableLoader<Stacked> loader(stacked(50, -1, 300), options);  // workers 0: starved
@@ -297,9 +273,7 @@ TEST(TunableLoader, AutotuneAddsWorkersForASlowDataset) {
   config.autotune.warmup_seconds = 0;  // budget and windows in steps only
   config.autotune.min_window_ms = 0;
   auto recording = std::make_shared<torchpilot::RecordingSink>();
-  torchpilot::PilotOptions po;
-  po.sinks.push_back(recording);
-  torchpilot::Pilot pilot(config, po);
+  torchpilot::Pilot pilot(config, recording_into(recording));
   LoaderOptions options;
   options.batch_size = 4;
   // Sleeping samples: parallel workers help even on a machine with few cores.
@@ -327,9 +301,7 @@ TEST(TunableLoader, AutotuneAddsWorkersForASlowDataset) {
 
 TEST(Watch, MeasuresAStockDataLoader) {
   auto recording = std::make_shared<torchpilot::RecordingSink>();
-  torchpilot::PilotOptions po;
-  po.sinks.push_back(recording);
-  torchpilot::Pilot pilot(quiet_config(torchpilot::Mode::kAdvise), po);
+  torchpilot::Pilot pilot(quiet_config(torchpilot::Mode::kAdvise), recording_into(recording));
   auto loader = torch::data::make_data_loader(
       stacked(60, -1, 500), torch::data::DataLoaderOptions().batch_size(6).workers(0));
   for (int epoch = 0; epoch < 2; ++epoch) {
@@ -355,9 +327,7 @@ TEST(Watch, ReportsTheStockLoadersOwnOptions) {
   // Issue 15: a loader made with 4 workers is reported with 4, not the default 0, and the
   // starvation advice says how many it has instead of telling it to add some.
   auto recording = std::make_shared<torchpilot::RecordingSink>();
-  torchpilot::PilotOptions po;
-  po.sinks.push_back(recording);
-  torchpilot::Pilot pilot(quiet_config(torchpilot::Mode::kAdvise), po);
+  torchpilot::Pilot pilot(quiet_config(torchpilot::Mode::kAdvise), recording_into(recording));
   auto loader = torch::data::make_data_loader(
       stacked(60, -1, 2000),
       torch::data::DataLoaderOptions().batch_size(6).workers(4).max_jobs(5).timeout(

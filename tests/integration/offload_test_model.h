@@ -59,13 +59,14 @@ struct TinyModelImpl : torch::nn::Module {
 };
 TORCH_MODULE(TinyModel);
 
-// The gradients of every parameter and of the input, cloned, after one backward of `loss_of`.
+// The gradients of every parameter and of the input, cloned, after one backward of `loss_of` (by
+// default the sum of the model's output, nothing offloaded).
 inline std::vector<torch::Tensor> gradients(
     TinyModel& model, const torch::Tensor& input,
-    const std::function<torch::Tensor(torch::Tensor)>& loss_of) {
+    const std::function<torch::Tensor(torch::Tensor)>& loss_of = {}) {
   for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
   auto x = input.detach().clone().requires_grad_(true);
-  loss_of(x).backward();
+  (loss_of ? loss_of(x) : model->forward(x).sum()).backward();
   std::vector<torch::Tensor> grads;
   for (auto& p : model->parameters()) grads.push_back(p.grad().detach().clone());
   grads.push_back(x.grad().detach().clone());

@@ -95,6 +95,15 @@ std::vector<int64_t> tried(const TrialEngine& engine) {
   return out;
 }
 
+// Runs the simulated trainer until the engine decides (1000 steps at most), with the trainer's
+// peak memory as the engine's probe where `probe` is set; true if the engine decided.
+bool tune(TrialEngine& engine, SimTrainer& sim, bool probe) {
+  if (probe) engine.memory_probe = probe_of(sim);
+  Driver driver{sim};
+  driver.run(engine);
+  return engine.finished();
+}
+
 TEST(MicroBatchPolicy, KeepsTheBestThroughputNotTheLargest) {
   SimTrainer sim;
   // Fewer launches with larger micro-batches, but 16 and 32 fall off a cliff (say, a kernel that
@@ -104,9 +113,7 @@ TEST(MicroBatchPolicy, KeepsTheBestThroughputNotTheLargest) {
   register_micro(knobs, sim, kDomain);
   const AutotuneConfig config = config_for_test();
   TrialEngine engine(knobs, make_autotune_policy(config), config);
-  Driver driver{sim};
-  driver.run(engine);
-  ASSERT_TRUE(engine.finished());
+  ASSERT_TRUE(tune(engine, sim, false));
   EXPECT_EQ(chosen_micro(engine), 8);
   EXPECT_EQ(sim.micro, 8);  // applied
   // Larger ones than the best were measured (16 did not decline by 15%, so 32 was tried too);
@@ -126,10 +133,7 @@ TEST(MicroBatchPolicy, StaysWithinTheMemoryHeadroom) {
     AutotuneConfig config = config_for_test();
     config.memory_headroom = headroom;
     TrialEngine engine(knobs, make_autotune_policy(config), config);
-    engine.memory_probe = probe_of(sim);
-    Driver driver{sim};
-    driver.run(engine);
-    ASSERT_TRUE(engine.finished());
+    ASSERT_TRUE(tune(engine, sim, true));
     const int64_t expected = headroom == 0.9 ? 16 : 8;
     EXPECT_EQ(chosen_micro(engine), expected) << "headroom " << headroom;
     // The first micro-batch above the headroom failed, with its peak in the note, and nothing
@@ -153,10 +157,7 @@ TEST(MicroBatchPolicy, GoesSmallerWhenTheStartDoesNotFit) {
   register_micro(knobs, sim, kDomain);
   const AutotuneConfig config = config_for_test();
   TrialEngine engine(knobs, make_autotune_policy(config), config);
-  engine.memory_probe = probe_of(sim);
-  Driver driver{sim};
-  driver.run(engine);
-  ASSERT_TRUE(engine.finished());
+  ASSERT_TRUE(tune(engine, sim, true));
   EXPECT_TRUE(engine.decision()->trials.front().failed);
   EXPECT_EQ(chosen_micro(engine), 8);
   EXPECT_EQ(tried(engine), (std::vector<int64_t>{16, 8}));
@@ -177,10 +178,7 @@ TEST(MicroBatchPolicy, AStartThatDoesNotFitIsRescuedBeforeTheLoaderSearch) {
   register_micro(knobs, sim, kDomain);
   const AutotuneConfig config = config_for_test();
   TrialEngine engine(knobs, make_autotune_policy(config), config);
-  engine.memory_probe = probe_of(sim);
-  Driver driver{sim};
-  driver.run(engine);
-  ASSERT_TRUE(engine.finished());
+  ASSERT_TRUE(tune(engine, sim, true));
   const auto& trials = engine.decision()->trials;
   ASSERT_GE(trials.size(), 3u);
   EXPECT_TRUE(trials[0].failed);
@@ -247,9 +245,7 @@ TEST(MicroBatchPolicy, RunsAfterTheLoaderSearchAndBothAgainWhenItMoved) {
   register_micro(knobs, sim, kDomain);
   const AutotuneConfig config = config_for_test();
   TrialEngine engine(knobs, make_autotune_policy(config), config);
-  Driver driver{sim};
-  driver.run(engine);
-  ASSERT_TRUE(engine.finished());
+  ASSERT_TRUE(tune(engine, sim, false));
   const TuningDecision& d = *engine.decision();
   EXPECT_EQ(d.policy, "loader coordinate search, then micro-batch search");
   // The grid's best is micro 32 with 4 workers (18 ms); two workers give 20 ms from micro 16 on,

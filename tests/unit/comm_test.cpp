@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "fakes/string_logger.h"
 #include "torchpilot/advisors/core/advisors.h"
 #include "torchpilot/runtime/comm/comm_monitor.h"
 #include "torchpilot/runtime/comm/comm_records.h"
@@ -173,8 +174,7 @@ TEST(CommMonitor, CountedCollectivesHaveBytesButNoTime) {
 TEST(CommMonitor, GpuTimingUnavailableIsLoggedOnce) {
   std::ostringstream log;
   PilotOptions o;
-  o.logger = std::make_shared<spdlog::logger>(
-      "comm", std::make_shared<spdlog::sinks::ostream_sink_st>(log));
+  o.logger = test::string_logger("comm", log);
   o.clock = std::make_shared<ManualClock>(0);
   auto monitor = std::make_shared<CommMonitor>();
   o.collectors = {monitor};

@@ -291,120 +291,65 @@ TEST(ConfigTest, UnknownKeyInFileNamesFileAndLine) {
   EXPECT_EQ(e.source(), path + ":4");
 }
 
-TEST(ConfigTest, WrongTypes) {
-  {
-    const ConfigError e = yaml_error("autotune:\n  warmup_steps: ten\n");
-    EXPECT_EQ(e.key(), "autotune.warmup_steps");
-    EXPECT_EQ(e.source(), "test.yaml:2");
-    EXPECT_NE(e.reason().find("integer"), std::string::npos) << e.reason();
-  }
-  {
-    const ConfigError e = yaml_error("autotune:\n  warmup_steps: 1.5\n");
-    EXPECT_EQ(e.key(), "autotune.warmup_steps");
-    EXPECT_NE(e.reason().find("integer"), std::string::npos) << e.reason();
-  }
-  {  // a list for a scalar
-    const ConfigError e = yaml_error("autotune:\n  settle_steps: [1, 2]\n");
-    EXPECT_EQ(e.key(), "autotune.settle_steps");
-    EXPECT_NE(e.reason().find("single value"), std::string::npos) << e.reason();
-  }
-  {  // a mapping for a scalar
-    const ConfigError e = yaml_error("mode: {a: 1}\n");
-    EXPECT_EQ(e.key(), "mode");
-  }
-  {
-    const ConfigError e = yaml_error("autotune:\n  noise_margin: abc\n");
-    EXPECT_EQ(e.key(), "autotune.noise_margin");
-    EXPECT_NE(e.reason().find("number"), std::string::npos) << e.reason();
-  }
-  {
-    const ConfigError e = yaml_error("autotune:\n  confirm_rounds: 1.5\n");
-    EXPECT_EQ(e.key(), "autotune.confirm_rounds");
-    EXPECT_NE(e.reason().find("integer"), std::string::npos) << e.reason();
-  }
-  {
-    const ConfigError e = yaml_error("autotune:\n  tune_pin_memory: maybe\n");
-    EXPECT_EQ(e.key(), "autotune.tune_pin_memory");
-    EXPECT_NE(e.reason().find("maybe"), std::string::npos) << e.reason();
-  }
-  {  // a scalar for a list
-    const ConfigError e = yaml_error("autotune:\n  prefetch_choices: 4\n");
-    EXPECT_EQ(e.key(), "autotune.prefetch_choices");
-    EXPECT_NE(e.reason().find("list"), std::string::npos) << e.reason();
-  }
-  {  // a list of something else
-    const ConfigError e = yaml_error("autotune:\n  prefetch_choices: [1, x]\n");
-    EXPECT_EQ(e.key(), "autotune.prefetch_choices");
-  }
-  {
-    const ConfigError e = yaml_error("autotune:\n  prefetch_choices: [1, [2]]\n");
-    EXPECT_EQ(e.key(), "autotune.prefetch_choices");
-  }
-  {
-    const ConfigError e = yaml_error("autotune:\n  prefetch_choices: []\n");
-    EXPECT_EQ(e.key(), "autotune.prefetch_choices");
-  }
-  {  // no value at all
-    const ConfigError e = yaml_error("records:\n  step_history:\n");
-    EXPECT_EQ(e.key(), "records.step_history");
-  }
-  {  // the root must be a mapping
-    const ConfigError e = yaml_error("- 1\n- 2\n");
-    EXPECT_EQ(e.key(), "<root>");
+// A YAML text, the key its error must name, and (where given) a part of the reason and the
+// source the error must state.
+struct BadYaml {
+  const char* yaml;
+  const char* key;
+  const char* in_reason = "";
+  const char* source = "";
+};
+
+// Each YAML text is refused with its error saying what the row says.
+void expect_errors(const std::vector<BadYaml>& rows) {
+  for (const BadYaml& row : rows) {
+    SCOPED_TRACE(row.yaml);
+    const ConfigError e = yaml_error(row.yaml);
+    EXPECT_EQ(e.key(), row.key);
+    if (*row.in_reason != '\0') {
+      EXPECT_NE(e.reason().find(row.in_reason), std::string::npos) << e.reason();
+    }
+    if (*row.source != '\0') EXPECT_EQ(e.source(), row.source);
   }
 }
 
+TEST(ConfigTest, WrongTypes) {
+  expect_errors({
+      {"autotune:\n  warmup_steps: ten\n", "autotune.warmup_steps", "integer", "test.yaml:2"},
+      {"autotune:\n  warmup_steps: 1.5\n", "autotune.warmup_steps", "integer"},
+      // a list for a scalar, a mapping for a scalar
+      {"autotune:\n  settle_steps: [1, 2]\n", "autotune.settle_steps", "single value"},
+      {"mode: {a: 1}\n", "mode"},
+      {"autotune:\n  noise_margin: abc\n", "autotune.noise_margin", "number"},
+      {"autotune:\n  confirm_rounds: 1.5\n", "autotune.confirm_rounds", "integer"},
+      {"autotune:\n  tune_pin_memory: maybe\n", "autotune.tune_pin_memory", "maybe"},
+      // a scalar for a list, a list of something else
+      {"autotune:\n  prefetch_choices: 4\n", "autotune.prefetch_choices", "list"},
+      {"autotune:\n  prefetch_choices: [1, x]\n", "autotune.prefetch_choices"},
+      {"autotune:\n  prefetch_choices: [1, [2]]\n", "autotune.prefetch_choices"},
+      {"autotune:\n  prefetch_choices: []\n", "autotune.prefetch_choices"},
+      // no value at all; the root must be a mapping
+      {"records:\n  step_history:\n", "records.step_history"},
+      {"- 1\n- 2\n", "<root>"},
+  });
+}
+
 TEST(ConfigTest, OutOfRange) {
-  {
-    const ConfigError e = yaml_error("autotune:\n  warmup_steps: -1\n");
-    EXPECT_EQ(e.key(), "autotune.warmup_steps");
-    EXPECT_NE(e.reason().find("out of range"), std::string::npos) << e.reason();
-  }
-  {
-    const ConfigError e = yaml_error("autotune:\n  noise_margin: 0.9\n");
-    EXPECT_EQ(e.key(), "autotune.noise_margin");
-    EXPECT_NE(e.reason().find("out of range"), std::string::npos) << e.reason();
-  }
-  {
-    const ConfigError e = yaml_error("autotune:\n  prefetch_choices: [0]\n");
-    EXPECT_EQ(e.key(), "autotune.prefetch_choices");
-    EXPECT_NE(e.reason().find("out of range"), std::string::npos) << e.reason();
-  }
-  {
-    const ConfigError e = yaml_error("autotune:\n  confirm_settings: 0\n");
-    EXPECT_EQ(e.key(), "autotune.confirm_settings");
-    EXPECT_NE(e.reason().find("out of range"), std::string::npos) << e.reason();
-  }
-  {
-    const ConfigError e = yaml_error("autotune:\n  confirm_settings: 17\n");
-    EXPECT_EQ(e.key(), "autotune.confirm_settings");
-  }
-  {
-    const ConfigError e = yaml_error("autotune:\n  confirm_rounds: 11\n");
-    EXPECT_EQ(e.key(), "autotune.confirm_rounds");
-    EXPECT_NE(e.reason().find("out of range"), std::string::npos) << e.reason();
-  }
-  {
-    const ConfigError e = yaml_error("autotune:\n  prefetch_choices: [2, 65]\n");
-    EXPECT_EQ(e.key(), "autotune.prefetch_choices");
-  }
-  {
-    const ConfigError e = yaml_error("records:\n  step_history: 15\n");
-    EXPECT_EQ(e.key(), "records.step_history");
-  }
-  {
-    const ConfigError e = yaml_error("advisors:\n  data_starvation:\n    threshold: 1.5\n");
-    EXPECT_EQ(e.key(), "advisors.data_starvation.threshold");
-    EXPECT_EQ(e.source(), "test.yaml:3");
-  }
-  {
-    const ConfigError e = yaml_error("autotune:\n  measure_steps: 2\n");
-    EXPECT_EQ(e.key(), "autotune.measure_steps");
-  }
-  {  // beyond int64
-    const ConfigError e = yaml_error("autotune:\n  warmup_steps: 99999999999999999999999\n");
-    EXPECT_EQ(e.key(), "autotune.warmup_steps");
-  }
+  expect_errors({
+      {"autotune:\n  warmup_steps: -1\n", "autotune.warmup_steps", "out of range"},
+      {"autotune:\n  noise_margin: 0.9\n", "autotune.noise_margin", "out of range"},
+      {"autotune:\n  prefetch_choices: [0]\n", "autotune.prefetch_choices", "out of range"},
+      {"autotune:\n  confirm_settings: 0\n", "autotune.confirm_settings", "out of range"},
+      {"autotune:\n  confirm_settings: 17\n", "autotune.confirm_settings"},
+      {"autotune:\n  confirm_rounds: 11\n", "autotune.confirm_rounds", "out of range"},
+      {"autotune:\n  prefetch_choices: [2, 65]\n", "autotune.prefetch_choices"},
+      {"records:\n  step_history: 15\n", "records.step_history"},
+      {"advisors:\n  data_starvation:\n    threshold: 1.5\n", "advisors.data_starvation.threshold",
+       "", "test.yaml:3"},
+      {"autotune:\n  measure_steps: 2\n", "autotune.measure_steps"},
+      // beyond int64
+      {"autotune:\n  warmup_steps: 99999999999999999999999\n", "autotune.warmup_steps"},
+  });
   // The edges themselves are allowed.
   const Config c =
       Config::from_yaml_string("autotune:\n  noise_margin: 0.5\n  prefetch_choices: [1, 64]\n");

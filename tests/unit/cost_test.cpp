@@ -6,9 +6,13 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <functional>
 #include <set>
 #include <sstream>
+#include <string>
+#include <vector>
 
+#include "fakes/pilot_parts.h"
 #include "torchpilot/advisors/core/advisors.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/reports/run_journal.h"
@@ -62,19 +66,11 @@ class SlowCollector final : public Collector {
   ManualClock& clock_;
 };
 
-struct PilotRig {
-  std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>();
+struct PilotRig : test::PilotParts {
   std::shared_ptr<ManualClock> cpu = std::make_shared<ManualClock>();
-  std::shared_ptr<RecordingSink> sink = std::make_shared<RecordingSink>();
-  std::ostringstream log;
-  std::unique_ptr<Pilot> pilot;
   explicit PilotRig(Config c = {}, bool slow = true) {
-    PilotOptions o;
-    o.logger = std::make_shared<spdlog::logger>(
-        "cost-test", std::make_shared<spdlog::sinks::ostream_sink_st>(log));
-    o.clock = clock;
+    PilotOptions o = options("cost-test");
     o.cpu_clock = cpu;
-    o.sinks = {sink};
     o.default_collectors = false;
     if (slow) o.collectors.push_back(std::make_shared<SlowCollector>(*clock));
     pilot = std::make_unique<Pilot>(std::move(c), std::move(o));
@@ -253,6 +249,31 @@ TEST(StallTrackerTest, ProbedStallsGetTheirSyncShareAboveTheOrdinaryProbedSteps)
 
 // A GPU-bound trainer: the host stalls 100 ms every 20 steps, but the GPU runs the work queued
 // before the stall for 70 ms of it: the stall costs the GPU 30 ms, and that is the gain.
+// `s` with `o` as its outliers, and the periodic-stall advice on it.
+auto advise_stall(EpochSummary& s, const OutlierStats& o) {
+  s.sections.set(o);
+  return advise_periodic_stall(s, AdvisorsConfig{});
+}
+
+// 100 steps in 1 s.
+EpochSummary hundred_steps_in_a_second() {
+  EpochSummary s;
+  s.steps = 100;
+  s.wall_ns = 1000 * kMs;
+  return s;
+}
+
+// Five stalls every 20 steps of 8 ms (every 0.16 s), 150 ms (30 ms each, 15%) above the median.
+OutlierStats five_periodic_stalls() {
+  OutlierStats o;
+  o.count = o.periodic_count = 5;
+  o.period = 20;
+  o.median_ns = 8 * kMs;
+  o.periodic_excess_ns = 150 * kMs;
+  o.periodic_share = 0.15;
+  return o;
+}
+
 TEST(StallTrackerTest, GpuSpansGiveTheStallsCostInGpuTime) {
   StallTracker t(3.0);
   std::vector<std::pair<int64_t, Nanos>> late;  // GPU spans come after their steps
@@ -275,8 +296,7 @@ TEST(StallTrackerTest, GpuSpansGiveTheStallsCostInGpuTime) {
   EXPECT_EQ(o.periodic_excess_ns, 9 * 100 * kMs);
   EXPECT_EQ(o.periodic_gpu_excess_ns, 9 * 30 * kMs);
   EpochSummary s = e;
-  s.sections.set(o);
-  auto a = advise_periodic_stall(s, AdvisorsConfig{});
+  auto a = advise_stall(s, o);
   ASSERT_TRUE(a.has_value());
   EXPECT_NEAR(a->expected_gain, 270.0 / (3000.0 - 270.0), 1e-6);
   EXPECT_NE(a->action.find("the GPU's idle in the stalls removed: 30 ms per stall above its median "
@@ -286,8 +306,7 @@ TEST(StallTrackerTest, GpuSpansGiveTheStallsCostInGpuTime) {
   // Without GPU spans: the host's excess.
   o.periodic_gpu_excess_ns = -1;
   o.gpu_timed = 0;
-  s.sections.set(o);
-  a = advise_periodic_stall(s, AdvisorsConfig{});
+  a = advise_stall(s, o);
   ASSERT_TRUE(a.has_value());
   EXPECT_NEAR(a->expected_gain, 900.0 / (3000.0 - 900.0), 1e-6);
 }
@@ -376,14 +395,19 @@ TEST(HostBoundTest, QuietOnABusyGpuOrWithoutGpuFigures) {
   EXPECT_FALSE(advise_host_bound(no_gpu, AdvisorsConfig{}).has_value());
 }
 
-TEST(LowMfuTest, HostIdleWithoutATraceStatesNoGain) {
-  EpochSummary s = host_bound_summary(0.0012, 950);
+// The low-MFU advice on `s` with an MFU of 0.05% (1 GFLOP a step, 1 PFLOP/s peak).
+auto advise_low_mfu_at_half_a_thousandth(EpochSummary& s) {
   FlopEpochStats f;
   f.mfu = 0.0005;
   f.model_flops_per_step = 1e9;
   f.peak_flops_per_s = 1e15;
   s.sections.set(f);
-  const auto a = advise_low_mfu(s, AdvisorsConfig{});
+  return advise_low_mfu(s, AdvisorsConfig{});
+}
+
+TEST(LowMfuTest, HostIdleWithoutATraceStatesNoGain) {
+  EpochSummary s = host_bound_summary(0.0012, 950);
+  const auto a = advise_low_mfu_at_half_a_thousandth(s);
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(a->expected_gain, 0.0) << a->action;
   EXPECT_NE(a->action.find("host_bound"), std::string::npos) << a->action;
@@ -400,12 +424,7 @@ TEST(LowMfuTest, TracedHostIdleStatesNoGain) {
   g.kernel_classes.traced_ns = 100 * kMs;
   g.kernel_classes.idle_ns = 0.9988 * 100 * kMs;
   s.sections.set(g);
-  FlopEpochStats f;
-  f.mfu = 0.0005;
-  f.model_flops_per_step = 1e9;
-  f.peak_flops_per_s = 1e15;
-  s.sections.set(f);
-  const auto a = advise_low_mfu(s, AdvisorsConfig{});
+  const auto a = advise_low_mfu_at_half_a_thousandth(s);
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(a->expected_gain, 0.0) << a->cause << " / " << a->action;
   EXPECT_NE(a->cause.find("before the first or after the last kernel"), std::string::npos)
@@ -413,101 +432,93 @@ TEST(LowMfuTest, TracedHostIdleStatesNoGain) {
 }
 
 TEST(PeriodicStallTest, QuietWithoutAPeriodOrBelowThreshold) {
-  EpochSummary s;
-  s.steps = 100;
-  s.wall_ns = 1000 * kMs;
+  EpochSummary s = hundred_steps_in_a_second();
   OutlierStats o;
   o.count = 1;
   o.excess_ns = 200 * kMs;
   o.excess_share = 0.2;
-  s.sections.set(o);
-  EXPECT_FALSE(advise_periodic_stall(s, AdvisorsConfig{}).has_value()) << "one slow step";
+  EXPECT_FALSE(advise_stall(s, o).has_value()) << "one slow step";
   o.period = 20;
   o.periodic_count = 5;
   o.periodic_excess_ns = 10 * kMs;
   o.periodic_share = 0.01;
-  s.sections.set(o);
-  EXPECT_FALSE(advise_periodic_stall(s, AdvisorsConfig{}).has_value()) << "below 2%";
+  EXPECT_FALSE(advise_stall(s, o).has_value()) << "below 2%";
   o.periodic_excess_ns = 100 * kMs;
   o.periodic_share = 0.1;
   o.median_ns = 10 * kMs;
-  s.sections.set(o);
-  const auto a = advise_periodic_stall(s, AdvisorsConfig{});
+  const auto a = advise_stall(s, o);
   ASSERT_TRUE(a.has_value());
   EXPECT_NEAR(a->expected_gain, 100.0 / 900.0, 1e-9);
   EXPECT_NE(a->action.find("pilot.phase(\"checkpoint\")"), std::string::npos) << a->action;
 }
 
 TEST(PeriodicStallTest, ProbedHostCopiesNameTheCopyAndTheAsynchronousCheckpoint) {
-  EpochSummary s;
-  s.steps = 100;
-  s.wall_ns = 1000 * kMs;
-  OutlierStats o;
-  o.count = o.periodic_count = 5;
-  o.period = 20;
-  o.median_ns = 8 * kMs;
-  o.periodic_excess_ns = 150 * kMs;
-  o.periodic_share = 0.15;
+  EpochSummary s = hundred_steps_in_a_second();
+  OutlierStats o = five_periodic_stalls();
   o.cpu_share = 0.2;
   o.probed = 2;
   o.sync_share = 0.7;
   o.syncs_per_stall = 6;
   o.d2h_mb_per_stall = 201.3;
-  s.sections.set(o);
-  auto a = advise_periodic_stall(s, AdvisorsConfig{});
-  ASSERT_TRUE(a.has_value());
-  EXPECT_NE(a->cause.find("70.0% of it waits for the GPU or copies to the host (201.3 MB"),
-            std::string::npos)
-      << a->cause;
-  EXPECT_NE(a->action.find("if this is a checkpoint: checkpoint asynchronously"), std::string::npos)
-      << a->action;
-  // The copies a small part of the stall (serializing and writing the rest): still named.
-  o.sync_share = 0.26;
-  o.cpu_share = 0.85;
-  s.sections.set(o);
-  a = advise_periodic_stall(s, AdvisorsConfig{});
-  ASSERT_TRUE(a.has_value());
-  EXPECT_NE(a->action.find("if this is a checkpoint: checkpoint asynchronously"), std::string::npos)
-      << a->action;
-  // Few bytes: reads for logging, named only when they are most of the stall.
-  o.d2h_mb_per_stall = 0.001;
-  o.sync_share = 0.26;
-  s.sections.set(o);
-  a = advise_periodic_stall(s, AdvisorsConfig{});
-  ASSERT_TRUE(a.has_value());
-  EXPECT_NE(a->action.find("mark the periodic work"), std::string::npos) << a->action;
-  o.sync_share = 0.7;
-  s.sections.set(o);
-  a = advise_periodic_stall(s, AdvisorsConfig{});
-  ASSERT_TRUE(a.has_value());
-  EXPECT_NE(a->cause.find("6 reads per stall"), std::string::npos) << a->cause;
-  EXPECT_NE(a->action.find("without synchronizing every time"), std::string::npos) << a->action;
-  // A marked phase still names the work; the probe's share is only added to the cause.
-  o.d2h_mb_per_stall = 201.3;
-  o.phase = "eval";
-  o.phase_share = 0.9;
-  s.sections.set(o);
-  a = advise_periodic_stall(s, AdvisorsConfig{});
-  ASSERT_TRUE(a.has_value());
-  EXPECT_NE(a->cause.find("in the phase 'eval'"), std::string::npos) << a->cause;
-  EXPECT_NE(a->action.find("evaluate less often"), std::string::npos) << a->action;
+  // Each row changes the stall further, then names what the cause and the action must say.
+  struct Row {
+    const char* what;
+    std::function<void(OutlierStats&)> change;
+    std::vector<std::string> in_cause, in_action;
+  };
+  const std::vector<Row> rows = {
+      {"copies most of the stall",
+       [](OutlierStats&) {},
+       {"70.0% of it waits for the GPU or copies to the host (201.3 MB"},
+       {"if this is a checkpoint: checkpoint asynchronously"}},
+      {"the copies a small part of the stall (serializing and writing the rest): still named",
+       [](OutlierStats& o) {
+         o.sync_share = 0.26;
+         o.cpu_share = 0.85;
+       },
+       {},
+       {"if this is a checkpoint: checkpoint asynchronously"}},
+      {"few bytes: reads for logging, named only when they are most of the stall",
+       [](OutlierStats& o) {
+         o.d2h_mb_per_stall = 0.001;
+         o.sync_share = 0.26;
+       },
+       {},
+       {"mark the periodic work"}},
+      {"few bytes, most of the stall",
+       [](OutlierStats& o) { o.sync_share = 0.7; },
+       {"6 reads per stall"},
+       {"without synchronizing every time"}},
+      {"a marked phase still names the work; the probe's share is only added to the cause",
+       [](OutlierStats& o) {
+         o.d2h_mb_per_stall = 201.3;
+         o.phase = "eval";
+         o.phase_share = 0.9;
+       },
+       {"in the phase 'eval'"},
+       {"evaluate less often"}},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.what);
+    row.change(o);
+    const auto a = advise_stall(s, o);
+    ASSERT_TRUE(a.has_value());
+    for (const std::string& part : row.in_cause) {
+      EXPECT_NE(a->cause.find(part), std::string::npos) << a->cause;
+    }
+    for (const std::string& part : row.in_action) {
+      EXPECT_NE(a->action.find(part), std::string::npos) << a->action;
+    }
+  }
 }
 
 TEST(PeriodicStallTest, RunJournalFailuresGiveYoungsCheckpointInterval) {
-  EpochSummary s;
-  s.steps = 100;
-  s.wall_ns = 1000 * kMs;
-  OutlierStats o;
-  o.count = o.periodic_count = 5;
-  o.period = 20;  // every 20 x 8 ms = 0.16 s
-  o.median_ns = 8 * kMs;
-  o.periodic_excess_ns = 150 * kMs;  // 30 ms per stall
-  o.periodic_share = 0.15;
+  EpochSummary s = hundred_steps_in_a_second();
+  OutlierStats o = five_periodic_stalls();
   o.phase = "checkpoint";
   o.phase_share = 0.9;
-  s.sections.set(o);
   // No journal, or one without failures: no interval.
-  auto a = advise_periodic_stall(s, AdvisorsConfig{});
+  auto a = advise_stall(s, o);
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(a->action.find("Young"), std::string::npos) << a->action;
   RunJournalStats j;
@@ -525,8 +536,7 @@ TEST(PeriodicStallTest, RunJournalFailuresGiveYoungsCheckpointInterval) {
       << a->action;
   // Already rarer than that: not to be checkpointed less often.
   o.period = 1000;
-  s.sections.set(o);
-  a = advise_periodic_stall(s, AdvisorsConfig{});
+  a = advise_stall(s, o);
   ASSERT_TRUE(a.has_value());
   EXPECT_NE(a->action.find("against every 1000 now: no less often)"), std::string::npos)
       << a->action;

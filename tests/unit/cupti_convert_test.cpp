@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "fakes/cupti_records.h"
 #include "torchpilot/hooks/gpu/cupti_activity_trace.h"
 #include "torchpilot/hooks/gpu/cupti_api.h"
 #include "torchpilot/hooks/gpu/cupti_pm_sampling.h"
@@ -20,20 +21,13 @@ namespace {
 constexpr int64_t kOffset = 1'700'000'000'000'000'000;  // CUPTI (CLOCK_REALTIME) - steady
 const TimeBase kTb{kOffset};
 
+// A kernel of 4 x 3 x 2 blocks of 128 x 2 threads on stream 7.
 CUpti_ActivityKernel10 kernel(const char* name, uint64_t start, uint64_t end) {
-  CUpti_ActivityKernel10 k;
-  std::memset(&k, 0, sizeof k);
-  k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
-  k.start = start;
-  k.end = end;
-  k.gridX = 4;
+  CUpti_ActivityKernel10 k = test::cupti_kernel(start, end, name, 4, 128);
   k.gridY = 3;
   k.gridZ = 2;
-  k.blockX = 128;
   k.blockY = 2;
-  k.blockZ = 1;
   k.streamId = 7;
-  k.name = name;
   return k;
 }
 
@@ -93,17 +87,9 @@ TEST(CuptiConvert, KernelWithoutTimestampsIsSkipped) {
   EXPECT_FALSE(to_kernel(kernel("k", kOffset + 9, kOffset + 5), kTb).has_value());
 }
 
+// A copy of 1 MiB over [100, 900] (steady).
 CUpti_ActivityMemcpy6 memcpy_record(uint8_t copy_kind, uint8_t src, uint8_t dst) {
-  CUpti_ActivityMemcpy6 m;
-  std::memset(&m, 0, sizeof m);
-  m.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
-  m.copyKind = copy_kind;
-  m.srcKind = src;
-  m.dstKind = dst;
-  m.bytes = 1 << 20;
-  m.start = kOffset + 100;
-  m.end = kOffset + 900;
-  return m;
+  return test::cupti_memcpy(copy_kind, src, dst, 1 << 20, kOffset + 100, kOffset + 900);
 }
 
 TEST(CuptiConvert, MemcpyPageableHostToDevice) {
@@ -121,25 +107,25 @@ TEST(CuptiConvert, MemcpyPageableHostToDevice) {
 }
 
 TEST(CuptiConvert, MemcpyPinnedAndDeviceSides) {
-  auto pinned =
-      to_copy(memcpy_record(CUPTI_ACTIVITY_MEMCPY_KIND_HTOD, CUPTI_ACTIVITY_MEMORY_KIND_PINNED,
-                            CUPTI_ACTIVITY_MEMORY_KIND_DEVICE),
-              kTb);
-  EXPECT_EQ(pinned->kind, CopyKind::kHostToDevice);
-  EXPECT_FALSE(pinned->pageable);
-  // D2H: the host side is the destination.
-  auto d2h =
-      to_copy(memcpy_record(CUPTI_ACTIVITY_MEMCPY_KIND_DTOH, CUPTI_ACTIVITY_MEMORY_KIND_DEVICE,
-                            CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE),
-              kTb);
-  EXPECT_EQ(d2h->kind, CopyKind::kDeviceToHost);
-  EXPECT_TRUE(d2h->pageable);
-  auto d2d =
-      to_copy(memcpy_record(CUPTI_ACTIVITY_MEMCPY_KIND_DTOD, CUPTI_ACTIVITY_MEMORY_KIND_DEVICE,
-                            CUPTI_ACTIVITY_MEMORY_KIND_DEVICE),
-              kTb);
-  EXPECT_EQ(d2d->kind, CopyKind::kDeviceToDevice);
-  EXPECT_FALSE(d2d->pageable);
+  // Pinned H2D, D2H (the host side is the destination: pageable), D2D.
+  struct Case {
+    uint8_t copy_kind, src, dst;
+    CopyKind kind;
+    bool pageable;
+  };
+  for (const Case& c :
+       {Case{CUPTI_ACTIVITY_MEMCPY_KIND_HTOD, CUPTI_ACTIVITY_MEMORY_KIND_PINNED,
+             CUPTI_ACTIVITY_MEMORY_KIND_DEVICE, CopyKind::kHostToDevice, false},
+        Case{CUPTI_ACTIVITY_MEMCPY_KIND_DTOH, CUPTI_ACTIVITY_MEMORY_KIND_DEVICE,
+             CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE, CopyKind::kDeviceToHost, true},
+        Case{CUPTI_ACTIVITY_MEMCPY_KIND_DTOD, CUPTI_ACTIVITY_MEMORY_KIND_DEVICE,
+             CUPTI_ACTIVITY_MEMORY_KIND_DEVICE, CopyKind::kDeviceToDevice, false}}) {
+    SCOPED_TRACE("copy kind " + std::to_string(c.copy_kind) + " from " + std::to_string(c.src) +
+                 " to " + std::to_string(c.dst));
+    const auto r = to_copy(memcpy_record(c.copy_kind, c.src, c.dst), kTb);
+    EXPECT_EQ(r->kind, c.kind);
+    EXPECT_EQ(r->pageable, c.pageable);
+  }
   EXPECT_EQ(to_copy_kind(CUPTI_ACTIVITY_MEMCPY_KIND_HTOA), CopyKind::kHostToDevice);
   EXPECT_EQ(to_copy_kind(CUPTI_ACTIVITY_MEMCPY_KIND_ATOH), CopyKind::kDeviceToHost);
   EXPECT_EQ(to_copy_kind(CUPTI_ACTIVITY_MEMCPY_KIND_PTOP), CopyKind::kDeviceToDevice);

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "fakes/cupti_records.h"
 #include "fakes/gpu_records.h"
 #include "torchpilot/hooks/gpu/cupti_activity_trace.h"
 #include "torchpilot/hooks/gpu/cupti_api.h"
@@ -258,39 +259,21 @@ std::string line_of(const R& record) {
 // the first half of the step and 0% for the second.
 std::vector<std::string> synthetic_activity() {
   std::vector<std::string> lines;
-  auto k = zeroed<CUpti_ActivityKernel10>();
-  k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
-  k.start = kCupti + 2'000'000;
-  k.end = kCupti + 6'000'000;
-  k.gridX = 264;
-  k.gridY = k.gridZ = 1;
-  k.blockX = 256;
-  k.blockY = k.blockZ = 1;
+  auto k = test::cupti_kernel(kCupti + 2'000'000, kCupti + 6'000'000,
+                              "_Z9my_kernelILi4EN2at4HalfEEvPT0_i", 264, 256);
   k.streamId = 7;
-  k.name = "_Z9my_kernelILi4EN2at4HalfEEvPT0_i";
   k.pAccessPolicyWindow = reinterpret_cast<CUaccessPolicyWindow*>(0xdead0000);  // cleared
   lines.push_back(line_of(k));
   auto lost = k;
   lost.kind = CUPTI_ACTIVITY_KIND_KERNEL;
   lost.start = lost.end = 0;  // out of device memory for timestamps
   lines.push_back(line_of(lost));
-  auto h2d = zeroed<CUpti_ActivityMemcpy6>();
-  h2d.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
-  h2d.copyKind = CUPTI_ACTIVITY_MEMCPY_KIND_HTOD;
-  h2d.srcKind = CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE;
-  h2d.dstKind = CUPTI_ACTIVITY_MEMORY_KIND_DEVICE;
-  h2d.bytes = 4096;
-  h2d.start = kCupti + 1'100'000;
-  h2d.end = kCupti + 1'300'000;
-  lines.push_back(line_of(h2d));
-  auto d2h = h2d;
-  d2h.copyKind = CUPTI_ACTIVITY_MEMCPY_KIND_DTOH;
-  d2h.srcKind = CUPTI_ACTIVITY_MEMORY_KIND_DEVICE;
-  d2h.dstKind = CUPTI_ACTIVITY_MEMORY_KIND_PINNED;
-  d2h.bytes = 4;
-  d2h.start = kCupti + 6'100'000;
-  d2h.end = kCupti + 6'200'000;
-  lines.push_back(line_of(d2h));
+  lines.push_back(line_of(test::cupti_memcpy(
+      CUPTI_ACTIVITY_MEMCPY_KIND_HTOD, CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE,
+      CUPTI_ACTIVITY_MEMORY_KIND_DEVICE, 4096, kCupti + 1'100'000, kCupti + 1'300'000)));
+  lines.push_back(line_of(test::cupti_memcpy(
+      CUPTI_ACTIVITY_MEMCPY_KIND_DTOH, CUPTI_ACTIVITY_MEMORY_KIND_DEVICE,
+      CUPTI_ACTIVITY_MEMORY_KIND_PINNED, 4, kCupti + 6'100'000, kCupti + 6'200'000)));
   auto ms = zeroed<CUpti_ActivityMemset4>();
   ms.kind = CUPTI_ACTIVITY_KIND_MEMSET;
   ms.bytes = 256;

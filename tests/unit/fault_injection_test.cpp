@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "fakes/autotune_config.h"
+#include "fakes/pilot_parts.h"
+#include "fakes/string_logger.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/loader/loader_probe.h"
 #include "torchpilot/runtime/core/sink.h"
@@ -32,20 +35,10 @@ void maybe_throw(Throw t, const char* what) {
 }
 const Throw kBoth[] = {Throw::kStd, Throw::kOther};
 
-struct Harness {
-  std::ostringstream log;
-  std::shared_ptr<spdlog::logger> logger = std::make_shared<spdlog::logger>(
-      "fault", std::make_shared<spdlog::sinks::ostream_sink_st>(log));
-  std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>();
-  std::shared_ptr<RecordingSink> sink = std::make_shared<RecordingSink>();
-  std::unique_ptr<Pilot> pilot;
-
+struct Harness : test::PilotParts {
   explicit Harness(Config c = {}, std::vector<std::shared_ptr<Collector>> collectors = {},
                    std::vector<std::shared_ptr<Sink>> sinks = {}) {
-    PilotOptions o;
-    o.logger = logger;
-    o.clock = clock;
-    o.sinks = {sink};
+    PilotOptions o = options("fault");
     for (auto& s : sinks) o.sinks.push_back(s);
     o.collectors = std::move(collectors);
     pilot = std::make_unique<Pilot>(std::move(c), std::move(o));
@@ -97,13 +90,7 @@ class FaultyLoader final : public LoaderProbe {
 };
 
 Config autotune_config() {
-  Config c;
-  c.mode = Mode::kAutotune;
-  c.autotune.warmup_steps = 60;
-  c.autotune.warmup_seconds = 0;
-  c.autotune.settle_steps = 1;
-  c.autotune.measure_steps = 3;
-  c.autotune.min_window_ms = 0;
+  Config c = test::short_autotune_config();
   c.gpu.enabled = false;
   return c;
 }
@@ -289,8 +276,7 @@ TEST(FaultInjection, AThrowingGpuBackendNeverTerminatesTheProgram) {
     c.gpu.trace_steps = 100;  // a window still open when the Pilot goes
     auto backend = std::make_shared<ThrowingBackend>(t);
     std::ostringstream out;
-    auto logger = std::make_shared<spdlog::logger>(
-        "gpu-fault", std::make_shared<spdlog::sinks::ostream_sink_st>(out));
+    auto logger = test::string_logger("gpu-fault", out);
     {
       Harness h(c, {make_gpu_monitor(c.gpu, backend, *logger)});
       h.steps(4);

@@ -54,16 +54,24 @@ TEST(GainModels, GainIsOldOverNewStepTime) {
   EXPECT_EQ(gains::gain(1, 0), 0);
 }
 
+// Elementwise kernels that ran `busy_ms` of the 10 traced steps (`scaled_ms` at twice the batch),
+// the rest of the 100 ms idle, `gaps_ms` of it in launch gaps.
+KernelClassStats& elementwise_window(EpochSummary& s, Nanos busy_ms, Nanos scaled_ms,
+                                     Nanos gaps_ms) {
+  KernelClassStats& k = gpu(s).kernel_classes;
+  k.ns[C(KernelClass::kElementwise)] = busy_ms * kMs;
+  k.idle_ns = (100 - busy_ms) * kMs;
+  k.kernel_sum_ns = busy_ms * kMs;
+  k.kernel_sum_scaled_ns = scaled_ms * kMs;
+  gpu(s).stats.idle_launch_gap_ns = gaps_ms * kMs;
+  return k;
+}
+
 TEST(GainModels, LaunchBoundAtTwiceTheBatch) {
   // 10 ms steps: 1 ms data wait, 2 ms host sync, so 7 ms of host time for 1000 launches (7 us
   // each); the kernels run 3 ms, 4.5 ms at twice the batch (half of them fill the GPU).
   EpochSummary s = epoch(10, 1, 2, 1000);
-  KernelClassStats& k = gpu(s).kernel_classes;
-  k.ns[C(KernelClass::kElementwise)] = 30 * kMs;
-  k.idle_ns = 70 * kMs;
-  k.kernel_sum_ns = 30 * kMs;
-  k.kernel_sum_scaled_ns = 45 * kMs;
-  gpu(s).stats.idle_launch_gap_ns = 50 * kMs;
+  KernelClassStats& k = elementwise_window(s, 30, 45, 50);
   const auto m = gains::launch_bound_gain(s);
   ASSERT_TRUE(m.has_value());
   EXPECT_DOUBLE_EQ(m->factor, 2);
@@ -90,14 +98,22 @@ TEST(GainModels, LaunchBoundAtTwiceTheBatch) {
   EXPECT_NEAR(gains::launch_bound_gain(s)->gain, 0, 1e-12);
 }
 
-TEST(GainModels, PerParameterOptimizerFused) {
-  // 20 ms steps, 2000 launches each (10 us of host time per launch); 200 addcmul/addcdiv per step
-  // (100 parameters: 900 optimizer kernels) that ran 1 ms.
+// 20 ms steps, 2000 launches each; 2000 per-parameter optimizer launches whose kernels ran 1 ms
+// per step; the GPU idle 19 ms per step.
+EpochSummary per_parameter_optimizer_epoch() {
   EpochSummary s = epoch(20, 0, 0, 2000);
   KernelClassStats& k = gpu(s).kernel_classes;
   k.ns[C(KernelClass::kOptimizer)] = 10 * kMs;
   k.per_parameter_optimizer_launches = 2000;
   k.idle_ns = 190 * kMs;
+  return s;
+}
+
+TEST(GainModels, PerParameterOptimizerFused) {
+  // 20 ms steps, 2000 launches each (10 us of host time per launch); 200 addcmul/addcdiv per step
+  // (100 parameters: 900 optimizer kernels) that ran 1 ms.
+  EpochSummary s = per_parameter_optimizer_epoch();
+  KernelClassStats& k = gpu(s).kernel_classes;
   const auto m = gains::optimizer_gain(s);
   ASSERT_TRUE(m.has_value());
   EXPECT_NEAR(m->per_parameter_kernels, 900, 1e-9);
@@ -242,11 +258,8 @@ TEST(GainModels, SteadyStepIsTheMedianStep) {
 TEST(GainModels, OptimizerHostTimeFromItsPhase) {
   // As PerParameterOptimizerFused, with a phase "optimizer" of 4 ms per step: the update's host
   // time is the phase's, not 900 launches at the step's 10 us each.
-  EpochSummary s = epoch(20, 0, 0, 2000);
+  EpochSummary s = per_parameter_optimizer_epoch();
   KernelClassStats& k = gpu(s).kernel_classes;
-  k.ns[C(KernelClass::kOptimizer)] = 10 * kMs;
-  k.per_parameter_optimizer_launches = 2000;
-  k.idle_ns = 190 * kMs;
   s.phases = {{"forward", 60 * kMs}, {"Optimizer_step", 40 * kMs}};
   auto m = gains::optimizer_gain(s);
   ASSERT_TRUE(m.has_value());
@@ -285,12 +298,7 @@ TEST(GainModels, LowMfuIdleGainsAreBoundedByTheirModels) {
   // launch-bound model says +100% (twice the batch in the same host time).
   EpochSummary s = epoch(10, 0, 0, 1000);
   s.sections.set<FlopEpochStats>(bf16_flops(0.01));
-  KernelClassStats& k = gpu(s).kernel_classes;
-  k.ns[C(KernelClass::kElementwise)] = 10 * kMs;
-  k.idle_ns = 90 * kMs;
-  k.kernel_sum_ns = 10 * kMs;
-  k.kernel_sum_scaled_ns = 20 * kMs;
-  gpu(s).stats.idle_launch_gap_ns = 90 * kMs;
+  KernelClassStats& k = elementwise_window(s, 10, 20, 90);
   const auto a = advise_low_mfu(s, AdvisorsConfig{});
   ASSERT_TRUE(a.has_value());
   EXPECT_TRUE(contains(a->cause, "launch gaps")) << a->cause;

@@ -26,13 +26,18 @@ namespace {
 
 // --- Activity buffers ----------------------------------------------------------------------------
 
+// Gives the rig one activity buffer of `mb` MiB; how many kernel records fill it.
+size_t one_buffer_of(Rig& rig, int mb) {
+  rig.config.trace_buffer_mb = mb;
+  return (static_cast<size_t>(mb) << 20) / sizeof(CUpti_ActivityKernel10);
+}
+
 TEST(GpuBackend, SyncRecordsSayWhichThreadMadeTheCall) {
   // Issue 10: a cudaEventSynchronize outside any op, once per step, topped the host syncs on the
   // H100. CUPTI's records carry no thread; its callback on the call does, matched by correlation
   // id: the trainer's (the thread that started the window), torchpilot's own, another.
   Rig rig;
-  auto b = rig.make();
-  b->start();
+  auto b = rig.started();
   ASSERT_TRUE(b->start_trace());
   rig.cupti->sync_call(101);
   std::string our_name;
@@ -85,11 +90,9 @@ TEST(GpuBackend, SyncRecordsSayWhichThreadMadeTheCall) {
 
 TEST(GpuBackend, ExhaustedBuffersAreCountedAsDropped) {
   Rig rig;
-  rig.config.trace_buffer_mb = 1;  // one 1 MiB buffer
-  auto b = rig.make();
-  b->start();
+  const size_t fit = one_buffer_of(rig, 1);
+  auto b = rig.started();
   ASSERT_TRUE(b->start_trace());
-  const size_t fit = (1u << 20) / sizeof(CUpti_ActivityKernel10);
   const size_t total = fit + 500;
   const uint64_t k0 = rig.cupti->cupti_now();
   for (size_t i = 0; i < total; ++i) rig.cupti->produce(kernel_at(k0 + i * 10, k0 + i * 10 + 5));
@@ -117,11 +120,10 @@ TEST(GpuBackend, ExhaustedBuffersAreCountedAsDropped) {
 // used, converted and handed out again is zeroed first; the attribute is put back at release.
 TEST(GpuBackend, ActivityBuffersAreHandedToCuptiZeroed) {
   Rig rig;
-  rig.config.trace_buffer_mb = 1;  // one 1 MiB buffer, used again and again
-  auto b = rig.make();
-  b->start();
-  // Fewer records than fit: the bytes past them are scribbled on when the buffer comes back.
-  const size_t fit = (1u << 20) / sizeof(CUpti_ActivityKernel10) - 1;
+  // One 1 MiB buffer, used again and again. Fewer records than fit: the bytes past them are
+  // scribbled on when the buffer comes back.
+  const size_t fit = one_buffer_of(rig, 1) - 1;
+  auto b = rig.started();
   const uint64_t k0 = rig.cupti->cupti_now();
   rig.cupti->scribble = true;
   for (int window = 0; window < 2; ++window) {
@@ -156,10 +158,9 @@ TEST(GpuBackend, ActivityBuffersAreHandedToCuptiZeroed) {
 
 TEST(GpuBackend, FullBuffersDeliveredByCuptisThread) {
   Rig rig;
-  rig.config.trace_buffer_mb = 2;  // one 2 MiB buffer
+  const size_t fit = one_buffer_of(rig, 2);
   auto b = rig.make();
   ASSERT_TRUE(b->start_trace());
-  const size_t fit = (2u << 20) / sizeof(CUpti_ActivityKernel10);
   const uint64_t k0 = rig.cupti->cupti_now();
   for (size_t i = 0; i < fit + 1; ++i) rig.cupti->produce(kernel_at(k0 + i, k0 + i + 1));
   // The first buffer filled up; CUPTI's worker hands it back from another thread. The collector

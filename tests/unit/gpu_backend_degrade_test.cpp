@@ -124,8 +124,8 @@ TEST(GpuBackend, OldLibcuptiIsRefused) {
 
 TEST(GpuBackend, InsufficientPrivilegesTurnsOffPmSamplingOnly) {
   Rig rig;
-  rig.cupti->fail["cuptiPmSamplingGetCounterAvailability"] = CUPTI_ERROR_INSUFFICIENT_PRIVILEGES;
-  auto b = rig.make();
+  auto b = rig.make_failing("cuptiPmSamplingGetCounterAvailability",
+                            CUPTI_ERROR_INSUFFICIENT_PRIVILEGES);
   const auto pm = status_of(*b, "pm_sampling");
   EXPECT_FALSE(pm.active);
   EXPECT_EQ(pm.reason,
@@ -149,16 +149,14 @@ TEST(GpuBackend, InsufficientPrivilegesTurnsOffPmSamplingOnly) {
 
 TEST(GpuBackend, PrivilegesRefusedAtEnable) {
   Rig rig;
-  rig.cupti->fail["cuptiPmSamplingEnable"] = CUPTI_ERROR_INSUFFICIENT_PRIVILEGES;
-  auto b = rig.make();
+  auto b = rig.make_failing("cuptiPmSamplingEnable", CUPTI_ERROR_INSUFFICIENT_PRIVILEGES);
   EXPECT_EQ(status_of(*b, "pm_sampling").reason.rfind("no permission for GPU performance", 0), 0u);
   EXPECT_EQ(rig.cupti->host_inits, rig.cupti->host_deinits);  // the host object was released
 }
 
 TEST(GpuBackend, HardwareBusy) {
   Rig rig;
-  rig.cupti->fail["cuptiPmSamplingEnable"] = CUPTI_ERROR_HARDWARE_BUSY;
-  auto b = rig.make();
+  auto b = rig.make_failing("cuptiPmSamplingEnable", CUPTI_ERROR_HARDWARE_BUSY);
   EXPECT_EQ(status_of(*b, "pm_sampling").reason,
             "counters held by another client (DCGM or Nsight)");
   EXPECT_TRUE(status_of(*b, "activity").active);
@@ -166,8 +164,7 @@ TEST(GpuBackend, HardwareBusy) {
 
 TEST(GpuBackend, HardwareBusyAtStart) {
   Rig rig;
-  rig.cupti->fail["cuptiPmSamplingStart"] = CUPTI_ERROR_HARDWARE_BUSY;
-  auto b = rig.make();
+  auto b = rig.make_failing("cuptiPmSamplingStart", CUPTI_ERROR_HARDWARE_BUSY);
   EXPECT_TRUE(status_of(*b, "pm_sampling").active);
   b->start();
   EXPECT_EQ(status_of(*b, "pm_sampling").reason,
@@ -179,13 +176,12 @@ TEST(GpuBackend, HardwareBusyAtStart) {
 
 TEST(GpuBackend, MigInstance) {
   Rig rig;
-  rig.cupti->fail["cuptiPmSamplingGetCounterAvailability"] = CUPTI_ERROR_MIG_DEVICE_NOT_SUPPORTED;
-  auto b = rig.make();
+  auto b = rig.make_failing("cuptiPmSamplingGetCounterAvailability",
+                            CUPTI_ERROR_MIG_DEVICE_NOT_SUPPORTED);
   const auto reason = status_of(*b, "pm_sampling").reason;
   EXPECT_NE(reason.find("MIG"), std::string::npos) << reason;
   Rig rig2;
-  rig2.cupti->fail["cuptiPmSamplingEnable"] = CUPTI_ERROR_NOT_SUPPORTED;
-  auto b2 = rig2.make();
+  auto b2 = rig2.make_failing("cuptiPmSamplingEnable", CUPTI_ERROR_NOT_SUPPORTED);
   EXPECT_NE(status_of(*b2, "pm_sampling").reason.find("MIG"), std::string::npos);
 }
 
@@ -221,11 +217,7 @@ TEST(GpuBackend, SecondSubscriberTurnsOffActivityOnly) {
   const uint64_t t0 = rig.cupti->cupti_now();
   for (int i = 0; i < 3; ++i) rig.cupti->push_sample(sample(t0 + i, t0 + i + 1, 70));
   GpuEventBatch batch;
-  ASSERT_TRUE(eventually([&] {
-    b->flush();
-    b->drain(batch);
-    return batch.pm.size() >= 2;
-  }));
+  ASSERT_TRUE(flushed_eventually(*b, batch, 2));
   EXPECT_DOUBLE_EQ(batch.pm[0].sm_efficiency, 0.7);
   b->stop();
   EXPECT_EQ(rig.cupti->unsubscribes, 0);
@@ -235,8 +227,7 @@ TEST(GpuBackend, SecondSubscriberTurnsOffActivityOnly) {
 // (one line), and once it lets go they work again.
 TEST(GpuBackend, ASecondSubscriberThatLeavesLetsWindowsResume) {
   Rig rig;
-  auto b = rig.make();
-  b->start();
+  auto b = rig.started();
   auto count = [&](const std::string& text) {
     const std::string l = rig.log_text.str();
     int n = 0;
@@ -271,8 +262,7 @@ TEST(GpuBackend, ASecondSubscriberThatLeavesLetsWindowsResume) {
 // dropped with one line and PM sampling reported off, until they line up again.
 TEST(GpuBackend, SamplesOffTheSteadyClockAreDroppedUntilTheyLineUpAgain) {
   Rig rig;
-  auto b = rig.make();
-  b->start();
+  auto b = rig.started();
   const uint64_t t0 = rig.cupti->cupti_now();
   const uint64_t away = 240'000'000'000ull;                              // 240 s
   rig.cupti->push_sample(sample(t0 - away, t0 - away + 1'000'000, 10));  // discarded (first)
@@ -291,11 +281,7 @@ TEST(GpuBackend, SamplesOffTheSteadyClockAreDroppedUntilTheyLineUpAgain) {
   for (int i = 0; i < 3; ++i) {
     rig.cupti->push_sample(sample(t1 + i * 1'000'000, t1 + (i + 1) * 1'000'000, 80));
   }
-  ASSERT_TRUE(eventually([&] {
-    b->flush();
-    b->drain(batch);
-    return batch.pm.size() >= 3;
-  }));
+  ASSERT_TRUE(flushed_eventually(*b, batch, 3));
   EXPECT_DOUBLE_EQ(batch.pm.back().sm_efficiency, 0.8);
   EXPECT_TRUE(status_of(*b, "pm_sampling").active) << status_of(*b, "pm_sampling").reason;
   const std::string log = rig.log_text.str();
@@ -308,8 +294,7 @@ TEST(GpuBackend, SamplesOffTheSteadyClockAreDroppedUntilTheyLineUpAgain) {
 
 TEST(GpuBackend, ActivityEnableFailureIsReported) {
   Rig rig;
-  rig.cupti->fail["cuptiActivityEnable"] = CUPTI_ERROR_UNKNOWN;
-  auto b = rig.make();
+  auto b = rig.make_failing("cuptiActivityEnable", CUPTI_ERROR_UNKNOWN);
   EXPECT_TRUE(status_of(*b, "activity").active);
   EXPECT_FALSE(b->start_trace());
   EXPECT_EQ(status_of(*b, "activity").reason,

@@ -29,11 +29,7 @@ TEST(GpuBackend, PcieMetricsRejectedFallsBackToFive) {
   const uint64_t t0 = rig.cupti->cupti_now();
   for (int i = 0; i < 2; ++i) rig.cupti->push_sample(sample(t0 + i, t0 + i + 1, 33));
   GpuEventBatch batch;
-  ASSERT_TRUE(eventually([&] {
-    b->flush();
-    b->drain(batch);
-    return !batch.pm.empty();
-  }));
+  ASSERT_TRUE(flushed_eventually(*b, batch, 1));
   EXPECT_DOUBLE_EQ(batch.pm[0].tensor_activity, 0.30);
   EXPECT_TRUE(std::isnan(batch.pm[0].pcie_read_bytes));
   b->stop();
@@ -74,8 +70,7 @@ TEST(GpuBackend, NoSinglePassSetTurnsPmSamplingOff) {
 std::unique_ptr<GpuBackend> start_in_bursts(Rig& rig) {
   rig.config.pm_duty = 0.5;
   rig.config.pm_duty_period_ms = 200;
-  auto b = rig.make();
-  b->start();
+  auto b = rig.started();
   return b;
 }
 
@@ -158,8 +153,7 @@ TEST(GpuBackend, PmSamplingThatCannotResumeAfterAPauseIsTriedAgain) {
 // asked the sampler whether it was paused under the same lock).
 TEST(GpuBackend, DrainDoesNotWaitForAPmDecodeInProgress) {
   Rig rig;
-  auto b = rig.make();
-  b->start();
+  auto b = rig.started();
   {
     std::lock_guard<std::mutex> lock(rig.cupti->m);
     rig.cupti->hold_decode = true;
@@ -186,8 +180,7 @@ TEST(GpuBackend, DrainDoesNotWaitForAPmDecodeInProgress) {
 
 TEST(GpuBackend, DecodeFailureStopsPmSamplingWithAReason) {
   Rig rig;
-  auto b = rig.make();
-  b->start();
+  auto b = rig.started();
   {
     std::lock_guard<std::mutex> lock(rig.cupti->m);
     rig.cupti->fail["cuptiPmSamplingDecodeData"] = CUPTI_ERROR_UNKNOWN;

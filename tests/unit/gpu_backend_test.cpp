@@ -118,18 +118,13 @@ TEST(GpuBackend, PmSamplesOnATickClockLandOnTheSteadyClock) {
   Rig rig;
   rig.cupti->clock_rate = 2.1;
   rig.cupti->clock_offset_ns = 0;
-  auto b = rig.make();
-  b->start();
+  auto b = rig.started();
   const Nanos s0 = steady_now_ns();
   const uint64_t t0 = rig.cupti->cupti_now();
   const auto at = [t0](int i) { return t0 + static_cast<uint64_t>(std::llround(i * 2e6 * 2.1)); };
   for (int i = 0; i < 6; ++i) rig.cupti->push_sample(sample(at(i), at(i + 1), 10.0 * i));
   GpuEventBatch batch;
-  ASSERT_TRUE(eventually([&] {
-    b->flush();
-    b->drain(batch);
-    return batch.pm.size() >= 5;
-  }));
+  ASSERT_TRUE(flushed_eventually(*b, batch, 5));
   EXPECT_NEAR(static_cast<double>(batch.pm[0].begin - s0), 2e6, 1e5);  // sample 1 (0 discarded)
   EXPECT_NEAR(static_cast<double>(batch.pm[0].end - batch.pm[0].begin), 2e6, 2e3);
   EXPECT_NEAR(static_cast<double>(batch.pm[4].end - s0), 12e6, 1e5);
@@ -142,8 +137,7 @@ TEST(GpuBackend, PmSamplesOnATickClockLandOnTheSteadyClock) {
 // new clock, and samples land on the steady clock again.
 TEST(GpuBackend, PmSamplesFollowCuptisClockWhenAnotherClientChangesIt) {
   Rig rig;
-  auto b = rig.make();
-  b->start();
+  auto b = rig.started();
   rig.cupti->clock_rate = 2.1;
   rig.cupti->clock_offset_ns = 0;
   // No flush from this thread: the decode thread alone decodes, and measures the new clock.
@@ -207,11 +201,7 @@ TEST(GpuBackend, EverythingWorksWithHealthyFakes) {
     rig.cupti->push_sample(sample(t0 + i * 2'000'000, t0 + (i + 1) * 2'000'000, 10.0 * i));
   }
   GpuEventBatch batch;
-  ASSERT_TRUE(eventually([&] {
-    b->flush();
-    b->drain(batch);
-    return batch.pm.size() >= 5 && batch.nvml.size() >= 2;
-  }));
+  ASSERT_TRUE(flushed_eventually(*b, batch, 5, 2));
   ASSERT_EQ(batch.pm.size(), 5u);
   EXPECT_DOUBLE_EQ(batch.pm[0].sm_efficiency, 0.10);  // sample 1; sample 0 was discarded
   EXPECT_DOUBLE_EQ(batch.pm[0].counter_utilization, 0.11);
@@ -234,15 +224,9 @@ TEST(GpuBackend, EverythingWorksWithHealthyFakes) {
                            CUPTI_ACTIVITY_KIND_OVERHEAD}));
   const uint64_t k0 = rig.cupti->cupti_now();
   rig.cupti->produce(kernel_at(k0 + 1000, k0 + 9000));
-  CUpti_ActivityMemcpy6 copy;
-  std::memset(&copy, 0, sizeof copy);
-  copy.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
-  copy.copyKind = CUPTI_ACTIVITY_MEMCPY_KIND_HTOD;
-  copy.srcKind = CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE;
-  copy.bytes = 4096;
-  copy.start = k0 + 10;
-  copy.end = k0 + 500;
-  rig.cupti->produce(copy);
+  rig.cupti->produce(test::cupti_memcpy(CUPTI_ACTIVITY_MEMCPY_KIND_HTOD,
+                                        CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE, 0, 4096, k0 + 10,
+                                        k0 + 500));
   b->stop_trace();
   EXPECT_TRUE(rig.cupti->enabled_kinds.empty());
   batch.clear();
@@ -300,8 +284,7 @@ TEST(GpuBackend, EverythingWorksWithHealthyFakes) {
 
 TEST(GpuBackend, ReleasingTheTraceDetachesCuptiAndPmSamplingComesBack) {
   Rig rig;
-  auto b = rig.make();
-  b->start();
+  auto b = rig.started();
   EXPECT_EQ(rig.cupti->subscribes, 1);    // the probe at construction ...
   EXPECT_EQ(rig.cupti->unsubscribes, 1);  // ... released at once: PyTorch's profiler may subscribe
   ASSERT_TRUE(b->start_trace());
@@ -345,8 +328,7 @@ TEST(GpuBackend, TheWindowsDeviceBufferIsSetBeforeItsKindsAreEnabled) {
   {
     Rig rig;
     rig.config.trace_device_buffer_mb = 64;
-    auto b = rig.make();
-    b->start();
+    auto b = rig.started();
     ASSERT_TRUE(b->start_trace());
     EXPECT_EQ(rig.cupti->device_buffer_at_enable, size_t{64} << 20);
     left_by_first = rig.cupti->device_buffer;
@@ -356,8 +338,7 @@ TEST(GpuBackend, TheWindowsDeviceBufferIsSetBeforeItsKindsAreEnabled) {
   Rig rig;
   rig.config.trace_device_buffer_mb = 0;
   rig.cupti->device_buffer = left_by_first;
-  auto b = rig.make();
-  b->start();
+  auto b = rig.started();
   ASSERT_TRUE(b->start_trace());
   EXPECT_EQ(rig.cupti->device_buffer_at_enable, size_t{3200000});
   b->stop_trace();
@@ -369,8 +350,7 @@ TEST(GpuBackend, TheWindowsDeviceBufferIsSetBeforeItsKindsAreEnabled) {
 // would.
 TEST(GpuBackend, ReleaseFinalizesCuptiAtTheNextCudaCallsExit) {
   Rig rig;
-  auto b = rig.make();
-  b->start();
+  auto b = rig.started();
   ASSERT_TRUE(b->start_trace());
   const uint64_t k0 = rig.cupti->cupti_now();
   rig.cupti->produce(kernel_at(k0 + 1000, k0 + 9000));
@@ -413,8 +393,7 @@ TEST(GpuBackend, ReleaseFinalizesCuptiAtTheNextCudaCallsExit) {
 TEST(GpuBackend, AFailedTraceStartDetachesCuptiAgain) {
   Rig rig;
   rig.cupti->fail["cuptiActivityEnable"] = CUPTI_ERROR_NOT_SUPPORTED;
-  auto b = rig.make();
-  b->start();
+  auto b = rig.started();
   EXPECT_FALSE(b->start_trace());
   // Subscribed for the attempt, then unsubscribed and finalized; PM sampling came back.
   EXPECT_EQ(rig.cupti->subscribes, rig.cupti->unsubscribes);
@@ -430,8 +409,7 @@ TEST(GpuBackend, AFailedTraceStartDetachesCuptiAgain) {
 
 TEST(GpuBackend, FlushDecodesPendingSamplesSynchronously) {
   Rig rig;
-  auto b = rig.make();
-  b->start();
+  auto b = rig.started();
   const uint64_t t0 = rig.cupti->cupti_now();
   rig.cupti->push_sample(sample(t0, t0 + 1, 1));  // discarded
   GpuEventBatch batch;
@@ -486,8 +464,7 @@ TEST(GpuBackend, ImageIsReinitializedOnlyWhenFull) {
 
 TEST(GpuBackend, StopDecodesWhatIsLeftAndDrainStillReturnsIt) {
   Rig rig;
-  auto b = rig.make();
-  b->start();
+  auto b = rig.started();
   const uint64_t t0 = rig.cupti->cupti_now();
   for (int i = 0; i < 3; ++i) rig.cupti->push_sample(sample(t0 + i, t0 + i + 1, 50));
   b->stop();

@@ -28,9 +28,7 @@ using test::Rig;
 constexpr Nanos kMs = 1000000;
 
 TEST(GpuMonitorTest, OneSmKernelIsBusyButInefficientInTheAdvisoryLog) {
-  Config c = Rig::base_config();
-  c.gpu.trace_first_step = 3;
-  c.gpu.trace_steps = 4;
+  Config c = Rig::window_config(3, 4);
   Rig rig(c);
   ASSERT_NE(rig.pilot->collector<GpuMonitor>(), nullptr);
   for (int i = 0; i < 12; ++i) rig.step(100, 1, 0.01);
@@ -118,10 +116,7 @@ TEST(GpuMonitorTest, EpochPmMeansWeighStepsByTheirSampledTime) {
 }
 
 TEST(GpuMonitorTest, WindowsOpenAtTheFirstStepAgainEachEpochAndOnRequest) {
-  Config c = Rig::base_config();
-  c.gpu.trace_first_step = 2;
-  c.gpu.trace_steps = 3;
-  c.gpu.trace_every_epochs = 1;
+  Config c = Rig::window_config(2, 3, 1);
   Rig rig(c);
   for (int i = 0; i < 10; ++i) rig.step(10, 200, 1.0);
   EXPECT_EQ(rig.backend->trace_starts, 1);
@@ -146,9 +141,7 @@ TEST(GpuMonitorTest, WindowsOpenAtTheFirstStepAgainEachEpochAndOnRequest) {
 }
 
 TEST(GpuMonitorTest, StepsDoNotWaitForPmSamplingThatStoppedAfterAWindow) {
-  Config c = Rig::base_config();
-  c.gpu.trace_first_step = 1;
-  c.gpu.trace_steps = 1;
+  Config c = Rig::window_config(1, 1);
   Rig rig(c);
   rig.step(10, 200, 1.0);
   rig.step(10, 200, 1.0);  // traced
@@ -168,9 +161,7 @@ TEST(GpuMonitorTest, StepsDoNotWaitForPmSamplingThatStoppedAfterAWindow) {
 }
 
 TEST(GpuMonitorTest, AWindowArmedAtAnEpochsLastStepOpensInTheNext) {
-  Config c = Rig::base_config();
-  c.gpu.trace_first_step = 4;  // armed at the end of step 3, the epoch's last
-  c.gpu.trace_steps = 2;
+  Config c = Rig::window_config(4, 2);  // armed at the end of step 3, the epoch's last
   Rig rig(c);
   for (int i = 0; i < 4; ++i) rig.step(10, 200, 1.0);
   rig.pilot->end_epoch();
@@ -183,9 +174,7 @@ TEST(GpuMonitorTest, AWindowArmedAtAnEpochsLastStepOpensInTheNext) {
 }
 
 TEST(GpuMonitorTest, AWindowsFirstStepIsTracedFromItsScope) {
-  Config c = Rig::base_config();
-  c.gpu.trace_first_step = 1;
-  c.gpu.trace_steps = 1;
+  Config c = Rig::window_config(1, 1);
   Rig rig(c);
   rig.step(10, 200, 1.0);
   rig.clock->advance(5 * kMs);  // between the boundary and the scope: not traced
@@ -308,14 +297,9 @@ TEST(GpuMonitorTest, ACheckpointEveryNStepsIsAPeriodicStallNotAnAnomaly) {
   Rig rig(c, false);
   auto cpu = std::make_shared<ManualClock>();
   {
-    PilotOptions o;
-    auto logger = std::make_shared<spdlog::logger>(
-        "gpu-test", std::make_shared<spdlog::sinks::ostream_sink_st>(rig.log));
-    o.logger = logger;
-    o.clock = rig.clock;
+    PilotOptions o = rig.options("gpu-test");
     o.cpu_clock = cpu;
-    o.sinks = {rig.sink};
-    if (auto m = make_gpu_monitor(c.gpu, rig.backend, *logger))
+    if (auto m = make_gpu_monitor(c.gpu, rig.backend, *o.logger))
       o.collectors.push_back(std::move(m));
     rig.pilot = std::make_unique<Pilot>(c, std::move(o));
   }

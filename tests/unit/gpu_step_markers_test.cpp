@@ -40,9 +40,7 @@ struct AsyncRig : Rig {
   static Nanos boundary(int64_t j) { return 10 * kMs * j; }
   // A detailed window over steps 1-3.
   static Config window_1_to_3() {
-    Config c = Rig::base_config();
-    c.gpu.trace_first_step = 1;
-    c.gpu.trace_steps = 3;
+    Config c = Rig::window_config(1, 3);
     return c;
   }
   // The GPU runs steps [from, to): step k has k + 1 kernels and SM efficiency 0.05 (k + 1).
@@ -58,6 +56,12 @@ struct AsyncRig : Rig {
       backend->resolve(backend->marker_ids.at(static_cast<size_t>(k + 1)), boundary(k + 1));
       if (k == 0) backend->resolve(backend->marker_ids.at(0), boundary(0));
     }
+  }
+  // The GPU runs steps 8 and 9, the epoch ends: the step records published.
+  std::vector<GpuStepRecord> end_after_ten_steps() {
+    gpu_runs(8, 10);
+    pilot->end_epoch();
+    return sink->late<GpuStepRecord>();
   }
 };
 
@@ -77,10 +81,7 @@ TEST(GpuMonitorTest, KernelsAndSamplesThatRanAfterTheHostSpanLandOnTheirStep) {
       << "stopped before the GPU reached the window's last step's end";
   rig.host_steps(1);  // step 9: the tail's end, the trace is released
   EXPECT_EQ(rig.backend->releases, 1);
-  rig.gpu_runs(8, 10);
-  rig.pilot->end_epoch();
-
-  const auto steps = rig.sink->late<GpuStepRecord>();
+  const auto steps = rig.end_after_ten_steps();
   ASSERT_EQ(steps.size(), 10u);
   for (const GpuStepRecord& r : steps) {
     SCOPED_TRACE("step " + std::to_string(r.step));
@@ -288,10 +289,7 @@ TEST(GpuMonitorTest, KernelsDeliveredOutOfOrderLandOnTheirSteps) {
   rig.host_steps(1);
   rig.backend->queued.kernels = earlier;  // then steps 0-1
   rig.host_steps(1);
-  rig.gpu_runs(8, 10);
-  rig.pilot->end_epoch();
-
-  const auto steps = rig.sink->late<GpuStepRecord>();
+  const auto steps = rig.end_after_ten_steps();
   ASSERT_EQ(steps.size(), 10u);
   for (const GpuStepRecord& r : steps) {
     SCOPED_TRACE("step " + std::to_string(r.step));
@@ -306,9 +304,7 @@ TEST(GpuMonitorTest, KernelsDeliveredOutOfOrderLandOnTheirSteps) {
 }
 
 TEST(GpuMonitorTest, EpochEndWaitsForTheGpuToReachTheLastBoundary) {
-  Config c = Rig::base_config();
-  c.gpu.trace_first_step = 2;  // steps 2-4 traced; the epoch ends with the window
-  c.gpu.trace_steps = 10;
+  Config c = Rig::window_config(2, 10);  // steps 2-4 traced; the epoch ends with the window
   AsyncRig rig(c);
   rig.host_steps(5);
   EXPECT_EQ(rig.backend->trace_stops, 0);
@@ -339,9 +335,7 @@ TEST(GpuMonitorTest, EpochEndWaitsForTheGpuToReachTheLastBoundary) {
 }
 
 TEST(GpuMonitorTest, MarkersThatNeverResolveFallBackToHostSpansAndHoldNothingForever) {
-  Config c = Rig::base_config();
-  c.gpu.trace_first_step = 1;
-  c.gpu.trace_steps = 1;
+  Config c = Rig::window_config(1, 1);
   Rig rig(c, false);
   rig.backend->markers = true;  // recorded, never resolved
   rig.make(c);
@@ -427,10 +421,7 @@ TEST(GpuMonitorTest, AShortEpochsEndDoesNotWaitItsUnfinishedStepsCountInTheNext)
 // An epoch's end waits for a window's release (0.1-0.4 s) only for the run's first window;
 // a later window's steps wait for their records and count in the next epoch.
 TEST(GpuMonitorTest, AnEpochEndWaitsOnlyForTheFirstWindowsRelease) {
-  Config c = Rig::base_config();
-  c.gpu.trace_first_step = 2;
-  c.gpu.trace_steps = 3;
-  c.gpu.trace_every_epochs = 1;
+  Config c = Rig::window_config(2, 3, 1);
   Rig rig(c);
   rig.backend->slow_release = true;
   for (int i = 0; i < 10; ++i) rig.step(10, 200, 1.0);
@@ -484,9 +475,7 @@ TEST(GpuMonitorTest, TheFirstWindowsReleaseIsWaitedForOnlyWithRoomInTheBudget) {
 }
 
 TEST(GpuMonitorTest, WithoutMarkersStepsUseTheirHostSpanAtOnce) {
-  Config c = Rig::base_config();
-  c.gpu.trace_first_step = 1;
-  c.gpu.trace_steps = 1;
+  Config c = Rig::window_config(1, 1);
   Rig rig(c);  // the fake records no markers (as the unavailable backend)
   for (int i = 0; i < 4; ++i) rig.step(10, 200, 0.5);
   EXPECT_EQ(rig.backend->trace_stops, 1);

@@ -108,13 +108,7 @@ TEST(GpuStepStatsTest, TracedStepSplitsIdleTimeByCause) {
   GpuEventBatch ev;
   ev.kernels = {kernel(2, 4, 50), kernel(6, 8, 50)};
   ev.syncs = {{8, 9}};
-  CopyRecord c;
-  c.begin = 1;
-  c.end = 2;
-  c.bytes = 4096;
-  c.kind = CopyKind::kHostToDevice;
-  c.pageable = true;
-  ev.copies = {c};
+  ev.copies = {test::copy_record(1, 2, 4096, CopyKind::kHostToDevice, true)};
   const GpuStats g = gpu_step_stats(ev, spans({0, 10}, {0, 1}, true), 100, 100);
   EXPECT_EQ(g.traced_ns, 10);
   EXPECT_DOUBLE_EQ(g.gpu_utilization, 0.4);

@@ -12,9 +12,9 @@ namespace {
 
 constexpr Nanos kMs = 1000000;
 
-GpuConfig quiet_config() {
+GpuConfig quiet_config(int64_t first_step = 1000000) {  // by default, windows only where asked
   GpuConfig c;
-  c.trace_first_step = 1000000;  // windows only where a test asks for them
+  c.trace_first_step = first_step;
   c.trace_steps = 2;
   c.trace_anomaly_factor = 0;
   return c;
@@ -62,14 +62,19 @@ struct Driver {
     step_in_epoch = 0;
     return planner.end_epoch();
   }
+  // `n` epochs of `steps_each` steps of 10 ms.
+  void epochs(int n, int steps_each) {
+    for (int epoch = 0; epoch < n; ++epoch) {
+      steps(steps_each);
+      end_epoch();
+    }
+  }
 };
 
 using Steps = std::vector<int64_t>;
 
 TEST(GpuWindowPlannerTest, FirstWindowOpensAtTraceFirstStep) {
-  GpuConfig c = quiet_config();
-  c.trace_first_step = 3;
-  Driver r(c);
+  Driver r(quiet_config(3));
   r.steps(2);
   EXPECT_TRUE(r.starts.empty());
   r.step_ms();  // step 2's end arms the window ...
@@ -84,9 +89,7 @@ TEST(GpuWindowPlannerTest, FirstWindowOpensAtTraceFirstStep) {
 }
 
 TEST(GpuWindowPlannerTest, TheFirstTracedStepIsTracedFromItsBeginAndTheRestFromTheirs) {
-  GpuConfig c = quiet_config();
-  c.trace_first_step = 1;
-  Driver r(c);
+  Driver r(quiet_config(1));
   r.step_ms();
   // The step's scope begins 5 ms after the boundary its record starts at.
   ASSERT_EQ(r.planner.begin_step(r.now + 5 * kMs), 2);
@@ -101,9 +104,7 @@ TEST(GpuWindowPlannerTest, TheFirstTracedStepIsTracedFromItsBeginAndTheRestFromT
 }
 
 TEST(GpuWindowPlannerTest, TailFlushesThenReleasesAndRecordsBecomeFinal) {
-  GpuConfig c = quiet_config();
-  c.trace_first_step = 1;
-  Driver r(c);
+  Driver r(quiet_config(1));
   r.steps(2);  // step 1 traced
   EXPECT_EQ(r.traced, Steps{1});
   EXPECT_TRUE(r.planner.tracing());
@@ -162,8 +163,7 @@ TEST(GpuWindowPlannerTest, RequestWhileAWindowRunsIsIgnored) {
 }
 
 TEST(GpuWindowPlannerTest, WindowRepeatsEveryNEpochsAtTheSameStepInTheEpoch) {
-  GpuConfig c = quiet_config();
-  c.trace_first_step = 2;
+  GpuConfig c = quiet_config(2);
   c.trace_every_epochs = 2;
   Driver r(c);
   std::vector<Steps> traced_in_epoch;
@@ -180,33 +180,22 @@ TEST(GpuWindowPlannerTest, WindowRepeatsEveryNEpochsAtTheSameStepInTheEpoch) {
 }
 
 TEST(GpuWindowPlannerTest, WindowRepeatsEveryEpoch) {
-  GpuConfig c = quiet_config();
-  c.trace_first_step = 5;
+  GpuConfig c = quiet_config(5);
   c.trace_every_epochs = 1;
   c.trace_steps = 3;
   Driver r(c);
-  for (int epoch = 0; epoch < 3; ++epoch) {
-    r.steps(10);
-    r.end_epoch();
-  }
+  r.epochs(3, 10);
   EXPECT_EQ(r.starts, (Steps{5, 15, 25}));
 }
 
 TEST(GpuWindowPlannerTest, NoRepeatWithoutTraceEveryEpochs) {
-  GpuConfig c = quiet_config();
-  c.trace_first_step = 2;
-  Driver r(c);
-  for (int epoch = 0; epoch < 3; ++epoch) {
-    r.steps(8);
-    r.end_epoch();
-  }
+  Driver r(quiet_config(2));
+  r.epochs(3, 8);
   EXPECT_EQ(r.starts, Steps{2});
 }
 
 TEST(GpuWindowPlannerTest, FirstWindowWaitsForWarmup) {
-  GpuConfig c = quiet_config();
-  c.trace_first_step = 0;
-  Driver r(c);
+  Driver r(quiet_config(0));
   r.warm = false;
   r.steps(5);
   EXPECT_TRUE(r.starts.empty());
@@ -216,8 +205,8 @@ TEST(GpuWindowPlannerTest, FirstWindowWaitsForWarmup) {
   EXPECT_EQ(r.traced, (Steps{6, 7}));
 }
 
-GpuConfig anomaly_config() {
-  GpuConfig c = quiet_config();
+GpuConfig anomaly_config(int64_t first_step = 1000000) {
+  GpuConfig c = quiet_config(first_step);
   c.trace_anomaly_factor = 3;
   return c;
 }
@@ -283,8 +272,7 @@ TEST(GpuWindowPlannerTest, SlowStepsWithAKnownCauseOpenNoWindow) {
 }
 
 TEST(GpuWindowPlannerTest, OptionalWindowsAskTheBudget) {
-  GpuConfig c = anomaly_config();
-  c.trace_first_step = 2;
+  GpuConfig c = anomaly_config(2);
   c.trace_every_epochs = 1;
   Driver r(c);
   std::vector<std::string> asked;
@@ -345,9 +333,7 @@ TEST(GpuWindowPlannerTest, NoAnomalyWindowDuringWarmup) {
 }
 
 TEST(GpuWindowPlannerTest, NoAnomalyWindowFromTracedTailOrQuietSteps) {
-  GpuConfig c = anomaly_config();
-  c.trace_first_step = 70;
-  Driver r(c);
+  Driver r(anomaly_config(70));
   r.steps(70);  // steps 0-69: the median is known
   ASSERT_TRUE(r.starts.empty());
   r.step_ms(50);  // step 70: traced (the trace itself slows steps)
@@ -370,8 +356,7 @@ TEST(GpuWindowPlannerTest, NoAnomalyWindowFromTracedTailOrQuietSteps) {
 
 TEST(GpuWindowPlannerTest, MedianIsOfUntracedSteps) {
   // Slow traced, tail and quiet steps stay out of the median: a later slow step still stands out.
-  GpuConfig c = anomaly_config();
-  c.trace_first_step = 0;
+  GpuConfig c = anomaly_config(0);
   c.trace_steps = 40;
   Driver r(c);
   r.steps(1);
@@ -386,9 +371,7 @@ TEST(GpuWindowPlannerTest, MedianIsOfUntracedSteps) {
 }
 
 TEST(GpuWindowPlannerTest, AClosedWindowIsStoppedOnlyWhenTheMonitorSaysTheGpuRanIt) {
-  GpuConfig c = quiet_config();
-  c.trace_first_step = 1;
-  Driver r(c);
+  Driver r(quiet_config(1));
   r.stop_at_once = false;
   r.steps(3);  // steps 1-2 traced; step 2 closes the window
   ASSERT_TRUE(r.last.stop_trace);
@@ -414,9 +397,7 @@ TEST(GpuWindowPlannerTest, AClosedWindowIsStoppedOnlyWhenTheMonitorSaysTheGpuRan
 }
 
 TEST(GpuWindowPlannerTest, EpochEndStopsAWindowWaitingForTheGpu) {
-  GpuConfig c = quiet_config();
-  c.trace_first_step = 1;
-  Driver r(c);
+  Driver r(quiet_config(1));
   r.stop_at_once = false;
   r.steps(4);  // steps 1-2 traced; the stop waits
   ASSERT_TRUE(r.planner.stopping());
@@ -429,8 +410,7 @@ TEST(GpuWindowPlannerTest, EpochEndStopsAWindowWaitingForTheGpu) {
 }
 
 TEST(GpuWindowPlannerTest, EpochEndClosesTheWindowAndReleasesTheTrace) {
-  GpuConfig c = quiet_config();
-  c.trace_first_step = 2;
+  GpuConfig c = quiet_config(2);
   c.trace_steps = 10;
   Driver r(c);
   r.steps(5);  // steps 2-4 traced
@@ -448,9 +428,7 @@ TEST(GpuWindowPlannerTest, EpochEndClosesTheWindowAndReleasesTheTrace) {
 }
 
 TEST(GpuWindowPlannerTest, EpochEndDuringTheTailReleasesWithoutStopping) {
-  GpuConfig c = quiet_config();
-  c.trace_first_step = 2;
-  Driver r(c);
+  Driver r(quiet_config(2));
   r.steps(4);  // steps 2-3 traced; the tail has one step end left
   ASSERT_TRUE(r.planner.trace_attached());
   ASSERT_FALSE(r.planner.tracing());
@@ -463,9 +441,7 @@ TEST(GpuWindowPlannerTest, EpochEndDuringTheTailReleasesWithoutStopping) {
 }
 
 TEST(GpuWindowPlannerTest, AWindowArmedAtAnEpochsLastStepOpensInTheNext) {
-  GpuConfig c = quiet_config();
-  c.trace_first_step = 4;
-  Driver r(c);
+  Driver r(quiet_config(4));
   r.steps(4);  // step 3, the epoch's last, arms it
   const auto e = r.end_epoch();
   EXPECT_FALSE(e.stop_trace || e.release);
@@ -476,9 +452,7 @@ TEST(GpuWindowPlannerTest, AWindowArmedAtAnEpochsLastStepOpensInTheNext) {
 }
 
 TEST(GpuWindowPlannerTest, FailedTraceStartDisablesWindows) {
-  GpuConfig c = quiet_config();
-  c.trace_first_step = 1;
-  Driver r(c);
+  Driver r(quiet_config(1));
   r.start_ok = false;
   r.steps(3);
   EXPECT_EQ(r.starts, Steps{1});  // tried once
@@ -494,8 +468,7 @@ TEST(GpuWindowPlannerTest, FailedTraceStartDisablesWindows) {
 }
 
 TEST(GpuWindowPlannerTest, NoWindowsWithoutTheActivityTrace) {
-  GpuConfig c = quiet_config();
-  c.trace_first_step = 1;
+  GpuConfig c = quiet_config(1);
   c.activity = false;
   Driver off(c);
   off.planner.request_window(2);

@@ -2,8 +2,6 @@
 // the op-scope hand-over (HostOpScopes), the monitor naming call sites and phases, the host-sync
 // and pageable-copy advisors, and the cap on idle-cause gains.
 #include <gtest/gtest.h>
-#include <spdlog/sinks/null_sink.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <limits>
@@ -11,8 +9,7 @@
 #include <string>
 
 #include "advice_test_util.h"
-#include "fakes/fake_backend.h"
-#include "fakes/gpu_records.h"
+#include "fakes/gpu_monitor_rig.h"
 #include "torchpilot/advisors/core/advisors.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/core/sink.h"
@@ -41,15 +38,13 @@ SyncRecord sync(Nanos b, Nanos e, SyncApi api = SyncApi::kStreamSynchronize) {
   return s;
 }
 
+// A copy of 1 MiB.
 CopyRecord copy(Nanos b, Nanos e, CopyKind kind, bool pageable) {
-  CopyRecord c;
-  c.begin = b;
-  c.end = e;
-  c.bytes = 1 << 20;
-  c.kind = kind;
-  c.pageable = pageable;
-  return c;
+  return test::copy_record(b, e, 1 << 20, kind, pageable);
 }
+
+// A sync's [begin, end], to compare with an expected one.
+std::pair<Nanos, Nanos> span_of(const SyncRecord& r) { return {r.begin, r.end}; }
 
 HostOpScope scope(Nanos b, Nanos e, std::string op, bool always = true, std::string phase = "") {
   HostOpScope s;
@@ -270,8 +265,7 @@ TEST(HostSyncCauseTest, SyncRecordInsideAnOpScopeTakesTheOpAsCause) {
   EXPECT_EQ(s[0].cause, "aten::item");
   EXPECT_EQ(s[0].phase, "forward");
   EXPECT_EQ(s[0].api, SyncApi::kBlockingCopy);  // the first thing it blocked in
-  EXPECT_EQ(s[0].begin, 10);
-  EXPECT_EQ(s[0].end, 19);
+  EXPECT_EQ(span_of(s[0]), (std::make_pair<Nanos, Nanos>(10, 19)));
   EXPECT_EQ(s[1].cause, "cudaDeviceSynchronize");
   EXPECT_EQ(s[1].api, SyncApi::kDeviceSynchronize);
 }
@@ -292,10 +286,8 @@ TEST(HostSyncCauseTest, CudaCallsOfOneOpCallAreOneSync) {
   const std::vector<SyncRecord> s = resolve_host_syncs(ev, true);
   ASSERT_EQ(s.size(), 2u);
   EXPECT_EQ(s[0].cause, "aten::item");
-  EXPECT_EQ(s[0].begin, 12);
-  EXPECT_EQ(s[0].end, 18);
-  EXPECT_EQ(s[1].begin, 32);
-  EXPECT_EQ(s[1].end, 38);
+  EXPECT_EQ(span_of(s[0]), (std::make_pair<Nanos, Nanos>(12, 18)));
+  EXPECT_EQ(span_of(s[1]), (std::make_pair<Nanos, Nanos>(32, 38)));
 }
 
 TEST(HostSyncCauseTest, WaitForAPageableCopyToTheDeviceIsACopyStallNotASync) {
@@ -379,19 +371,27 @@ TEST(HostSyncCauseTest, StepSitesGroupByCauseAndPhase) {
   EXPECT_EQ(fwd->idle_ns, 40);
 }
 
-// Seen on the H100 (torch 2.11): once per traced step, an event synchronize of ~0.7 ms whose
-// correlation id no program API call had while every sync callback was on: CUPTI's or the
-// driver's own. It never counts.
-TEST(HostSyncCauseTest, SyncsNoProgramCallMadeNeverCount) {
+// Kernels [0, 10], [12, 20], [35, 45], [60, 70] and an .item() in forward [45, 50] whose
+// synchronize [46, 49] the trainer made; then `other`, an event synchronize [22, 30] in forward
+// that no op scope holds.
+GpuEventBatch item_and_event_sync(SyncThread other_thread) {
   GpuEventBatch ev;
   ev.kernels = {kernel(0, 10), kernel(12, 20), kernel(35, 45), kernel(60, 70)};
   ev.scopes = {scope(45, 50, "aten::item", true, "forward")};
   SyncRecord item = sync(46, 49);
   item.thread = SyncThread::kTrainer;
-  SyncRecord internal = sync(22, 30, SyncApi::kEventSynchronize);
-  internal.phase = "forward";
-  internal.thread = SyncThread::kInternal;
-  ev.syncs = {internal, item};
+  SyncRecord other = sync(22, 30, SyncApi::kEventSynchronize);
+  other.phase = "forward";
+  other.thread = other_thread;
+  ev.syncs = {other, item};
+  return ev;
+}
+
+// Seen on the H100 (torch 2.11): once per traced step, an event synchronize of ~0.7 ms whose
+// correlation id no program API call had while every sync callback was on: CUPTI's or the
+// driver's own. It never counts.
+TEST(HostSyncCauseTest, SyncsNoProgramCallMadeNeverCount) {
+  const GpuEventBatch ev = item_and_event_sync(SyncThread::kInternal);
   const std::vector<SyncRecord> s = resolve_host_syncs(ev, true);
   ASSERT_EQ(s.size(), 1u);
   EXPECT_EQ(s[0].cause, "aten::item");
@@ -405,17 +405,9 @@ TEST(HostSyncCauseTest, SyncsOfTorchpilotsOwnThreadsNeverCount) {
   // As on the H100 (issue 10): per step, an .item() in forward, and an event synchronize of
   // another thread of ours [22, 30] outside any op scope, in the middle of a launch gap. Only the
   // .item() is a host sync; the gap stays a launch gap.
-  GpuEventBatch ev;
-  ev.kernels = {kernel(0, 10), kernel(12, 20), kernel(35, 45), kernel(60, 70)};
-  ev.scopes = {scope(45, 50, "aten::item", true, "forward")};
-  SyncRecord item = sync(46, 49);
-  item.thread = SyncThread::kTrainer;
-  item.stream_id = 7;
-  SyncRecord ours = sync(22, 30, SyncApi::kEventSynchronize);
-  ours.phase = "forward";
-  ours.thread = SyncThread::kOwn;
-  ours.event_id = 3;
-  ev.syncs = {ours, item};
+  GpuEventBatch ev = item_and_event_sync(SyncThread::kOwn);
+  ev.syncs[1].stream_id = 7;  // the .item()'s
+  ev.syncs[0].event_id = 3;   // ours
   const std::vector<SyncRecord> s = resolve_host_syncs(ev, true);
   ASSERT_EQ(s.size(), 1u);
   EXPECT_EQ(s[0].cause, "aten::item");
@@ -482,29 +474,20 @@ TEST(HostOpScopesTest, BoundedAndSwitchedByTheMonitor) {
 using test::FakeBackend;
 
 TEST(HostSyncMonitorTest, EpochNamesTopCallSitesWithTheirPhase) {
-  auto clock = std::make_shared<ManualClock>(1'000'000);
-  auto backend = std::make_shared<FakeBackend>();
-  backend->statuses = {{"pm_sampling", false, "off"},
-                       {"activity", true, ""},
-                       {"nvml", false, "off"},
-                       {"nvtx", false, "off"}};
-  auto sink = std::make_shared<RecordingSink>();
-  Config c;
-  c.gpu.trace_first_step = 0;
-  c.cost.budget = 1;  // the window opens when due (a short fake run)
-  c.gpu.trace_steps = 3;
-  c.gpu.trace_anomaly_factor = 0;
+  Config c = test::Rig::window_config(0, 3);  // the window opens when due (a short fake run)
   c.gpu.nvtx = false;
-  auto logger = std::make_shared<spdlog::logger>("host-sync-test",
-                                                 std::make_shared<spdlog::sinks::null_sink_st>());
-  PilotOptions o;
-  o.logger = logger;
-  o.clock = clock;
-  o.sinks = {sink};
-  o.collectors.push_back(make_gpu_monitor(c.gpu, backend, *logger));
+  test::Rig rig(c, false);
+  rig.clock->advance(1'000'000);
+  rig.backend->statuses = {{"pm_sampling", false, "off"},
+                           {"activity", true, ""},
+                           {"nvml", false, "off"},
+                           {"nvtx", false, "off"}};
+  rig.make(c);
+  const auto& clock = rig.clock;
+  const auto& backend = rig.backend;
   std::vector<bool> switched;  // whether scopes were wanted, in each step
   {
-    Pilot pilot(c, std::move(o));
+    Pilot& pilot = *rig.pilot;
     for (int i = 0; i < 4; ++i) {
       auto step = pilot.step(1);
       switched.push_back(HostOpScopes::instance().enabled());
@@ -528,11 +511,12 @@ TEST(HostSyncMonitorTest, EpochNamesTopCallSitesWithTheirPhase) {
       clock->advance(20);
     }
     pilot.end_epoch();
+    rig.pilot.reset();
   }
   EXPECT_NE(std::find(switched.begin(), switched.end(), true), switched.end());
   EXPECT_FALSE(HostOpScopes::instance().enabled()) << "off again after the window";
-  ASSERT_EQ(sink->epochs.size(), 1u);
-  const GpuEpochStats* gpu = sink->epochs[0].sections.get<GpuEpochStats>();
+  ASSERT_EQ(rig.sink->epochs.size(), 1u);
+  const GpuEpochStats* gpu = rig.sink->epochs[0].sections.get<GpuEpochStats>();
   ASSERT_NE(gpu, nullptr);
   EXPECT_EQ(gpu->traced_steps, 3);
   ASSERT_FALSE(gpu->top_sync_sites.empty());

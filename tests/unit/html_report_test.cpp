@@ -12,6 +12,7 @@
 #include <regex>
 #include <sstream>
 
+#include "fakes/string_logger.h"
 #include "temp_dir.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/flops/flop_records.h"
@@ -72,8 +73,7 @@ std::string make_report(const std::string& path) {
   auto clock = std::make_shared<ManualClock>();
   std::ostringstream log;
   PilotOptions o;
-  o.logger = std::make_shared<spdlog::logger>(
-      "html-test", std::make_shared<spdlog::sinks::ostream_sink_st>(log));
+  o.logger = test::string_logger("html-test", log);
   o.clock = clock;
   o.default_collectors = false;
   auto report = make_html_report(path);

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -18,12 +19,18 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Smooth gradient: compresses almost losslessly, so round-trip error measures the codec path.
-Image gradient_image(int width, int height) {
+// An RGB image of width x height, all zero.
+Image black_image(int width, int height) {
   Image img;
   img.width = width;
   img.height = height;
   img.rgb.resize(static_cast<size_t>(width) * height * 3);
+  return img;
+}
+
+// Smooth gradient: compresses almost losslessly, so round-trip error measures the codec path.
+Image gradient_image(int width, int height) {
+  Image img = black_image(width, height);
   for (int y = 0; y < height; ++y) {
     for (int x = 0; x < width; ++x) {
       uint8_t* p = &img.rgb[(static_cast<size_t>(y) * width + x) * 3];
@@ -37,10 +44,7 @@ Image gradient_image(int width, int height) {
 
 // Every channel of column x holds column_value(x): lets bilinear results be computed by hand.
 Image column_image(int width, int height, int step) {
-  Image img;
-  img.width = width;
-  img.height = height;
-  img.rgb.resize(static_cast<size_t>(width) * height * 3);
+  Image img = black_image(width, height);
   for (int y = 0; y < height; ++y) {
     for (int x = 0; x < width; ++x) {
       for (int c = 0; c < 3; ++c) {
@@ -63,6 +67,16 @@ std::vector<char> read_bytes(const fs::path& p) {
 void write_bytes(const fs::path& p, const std::vector<char>& bytes) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// `call` throws a std::runtime_error whose message names `text`.
+void expect_runtime_error_naming(const std::function<void()>& call, const std::string& text) {
+  try {
+    call();
+    FAIL() << "expected std::runtime_error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
 }
 
 class JpegIoTest : public ::testing::Test {
@@ -97,12 +111,7 @@ TEST_F(JpegIoTest, RoundTripPreservesSizeAndPixels) {
 
 TEST_F(JpegIoTest, DecodeMissingFileThrowsWithPath) {
   const std::string missing = path("does_not_exist.jpg");
-  try {
-    decode_jpeg_file(missing);
-    FAIL() << "expected std::runtime_error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find(missing), std::string::npos) << e.what();
-  }
+  expect_runtime_error_naming([&] { decode_jpeg_file(missing); }, missing);
 }
 
 TEST_F(JpegIoTest, DecodeRandomBytesThrowsWithPath) {
@@ -110,12 +119,7 @@ TEST_F(JpegIoTest, DecodeRandomBytesThrowsWithPath) {
   std::vector<char> junk(4096);
   for (char& c : junk) c = static_cast<char>(rng());
   write_bytes(path("junk.jpg"), junk);
-  try {
-    decode_jpeg_file(path("junk.jpg"));
-    FAIL() << "expected std::runtime_error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find(path("junk.jpg")), std::string::npos) << e.what();
-  }
+  expect_runtime_error_naming([&] { decode_jpeg_file(path("junk.jpg")); }, path("junk.jpg"));
 }
 
 TEST_F(JpegIoTest, DecodeEmptyFileThrows) {
@@ -129,22 +133,14 @@ TEST_F(JpegIoTest, DecodeTruncatedJpegThrowsWithPath) {
   ASSERT_GT(bytes.size(), 200u);
   bytes.resize(bytes.size() / 2);
   write_bytes(path("truncated.jpg"), bytes);
-  try {
-    decode_jpeg_file(path("truncated.jpg"));
-    FAIL() << "expected std::runtime_error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find(path("truncated.jpg")), std::string::npos) << e.what();
-  }
+  expect_runtime_error_naming([&] { decode_jpeg_file(path("truncated.jpg")); },
+                              path("truncated.jpg"));
 }
 
 TEST_F(JpegIoTest, EncodeErrors) {
   const std::string bad_dir = path("no_such_dir/out.jpg");
-  try {
-    encode_jpeg_file(bad_dir, gradient_image(16, 16), 90);
-    FAIL() << "expected std::runtime_error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find(bad_dir), std::string::npos) << e.what();
-  }
+  expect_runtime_error_naming([&] { encode_jpeg_file(bad_dir, gradient_image(16, 16), 90); },
+                              bad_dir);
   Image malformed = gradient_image(16, 16);
   malformed.rgb.pop_back();
   EXPECT_THROW(encode_jpeg_file(path("x.jpg"), malformed, 90), std::invalid_argument);
@@ -213,12 +209,7 @@ TEST_F(JpegIoTest, ScanDatasetErrors) {
   fs::create_directories(path("empty_class/a"));
   fs::create_directories(path("empty_class/b"));
   encode_jpeg_file(path("empty_class/a/x.JPEG"), gradient_image(8, 8), 90);
-  try {
-    scan_dataset(path("empty_class"));
-    FAIL() << "expected std::runtime_error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("empty_class/b"), std::string::npos) << e.what();
-  }
+  expect_runtime_error_naming([&] { scan_dataset(path("empty_class")); }, "empty_class/b");
   encode_jpeg_file(path("empty_class/b/y.jpg"), gradient_image(8, 8), 90);
   write_bytes(path("empty_class/b/notes.txt"), {'h', 'i'});
   const DatasetIndex index = scan_dataset(path("empty_class"));

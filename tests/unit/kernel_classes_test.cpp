@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "fakes/gpu_records.h"
 #include "torchpilot/runtime/gpu/gpu_backend.h"
 #include "torchpilot/runtime/gpu/gpu_records.h"
 #include "torchpilot/runtime/gpu/gpu_step_stats.h"
@@ -18,6 +19,13 @@ namespace torchpilot {
 namespace {
 
 KernelClass cls(const std::string& name) { return classify_kernel(name).cls; }
+
+// classify_kernel(name) says class `c`, and fused or not as `fused` says.
+void expect_kind(const std::string& name, KernelClass c, bool fused) {
+  const KernelKind k = classify_kernel(name);
+  EXPECT_EQ(k.cls, c) << name;
+  EXPECT_EQ(k.fused, fused) << name;
+}
 
 TEST(KernelClasses, CublasAndCudnnGemmsByTensorCoreUse) {
   // Hopper cuBLAS: the type code after nvjet_[smNN_] decides (sss: fp32 on the CUDA cores).
@@ -58,11 +66,10 @@ TEST(KernelClasses, CublasAndCudnnGemmsByTensorCoreUse) {
 }
 
 TEST(KernelClasses, AttentionFusedAndItsUnfusedPieces) {
-  const KernelKind flash = classify_kernel(
+  expect_kind(
       "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, "
-      "4, false, false, cutlass::bfloat16_t> >(...)");
-  EXPECT_EQ(flash.cls, KernelClass::kAttention);
-  EXPECT_TRUE(flash.fused);
+      "4, false, false, cutlass::bfloat16_t> >(...)",
+      KernelClass::kAttention, true);
   EXPECT_TRUE(classify_kernel("fmha_cutlassB_bf16_aligned_64x64_k64_sm80(...)").fused);
   EXPECT_TRUE(classify_kernel("cudnn_generated_fort_native_sdpa_sm90_knob_7_64x128x64_4x1x1_"
                               "kernel0_0")
@@ -71,12 +78,11 @@ TEST(KernelClasses, AttentionFusedAndItsUnfusedPieces) {
                               "bfloat16_t, cutlass::arch::Sm80, true, 64, 64, 64, true, true> >")
                   .fused);
   // The captured fixture's softmax (a [*, L] softmax: an unfused attention's piece).
-  const KernelKind softmax = classify_kernel(
+  expect_kind(
       "void at::native::(anonymous namespace)::cunn_SoftMaxForwardReg<float, float, float, "
       "at::native::(anonymous namespace)::SoftMaxForwardEpilogue, long, 8>(float*, float const*, "
-      "long)");
-  EXPECT_EQ(softmax.cls, KernelClass::kAttention);
-  EXPECT_FALSE(softmax.fused);
+      "long)",
+      KernelClass::kAttention, false);
   EXPECT_EQ(cls("void (anonymous namespace)::softmax_warp_backward<c10::BFloat16, c10::BFloat16, "
                 "float, 10, false, false>(c10::BFloat16*, ...)"),
             KernelClass::kAttention);
@@ -94,19 +100,17 @@ TEST(KernelClasses, AttentionFusedAndItsUnfusedPieces) {
 }
 
 TEST(KernelClasses, OptimizerElementwiseCommunicationOther) {
-  const KernelKind fused = classify_kernel(
+  expect_kind(
       "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous "
       "namespace)::FusedOptimizerTensorListMetadata<4>, at::native::(anonymous "
-      "namespace)::FusedAdamMathFunctor<float, 4, (at::native::ADAM_MODE)1, false>, ...>");
-  EXPECT_EQ(fused.cls, KernelClass::kOptimizer);
-  EXPECT_TRUE(fused.fused);
+      "namespace)::FusedAdamMathFunctor<float, 4, (at::native::ADAM_MODE)1, false>, ...>",
+      KernelClass::kOptimizer, true);
   // Per-parameter Adam: addcmul_ on exp_avg_sq, addcdiv_ on the parameter.
-  const KernelKind addcdiv = classify_kernel(
+  expect_kind(
       "void at::native::vectorized_elementwise_kernel<4, at::native::addcdiv_cuda_kernel(at::"
       "TensorIteratorBase&, c10::Scalar const&)::{lambda()#2}::operator()() const::{lambda()#4}::"
-      "operator()() const::{lambda(float, float, float)#1}, std::array<char*, 4ul> >(...)");
-  EXPECT_EQ(addcdiv.cls, KernelClass::kOptimizer);
-  EXPECT_FALSE(addcdiv.fused);
+      "operator()() const::{lambda(float, float, float)#1}, std::array<char*, 4ul> >(...)",
+      KernelClass::kOptimizer, false);
   EXPECT_EQ(
       cls("void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor<float, "
           "float, float, at::native::binary_internal::MulFunctor<float> >, std::array<char*, "
@@ -126,14 +130,7 @@ TEST(KernelClasses, OptimizerElementwiseCommunicationOther) {
   EXPECT_EQ(classify_kernel("my_custom_kernel", true).cls, KernelClass::kCommunication);
 }
 
-KernelRecord kernel(Nanos b, Nanos e, int64_t blocks, const char* name) {
-  KernelRecord k;
-  k.begin = b;
-  k.end = e;
-  k.blocks = blocks;
-  k.name = name;
-  return k;
-}
+using test::kernel;
 
 KernelRecord on_stream(KernelRecord k, int64_t stream) {
   k.stream = stream;

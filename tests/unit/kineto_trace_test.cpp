@@ -239,6 +239,10 @@ struct Analysis {
     }
     return nullptr;
   }
+  template <class S>
+  const S* section() const {
+    return summary.sections.get<S>();
+  }
 };
 
 Analysis analyze(const std::string& name) {
@@ -262,9 +266,8 @@ TEST(KinetoFixtures, DataWaitIsDataStarvation) {
 
 TEST(KinetoFixtures, HostSyncIsNamedItem) {
   const Analysis a = analyze("host_sync.json.gz");
-  const Advice* h = a.find("host_sync");
-  ASSERT_NE(h, nullptr);
-  const GpuEpochStats* gpu = a.summary.sections.get<GpuEpochStats>();
+  ASSERT_NE(a.find("host_sync"), nullptr);
+  const GpuEpochStats* gpu = a.section<GpuEpochStats>();
   ASSERT_NE(gpu, nullptr);
   ASSERT_FALSE(gpu->top_sync_sites.empty());
   EXPECT_EQ(gpu->top_sync_sites[0].cause, "aten::item");
@@ -274,9 +277,8 @@ TEST(KinetoFixtures, HostSyncIsNamedItem) {
 
 TEST(KinetoFixtures, PageableCopiesArePageable) {
   const Analysis a = analyze("pageable_copies.json.gz");
-  const Advice* p = a.find("pageable_copies");
-  ASSERT_NE(p, nullptr);
-  const GpuEpochStats* gpu = a.summary.sections.get<GpuEpochStats>();
+  ASSERT_NE(a.find("pageable_copies"), nullptr);
+  const GpuEpochStats* gpu = a.section<GpuEpochStats>();
   ASSERT_NE(gpu, nullptr);
   EXPECT_EQ(gpu->stats.h2d_pageable_bytes, gpu->stats.h2d_bytes);
   EXPECT_EQ(gpu->stats.h2d_bytes, 5LL * 256 * 3 * 64 * 64 * 4);  // the batch, every step

@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "fakes/gate.h"
+
 namespace torchpilot {
 namespace {
 
@@ -54,6 +56,23 @@ LoaderOptions options(size_t batch_size, int workers, uint64_t seed = 1) {
 std::vector<Indices> drain(LoaderCore& loader) {
   std::vector<Indices> batches;
   while (auto b = loader.next()) batches.push_back(as_indices(b));
+  return batches;
+}
+
+// The epoch's batches, calling next() again after each call that threw (counted in `thrown`).
+std::vector<Indices> drain_counting_throws(LoaderCore& loader, int& thrown) {
+  std::vector<Indices> batches;
+  while (true) {
+    LoaderCore::Batch b;
+    try {
+      b = loader.next();
+    } catch (...) {
+      ++thrown;
+      continue;
+    }
+    if (!b) break;
+    batches.push_back(as_indices(b));
+  }
   return batches;
 }
 
@@ -298,37 +317,14 @@ TEST(LoaderCoreTest, DestructionMidEpochJoinsBusyWorkers) {
 // A dataset call that never returns on its own: the loader's destruction waits for it only up to
 // shutdown_timeout_ms, then abandons the thread (which keeps what it uses alive) and says so once.
 TEST(LoaderCoreTest, DestructionAbandonsAProduceCallThatBlocks) {
-  struct Gate {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool open = false;
-    std::atomic<int> entered{0};
-    std::atomic<int> left{0};
-  };
-  auto gate = std::make_shared<Gate>();
+  auto gate = std::make_shared<test::Gate>();
   LoaderCore::Produce blocking = [gate](const Indices& indices, int, const LoaderSettings&) {
-    ++gate->entered;
-    {
-      std::unique_lock<std::mutex> lock(gate->mu);
-      gate->cv.wait(lock, [&] { return gate->open; });
-    }
+    gate->enter();
     auto batch = std::make_shared<Indices>(indices);
-    ++gate->left;
+    gate->leave();
     return batch;
   };
-  auto release = [gate] {
-    {
-      std::lock_guard<std::mutex> lock(gate->mu);
-      gate->open = true;
-    }
-    gate->cv.notify_all();
-  };
-  auto wait_for = [](const std::function<bool()>& done) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!done() && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    return done();
-  };
+  using test::within_ten_seconds;
 
   LoaderOptions o = options(2, 2);
   o.shutdown_timeout_ms = 200;
@@ -336,22 +332,12 @@ TEST(LoaderCoreTest, DestructionAbandonsAProduceCallThatBlocks) {
   auto warnings = std::make_shared<std::vector<std::string>>();
   loader->set_warning_sink([warnings](const std::string& m) { warnings->push_back(m); });
   loader->start_epoch();
-  ASSERT_TRUE(wait_for([&] { return gate->entered.load() == 2; })) << "both workers are blocked";
+  ASSERT_TRUE(within_ten_seconds([&] { return gate->entered.load() == 2; }))
+      << "both workers are blocked";
 
-  // Destroy on a helper thread so that a destructor that hangs fails the test instead of hanging
-  // it (the gate is then opened to let the destructor finish).
-  const auto begin = std::chrono::steady_clock::now();
-  std::promise<void> destroyed;
-  std::future<void> done = destroyed.get_future();
-  std::thread destroyer([&] {
-    loader.reset();
-    destroyed.set_value();
-  });
-  const bool returned = done.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
-  const auto elapsed = std::chrono::steady_clock::now() - begin;
-  if (!returned) release();
-  destroyer.join();
-  ASSERT_TRUE(returned) << "destruction hung on a blocked dataset call";
+  std::chrono::steady_clock::duration elapsed{};
+  ASSERT_TRUE(gate->destroyed_in_time([&] { loader.reset(); }, &elapsed))
+      << "destruction hung on a blocked dataset call";
   EXPECT_GE(elapsed, std::chrono::milliseconds(200)) << "it waited for the configured bound";
   ASSERT_EQ(warnings->size(), 1u);
   EXPECT_NE(warnings->front().find("2 worker threads"), std::string::npos) << warnings->front();
@@ -360,8 +346,8 @@ TEST(LoaderCoreTest, DestructionAbandonsAProduceCallThatBlocks) {
 
   // The abandoned calls return later; their threads drop the results and end without touching
   // the destroyed loader (run under valgrind or a sanitizer to see it), and claim nothing more.
-  release();
-  ASSERT_TRUE(wait_for([&] { return gate->left.load() == 2; }));
+  gate->open();
+  ASSERT_TRUE(within_ten_seconds([&] { return gate->left.load() == 2; }));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(gate->entered.load(), 2) << "no batch was claimed after destruction";
   EXPECT_EQ(warnings->size(), 1u);
@@ -547,19 +533,8 @@ TEST(LoaderCoreTest, ThrowingWaitObserverLosesNoBatch) {
       loader.set_warning_sink([&](const std::string& m) { warnings.push_back(m); });
       for (int epoch = 0; epoch < 2; ++epoch) {
         loader.start_epoch();
-        std::vector<Indices> batches;
         int thrown = 0;
-        while (true) {
-          LoaderCore::Batch b;
-          try {
-            b = loader.next();
-          } catch (...) {
-            ++thrown;
-            continue;
-          }
-          if (!b) break;
-          batches.push_back(as_indices(b));
-        }
+        const std::vector<Indices> batches = drain_counting_throws(loader, thrown);
         EXPECT_EQ(thrown, 0) << "epoch " << epoch;
         expect_exactly_once(flatten(batches), 40);
       }
@@ -596,19 +571,8 @@ TEST(LoaderCoreTest, ThrowingWaitClockOrSinkLosesNoBatch) {
     throw 1;
   });
   loader.start_epoch();
-  std::vector<Indices> batches;
   int thrown = 0;
-  while (true) {
-    LoaderCore::Batch b;
-    try {
-      b = loader.next();
-    } catch (...) {
-      ++thrown;
-      continue;
-    }
-    if (!b) break;
-    batches.push_back(as_indices(b));
-  }
+  const std::vector<Indices> batches = drain_counting_throws(loader, thrown);
   EXPECT_EQ(thrown, 0);
   expect_exactly_once(flatten(batches), 40);
   EXPECT_EQ(sink_calls, 1);

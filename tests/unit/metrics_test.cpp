@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "epoch_checks.h"
 #include "torchpilot/runtime/loader/loader_records.h"
 
 namespace torchpilot {
@@ -209,12 +210,7 @@ TEST(EpochAccumulatorTest, SummaryMath) {
   }
   EXPECT_FALSE(acc.empty());
   const EpochSummary s = acc.summarize(3, {"forward", "backward", "optimizer"});
-  EXPECT_EQ(s.epoch, 3);
-  EXPECT_EQ(s.steps, 4);
-  EXPECT_EQ(s.first_step, 10);
-  EXPECT_EQ(s.samples, 128);
-  EXPECT_EQ(s.wall_ns, 500 * kMs);
-  EXPECT_EQ(s.data_wait_ns, 120 * kMs);
+  test::expect_totals(s, 3, 4, 10, 128, 500 * kMs, 120 * kMs);
   EXPECT_DOUBLE_EQ(s.data_wait_fraction, 120.0 / 500.0);
   EXPECT_DOUBLE_EQ(s.steps_per_s, 4 / 0.5);
   EXPECT_DOUBLE_EQ(s.samples_per_s, 128 / 0.5);

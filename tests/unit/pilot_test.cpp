@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "epoch_checks.h"
 #include "temp_dir.h"
 #include "torchpilot/runtime/reports/sinks.h"
 
@@ -80,6 +81,22 @@ Config advise_config() {
   Config c;
   c.mode = Mode::kAdvise;
   return c;
+}
+
+// Mode autotune with windows and budget in steps only.
+Config autotune_config() {
+  Config c;
+  c.mode = Mode::kAutotune;
+  c.autotune.min_window_ms = 0;
+  c.autotune.warmup_seconds = 0;
+  return c;
+}
+
+// An epoch of 20 steps, each `wait` of data wait then `work`, ended; what was logged.
+std::string run_epoch_of_twenty(Pilot& pilot, Harness& h, Nanos wait, Nanos work) {
+  for (int i = 0; i < 20; ++i) run_step(pilot, *h.clock, wait, work);
+  pilot.end_epoch();
+  return h.log();
 }
 
 TEST(PilotTest, StepBoundarySemantics) {
@@ -169,12 +186,7 @@ TEST(PilotTest, EpochSummaryAndIdempotentEndEpoch) {
   pilot.end_epoch();
   ASSERT_EQ(pilot.epoch_summaries().size(), 1u);
   const EpochSummary& s = pilot.epoch_summaries()[0];
-  EXPECT_EQ(s.epoch, 0);
-  EXPECT_EQ(s.steps, 3);
-  EXPECT_EQ(s.first_step, 0);
-  EXPECT_EQ(s.samples, 96);
-  EXPECT_EQ(s.wall_ns, 60 * kMs);
-  EXPECT_EQ(s.data_wait_ns, 8 * kMs);
+  test::expect_totals(s, 0, 3, 0, 96, 60 * kMs, 8 * kMs);
   EXPECT_DOUBLE_EQ(s.data_wait_fraction, 8.0 / 60.0);
   EXPECT_DOUBLE_EQ(s.samples_per_s, 96 / 0.060);
   EXPECT_DOUBLE_EQ(s.steps_per_s, 3 / 0.060);
@@ -286,9 +298,7 @@ TEST(PilotTest, PhaseNamesAreInternedUpToTheLimit) {
 TEST(PilotTest, PlantedStarvationGivesHighAdviceInTheLog) {
   Harness h;
   Pilot pilot(advise_config(), h.options());
-  for (int i = 0; i < 20; ++i) run_step(pilot, *h.clock, 60 * kMs, 40 * kMs);
-  pilot.end_epoch();
-  const std::string log = h.log();
+  const std::string log = run_epoch_of_twenty(pilot, h, 60 * kMs, 40 * kMs);
   EXPECT_NE(log.find("ADVICE [high] data_starvation"), std::string::npos) << log;
   EXPECT_NE(log.find("data wait 60.0% of step time"), std::string::npos) << log;
   EXPECT_EQ(log.find("no advice"), std::string::npos) << log;
@@ -306,14 +316,12 @@ TEST(PilotTest, PlantedStarvationGivesHighAdviceInTheLog) {
 TEST(PilotTest, HealthyRunSaysNoAdvice) {
   Harness h;
   Pilot pilot(advise_config(), h.options());
-  for (int i = 0; i < 20; ++i) run_step(pilot, *h.clock, 1 * kMs, 99 * kMs);
-  pilot.end_epoch();
-  const std::string log = h.log();
-  EXPECT_NE(log.find("no advice"), std::string::npos) << log;
-  EXPECT_EQ(log.find("ADVICE"), std::string::npos) << log;
+  const std::string log = run_epoch_of_twenty(pilot, h, 1 * kMs, 99 * kMs);
   EXPECT_TRUE(pilot.last_advice().empty());
   EXPECT_NEAR(pilot.epoch_summaries()[0].data_wait_fraction, 0.01, 1e-12);
   EXPECT_EQ(pilot.epoch_summaries()[0].tuning_steps, 0);
+  EXPECT_NE(log.find("no advice"), std::string::npos) << log;
+  EXPECT_EQ(log.find("ADVICE"), std::string::npos) << log;
   EXPECT_EQ(log.find("auto-tune trials"), std::string::npos) << log;
 }
 
@@ -496,10 +504,7 @@ using torchpilot_test::TempDir;
 TEST(PilotTest, AutotuneWithAttachedLoader) {
   Harness h;
   FakeLoader loader;
-  Config config;
-  config.mode = Mode::kAutotune;
-  config.autotune.min_window_ms = 0;  // windows and budget in steps only
-  config.autotune.warmup_seconds = 0;
+  Config config = autotune_config();
   auto pilot = std::make_unique<Pilot>(config, h.options());
   attach_loader(*pilot, &loader, loader.knobs());
   EXPECT_EQ(pilot->knobs().knobs().size(), 3u);
@@ -551,10 +556,7 @@ TEST(PilotTest, AutotuneWithAttachedLoader) {
 
 TEST(PilotTest, AutotuneWithoutKnobsWarnsOnce) {
   Harness h;
-  Config config;
-  config.mode = Mode::kAutotune;
-  config.autotune.min_window_ms = 0;  // windows and budget in steps only
-  config.autotune.warmup_seconds = 0;
+  Config config = autotune_config();
   config.autotune.warmup_steps = 20;  // how long it waits for a loader to be attached
   Pilot pilot(config, h.options());
   for (int i = 0; i < 30; ++i) run_step(pilot, *h.clock, 0, 5 * kMs);
@@ -597,10 +599,7 @@ TEST(PilotTest, JsonLinesRecordsAreValidJsonWithDocumentedTypes) {
   const std::string path = dir.file("records.jsonl");
   Harness h;
   FakeLoader loader;
-  Config config;
-  config.mode = Mode::kAutotune;
-  config.autotune.min_window_ms = 0;  // windows and budget in steps only
-  config.autotune.warmup_seconds = 0;
+  Config config = autotune_config();
   config.log.json_path = path;
   int64_t steps = 0;
   size_t trials = 0;

@@ -71,6 +71,17 @@ const std::string kH100 = "NVIDIA H100 80GB HBM3";
 // ---- fp32 matmuls
 // --------------------------------------------------------------------------------
 
+// A window of 10 traced steps (100 ms of kernel-class time) on `device`; the caller sets what
+// the classes took.
+GpuEpochStats traced_window(const std::string& device) {
+  GpuEpochStats g;
+  g.device = device;
+  g.traced_steps = 10;
+  g.kernel_classes.steps = 10;
+  g.kernel_classes.traced_ns = 100 * kMs;
+  return g;
+}
+
 TEST(PrecisionAdvisorTest, PlantedFp32MatmulsAreFound) {
   const double F = 1e12;
   const EpochSummary s = make_summary(
@@ -112,11 +123,7 @@ TEST(PrecisionAdvisorTest, Fp32GainFromMeasuredKernelsAndCasts) {
   auto flops = make_flops(kH100, {{MathPrecision::kFp32, F}, {MathPrecision::kBf16, 0.5 * F}}, 0.1);
   flops.top_ops = {{"aten::mm", MathPrecision::kFp32, F, 30}};
   EpochSummary s = make_summary(10, 0, flops);
-  GpuEpochStats g;
-  g.device = kH100;
-  g.traced_steps = 10;
-  g.kernel_classes.steps = 10;
-  g.kernel_classes.traced_ns = 100 * kMs;
+  GpuEpochStats g = traced_window(kH100);
   g.kernel_classes.ns[static_cast<size_t>(KernelClass::kSimtGemm)] = 60 * kMs;
   g.kernel_classes.ns[static_cast<size_t>(KernelClass::kTensorGemm)] = 10 * kMs;
   s.sections.set<GpuEpochStats>(g);
@@ -148,11 +155,7 @@ TEST(PrecisionAdvisorTest, Fp32GainMovesFusedAttentionToBf16Too) {
   flops.fused_attention_flops_per_step = 0.2 * F;
   EpochSummary s = make_summary(20, 0, flops);
   s.step_p50_ns = 10 * kMs;
-  GpuEpochStats g;
-  g.device = kH100;
-  g.traced_steps = 10;
-  g.kernel_classes.steps = 10;
-  g.kernel_classes.traced_ns = 100 * kMs;
+  GpuEpochStats g = traced_window(kH100);
   g.kernel_classes.ns[static_cast<size_t>(KernelClass::kSimtGemm)] = 60 * kMs;
   g.kernel_classes.ns[static_cast<size_t>(KernelClass::kAttention)] = 20 * kMs;
   g.kernel_classes.fused_attention_ns = 20 * kMs;
@@ -244,11 +247,7 @@ FlopEpochStats with_unfused(FlopEpochStats f, double unfused, double traffic_byt
 // A window of 10 traced 10 ms steps on an H200: 1 ms of softmax/mask kernels and 5 ms of
 // tensor-core GEMMs per step.
 GpuEpochStats unfused_window() {
-  GpuEpochStats g;
-  g.device = "NVIDIA H200";
-  g.traced_steps = 10;
-  g.kernel_classes.steps = 10;
-  g.kernel_classes.traced_ns = 100 * kMs;
+  GpuEpochStats g = traced_window("NVIDIA H200");
   g.kernel_classes.ns[static_cast<size_t>(KernelClass::kAttention)] = 10 * kMs;
   g.kernel_classes.ns[static_cast<size_t>(KernelClass::kTensorGemm)] = 50 * kMs;
   return g;

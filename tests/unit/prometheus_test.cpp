@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "fakes/string_logger.h"
 #include "torchpilot/hooks/reports/prometheus_exporter.h"
 #include "torchpilot/runtime/core/pilot.h"
 
@@ -95,8 +96,7 @@ Parsed parse(const std::string& text) {
 }
 
 std::shared_ptr<spdlog::logger> logger_to(std::ostringstream& out) {
-  return std::make_shared<spdlog::logger>("prom-test",
-                                          std::make_shared<spdlog::sinks::ostream_sink_st>(out));
+  return test::string_logger("prom-test", out);
 }
 
 TEST(PrometheusTest, AScrapeOverLoopbackParsesAndCarriesTheRunsFigures) {

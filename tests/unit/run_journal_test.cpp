@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "fakes/string_logger.h"
 #include "temp_dir.h"
 #include "torchpilot/advisors/core/advisors.h"
 #include "torchpilot/runtime/core/pilot.h"
@@ -58,8 +59,7 @@ TEST(RunJournalTest, APilotAppendsItsRunAndAdvisesCheckpointsForTheFailureRate) 
   }
   std::ostringstream log;
   PilotOptions o;
-  o.logger = std::make_shared<spdlog::logger>(
-      "journal-test", std::make_shared<spdlog::sinks::ostream_sink_st>(log));
+  o.logger = test::string_logger("journal-test", log);
   o.default_collectors = false;
   auto sink = std::make_shared<RecordingSink>();
   o.sinks = {sink};

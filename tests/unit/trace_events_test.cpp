@@ -3,15 +3,13 @@
 #include "torchpilot/runtime/reports/trace_events.h"
 
 #include <gtest/gtest.h>
-#include <spdlog/sinks/ostream_sink.h>
-#include <spdlog/spdlog.h>
 
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
 
-#include "fakes/fake_backend.h"
+#include "fakes/gpu_monitor_rig.h"
 #include "temp_dir.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/gpu/gpu_monitor.h"
@@ -121,26 +119,16 @@ TEST(TraceEventsTest, OverlappingSlicesOfATrackGoToLanesThatNest) {
 
 TEST(TraceEventsTest, APilotWritesEachWindowWithItsStepsRecordsAndAdvice) {
   torchpilot_test::TempDir dir;
-  auto clock = std::make_shared<ManualClock>();
-  auto backend = std::make_shared<FakeBackend>();
-  std::ostringstream log;
-  auto logger = std::make_shared<spdlog::logger>(
-      "trace-test", std::make_shared<spdlog::sinks::ostream_sink_st>(log));
-  Config c;
-  c.gpu.trace_first_step = 3;
-  c.cost.budget = 1;  // the window opens when due (a short fake run)
-  c.gpu.trace_steps = 4;
-  c.gpu.trace_anomaly_factor = 0;
+  Config c = test::Rig::window_config(3, 4);  // the window opens when due (a short fake run)
   c.gpu.step_markers = false;
   c.report.trace_dir = dir.file("traces");
-  auto sink = std::make_shared<RecordingSink>();
-  PilotOptions o;
-  o.logger = logger;
-  o.clock = clock;
-  o.sinks = {sink};
-  o.collectors.push_back(make_gpu_monitor(c.gpu, backend, *logger));
+  test::Rig rig(c);
+  const auto& clock = rig.clock;
+  const auto& backend = rig.backend;
+  const auto& sink = rig.sink;
+  const std::ostringstream& log = rig.log;
   {
-    Pilot pilot(c, o);
+    Pilot& pilot = *rig.pilot;
     for (int i = 0; i < 10; ++i) {
       pilot.record_data_wait(1 * kMs);
       clock->advance(1 * kMs);  // the wait for the batch, before the scope
@@ -165,13 +153,8 @@ TEST(TraceEventsTest, APilotWritesEachWindowWithItsStepsRecordsAndAdvice) {
         // One SM busy the whole step on stream 7 (plants busy_inefficient), a copy, a sync.
         backend->queued.kernels.push_back(kernel(b, e, 7, "spin_kernel"));
         backend->queued.kernels.push_back(kernel(b, b + kMs, 13, "side_kernel"));
-        CopyRecord cp;
-        cp.begin = b;
-        cp.end = b + kMs / 2;
-        cp.bytes = 4096;
-        cp.kind = CopyKind::kHostToDevice;
-        cp.pageable = true;
-        backend->queued.copies.push_back(cp);
+        backend->queued.copies.push_back(
+            test::copy_record(b, b + kMs / 2, 4096, CopyKind::kHostToDevice, true));
         SyncRecord sy;
         sy.begin = e - kMs;
         sy.end = e - kMs / 2;
@@ -181,6 +164,7 @@ TEST(TraceEventsTest, APilotWritesEachWindowWithItsStepsRecordsAndAdvice) {
       }
     }
     pilot.end_epoch();
+    rig.pilot.reset();
   }
   ASSERT_EQ(sink->late<GpuWindowRecord>().size(), 1u);
   const std::string path = dir.file("traces") + "/window_e0_s3-6.json";
@@ -211,29 +195,20 @@ TEST(TraceEventsTest, APilotWritesEachWindowWithItsStepsRecordsAndAdvice) {
 }
 
 TEST(TraceEventsTest, NoTraceDirNoWindowRecords) {
-  auto clock = std::make_shared<ManualClock>();
-  auto backend = std::make_shared<FakeBackend>();
-  std::ostringstream log;
-  auto logger = std::make_shared<spdlog::logger>(
-      "trace-test", std::make_shared<spdlog::sinks::ostream_sink_st>(log));
   Config c;
   c.gpu.trace_first_step = 1;
   c.cost.budget = 1;  // the window opens when due (a short fake run)
   c.gpu.trace_steps = 2;
-  auto sink = std::make_shared<RecordingSink>();
-  PilotOptions o;
-  o.logger = logger;
-  o.clock = clock;
-  o.sinks = {sink};
-  o.collectors.push_back(make_gpu_monitor(c.gpu, backend, *logger));
-  Pilot pilot(c, o);
+  test::Rig rig(c);
+  const auto& clock = rig.clock;
+  Pilot& pilot = *rig.pilot;
   for (int i = 0; i < 5; ++i) {
     auto s = pilot.step(1);
     clock->advance(kMs);
   }
   pilot.end_epoch();
-  EXPECT_TRUE(sink->late<GpuWindowRecord>().empty());
-  EXPECT_FALSE(sink->late_steps.empty());
+  EXPECT_TRUE(rig.sink->late<GpuWindowRecord>().empty());
+  EXPECT_FALSE(rig.sink->late_steps.empty());
 }
 
 }  // namespace

@@ -69,13 +69,31 @@ std::vector<int64_t> range(int64_t lo, int64_t hi) {
   return v;
 }
 
+// A knob over `domain` that reads and writes `value`.
+Knob value_knob(std::string name, std::vector<int64_t> domain, int64_t& value) {
+  return {std::move(name), std::move(domain), [&value] { return value; },
+          [&value](int64_t v) { value = v; }};
+}
+
 void register_knobs(KnobRegistry& knobs, SimLoader& sim) {
-  knobs.add({"loader.workers", range(0, 8), [&sim] { return sim.workers; },
-             [&sim](int64_t v) { sim.workers = v; }});
-  knobs.add({"loader.prefetch", range(1, 64), [&sim] { return sim.prefetch; },
-             [&sim](int64_t v) { sim.prefetch = v; }});
-  knobs.add(
-      {"loader.pin_memory", {0}, [&sim] { return sim.pin; }, [&sim](int64_t v) { sim.pin = v; }});
+  knobs.add(value_knob("loader.workers", range(0, 8), sim.workers));
+  knobs.add(value_knob("loader.prefetch", range(1, 64), sim.prefetch));
+  knobs.add(value_knob("loader.pin_memory", {0}, sim.pin));
+}
+
+// Feeds the engine steps `first`, `first` + 1, ... (below `limit`) until it decides, each starting
+// where the last ended and lasting `make(i, r)` ns; `make` may fill r's other fields.
+template <typename Make>
+void run_steps(TrialEngine& engine, int64_t limit, Make make, int64_t first = 0) {
+  Nanos now = 0;
+  for (int64_t i = first; i < limit && !engine.finished(); ++i) {
+    StepRecord r;
+    r.step = i;
+    r.begin_ns = now;
+    now += make(i, r);
+    r.end_ns = now;
+    engine.on_step(r);
+  }
 }
 
 // Feeds the engine steps whose duration follows the simulated loader's current knob values.
@@ -112,10 +130,6 @@ struct Driver {
   }
 };
 
-struct Recorded {
-  std::vector<std::pair<TrialResult, bool>> trials;
-};
-
 AutotuneConfig default_autotune() {
   AutotuneConfig c;    // warm-up 200, margin 3%, prefetch {1, 2, 4, 8}
   c.settle_steps = 4;  // fixed here: step arithmetic below counts on 4 + 10 per trial
@@ -125,20 +139,52 @@ AutotuneConfig default_autotune() {
   return c;
 }
 
+// default_autotune() with other settling and measuring windows.
+AutotuneConfig autotune_windows(int64_t settle_steps, int64_t measure_steps) {
+  AutotuneConfig c = default_autotune();
+  c.settle_steps = settle_steps;
+  c.measure_steps = measure_steps;
+  return c;
+}
+
+// The simulated loader tuned by a TrialEngine: knobs registered on the loader (a test may replace
+// them before start), every trial as on_trial saw it, with whether it was kept.
+struct Tuning {
+  explicit Tuning(SimLoader& sim, double noise = 0, uint64_t seed = 1)
+      : driver{sim, noise, std::mt19937_64(seed)} {
+    register_knobs(knobs, sim);
+  }
+  Tuning(const Tuning&) = delete;
+  Tuning& operator=(const Tuning&) = delete;
+
+  // The engine under `config`, with the loader policy unless another is given.
+  TrialEngine& start(const AutotuneConfig& config, std::unique_ptr<TuningPolicy> policy = nullptr) {
+    engine = std::make_unique<TrialEngine>(
+        knobs, policy ? std::move(policy) : make_loader_policy(config), config);
+    engine->on_trial = [this](const TrialResult& t, bool kept) { trials.push_back({t, kept}); };
+    return *engine;
+  }
+  // Starts the engine and runs the loader until it decides (1000 steps at most); true if it did.
+  bool run(const AutotuneConfig& config) {
+    driver.run(start(config), 1000);
+    return engine->finished();
+  }
+  const TuningDecision& decision() const { return *engine->decision(); }
+
+  KnobRegistry knobs;
+  std::unique_ptr<TrialEngine> engine;
+  std::vector<std::pair<TrialResult, bool>> trials;
+  Driver driver;
+};
+
 TEST(TrialEngineTest, ReachesBestThroughputWithinWarmup) {
   SimLoader sim;
   sim.stall_ms = 3;
-  KnobRegistry knobs;
-  register_knobs(knobs, sim);
+  Tuning tuning(sim);
   const AutotuneConfig config = default_autotune();
-  TrialEngine engine(knobs, make_loader_policy(config), config);
-  Recorded rec;
-  engine.on_trial = [&](const TrialResult& t, bool kept) { rec.trials.push_back({t, kept}); };
-  Driver driver{sim};
-  driver.run(engine, 1000);
-
-  ASSERT_TRUE(engine.finished());
-  const TuningDecision& d = *engine.decision();
+  ASSERT_TRUE(tuning.run(config));
+  const TuningDecision& d = tuning.decision();
+  const Driver& driver = tuning.driver;
   EXPECT_LE(d.steps_used, config.warmup_steps);
   EXPECT_LT(d.decided_at_step, config.warmup_steps);
   EXPECT_EQ(driver.step, d.decided_at_step + 1);
@@ -148,7 +194,7 @@ TEST(TrialEngineTest, ReachesBestThroughputWithinWarmup) {
   EXPECT_EQ(d.reason.rfind("search complete; top ", 0), 0u) << d.reason;
 
   // The chosen setting is applied and reaches >= 95% of the grid's best.
-  EXPECT_EQ(knobs.snapshot(), d.chosen);
+  EXPECT_EQ(tuning.knobs.snapshot(), d.chosen);
   const double best = sim.best_throughput();
   const double chosen = sim.throughput(d.chosen);
   EXPECT_GE(chosen, 0.95 * best) << to_string(d.chosen) << ": " << chosen << " vs best " << best;
@@ -162,7 +208,7 @@ TEST(TrialEngineTest, ReachesBestThroughputWithinWarmup) {
   EXPECT_DOUBLE_EQ(d.chosen_throughput, chosen);
 
   // Every trial measured exactly its own setting, after settling; trials[0] is the baseline.
-  ASSERT_EQ(d.trials.size(), rec.trials.size());
+  ASSERT_EQ(d.trials.size(), tuning.trials.size());
   ASSERT_GE(d.trials.size(), 4u);
   for (size_t i = 0; i < d.trials.size(); ++i) {
     const TrialResult& t = d.trials[i];
@@ -182,7 +228,7 @@ TEST(TrialEngineTest, ReachesBestThroughputWithinWarmup) {
     }
     const int64_t previous_end = i == 0 ? 0 : d.trials[i - 1].last_step;
     EXPECT_EQ(t.first_step - previous_end - 1, config.settle_steps) << "trial " << i;
-    EXPECT_EQ(rec.trials[i].first.setting, t.setting);
+    EXPECT_EQ(tuning.trials[i].first.setting, t.setting);
   }
   // The search tries no setting twice; re-measurements come after it, of settings it tried.
   std::set<Setting> distinct;
@@ -201,7 +247,7 @@ TEST(TrialEngineTest, ReachesBestThroughputWithinWarmup) {
   // Kept trials improve monotonically by more than the margin; re-measurements are never kept,
   // and the finalists' best median is at least the search's own best.
   double incumbent = 0;
-  for (const auto& [t, kept] : rec.trials) {
+  for (const auto& [t, kept] : tuning.trials) {
     if (t.confirmation) EXPECT_FALSE(kept);
     if (kept) {
       EXPECT_GT(t.throughput, incumbent * (1 + config.noise_margin));
@@ -225,23 +271,17 @@ TEST(TrialEngineTest, ReachesNinetyFivePercentAcrossModelsAndNoise) {
     for (double noise : {0.0, 0.05}) {
       for (uint64_t seed = 1; seed <= 20; ++seed) {
         if (noise == 0 && seed > 1) continue;
-        SimLoader sim;
-        sim.compute_ms = sc.compute_ms;
-        sim.batch_ms = sc.batch_ms;
-        sim.stall_ms = sc.stall_ms;
-        KnobRegistry knobs;
-        register_knobs(knobs, sim);
+        SimLoader sim{sc.compute_ms, sc.batch_ms, sc.stall_ms};  // compute, batch, stall (ms)
+        Tuning tuning(sim, noise, seed);
         const AutotuneConfig config = default_autotune();
-        TrialEngine engine(knobs, make_loader_policy(config), config);
-        Driver driver{sim, noise, std::mt19937_64(seed)};
-        driver.run(engine, 1000);
+        const bool decided = tuning.run(config);
         SCOPED_TRACE("compute " + std::to_string(sc.compute_ms) + " batch " +
                      std::to_string(sc.batch_ms) + " stall " + std::to_string(sc.stall_ms) +
                      " noise " + std::to_string(noise) + " seed " + std::to_string(seed));
-        ASSERT_TRUE(engine.finished());
-        const TuningDecision& d = *engine.decision();
+        ASSERT_TRUE(decided);
+        const TuningDecision& d = tuning.decision();
         EXPECT_LE(d.steps_used, config.warmup_steps);
-        EXPECT_EQ(knobs.snapshot(), d.chosen);
+        EXPECT_EQ(tuning.knobs.snapshot(), d.chosen);
         EXPECT_GE(sim.throughput(d.chosen), 0.95 * sim.best_throughput()) << to_string(d.chosen);
         // With noise the measured figures are the model's within the noise.
         EXPECT_NEAR(d.chosen_throughput / sim.throughput(d.chosen), 1.0, noise + 1e-9);
@@ -253,23 +293,15 @@ TEST(TrialEngineTest, ReachesNinetyFivePercentAcrossModelsAndNoise) {
 
 TEST(TrialEngineTest, GainBelowNoiseMarginIsNotKept) {
   // Four workers give 10.2 ms, eight 10 ms: eight are 2% faster, below the 3% margin.
-  SimLoader sim;
-  sim.compute_ms = 10;
-  sim.batch_ms = 40.8;
-  KnobRegistry knobs;
-  register_knobs(knobs, sim);
+  SimLoader sim{10, 40.8};  // compute, batch (ms)
+  Tuning tuning(sim);
   AutotuneConfig config = default_autotune();
   config.prefetch_choices = {};  // workers only
   config.confirm_rounds = 0;     // the margin decides, not a re-measurement of the finalists
-  TrialEngine engine(knobs, make_loader_policy(config), config);
-  Recorded rec;
-  engine.on_trial = [&](const TrialResult& t, bool kept) { rec.trials.push_back({t, kept}); };
-  Driver driver{sim};
-  driver.run(engine, 1000);
-  ASSERT_TRUE(engine.finished());
+  ASSERT_TRUE(tuning.run(config));
 
   bool tried_eight = false;
-  for (const auto& [t, kept] : rec.trials) {
+  for (const auto& [t, kept] : tuning.trials) {
     if (t.setting.at("loader.workers") > 4) {
       tried_eight = tried_eight || t.setting.at("loader.workers") == 8;
       EXPECT_GT(t.throughput, sim.throughput(4, 2));  // faster...
@@ -277,20 +309,16 @@ TEST(TrialEngineTest, GainBelowNoiseMarginIsNotKept) {
     }
   }
   EXPECT_TRUE(tried_eight);
-  EXPECT_EQ(engine.decision()->chosen.at("loader.workers"), 4);
+  EXPECT_EQ(tuning.decision().chosen.at("loader.workers"), 4);
   EXPECT_EQ(sim.workers, 4);
 
   // The same model with a 1% margin keeps eight workers.
   SimLoader sim2 = sim;
   sim2.workers = 0;
-  KnobRegistry knobs2;
-  register_knobs(knobs2, sim2);
+  Tuning tuning2(sim2);
   config.noise_margin = 0.01;
-  TrialEngine engine2(knobs2, make_loader_policy(config), config);
-  Driver driver2{sim2};
-  driver2.run(engine2, 1000);
-  ASSERT_TRUE(engine2.finished());
-  EXPECT_EQ(engine2.decision()->chosen.at("loader.workers"), 8);
+  ASSERT_TRUE(tuning2.run(config));
+  EXPECT_EQ(tuning2.decision().chosen.at("loader.workers"), 8);
 }
 
 // One knob, loader.workers in {0, 1}, no settling; step time given per (workers, step number).
@@ -305,23 +333,16 @@ template <typename StepNs>
 TwoLevelRun run_two_level(StepNs step_ns) {
   TwoLevelRun run;
   KnobRegistry knobs;
-  knobs.add(
-      {"loader.workers", {0, 1}, [&] { return run.value; }, [&](int64_t v) { run.value = v; }});
+  knobs.add(value_knob("loader.workers", {0, 1}, run.value));
   AutotuneConfig config = default_autotune();
   config.settle_steps = 0;
   config.confirm_rounds = 0;  // the margin decides, not a re-measurement of the finalists
   TrialEngine engine(knobs, make_loader_policy(config), config);
   engine.on_trial = [&](const TrialResult& t, bool kept) { run.trials.push_back({t, kept}); };
-  Nanos now = 0;
-  for (int64_t i = 0; i < 100 && !engine.finished(); ++i) {
-    StepRecord r;
-    r.step = i;
-    r.begin_ns = now;
-    now += step_ns(run.value, i);
-    r.end_ns = now;
+  run_steps(engine, 100, [&](int64_t i, StepRecord& r) {
     r.samples = 1;
-    engine.on_step(r);
-  }
+    return step_ns(run.value, i);
+  });
   run.decision = engine.decision();
   return run;
 }
@@ -360,8 +381,8 @@ TEST(TrialEngineTest, NoiseMarginIsCappedAtTenPercent) {
 TEST(TrialEngineTest, ThrowingSetterFailsTrialAndRestoresIncumbent) {
   SimLoader sim;
   sim.stall_ms = 3;
-  KnobRegistry knobs;
-  register_knobs(knobs, sim);
+  Tuning tuning(sim);
+  KnobRegistry& knobs = tuning.knobs;
   // Four workers "run out of memory"; prefetch 4 is half applied, then throws.
   knobs.add({"loader.workers", range(0, 8), [&sim] { return sim.workers; },
              [&sim](int64_t v) {
@@ -373,17 +394,11 @@ TEST(TrialEngineTest, ThrowingSetterFailsTrialAndRestoresIncumbent) {
                sim.prefetch = v;
                if (v == 4) throw std::runtime_error("prefetch refused");
              }});
-  const AutotuneConfig config = default_autotune();
-  TrialEngine engine(knobs, make_loader_policy(config), config);
-  Recorded rec;
-  engine.on_trial = [&](const TrialResult& t, bool kept) { rec.trials.push_back({t, kept}); };
-  Driver driver{sim};
-  driver.run(engine, 1000);
-  ASSERT_TRUE(engine.finished());
-  const TuningDecision& d = *engine.decision();
+  ASSERT_TRUE(tuning.run(default_autotune()));
+  const TuningDecision& d = tuning.decision();
 
   int failed = 0;
-  for (const auto& [t, kept] : rec.trials) {
+  for (const auto& [t, kept] : tuning.trials) {
     if (!t.failed) continue;
     ++failed;
     EXPECT_FALSE(kept);
@@ -397,7 +412,7 @@ TEST(TrialEngineTest, ThrowingSetterFailsTrialAndRestoresIncumbent) {
   }
   EXPECT_EQ(failed, 2);
   // No step ever ran with a failed setting: the half-applied prefetch was rolled back at once.
-  for (const auto& [w, p] : driver.ran) {
+  for (const auto& [w, p] : tuning.driver.ran) {
     EXPECT_NE(w, 4);
     EXPECT_NE(p, 4);
   }
@@ -443,17 +458,14 @@ class ScriptedPolicy final : public TuningPolicy {
 // only then does the next proposal start, even when it is already known.
 TEST(TrialEngineTest, AStepThatFailedInATrialRunsAgainWithTheIncumbent) {
   SimLoader sim;
-  KnobRegistry knobs;
-  register_knobs(knobs, sim);
+  Tuning tuning(sim);
   AutotuneConfig config = default_autotune();
   // A time floor for windows: the budget's estimate of the next trial must not come from the
   // failed one (no step time), which would make the next window endless and end the search.
   config.min_window_ms = 50;
-  TrialEngine engine(knobs, std::make_unique<ScriptedPolicy>(std::vector<int64_t>{2, 6, 3}),
-                     config);
-  Recorded rec;
-  engine.on_trial = [&](const TrialResult& t, bool kept) { rec.trials.push_back({t, kept}); };
-  Driver driver{sim};
+  TrialEngine& engine =
+      tuning.start(config, std::make_unique<ScriptedPolicy>(std::vector<int64_t>{2, 6, 3}));
+  Driver& driver = tuning.driver;
   bool failed_once = false;
   std::vector<int64_t> after_failure;  // workers of the steps that follow the failure
   while (!engine.finished() && driver.step < 1000) {
@@ -509,20 +521,14 @@ ScriptedRun run_scripted(ScriptedSim& sim, const AutotuneConfig& config, std::ve
     run.trials.push_back({t, kept});
     ++sim.windows[t.setting.at("loader.workers")];
   };
-  Nanos now = 0;
-  for (int64_t i = 0; i < 1000 && !engine.finished(); ++i) {
+  run_steps(engine, 1000, [&](int64_t, StepRecord& r) {
     if (before_step) before_step(engine);
     const std::vector<double>& script = sim.script.at(sim.workers);
     const double samples_per_s = script[std::min(sim.windows[sim.workers], script.size() - 1)];
-    StepRecord r;
-    r.step = i;
-    r.begin_ns = now;
-    now += static_cast<Nanos>(std::llround(1e9 / samples_per_s));
-    r.end_ns = now;
     r.samples = 1;
     run.ran.push_back(sim.workers);
-    engine.on_step(r);
-  }
+    return static_cast<Nanos>(std::llround(1e9 / samples_per_s));
+  });
   run.decision = engine.decision();
   return run;
 }
@@ -542,15 +548,16 @@ ScriptedSim lucky_and_unlucky() {
   return sim;
 }
 
-// That script, the search proposing workers 1, 2, 3 under `config`: the run, and the simulated
-// loader after it (the setting applied).
-struct LuckyRun {
+// That script, the search proposing workers 1, 2, 3 under confirm_config() as `adjust` changes
+// it: the run, the config, and the simulated loader after it (the setting applied).
+struct LuckyRun : ScriptedRun {
   ScriptedSim sim = lucky_and_unlucky();
-  ScriptedRun run;
+  AutotuneConfig config = confirm_config();
 };
-LuckyRun run_lucky(const AutotuneConfig& config) {
+LuckyRun run_lucky(const std::function<void(AutotuneConfig&)>& adjust = {}) {
   LuckyRun r;
-  r.run = run_scripted(r.sim, config, {1, 2, 3});
+  if (adjust) adjust(r.config);
+  static_cast<ScriptedRun&>(r) = run_scripted(r.sim, r.config, {1, 2, 3});
   return r;
 }
 
@@ -565,10 +572,7 @@ std::vector<int64_t> confirmation_workers(const ScriptedRun& run) {
 TEST(TrialEngineConfirmation, ReMeasuringTheFinalistsUndoesTheWinnersCurse) {
   // Without the stage the lucky single window wins.
   {
-    AutotuneConfig config = confirm_config();
-    config.confirm_rounds = 0;
-    const LuckyRun lucky = run_lucky(config);
-    const ScriptedRun& run = lucky.run;
+    const LuckyRun run = run_lucky([](AutotuneConfig& c) { c.confirm_rounds = 0; });
     ASSERT_TRUE(run.decision);
     EXPECT_EQ(run.decision->chosen.at("loader.workers"), 2);
     EXPECT_NEAR(run.decision->chosen_throughput, 112, 0.01);
@@ -577,13 +581,11 @@ TEST(TrialEngineConfirmation, ReMeasuringTheFinalistsUndoesTheWinnersCurse) {
     EXPECT_EQ(run.decision->trials.size(), 4u);
   }
   // With it, the setting that is better on the median of its measurements wins.
-  const AutotuneConfig config = confirm_config();
-  const LuckyRun lucky = run_lucky(config);
-  const ScriptedRun& run = lucky.run;
+  const LuckyRun run = run_lucky();
   ASSERT_TRUE(run.decision);
   const TuningDecision& d = *run.decision;
   EXPECT_EQ(d.chosen.at("loader.workers"), 1);
-  EXPECT_EQ(lucky.sim.workers, 1);              // applied
+  EXPECT_EQ(run.sim.workers, 1);                // applied
   EXPECT_NEAR(d.chosen_throughput, 109, 0.01);  // median of 97, 110, 109
   EXPECT_EQ(d.reason, "search complete; top 3 settings re-measured 2 times, interleaved");
   EXPECT_EQ(run.proposals_after_end, 0);
@@ -600,28 +602,27 @@ TEST(TrialEngineConfirmation, ReMeasuringTheFinalistsUndoesTheWinnersCurse) {
       EXPECT_EQ(run.ran[static_cast<size_t>(s)], t.setting.at("loader.workers")) << "step " << s;
     }
   }
-  EXPECT_LE(d.steps_used, config.warmup_steps);
+  EXPECT_LE(d.steps_used, run.config.warmup_steps);
 }
 
 TEST(TrialEngineConfirmation, EachRoundStartsAtTheNextFinalist) {
-  AutotuneConfig config = confirm_config();
-  config.confirm_rounds = 3;
-  const LuckyRun lucky = run_lucky(config);
-  const ScriptedRun& run = lucky.run;
+  const LuckyRun run = run_lucky([](AutotuneConfig& c) { c.confirm_rounds = 3; });
   ASSERT_TRUE(run.decision);
   EXPECT_EQ(confirmation_workers(run), (std::vector<int64_t>{2, 3, 1, 3, 1, 2, 1, 2, 3}));
   EXPECT_NE(run.decision->reason.find("re-measured 3 times, interleaved"), std::string::npos)
       << run.decision->reason;
   // Two finalists at most: the third (97) is left out.
-  config.confirm_settings = 2;
-  const LuckyRun lucky2 = run_lucky(config);
-  const ScriptedRun& run2 = lucky2.run;
+  const LuckyRun run2 = run_lucky([](AutotuneConfig& c) {
+    c.confirm_rounds = 3;
+    c.confirm_settings = 2;
+  });
   EXPECT_EQ(confirmation_workers(run2), (std::vector<int64_t>{2, 3, 3, 2, 2, 3}));
   EXPECT_EQ(run2.decision->chosen.at("loader.workers"), 2);
   // One finalist is no confirmation.
-  config.confirm_settings = 1;
-  const LuckyRun lucky3 = run_lucky(config);
-  const ScriptedRun& run3 = lucky3.run;
+  const LuckyRun run3 = run_lucky([](AutotuneConfig& c) {
+    c.confirm_rounds = 3;
+    c.confirm_settings = 1;
+  });
   EXPECT_TRUE(confirmation_workers(run3).empty());
   EXPECT_EQ(run3.decision->reason, "search complete");
 }
@@ -646,15 +647,12 @@ TEST(TrialEngineConfirmation, TheBudgetCutsTheReMeasurementsShort) {
     // In 34 the search stops after two trials: a third (5 steps at 16) would leave no room for
     // a round of re-measuring three settings (15 steps). Two finalists (112, 97), 3 of their 4
     // re-measurements fit; the whole first round counts.
-    AutotuneConfig config = confirm_config();
-    config.warmup_steps = 34;
-    const LuckyRun lucky = run_lucky(config);
-    const ScriptedRun& run = lucky.run;
+    const LuckyRun run = run_lucky([](AutotuneConfig& c) { c.warmup_steps = 34; });
     ASSERT_TRUE(run.decision);
     const TuningDecision& d = *run.decision;
     EXPECT_EQ(confirmation_workers(run), (std::vector<int64_t>{2, 1, 1}));
     EXPECT_EQ(d.steps_used, 31);
-    EXPECT_LE(d.steps_used, config.warmup_steps);
+    EXPECT_LE(d.steps_used, run.config.warmup_steps);
     EXPECT_EQ(d.reason,
               "warm-up budget reached (34 steps or 0 s, whichever is larger); top 2 settings "
               "re-measured, interleaved, until the warm-up budget ran out (3 of 4 "
@@ -662,24 +660,20 @@ TEST(TrialEngineConfirmation, TheBudgetCutsTheReMeasurementsShort) {
     // 2: (112 + 100) / 2 = 106; 1: (97 + 110) / 2 = 103.5, its 109 of round 2 left out.
     EXPECT_EQ(d.chosen.at("loader.workers"), 2);
     EXPECT_NEAR(d.chosen_throughput, 106, 0.01);
-    EXPECT_EQ(lucky.sim.workers, 2);
+    EXPECT_EQ(run.sim.workers, 2);
   }
   {
     // Without a reserve (confirmation off) the same budget runs the third trial instead.
-    AutotuneConfig config = confirm_config();
-    config.warmup_steps = 34;
-    config.confirm_rounds = 0;
-    const LuckyRun lucky = run_lucky(config);
-    const ScriptedRun& run = lucky.run;
+    const LuckyRun run = run_lucky([](AutotuneConfig& c) {
+      c.warmup_steps = 34;
+      c.confirm_rounds = 0;
+    });
     ASSERT_TRUE(run.decision);
     EXPECT_EQ(run.decision->trials.size(), 4u);
     EXPECT_EQ(run.decision->reason, "search complete");
   }
   // Four fit in 44: the first round is whole and counts, the second's one re-measurement (3) not.
-  AutotuneConfig config = confirm_config();
-  config.warmup_steps = 44;
-  const LuckyRun lucky = run_lucky(config);
-  const ScriptedRun& run = lucky.run;
+  const LuckyRun run = run_lucky([](AutotuneConfig& c) { c.warmup_steps = 44; });
   ASSERT_TRUE(run.decision);
   const TuningDecision& d = *run.decision;
   EXPECT_EQ(confirmation_workers(run), (std::vector<int64_t>{2, 3, 1, 3}));
@@ -762,17 +756,15 @@ TEST(TrialEngineConfirmation, AnOutOfMemoryInTheIncumbentsReMeasurementFallsBack
 
 TEST(TrialEngineTest, EverySetterThrowingKeepsTheBaseline) {
   SimLoader sim;
-  KnobRegistry knobs;
-  knobs.add({"loader.workers", range(0, 8), [&sim] { return sim.workers; },
-             [](int64_t) { throw std::runtime_error("no"); }});
-  knobs.add({"loader.prefetch", range(1, 64), [&sim] { return sim.prefetch; },
-             [](int64_t) { throw std::runtime_error("no"); }});
-  const AutotuneConfig config = default_autotune();
-  TrialEngine engine(knobs, make_loader_policy(config), config);
-  Driver driver{sim};
-  driver.run(engine, 1000);
-  ASSERT_TRUE(engine.finished());
-  const TuningDecision& d = *engine.decision();
+  Tuning tuning(sim);
+  tuning.knobs = KnobRegistry();
+  for (Knob knob : {value_knob("loader.workers", range(0, 8), sim.workers),
+                    value_knob("loader.prefetch", range(1, 64), sim.prefetch)}) {
+    knob.set = [](int64_t) { throw std::runtime_error("no"); };
+    tuning.knobs.add(knob);
+  }
+  ASSERT_TRUE(tuning.run(default_autotune()));
+  const TuningDecision& d = tuning.decision();
   EXPECT_EQ(d.chosen, d.baseline);
   EXPECT_DOUBLE_EQ(d.chosen_throughput, d.baseline_throughput);
   EXPECT_GT(d.trials.size(), 1u);
@@ -818,36 +810,23 @@ TEST(TrialEngineTest, KnobsRegisteredAfterTheFirstStepsAreTuned) {
   }
   ASSERT_FALSE(engine.finished());
   int64_t workers = 0;
-  knobs.add(
-      {"loader.workers", range(0, 2), [&] { return workers; }, [&](int64_t v) { workers = v; }});
-  Nanos now = 0;
-  for (int64_t step = 5; step < 500 && !engine.finished(); ++step) {
-    r.step = step;
-    r.begin_ns = now;
-    now += 10000000 / (1 + workers);
-    r.end_ns = now;
-    engine.on_step(r);
-  }
+  knobs.add(value_knob("loader.workers", range(0, 2), workers));
+  run_steps(
+      engine, 500, [&](int64_t, StepRecord&) { return 10000000 / (1 + workers); }, 5);
   ASSERT_TRUE(engine.finished());
   EXPECT_EQ(engine.decision()->chosen.at("loader.workers"), 2);
   EXPECT_EQ(engine.decision()->trials.front().first_step, 5 + config.settle_steps + 1);
 }
 
 TEST(TrialEngineTest, BudgetStopsTheSearchAndAppliesTheIncumbent) {
-  SimLoader sim;
-  sim.compute_ms = 10;
-  sim.batch_ms = 45;
-  KnobRegistry knobs;
-  register_knobs(knobs, sim);
+  SimLoader sim{10, 45};  // compute, batch (ms)
+  Tuning tuning(sim);
   AutotuneConfig config = default_autotune();
   config.warmup_steps = 40;  // the first step, the baseline and one trial (1 + 14 + 14 = 29)
   config.confirm_rounds =
       0;  // the search's own budget (the confirmation's reserve is tested below)
-  TrialEngine engine(knobs, make_loader_policy(config), config);
-  Driver driver{sim};
-  driver.run(engine, 1000);
-  ASSERT_TRUE(engine.finished());
-  const TuningDecision& d = *engine.decision();
+  ASSERT_TRUE(tuning.run(config));
+  const TuningDecision& d = tuning.decision();
   EXPECT_NE(d.reason.find("budget"), std::string::npos) << d.reason;
   EXPECT_LE(d.steps_used, config.warmup_steps);
   EXPECT_EQ(d.trials.size(), 2u);
@@ -860,21 +839,12 @@ TEST(TrialEngineTest, BudgetRestoresIncumbentWhenLastTrialLost) {
   // A loader where more workers only hurt: the last trial loses and the baseline is restored.
   KnobRegistry knobs;
   int64_t workers = 2;
-  knobs.add(
-      {"loader.workers", range(0, 8), [&] { return workers; }, [&](int64_t v) { workers = v; }});
+  knobs.add(value_knob("loader.workers", range(0, 8), workers));
   AutotuneConfig config = default_autotune();
   config.warmup_steps = 30;   // baseline and one trial
   config.confirm_rounds = 0;  // the search's own budget
   TrialEngine engine(knobs, make_loader_policy(config), config);
-  Nanos now = 0;
-  for (int64_t i = 0; i < 100 && !engine.finished(); ++i) {
-    StepRecord r;
-    r.step = i;
-    r.begin_ns = now;
-    now += (10 + 5 * workers) * 1000000;
-    r.end_ns = now;
-    engine.on_step(r);
-  }
+  run_steps(engine, 100, [&](int64_t, StepRecord&) { return (10 + 5 * workers) * 1000000; });
   ASSERT_TRUE(engine.finished());
   const TuningDecision& d = *engine.decision();
   ASSERT_EQ(d.trials.size(), 2u);
@@ -888,18 +858,10 @@ TEST(TrialEngineTest, BudgetRestoresIncumbentWhenLastTrialLost) {
 TEST(TrialEngineTest, StepsWithoutSamplesUseStepsPerSecond) {
   KnobRegistry knobs;
   int64_t v = 0;
-  knobs.add({"loader.workers", {0}, [&] { return v; }, [&](int64_t x) { v = x; }});
-  AutotuneConfig config = default_autotune();
-  config.settle_steps = 1;
-  config.measure_steps = 3;
+  knobs.add(value_knob("loader.workers", {0}, v));
+  AutotuneConfig config = autotune_windows(1, 3);
   TrialEngine engine(knobs, make_loader_policy(config), config);
-  for (int64_t i = 0; i < 10 && !engine.finished(); ++i) {
-    StepRecord r;
-    r.step = i;
-    r.begin_ns = i * 25000000;
-    r.end_ns = (i + 1) * 25000000;
-    engine.on_step(r);
-  }
+  run_steps(engine, 10, [](int64_t, StepRecord&) { return Nanos{25000000}; });
   ASSERT_TRUE(engine.finished());
   EXPECT_EQ(engine.decision()->trials.size(), 1u);
   EXPECT_DOUBLE_EQ(engine.decision()->baseline_throughput, 40.0);
@@ -911,13 +873,10 @@ TEST(TrialEngineTest, StepsWithoutSamplesUseStepsPerSecond) {
 TEST(TrialEngineTest, SupplyCapacityCapsATrialFedFromABacklog) {
   int64_t workers = 0;
   KnobRegistry knobs;
-  knobs.add(
-      {"loader.workers", range(0, 4), [&] { return workers; }, [&](int64_t v) { workers = v; }});
-  AutotuneConfig config = default_autotune();
-  config.settle_steps = 1;
-  config.measure_steps = 12;          // three batches produced at one per 4 steps
-  config.warmup_steps = 1 + 13 + 13;  // the baseline and one trial (workers 1)
-  config.confirm_rounds = 0;          // no room kept for re-measurements
+  knobs.add(value_knob("loader.workers", range(0, 4), workers));
+  AutotuneConfig config = autotune_windows(1, 12);  // three batches produced at one per 4 steps
+  config.warmup_steps = 1 + 13 + 13;                // the baseline and one trial (workers 1)
+  config.confirm_rounds = 0;                        // no room kept for re-measurements
   TrialEngine engine(knobs, make_loader_policy(config), config);
   // The producer: with one worker it makes a batch every 40 ms (capacity 25 batches/s), and
   // with none the training thread makes them itself (parallelism 0: nothing to cap).
@@ -927,20 +886,14 @@ TEST(TrialEngineTest, SupplyCapacityCapsATrialFedFromABacklog) {
     s.parallelism = static_cast<int>(workers);
     return s;
   };
-  Nanos now = 0;
-  for (int64_t i = 0; i < 100 && !engine.finished(); ++i) {
-    StepRecord r;
-    r.step = i;
+  run_steps(engine, 100, [&](int64_t i, StepRecord& r) {
     r.samples = 10;
-    r.begin_ns = now;
-    now += 10 * 1000000;  // 10 ms steps throughout: with workers 1 they eat a backlog
-    r.end_ns = now;
     if (workers == 1 && i % 4 == 0) {  // one batch per 4 steps = per 40 ms of production
       supply.units += 1;
       supply.busy_ns += 40 * 1000000;
     }
-    engine.on_step(r);
-  }
+    return Nanos{10 * 1000000};  // 10 ms steps throughout: with workers 1 they eat a backlog
+  });
   ASSERT_TRUE(engine.finished());
   const auto& trials = engine.decision()->trials;
   ASSERT_EQ(trials.size(), 2u);
@@ -955,24 +908,13 @@ TEST(TrialEngineTest, SupplyCapacityCapsATrialFedFromABacklog) {
 TEST(TrialEngineTest, TooLittleProductionIsNotACap) {
   int64_t workers = 2;
   KnobRegistry knobs;
-  knobs.add(
-      {"loader.workers", range(0, 2), [&] { return workers; }, [&](int64_t v) { workers = v; }});
-  AutotuneConfig config = default_autotune();
-  config.settle_steps = 0;
-  config.measure_steps = 5;
+  knobs.add(value_knob("loader.workers", range(0, 2), workers));
+  AutotuneConfig config = autotune_windows(0, 5);
   config.warmup_steps = 6;
   TrialEngine engine(knobs, make_loader_policy(config), config);
   // An epoch's end: everything was produced ahead, nothing is produced in the window.
   engine.supply_probe = [&] { return TrialEngine::SupplySample{7, 70 * 1000000, 2}; };
-  Nanos now = 0;
-  for (int64_t i = 0; i < 20 && !engine.finished(); ++i) {
-    StepRecord r;
-    r.step = i;
-    r.begin_ns = now;
-    now += 1000000;
-    r.end_ns = now;
-    engine.on_step(r);
-  }
+  run_steps(engine, 20, [](int64_t, StepRecord&) { return Nanos{1000000}; });
   ASSERT_TRUE(engine.finished());
   EXPECT_FALSE(engine.decision()->trials[0].supply_limited);
   EXPECT_EQ(engine.decision()->trials[0].supply_capacity, 0.0);
@@ -982,24 +924,14 @@ TEST(TrialEngineTest, TooLittleProductionIsNotACap) {
 TEST(TrialEngineTest, FastStepsGetTimeFloorsForWindowsAndBudget) {
   int64_t workers = 0;
   KnobRegistry knobs;
-  knobs.add(
-      {"loader.workers", range(0, 4), [&] { return workers; }, [&](int64_t v) { workers = v; }});
-  AutotuneConfig config = default_autotune();
-  config.settle_steps = 1;
-  config.measure_steps = 3;
+  knobs.add(value_knob("loader.workers", range(0, 4), workers));
+  AutotuneConfig config = autotune_windows(1, 3);
   config.min_window_ms = 20;    // 20 one-millisecond steps per window
   config.warmup_steps = 10;     // would allow no trial at all ...
   config.warmup_seconds = 0.5;  // ... but half a second allows several
   TrialEngine engine(knobs, make_loader_policy(config), config);
-  Nanos now = 0;
-  for (int64_t i = 0; i < 2000 && !engine.finished(); ++i) {
-    StepRecord r;
-    r.step = i;
-    r.begin_ns = now;
-    now += 1000000 / (1 + workers);  // more workers, faster steps
-    r.end_ns = now;
-    engine.on_step(r);
-  }
+  // More workers, faster steps.
+  run_steps(engine, 2000, [&](int64_t, StepRecord&) { return 1000000 / (1 + workers); });
   ASSERT_TRUE(engine.finished());
   const TuningDecision& d = *engine.decision();
   ASSERT_GE(d.trials.size(), 3u);
@@ -1016,9 +948,8 @@ TEST(TrialEngineTest, FastStepsGetTimeFloorsForWindowsAndBudget) {
 TEST(TrialEngineTest, PinningThatStarvesTheWorkersIsRetriedWithMoreWorkers) {
   int64_t workers = 0, pin = 0;
   KnobRegistry knobs;
-  knobs.add(
-      {"loader.workers", range(0, 16), [&] { return workers; }, [&](int64_t v) { workers = v; }});
-  knobs.add({"loader.pin_memory", {0, 1}, [&] { return pin; }, [&](int64_t v) { pin = v; }});
+  knobs.add(value_knob("loader.workers", range(0, 16), workers));
+  knobs.add(value_knob("loader.pin_memory", {0, 1}, pin));
   AutotuneConfig config = default_autotune();
   config.warmup_steps = 2000;
   TrialEngine engine(knobs, make_loader_policy(config), config);
@@ -1036,21 +967,15 @@ TEST(TrialEngineTest, PinningThatStarvesTheWorkersIsRetriedWithMoreWorkers) {
     s.parallelism = static_cast<int>(workers);
     return s;
   };
-  Nanos now = 0;
-  for (int64_t i = 0; i < 5000 && !engine.finished(); ++i) {
+  run_steps(engine, 5000, [&](int64_t, StepRecord& r) {
     double wait_ms = 0;
     const double step_ms = model(workers, pin, &wait_ms);
-    StepRecord r;
-    r.step = i;
     r.samples = 32;
-    r.begin_ns = now;
-    now += static_cast<Nanos>(step_ms * 1e6);
-    r.end_ns = now;
     r.data_wait_ns = static_cast<Nanos>(wait_ms * 1e6);
     supply.units += 1;  // one batch per step, each taking `produce` on its worker
     supply.busy_ns += static_cast<Nanos>((pin ? 14.0 : 10.0) * 1e6);
-    engine.on_step(r);
-  }
+    return static_cast<Nanos>(step_ms * 1e6);
+  });
   ASSERT_TRUE(engine.finished());
   const TuningDecision& d = *engine.decision();
   std::string trials;
@@ -1090,22 +1015,14 @@ TEST(LoaderPolicyTest, BucketSizesAreTriedAroundTheStartAndTheBestIsKept) {
   const std::map<int64_t, double> step_ms{{1, 20}, {4, 13}, {16, 10}, {25, 11}, {64, 12}};
   int64_t bucket = 25;
   KnobRegistry knobs;
-  knobs.add({"grad_sync.bucket_mb",
-             {1, 4, 16, 25, 64},
-             [&] { return bucket; },
-             [&](int64_t v) { bucket = v; }});
+  knobs.add(value_knob("grad_sync.bucket_mb", {1, 4, 16, 25, 64}, bucket));
   const AutotuneConfig config = default_autotune();
   TrialEngine engine(knobs, make_loader_policy(config), config);
-  Nanos now = 0;
-  for (int64_t step = 0; step < 1000 && !engine.finished(); ++step) {
-    StepRecord r;
-    r.step = r.step_in_epoch = step;
-    r.begin_ns = now;
-    now += static_cast<Nanos>(step_ms.at(bucket) * 1e6);
-    r.end_ns = now;
+  run_steps(engine, 1000, [&](int64_t step, StepRecord& r) {
+    r.step_in_epoch = step;
     r.samples = 8;
-    engine.on_step(r);
-  }
+    return static_cast<Nanos>(step_ms.at(bucket) * 1e6);
+  });
   ASSERT_TRUE(engine.finished());
   const TuningDecision& d = *engine.decision();
   EXPECT_EQ(d.chosen.at("grad_sync.bucket_mb"), 16) << to_string(d.chosen);
