@@ -619,8 +619,7 @@ int run(int argc, char** argv) {
            {"window", number(median_of(results[kWindow], &RoundResult::tail_excess_ms))}}},
          {"per_config", per_config},
          {"wall_s", elapsed}});
-    bench::write_json(a.run.out, j);
-    std::printf("gpt_overhead: results in %s\n", a.run.out.c_str());
+    bench::write_results("gpt_overhead", a.run, j);
   }
   return 0;
 }

@@ -124,9 +124,7 @@ json stats_json(const torchpilot::OffloadStats& s, int steps) {
           {"resident_per_step", static_cast<double>(s.resident) / n}};
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   Args a;
   a.train = gpt_example::reference_options(8);
   std::string precision = "bf16", attention = "fused";
@@ -368,3 +366,7 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { return bench::guarded_main("gpt_offload", argc, argv, run); }

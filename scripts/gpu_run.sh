@@ -137,8 +137,9 @@ fi
 
 if want clocks; then
   log "clocks: what a clock read costs here"
-  g++ -O2 -std=c++17 bench/clock_cost.cpp -o "$OUT/clock_cost" && "$OUT/clock_cost" | tee "$OUT/clock-cost-$MACHINE.json"
-  rm -f "$OUT/clock_cost"
+  cmake --build build-gpu --target clock_cost > "$OUT/clock-cost-build.log" 2>&1 &&
+    ./build-gpu/bench/clock_cost --machine "$MACHINE" --commit "$COMMIT" \
+      --out "$OUT/clock-cost-$MACHINE.json"
 fi
 
 if want kineto; then
