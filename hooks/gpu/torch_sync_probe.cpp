@@ -21,6 +21,7 @@
 #include <string>
 #include <thread>
 
+#include "torchpilot/hooks/core/default_collector.h"
 #include "torchpilot/runtime/core/collector.h"
 
 namespace torchpilot {
@@ -160,12 +161,7 @@ std::unique_ptr<Collector> make_sync_probe(CollectorHost& host) {
   return std::make_unique<SyncProbe>();
 }
 
-const bool registered = [] {
-  register_default_collector(&make_sync_probe);
-  return true;
-}();
-
 }  // namespace
 }  // namespace torchpilot
 
-extern "C" int torchpilot_sync_probe_anchor() { return torchpilot::registered ? 1 : 0; }
+TORCHPILOT_DEFAULT_COLLECTOR(torchpilot::make_sync_probe, torchpilot_sync_probe_anchor)
