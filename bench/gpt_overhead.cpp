@@ -375,9 +375,7 @@ int run(int argc, char** argv) {
                           " is not a multiple of --heads " + std::to_string(a.train.heads));
   }
   gpt_example::apply_precision_flags(a.train, precision, &attention);
-  a.train.optimizer = optimizer == "fused"     ? gpt_example::Optimizer::kFused
-                      : optimizer == "foreach" ? gpt_example::Optimizer::kForeach
-                                               : gpt_example::Optimizer::kPerParameter;
+  a.train.optimizer = gpt_example::optimizer_from_string(optimizer);
   a.setups = {kOff};
   for (const std::string& name : configs) {
     const int s = static_cast<int>(std::find(std::begin(kNames), std::end(kNames), name) -

@@ -162,9 +162,7 @@ int main(int argc, char** argv) {
   options.aten_linear = linear == "aten";
   options.precision =
       precision == "bf16" ? gpt_example::Precision::kBf16 : gpt_example::Precision::kFp32;
-  options.optimizer = optimizer == "fused"     ? gpt_example::Optimizer::kFused
-                      : optimizer == "foreach" ? gpt_example::Optimizer::kForeach
-                                               : gpt_example::Optimizer::kPerParameter;
+  options.optimizer = gpt_example::optimizer_from_string(optimizer);
   options.corpus_bytes = static_cast<size_t>(corpus_mb * (1 << 20));
   const bool flops = !no_flops;
   bool sizes_given = false;
