@@ -403,8 +403,7 @@ int run(int argc, char** argv) {
                 {"settings", held_json}}},
               {"grid", grid_json},
               {"wall_s", elapsed}});
-    bench::write_json(a.run.out, j);
-    std::printf("autotune_grid: results in %s\n", a.run.out.c_str());
+    bench::write_results("autotune_grid", a.run, j);
   }
   return 0;
 }

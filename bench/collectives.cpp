@@ -570,7 +570,7 @@ int main(int argc, char** argv) {
         std::printf("with comm.observe_nccl_ops: observer_over_off %.4f\n",
                     median(observer_ratios));
       }
-      if (!a.run.out.empty()) std::ofstream(a.run.out) << out.dump(1) << "\n";
+      if (!a.run.out.empty()) bench::write_json(a.run.out, out, 1);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "collectives: %s\n", e.what());

@@ -5,11 +5,11 @@
 // the window's steps within the monitor's per-call budget. Reported: the training thread's time
 // in the pilot's step calls from the release until every window step has finished, per window
 // step (should not grow with the window's length), and the slowest single call.
-//   finish_cost [--steps 10,30,100] [--kernels 3000] [--repeats 3]
+//   finish_cost [--steps 10,30,100] [--kernels 3000] [--repeats 3] [--machine M --commit C
+//               --out FILE]
 #include <spdlog/sinks/null_sink.h>
 #include <spdlog/spdlog.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,12 +17,14 @@
 #include <string>
 #include <vector>
 
+#include "harness.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/gpu/gpu_monitor.h"
 
 namespace {
 
 using namespace torchpilot;
+using nlohmann::json;
 constexpr Nanos kMs = 1000000;
 
 // Hands out what the bench queued; markers resolve when the bench says the GPU ran a step.
@@ -171,27 +173,59 @@ Result run_once(int window_steps, int kernels_per_step) {
   return r;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app("finish_cost: the training thread's time finishing a detailed window's steps");
+int run(int argc, char** argv) {
+  CLI::App app("finish_cost: the training thread's time finishing a detailed window's steps",
+               "finish_cost");
+  example_cli::last_wins(app);
   std::vector<int> steps = {10, 30, 100};
   int kernels = 3000, repeats = 3;
+  bench::RunFlags run_flags;  // --machine, --commit, --out
   app.add_option("--steps", steps, "window lengths (steps)")->delimiter(',');
-  app.add_option("--kernels", kernels, "kernels per step")->check(CLI::Range(1, 100000));
-  app.add_option("--repeats", repeats, "runs per length (median)")->check(CLI::Range(1, 100));
-  CLI11_PARSE(app, argc, argv);
+  bench::int_flag(app, "--kernels", kernels, 1, 100000, "kernels per step");
+  bench::int_flag(app, "--repeats", repeats, 1, 100,
+                  "rounds (every window length once per round; medians over rounds)");
+  bench::add_run_flags(app, run_flags, "write the results here (JSON)");
+  example_cli::parse_or_exit(app, argc, argv);
+
+  // Interleaved rounds: each window length once per round, the order rotated.
+  const size_t lengths = steps.size();
+  std::vector<std::vector<double>> per_step(lengths), slowest(lengths);
+  json runs = json::array();
+  bench::interleave(repeats, static_cast<int>(lengths), bench::Order::kRotate,
+                    [&](int round, int, int k) {
+                      const size_t i = static_cast<size_t>(k);
+                      const Result r = run_once(steps[i], kernels);
+                      per_step[i].push_back(r.per_window_step_ms);
+                      slowest[i].push_back(r.slowest_call_ms);
+                      if (runs.size() <= static_cast<size_t>(round)) runs.push_back(json::object());
+                      runs[static_cast<size_t>(round)][std::to_string(steps[i])] =
+                          r.per_window_step_ms;
+                    });
   std::printf(
       "| window steps | kernels/step | finishing per window step (ms) | slowest call (ms) |\n");
   std::printf("|---|---|---|---|\n");
-  for (int n : steps) {
-    std::vector<Result> rs;
-    for (int i = 0; i < repeats; ++i) rs.push_back(run_once(n, kernels));
-    std::sort(rs.begin(), rs.end(), [](const Result& a, const Result& b) {
-      return a.per_window_step_ms < b.per_window_step_ms;
-    });
-    const Result& m = rs[rs.size() / 2];
-    std::printf("| %d | %d | %.3f | %.2f |\n", n, kernels, m.per_window_step_ms, m.slowest_call_ms);
+  json per_step_ms = json::object(), slowest_ms = json::object();
+  for (size_t i = 0; i < lengths; ++i) {
+    const double m = bench::median(per_step[i]), worst = bench::median(slowest[i]);
+    std::printf("| %d | %d | %.3f | %.2f |\n", steps[i], kernels, m, worst);
+    per_step_ms[std::to_string(steps[i])] = m;
+    slowest_ms[std::to_string(steps[i])] = worst;
+  }
+  if (!run_flags.out.empty()) {
+    json j = bench::run_header("finish_cost", run_flags);
+    j.update({{"kernels_per_step", kernels},
+              {"repeats", repeats},
+              {"unit",
+               "ms of the training thread per window step, from the window's release until all "
+               "its steps finished (median over rounds)"},
+              {"per_window_step_ms", per_step_ms},
+              {"slowest_call_ms", slowest_ms},
+              {"runs", runs}});
+    bench::write_results("finish_cost", run_flags, j);
   }
   return 0;
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { return bench::guarded_main("finish_cost", argc, argv, run); }

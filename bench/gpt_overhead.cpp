@@ -332,12 +332,7 @@ int run(int argc, char** argv) {
       "gpt_overhead");
   example_cli::last_wins(app);
   gpt_example::add_shape_flags(app, a.train, "batch B");
-  app.add_option("--precision", precision, "bf16 autocast on CUDA, or fp32")
-      ->check(CLI::IsMember({"bf16", "fp32"}))
-      ->capture_default_str();
-  app.add_option("--attention", attention, "scaled_dot_product_attention, or unfused")
-      ->check(CLI::IsMember({"fused", "unfused"}))
-      ->capture_default_str();
+  gpt_example::add_precision_flags(app, precision, &attention);
   app.add_option("--optimizer", optimizer,
                  "AdamW: fused (foreach where unavailable), foreach, or per-parameter")
       ->check(CLI::IsMember({"fused", "foreach", "per-parameter"}))
@@ -379,12 +374,8 @@ int run(int argc, char** argv) {
                       "--d-model " + std::to_string(a.train.d_model) +
                           " is not a multiple of --heads " + std::to_string(a.train.heads));
   }
-  a.train.precision =
-      precision == "bf16" ? gpt_example::Precision::kBf16 : gpt_example::Precision::kFp32;
-  a.train.fused_attention = attention == "fused";
-  a.train.optimizer = optimizer == "fused"     ? gpt_example::Optimizer::kFused
-                      : optimizer == "foreach" ? gpt_example::Optimizer::kForeach
-                                               : gpt_example::Optimizer::kPerParameter;
+  gpt_example::apply_precision_flags(a.train, precision, &attention);
+  a.train.optimizer = gpt_example::optimizer_from_string(optimizer);
   a.setups = {kOff};
   for (const std::string& name : configs) {
     const int s = static_cast<int>(std::find(std::begin(kNames), std::end(kNames), name) -
@@ -619,8 +610,7 @@ int run(int argc, char** argv) {
            {"window", number(median_of(results[kWindow], &RoundResult::tail_excess_ms))}}},
          {"per_config", per_config},
          {"wall_s", elapsed}});
-    bench::write_json(a.run.out, j);
-    std::printf("gpt_overhead: results in %s\n", a.run.out.c_str());
+    bench::write_results("gpt_overhead", a.run, j);
   }
   return 0;
 }

@@ -104,6 +104,12 @@ void write_json(const std::string& path, const nlohmann::json& j, int indent) {
   if (!out) throw std::runtime_error("cannot write " + path);
 }
 
+void write_results(const char* name, const RunFlags& run, const nlohmann::json& j) {
+  if (run.out.empty()) return;
+  write_json(run.out, j);
+  std::printf("%s: results in %s\n", name, run.out.c_str());
+}
+
 std::string next_run_folder(const std::string& dir) {
   static int runs = 0;
   return dir + "/run" + std::to_string(++runs);

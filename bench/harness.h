@@ -100,6 +100,10 @@ nlohmann::json run_header(const std::string& bench, const RunFlags& run,
 // Writes `j` to `path`, indented; throws when the file cannot be written.
 void write_json(const std::string& path, const nlohmann::json& j, int indent = 2);
 
+// The end of a run: writes `j` to run.out (write_json) and says so on stdout ("name: results in
+// FILE"); nothing when run.out is empty.
+void write_results(const char* name, const RunFlags& run, const nlohmann::json& j);
+
 // The next of a process's run folders under `dir` (dir/run1, dir/run2, ...) for
 // report.trace_dir: every run's window has the same file name.
 std::string next_run_folder(const std::string& dir);

@@ -100,9 +100,7 @@ int run(int argc, char** argv) {
   bench::int_flag(app, "--micro", a.micro, 1, 65536, "the starting micro-batch");
   app.add_option("--grid", a.grid, "micro-batches of the grid; default powers of two to --batch")
       ->delimiter(',');
-  app.add_option("--precision", precision, "bf16 autocast on CUDA, or fp32")
-      ->check(CLI::IsMember({"bf16", "fp32"}))
-      ->capture_default_str();
+  gpt_example::add_precision_flags(app, precision);
   app.add_option("--device", a.train.device, "cpu, cuda or cuda:N; default cuda when available");
   bench::int_flag(app, "--steps", a.steps, 1, 1000000, "measured steps per setting");
   bench::int_flag(app, "--prime", a.prime, 0, 1000000, "untimed steps before each");
@@ -126,8 +124,7 @@ int run(int argc, char** argv) {
   bench::add_run_flags(app, a.run, "write the results here (JSON)", false);
   example_cli::parse_or_exit(app, argc, argv);
   if (a.micro > a.train.batch) example_cli::fail(app, "--micro", "larger than --batch");
-  a.train.precision =
-      precision == "bf16" ? gpt_example::Precision::kBf16 : gpt_example::Precision::kFp32;
+  gpt_example::apply_precision_flags(a.train, precision);
   if (a.grid.empty()) {
     for (int64_t m = 1; m <= a.train.batch; m *= 2) a.grid.push_back(m);
     if (a.grid.back() != a.train.batch) a.grid.push_back(a.train.batch);

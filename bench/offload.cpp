@@ -124,9 +124,7 @@ json stats_json(const torchpilot::OffloadStats& s, int steps) {
           {"resident_per_step", static_cast<double>(s.resident) / n}};
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   Args a;
   a.train = gpt_example::reference_options(8);
   std::string precision = "bf16", attention = "fused";
@@ -136,12 +134,7 @@ int main(int argc, char** argv) {
       "gpt_offload");
   example_cli::last_wins(app);
   gpt_example::add_shape_flags(app, a.train, "the fixed micro-batch B");
-  app.add_option("--precision", precision, "bf16 autocast on CUDA, or fp32")
-      ->check(CLI::IsMember({"bf16", "fp32"}))
-      ->capture_default_str();
-  app.add_option("--attention", attention, "scaled_dot_product_attention, or unfused")
-      ->check(CLI::IsMember({"fused", "unfused"}))
-      ->capture_default_str();
+  gpt_example::add_precision_flags(app, precision, &attention);
   app.add_option("--device", a.train.device, "cpu, cuda or cuda:N; default cuda when available")
       ->check(example_cli::Device())
       ->type_name("cpu|cuda|cuda:N");
@@ -184,9 +177,7 @@ int main(int argc, char** argv) {
     }
     std::sort(batches.begin(), batches.end());
   }
-  a.train.precision =
-      precision == "bf16" ? gpt_example::Precision::kBf16 : gpt_example::Precision::kFp32;
-  a.train.fused_attention = attention == "fused";
+  gpt_example::apply_precision_flags(a.train, precision, &attention);
   a.train.offload_activations = true;
 
   const bool capped = a.memory_fraction < 1 && bench::cap_device_memory(a.memory_fraction);
@@ -368,3 +359,7 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { return bench::guarded_main("gpt_offload", argc, argv, run); }

@@ -150,9 +150,7 @@ Run run(const Args& a, bool with_pilot, torch::Device device) {
   return r;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   Args a;
   CLI::App app(
       "short_epochs: torchpilot's default configuration against no torchpilot on a trainer with "
@@ -167,11 +165,7 @@ int main(int argc, char** argv) {
   bench::int_flag(app, "--steps", a.steps, 1, 1 << 20, "batches per epoch");
   app.add_option("--device", a.device, "cpu, cuda or cuda:N; default cuda when available");
   bench::add_run_flags(app, a.run, "JSON results file", false);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  example_cli::parse_or_exit(app, argc, argv);
   const torch::Device device(a.device.empty() ? (torch::cuda::is_available() ? "cuda" : "cpu")
                                               : a.device);
   json rounds = json::array();
@@ -258,3 +252,7 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { return bench::guarded_main("short_epochs", argc, argv, run); }

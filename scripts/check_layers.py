@@ -26,8 +26,10 @@ INCLUDE = re.compile(r'#include\s*"([^"]+)"')
 # Headers internal to their folder: another subsystem must not include them.
 PRIVATE = {"hooks/gpu/" + n for n in (
     "cuda_driver.h", "cuda_markers.h", "cupti_activity_internal.h", "cupti_activity_trace.h",
-    "cupti_api.h", "cupti_backend.h", "cupti_pm_sampling.h", "marker_stream.h", "nvml_sampler.h",
-    "op_symbols.h", "own_thread.h", "cupti_fixture.h")} | {"hooks/comm/comm_observer.h", "hooks/reports/prometheus_exporter.h"}
+    "cupti_api.h", "cupti_backend.h", "cupti_backend_internal.h", "cupti_pm_sampling.h",
+    "marker_stream.h", "nvml_sampler.h", "op_symbols.h", "own_thread.h", "cupti_fixture.h")} | {
+    "hooks/comm/comm_observer.h", "hooks/reports/prometheus_exporter.h",
+    "hooks/memory/activation_offload_internal.h"}
 # The kernel's includes of subsystems that remain (issue 38: each subsystem registers itself instead).
 KNOWN_UP = {
     # The advisor catalog declares every subsystem's rules; the gain models are shared by them.

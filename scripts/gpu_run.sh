@@ -26,6 +26,14 @@ steps=("$@")
 want() { for s in "${steps[@]}"; do [ "$s" = all ] || [ "$s" = "$1" ] && return 0; done; return 1; }
 named() { for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 log() { echo "== $(date -u +%H:%M:%S) $*"; }
+# bench_run BIN RESULT LOG [FLAGS...]: build-gpu/bench/BIN with --machine, --commit, FLAGS and
+# --out $OUT/RESULT-$MACHINE.json; its output on stdout and in $OUT/LOG.log.
+bench_run() {
+  local bin=$1 result=$2 logname=$3
+  shift 3
+  ./build-gpu/bench/"$bin" --machine "$MACHINE" --commit "$COMMIT" "$@" \
+    --out "$OUT/$result-$MACHINE.json" 2>&1 | tee "$OUT/$logname.log"
+}
 
 DEPS=$PWD/.deps/root
 if [ -d "$DEPS" ]; then
@@ -137,8 +145,8 @@ fi
 
 if want clocks; then
   log "clocks: what a clock read costs here"
-  g++ -O2 -std=c++17 bench/clock_cost.cpp -o "$OUT/clock_cost" && "$OUT/clock_cost" | tee "$OUT/clock-cost-$MACHINE.json"
-  rm -f "$OUT/clock_cost"
+  cmake --build build-gpu --target clock_cost > "$OUT/clock-cost-build.log" 2>&1 &&
+    bench_run clock_cost clock-cost clock-cost
 fi
 
 if want kineto; then
@@ -255,23 +263,20 @@ if want overhead; then
   log "bench: GPT overhead, off vs advise vs detailed window, interleaved"
   # OVERHEAD_ARGS: e.g. "--batch 32 --rounds 3"; OVERHEAD_TAG names the run's files.
   tag=${OVERHEAD_TAG:+-$OVERHEAD_TAG}
-  ./build-gpu/bench/gpt_overhead --machine "$MACHINE" --commit "$COMMIT" ${OVERHEAD_ARGS:-} \
-    --out "$OUT/gpt-overhead$tag-$MACHINE.json" 2>&1 | tee "$OUT/overhead$tag.log" | tail -25
+  bench_run gpt_overhead "gpt-overhead$tag" "overhead$tag" ${OVERHEAD_ARGS:-} | tail -25
 fi
 
 if want planted; then
   # PLANTED_ARGS: e.g. "--pairs host_sync,optimizer --rounds 7"; --budget-s bounds the whole run.
   log "bench: planted bottleneck pairs (advice named, estimated vs measured gain)"
-  ./build-gpu/bench/planted_pairs --machine "$MACHINE" --commit "$COMMIT" --budget-s 900 \
-    ${PLANTED_ARGS:-} --out "$OUT/planted-$MACHINE.json" 2>&1 | tee "$OUT/planted.log" \
+  bench_run planted_pairs planted planted --budget-s 900 ${PLANTED_ARGS:-} \
     | grep -E "^(==|   |planted_pairs)" | tail -40
 fi
 
 if want shortepochs; then
   # SHORT_EPOCHS_ARGS: e.g. "--rounds 7 --epochs 40".
   log "bench: short epochs, default config vs off, interleaved"
-  ./build-gpu/bench/short_epochs --machine "$MACHINE" --commit "$COMMIT" ${SHORT_EPOCHS_ARGS:-} \
-    --out "$OUT/short-epochs-$MACHINE.json" 2>&1 | tee "$OUT/short-epochs.log" | tail -15
+  bench_run short_epochs short-epochs short-epochs ${SHORT_EPOCHS_ARGS:-} | tail -15
 fi
 
 if named memory; then
@@ -281,24 +286,21 @@ if named memory; then
   runs=" ${MEMORY_RUNS:-start oom offload example} "
   if [[ $runs == *" start "* ]]; then
     log "bench: micro-batch search, micro 2 x accumulation 16 vs tuned vs grid"
-    ./build-gpu/bench/memory --batch 32 --micro 2 --machine "$MACHINE" --commit "$COMMIT" \
-      ${MEMORY_ARGS:-} --out "$OUT/memory-$MACHINE.json" 2>&1 | tee "$OUT/memory.log" \
+    bench_run memory memory memory --batch 32 --micro 2 ${MEMORY_ARGS:-} \
       | grep -E "^memory:|autotune (trial|decision)|out of memory" | tail -40
   fi
   if [[ $runs == *" oom "* ]]; then
     log "bench: micro-batch search into micro-batches that do not fit"
-    ./build-gpu/bench/memory --batch 512 --micro 32 --grid 32,64,128,256,512 --steps 10 \
-      --prime 2 --machine "$MACHINE" --commit "$COMMIT" ${MEMORY_OOM_ARGS:-} \
-      --out "$OUT/memory-oom-$MACHINE.json" 2>&1 | tee "$OUT/memory-oom.log" \
+    bench_run memory memory-oom memory-oom --batch 512 --micro 32 --grid 32,64,128,256,512 \
+      --steps 10 --prime 2 ${MEMORY_OOM_ARGS:-} \
       | grep -E "^memory:|autotune (trial|decision)|out of memory" | tail -40
   fi
   if [[ $runs == *" offload "* ]]; then
     # A 16 GB device (the allocator capped at 0.2 of 80 GB): micro 32 does not fit without
     # offloading; the offload stage tries it with offloading and keeps it only if faster.
     log "bench: the offload stage of the search, allocator capped at 0.2 of the device"
-    ./build-gpu/bench/memory --batch 64 --micro 8 --grid 8,16,32 --steps 10 --prime 2 \
-      --offload-activations --memory-fraction 0.2 --machine "$MACHINE" --commit "$COMMIT" \
-      --out "$OUT/memory-offload-$MACHINE.json" 2>&1 | tee "$OUT/memory-offload.log" \
+    bench_run memory memory-offload memory-offload --batch 64 --micro 8 --grid 8,16,32 \
+      --steps 10 --prime 2 --offload-activations --memory-fraction 0.2 \
       | grep -E "^memory:|autotune (trial|decision)|out of memory|offload" | tail -40
   fi
   if [[ $runs == *" example "* ]]; then
@@ -313,8 +315,7 @@ if named offload; then
   # OFFLOAD_ARGS: e.g. "--batch 8 --rounds 5 --search 8,16,32,64 --memory-fraction 0.2";
   # bench/README.md, gpt_offload.
   log "bench: activation offloading on the GPT example (peak memory, step time, largest micro-batch)"
-  ./build-gpu/bench/gpt_offload --machine "$MACHINE" --commit "$COMMIT" ${OFFLOAD_ARGS:-} \
-    --out "$OUT/offload-$MACHINE.json" 2>&1 | tee "$OUT/offload.log" | tail -30
+  bench_run gpt_offload offload offload ${OFFLOAD_ARGS:-} | tail -30
 fi
 
 if want example; then
@@ -326,7 +327,6 @@ fi
 if want bench; then
   log "bench: auto-tune vs exhaustive grid"
   # AUTOTUNE_ARGS: e.g. "--screen-rounds 1" (a shorter screen of the grid).
-  ./build-gpu/bench/autotune_grid --machine "$MACHINE" --commit "$COMMIT" ${AUTOTUNE_ARGS:-} \
-    --out "$OUT/autotune-grid-$MACHINE.json" 2>&1 | tee "$OUT/bench.log" | tail -15
+  bench_run autotune_grid autotune-grid bench ${AUTOTUNE_ARGS:-} | tail -15
 fi
 log done

@@ -138,6 +138,19 @@ inline CLI::Option* add_path(CLI::App& app, const std::string& name, std::string
   return app.add_option(name, value, help)->check(Path())->type_name(kind);
 }
 
+// The examples' torchpilot flags: --mode (off, advise or autotune; the help names
+// `default_mode`), --config FILE (a YAML config file) and --json FILE (the JSON records).
+inline void add_torchpilot_flags(CLI::App& app, std::string& mode, std::string& config_path,
+                                 std::string& json_path, const std::string& default_mode) {
+  app.add_option("--mode", mode,
+                 "torchpilot mode; default " + default_mode +
+                     ", unless the config file or TORCHPILOT_MODE says otherwise")
+      ->check(CLI::IsMember({"off", "advise", "autotune"}));
+  add_path(app, "--config", config_path, "FILE", "torchpilot YAML config file")
+      ->check(ExistingFile());
+  add_path(app, "--json", json_path, "FILE", "write torchpilot's JSON records here");
+}
+
 // Flags given twice: the last one wins, as with the hand-written parsers this replaces (scripts
 // append overrides). Call before adding options.
 inline void last_wins(CLI::App& app) {

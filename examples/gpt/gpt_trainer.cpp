@@ -31,16 +31,29 @@ bool cuda_available() { return torch::cuda::is_available(); }
 
 void set_intra_op_threads(int n) { torch::set_num_threads(n); }
 
+namespace {
+
+// The optimizers' names, both ways.
+constexpr std::pair<Optimizer, const char*> kOptimizerNames[] = {
+    {Optimizer::kFused, "fused"},
+    {Optimizer::kForeach, "foreach"},
+    {Optimizer::kPerParameter, "per-parameter"},
+};
+
+}  // namespace
+
 const char* to_string(Optimizer optimizer) {
-  switch (optimizer) {
-    case Optimizer::kFused:
-      return "fused";
-    case Optimizer::kForeach:
-      return "foreach";
-    case Optimizer::kPerParameter:
-      return "per-parameter";
+  for (const auto& [o, name] : kOptimizerNames) {
+    if (o == optimizer) return name;
   }
   return "?";
+}
+
+Optimizer optimizer_from_string(const std::string& name) {
+  for (const auto& [o, n] : kOptimizerNames) {
+    if (name == n) return o;
+  }
+  return Optimizer::kPerParameter;
 }
 
 bool fused_adamw_compiled() {

@@ -46,6 +46,8 @@ enum class Precision { kBf16, kFp32 };
 const char* to_string(Precision precision);
 enum class Optimizer { kFused, kForeach, kPerParameter };
 const char* to_string(Optimizer optimizer);  // "fused", "foreach", "per-parameter"
+// The optimizer to_string names (--optimizer); per-parameter for any other name.
+Optimizer optimizer_from_string(const std::string& name);
 // Whether this build can run at::_fused_adamw_ (LibTorch >= 2.1 with CUDA; the device decides too).
 bool fused_adamw_compiled();
 // Whether LibTorch sees a CUDA device.

@@ -94,13 +94,7 @@ int main(int argc, char** argv) {
   example_cli::add_int(app, "--seed", options.seed, 0, INT64_MAX, "seed of weights and batches")
       ->capture_default_str();
   app.add_flag("--no-flops", no_flops, "no FLOP counter (no MFU)");
-  app.add_option("--mode", mode,
-                 "torchpilot mode; default advise, unless the config file or TORCHPILOT_MODE "
-                 "says otherwise")
-      ->check(CLI::IsMember({"off", "advise", "autotune"}));
-  example_cli::add_path(app, "--config", config_path, "FILE", "torchpilot YAML config file")
-      ->check(example_cli::ExistingFile());
-  example_cli::add_path(app, "--json", json_path, "FILE", "write torchpilot's JSON records here");
+  example_cli::add_torchpilot_flags(app, mode, config_path, json_path, "advise");
   example_cli::add_int(app, "--world-size", world_size, 1, 1024,
                        "data-parallel ranks on this host (one process each, Gloo on the CPU, NCCL "
                        "on CUDA, one GPU per rank); under torchrun its RANK and WORLD_SIZE count")
@@ -168,9 +162,7 @@ int main(int argc, char** argv) {
   options.aten_linear = linear == "aten";
   options.precision =
       precision == "bf16" ? gpt_example::Precision::kBf16 : gpt_example::Precision::kFp32;
-  options.optimizer = optimizer == "fused"     ? gpt_example::Optimizer::kFused
-                      : optimizer == "foreach" ? gpt_example::Optimizer::kForeach
-                                               : gpt_example::Optimizer::kPerParameter;
+  options.optimizer = gpt_example::optimizer_from_string(optimizer);
   options.corpus_bytes = static_cast<size_t>(corpus_mb * (1 << 20));
   const bool flops = !no_flops;
   bool sizes_given = false;

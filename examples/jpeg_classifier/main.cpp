@@ -46,13 +46,7 @@ int main(int argc, char** argv) {
   example_cli::add_int(app, "--prefetch", settings.prefetch, 1, 256,
                        "batches in flight per worker to start with")
       ->capture_default_str();
-  app.add_option("--mode", mode,
-                 "torchpilot mode; default autotune, unless the config file or TORCHPILOT_MODE "
-                 "says otherwise")
-      ->check(CLI::IsMember({"off", "advise", "autotune"}));
-  example_cli::add_path(app, "--config", config_path, "FILE", "torchpilot YAML config file")
-      ->check(example_cli::ExistingFile());
-  example_cli::add_path(app, "--json", json_path, "FILE", "write torchpilot's JSON records here");
+  example_cli::add_torchpilot_flags(app, mode, config_path, json_path, "autotune");
   example_cli::add_int(app, "--classes", options.classes, 2, 1000, "classes of a generated folder")
       ->capture_default_str();
   example_cli::add_int(app, "--images-per-class", options.images_per_class, 1, 100000,

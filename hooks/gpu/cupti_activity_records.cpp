@@ -82,39 +82,42 @@ std::optional<KernelRecord> to_kernel(const CUpti_ActivityKernel10& r, const Tim
   return k;
 }
 
-std::optional<CopyRecord> to_copy(const CUpti_ActivityMemcpy6& r, const TimeBase& tb) {
+namespace {
+
+// What memcpy and memset records share: the interval and the bytes; nullopt for an invalid
+// interval.
+template <class Record>
+std::optional<CopyRecord> copy_like(const Record& r, const TimeBase& tb) {
   if (!valid_interval(r.start, r.end)) return std::nullopt;
   CopyRecord c;
   c.begin = tb.to_steady(r.start);
   c.end = tb.to_steady(r.end);
   c.bytes = static_cast<int64_t>(r.bytes);
-  c.kind = to_copy_kind(r.copyKind);
+  return c;
+}
+
+}  // namespace
+
+std::optional<CopyRecord> to_copy(const CUpti_ActivityMemcpy6& r, const TimeBase& tb) {
+  std::optional<CopyRecord> c = copy_like(r, tb);
+  if (!c) return c;
+  c->kind = to_copy_kind(r.copyKind);
   const bool src_pageable = r.srcKind == CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE;
   const bool dst_pageable = r.dstKind == CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE;
-  switch (c.kind) {
-    case CopyKind::kHostToDevice:
-      c.pageable = src_pageable;
-      break;
-    case CopyKind::kDeviceToHost:
-      c.pageable = dst_pageable;
-      break;
-    default:
-      c.pageable = src_pageable || dst_pageable;
-      break;
-  }
-  c.memset = false;
+  // The host side's memory: the source's to the device, the destination's to the host, else either.
+  c->pageable = c->kind == CopyKind::kHostToDevice   ? src_pageable
+                : c->kind == CopyKind::kDeviceToHost ? dst_pageable
+                                                     : src_pageable || dst_pageable;
+  c->memset = false;
   return c;
 }
 
 std::optional<CopyRecord> to_memset(const CUpti_ActivityMemset4& r, const TimeBase& tb) {
-  if (!valid_interval(r.start, r.end)) return std::nullopt;
-  CopyRecord c;
-  c.begin = tb.to_steady(r.start);
-  c.end = tb.to_steady(r.end);
-  c.bytes = static_cast<int64_t>(r.bytes);
-  c.kind = CopyKind::kOther;
-  c.pageable = false;
-  c.memset = true;
+  std::optional<CopyRecord> c = copy_like(r, tb);
+  if (!c) return c;
+  c->kind = CopyKind::kOther;
+  c->pageable = false;
+  c->memset = true;
   return c;
 }
 

@@ -14,24 +14,41 @@ namespace detail {
 
 // --- Metrics and pure conversion ---------------------------------------------------------------
 
-const char* pm_metric_name(PmMetric m) {
-  switch (m) {
-    case PmMetric::kCounterUtilization:
-      return "gr__cycles_active.avg.pct_of_peak_sustained_elapsed";
-    case PmMetric::kSmEfficiency:
-      return "sm__cycles_active.avg.pct_of_peak_sustained_elapsed";
-    case PmMetric::kTensorActivity:
-      return "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed";
-    case PmMetric::kDramThroughput:
-      return "dram__throughput.avg.pct_of_peak_sustained_elapsed";
-    case PmMetric::kAchievedOccupancy:
-      return "sm__warps_active.avg.pct_of_peak_sustained_elapsed";
-    case PmMetric::kPcieReadBytes:
-      return "pcie__read_bytes.sum";
-    case PmMetric::kPcieWriteBytes:
-      return "pcie__write_bytes.sum";
+namespace {
+
+// Each metric's CUPTI name and the PmSample field its values go to: one table for both.
+struct PmMetricInfo {
+  PmMetric metric;
+  const char* name;
+  double PmSample::*field;
+};
+constexpr PmMetricInfo kPmMetrics[] = {
+    {PmMetric::kCounterUtilization, "gr__cycles_active.avg.pct_of_peak_sustained_elapsed",
+     &PmSample::counter_utilization},
+    {PmMetric::kSmEfficiency, "sm__cycles_active.avg.pct_of_peak_sustained_elapsed",
+     &PmSample::sm_efficiency},
+    {PmMetric::kTensorActivity, "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
+     &PmSample::tensor_activity},
+    {PmMetric::kDramThroughput, "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+     &PmSample::dram_throughput},
+    {PmMetric::kAchievedOccupancy, "sm__warps_active.avg.pct_of_peak_sustained_elapsed",
+     &PmSample::achieved_occupancy},
+    {PmMetric::kPcieReadBytes, "pcie__read_bytes.sum", &PmSample::pcie_read_bytes},
+    {PmMetric::kPcieWriteBytes, "pcie__write_bytes.sum", &PmSample::pcie_write_bytes},
+};
+
+const PmMetricInfo* pm_metric_info(PmMetric m) {
+  for (const PmMetricInfo& info : kPmMetrics) {
+    if (info.metric == m) return &info;
   }
-  return "?";
+  return nullptr;
+}
+
+}  // namespace
+
+const char* pm_metric_name(PmMetric m) {
+  const PmMetricInfo* info = pm_metric_info(m);
+  return info != nullptr ? info->name : "?";
 }
 
 bool pm_metric_is_percent(PmMetric m) {
@@ -66,29 +83,7 @@ PmSample to_pm_sample(const std::vector<PmMetric>& metrics, const double* values
     if (!std::isnan(v)) {
       v = pm_metric_is_percent(metrics[i]) ? std::clamp(v / 100.0, 0.0, 1.0) : std::max(v, 0.0);
     }
-    switch (metrics[i]) {
-      case PmMetric::kCounterUtilization:
-        s.counter_utilization = v;
-        break;
-      case PmMetric::kSmEfficiency:
-        s.sm_efficiency = v;
-        break;
-      case PmMetric::kTensorActivity:
-        s.tensor_activity = v;
-        break;
-      case PmMetric::kDramThroughput:
-        s.dram_throughput = v;
-        break;
-      case PmMetric::kAchievedOccupancy:
-        s.achieved_occupancy = v;
-        break;
-      case PmMetric::kPcieReadBytes:
-        s.pcie_read_bytes = v;
-        break;
-      case PmMetric::kPcieWriteBytes:
-        s.pcie_write_bytes = v;
-        break;
-    }
+    if (const PmMetricInfo* info = pm_metric_info(metrics[i])) s.*(info->field) = v;
   }
   return s;
 }

@@ -21,6 +21,7 @@
 #include <string>
 #include <thread>
 
+#include "torchpilot/runtime/core/anchor.h"
 #include "torchpilot/runtime/core/collector.h"
 
 namespace torchpilot {
@@ -160,12 +161,8 @@ std::unique_ptr<Collector> make_sync_probe(CollectorHost& host) {
   return std::make_unique<SyncProbe>();
 }
 
-const bool registered = [] {
-  register_default_collector("sync_probe", 0, &make_sync_probe);
-  return true;
-}();
-
 }  // namespace
-}  // namespace torchpilot
 
-extern "C" int torchpilot_sync_probe_anchor() { return torchpilot::registered ? 1 : 0; }
+TORCHPILOT_REGISTRATION(sync_probe) { register_default_collector("sync_probe", 0, &make_sync_probe); }
+
+}  // namespace torchpilot

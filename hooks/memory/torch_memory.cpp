@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "torchpilot/runtime/core/anchor.h"
 #include "torchpilot/runtime/core/collector.h"
 #include "torchpilot/runtime/core/config.h"
 #include "torchpilot/runtime/memory/memory_records.h"
@@ -99,12 +100,8 @@ std::unique_ptr<Collector> make_memory_collector(CollectorHost&) { return nullpt
 
 #endif
 
-const bool registered = [] {
-  register_default_collector("memory", 0, &make_memory_collector);
-  return true;
-}();
-
 }  // namespace
-}  // namespace torchpilot
 
-extern "C" int torchpilot_memory_anchor() { return torchpilot::registered ? 1 : 0; }
+TORCHPILOT_REGISTRATION(memory) { register_default_collector("memory", 0, &make_memory_collector); }
+
+}  // namespace torchpilot
