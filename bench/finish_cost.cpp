@@ -191,16 +191,15 @@ int run(int argc, char** argv) {
   const size_t lengths = steps.size();
   std::vector<std::vector<double>> per_step(lengths), slowest(lengths);
   json runs = json::array();
-  bench::interleave(repeats, static_cast<int>(lengths), bench::Order::kRotate,
-                    [&](int round, int, int k) {
-                      const size_t i = static_cast<size_t>(k);
-                      const Result r = run_once(steps[i], kernels);
-                      per_step[i].push_back(r.per_window_step_ms);
-                      slowest[i].push_back(r.slowest_call_ms);
-                      if (runs.size() <= static_cast<size_t>(round)) runs.push_back(json::object());
-                      runs[static_cast<size_t>(round)][std::to_string(steps[i])] =
-                          r.per_window_step_ms;
-                    });
+  bench::interleave(
+      repeats, static_cast<int>(lengths), bench::Order::kRotate, [&](int round, int, int k) {
+        const size_t i = static_cast<size_t>(k);
+        const Result r = run_once(steps[i], kernels);
+        per_step[i].push_back(r.per_window_step_ms);
+        slowest[i].push_back(r.slowest_call_ms);
+        if (runs.size() <= static_cast<size_t>(round)) runs.push_back(json::object());
+        runs[static_cast<size_t>(round)][std::to_string(steps[i])] = r.per_window_step_ms;
+      });
   std::printf(
       "| window steps | kernels/step | finishing per window step (ms) | slowest call (ms) |\n");
   std::printf("|---|---|---|---|\n");

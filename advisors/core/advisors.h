@@ -79,17 +79,17 @@ std::optional<Advice> advise_fp32_matmul(const EpochSummary& summary, const Advi
 std::optional<Advice> advise_unfused_attention(const EpochSummary& summary,
                                                const AdvisorsConfig& config);
 // Biases added outside their GEMMs (in the trace window, a GEMM without a bias epilogue followed by
-// a broadcast add kernel) taking more than advisors.unfused_linear_bias.threshold of the step: suggests
-// at::linear (LibTorch's C++ torch::nn::Linear runs matmul, then `+= bias`, on inputs of more than
-// 2 dims); the gain removes the adds' measured time less what the epilogue adds to the GEMMs
-// (gain_models.h).
+// a broadcast add kernel) taking more than advisors.unfused_linear_bias.threshold of the step:
+// suggests at::linear (LibTorch's C++ torch::nn::Linear runs matmul, then `+= bias`, on inputs of
+// more than 2 dims); the gain removes the adds' measured time less what the epilogue adds to the
+// GEMMs (gain_models.h).
 std::optional<Advice> advise_unfused_linear_bias(const EpochSummary& summary,
                                                  const AdvisorsConfig& config);
 // A per-parameter Adam-style optimizer (addcmul/addcdiv kernels per parameter in the trace window)
-// whose update takes more than advisors.per_parameter_optimizer.threshold of the step: suggests a fused or
-// multi-tensor update (at::_fused_adamw_, _foreach_*); the gain sets its measured host time (the
-// optimizer phase, else its launches at the step's cost per launch) or kernel time against a fused
-// update's predicted kernel time (gain_models.h).
+// whose update takes more than advisors.per_parameter_optimizer.threshold of the step: suggests a
+// fused or multi-tensor update (at::_fused_adamw_, _foreach_*); the gain sets its measured host
+// time (the optimizer phase, else its launches at the step's cost per launch) or kernel time
+// against a fused update's predicted kernel time (gain_models.h).
 std::optional<Advice> advise_per_parameter_optimizer(const EpochSummary& summary,
                                                      const AdvisorsConfig& config);
 // Host-bound steps (advisors/stalls/host_advisors.cpp): the GPU idles more than
@@ -118,8 +118,8 @@ std::optional<Advice> advise_memory_pressure(const EpochSummary& summary,
 
 // A micro-batch memory would allow larger while the step is launch-bound (detailed windows: launch
 // gaps above advisors.small_micro_batch.launch_gap_share): the largest factor k (2..8) with k x
-// the peak allocated within advisors.small_micro_batch.memory_share of the device. Info; the gain of a larger
-// batch is launch_bound's (not repeated here).
+// the peak allocated within advisors.small_micro_batch.memory_share of the device. Info; the gain
+// of a larger batch is launch_bound's (not repeated here).
 std::optional<Advice> advise_small_micro_batch(const EpochSummary& summary,
                                                const AdvisorsConfig& config);
 

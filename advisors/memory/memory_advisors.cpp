@@ -92,7 +92,8 @@ std::optional<Advice> advise_small_micro_batch(const EpochSummary& s,
   if (gaps <= config.small_micro_batch.launch_gap_share) return std::nullopt;
   // Everything counted as growing with the batch (parameters and optimizer state do not): a
   // conservative factor.
-  const double room = config.small_micro_batch.memory_share * static_cast<double>(m->capacity_bytes);
+  const double room =
+      config.small_micro_batch.memory_share * static_cast<double>(m->capacity_bytes);
   const int k =
       static_cast<int>(std::min(8.0, room / static_cast<double>(m->peak_allocated_bytes)));
   if (k < 2) return std::nullopt;

@@ -163,6 +163,8 @@ std::unique_ptr<Collector> make_sync_probe(CollectorHost& host) {
 
 }  // namespace
 
-TORCHPILOT_REGISTRATION(sync_probe) { register_default_collector("sync_probe", 0, &make_sync_probe); }
+TORCHPILOT_REGISTRATION(sync_probe) {
+  register_default_collector("sync_probe", 0, &make_sync_probe);
+}
 
 }  // namespace torchpilot

@@ -42,8 +42,8 @@
 #include "torchpilot/hooks/core/compat.h"
 #include "torchpilot/hooks/loader/torch_transfer.h"
 #include "torchpilot/runtime/core/pilot.h"
-#include "torchpilot/runtime/loader/loader_probe.h"
 #include "torchpilot/runtime/loader/loader_core.h"
+#include "torchpilot/runtime/loader/loader_probe.h"
 
 namespace torchpilot {
 

@@ -98,7 +98,6 @@ struct CostConfig {
   double horizon_s = 600;  // ... counted over this sliding horizon; optional work waits for room
 };
 
-
 // FLOP counting and MFU (hooks/flop_counter); docs/metrics.md, "MFU".
 struct FlopConfig {
   double peak_tflops = 0;       // dense peak for MFU; 0: from the device table

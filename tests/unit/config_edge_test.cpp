@@ -453,8 +453,9 @@ TEST(ConfigEdge, ARenamedKeyNamesItsNewName) {
     }
     return std::string("(no error)");
   };
-  const std::string yaml = reason(
-      [] { Config::from_yaml_string("advisors:\n  precision:\n    fp32_matmul_threshold: 0.1\n"); });
+  const std::string yaml = reason([] {
+    Config::from_yaml_string("advisors:\n  precision:\n    fp32_matmul_threshold: 0.1\n");
+  });
   EXPECT_NE(yaml.find("was renamed advisors.fp32_matmul.threshold"), std::string::npos) << yaml;
   const std::string env = reason([] {
     Config c;

@@ -17,10 +17,10 @@
 #include "fakes/pilot_parts.h"
 #include "fakes/string_logger.h"
 #include "torchpilot/runtime/core/pilot.h"
-#include "torchpilot/runtime/loader/loader_probe.h"
 #include "torchpilot/runtime/core/sink.h"
 #include "torchpilot/runtime/gpu/gpu_backend.h"
 #include "torchpilot/runtime/gpu/gpu_monitor.h"
+#include "torchpilot/runtime/loader/loader_probe.h"
 
 namespace torchpilot {
 namespace {

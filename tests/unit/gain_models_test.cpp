@@ -269,7 +269,8 @@ TEST(GainModels, OptimizerHostTimeFromItsPhase) {
   EXPECT_NEAR(m->removed_s, 4e-3, 1e-12);
   EXPECT_NEAR(m->gain, 20 / (20 - 4 + 0.875) - 1, 1e-9);
 
-  // The advice of its own: above advisors.per_parameter_optimizer.threshold of the step (4 of 20 ms).
+  // The advice of its own: above advisors.per_parameter_optimizer.threshold of the step (4 of 20
+  // ms).
   AdvisorsConfig config;
   const auto a = advise_per_parameter_optimizer(s, config);
   ASSERT_TRUE(a.has_value());

@@ -1,7 +1,6 @@
 // Pilot: step boundaries, phases, epochs, the advisory log, sinks, the ring buffer, mode off,
 // JSON-lines records and autotune through an attached (fake) loader. Time is a ManualClock.
 #include "torchpilot/runtime/core/pilot.h"
-#include "torchpilot/runtime/loader/loader_probe.h"
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
@@ -24,6 +23,7 @@
 
 #include "epoch_checks.h"
 #include "temp_dir.h"
+#include "torchpilot/runtime/loader/loader_probe.h"
 #include "torchpilot/runtime/reports/sinks.h"
 
 namespace torchpilot {
