@@ -49,13 +49,12 @@ class BudgetMeter final : public CostMeter {
     budget_.spend(done, done - began);
     const Nanos after_cut = done - (cut >= 0 ? cut : began);
     end_carry_ns_ += after_cut;
-    log_carry_ns_ += after_cut;
   }
 
  private:
   CostBudget budget_;
-  Nanos step_calls_ns_ = 0, window_ns_ = 0, end_carry_ns_ = 0;
-  Nanos log_carry_ns_ = 0;  // the previous epoch end's sinks and flush
+  Nanos step_calls_ns_ = 0, window_ns_ = 0;
+  Nanos end_carry_ns_ = 0;  // the previous epoch end's sinks and flush (its "log" part)
   int64_t deferred_ = 0;
   bool warned_ = false;
   Nanos own_threads_mark_ = 0;
@@ -111,11 +110,11 @@ void BudgetMeter::summarize(EpochSummary& summary, Nanos began, Nanos now,
   c.step_parts.emplace_back("pilot", std::max<Nanos>(0, c.step_calls_ns - collectors_ns));
   largest_first(c.step_parts);
   c.epoch_end_parts = std::move(parts);
-  c.epoch_end_parts.emplace_back("log", log_carry_ns_);
+  c.epoch_end_parts.emplace_back("log", end_carry_ns_);
   largest_first(c.epoch_end_parts);
   summary.sections.set(std::move(c));
   step_parts_.clear();
-  log_carry_ns_ = step_calls_ns_ = window_ns_ = end_carry_ns_ = 0;
+  step_calls_ns_ = window_ns_ = end_carry_ns_ = 0;
   deferred_ = 0;
 }
 
