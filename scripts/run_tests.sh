@@ -5,4 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 cd build
-ctest --output-on-failure -j "$(nproc)" --timeout 600
+t0=$SECONDS
+status=0
+ctest --output-on-failure -j "$(nproc)" --timeout 600 || status=$?
+echo "run_tests: tests $((SECONDS - t0)) s"
+exit $status
