@@ -1,5 +1,5 @@
-// The Pilot's steps, phases and epochs (pilot.h). Collector, sink and tuner hosting:
-// pilot_hosting.cpp.
+// The Pilot's steps and phases (pilot.h). Epochs and intervals: pilot_periods.cpp; collector,
+// sink and tuner hosting: pilot_hosting.cpp.
 #include "torchpilot/runtime/core/pilot.h"
 
 #include <spdlog/spdlog.h>
@@ -7,7 +7,6 @@
 #include <algorithm>
 
 #include "pilot_internal.h"
-#include "torchpilot/runtime/core/advisor_registry.h"
 #include "torchpilot/runtime/core/logging.h"
 
 namespace torchpilot {
@@ -23,7 +22,10 @@ void StepScope::end() {
     Pilot* p = pilot_;
     pilot_ = nullptr;
     // end_epoch() or a newer step() may have closed this step already.
-    if (p->owns_open_step(step_)) p->end_step();
+    if (p->owns_open_step(step_)) {
+      p->end_step();
+      if (p->interval_due_) p->close_interval();
+    }
   }
 }
 
@@ -63,6 +65,7 @@ Pilot::Pilot(Config config, PilotOptions options)
       logger_->warn("a setting could not be resolved{}", reason_suffix(*failed));
     }
   }
+  interval_ = IntervalRule(config_);
   cpu_clock_ = options.cpu_clock ? options.cpu_clock
                : options.clock   ? nullptr
                                  : std::make_shared<ThreadCpuClock>();
@@ -85,7 +88,12 @@ Pilot::Pilot(Config config, PilotOptions options)
 }
 
 Pilot::~Pilot() {
-  // Destructors must not throw: every call into other code is guarded.
+  // Destructors must not throw: every call into other code is guarded. Steps not yet reported
+  // are the last period's (end_period guards what it calls).
+  try {
+    end_period(PeriodEnd::kExit);
+  } catch (...) {
+  }
   for_each_collector("on_close", [](Collector& c) { c.on_close(); });
   for (Collector* c : collectors_) {
     try {
@@ -201,6 +209,8 @@ void Pilot::end_step() {
     r.cpu_ns = cpu_mark_ >= 0 && cpu >= cpu_mark_ ? cpu - cpu_mark_ : -1;
     cpu_mark_ = cpu;
   }
+  if (r.step_in_epoch == 0) period_begin_ns_ = r.begin_ns;
+  interval_due_ = interval_.due(step_in_epoch_, period_begin_ns_, now);
   last_boundary_ns_ = now;
   step_open_ = false;
   for_each_collector_timed("on_step_end", [&](Collector& o) { o.on_step_end(r); });
@@ -225,65 +235,6 @@ void Pilot::end_step() {
   // tuning with one log line; the step goes on.
   ++epoch_tuning_steps_;
   if (const auto failed = failure_of([&] { tuner_->on_step(r); })) stop_tuning(*failed);
-}
-
-void Pilot::end_epoch() {
-  if (config_.mode == Mode::kOff) return;
-  if (step_open_) end_step();
-  if (accumulator_.empty()) return;
-  const Nanos began = clock_->now_ns();
-  summary_cut_ns_ = -1;
-  // Summarizing runs collectors, advisors and sinks (each guarded on its own); anything else that
-  // goes wrong loses this epoch's summary, never the training loop, and the next epoch starts.
-  if (const auto failed = failure_of([&] { summarize_epoch(began); })) {
-    logger_->error("the summary of epoch {} failed and is skipped{}", epoch_,
-                   reason_suffix(*failed));
-  }
-  accumulator_.clear();
-  ++epoch_;
-  step_in_epoch_ = 0;
-  epoch_tuning_steps_ = 0;
-  last_boundary_ns_ = -1;
-  pending_wait_ns_.store(0, std::memory_order_relaxed);
-  flush();
-  // The epoch end's work: its summary counted it up to the sinks; the rest (log and record
-  // writing) goes into the next epoch's figure.
-  cost_->epoch_end_finished(began, summary_cut_ns_, clock_->now_ns());
-  own_pending_ns_ = 0;  // between epochs: in no step
-  cpu_mark_ = -1;
-}
-
-void Pilot::summarize_epoch(Nanos began) {
-  std::vector<std::pair<std::string, Nanos>> parts;  // where the epoch end's time went
-  Nanos mark = began;
-  auto part = [&](std::string name) {  // the time since the previous part
-    const Nanos now = clock_->now_ns();
-    parts.emplace_back(std::move(name), std::max<Nanos>(0, now - mark));
-    mark = now;
-  };
-  EpochSummary summary = accumulator_.summarize(epoch_, phase_names_);
-  summary.tuning_steps = epoch_tuning_steps_;
-  summary.tuned = tuning_finished() && !tuning_decision()->trials.empty();
-  part("summary");
-  for_each_collector("on_epoch_end", [&](Collector& o) {
-    o.on_epoch_end(summary);
-    part(o.name());
-  });
-  for_each_collector("on_epoch_complete", [&](Collector& o) { o.on_epoch_complete(summary); });
-  std::vector<Advice> advice;
-  std::vector<std::string> advisor_errors;
-  if (const auto failed = failure_of(
-          [&] { advice = run_registered_advisors(summary, config_, &advisor_errors); })) {
-    logger_->error("advisors failed for epoch {}{}", epoch_, reason_suffix(*failed));
-  }
-  for (const auto& e : advisor_errors) logger_->error("advisor failed for epoch {}: {}", epoch_, e);
-  for (auto& a : advice) a.epoch = epoch_;
-  part("advisors");
-  summary_cut_ns_ = clock_->now_ns();
-  cost_->summarize(summary, began, summary_cut_ns_, std::move(parts), collectors_);
-  for_each_sink("on_epoch", [&](Sink& s) { s.on_epoch(summary, advice); });
-  epoch_summaries_.push_back(std::move(summary));
-  last_advice_ = std::move(advice);
 }
 
 std::vector<StepRecord> Pilot::recent_steps() const {

@@ -12,6 +12,9 @@
 // Step time is boundary to boundary: a step runs from the previous step's end to its own end, so
 // the wait for its batch (before the scope opens) belongs to it.
 //
+// An epoch is a reporting period: the trainer ends it (end_epoch(), or an attached loader's loop
+// ending); when it does not for interval.seconds, the Pilot closes an "interval" itself.
+//
 // Thread-safety: step(), phase(), end_epoch() and the knob registry belong to one training thread.
 // record_data_wait() may be called from any thread.
 // Failure behaviour: the constructor throws (bad config, JSON file that cannot be opened). After
@@ -38,6 +41,7 @@
 #include "torchpilot/runtime/core/collector.h"
 #include "torchpilot/runtime/core/config.h"
 #include "torchpilot/runtime/core/cost_meter.h"
+#include "torchpilot/runtime/core/interval.h"
 #include "torchpilot/runtime/core/knobs.h"
 #include "torchpilot/runtime/core/logging.h"
 #include "torchpilot/runtime/core/metrics.h"
@@ -121,6 +125,7 @@ class Pilot : private CollectorHost, private TunerHost {
   int phase_id(std::string_view name);
 
   // Closes the epoch: summary, advice, sinks. Does nothing if no step ran since the last call.
+  // A trainer that ends none gets intervals instead (interval.h); the destructor closes the last.
   void end_epoch();
 
   void add_sink(std::shared_ptr<Sink> sink);
@@ -154,6 +159,9 @@ class Pilot : private CollectorHost, private TunerHost {
   // Ranks of a data-parallel run tune together (rank_exchange.h's make_trial_agreement); set it
   // before the first step. Null: this process decides alone.
   void set_trial_agreement(TrialAgreement agreement);
+  // Ranks of a data-parallel run close intervals at the same steps (interval.h; rank_exchange.h's
+  // make_interval_agreement); set it before the first step. Null: this process's own clock.
+  void set_interval_agreement(IntervalAgreement agreement);
   // Collectors (collector.h) see every step and epoch. A collector added by pointer (the FLOP
   // counter adds itself) is not owned: it removes itself before it is destroyed, and the Pilot
   // detaches the ones left (attach(nullptr)) when it is destroyed. In mode off nothing is added.
@@ -195,7 +203,9 @@ class Pilot : private CollectorHost, private TunerHost {
   friend class StepScope;
   friend class PhaseScope;
   void end_step();
-  void summarize_epoch(Nanos began);
+  void end_period(PeriodEnd end);
+  void close_interval();
+  void summarize_epoch(Nanos began, PeriodEnd end);
   // CollectorHost
   bool steady_clock() const override;
   bool tuning() const override;
@@ -235,6 +245,10 @@ class Pilot : private CollectorHost, private TunerHost {
   int64_t epoch_ = 0;
   int64_t step_in_epoch_ = 0;
   int64_t epoch_tuning_steps_ = 0;
+  IntervalRule interval_;
+  Nanos period_begin_ns_ = 0;  // the current period's first step began here
+  bool interval_due_ = false;  // the step just ended closes an interval (checked by StepScope)
+  bool interval_said_ = false;
   std::vector<StepRecord> history_;  // ring buffer
   size_t history_next_ = 0;
   EpochAccumulator accumulator_;

@@ -88,8 +88,15 @@ struct PhaseTotal {
   Nanos p50_ns = 0;
 };
 
+// What closed a reporting period (to torchpilot an epoch is one; docs/records.md): the trainer
+// (Pilot::end_epoch(), or a watched or tunable loader's pass ending), the Pilot itself after
+// interval.* without an epoch end (interval.h), or the Pilot's destruction with steps pending.
+enum class PeriodEnd { kEpoch, kInterval, kExit };
+const char* to_string(PeriodEnd end);  // "epoch", "interval", "exit"
+
 struct EpochSummary {
-  int64_t epoch = 0;
+  int64_t epoch = 0;  // the period's number: epochs and intervals count on one sequence
+  PeriodEnd closed_by = PeriodEnd::kEpoch;
   int64_t steps = 0;
   int64_t first_step = 0;
   int64_t samples = 0;

@@ -262,6 +262,7 @@ std::string epoch_json(const EpochSummary& s, const std::vector<Advice>& advice)
   json j = {{"type", "epoch"},
             {"v", kSchemaVersion},
             {"epoch", s.epoch},
+            {"closed_by", to_string(s.closed_by)},
             {"steps", s.steps},
             {"first_step", s.first_step},
             {"samples", s.samples},
@@ -312,8 +313,11 @@ std::string decision_json(const TuningDecision& d) {
 
 std::vector<std::string> format_epoch(const EpochSummary& s, const std::vector<Advice>& advice) {
   std::vector<std::string> lines;
-  std::string head = "epoch " + std::to_string(s.epoch) + ": " + std::to_string(s.steps) +
-                     " steps in " + fmt_num(static_cast<double>(s.wall_ns) / 1e9) + " s";
+  // "interval 3: ..." when the Pilot closed it (no epoch end for interval.seconds).
+  std::string head =
+      std::string(s.closed_by == PeriodEnd::kInterval ? "interval " : "epoch ") +
+      std::to_string(s.epoch) + (s.closed_by == PeriodEnd::kExit ? " (at exit)" : "") + ": " +
+      std::to_string(s.steps) + " steps in " + fmt_num(static_cast<double>(s.wall_ns) / 1e9) + " s";
   if (s.samples_per_s > 0) head += ", " + fmt_num(s.samples_per_s) + " samples/s";
   head += "; step p50 " + fmt_ms(s.step_p50_ns) + ", p90 " + fmt_ms(s.step_p90_ns) +
           "; data wait " + fmt_pct(s.data_wait_fraction) + " of step time";
