@@ -278,6 +278,7 @@ Collectives::Collectives(Pilot& pilot, GroupInfo group, c10::intrusive_ptr<c10d:
   Pilot* p = &pilot;
   pilot.set_trial_agreement(
       make_trial_agreement(exchange_, [p](const std::string& m) { p->log(LogLevel::kWarn, m); }));
+  pilot.set_interval_agreement(make_interval_agreement(exchange_));
   if (config.comm.watchdog_ms > 0) {
     // The watchdog's thread logs through the Pilot, which outlives this object.
     watchdog_ = std::make_unique<CommWatchdog>(
@@ -289,7 +290,10 @@ Collectives::Collectives(Pilot& pilot, GroupInfo group, c10::intrusive_ptr<c10d:
 Collectives::~Collectives() {
   watchdog_.reset();
   if (observing_) uninstall_observer();
-  if (exchange_ && pilot_ != nullptr) pilot_->set_trial_agreement(nullptr);
+  if (exchange_ && pilot_ != nullptr) {
+    pilot_->set_trial_agreement(nullptr);
+    pilot_->set_interval_agreement(nullptr);
+  }
 }
 
 #endif  // TORCHPILOT_HAVE_C10D

@@ -400,6 +400,24 @@ TrialAgreement make_trial_agreement(std::shared_ptr<RankExchange> exchange,
   };
 }
 
+IntervalAgreement make_interval_agreement(std::shared_ptr<RankExchange> exchange) {
+  auto round = std::make_shared<int64_t>(0);
+  return [exchange, round](int64_t proposed) -> std::optional<int64_t> {
+    const std::string tag = "interval/" + std::to_string((*round)++);
+    std::vector<int> missing;
+    auto values = exchange->all_gather("interval", tag, std::to_string(proposed), &missing);
+    if (!values) return std::nullopt;
+    int64_t longest = 0;
+    for (const std::string& v : *values) {
+      char* end = nullptr;
+      const long long n = std::strtoll(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0' || n <= 0) return std::nullopt;
+      longest = std::max<int64_t>(longest, n);
+    }
+    return longest;
+  };
+}
+
 // --- watchdog
 // ----------------------------------------------------------------------------------------
 

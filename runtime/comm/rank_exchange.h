@@ -8,7 +8,8 @@
 //    others stop too (see all_gather).
 //  - RankCollector: at each epoch's end every rank posts its summary (RankSummary); rank 0 gathers
 //    them (bounded wait) and adds the section "ranks" (per-rank table, stragglers).
-//  - make_trial_agreement: the trial engine's cross-rank agreement (TrialAgreement, tuning.h).
+//  - make_trial_agreement: the trial engine's cross-rank agreement (TrialAgreement, tuning.h);
+//    make_interval_agreement: the length of the Pilot's intervals (interval.h).
 //  - CommWatchdog: a thread that publishes how many collectives this rank has started and logs,
 //    once, a collective outstanding longer than a threshold with the ranks that have and have not
 //    reached it.
@@ -35,6 +36,7 @@
 #include "torchpilot/runtime/comm/comm_monitor.h"
 #include "torchpilot/runtime/comm/comm_records.h"
 #include "torchpilot/runtime/core/collector.h"
+#include "torchpilot/runtime/core/interval.h"
 #include "torchpilot/runtime/core/tuning.h"
 
 namespace torchpilot {
@@ -135,6 +137,9 @@ RankSummary summarize_rank(const EpochSummary& summary, int rank);
 // tag "tune/<trial>/<round>" (family "tune"), combined by combine_trial_windows.
 TrialAgreement make_trial_agreement(std::shared_ptr<RankExchange> exchange,
                                     std::function<void(const std::string&)> log);
+// The Pilot's interval agreement over RankExchange (interval.h): the ranks' proposed lengths are
+// all-gathered under tag "interval/<n>" (family "interval"); the longest one is every rank's.
+IntervalAgreement make_interval_agreement(std::shared_ptr<RankExchange> exchange);
 // Deterministic combination of the ranks' windows (same inputs, same result on every rank): the
 // slowest rank governs (lowest throughput, its data-wait share), the longest window and elapsed
 // time, the largest error; failed if any failed; nullopt if they measured different steps.

@@ -229,6 +229,27 @@ int run_rank(const std::string& scenario) {
       out["reason"] = d->reason;
       out["trials"] = d->trials.size();
     }
+  } else if (scenario == "intervals") {
+    // No epoch end: the ranks close intervals by time; rank 1's steps are slower on the host, so
+    // the ranks' own clocks would cross interval.seconds at different steps.
+    torch::manual_seed(1);
+    Mlp model(64, 2);
+    torchpilot::GradSync sync(model.parameters(), pg);
+    torch::optim::SGD opt(model.parameters(), 0.01);
+    const torch::Tensor x = torch::randn({16, 64});
+    for (int s = 0; s < 80; ++s) {
+      auto step = pilot.step(16);
+      std::this_thread::sleep_for(std::chrono::milliseconds(rank == 1 ? 6 : 3));
+      opt.zero_grad();
+      model.forward(x).square().mean().backward();
+      sync.synchronize();
+      opt.step();
+    }
+    json periods = json::array();
+    for (const auto& e : pilot.epoch_summaries()) {
+      periods.push_back({e.first_step, e.steps, torchpilot::to_string(e.closed_by)});
+    }
+    out["periods"] = periods;
   } else if (scenario == "kill") {
     torch::manual_seed(1);
     Mlp model(64, 2);
@@ -458,6 +479,26 @@ TEST_F(Collectives, AutotuneDecidesTheSameAtTheSameStepOnEveryRank) {
   EXPECT_NE(a["chosen"], a["baseline"]) << a;  // 0 workers starve both ranks
   EXPECT_TRUE(a["exactly_once"].get<bool>());
   EXPECT_TRUE(b["exactly_once"].get<bool>());
+}
+
+TEST_F(Collectives, RanksCloseIntervalsAtTheSameSteps) {
+  auto ranks = run_ranks("intervals", 2, true,
+                         {{"TORCHPILOT_INTERVAL_SECONDS", "0.15"},
+                          {"TORCHPILOT_INTERVAL_MIN_STEPS", "6"},
+                          {"TORCHPILOT_COMM_EXCHANGE_TIMEOUT_MS", "5000"}});
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(ranks[r].status, 0) << logs(ranks);
+  const json& a = ranks[0].result["periods"];
+  const json& b = ranks[1].result["periods"];
+  ASSERT_GE(a.size(), 2u) << logs(ranks);
+  EXPECT_EQ(a, b) << logs(ranks);  // the same first steps and lengths on both ranks
+  for (const json& p : a) EXPECT_EQ(p[2], "interval") << a;
+  EXPECT_NE(ranks[0].log.find("ranks agreed on intervals of"), std::string::npos) << ranks[0].log;
+  EXPECT_EQ(ranks[0].log.find("did not report"), std::string::npos) << ranks[0].log;
+  // Rank 0's table has both ranks in every interval.
+  for (const json& e : epochs(ranks[0])) {
+    ASSERT_TRUE(e.contains("ranks")) << e;
+    EXPECT_EQ(e["ranks"]["ranks"].size(), 2u) << e;
+  }
 }
 
 TEST_F(Collectives, ARankKilledMidEpochLeavesTheOthersWithALogLineAndNoHang) {
