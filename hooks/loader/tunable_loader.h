@@ -16,6 +16,9 @@
 // stream. Batch types understood for pinning and GPU prefetch: at::Tensor, torch::data::Example,
 // std::vector of those; other types are delivered as they are.
 //
+// The end of a loop over the loader ends the attached Pilot's epoch: the epoch running out, or the
+// loop left early (a break, an exception).
+//
 // Thread-safety: iterate, call next() and the setters from one thread. Failure behaviour: a
 // dataset exception reaches the caller of next() (or the loop's ++) as DataLoaderError, naming
 // the sample; the next call delivers the batch's other samples as a smaller batch, so only the
@@ -37,6 +40,7 @@
 #include <memory>
 #include <optional>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "torchpilot/hooks/core/compat.h"
@@ -135,6 +139,19 @@ class TunableLoader final : public LoaderProbe {
     using difference_type = std::ptrdiff_t;
     using pointer = Batch*;
     using reference = Batch&;
+    // The iterator begin() returned owns the epoch's loop (a moved-to one takes it over; a copy
+    // does not): destroyed before the epoch ran out (a break), it ends the pilot's epoch.
+    Iterator(Iterator&& other) noexcept
+        : loader_(other.loader_),
+          current_(std::move(other.current_)),
+          owns_loop_(std::exchange(other.owns_loop_, false)) {}
+    Iterator(const Iterator& other)
+        : loader_(other.loader_), current_(other.current_), owns_loop_(false) {}
+    Iterator& operator=(const Iterator&) = delete;
+    Iterator& operator=(Iterator&&) = delete;
+    ~Iterator() {
+      if (owns_loop_ && loader_ != nullptr) loader_->loop_left();
+    }
     Batch& operator*() { return *current_; }
     Batch* operator->() { return &*current_; }
     Iterator& operator++() {
@@ -147,19 +164,20 @@ class TunableLoader final : public LoaderProbe {
 
    private:
     friend class TunableLoader;
-    explicit Iterator(TunableLoader* loader) : loader_(loader) {}
+    Iterator(TunableLoader* loader, bool owns_loop) : loader_(loader), owns_loop_(owns_loop) {}
     TunableLoader* loader_;
     std::optional<Batch> current_;
+    bool owns_loop_;
   };
 
   // Starts a new epoch and returns its first batch.
   Iterator begin() {
     start_epoch();
-    Iterator it(this);
+    Iterator it(this, true);
     ++it;
     return it;
   }
-  Iterator end() { return Iterator(nullptr); }
+  Iterator end() { return Iterator(nullptr, false); }
 
   void start_epoch() { core_.start_epoch(); }
   // The next batch of the current epoch; nullopt at its end.
@@ -178,6 +196,15 @@ class TunableLoader final : public LoaderProbe {
       }
     }
     return std::move(s->value);
+  }
+
+  // A loop over this loader was left before its epoch ran out: the pilot's epoch ends there.
+  void loop_left() noexcept {
+    if (pilot_ == nullptr) return;
+    try {
+      pilot_->end_epoch();  // guards what it runs; this keeps a destructor from ever throwing
+    } catch (...) {
+    }
   }
 
   void set_workers(int workers) { core_.set_workers(workers); }

@@ -3,14 +3,21 @@
 //   auto loader = torch::data::make_data_loader(dataset, options);
 //   for (auto& batch : torchpilot::watch(*loader, pilot)) { auto step = pilot.step(); ... }
 //
-// Each wait for a batch (the first one included) is reported to the pilot as data wait; the end
-// of the iteration ends the pilot's epoch. Thread-safety: as the wrapped loader (one thread).
-// Failure behaviour: exceptions from the loader pass through unchanged.
+// Each wait for a batch (the first one included) is reported to the pilot as data wait. The end of
+// the loop ends the pilot's epoch: the loader running out, or the loop left early (a break after
+// N steps over an endless dataset: the begin() iterator's destruction ends the pass). A watched
+// loader made once may be looped over again, each loop an epoch: after a loop left early the
+// next one goes on where it stopped (LibTorch's loader refuses a new pass while batches are in
+// flight), after one that ran out it starts the loader again.
+// Thread-safety: as the wrapped loader (one thread).
+// Failure behaviour: exceptions from the loader pass through unchanged; ending a pass never throws.
 #pragma once
 
 #include <torch/data/iterator.h>
 
 #include <atomic>
+#include <cstdint>
+#include <optional>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -37,6 +44,20 @@ class WatchedLoader final : public LoaderProbe {
 
   class Iterator {
    public:
+    // The iterator begin() returned owns the pass (a moved-to one takes it over; a copy does
+    // not): its destruction before the loader ran out ends the pass.
+    Iterator(Iterator&& other) noexcept
+        : owner_(other.owner_),
+          inner_(std::move(other.inner_)),
+          end_(std::move(other.end_)),
+          pass_(std::exchange(other.pass_, 0)) {}
+    Iterator(const Iterator& other)
+        : owner_(other.owner_), inner_(other.inner_), end_(other.end_), pass_(0) {}
+    Iterator& operator=(const Iterator&) = delete;
+    Iterator& operator=(Iterator&&) = delete;
+    ~Iterator() {
+      if (pass_ != 0) owner_->pass_left(pass_, inner_);
+    }
     Batch& operator*() { return *inner_; }
     Batch* operator->() { return &*inner_; }
     Iterator& operator++() {
@@ -51,22 +72,35 @@ class WatchedLoader final : public LoaderProbe {
 
    private:
     friend class WatchedLoader;
-    Iterator(WatchedLoader* owner, Inner inner, Inner end)
-        : owner_(owner), inner_(std::move(inner)), end_(std::move(end)) {}
+    Iterator(WatchedLoader* owner, Inner inner, Inner end, int64_t pass)
+        : owner_(owner), inner_(std::move(inner)), end_(std::move(end)), pass_(pass) {}
     WatchedLoader* owner_;
     Inner inner_;
     Inner end_;
+    int64_t pass_;  // the pass this iterator ends when destroyed (0: none)
   };
 
   Iterator begin() {
+    const int64_t pass = ++passes_;
+    pass_open_ = true;
     std::optional<Inner> first;
-    timed([&] {
-      first.emplace(loader_.begin());
-      return *first == loader_.end();
-    });
-    return Iterator(this, std::move(*first), loader_.end());
+    if (resume_) {
+      // The last loop was left at a batch it used: go on from the next one.
+      first = std::move(resume_);
+      resume_.reset();
+      timed([&] {
+        ++*first;
+        return *first == loader_.end();
+      });
+    } else {
+      timed([&] {
+        first.emplace(loader_.begin());
+        return *first == loader_.end();
+      });
+    }
+    return Iterator(this, std::move(*first), loader_.end(), pass);
   }
-  Iterator end() { return Iterator(this, loader_.end(), loader_.end()); }
+  Iterator end() { return Iterator(this, loader_.end(), loader_.end(), 0); }
 
   LoaderStats stats() const override {
     LoaderStats s;
@@ -110,6 +144,7 @@ class WatchedLoader final : public LoaderProbe {
     if (pilot_ == nullptr) return;
     const Nanos waited = pilot_->clock().now_ns() - start;
     if (exhausted) {
+      pass_open_ = false;
       pilot_->end_epoch();
       return;
     }
@@ -118,8 +153,28 @@ class WatchedLoader final : public LoaderProbe {
     pilot_->record_data_wait(waited);
   }
 
+  // The loop of pass `pass` was left before the loader ran out at `at`: the pilot's epoch ends
+  // with it, and the next loop resumes from `at` (a pass begun since, or one that ran out, has
+  // nothing to end).
+  void pass_left(int64_t pass, Inner& at) noexcept {
+    if (pass != passes_ || !pass_open_) return;
+    pass_open_ = false;
+    try {
+      resume_.emplace(std::move(at));
+    } catch (...) {  // the stock iterator's move does not throw; if one did: a fresh pass next
+    }
+    if (pilot_ == nullptr) return;
+    try {
+      pilot_->end_epoch();  // guards what it runs; this keeps a destructor from ever throwing
+    } catch (...) {
+    }
+  }
+
   Loader& loader_;
   Pilot* pilot_;
+  std::optional<Inner> resume_;  // where a loop left early stopped
+  int64_t passes_ = 0;           // begin() calls so far
+  bool pass_open_ = false;       // the latest pass has neither run out nor been left
   std::atomic<int64_t> batches_{0};
   std::atomic<Nanos> wait_ns_{0};
 };
