@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "fakes/gate.h"
+#include "fakes/torch_loader_parts.h"
 #include "torchpilot/runtime/reports/sinks.h"
 #include "torchpilot/torchpilot.h"
 
@@ -20,42 +21,11 @@ namespace {
 using torchpilot::LoaderOptions;
 using torchpilot::TunableLoader;
 
-// Sample i is the tensor [i]; optionally slow, optionally throwing on one index.
-class IndexDataset : public torch::data::datasets::Dataset<IndexDataset> {
- public:
-  explicit IndexDataset(size_t size, int64_t throw_on = -1, int sleep_us = 0)
-      : size_(size), throw_on_(throw_on), sleep_us_(sleep_us) {}
-  torch::data::Example<> get(size_t i) override {
-    if (static_cast<int64_t>(i) == throw_on_) throw std::runtime_error("corrupt sample");
-    if (sleep_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(sleep_us_));
-    return {torch::full({1}, static_cast<float>(i)), torch::tensor(static_cast<int64_t>(i))};
-  }
-  torch::optional<size_t> size() const override { return size_; }
+using torchpilot::test::stacked;
+using torchpilot::test::Stacked;
 
- private:
-  size_t size_;
-  int64_t throw_on_;
-  int sleep_us_;
-};
-
-auto stacked(size_t size, int64_t throw_on = -1, int sleep_us = 0) {
-  return IndexDataset(size, throw_on, sleep_us).map(torch::data::transforms::Stack<>());
-}
-using Stacked = decltype(stacked(1));
-
-torchpilot::Config quiet_config(torchpilot::Mode mode) {
-  torchpilot::Config c;
-  c.mode = mode;
-  c.log.level = "warn";
-  return c;
-}
-
-// PilotOptions whose only sink is `recording`.
-torchpilot::PilotOptions recording_into(std::shared_ptr<torchpilot::RecordingSink> recording) {
-  torchpilot::PilotOptions po;
-  po.sinks.push_back(std::move(recording));
-  return po;
-}
+using torchpilot::test::quiet_config;
+using torchpilot::test::recording_into;
 
 void count(const torch::Tensor& targets, std::vector<int>& seen) {
   auto t = targets.contiguous();

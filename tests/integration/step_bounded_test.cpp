@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "fakes/torch_loader_parts.h"
 #include "torchpilot/runtime/core/interval.h"
 #include "torchpilot/runtime/reports/sinks.h"
 #include "torchpilot/torchpilot.h"
@@ -24,38 +25,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Sample i is [i]; each takes `sleep_us` to produce. Its size may be "endless" (2^40).
-class SlowDataset : public torch::data::datasets::Dataset<SlowDataset> {
- public:
-  SlowDataset(size_t size, int sleep_us) : size_(size), sleep_us_(sleep_us) {}
-  torch::data::Example<> get(size_t i) override {
-    if (sleep_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(sleep_us_));
-    return {torch::full({1}, static_cast<float>(i)), torch::tensor(static_cast<int64_t>(i))};
-  }
-  torch::optional<size_t> size() const override { return size_; }
-
- private:
-  size_t size_;
-  int sleep_us_;
-};
-
-auto stacked(size_t size, int sleep_us) {
-  return SlowDataset(size, sleep_us).map(torch::data::transforms::Stack<>());
-}
+// Sample i is [i]; each takes `sleep_us` to produce.
+auto stacked(size_t size, int sleep_us) { return torchpilot::test::stacked(size, -1, sleep_us); }
 constexpr size_t kEndless = size_t{1} << 40;
 
-torchpilot::Config config() {
-  torchpilot::Config c;
-  c.mode = torchpilot::Mode::kAdvise;
-  c.log.level = "warn";
-  return c;
-}
-
-torchpilot::PilotOptions recording_into(std::shared_ptr<torchpilot::RecordingSink> recording) {
-  torchpilot::PilotOptions po;
-  po.sinks.push_back(std::move(recording));
-  return po;
-}
+torchpilot::Config config() { return torchpilot::test::quiet_config(torchpilot::Mode::kAdvise); }
+using torchpilot::test::recording_into;
 
 bool advised(const std::vector<torchpilot::Advice>& advice, const std::string& id) {
   for (const auto& a : advice) {

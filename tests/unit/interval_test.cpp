@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "fakes/string_logger.h"
+#include "fakes/text.h"
 #include "torchpilot/runtime/core/config_section.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/reports/sinks.h"
@@ -25,11 +26,7 @@ namespace {
 
 constexpr Nanos kMs = 1000 * 1000;
 
-size_t count_of(const std::string& text, const std::string& part) {
-  size_t n = 0;
-  for (size_t pos = text.find(part); pos != std::string::npos; pos = text.find(part, pos + 1)) ++n;
-  return n;
-}
+using test::count_of;
 
 struct Rig {
   explicit Rig(Config c) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "epoch_checks.h"
+#include "fakes/text.h"
 #include "temp_dir.h"
 #include "torchpilot/runtime/loader/loader_probe.h"
 #include "torchpilot/runtime/reports/sinks.h"
@@ -33,11 +34,7 @@ namespace fs = std::filesystem;
 
 constexpr Nanos kMs = 1000 * 1000;
 
-size_t count_of(const std::string& text, const std::string& part) {
-  size_t n = 0;
-  for (size_t pos = text.find(part); pos != std::string::npos; pos = text.find(part, pos + 1)) ++n;
-  return n;
-}
+using test::count_of;
 
 // A clock, a recording sink and a logger that writes into a string.
 class Harness {
