@@ -274,7 +274,12 @@ std::string HtmlReport::html() const {
     const EpochSummary& e = s.epochs[i];
     const auto* g = e.sections.get<GpuEpochStats>();
     const auto* f = e.sections.get<FlopEpochStats>();
-    h += "<tr><td>" + std::to_string(e.epoch) + "</td><td>" + std::to_string(e.steps) +
+    // An interval (closed by torchpilot, no epoch end for interval.seconds) or the last steps at
+    // exit say so beside the number.
+    const char* kind = e.closed_by == PeriodEnd::kInterval ? " (interval)"
+                       : e.closed_by == PeriodEnd::kExit   ? " (at exit)"
+                                                           : "";
+    h += "<tr><td>" + std::to_string(e.epoch) + kind + "</td><td>" + std::to_string(e.steps) +
          "</td><td>" + num(e.samples_per_s, "%.1f") + "</td><td>" +
          num(detail::ms(e.step_p50_ns), "%.2f") + "</td><td>" +
          num(detail::ms(e.step_p90_ns), "%.2f") + "</td><td>" + pct(e.data_wait_fraction) +
@@ -326,7 +331,8 @@ std::string HtmlReport::html() const {
   Line mfu{"MFU", {}}, hfu{"HFU", {}};
   bool any_mfu = false;
   for (const auto& e : s.epochs) {
-    labels.push_back("epoch " + std::to_string(e.epoch));
+    labels.push_back((e.closed_by == PeriodEnd::kInterval ? "interval " : "epoch ") +
+                     std::to_string(e.epoch));
     const auto* f = e.sections.get<FlopEpochStats>();
     mfu.ys.push_back(f ? f->mfu : kNotMeasured);
     hfu.ys.push_back(f ? f->hfu : kNotMeasured);

@@ -14,6 +14,7 @@
 
 #include "fakes/string_logger.h"
 #include "temp_dir.h"
+#include "torchpilot/runtime/core/interval.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/flops/flop_records.h"
 #include "torchpilot/runtime/gpu/gpu_records.h"
@@ -150,6 +151,32 @@ TEST(HtmlReportTest, AShortRunsReportHoldsEveryChartTheAdviceAndTheTrials) {
   EXPECT_EQ(
       std::distance(std::sregex_iterator(html.begin(), html.end(), bar), std::sregex_iterator()),
       4);
+}
+
+TEST(HtmlReportTest, IntervalsAndTheLastStepsAtExitAreMarked) {
+  torchpilot_test::TempDir dir;
+  const std::string path = dir.file("intervals.html");
+  {
+    auto clock = std::make_shared<ManualClock>();
+    std::ostringstream log;
+    PilotOptions o;
+    o.logger = test::string_logger("html-test", log);
+    o.clock = clock;
+    o.default_collectors = false;
+    o.sinks = {make_html_report(path)};
+    Config c;
+    c.gpu.enabled = false;
+    c.section<IntervalConfig>().seconds = 1;
+    c.section<IntervalConfig>().min_steps = 5;
+    Pilot pilot(c, o);
+    for (int i = 0; i < 13; ++i) {  // 100 ms steps, no epoch end: one interval, 3 steps at exit
+      auto s = pilot.step(8);
+      clock->advance(100 * kMs);
+    }
+  }
+  const std::string html = read(path);
+  EXPECT_NE(html.find("<td>0 (interval)</td>"), std::string::npos) << html.substr(0, 4000);
+  EXPECT_NE(html.find("<td>1 (at exit)</td>"), std::string::npos);
 }
 
 TEST(HtmlReportTest, LongRunsKeepBoundedSeries) {
