@@ -2,7 +2,7 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default bench/runs/gpu-out, git-ignored; curated baselines: bench/baselines/).
-#   scripts/gpu_run.sh [all|build|test|gputest|capture|pmprobe|kineto|clocks|example|bench|gpt|gptab|overhead|planted|shortepochs|collectives1|collectives2|memory|offload|loader2]...
+#   scripts/gpu_run.sh [all|build|test|gputest|capture|pmprobe|kineto|clocks|example|bench|gpt|gptab|overhead|planted|shortepochs|shortparts|collectives1|collectives2|memory|offload|loader2]...
 #   (default: all; collectives2 and loader2 need two GPUs; collectives1, memory, offload,
 #   loader2, pmprobe and gptab only when named)
 # gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs,
@@ -10,7 +10,8 @@
 # (torchpilot off vs advise vs a detailed window); planted: bench/planted_pairs (the advice on
 # planted bottlenecks and its estimated gain against the measured gain of the fix); shortepochs:
 # bench/short_epochs (a small CNN with a stock loader, epochs of a fraction of a second: the
-# default configuration against no torchpilot, interleaved); memory: bench/memory (the micro-batch
+# default configuration against no torchpilot, interleaved); shortparts: the same with one GPU
+# collector off at a time, for the per-part cost (only when named); memory: bench/memory (the micro-batch
 # search from micro 2 x accumulation 16 against a grid, then large micro-batches that run out of
 # memory; docs/memory.md) and the GPT example tuning its micro-batch; offload: bench/gpt_offload (activation
 # offloading on the GPT example: peak memory and step time with and without, the largest
@@ -65,8 +66,11 @@ if want build; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;/usr;$DEPS/usr" "${extra[@]}" 2>&1 | tee "$OUT/configure.log" | tail -5
   log build
-  cmake --build build-gpu -j "$(nproc)" -- -k 0 2>&1 | tee "$OUT/build.log" | grep -E "error|warning|FAILED" | head -40
-  [ -x build-gpu/examples/jpeg_classifier ] || { log "build failed"; tail -50 "$OUT/build.log"; exit 1; }
+  # BUILD_TARGETS: only these targets (e.g. "short_epochs" for shortparts), not everything.
+  cmake --build build-gpu -j "$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} -- -k 0 2>&1 |
+    tee "$OUT/build.log" | grep -E "error|warning|FAILED" | head -40
+  [ -n "${BUILD_TARGETS:-}" ] || [ -x build-gpu/examples/jpeg_classifier ] ||
+    { log "build failed"; tail -50 "$OUT/build.log"; exit 1; }
 fi
 
 if want test; then
@@ -277,6 +281,21 @@ if want shortepochs; then
   # SHORT_EPOCHS_ARGS: e.g. "--rounds 7 --epochs 40".
   log "bench: short epochs, default config vs off, interleaved"
   bench_run short_epochs short-epochs short-epochs ${SHORT_EPOCHS_ARGS:-} | tail -15
+fi
+
+if named shortparts; then
+  # Where the always-on GPU part of a step goes: short_epochs' per-part medians under the default
+  # config, then with one GPU collector off at a time (SHORT_EPOCHS_ARGS, default 2 rounds of 30
+  # epochs each).
+  for v in default TORCHPILOT_GPU_NVTX=false TORCHPILOT_GPU_STEP_MARKERS=false \
+           TORCHPILOT_GPU_PM_SAMPLING=false TORCHPILOT_GPU_NVML=false; do
+    log "short epochs parts: $v"
+    name=${v%%=*}
+    env ${v/#default/TORCHPILOT_MODE=advise} ./build-gpu/bench/short_epochs --machine "$MACHINE" \
+      --commit "$COMMIT" ${SHORT_EPOCHS_ARGS:---rounds 2 --epochs 30} \
+      --out "$OUT/short-parts-${name#TORCHPILOT_}.json" > "$OUT/short-parts-${name#TORCHPILOT_}.log" 2>&1
+    grep -E "per epoch \(median|default_over_off" "$OUT/short-parts-${name#TORCHPILOT_}.log"
+  done
 fi
 
 if named memory; then
