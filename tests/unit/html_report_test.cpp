@@ -68,17 +68,25 @@ std::string read(const std::string& path) {
   return ss.str();
 }
 
+// A Pilot's options for a report test: a manual clock, the log into `log`, no default
+// collectors, `report` the only sink.
+PilotOptions report_options(std::shared_ptr<ManualClock> clock, std::ostringstream& log,
+                            std::shared_ptr<Sink> report) {
+  PilotOptions o;
+  o.logger = test::string_logger("html-test", log);
+  o.clock = std::move(clock);
+  o.default_collectors = false;
+  o.sinks = {std::move(report)};
+  return o;
+}
+
 // A short run: two epochs of 40 steps, starved of data (plants data_starvation), with an
 // auto-tune trial and decision handed to the report.
 std::string make_report(const std::string& path) {
   auto clock = std::make_shared<ManualClock>();
   std::ostringstream log;
-  PilotOptions o;
-  o.logger = test::string_logger("html-test", log);
-  o.clock = clock;
-  o.default_collectors = false;
   auto report = make_html_report(path);
-  o.sinks = {report};
+  PilotOptions o = report_options(clock, log, report);
   o.collectors = {std::make_shared<FakeFigures>()};
   Config c;
   c.gpu.enabled = false;
@@ -159,11 +167,7 @@ TEST(HtmlReportTest, IntervalsAndTheLastStepsAtExitAreMarked) {
   {
     auto clock = std::make_shared<ManualClock>();
     std::ostringstream log;
-    PilotOptions o;
-    o.logger = test::string_logger("html-test", log);
-    o.clock = clock;
-    o.default_collectors = false;
-    o.sinks = {make_html_report(path)};
+    PilotOptions o = report_options(clock, log, make_html_report(path));
     Config c;
     c.gpu.enabled = false;
     c.section<IntervalConfig>().seconds = 1;
