@@ -32,6 +32,17 @@ std::optional<std::string> failure_of(Fn&& fn) noexcept {
   }
 }
 
+// What `named.name()` says, or "(unnamed)" when it throws: a name is only for log lines and the
+// cost breakdown, and the error path that wants it must not throw itself.
+template <typename Named>
+std::string name_of(const Named& named) {
+  try {
+    return named.name();
+  } catch (...) {
+    return "(unnamed)";
+  }
+}
+
 // ": <what>" for a log line, or nothing for an empty text.
 inline std::string reason_suffix(const std::string& reason) {
   return reason.empty() ? std::string() : ": " + reason;

@@ -48,6 +48,30 @@ void PhaseScope::end() {
 
 // --- Pilot ----------------------------------------------------------------------------------
 
+namespace {
+// A clock the program gave: every read goes through the step scopes' destructors, where a throw
+// would end the program. One that throws is logged once, and reads give its last good time.
+class GuardedClock final : public Clock {
+ public:
+  GuardedClock(std::shared_ptr<Clock> inner, std::shared_ptr<spdlog::logger> logger)
+      : inner_(std::move(inner)), logger_(std::move(logger)) {}
+  Nanos now_ns() const override {
+    if (const auto failed = failure_of([&] { last_ = inner_->now_ns(); })) {
+      if (!said_.exchange(true)) {
+        logger_->error("the clock failed{}; times stand still from here", reason_suffix(*failed));
+      }
+    }
+    return last_;
+  }
+
+ private:
+  std::shared_ptr<Clock> inner_;
+  std::shared_ptr<spdlog::logger> logger_;
+  mutable std::atomic<Nanos> last_{0};
+  mutable std::atomic<bool> said_{false};
+};
+}  // namespace
+
 Pilot::Pilot(Config config, PilotOptions options)
     : config_(std::move(config)),
       enabled_(config_.mode != Mode::kOff),
@@ -55,6 +79,9 @@ Pilot::Pilot(Config config, PilotOptions options)
       // Each Pilot's own logger, writing to the shared "torchpilot" logger's sinks: log.level
       // then governs this Pilot's lines only (a second Pilot must not change the first's).
       logger_(options.logger ? options.logger : torchpilot_logger()->clone("torchpilot")) {
+  if (options.clock && dynamic_cast<SteadyClock*>(options.clock.get()) == nullptr) {
+    clock_ = std::make_shared<GuardedClock>(clock_, logger_);
+  }
   validate(config_);  // a Config built in code gets the same checks as a file
   // A logger handed in keeps its level.
   if (!options.logger) logger_->set_level(spdlog::level::from_str(config_.log.level));

@@ -41,8 +41,8 @@ void Pilot::add_default_collectors(std::vector<std::shared_ptr<Collector>> given
       continue;
     }
     if (!c) continue;
-    const bool replaced = std::any_of(given.begin(), given.end(),
-                                      [&](const auto& g) { return g && g->name() == c->name(); });
+    const bool replaced = std::any_of(
+        given.begin(), given.end(), [&](const auto& g) { return g && name_of(*g) == name_of(*c); });
     if (!replaced) add_collector(std::move(c));
   }
   for (auto& c : given) add_collector(std::move(c));
@@ -51,7 +51,7 @@ void Pilot::add_default_collectors(std::vector<std::shared_ptr<Collector>> given
 void Pilot::insert_collector(Collector* c, bool front) {
   if (std::find(collectors_.begin(), collectors_.end(), c) != collectors_.end()) return;
   if (const auto failed = failure_of([&] { c->attach(this); })) {
-    logger_->error("collector '{}' failed to attach and is not used{}", c->name(),
+    logger_->error("collector '{}' failed to attach and is not used{}", name_of(*c),
                    reason_suffix(*failed));
     (void)failure_of([&] { c->attach(nullptr); });  // it may have kept the host
     return;
@@ -148,7 +148,10 @@ void Pilot::flush() {
 // --- the tuner ------------------------------------------------------------------------------
 
 void Pilot::knobs_changed() {
-  if (tuner_) tuner_->knobs_changed();
+  // The tuner may apply its decided setting to the new knobs: user setters, which may throw
+  // anything; tuning then stops with one line, and attaching the loader goes on.
+  if (!tuner_) return;
+  if (const auto failed = failure_of([&] { tuner_->knobs_changed(); })) stop_tuning(*failed);
 }
 
 void Pilot::stop_tuning(const std::string& reason) {

@@ -16,7 +16,7 @@ void Pilot::for_each_collector(const char* what, Fn&& fn) {
     Collector* c = collectors_[i];
     if (const auto failed = failure_of([&] { fn(*c); })) {
       log_to(*logger_, LogLevel::kError,
-             "collector '" + c->name() + "' failed in " + what + " and is removed" +
+             "collector '" + name_of(*c) + "' failed in " + what + " and is removed" +
                  reason_suffix(*failed));
       drop_collector(i);
     } else {
@@ -45,7 +45,7 @@ void Pilot::for_each_sink(const char* what, Fn&& fn) {
     if (const auto failed = failure_of([&] { fn(*sinks_[i]); })) {
       sink_failed_[i] = true;
       log_to(*logger_, LogLevel::kError,
-             "sink '" + sinks_[i]->name() + "' failed in " + what + " and is disabled" +
+             "sink '" + name_of(*sinks_[i]) + "' failed in " + what + " and is disabled" +
                  reason_suffix(*failed));
     }
   }

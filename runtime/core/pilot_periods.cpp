@@ -149,7 +149,7 @@ void Pilot::summarize_epoch(Nanos began, PeriodEnd end) {
   part("summary");
   for_each_collector("on_epoch_end", [&](Collector& o) {
     o.on_epoch_end(summary);
-    part(o.name());
+    part(name_of(o));
   });
   for_each_collector("on_epoch_complete", [&](Collector& o) { o.on_epoch_complete(summary); });
   std::vector<Advice> advice;

@@ -7,6 +7,7 @@
 
 #include "torchpilot/runtime/core/anchor.h"
 #include "torchpilot/runtime/core/collector.h"
+#include "torchpilot/runtime/core/guard.h"
 #include "torchpilot/runtime/core/metrics.h"
 #include "torchpilot/runtime/cost/cost.h"
 
@@ -104,7 +105,7 @@ void BudgetMeter::summarize(EpochSummary& summary, Nanos began, Nanos now,
   for (const auto& [who, ns] : step_parts_) {
     // A collector dropped since is no longer live: its name is not to be asked.
     const bool alive = std::find(live.begin(), live.end(), who) != live.end();
-    c.step_parts.emplace_back(alive ? who->name() : std::string("removed"), ns);
+    c.step_parts.emplace_back(alive ? name_of(*who) : std::string("removed"), ns);
     collectors_ns += ns;
   }
   c.step_parts.emplace_back("pilot", std::max<Nanos>(0, c.step_calls_ns - collectors_ns));

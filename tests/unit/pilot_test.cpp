@@ -498,6 +498,27 @@ void run_model_step(Pilot& pilot, ManualClock& clock, FakeLoader& loader) {
 
 using torchpilot_test::TempDir;
 
+TEST(PilotTest, ALoaderWhoseSettersThrowAnythingAttachesWithoutThrowing) {
+  // Tuning decided; a new loader gets the decided setting through its knobs' setters, which
+  // throw something that is not a std::exception (issue 41): attaching must not throw.
+  Harness h;
+  FakeLoader loader;
+  auto pilot = std::make_unique<Pilot>(autotune_config(), h.options());
+  attach_loader(*pilot, &loader, loader.knobs());
+  for (int64_t steps = 0; !pilot->tuning_finished() && steps < 1000; ++steps) {
+    run_model_step(*pilot, *h.clock, loader);
+  }
+  ASSERT_TRUE(pilot->tuning_finished());
+  FakeLoader other;
+  std::vector<Knob> knobs = other.knobs();
+  for (auto& k : knobs) k.set = [](int64_t) { throw 42; };
+  EXPECT_NO_THROW(attach_loader(*pilot, &other, std::move(knobs)));
+  EXPECT_NE(h.log().find("an exception that is not a std::exception"), std::string::npos)
+      << h.log();
+  for (int i = 0; i < 3; ++i) run_model_step(*pilot, *h.clock, other);
+  detach_loader(*pilot, &other);
+}
+
 TEST(PilotTest, AutotuneWithAttachedLoader) {
   Harness h;
   FakeLoader loader;
