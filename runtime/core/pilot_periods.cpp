@@ -9,20 +9,14 @@
 #include "torchpilot/runtime/core/advisor_registry.h"
 #include "torchpilot/runtime/core/anchor.h"
 #include "torchpilot/runtime/core/config_section.h"
+#include "torchpilot/runtime/core/format.h"
 #include "torchpilot/runtime/core/interval.h"
 
 namespace torchpilot {
 
 const char* to_string(PeriodEnd end) {
-  switch (end) {
-    case PeriodEnd::kEpoch:
-      return "epoch";
-    case PeriodEnd::kInterval:
-      return "interval";
-    case PeriodEnd::kExit:
-      return "exit";
-  }
-  return "epoch";
+  static const char* const kNames[] = {"epoch", "interval", "exit"};  // PeriodEnd's order
+  return detail::enum_name(end, kNames, "epoch");
 }
 
 }  // namespace torchpilot
