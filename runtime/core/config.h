@@ -72,12 +72,15 @@ struct GpuConfig {
   // samples cover). Bursts and pauses last 100 ms at least.
   double pm_duty = 0.2;
   int pm_duty_period_ms = 4000;
-  bool nvml = true;                   // NVML utilization.gpu beside the truth
-  double nvml_interval_ms = 100;      // NVML polling interval
-  bool nvtx = true;                   // NVTX ranges for steps and phases ("torchpilot" domain)
-  bool activity = true;               // CUPTI activity trace in detailed windows
-  bool step_markers = true;           // CUDA events at step boundaries: figures by GPU time
-  double marker_poll_ms = 1;          // how often our thread looks for the GPU reaching them
+  bool nvml = true;               // NVML utilization.gpu beside the truth
+  double nvml_interval_ms = 100;  // NVML polling interval
+  bool nvtx = true;               // NVTX ranges for steps and phases ("torchpilot" domain)
+  bool activity = true;           // CUPTI activity trace in detailed windows
+  bool step_markers = true;       // CUDA events at step boundaries: figures by GPU time
+  double marker_poll_ms = 1;      // how often our thread looks for the GPU reaching them
+  // Outside trace windows a marker only at a boundary this long (host time) after the previous
+  // one: steps in between share the span, each its host time's share (0: every boundary).
+  double marker_interval_ms = 10;
   bool sync_op_names = true;          // windows name each host sync's op (a callback per op)
   int trace_first_step = 20;          // first window: from this step, or once auto-tune is done
   int trace_steps = 10;               // steps per detailed window

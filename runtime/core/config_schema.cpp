@@ -163,6 +163,7 @@ const std::vector<KeySpec>& builtin_schema() {
       TP_FLAG(gpu.activity),
       TP_FLAG(gpu.step_markers),
       TP_KEY(gpu.marker_poll_ms, 0.1, 1000.0),
+      TP_KEY(gpu.marker_interval_ms, 0.0, 60000.0),
       TP_FLAG(gpu.sync_op_names),
       TP_KEY(gpu.trace_first_step, 0, 1e9),
       TP_KEY(gpu.trace_steps, 1, 100000),

@@ -88,11 +88,25 @@ class CallTimer {
 
 void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
   const CallTimer timer(max_step_call_ns_);
-  // Within an epoch a step starts where the previous one ended (its record's span does too), and
-  // so does its GPU span: the previous step's end marker. An epoch's first step records its own.
-  open_begin_marker_ = boundary_marker_ != 0 ? boundary_marker_ : record_marker();
+  const int window_steps = planner_.begin_step(now);
+  // A window's steps get markers of their own: a run of steps still open ends here, before the
+  // trace starts (at the previous step's end: nothing of this step is queued yet).
+  if (window_steps > 0 && run_open_) close_run(record_marker(), latest_ns_);
+  if (!run_open_) {
+    // Within an epoch a run of steps starts where the previous one ended (its record's span does
+    // too), and so does its GPU span: the previous run's end marker. An epoch's first step
+    // records its own.
+    run_open_ = true;
+    if (boundary_marker_ != 0) {
+      run_begin_marker_ = boundary_marker_;
+      run_begin_host_ = boundary_host_;
+    } else {
+      run_begin_marker_ = record_marker();
+      run_begin_host_ = now;
+    }
+  }
   boundary_marker_ = 0;
-  if (planner_.begin_step(now) > 0) {
+  if (window_steps > 0) {
     const bool ok = backend_->start_trace();
     planner_.trace_started(ok, !ok && backend_->trace_busy());
     // The op-scope hook names the window's host syncs (it costs every op a callback: windows only).
@@ -100,7 +114,7 @@ void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
   }
   // Markers at phase boundaries cost two events a phase: in traced steps only, where they are
   // small beside the trace (the GPU time by phase needs the window's kernels anyway).
-  phase_markers_ = planner_.tracing() && open_begin_marker_ != 0;
+  phase_markers_ = planner_.tracing() && run_begin_marker_ != 0;
   phases_complete_ = true;
   if (!config_.nvtx) return;
   char name[32] = "step ";  // to_chars: no locale, no format parsing (every step)
@@ -163,9 +177,14 @@ void GpuMonitor::request_window(int steps) { planner_.request_window(steps); }
 
 void GpuMonitor::on_step_end(StepRecord& r) {
   const CallTimer timer(max_step_call_ns_);
-  // First, behind the step's last launches on the trainer's stream.
-  const uint64_t end_marker = record_marker();
-  boundary_marker_ = end_marker;
+  const bool attached_before = planner_.trace_attached() || stop_pending_;
+  // First, behind the step's last launches on the trainer's stream: a marker at every boundary
+  // in and around windows, else once gpu.marker_interval_ms of host time passed since the run's
+  // first (a marker costs the training thread 2-7 us: one a millisecond step would be 0.5%).
+  const auto interval = static_cast<Nanos>(config_.marker_interval_ms * 1e6);
+  const bool mark = !run_open_ || run_begin_marker_ == 0 || attached_before || planner_.tracing() ||
+                    r.end_ns - run_begin_host_ >= interval;
+  const uint64_t end_marker = mark ? record_marker() : 0;
   phase_markers_ = false;
   latest_ns_ = std::max(latest_ns_, r.end_ns);
   latest_epoch_ = r.epoch;
@@ -174,7 +193,6 @@ void GpuMonitor::on_step_end(StepRecord& r) {
     backend_->range_pop();
     --open_ranges_;
   }
-  const bool attached_before = planner_.trace_attached() || stop_pending_;
   const GpuWindowPlanner::StepEndActions a = planner_.end_step(
       r.step, r.step_in_epoch, r.begin_ns, r.end_ns, host_ == nullptr || !host_->tuning(),
       {r.data_wait_ns, r.own_ns, r.at_period});
@@ -190,12 +208,13 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   p.data_wait = {r.begin_ns, r.begin_ns + r.data_wait_ns};
   p.traced = a.traced;
   p.trace_from = a.trace_from;
-  p.begin_marker = open_begin_marker_;
-  p.end_marker = end_marker;
+  p.begin_marker = run_begin_marker_;
+  p.marked = {run_begin_host_, r.end_ns};
+  p.end_known = false;
   p.phases.swap(open_phases_);  // the step's phases go with it; the next step starts empty
   p.phases_complete = phases_complete_;
-  open_begin_marker_ = 0;
   pending_.push_back(std::move(p));
+  if (mark) close_run(end_marker, r.end_ns);
   if (a.stop_trace) {
     // The window's ops were all issued: no more op scopes. Its kernels may still be queued: the
     // trace stops once the GPU ran this step.
@@ -233,13 +252,31 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   }
 }
 
+void GpuMonitor::close_run(uint64_t marker, Nanos host_end) {
+  // The run's steps are the latest pending ones (steps finish in order).
+  for (auto it = pending_.rbegin(); it != pending_.rend() && !it->end_known; ++it) {
+    it->end_marker = marker;
+    it->marked.end = host_end;
+    it->end_known = true;
+  }
+  boundary_marker_ = marker;
+  boundary_host_ = host_end;
+  run_open_ = false;
+}
+
 bool GpuMonitor::allow_window(const char* kind, int steps) {
   if (host_ == nullptr) return true;
-  // The latest window's cost scaled to this one's steps; before any, a prior (the first window
-  // measures what windows cost here).
-  const Nanos estimate = last_window_cost_ns_ < 0
-                             ? kFirstWindowEstimateNs
-                             : last_window_cost_ns_ * steps / std::max(1, last_window_steps_);
+  // The latest window's cost scaled to this one's steps; before any, a prior from the step's
+  // work (the first window measures what windows cost here).
+  const Nanos median = planner_.median_work();
+  Nanos estimate = last_window_cost_ns_ * steps / std::max(1, last_window_steps_);
+  if (last_window_cost_ns_ < 0) {
+    estimate =
+        median > 0
+            ? kWindowStartStopEstimateNs +
+                  static_cast<Nanos>(kTracedStepSlowdownPrior * static_cast<double>(median) * steps)
+            : kFirstWindowEstimateNs;
+  }
   if (host_->cost_allows(estimate)) return true;
   const std::string what = std::strcmp(kind, "anomaly") == 0 ? "an anomaly"
                            : std::strcmp(kind, "first") == 0 ? "the first"
@@ -294,6 +331,8 @@ Nanos GpuMonitor::now_ns() const {
 
 void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   const Nanos t0 = now_ns();
+  // The epoch's last run of steps ends with it (its last step's end).
+  if (run_open_) close_run(record_marker(), latest_ns_);
   // How long the epoch's end may wait for the GPU: gpu.epoch_end_wait_ms, and no more than what
   // half the epoch's budget share (cost.budget x its time / 2) has left after torchpilot's step
   // calls (a 40 ms epoch may not wait 5 ms; the wait never takes the whole share). What is not

@@ -56,11 +56,16 @@ class GpuMonitor : public Collector {
   static constexpr Nanos kReleaseEstimateNs = 400000000;
   static constexpr Nanos kFinishBudgetNs = 5000000;  // finishing steps, per step call
   // What a window costs the training thread before one has been measured here (its start, stop
-  // and slower launches; the release apart): the budget's estimate for the first window.
+  // and slower launches; the release apart), the budget's estimate for the first window: its
+  // start and stop, plus each traced step slowed by half its work (CUPTI's cost grows with the
+  // launches, and a step's time bounds them: GPT at batch 8 +8-26% on the H100, +4.5% on the
+  // H200; a step of 36,000 launches +50%). Before a median step time exists, a flat prior.
   static constexpr Nanos kFirstWindowEstimateNs = 50000000;
+  static constexpr Nanos kWindowStartStopEstimateNs = 10000000;
+  static constexpr double kTracedStepSlowdownPrior = 0.5;
   // Outside windows, steps' GPU figures are collected this often (host time), or once this many
   // steps wait.
-  static constexpr Nanos kCollectEveryNs = 10000000;
+  static constexpr Nanos kCollectEveryNs = 50000000;
   static constexpr size_t kCollectMaxPending = 64;
 
   // Starts the backend's always-on collectors.
@@ -96,9 +101,13 @@ class GpuMonitor : public Collector {
     Interval data_wait;  // the part the training thread waited for its batch
     bool traced = false;
     Nanos trace_from = 0;  // traced from here (a window's first step starts at its scope)
-    uint64_t begin_marker = 0, end_marker = 0;  // 0: not recorded
-    std::vector<PhaseMarks> phases;             // traced steps: their phases' markers
-    bool phases_complete = true;                // every phase got both its markers
+    // The markers around the step: its own, or those of the run of steps it shares them with
+    // (gpu.marker_interval_ms), whose host span is `marked`. 0: not recorded.
+    uint64_t begin_marker = 0, end_marker = 0;
+    Interval marked;
+    bool end_known = true;           // false while the run's end marker is still to come
+    std::vector<PhaseMarks> phases;  // traced steps: their phases' markers
+    bool phases_complete = true;     // every phase got both its markers
   };
   // A marker's id, 0 when not recorded; optional (a phase's): never the step markers' last events.
   uint64_t record_marker(bool optional = false);
@@ -151,8 +160,15 @@ class GpuMonitor : public Collector {
   // Step markers: the one at the open step's start (the previous step's end within an epoch),
   // resolved times not yet consumed, a closed window's last marker its trace stop waits for.
   uint64_t next_marker_ = 1;
-  uint64_t boundary_marker_ = 0;
-  uint64_t open_begin_marker_ = 0;
+  uint64_t boundary_marker_ = 0;  // the latest marker recorded at a step's end, at host time:
+  Nanos boundary_host_ = 0;
+  // The open run of steps between two markers: its begin marker and host time; open while its
+  // end marker is still to be recorded (its steps pending with end_known false).
+  uint64_t run_begin_marker_ = 0;
+  Nanos run_begin_host_ = 0;
+  bool run_open_ = false;
+  // Ends the open run with `marker` (0: not recorded) recorded at host time `host_end`.
+  void close_run(uint64_t marker, Nanos host_end);
   std::map<uint64_t, Nanos> marker_times_;
   bool stop_pending_ = false;
   uint64_t stop_marker_ = 0;

@@ -86,6 +86,7 @@ void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
   rec.epoch = step.epoch;
   rec.traced = step.traced;
   rec.gpu_timed = spans.gpu_timed;
+  rec.gpu_shared = spans.gpu_shared;
   if (spans.gpu_timed) {
     rec.gpu_begin_ns = spans.gpu.begin;
     rec.gpu_end_ns = spans.gpu.end;
@@ -234,16 +235,38 @@ bool GpuMonitor::gpu_span(const PendingStep& p, Nanos now, bool all, StepSpans& 
   spans.traced = p.traced;
   spans.trace_from = p.trace_from;
   spans.gpu_timed = false;
-  if (p.begin_marker == 0 || p.end_marker == 0) return true;  // not recorded: host span
+  spans.gpu_shared = false;
+  const bool give_up =
+      all || now - p.span.end >= kMarkerWaitNs || pending_.size() > kMaxPendingSteps;
+  if (p.begin_marker == 0) return true;  // not recorded: host span
+  if (!p.end_known) {
+    // Its run's end marker is still to be recorded.
+    timed_out = give_up;
+    return give_up;
+  }
+  if (p.end_marker == 0) return true;
   const auto b = marker_times_.find(p.begin_marker);
   const auto e = marker_times_.find(p.end_marker);
   if (b != marker_times_.end() && e != marker_times_.end()) {
-    spans.gpu = {b->second, std::max(b->second, e->second)};
+    const Interval run{b->second, std::max(b->second, e->second)};
     spans.gpu_timed = true;
+    if (p.span.begin <= p.marked.begin && p.span.end >= p.marked.end) {
+      spans.gpu = run;  // markers of its own
+      return true;
+    }
+    // One of a run of steps between two markers: its host time's share of their GPU span.
+    const Nanos host = std::max<Nanos>(1, p.marked.end - p.marked.begin);
+    const double scale = static_cast<double>(run.end - run.begin) / static_cast<double>(host);
+    auto at = [&](Nanos h) {
+      const Nanos into = std::clamp(h, p.marked.begin, p.marked.end) - p.marked.begin;
+      return run.begin + static_cast<Nanos>(static_cast<double>(into) * scale);
+    };
+    spans.gpu = {at(p.span.begin), at(p.span.end)};
+    spans.gpu_shared = true;
     return true;
   }
   // Never held forever: a marker that does not resolve in time leaves the step its host span.
-  if (all || now - p.span.end >= kMarkerWaitNs || pending_.size() > kMaxPendingSteps) {
+  if (give_up) {
     timed_out = true;
     return true;
   }
@@ -309,7 +332,7 @@ void GpuMonitor::prune_events() {
     if (p.begin_marker != 0 || p.end_marker != 0) break;
   }
   need(boundary_marker_);
-  need(open_begin_marker_);
+  if (run_open_) need(run_begin_marker_);
   if (stop_pending_) need(stop_marker_);
   marker_times_.erase(marker_times_.begin(), marker_times_.lower_bound(floor));
   // Events ending before the oldest unfinished step are not needed any more. A step's GPU span

@@ -147,7 +147,7 @@ std::string section_json(const GpuEpochStats& e) {
 }
 
 std::string section_json(const GpuStepRecord& r) {
-  json j = {{"traced", r.traced}, {"gpu_timed", r.gpu_timed}};
+  json j = {{"traced", r.traced}, {"gpu_timed", r.gpu_timed}, {"gpu_shared", r.gpu_shared}};
   if (r.gpu_timed) {
     j["gpu_begin_ns"] = r.gpu_begin_ns;
     j["gpu_end_ns"] = r.gpu_end_ns;

@@ -157,6 +157,9 @@ struct GpuStepRecord {
   // The step's GPU span (steady clock): from the GPU reaching the marker at its start boundary to
   // it reaching the one at its end. gpu_timed false: unknown, the figures cover the host span.
   bool gpu_timed = false;
+  // The step shares its markers with its neighbours (gpu.marker_interval_ms): its GPU span is its
+  // host time's share of theirs, not its own.
+  bool gpu_shared = false;
   Nanos gpu_begin_ns = 0, gpu_end_ns = 0;
   Nanos gpu_lag_ns = 0;  // GPU span end - host span end: how far the GPU ran behind the host
   GpuStats stats;

@@ -17,8 +17,9 @@ struct StepSpans {
   // at its start boundary to that of its end boundary. Unknown (gpu_timed false) without markers.
   Interval gpu;
   bool gpu_timed = false;
-  Interval data_wait;   // the part of it the training thread waited for its batch
-  bool traced = false;  // inside a detailed window
+  bool gpu_shared = false;  // gpu is the step's share of a span its neighbours share
+  Interval data_wait;       // the part of it the training thread waited for its batch
+  bool traced = false;      // inside a detailed window
   // The trace covers the step from here on (a window's first step: from its scope's start).
   Nanos trace_from = std::numeric_limits<Nanos>::min();
 

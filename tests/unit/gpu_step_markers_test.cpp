@@ -29,6 +29,9 @@ constexpr Nanos kMs = 1000000;
 struct AsyncRig : Rig {
   explicit AsyncRig(Config c) : Rig(c, false) {
     backend->markers = true;
+    // A marker at every boundary (marker ids below count on it); runs of steps sharing markers:
+    // tests further down.
+    c.gpu.marker_interval_ms = 0;
     make(std::move(c));
   }
   void host_steps(int n) {
@@ -477,7 +480,8 @@ TEST(GpuMonitorTest, TheFirstWindowsReleaseIsWaitedForOnlyWithRoomInTheBudget) {
 TEST(GpuMonitorTest, WithoutMarkersStepsUseTheirHostSpanAtOnce) {
   Config c = Rig::window_config(1, 1);
   Rig rig(c);  // the fake records no markers (as the unavailable backend)
-  for (int i = 0; i < 4; ++i) rig.step(10, 200, 0.5);
+  for (int i = 0; i < 3; ++i) rig.step(10, 200, 0.5);
+  rig.step(GpuMonitor::kCollectEveryNs / kMs, 200, 0.5);  // its end collects (after the window's)
   EXPECT_EQ(rig.backend->trace_stops, 1);
   EXPECT_EQ(rig.sink->late<GpuStepRecord>().size(), 4u);
   rig.pilot->end_epoch();
@@ -499,6 +503,109 @@ TEST(GpuMonitorTest, StepMarkersOffInTheConfigurationAreNeverRecorded) {
   EXPECT_TRUE(rig.backend->marker_ids.empty());
   EXPECT_EQ(rig.sink->late<GpuStepRecord>().size(), 3u);
   EXPECT_EQ(rig.sink->epochs[0].sections.get<GpuEpochStats>()->gpu_timed_steps, 0);
+}
+
+// --- runs of steps sharing markers (gpu.marker_interval_ms) ------------------------------------
+
+// Steps of 1 ms of host time with markers every 4 ms; the GPU runs behind by 20 ms and takes
+// twice the host's time for each step (a queue that grows: its span is not the host's).
+struct RunRig : Rig {
+  explicit RunRig(Config c) : Rig(c, false) {
+    backend->markers = true;
+    c.gpu.marker_interval_ms = 4;
+    make(std::move(c));
+  }
+  // Each marker recorded so far, resolved at 20 ms + twice its host time.
+  void gpu_reaches_all() {
+    for (; resolved < backend->marker_ids.size(); ++resolved) {
+      backend->resolve(backend->marker_ids[resolved], 20 * kMs + 2 * recorded_at[resolved]);
+    }
+  }
+  void host_steps(int n) {
+    for (int i = 0; i < n; ++i) {
+      auto s = pilot->step(1);
+      note_markers();
+      clock->advance(kMs);
+      s.end();
+      note_markers();
+    }
+  }
+  void note_markers() {
+    while (recorded_at.size() < backend->marker_ids.size()) recorded_at.push_back(clock->now_ns());
+  }
+  std::vector<Nanos> recorded_at;
+  size_t resolved = 0;
+};
+
+TEST(GpuMonitorTest, StepsBetweenTwoMarkersShareTheirGpuSpanByHostTime) {
+  RunRig rig(Rig::base_config());
+  rig.host_steps(10);
+  // Markers: the first step's start, then the ends of steps 3 and 7 (4 ms after the run's
+  // start); the epoch's end closes the last run (steps 8 and 9).
+  EXPECT_EQ(rig.backend->marker_ids.size(), 3u);
+  rig.pilot->end_epoch();  // records the run's end marker, waits for it (the fake: at once)
+  EXPECT_EQ(rig.backend->marker_ids.size(), 4u);
+  rig.note_markers();
+  rig.gpu_reaches_all();
+  rig.host_steps(1);  // the next epoch's first step drains them
+  rig.pilot->end_epoch();
+  const auto steps = rig.sink->late<GpuStepRecord>();
+  ASSERT_GE(steps.size(), 10u);
+  for (int k = 0; k < 10; ++k) {
+    SCOPED_TRACE("step " + std::to_string(k));
+    const GpuStepRecord& r = steps[static_cast<size_t>(k)];
+    EXPECT_TRUE(r.gpu_timed);
+    EXPECT_TRUE(r.gpu_shared) << "no step of 1 ms has markers of its own";
+    // The GPU ran the run twice as slowly: each step's share is 2 ms, back to back.
+    EXPECT_EQ(r.gpu_end_ns - r.gpu_begin_ns, 2 * kMs);
+    EXPECT_EQ(r.gpu_begin_ns, 20 * kMs + 2 * k * kMs);
+  }
+  EXPECT_EQ(rig.sink->epochs[0].sections.get<GpuEpochStats>()->marker_timeouts, 0);
+}
+
+TEST(GpuMonitorTest, AWindowsStepsGetMarkersOfTheirOwnAndEndTheRunBeforeThem) {
+  Config c = Rig::window_config(2, 2);  // steps 2 and 3 traced
+  RunRig rig(c);
+  rig.host_steps(6);
+  // Step 0's start; the run of steps 0-1 ends where the window starts (step 2's start), then a
+  // marker at each traced step's end and in the window's tail (steps 4 and 5: the trace is
+  // released at step 5's end).
+  EXPECT_EQ(rig.backend->marker_ids.size(), 6u);
+  rig.pilot->end_epoch();
+  rig.note_markers();
+  rig.gpu_reaches_all();
+  rig.host_steps(1);
+  rig.pilot->end_epoch();
+  const auto steps = rig.sink->late<GpuStepRecord>();
+  ASSERT_GE(steps.size(), 6u);
+  for (int k = 0; k < 6; ++k) {
+    SCOPED_TRACE("step " + std::to_string(k));
+    EXPECT_TRUE(steps[static_cast<size_t>(k)].gpu_timed);
+    EXPECT_EQ(steps[static_cast<size_t>(k)].gpu_shared, k < 2);
+  }
+  // Traced steps' GPU spans are their own markers': 2 ms each (the GPU's pace).
+  EXPECT_EQ(steps[2].gpu_end_ns - steps[2].gpu_begin_ns, 2 * kMs);
+  EXPECT_EQ(steps[3].gpu_end_ns - steps[3].gpu_begin_ns, 2 * kMs);
+}
+
+TEST(GpuMonitorTest, ARunsStepsWaitForItsEndMarkerAndNeverLongerThanTheBound) {
+  RunRig rig(Rig::base_config());
+  rig.backend->queued.pm.push_back(
+      pm(0, 3 * GpuMonitor::kMarkerWaitNs, 0.5));  // samples: none wait
+  rig.host_steps(2);                               // a run open: no end marker yet
+  rig.note_markers();
+  rig.gpu_reaches_all();
+  rig.host_steps(1);
+  EXPECT_TRUE(rig.sink->late<GpuStepRecord>().empty()) << "steps 0-1 wait for their run's end";
+  // The host stalls longer than the markers' bound within the run: the steps finish untimed.
+  rig.clock->advance(GpuMonitor::kMarkerWaitNs);
+  auto s = rig.pilot->step(1);
+  s.end();
+  // That step's end (over 4 ms after the run's start) closed the run: its steps are timed once
+  // the GPU reaches the marker; those past the bound are not held for it.
+  const auto steps = rig.sink->late<GpuStepRecord>();
+  ASSERT_FALSE(steps.empty());
+  EXPECT_FALSE(steps[0].gpu_timed);
 }
 
 }  // namespace
