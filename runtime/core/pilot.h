@@ -261,11 +261,23 @@ class Pilot : private CollectorHost, private TunerHost {
   void for_each_collector(const char* what, Fn&& fn);
   template <typename Fn>
   void for_each_collector_timed(const char* what, Fn&& fn);
+  // Each collector's step time: at every step of the first kPartExactSteps, then one call in 8.
+  static constexpr int64_t kPartExactSteps = 64, kPartSampleSteps = 8;
+  uint64_t part_sample_rng_ = 0x9E3779B97F4A7C15ull;
   void drop_collector(size_t index);
 
   // What torchpilot costs (cost_meter.h).
   std::shared_ptr<Clock> cpu_clock_;  // null: not measured
-  Nanos cpu_mark_ = -1;               // CPU time at the last step boundary
+  Nanos cpu_mark_ = -1;               // CPU time at the latest read ...
+  int64_t cpu_mark_step_ = -1;        // ... at the start of this step
+  Nanos period_cpu_ns_ = 0;           // the period's CPU time so far (its steps')
+  bool cpu_read_next_ = false;        // read at the next boundary (a stall's end)
+  Nanos step_ewma_ns_ = 0;            // recent step time
+  static constexpr Nanos kCpuEveryStepNs = 5000000;
+  static constexpr int64_t kCpuSampleSteps = 16;
+  // Reads the thread's CPU clock: the time since the previous read goes to the period and, when
+  // that read was at r's start, to r.cpu_ns.
+  void read_cpu(StepRecord& r);
   std::unique_ptr<CostMeter> cost_ = std::make_unique<CostMeter>();  // the registered one, if any
   Nanos own_pending_ns_ = 0;   // own time since the last step boundary (the next record's own_ns)
   Nanos summary_cut_ns_ = -1;  // when this epoch end's cost was written into its summary

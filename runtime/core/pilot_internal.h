@@ -28,12 +28,26 @@ void Pilot::for_each_collector(const char* what, Fn&& fn) {
 template <typename Fn>
 void Pilot::for_each_collector_timed(const char* what, Fn&& fn) {
   // Each collector's share of the step calls (CostStats::step_parts): one clock read each, the
-  // previous collector's end being the next one's start.
+  // previous collector's end being the next one's start. After the run's first kPartExactSteps
+  // steps, read at one call in kPartSampleSteps drawn at random (collectors do periodic work: a
+  // fixed stride would alias with it) and counted that many times: the split costs its clock
+  // reads rarely (the total is timed at every step).
+  int64_t weight = 1;
+  if (next_step_ > kPartExactSteps) {
+    part_sample_rng_ ^= part_sample_rng_ << 13;  // xorshift64
+    part_sample_rng_ ^= part_sample_rng_ >> 7;
+    part_sample_rng_ ^= part_sample_rng_ << 17;
+    weight = kPartSampleSteps;
+  }
+  if (weight > 1 && part_sample_rng_ % kPartSampleSteps != 0) {
+    for_each_collector(what, std::forward<Fn>(fn));
+    return;
+  }
   Nanos t0 = clock_->now_ns();
   for_each_collector(what, [&](Collector& c) {
     fn(c);
     const Nanos t1 = clock_->now_ns();
-    cost_->step_part(&c, t1 - t0);
+    cost_->step_part(&c, (t1 - t0) * weight);
     t0 = t1;
   });
 }

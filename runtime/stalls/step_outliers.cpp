@@ -26,10 +26,9 @@ bool StallTracker::add(const StepRecord& r) {
   sums_.step_ns += r.step_ns();
   sums_.data_wait_ns += r.data_wait_ns;
   sums_.own_ns += r.own_ns;
-  if (r.cpu_ns >= 0) {
+  if (r.cpu_ns >= 0) {  // measured at some steps only (Pilot::end_step)
     sums_.cpu_ns += r.cpu_ns;
-  } else {
-    cpu_known_ = false;
+    ++cpu_steps_;
   }
   for (int i = 0; i < kMaxPhases; ++i) sums_.phase_ns[i] += r.phase_ns[i];
 
@@ -185,6 +184,7 @@ OutlierStats StallTracker::summarize(const EpochSummary& e,
       o.periodic_excess_ns += excess;
     }
   }
+  bool periodic_cpu_missing = false;
   for (const Step& s : outliers_) {
     const bool take = period_ > 0 ? at_period(s.step) && s.step_in_epoch >= kEdgeSteps
                                   : s.step_in_epoch >= kEdgeSteps;
@@ -194,6 +194,7 @@ OutlierStats StallTracker::summarize(const EpochSummary& e,
     periodic.data_wait_ns += s.data_wait_ns;
     periodic.own_ns += s.own_ns;
     periodic.cpu_ns += std::max<Nanos>(0, s.cpu_ns);
+    periodic_cpu_missing = periodic_cpu_missing || s.cpu_ns < 0;
     for (int i = 0; i < kMaxPhases; ++i) periodic.phase_ns[i] += s.phase_ns[i];
   }
   // The same excess in GPU time, from the periodic outliers whose GPU span has come.
@@ -228,11 +229,13 @@ OutlierStats StallTracker::summarize(const EpochSummary& e,
       return static_cast<double>(outliers_sum) - normal * analysed;
     };
     Step all_outliers;
+    int64_t cpu_outliers = 0;
     for (const Step& s : outliers_) {
       all_outliers.step_ns += s.step_ns;
       all_outliers.data_wait_ns += s.data_wait_ns;
       all_outliers.own_ns += s.own_ns;
       all_outliers.cpu_ns += std::max<Nanos>(0, s.cpu_ns);
+      cpu_outliers += s.cpu_ns >= 0 ? 1 : 0;
       for (int i = 0; i < kMaxPhases; ++i) all_outliers.phase_ns[i] += s.phase_ns[i];
     }
     const double excess = excess_of(periodic.step_ns, sums_.step_ns, all_outliers.step_ns);
@@ -255,10 +258,14 @@ OutlierStats StallTracker::summarize(const EpochSummary& e,
       // The excess outside data waits: on the CPU, or blocked (I/O, a GPU sync, a lock)?
       const double waited = std::max(
           0.0, excess_of(periodic.data_wait_ns, sums_.data_wait_ns, all_outliers.data_wait_ns));
-      if (cpu_known_ && excess - waited > 0) {
-        o.cpu_share = std::clamp(
-            excess_of(periodic.cpu_ns, sums_.cpu_ns, all_outliers.cpu_ns) / (excess - waited), 0.0,
-            1.0);
+      // CPU time is measured at some steps (every stall at a known period, every step of a
+      // slow trainer, a sample of the rest): the ordinary steps' mean is over those measured.
+      const int64_t cpu_others = cpu_steps_ - cpu_outliers;
+      if (!periodic_cpu_missing && cpu_others > 0 && excess - waited > 0) {
+        const double normal = static_cast<double>(sums_.cpu_ns - all_outliers.cpu_ns) /
+                              static_cast<double>(cpu_others);
+        const double cpu_excess = static_cast<double>(periodic.cpu_ns) - normal * analysed;
+        o.cpu_share = std::clamp(cpu_excess / (excess - waited), 0.0, 1.0);
       }
     }
   }
@@ -291,7 +298,7 @@ OutlierStats StallTracker::summarize(const EpochSummary& e,
   probed_steps_ = 0;
   probed_sync_ns_ = 0;
   steps_ = 0;
-  cpu_known_ = true;
+  cpu_steps_ = 0;
   return o;
 }
 

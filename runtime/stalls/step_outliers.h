@@ -117,7 +117,7 @@ class StallTracker {
   int64_t count_ = 0;
   Step sums_;  // every step's sums (step_ns, data wait, own, cpu, phases)
   int64_t steps_ = 0;
-  bool cpu_known_ = true;
+  int64_t cpu_steps_ = 0;  // steps whose CPU time was measured
   // Probed ordinary steps this epoch (the baseline the stalls' sync time is compared with).
   bool after_period_ = false;  // the last step was at the period
   int64_t probed_steps_ = 0;
