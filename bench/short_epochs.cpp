@@ -86,6 +86,32 @@ struct Run {
   // Where torchpilot's time went, per epoch (after the first): each step part ("gpu", "flops",
   // "pilot") and each epoch-end part ("epoch end: gpu", ...), in microseconds.
   std::map<std::string, std::vector<double>> parts_us;
+  // The same per step (each epoch's part over its steps).
+  std::map<std::string, std::vector<double>> per_step_us;
+  // The first epoch with traced steps (a trace window's figures): seconds from the Pilot's start
+  // to that epoch's end (-1: none), and its advice ids.
+  double first_window_s = -1;
+  int64_t first_window_epoch = -1;
+  std::vector<std::string> window_advice;
+};
+
+// Keeps each epoch's end time and advice ids.
+class AdviceSink final : public torchpilot::Sink {
+ public:
+  std::string name() const override { return "bench-advice"; }
+  void on_epoch(const torchpilot::EpochSummary& s,
+                const std::vector<torchpilot::Advice>& advice) override {
+    std::vector<std::string> ids;
+    for (const auto& a : advice) ids.push_back(a.id);
+    epochs.push_back({s.epoch, bench::seconds_since(start), std::move(ids)});
+  }
+  struct Epoch {
+    int64_t epoch;
+    double at_s;
+    std::vector<std::string> advice;
+  };
+  Clock::time_point start = Clock::now();
+  std::vector<Epoch> epochs;
 };
 
 Run run(const Args& a, bool with_pilot, torch::Device device) {
@@ -123,7 +149,10 @@ Run run(const Args& a, bool with_pilot, torch::Device device) {
   // (e.g. TORCHPILOT_GPU_NVTX=false).
   torchpilot::Config config = torchpilot::Config::load();
   config.log.level = "warn";
-  torchpilot::Pilot pilot(config);
+  auto advice = std::make_shared<AdviceSink>();
+  torchpilot::PilotOptions options;
+  options.sinks.push_back(advice);
+  torchpilot::Pilot pilot(config, std::move(options));
   torchpilot::FlopCounter flops(pilot);
   for (int e = 0; e < a.epochs; ++e) {
     const auto t0 = Clock::now();
@@ -135,12 +164,27 @@ Run run(const Args& a, bool with_pilot, torch::Device device) {
     r.epoch_s.push_back(bench::seconds_since(t0));
   }
   for (const auto& s : pilot.epoch_summaries()) {
+    const auto* g = s.sections.get<torchpilot::GpuEpochStats>();
+    if (g != nullptr && g->traced_steps > 0 && r.first_window_epoch < 0) {
+      r.first_window_epoch = s.epoch;
+      for (const auto& e : advice->epochs) {
+        if (e.epoch != s.epoch) continue;
+        r.first_window_s = e.at_s;
+        r.window_advice = e.advice;
+      }
+    }
     if (const auto* c = s.sections.get<torchpilot::CostStats>()) {
       r.cost_fraction.push_back(c->fraction);
       r.horizon_fraction.push_back(c->horizon_fraction);
       r.deferred += c->deferred;
       if (s.epoch == 0) continue;  // start-up
-      for (const auto& [who, ns] : c->step_parts) r.parts_us["step: " + who].push_back(ns / 1e3);
+      const double steps = static_cast<double>(std::max<int64_t>(1, s.steps));
+      for (const auto& [who, ns] : c->step_parts) {
+        r.parts_us["step: " + who].push_back(ns / 1e3);
+        r.per_step_us[who].push_back(ns / 1e3 / steps);
+      }
+      r.per_step_us["all step calls"].push_back(c->step_calls_ns / 1e3 / steps);
+      r.per_step_us["epoch end"].push_back(c->epoch_end_ns / 1e3 / steps);
       for (const auto& [who, ns] : c->epoch_end_parts) {
         r.parts_us["epoch end: " + who].push_back(ns / 1e3);
       }
@@ -170,7 +214,9 @@ int run(int argc, char** argv) {
                                               : a.device);
   json rounds = json::array();
   std::vector<double> ratios, mean_ratios, off_all, def_all, cost_all, horizon_all;
-  std::map<std::string, std::vector<double>> parts_all;
+  std::map<std::string, std::vector<double>> parts_all, per_step_all;
+  std::vector<double> first_window_s;
+  json windows = json::array();
   int64_t deferred = 0;
   for (int k = 0; k < a.rounds; ++k) {
     Run runs[2];  // 0: off, 1: default; off first in even rounds
@@ -190,6 +236,17 @@ int run(int argc, char** argv) {
     for (const auto& [part, v] : def.parts_us) {
       parts_all[part].insert(parts_all[part].end(), v.begin(), v.end());
     }
+    for (const auto& [part, v] : def.per_step_us) {
+      per_step_all[part].insert(per_step_all[part].end(), v.begin(), v.end());
+    }
+    first_window_s.push_back(def.first_window_s);
+    windows.push_back({{"first_window_s", def.first_window_s},
+                       {"first_window_epoch", def.first_window_epoch},
+                       {"advice", def.window_advice}});
+    std::printf("round %d: first trace window's epoch %lld ended at %.2f s; its advice:", k,
+                static_cast<long long>(def.first_window_epoch), def.first_window_s);
+    for (const auto& id : def.window_advice) std::printf(" %s", id.c_str());
+    std::printf("\n");
     // The mean over all epochs too: a first window or start-up cost shows there, not in medians.
     auto mean = [](const std::vector<double>& v) {
       double s = 0;
@@ -220,6 +277,12 @@ int run(int argc, char** argv) {
   }
   std::printf("torchpilot per epoch (median us):");
   for (const auto& [part, v] : parts_all) std::printf(" %s %.1f;", part.c_str(), median(v));
+  json per_step = json::object();
+  std::printf("\ntorchpilot per step (median us):");
+  for (const auto& [part, v] : per_step_all) {
+    per_step[part] = median(v);
+    std::printf(" %s %.2f;", part.c_str(), median(v));
+  }
   std::printf("\ntorchpilot per epoch (max us):");
   for (const auto& [part, v] : parts_all) {
     std::printf(" %s %.1f;", part.c_str(), *std::max_element(v.begin(), v.end()));
@@ -240,6 +303,9 @@ int run(int argc, char** argv) {
               {"mean_ratio_median", median(mean_ratios)},
               {"cost_parts_median_us", parts},
               {"cost_parts_max_us", parts_max},
+              {"cost_per_step_median_us", per_step},
+              {"first_window_s", first_window_s},
+              {"windows", windows},
               {"off_epoch_median_s", median(off_all)},
               {"default_epoch_median_s", median(def_all)},
               {"cost_fraction_median", median(cost_all)},

@@ -2,7 +2,7 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default bench/runs/gpu-out, git-ignored; curated baselines: bench/baselines/).
-#   scripts/gpu_run.sh [all|build|test|gputest|capture|pmprobe|kineto|clocks|example|bench|gpt|gptab|overhead|planted|shortepochs|shortparts|collectives1|collectives2|memory|offload|loader2]...
+#   scripts/gpu_run.sh [all|build|test|gputest|capture|pmprobe|kineto|clocks|example|bench|gpt|gptab|overhead|planted|shortepochs|shortsteps|shortparts|collectives1|collectives2|memory|offload|loader2]...
 #   (default: all; collectives2 and loader2 need two GPUs; collectives1, memory, offload,
 #   loader2, pmprobe and gptab only when named)
 # gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs,
@@ -281,6 +281,18 @@ if want shortepochs; then
   # SHORT_EPOCHS_ARGS: e.g. "--rounds 7 --epochs 40".
   log "bench: short epochs, default config vs off, interleaved"
   bench_run short_epochs short-epochs short-epochs ${SHORT_EPOCHS_ARGS:-} | tail -15
+fi
+
+if named shortsteps; then
+  # Issue 39's trainers: the short-epochs CNN with long epochs (SHORT_STEPS steps, default 500) at
+  # batch 512 and 128 (steps of about 2.5 and 1 ms on an H200): per-step cost by part, default vs
+  # off, and when the first trace window's advice came (SHORT_STEPS_ARGS, default 3 rounds of 10
+  # epochs: runs over 10 s).
+  for b in 512 128; do
+    log "short steps: batch $b"
+    bench_run short_epochs short-steps-b$b short-steps-b$b --batch $b --steps "${SHORT_STEPS:-500}" \
+      ${SHORT_STEPS_ARGS:---rounds 3 --epochs 10} | grep -E "first trace|per step|default_over_off"
+  done
 fi
 
 if named shortparts; then
