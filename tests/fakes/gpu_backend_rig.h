@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <sstream>
@@ -39,8 +40,9 @@ struct Rig {
   std::ostringstream log_text;
   std::shared_ptr<spdlog::logger> logger;
   GpuConfig config;
-
   Rig() {
+    // Healthy fakes: an NVTX tool listens (as under Nsight Systems), so NVTX ranges are on.
+    setenv("NVTX_INJECTION64_PATH", "libToolsInjection64.so", 1);
     auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log_text);
     logger = std::make_shared<spdlog::logger>("gpu_backend_test", sink);
     logger->set_level(spdlog::level::debug);

@@ -3,6 +3,7 @@
 // subscriber, samples off the steady clock.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "fakes/gpu_backend_rig.h"
@@ -92,6 +93,18 @@ TEST(GpuBackend, CollectorsOffInTheConfiguration) {
 }
 
 // --- CUPTI degrade paths -------------------------------------------------------------------------
+
+TEST(GpuBackend, NvtxRangesOnlyWhileAToolIsAttached) {
+  // Without Nsight's injection the ranges would reach CUPTI's (about 1 us each, no reader).
+  Rig rig;
+  unsetenv("NVTX_INJECTION64_PATH");
+  auto b = rig.make();
+  const auto nvtx = status_of(*b, "nvtx");
+  EXPECT_FALSE(nvtx.active);
+  EXPECT_NE(nvtx.reason.find("no NVTX tool attached"), std::string::npos) << nvtx.reason;
+  b->range_push("step 0");  // a no-op, safe
+  b->range_pop();
+}
 
 TEST(GpuBackend, NoLibcuptiLeavesNvmlAndNvtx) {
   Rig rig;
