@@ -74,29 +74,32 @@ StepFlops FlopTally::per_step(int64_t steps) const {
   return s;
 }
 
-void StepFlopsSum::add(const StepFlops& s) {
-  ++steps_;
-  sum_.model_flops += s.model_flops;
-  sum_.hardware_flops += s.hardware_flops;
+void StepFlopsSum::add(const StepFlops& s, int64_t times) {
+  if (times <= 0) return;
+  const auto n = static_cast<double>(times);
+  steps_ += times;
+  sum_.model_flops += n * s.model_flops;
+  sum_.hardware_flops += n * s.hardware_flops;
   for (size_t i = 0; i < kP; ++i) {
-    sum_.model_by_precision[i] += s.model_by_precision[i];
-    sum_.hardware_by_precision[i] += s.hardware_by_precision[i];
+    sum_.model_by_precision[i] += n * s.model_by_precision[i];
+    sum_.hardware_by_precision[i] += n * s.hardware_by_precision[i];
   }
-  sum_.unfused_attention_flops += s.unfused_attention_flops;
-  sum_.unfused_attention += s.unfused_attention;
-  sum_.sdpa_math_fallback += s.sdpa_math_fallback;
-  sum_.unfused_attention_traffic_bytes += s.unfused_attention_traffic_bytes;
-  sum_.fused_attention_flops += s.fused_attention_flops;
-  sum_.unparsed_calls += s.unparsed_calls;
+  sum_.unfused_attention_flops += n * s.unfused_attention_flops;
+  sum_.unfused_attention += times * s.unfused_attention;
+  sum_.sdpa_math_fallback += times * s.sdpa_math_fallback;
+  sum_.unfused_attention_traffic_bytes += n * s.unfused_attention_traffic_bytes;
+  sum_.fused_attention_flops += n * s.fused_attention_flops;
+  sum_.unparsed_calls += times * s.unparsed_calls;
   if (s.id != 0) {
     Repeated& r = repeated_[s.id];
-    if (r.steps++ == 0) {
+    if (r.steps == 0) {
       r.ops = s.ops;
       r.modules = s.modules;
     }
+    r.steps += times;
     return;
   }
-  merge(s.ops, s.modules, 1, ops_, modules_);
+  merge(s.ops, s.modules, n, ops_, modules_);
 }
 
 void StepFlopsSum::merge(const std::vector<OpFlops>& ops, const std::vector<OpFlops>& modules,
@@ -158,8 +161,31 @@ StepFlops StepFlopsSum::mean() const {
 // ----------------------------------------------------------------------------
 
 void FlopEpochAccumulator::add_step(const StepFlops* count, double step_seconds, bool counted) {
+  if (!counted && count != nullptr && count->id != 0 && count->id == run_id_) {
+    ++run_steps_;
+    run_seconds_ += step_seconds;
+    return;
+  }
+  add_run();
+  run_id_ = 0;
   if (counted) ++counted_steps_;
   if (count == nullptr) return;
+  if (!counted && count->id != 0) {
+    // The next steps with this count only count themselves (add_run() adds them).
+    run_id_ = count->id;
+    run_count_ = StepFlops();
+    run_count_.id = count->id;
+    run_count_.model_flops = count->model_flops;
+    run_count_.hardware_flops = count->hardware_flops;
+    run_count_.model_by_precision = count->model_by_precision;
+    run_count_.hardware_by_precision = count->hardware_by_precision;
+    run_count_.unfused_attention_flops = count->unfused_attention_flops;
+    run_count_.unfused_attention = count->unfused_attention;
+    run_count_.sdpa_math_fallback = count->sdpa_math_fallback;
+    run_count_.unfused_attention_traffic_bytes = count->unfused_attention_traffic_bytes;
+    run_count_.fused_attention_flops = count->fused_attention_flops;
+    run_count_.unparsed_calls = count->unparsed_calls;
+  }
   known_.add(*count);
   known_seconds_ += step_seconds;
   PrecisionArray& model = counted ? window_model_ : steady_model_;
@@ -176,7 +202,24 @@ void FlopEpochAccumulator::add_step(const StepFlops* count, double step_seconds,
   }
 }
 
-FlopEpochStats FlopEpochAccumulator::summarize(const DevicePeak& peak) const {
+void FlopEpochAccumulator::add_run() {
+  if (run_steps_ == 0) return;
+  const StepFlops& c = run_count_;  // its op lists are the sum's already (by id)
+  known_.add(c, run_steps_);
+  known_seconds_ += run_seconds_;
+  const auto n = static_cast<double>(run_steps_);
+  for (size_t i = 0; i < kP; ++i) {
+    steady_model_[i] += n * c.model_by_precision[i];
+    steady_hardware_[i] += n * c.hardware_by_precision[i];
+  }
+  steady_seconds_ += run_seconds_;
+  steady_steps_ += run_steps_;
+  run_steps_ = 0;
+  run_seconds_ = 0;
+}
+
+FlopEpochStats FlopEpochAccumulator::summarize(const DevicePeak& peak) {
+  add_run();
   FlopEpochStats f;
   f.device = peak.device;
   f.counted_steps = counted_steps_;

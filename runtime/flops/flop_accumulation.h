@@ -75,7 +75,7 @@ class FlopTally {
 // Sums of several StepFlops (a window, an epoch), with their per-step mean.
 class StepFlopsSum {
  public:
-  void add(const StepFlops& s);
+  void add(const StepFlops& s, int64_t times = 1);  // `times` steps of this count
   int64_t steps() const { return steps_; }
   StepFlops mean() const;
   void clear() { *this = StepFlopsSum(); }
@@ -101,14 +101,23 @@ class StepFlopsSum {
 class FlopEpochAccumulator {
  public:
   // count: the step's count (null: unknown); counted: its ops were counted (callbacks on).
+  // Steps between counting windows repeat one count: a run of them is added at once (at the next
+  // other step or summarize()), so that an ordinary step costs a comparison and two additions.
   void add_step(const StepFlops* count, double step_seconds, bool counted);
-  FlopEpochStats summarize(const DevicePeak& peak) const;
+  FlopEpochStats summarize(const DevicePeak& peak);
   void clear() { *this = FlopEpochAccumulator(); }
 
   static constexpr size_t kTopOps = 10;
   static constexpr size_t kTopModules = 32;
 
  private:
+  void add_run();
+  // The latest uncounted step's cached count (its id; its figures without the op lists, which
+  // the sum keeps by id), and the steps after it with the same count, not yet added.
+  uint64_t run_id_ = 0;
+  StepFlops run_count_;
+  int64_t run_steps_ = 0;
+  double run_seconds_ = 0;
   int64_t counted_steps_ = 0;
   StepFlopsSum known_;  // steps with a count
   double known_seconds_ = 0;

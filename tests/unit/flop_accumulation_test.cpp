@@ -122,6 +122,36 @@ TEST(FlopEpochAccumulatorTest, SummarizesKnownSteps) {
   EXPECT_EQ(acc.summarize(h100).steps_with_count, 0);
 }
 
+TEST(FlopEpochAccumulatorTest, StepsRepeatingACachedCountAddUpAsOneByOne) {
+  // Between counting windows every step has the planner's cached count (an id): the accumulator
+  // adds such a run at once. Its sums must be those of adding the steps one by one.
+  const DevicePeak h100 = resolve_peak("NVIDIA H100 80GB HBM3", 0);
+  StepFlops a = count_of(0.25 * 989.5e12);
+  a.id = 7;
+  StepFlops b = count_of(0.125 * 989.5e12);
+  b.id = 8;
+  const StepFlops uncached = count_of(0.5 * 989.5e12);  // id 0: never in a run
+  FlopEpochAccumulator runs;
+  runs.add_step(&a, 2.0, true);
+  for (int i = 0; i < 5; ++i) runs.add_step(&a, 1.0, false);
+  for (int i = 0; i < 3; ++i) runs.add_step(&b, 0.5, false);
+  runs.add_step(&uncached, 2.0, false);
+  runs.add_step(&a, 1.0, false);
+  const FlopEpochStats f = runs.summarize(h100);
+  EXPECT_EQ(f.counted_steps, 1);
+  EXPECT_EQ(f.steps_with_count, 11);
+  const double model =
+      6 * 0.25 * 989.5e12 + 3 * 0.125 * 989.5e12 + 0.5 * 989.5e12 + 0.25 * 989.5e12;
+  EXPECT_DOUBLE_EQ(f.model_flops_per_step, model / 11);
+  // The uncounted steps' MFU: their FLOPs over their time at the peak.
+  const double steady = model - 0.25 * 989.5e12;
+  EXPECT_NEAR(f.mfu, steady / (5 + 1.5 + 2 + 1) / 989.5e12, 1e-12);
+  ASSERT_EQ(f.top_ops.size(), 1u);
+  EXPECT_NEAR(f.top_ops[0].flops_per_step, model / 11, 1e-3 * model / 11);
+  // A second summary without new steps is the same (nothing added twice).
+  EXPECT_DOUBLE_EQ(runs.summarize(h100).model_flops_per_step, model / 11);
+}
+
 TEST(FlopEpochAccumulatorTest, TopOpsAreCappedAndOrdered) {
   FlopTally t;
   for (int i = 0; i < 15; ++i) {
