@@ -113,7 +113,21 @@ std::optional<Advice> advise_host_bound(const EpochSummary& s, const AdvisorsCon
         "(for (auto& b : torchpilot::watch(*loader, pilot))) so its wait is measured, or use "
         "torchpilot::TunableLoader to load in workers ahead of the step; ";
   }
-  if (busy_cpu || !blocked) {
+  // Without a trace window the idle's cause is not split (host work, host syncs, pageable
+  // copies, launch gaps): when one is coming, say so rather than guess.
+  const bool window_coming =
+      g.traced_ns == 0 && (gpu->next_window == "planned" || gpu->next_window == "deferred");
+  if (window_coming) {
+    action +=
+        "a trace window will tell which of host work, host syncs, pageable copies or "
+        "kernel launch gaps idles the GPU (";
+    action += gpu->next_window == "deferred"
+                  ? std::string("the first waits for room in the cost budget, cost.budget")
+              : gpu->next_window_step >= 0
+                  ? "planned from step " + std::to_string(gpu->next_window_step)
+                  : std::string("planned");
+    action += "); the advice then names the cause and its gain";
+  } else if (busy_cpu || !blocked) {
     action +=
         "move host work off the training thread: decoding, augmentation and collation into "
         "loader workers (dataset transforms), tensor building on the GPU, Python-like "

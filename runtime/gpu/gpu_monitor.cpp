@@ -410,6 +410,7 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.kernel_classes = epoch_->classes;
   e.phases_gpu = std::move(epoch_->phases_gpu);
   e.max_step_call_ns = max_step_call_ns_;
+  e.next_window = planner_.next_window(&e.next_window_step);
   max_step_call_ns_ = 0;
   events_.dropped = 0;
   summary.sections.set(std::move(e));

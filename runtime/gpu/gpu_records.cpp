@@ -137,6 +137,8 @@ std::string section_json(const GpuEpochStats& e) {
   j["epoch_end_wait_ms"] = ms(e.epoch_end_wait_ns);
   j["dropped_records"] = e.dropped_records;
   j["own_thread_syncs"] = e.own_thread_syncs;
+  j["next_window"] = e.next_window;
+  j["next_window_step"] = e.next_window_step >= 0 ? json(e.next_window_step) : json(nullptr);
   j["top_kernels"] = kernels;
   j["top_sync_sites"] = sync_sites;
   j["collectors"] = collectors;

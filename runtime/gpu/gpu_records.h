@@ -142,6 +142,11 @@ struct GpuEpochStats {
   // window's start or end included): its stall, measured.
   Nanos max_step_call_ns = 0;
   int64_t own_thread_syncs = 0;  // sync records of torchpilot's own threads: never host syncs
+  // The next trace window at the epoch's end: "planned" (from step next_window_step on),
+  // "deferred" (due, waiting for room in the cost budget), "done" (the run's windows ran, none
+  // due), "off" (no activity trace here). Advice that needs a window says so.
+  std::string next_window = "off";
+  int64_t next_window_step = -1;
   // Traced time by kernel class (kernel_classes.h).
   KernelClassStats kernel_classes;
   GpuPhaseTimes phases_gpu;  // traced time by Pilot phase

@@ -44,6 +44,18 @@ void GpuWindowPlanner::trace_started(bool ok, bool retry_later) {
   trace_from_ = starting_at_;
 }
 
+const char* GpuWindowPlanner::next_window(int64_t* step) const {
+  *step = -1;
+  if (trace_failed_) return "off";
+  if (first_deferred_ || repeat_deferred_) return "deferred";
+  if (!first_window_done_) {
+    *step = config_.trace_first_step;
+    return "planned";
+  }
+  if (armed_steps_ > 0 || window_left_ > 0 || requested_window_ > 0) return "planned";
+  return config_.trace_every_epochs > 0 ? "planned" : "done";
+}
+
 void GpuWindowPlanner::request_window(int steps) {
   if (steps > 0 && window_left_ == 0) requested_window_ = steps;
 }

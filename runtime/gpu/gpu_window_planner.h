@@ -98,6 +98,10 @@ class GpuWindowPlanner {
   // A window of `steps` steps at the next step boundary (ignored while one runs).
   void request_window(int steps);
 
+  // The next window as the epoch summary states it (GpuEpochStats::next_window): "off",
+  // "deferred", "planned" (from `step` on: -1 when it waits for a repeat's epoch), or "done".
+  const char* next_window(int64_t* step) const;
+
   bool tracing() const { return window_left_ > 0; }
   // The trace is started and not yet released (a window or its tail runs).
   bool trace_attached() const { return window_left_ > 0 || stopping_ || tail_ > 0; }

@@ -383,6 +383,36 @@ TEST(HostBoundTest, BlockedThreadPointsAtTheUnmeasuredWait) {
   EXPECT_NE(a->action.find("torchpilot::watch"), std::string::npos) << a->action;
 }
 
+TEST(HostBoundTest, BeforeAWindowItSaysOneWillTellInsteadOfGuessing) {
+  for (const char* plan : {"planned", "deferred"}) {
+    SCOPED_TRACE(plan);
+    EpochSummary s = host_bound_summary(0.001, 950);
+    GpuEpochStats g = *s.sections.get<GpuEpochStats>();
+    g.next_window = plan;
+    g.next_window_step = 20;
+    s.sections.set(g);
+    const auto a = advise_host_bound(s, AdvisorsConfig{});
+    ASSERT_TRUE(a.has_value());
+    EXPECT_NE(a->action.find("a trace window will tell which of host work, host syncs, pageable "
+                             "copies or kernel launch gaps idles the GPU"),
+              std::string::npos)
+        << a->action;
+    EXPECT_EQ(a->action.find("move host work off the training thread"), std::string::npos)
+        << "no guessed action before the window";
+    EXPECT_NE(a->action.find(std::string(plan) == "planned" ? "planned from step 20"
+                                                            : "waits for room in the cost budget"),
+              std::string::npos)
+        << a->action;
+  }
+  // Windows done (or off): the actions come back.
+  EpochSummary s = host_bound_summary(0.001, 950);
+  GpuEpochStats g = *s.sections.get<GpuEpochStats>();
+  g.next_window = "done";
+  s.sections.set(g);
+  EXPECT_NE(advise_host_bound(s, AdvisorsConfig{})->action.find("move host work"),
+            std::string::npos);
+}
+
 TEST(HostBoundTest, QuietOnABusyGpuOrWithoutGpuFigures) {
   EXPECT_FALSE(advise_host_bound(host_bound_summary(0.95, 950), AdvisorsConfig{}).has_value());
   EpochSummary s = host_bound_summary(0.1, 950);
