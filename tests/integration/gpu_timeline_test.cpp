@@ -174,7 +174,13 @@ TEST_F(GpuTimelineTest, AWindowIsNotReleasedBeforeItsKernelsRan) {
 TEST_F(GpuTimelineTest, SmEfficiencyOfHeavyAndIdleStepsLandsOnTheRightSteps) {
   Workload w;
   constexpr int kSteps = 14;
-  PilotRun run(gpu_config(1000000, 1));  // no window: PM samples only
+  // No window: PM samples only. A marker at every boundary: a heavy step's host time is a fraction
+  // of a millisecond, so runs of steps sharing markers (gpu.marker_interval_ms) would split the
+  // GPU's time by host time, and give the GEMMs to the idle steps (their GPU spans are shares,
+  // gpu_shared; the epoch's sums stay exact).
+  Config c = gpu_config(1000000, 1);
+  c.gpu.marker_interval_ms = 0;
+  PilotRun run(c);
   TORCHPILOT_REQUIRE_COLLECTORS(run, "pm_sampling");
   for (int i = 0; i < kSteps; ++i) {
     auto step = run.pilot->step(1);
