@@ -47,11 +47,11 @@ class CollectorHost {
   virtual void publish(const LateStepRecord& record) = 0;
   // The cost budget (cost.h): would optional work costing `estimate_ns` of the training thread
   // fit now? Work that does not fit is deferred or skipped and reported with cost_deferred().
-  virtual bool cost_allows(Nanos estimate_ns) const { return true; }
-  virtual void cost_deferred(const std::string& what, Nanos estimate_ns) {}
+  virtual bool cost_allows(Nanos /*estimate_ns*/) const { return true; }
+  virtual void cost_deferred(const std::string& /*what*/, Nanos /*estimate_ns*/) {}
   // What the collector cost the training thread outside its own callbacks (a trace window's
   // slower launches); the host times the callbacks itself.
-  virtual void charge_cost(Nanos ns) {}
+  virtual void charge_cost(Nanos /*ns*/) {}
   // torchpilot's time on the training thread in the open epoch so far (its step calls, windows).
   virtual Nanos epoch_cost_ns() const { return 0; }
   // The phases' names by id (Pilot::phase_id).
@@ -67,27 +67,27 @@ class Collector {
   virtual std::string name() const = 0;
   // Called once when added to a host, and with nullptr when the host goes away (or drops the
   // collector): from then on the collector must not use it.
-  virtual void attach(CollectorHost* host) {}
+  virtual void attach(CollectorHost* /*host*/) {}
   // A step scope opened at `now` (step numbers from 0).
-  virtual void on_step_begin(int64_t step, Nanos now) {}
-  virtual void on_phase_begin(int phase_id, const std::string& phase_name) {}
-  virtual void on_phase_end(int phase_id) {}
+  virtual void on_step_begin(int64_t /*step*/, Nanos /*now*/) {}
+  virtual void on_phase_begin(int /*phase_id*/, const std::string& /*phase_name*/) {}
+  virtual void on_phase_end(int /*phase_id*/) {}
   // The step ended; the collector may add its metrics to the record before sinks see it.
-  virtual void on_step_end(StepRecord& record) {}
+  virtual void on_step_end(StepRecord& /*record*/) {}
   // Every collector's on_step_end has run: the record as sinks will see it.
-  virtual void on_step_complete(const StepRecord& record) {}
+  virtual void on_step_complete(const StepRecord& /*record*/) {}
   // The epoch ended; the collector adds its section before advisors run.
-  virtual void on_epoch_end(EpochSummary& summary) {}
+  virtual void on_epoch_end(EpochSummary& /*summary*/) {}
   // Every collector's on_epoch_end has run: a figure over the others' sections is added here.
-  virtual void on_epoch_complete(EpochSummary& summary) {}
+  virtual void on_epoch_complete(EpochSummary& /*summary*/) {}
   // A collector published a late step record (CollectorHost::publish); sinks get it next.
-  virtual void on_late_step(const LateStepRecord& record) {}
+  virtual void on_late_step(const LateStepRecord& /*record*/) {}
   // The trainer saved a checkpoint at its step `step` (Pilot::checkpoint_saved).
-  virtual void on_checkpoint(int64_t step) {}
+  virtual void on_checkpoint(int64_t /*step*/) {}
   // The run ends (the Pilot goes): publish what is still held back (late step records).
   virtual void on_close() {}
   // Someone asked for a detailed measurement window of `steps` steps from the next step.
-  virtual void on_window_request(int steps) {}
+  virtual void on_window_request(int /*steps*/) {}
 };
 
 // A factory a subsystem registers; it may return null (with a log line through the host) when its

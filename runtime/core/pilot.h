@@ -57,8 +57,9 @@ namespace torchpilot {
 
 class Pilot;
 
-// Ends a step when destroyed (or at end()). Move-only.
-class StepScope {
+// Ends a step when destroyed (or at end()). Move-only. [[nodiscard]]: `pilot.step(n);` alone would
+// end the step at once, a mistake the compiler now names.
+class [[nodiscard]] StepScope {
  public:
   StepScope(StepScope&& other) noexcept;
   StepScope& operator=(StepScope&&) = delete;
@@ -75,7 +76,7 @@ class StepScope {
 };
 
 // Adds its lifetime to a named phase of the current step. Move-only.
-class PhaseScope {
+class [[nodiscard]] PhaseScope {
  public:
   PhaseScope(PhaseScope&& other) noexcept;
   PhaseScope& operator=(PhaseScope&&) = delete;

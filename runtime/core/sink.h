@@ -22,13 +22,14 @@ class Sink {
  public:
   virtual ~Sink() = default;
   virtual std::string name() const = 0;
-  virtual void on_step(const StepRecord& record, const std::vector<std::string>& phase_names) {}
-  virtual void on_epoch(const EpochSummary& summary, const std::vector<Advice>& advice) {}
-  virtual void on_trial(const TrialResult& trial, bool kept) {}
-  virtual void on_decision(const TuningDecision& decision) {}
+  virtual void on_step(const StepRecord& /*record*/,
+                       const std::vector<std::string>& /*phase_names*/) {}
+  virtual void on_epoch(const EpochSummary& /*summary*/, const std::vector<Advice>& /*advice*/) {}
+  virtual void on_trial(const TrialResult& /*trial*/, bool /*kept*/) {}
+  virtual void on_decision(const TuningDecision& /*decision*/) {}
   // A collector's figures of a step, after the step (late: e.g. GPU samples and trace records
   // arrive asynchronously). record.get<T>() reads the typed value (GpuStepRecord, ...).
-  virtual void on_late_step(const LateStepRecord& record) {}
+  virtual void on_late_step(const LateStepRecord& /*record*/) {}
   virtual void flush() {}
 };
 

@@ -109,7 +109,7 @@ class TuningPolicy {
   // Steps to settle after changing `from` to `to`, beyond the configured settle steps: a change
   // whose first steps pay a one-off cost (e.g. new pinned buffers) would otherwise be measured
   // with it.
-  virtual int extra_settle_steps(const Setting& from, const Setting& to) const { return 0; }
+  virtual int extra_settle_steps(const Setting& /*from*/, const Setting& /*to*/) const { return 0; }
 };
 
 // What producing the run's batches took so far (the attached loader's counters): the tuner
