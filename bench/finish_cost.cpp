@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "synthetic_backend.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/gpu/gpu_monitor.h"
 
@@ -28,30 +29,21 @@ using nlohmann::json;
 constexpr Nanos kMs = 1000000;
 
 // Hands out what the bench queued; markers resolve when the bench says the GPU ran a step.
-class SyntheticBackend final : public GpuBackend {
+class SyntheticBackend final : public bench::SyntheticGpuBackend {
  public:
   GpuEventBatch queued;
   std::vector<uint64_t> marker_ids;
-  GpuDeviceInfo device() const override { return {0, "Synthetic GPU", "SYNTH", 132}; }
   std::vector<CollectorStatus> status() const override {
     return {{"pm_sampling", false, "synthetic"},
             {"activity", true, ""},
             {"nvml", false, "synthetic"},
             {"nvtx", false, "synthetic"}};
   }
-  void start() override {}
   bool start_trace() override { return true; }
-  void stop_trace() override {}
-  void release_trace() override {}
-  bool trace_releasing() const override { return false; }
-  void finish_release() override {}
-  void flush() override {}
-  void request_flush() override {}
   bool record_marker(uint64_t id) override {
     marker_ids.push_back(id);
     return true;
   }
-  void await_marker(uint64_t, Nanos) override {}
   void drain(GpuEventBatch& out) override {
     out.kernels.insert(out.kernels.end(), std::make_move_iterator(queued.kernels.begin()),
                        std::make_move_iterator(queued.kernels.end()));
@@ -59,9 +51,6 @@ class SyntheticBackend final : public GpuBackend {
     queued.kernels.clear();
     queued.markers.clear();
   }
-  void stop() override {}
-  void range_push(const char*) override {}
-  void range_pop() override {}
 };
 
 // Synthetic time (advanced by a step's length after each step call) plus the real time elapsed:

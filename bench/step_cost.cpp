@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "synthetic_backend.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/cost/cost.h"
 #include "torchpilot/runtime/gpu/gpu_monitor.h"
@@ -35,10 +36,9 @@ Nanos steady_now() {
 
 // Markers resolve `lag` after they were recorded; PM samples cover each millisecond once it is
 // over; an NVML reading every 100 ms.
-class SyntheticBackend final : public GpuBackend {
+class SyntheticBackend final : public bench::SyntheticGpuBackend {
  public:
   explicit SyntheticBackend(Nanos lag) : lag_(lag) {}
-  GpuDeviceInfo device() const override { return {0, "Synthetic GPU", "SYNTH", 132}; }
   std::vector<CollectorStatus> status() const override {
     return {{"pm_sampling", true, ""},
             {"activity", false, "synthetic: no windows"},
@@ -46,18 +46,10 @@ class SyntheticBackend final : public GpuBackend {
             {"nvtx", true, ""}};
   }
   void start() override { pm_until_ = nvml_at_ = steady_now(); }
-  bool start_trace() override { return false; }
-  void stop_trace() override {}
-  void release_trace() override {}
-  bool trace_releasing() const override { return false; }
-  void finish_release() override {}
-  void flush() override {}
-  void request_flush() override {}
   bool record_marker(uint64_t id) override {
     markers_.push_back({id, steady_now() + lag_});
     return true;
   }
-  void await_marker(uint64_t, Nanos) override {}
   void drain(GpuEventBatch& out) override {
     const Nanos now = steady_now();
     while (!markers_.empty() && markers_.front().time <= now) {
@@ -82,9 +74,6 @@ class SyntheticBackend final : public GpuBackend {
       out.nvml.push_back(u);
     }
   }
-  void stop() override {}
-  void range_push(const char*) override {}
-  void range_pop() override {}
 
  private:
   static constexpr Nanos kPmNs = 1000000, kNvmlNs = 100000000;

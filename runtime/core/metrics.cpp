@@ -72,11 +72,6 @@ void EpochAccumulator::add(const StepRecord& r) {
   wall_ns_ += r.step_ns();
   data_wait_ns_ += r.data_wait_ns;
   own_ns_ += r.own_ns;
-  if (r.cpu_ns >= 0) {
-    cpu_ns_ += r.cpu_ns;
-  } else {
-    cpu_known_ = false;
-  }
   for (int i = 0; i < kMaxPhases; ++i) {
     if (r.phase_ns[i] <= 0) continue;
     phase_ns_[i] += r.phase_ns[i];
@@ -103,7 +98,7 @@ EpochSummary EpochAccumulator::summarize(int64_t epoch,
   s.compute_p50_ns = compute_times_.quantile(0.5);
   s.compute_min_ns = compute_min_ns_;
   s.own_ns = own_ns_;
-  s.cpu_ns = cpu_known_ ? cpu_ns_ : -1;
+  s.cpu_ns = cpu_ns_;
   if (wall_ns_ > 0) {
     s.steps_per_s = steps_ * 1e9 / static_cast<double>(wall_ns_);
     s.samples_per_s = samples_ * 1e9 / static_cast<double>(wall_ns_);

@@ -1,6 +1,7 @@
 // Pure metric functions over records (docs/metrics.md defines each number). No I/O, no clocks.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -39,6 +40,9 @@ class DurationHistogram {
 class EpochAccumulator {
  public:
   void add(const StepRecord& record);
+  // The training thread's CPU time over the period, in the pieces it was read in (the Pilot reads
+  // its CPU clock at some steps only: StepRecord::cpu_ns is partial). None: cpu_ns -1.
+  void add_cpu(Nanos ns) { cpu_ns_ = std::max<Nanos>(0, cpu_ns_) + ns; }
   bool empty() const { return steps_ == 0; }
   // Summary of what was added; phase names by id come from the caller.
   EpochSummary summarize(int64_t epoch, const std::vector<std::string>& phase_names) const;
@@ -51,8 +55,7 @@ class EpochAccumulator {
   Nanos wall_ns_ = 0;
   Nanos data_wait_ns_ = 0;
   Nanos own_ns_ = 0;
-  Nanos cpu_ns_ = 0;
-  bool cpu_known_ = true;
+  Nanos cpu_ns_ = -1;
   std::array<Nanos, kMaxPhases> phase_ns_{};
   std::array<DurationHistogram, kMaxPhases> phase_times_;  // in the steps each phase ran
   DurationHistogram step_times_;

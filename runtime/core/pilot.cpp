@@ -242,7 +242,7 @@ void Pilot::end_step() {
   if (cpu_clock_ &&
       (step_ewma_ns_ >= kCpuEveryStepNs || cpu_read_next_ || r.step % kCpuSampleSteps == 0 ||
        r.step % kCpuSampleSteps == kCpuSampleSteps - 1)) {
-    read_cpu(r);
+    r.cpu_ns = read_cpu(r.step);
   }
   cpu_read_next_ = false;
   if (r.step_in_epoch == 0) period_begin_ns_ = r.begin_ns;
@@ -253,9 +253,7 @@ void Pilot::end_step() {
   for_each_collector("on_step_complete", [&](Collector& o) { o.on_step_complete(r); });
   // The next step sits at a recurring stall's period: its CPU time from here to its end.
   if (cpu_clock_ && r.at_period && step_ewma_ns_ < kCpuEveryStepNs) {
-    StepRecord none;  // the read marks the next step's start
-    none.step = r.step;
-    read_cpu(none);
+    (void)read_cpu(r.step);  // marks the next step's start
     cpu_read_next_ = true;
   }
 
@@ -280,14 +278,16 @@ void Pilot::end_step() {
   if (const auto failed = failure_of([&] { tuner_->on_step(r); })) stop_tuning(*failed);
 }
 
-void Pilot::read_cpu(StepRecord& r) {
+Nanos Pilot::read_cpu(int64_t step) {
   const Nanos cpu = cpu_clock_->now_ns();
+  Nanos step_cpu = -1;
   if (cpu_mark_ >= 0 && cpu >= cpu_mark_) {
-    period_cpu_ns_ += cpu - cpu_mark_;
-    if (cpu_mark_step_ == r.step) r.cpu_ns = cpu - cpu_mark_;  // read at its start too
+    accumulator_.add_cpu(cpu - cpu_mark_);
+    if (cpu_mark_step_ == step) step_cpu = cpu - cpu_mark_;  // read at its start too
   }
   cpu_mark_ = cpu;
-  cpu_mark_step_ = r.step + 1;
+  cpu_mark_step_ = step + 1;
+  return step_cpu;
 }
 
 std::vector<StepRecord> Pilot::recent_steps() const {

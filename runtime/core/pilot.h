@@ -271,14 +271,13 @@ class Pilot : private CollectorHost, private TunerHost {
   std::shared_ptr<Clock> cpu_clock_;  // null: not measured
   Nanos cpu_mark_ = -1;               // CPU time at the latest read ...
   int64_t cpu_mark_step_ = -1;        // ... at the start of this step
-  Nanos period_cpu_ns_ = 0;           // the period's CPU time so far (its steps')
   bool cpu_read_next_ = false;        // read at the next boundary (a stall's end)
   Nanos step_ewma_ns_ = 0;            // recent step time
   static constexpr Nanos kCpuEveryStepNs = 5000000;
   static constexpr int64_t kCpuSampleSteps = 16;
-  // Reads the thread's CPU clock: the time since the previous read goes to the period and, when
-  // that read was at r's start, to r.cpu_ns.
-  void read_cpu(StepRecord& r);
+  // Reads the thread's CPU clock at the end of `step`: the time since the previous read goes to
+  // the period; returned as the step's when that read was at its start (else -1).
+  Nanos read_cpu(int64_t step);
   std::unique_ptr<CostMeter> cost_ = std::make_unique<CostMeter>();  // the registered one, if any
   Nanos own_pending_ns_ = 0;   // own time since the last step boundary (the next record's own_ns)
   Nanos summary_cut_ns_ = -1;  // when this epoch end's cost was written into its summary

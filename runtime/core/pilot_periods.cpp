@@ -106,11 +106,7 @@ void Pilot::end_period(PeriodEnd end) {
   if (step_open_) end_step();
   interval_due_ = false;
   if (accumulator_.empty()) return;
-  if (cpu_clock_ && cpu_mark_ >= 0) {
-    StepRecord none;  // the period's CPU time up to its last step's end
-    none.step = -2;
-    read_cpu(none);
-  }
+  if (cpu_clock_ && cpu_mark_ >= 0) (void)read_cpu(next_step_);  // up to its last step's end
   const Nanos began = clock_->now_ns();
   summary_cut_ns_ = -1;
   // Summarizing runs collectors, advisors and sinks (each guarded on its own); anything else that
@@ -131,7 +127,6 @@ void Pilot::end_period(PeriodEnd end) {
   cost_->epoch_end_finished(began, summary_cut_ns_, clock_->now_ns());
   own_pending_ns_ = 0;  // between epochs: in no step
   cpu_mark_ = -1;
-  period_cpu_ns_ = 0;
 }
 
 void Pilot::summarize_epoch(Nanos began, PeriodEnd end) {
@@ -144,7 +139,6 @@ void Pilot::summarize_epoch(Nanos began, PeriodEnd end) {
   };
   EpochSummary summary = accumulator_.summarize(epoch_, phase_names_);
   summary.closed_by = end;
-  summary.cpu_ns = cpu_clock_ ? period_cpu_ns_ : -1;  // every read's (steps' cpu_ns: some only)
   summary.tuning_steps = epoch_tuning_steps_;
   summary.tuned = tuning_finished() && !tuning_decision()->trials.empty();
   part("summary");
