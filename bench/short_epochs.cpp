@@ -73,7 +73,8 @@ struct Args {
   int epochs = 30;  // per round and configuration
   int batch = 512;
   int workers = 4;
-  int steps = 20;  // batches per epoch
+  int steps = 20;    // batches per epoch
+  int launches = 0;  // extra tiny kernels a step (a launch-heavy trainer)
   std::string device;
   bench::RunFlags run;  // --machine, --commit, --out
 };
@@ -92,7 +93,11 @@ struct Run {
   // to that epoch's end (-1: none), and its advice ids.
   double first_window_s = -1;
   int64_t first_window_epoch = -1;
+  int64_t first_window_steps = 0;  // its traced steps
   std::vector<std::string> window_advice;
+  // Each window the budget let open: its predicted cost and its measured cost (ms), and the
+  // horizon's share at the run's end (the whole run within the budget?).
+  std::vector<double> window_estimate_ms, window_cost_ms;
 };
 
 // Keeps each epoch's end time and advice ids.
@@ -127,6 +132,8 @@ Run run(const Args& a, bool with_pilot, torch::Device device) {
   auto sync = [&] {
     if (device.is_cuda()) torch::cuda::synchronize();
   };
+  // A launch-heavy step's extra work: tiny in-place kernels, each a launch of its own.
+  torch::Tensor tiny = torch::zeros({1}, torch::TensorOptions().device(device));
   auto train = [&](torch::data::Example<>& b) {
     auto x = b.data.to(device, true);
     auto y = b.target.to(device, true);
@@ -134,6 +141,8 @@ Run run(const Args& a, bool with_pilot, torch::Device device) {
     auto loss = torch::nn::functional::cross_entropy(net->forward(x), y);
     loss.backward();
     opt.step();
+    torch::NoGradGuard no_grad;
+    for (int i = 0; i < a.launches; ++i) tiny.add_(1);
   };
   Run r;
   if (!with_pilot) {
@@ -165,8 +174,13 @@ Run run(const Args& a, bool with_pilot, torch::Device device) {
   }
   for (const auto& s : pilot.epoch_summaries()) {
     const auto* g = s.sections.get<torchpilot::GpuEpochStats>();
+    if (g != nullptr && g->windows_predicted > 0) {
+      r.window_estimate_ms.push_back(static_cast<double>(g->window_estimate_ns) / 1e6);
+      r.window_cost_ms.push_back(static_cast<double>(g->window_cost_ns) / 1e6);
+    }
     if (g != nullptr && g->traced_steps > 0 && r.first_window_epoch < 0) {
       r.first_window_epoch = s.epoch;
+      r.first_window_steps = g->traced_steps;
       for (const auto& e : advice->epochs) {
         if (e.epoch != s.epoch) continue;
         r.first_window_s = e.at_s;
@@ -207,6 +221,8 @@ int run(int argc, char** argv) {
   bench::int_flag(app, "--batch", a.batch, 1, 1 << 20, "batch size");
   bench::int_flag(app, "--workers", a.workers, 0, 1024, "loader workers");
   bench::int_flag(app, "--steps", a.steps, 1, 1 << 20, "batches per epoch");
+  bench::int_flag(app, "--launches", a.launches, 0, 1 << 20,
+                  "extra tiny kernels a step (a launch-heavy trainer); default 0");
   app.add_option("--device", a.device, "cpu, cuda or cuda:N; default cuda when available");
   bench::add_run_flags(app, a.run, "JSON results file", false);
   example_cli::parse_or_exit(app, argc, argv);
@@ -215,7 +231,7 @@ int run(int argc, char** argv) {
   json rounds = json::array();
   std::vector<double> ratios, mean_ratios, off_all, def_all, cost_all, horizon_all;
   std::map<std::string, std::vector<double>> parts_all, per_step_all;
-  std::vector<double> first_window_s;
+  std::vector<double> first_window_s, estimate_over_cost;
   json windows = json::array();
   int64_t deferred = 0;
   for (int k = 0; k < a.rounds; ++k) {
@@ -242,7 +258,18 @@ int run(int argc, char** argv) {
     first_window_s.push_back(def.first_window_s);
     windows.push_back({{"first_window_s", def.first_window_s},
                        {"first_window_epoch", def.first_window_epoch},
-                       {"advice", def.window_advice}});
+                       {"first_window_steps", def.first_window_steps},
+                       {"advice", def.window_advice},
+                       {"estimate_ms", def.window_estimate_ms},
+                       {"cost_ms", def.window_cost_ms},
+                       {"horizon_fraction_at_end",
+                        def.horizon_fraction.empty() ? -1.0 : def.horizon_fraction.back()}});
+    for (size_t w = 0; w < def.window_cost_ms.size(); ++w) {
+      const double est = def.window_estimate_ms[w], cost = def.window_cost_ms[w];
+      std::printf("round %d: window %zu predicted %.1f ms, cost %.1f ms (estimate/cost %.2f)\n", k,
+                  w, est, cost, cost > 0 ? est / cost : 0.0);
+      if (cost > 0) estimate_over_cost.push_back(est / cost);
+    }
     std::printf("round %d: first trace window's epoch %lld ended at %.2f s; its advice:", k,
                 static_cast<long long>(def.first_window_epoch), def.first_window_s);
     for (const auto& id : def.window_advice) std::printf(" %s", id.c_str());
@@ -296,6 +323,8 @@ int run(int argc, char** argv) {
               {"batch", a.batch},
               {"workers", a.workers},
               {"steps_per_epoch", a.steps},
+              {"launches", a.launches},
+              {"window_estimate_over_cost", estimate_over_cost},
               {"epochs_per_round", a.epochs},
               {"default_over_off", ratio.median},
               {"ratio_min", ratio.min},

@@ -2,7 +2,7 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default bench/runs/gpu-out, git-ignored; curated baselines: bench/baselines/).
-#   scripts/gpu_run.sh [all|build|test|gputest|capture|pmprobe|kineto|clocks|example|bench|gpt|gptab|overhead|planted|shortepochs|shortsteps|shortparts|collectives1|collectives2|memory|offload|loader2]...
+#   scripts/gpu_run.sh [all|build|test|gputest|capture|pmprobe|kineto|clocks|example|bench|gpt|gptab|overhead|planted|shortepochs|shortsteps|launchheavy|shortparts|collectives1|collectives2|memory|offload|loader2]...
 #   (default: all; collectives2 and loader2 need two GPUs; collectives1, memory, offload,
 #   loader2, pmprobe and gptab only when named)
 # gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs,
@@ -284,15 +284,27 @@ if want shortepochs; then
 fi
 
 if named shortsteps; then
-  # Issue 39's trainers: the short-epochs CNN with long epochs (SHORT_STEPS steps, default 500) at
-  # batch 512 and 128 (steps of about 2.5 and 1 ms on an H200): per-step cost by part, default vs
-  # off, and when the first trace window's advice came (SHORT_STEPS_ARGS, default 3 rounds of 10
-  # epochs: runs over 10 s).
+  # Issue 39's trainers: the short-epochs CNN with long epochs at batch 512 and 128 (steps of
+  # about 2.2 and 1.4 ms on an H200; 500 and 1000 steps an epoch, or SHORT_STEPS): per-step cost
+  # by part, default vs off, when the first trace window's advice came and what windows were
+  # predicted to cost against what they cost (SHORT_STEPS_ARGS, default 3 rounds of 10 epochs:
+  # runs over 10 s).
   for b in 512 128; do
-    log "short steps: batch $b"
-    bench_run short_epochs short-steps-b$b short-steps-b$b --batch $b --steps "${SHORT_STEPS:-500}" \
-      ${SHORT_STEPS_ARGS:---rounds 3 --epochs 10} | grep -E "first trace|per step|default_over_off"
+    steps=${SHORT_STEPS:-$([ $b = 512 ] && echo 500 || echo 1000)}
+    log "short steps: batch $b, $steps steps an epoch"
+    bench_run short_epochs short-steps-b$b short-steps-b$b --batch $b --steps "$steps" \
+      ${SHORT_STEPS_ARGS:---rounds 3 --epochs 10} | grep -E "first trace|per step|default_over_off|predicted"
   done
+fi
+
+if named launchheavy; then
+  # A launch-heavy trainer: the short-epochs CNN at batch 64 with LAUNCHES (default 12000) tiny
+  # kernels a step (tens of ms a step): each window's predicted cost against its measured cost,
+  # and the run's share at its end (LAUNCH_HEAVY_ARGS, default 2 rounds of 12 epochs of 40 steps).
+  log "launch-heavy: ${LAUNCHES:-12000} launches a step"
+  bench_run short_epochs launch-heavy launch-heavy --batch 64 --launches "${LAUNCHES:-12000}" \
+    ${LAUNCH_HEAVY_ARGS:---rounds 2 --epochs 12 --steps 40} |
+    grep -E "first trace|per step|default_over_off|predicted"
 fi
 
 if named shortparts; then

@@ -197,7 +197,17 @@ void GpuMonitor::on_step_end(StepRecord& r) {
       r.step, r.step_in_epoch, r.begin_ns, r.end_ns, host_ == nullptr || !host_->tuning(),
       {r.data_wait_ns, r.own_ns, r.at_period});
   account_window(r, a.traced || attached_before, a.traced);
-  if (host_ != nullptr && a.deferred) host_->cost_deferred(denied_, denied_estimate_ns_);
+  if (host_ != nullptr && a.deferred) {
+    const std::string what = std::strcmp(denied_kind_, "anomaly") == 0 ? "an anomaly"
+                             : std::strcmp(denied_kind_, "first") == 0 ? "the first"
+                                                                       : "a repeated";
+    const int least = std::min(denied_steps_, GpuWindowPlanner::kMinWindowSteps);
+    host_->cost_deferred(
+        what + " trace window of " + std::to_string(denied_steps_) + " steps" +
+            (least < denied_steps_ ? " (or a shorter one, from " + std::to_string(least) + ")"
+                                   : ""),
+        denied_estimate_ns_);
+  }
   if (host_ != nullptr && a.anomaly) {
     host_->log(LogLevel::kInfo, "anomaly trace window: " + planner_.anomaly_reason());
   }
@@ -264,26 +274,36 @@ void GpuMonitor::close_run(uint64_t marker, Nanos host_end) {
   run_open_ = false;
 }
 
-bool GpuMonitor::allow_window(const char* kind, int steps) {
-  if (host_ == nullptr) return true;
+Nanos GpuMonitor::window_estimate_ns(int steps) const {
   // The latest window's cost scaled to this one's steps; before any, a prior from the step's
   // work (the first window measures what windows cost here).
-  const Nanos median = planner_.median_work();
-  Nanos estimate = last_window_cost_ns_ * steps / std::max(1, last_window_steps_);
-  if (last_window_cost_ns_ < 0) {
-    estimate =
-        median > 0
-            ? kWindowStartStopEstimateNs +
-                  static_cast<Nanos>(kTracedStepSlowdownPrior * static_cast<double>(median) * steps)
-            : kFirstWindowEstimateNs;
+  if (last_window_cost_ns_ >= 0) {
+    return last_window_cost_ns_ * steps / std::max(1, last_window_steps_);
   }
-  if (host_->cost_allows(estimate)) return true;
-  const std::string what = std::strcmp(kind, "anomaly") == 0 ? "an anomaly"
-                           : std::strcmp(kind, "first") == 0 ? "the first"
-                                                             : "a repeated";
-  denied_ = what + " trace window of " + std::to_string(steps) + " steps";
-  denied_estimate_ns_ = estimate;
-  return false;
+  const Nanos median = planner_.median_work();
+  if (median <= 0) return kFirstWindowEstimateNs;
+  return kWindowStartStopEstimateNs +
+         static_cast<Nanos>(kTracedStepSlowdownPrior * static_cast<double>(median) * steps);
+}
+
+int GpuMonitor::allow_window(const char* kind, int steps) {
+  if (host_ == nullptr) return steps;
+  // All the steps asked for if the budget has room; else the most it has room for, down to the
+  // planner's minimum (a long-step trainer's window waits less); else none now.
+  // Asked at every step end while a window waits: the shortest first, one question then.
+  const int least = std::min(steps, GpuWindowPlanner::kMinWindowSteps);
+  const bool per_step = last_window_cost_ns_ >= 0 || planner_.median_work() > 0;
+  if (host_->cost_allows(window_estimate_ns(per_step ? least : steps))) {
+    int n = steps;
+    while (n > least && !host_->cost_allows(window_estimate_ns(n))) --n;
+    window_estimate_pending_ns_ = window_estimate_ns(n);
+    return n;
+  }
+  // The log line is built only when the planner reports the deferral (once per wait).
+  denied_kind_ = kind;
+  denied_steps_ = steps;
+  denied_estimate_ns_ = window_estimate_ns(steps);
+  return 0;
 }
 
 void GpuMonitor::account_window(const StepRecord& r, bool in_window, bool traced) {
@@ -291,6 +311,8 @@ void GpuMonitor::account_window(const StepRecord& r, bool in_window, bool traced
     window_costing_ = true;
     window_cost_ns_ = 0;
     window_cost_steps_ = 0;
+    window_estimate_ns_ = window_estimate_pending_ns_;
+    window_estimate_pending_ns_ = -1;  // a requested window has no prediction
   }
   if (!window_costing_) return;
   // The trace slows the trainer's own launches: its work above the median is charged; the
@@ -306,6 +328,11 @@ void GpuMonitor::account_window(const StepRecord& r, bool in_window, bool traced
     window_costing_ = false;
     last_window_cost_ns_ = window_cost_ns_;
     last_window_steps_ = std::max(1, window_cost_steps_);
+    if (window_estimate_ns_ >= 0) {
+      ++epoch_windows_predicted_;
+      epoch_window_cost_ns_ += window_cost_ns_;
+      epoch_window_estimate_ns_ += window_estimate_ns_;
+    }
   }
 }
 
@@ -390,6 +417,9 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   if (!traced_pending) publish_window();  // a window does not run across epochs
   boundary_marker_ = 0;                   // the next epoch's first step records its own start
 
+  // A window's stop, flush and release at the epoch's end are its cost too.
+  if (window_costing_) window_cost_ns_ += now_ns() - t0;
+
   GpuEpochStats e;
   e.device = device_.name;
   e.device_index = device_.index;
@@ -411,6 +441,11 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.phases_gpu = std::move(epoch_->phases_gpu);
   e.max_step_call_ns = max_step_call_ns_;
   e.next_window = planner_.next_window(&e.next_window_step);
+  e.windows_predicted = epoch_windows_predicted_;
+  e.window_cost_ns = epoch_window_cost_ns_;
+  e.window_estimate_ns = epoch_window_estimate_ns_;
+  epoch_windows_predicted_ = 0;
+  epoch_window_cost_ns_ = epoch_window_estimate_ns_ = 0;
   max_step_call_ns_ = 0;
   events_.dropped = 0;
   summary.sections.set(std::move(e));

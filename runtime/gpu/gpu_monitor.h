@@ -127,7 +127,9 @@ class GpuMonitor : public Collector {
   Nanos now_ns() const;  // the host's clock
   void finish(const PendingStep& step, const StepSpans& spans);
   void prune_events();
-  bool allow_window(const char* kind, int steps);
+  // The planner's allow_optional: how many of `steps` the budget has room for now (0: none).
+  int allow_window(const char* kind, int steps);
+  Nanos window_estimate_ns(int steps) const;
   // A window's cost: its steps' work above the median and torchpilot's time in them, from its
   // start to the step after its release.
   void account_window(const StepRecord& r, bool in_window, bool traced);
@@ -205,8 +207,15 @@ class GpuMonitor : public Collector {
   Nanos last_window_cost_ns_ = -1;  // the latest finished window's (-1: none yet)
   Nanos last_collect_ns_ = -1;      // host time of the latest drain and step finishing
   int last_window_steps_ = 0;
-  std::string denied_;  // the optional window the budget held back last, and its estimate
+  // The optional window the budget held back last, and its estimate.
+  const char* denied_kind_ = "first";
+  int denied_steps_ = 0;
   Nanos denied_estimate_ns_ = 0;
+  // A window's predicted cost (when it was allowed) beside what it cost: in the epoch's figures.
+  Nanos window_estimate_pending_ns_ = -1;  // the latest allowed window's estimate (-1: none)
+  Nanos window_estimate_ns_ = -1;          // the open window's
+  int64_t epoch_windows_predicted_ = 0;    // predicted windows whose cost completed this epoch
+  Nanos epoch_window_cost_ns_ = 0, epoch_window_estimate_ns_ = 0;
 
   std::unique_ptr<GpuWindowRecord> window_;  // the window being captured
   Nanos window_until_ = 0;                   // its records are taken up to here

@@ -139,6 +139,9 @@ std::string section_json(const GpuEpochStats& e) {
   j["own_thread_syncs"] = e.own_thread_syncs;
   j["next_window"] = e.next_window;
   j["next_window_step"] = e.next_window_step >= 0 ? json(e.next_window_step) : json(nullptr);
+  j["windows_predicted"] = e.windows_predicted;
+  j["window_estimate_ms"] = ms(e.window_estimate_ns);
+  j["window_cost_ms"] = ms(e.window_cost_ns);
   j["top_kernels"] = kernels;
   j["top_sync_sites"] = sync_sites;
   j["collectors"] = collectors;

@@ -147,6 +147,12 @@ struct GpuEpochStats {
   // due), "off" (no activity trace here). Advice that needs a window says so.
   std::string next_window = "off";
   int64_t next_window_step = -1;
+  // Windows opened on the budget's word whose cost was complete this epoch (after the step that
+  // followed their release): what they were predicted to cost beside what they cost (the steps'
+  // work above the median, torchpilot's calls in them, the epoch end's part while one was open).
+  int64_t windows_predicted = 0;
+  Nanos window_estimate_ns = 0;
+  Nanos window_cost_ns = 0;
   // Traced time by kernel class (kernel_classes.h).
   KernelClassStats kernel_classes;
   GpuPhaseTimes phases_gpu;  // traced time by Pilot phase

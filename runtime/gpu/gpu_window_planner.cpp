@@ -60,6 +60,11 @@ void GpuWindowPlanner::request_window(int steps) {
   if (steps > 0 && window_left_ == 0) requested_window_ = steps;
 }
 
+int GpuWindowPlanner::allowed_steps(const char* kind) const {
+  if (!allow_optional) return config_.trace_steps;
+  return std::clamp(allow_optional(kind, config_.trace_steps), 0, config_.trace_steps);
+}
+
 void GpuWindowPlanner::arm(int steps) {
   armed_steps_ = steps;
   epochs_since_window_ = 0;
@@ -122,13 +127,13 @@ GpuWindowPlanner::StepEndActions GpuWindowPlanner::end_step(int64_t step, int64_
   if (slow && step_in_epoch >= kEdgeSteps && !facts.at_period) {
     if (slow_run_++ == 0) slow_first_ns_ = work;
     if (slow_run_ >= kAnomalySteps && !anomaly_window_used_) {
-      const bool allowed = !allow_optional || allow_optional("anomaly", config_.trace_steps);
-      if (!allowed) {
+      const int allowed = allowed_steps("anomaly");
+      if (allowed == 0) {
         a.deferred = true;
       } else {
         anomaly_window_used_ = true;
         a.anomaly = true;
-        if (requested_window_ == 0) requested_window_ = config_.trace_steps;
+        if (requested_window_ == 0) requested_window_ = allowed;
         char buf[320];
         std::snprintf(buf, sizeof buf,
                       "steps %lld-%lld did %.2f and %.2f ms of their own work (less data wait "
@@ -157,11 +162,11 @@ GpuWindowPlanner::StepEndActions GpuWindowPlanner::end_step(int64_t step, int64_
       requested_window_ = 0;
     } else if (!first_window_done_ && step + 1 >= config_.trace_first_step) {
       // Like a repeat, the first window waits (checked at each step end) for room in the budget.
-      if (!allow_optional || allow_optional("first", config_.trace_steps)) {
+      if (const int steps = allowed_steps("first"); steps > 0) {
         first_window_done_ = true;
         first_deferred_ = false;
         window_step_in_epoch_ = step_in_epoch + 1;
-        arm(config_.trace_steps);
+        arm(steps);
       } else if (!first_deferred_) {
         first_deferred_ = true;
         a.deferred = true;
@@ -170,9 +175,9 @@ GpuWindowPlanner::StepEndActions GpuWindowPlanner::end_step(int64_t step, int64_
                epochs_since_window_ >= config_.trace_every_epochs &&
                step_in_epoch + 1 >= window_step_in_epoch_) {
       // A repeat waits (checked at each step end) until the budget has room for it.
-      if (!allow_optional || allow_optional("repeat", config_.trace_steps)) {
+      if (const int steps = allowed_steps("repeat"); steps > 0) {
         repeat_deferred_ = false;
-        arm(config_.trace_steps);
+        arm(steps);
       } else if (!repeat_deferred_) {
         repeat_deferred_ = true;
         a.deferred = true;

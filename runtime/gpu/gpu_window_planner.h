@@ -45,10 +45,14 @@ class GpuWindowPlanner {
   static constexpr int64_t kEdgeSteps = 2;      // an epoch's first steps never trigger an anomaly
   static constexpr int kAnomalySteps = 2;       // slow steps in a row that make an anomaly
   static constexpr size_t kMinMedianSteps = 8;  // a median for window costs from this many steps
+  // An optional window the budget has no room for traces fewer steps, never fewer than this
+  // (one step's launch gaps and syncs can be its batch's, not the trainer's).
+  static constexpr int kMinWindowSteps = 3;
 
   using StepFacts = WindowStepFacts;
-  // Optional windows ask this first ("anomaly" or "repeat"); null: always allowed.
-  std::function<bool(const char* kind, int steps)> allow_optional;
+  // Optional windows ("first", "repeat", "anomaly") ask this first: how many of `steps` the
+  // budget has room for (0: none now; the window waits). Null: all of them.
+  std::function<int(const char* kind, int steps)> allow_optional;
 
   // What to do at a step's end, in this order: stop the trace, flush, release.
   struct StepEndActions {
@@ -112,6 +116,7 @@ class GpuWindowPlanner {
 
  private:
   void arm(int steps);
+  int allowed_steps(const char* kind) const;  // allow_optional's answer, within trace_steps
   void close_window(Nanos cutoff);
   void note_step_time(Nanos ns);
 

@@ -382,9 +382,47 @@ TEST(GpuMonitorTest, BudgetDefersWindowsThatWouldExceedIt) {
   const CostStats* next =
       rig.sink->epochs[static_cast<size_t>(opened) + 1].sections.get<CostStats>();
   EXPECT_EQ(next->step_calls_ns, 0);
+  // The window's prediction beside its cost, in the epoch its cost completed.
+  int64_t predicted = 0;
+  Nanos estimate = 0, cost = 0;
+  for (const auto& s : rig.sink->epochs) {
+    const auto* g = s.sections.get<GpuEpochStats>();
+    predicted += g->windows_predicted;
+    estimate += g->window_estimate_ns;
+    cost += g->window_cost_ns;
+  }
+  EXPECT_EQ(predicted, 1);
+  EXPECT_EQ(estimate, 20 * kMs);
+  EXPECT_GE(cost, 100 * kMs) << "its start's 100 ms";
   epochs(110);
   EXPECT_EQ(rig.backend->trace_starts, 2);
   EXPECT_LE(rig.sink->epochs.back().sections.get<CostStats>()->horizon_fraction, 0.0105);
+}
+
+TEST(GpuMonitorTest, AWindowTheBudgetHasNoRoomForWholeTracesFewerSteps) {
+  // 10 ms steps: 10 steps are predicted at 10 + 10 x 5 = 60 ms (6 s of run at 1%), 3 at 25 ms
+  // (2.5 s): the first window opens earlier, shorter.
+  Config c = Rig::base_config();
+  c.cost.budget = 0.01;
+  c.gpu.trace_first_step = 5;
+  c.gpu.trace_steps = 10;
+  Rig rig(c, false);
+  rig.make(c);
+  int64_t traced = 0;
+  size_t first = 0;
+  for (int epoch = 0; epoch < 30 && traced == 0; ++epoch) {
+    for (int i = 0; i < 20; ++i) rig.step(10, 200, 1.0);
+    rig.pilot->end_epoch();
+    traced = rig.sink->epochs.back().sections.get<GpuEpochStats>()->traced_steps;
+    first = rig.sink->epochs.size() - 1;
+  }
+  EXPECT_EQ(rig.backend->trace_starts, 1);
+  EXPECT_GE(traced, GpuWindowPlanner::kMinWindowSteps);
+  EXPECT_LT(traced, 10) << "a shorter window";
+  EXPECT_LT(first, 25u) << "before 10 steps had room (about 6 s, epoch 30)";
+  EXPECT_NE(rig.log.str().find("trace window of 10 steps (or a shorter one, from 3) deferred"),
+            std::string::npos)
+      << rig.log.str();
 }
 
 TEST(GpuMonitorTest, NvtxRangesAreBalanced) {

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -277,9 +278,9 @@ TEST(GpuWindowPlannerTest, OptionalWindowsAskTheBudget) {
   Driver r(c);
   std::vector<std::string> asked;
   bool allow = false;
-  r.planner.allow_optional = [&](const char* kind, int) {
+  r.planner.allow_optional = [&](const char* kind, int steps) {
     asked.push_back(kind);
-    return allow;
+    return allow ? steps : 0;
   };
   // The first window asks too, and waits (reported once) until the budget has room.
   int first_deferred = 0;
@@ -308,6 +309,25 @@ TEST(GpuWindowPlannerTest, OptionalWindowsAskTheBudget) {
   allow = true;
   r.steps(2);
   EXPECT_EQ(r.starts.size(), 2u) << "... until it fits";
+}
+
+TEST(GpuWindowPlannerTest, AWindowTheBudgetCannotHoldWholeTracesFewerSteps) {
+  GpuConfig c = quiet_config(2);
+  c.trace_steps = 10;
+  Driver r(c);
+  int room = 0;  // the steps the budget has room for
+  r.planner.allow_optional = [&](const char*, int steps) { return std::min(room, steps); };
+  r.steps(4);
+  EXPECT_TRUE(r.starts.empty()) << "no room: the window waits";
+  room = 4;
+  r.steps(8);
+  ASSERT_EQ(r.starts, Steps{5}) << "armed at step 4's end";
+  EXPECT_EQ(r.traced, (Steps{5, 6, 7, 8})) << "the steps there was room for";
+  // An answer above what was asked for is held to trace_steps.
+  Driver big(c);
+  big.planner.allow_optional = [](const char*, int) { return 1000; };
+  big.steps(20);
+  EXPECT_EQ(big.traced.size(), 10u);
 }
 
 TEST(GpuWindowPlannerTest, NoAnomalyWindowBeforeTheMedianIsKnown) {
