@@ -193,6 +193,15 @@ void GpuMonitor::on_step_end(StepRecord& r) {
     backend_->range_pop();
     --open_ranges_;
   }
+  // A window the budget let open (not one asked for) that costs more than its prediction ends
+  // early: once the budget has no room for this step's slowdown, the step is its last (what it
+  // traced is kept).
+  const Nanos predicted = window_costing_ ? window_estimate_ns_ : window_estimate_pending_ns_;
+  if (planner_.tracing() && predicted >= 0 && host_ != nullptr &&
+      !host_->cost_allows(traced_slowdown(r))) {
+    planner_.end_window_early();
+    ++epoch_windows_cut_;
+  }
   const GpuWindowPlanner::StepEndActions a = planner_.end_step(
       r.step, r.step_in_epoch, r.begin_ns, r.end_ns, host_ == nullptr || !host_->tuning(),
       {r.data_wait_ns, r.own_ns, r.at_period});
@@ -277,8 +286,11 @@ void GpuMonitor::close_run(uint64_t marker, Nanos host_end) {
 Nanos GpuMonitor::window_estimate_ns(int steps) const {
   // The latest window's cost scaled to this one's steps; before any, a prior from the step's
   // work (the first window measures what windows cost here).
+  // Its fixed part (torchpilot's calls: start, stop, finishing) as it was, the slowdown per
+  // traced step scaled (a short window's start is not cheaper).
   if (last_window_cost_ns_ >= 0) {
-    return last_window_cost_ns_ * steps / std::max(1, last_window_steps_);
+    return last_window_fixed_ns_ +
+           (last_window_cost_ns_ - last_window_fixed_ns_) * steps / std::max(1, last_window_steps_);
   }
   const Nanos median = planner_.median_work();
   if (median <= 0) return kFirstWindowEstimateNs;
@@ -306,10 +318,16 @@ int GpuMonitor::allow_window(const char* kind, int steps) {
   return 0;
 }
 
+Nanos GpuMonitor::traced_slowdown(const StepRecord& r) const {
+  const Nanos median = planner_.median_work();
+  const Nanos work = std::max<Nanos>(0, r.step_ns() - r.data_wait_ns - r.own_ns);
+  return median > 0 ? std::max<Nanos>(0, work - median) : 0;
+}
+
 void GpuMonitor::account_window(const StepRecord& r, bool in_window, bool traced) {
   if (in_window && !window_costing_) {
     window_costing_ = true;
-    window_cost_ns_ = 0;
+    window_cost_ns_ = window_fixed_ns_ = 0;
     window_cost_steps_ = 0;
     window_estimate_ns_ = window_estimate_pending_ns_;
     window_estimate_pending_ns_ = -1;  // a requested window has no prediction
@@ -317,16 +335,16 @@ void GpuMonitor::account_window(const StepRecord& r, bool in_window, bool traced
   if (!window_costing_) return;
   // The trace slows the trainer's own launches: its work above the median is charged; the
   // Pilot times torchpilot's calls (the window's start and stop) itself.
-  const Nanos median = planner_.median_work();
-  const Nanos work = std::max<Nanos>(0, r.step_ns() - r.data_wait_ns - r.own_ns);
-  const Nanos slowdown = median > 0 ? std::max<Nanos>(0, work - median) : 0;
+  const Nanos slowdown = traced_slowdown(r);
   if (host_ != nullptr && slowdown > 0) host_->charge_cost(slowdown);
   window_cost_ns_ += slowdown + r.own_ns;
+  window_fixed_ns_ += r.own_ns;
   if (traced) ++window_cost_steps_;
   if (!in_window) {
     // The step after the release carries the release's own time: the window is paid for.
     window_costing_ = false;
     last_window_cost_ns_ = window_cost_ns_;
+    last_window_fixed_ns_ = window_fixed_ns_;
     last_window_steps_ = std::max(1, window_cost_steps_);
     if (window_estimate_ns_ >= 0) {
       ++epoch_windows_predicted_;
@@ -418,7 +436,10 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   boundary_marker_ = 0;                   // the next epoch's first step records its own start
 
   // A window's stop, flush and release at the epoch's end are its cost too.
-  if (window_costing_) window_cost_ns_ += now_ns() - t0;
+  if (window_costing_) {
+    window_cost_ns_ += now_ns() - t0;
+    window_fixed_ns_ += now_ns() - t0;
+  }
 
   GpuEpochStats e;
   e.device = device_.name;
@@ -444,7 +465,8 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.windows_predicted = epoch_windows_predicted_;
   e.window_cost_ns = epoch_window_cost_ns_;
   e.window_estimate_ns = epoch_window_estimate_ns_;
-  epoch_windows_predicted_ = 0;
+  e.windows_cut = epoch_windows_cut_;
+  epoch_windows_predicted_ = epoch_windows_cut_ = 0;
   epoch_window_cost_ns_ = epoch_window_estimate_ns_ = 0;
   max_step_call_ns_ = 0;
   events_.dropped = 0;

@@ -57,12 +57,15 @@ class GpuMonitor : public Collector {
   static constexpr Nanos kFinishBudgetNs = 5000000;  // finishing steps, per step call
   // What a window costs the training thread before one has been measured here (its start, stop
   // and slower launches; the release apart), the budget's estimate for the first window: its
-  // start and stop, plus each traced step slowed by half its work (CUPTI's cost grows with the
-  // launches, and a step's time bounds them: GPT at batch 8 +8-26% on the H100, +4.5% on the
-  // H200; a step of 36,000 launches +50%). Before a median step time exists, a flat prior.
+  // start and stop, plus each traced step slowed by its whole work. CUPTI's cost grows with the
+  // launches and a step's time bounds them: on an H200 a step of 12,000 tiny launches (80 ms)
+  // took 80-130 ms more traced, a 2 ms CNN step about 1 ms more, a 3-step window's start and stop
+  // 2-5 ms. A prior that errs high only delays a window; one that errs low overspends (a window
+  // also ends early once the budget has no room for its next step). Before a median step time
+  // exists, a flat prior.
   static constexpr Nanos kFirstWindowEstimateNs = 50000000;
-  static constexpr Nanos kWindowStartStopEstimateNs = 10000000;
-  static constexpr double kTracedStepSlowdownPrior = 0.5;
+  static constexpr Nanos kWindowStartStopEstimateNs = 5000000;
+  static constexpr double kTracedStepSlowdownPrior = 1.0;
   // Outside windows, steps' GPU figures are collected this often (host time), or once this many
   // steps wait.
   static constexpr Nanos kCollectEveryNs = 50000000;
@@ -133,6 +136,7 @@ class GpuMonitor : public Collector {
   // A window's cost: its steps' work above the median and torchpilot's time in them, from its
   // start to the step after its release.
   void account_window(const StepRecord& r, bool in_window, bool traced);
+  Nanos traced_slowdown(const StepRecord& r) const;  // a traced step's work above the median
   // A detailed window's timeline for the trace files (report.trace_dir): each traced step's
   // records as it finishes; published as a GpuWindowRecord once the window's steps are done.
   void capture_window(const PendingStep& step, const StepSpans& spans);
@@ -202,11 +206,13 @@ class GpuMonitor : public Collector {
   int steps_since_status_ = 0;
   Nanos max_step_call_ns_ = 0;  // the longest step-boundary call this epoch
   Nanos window_cost_ns_ = 0;    // the open window's cost so far
+  Nanos window_fixed_ns_ = 0;   // of which torchpilot's own calls (not per traced step)
   int window_cost_steps_ = 0;   // its traced steps
   bool window_costing_ = false;
   Nanos last_window_cost_ns_ = -1;  // the latest finished window's (-1: none yet)
   Nanos last_collect_ns_ = -1;      // host time of the latest drain and step finishing
   int last_window_steps_ = 0;
+  Nanos last_window_fixed_ns_ = 0;
   // The optional window the budget held back last, and its estimate.
   const char* denied_kind_ = "first";
   int denied_steps_ = 0;
@@ -215,6 +221,7 @@ class GpuMonitor : public Collector {
   Nanos window_estimate_pending_ns_ = -1;  // the latest allowed window's estimate (-1: none)
   Nanos window_estimate_ns_ = -1;          // the open window's
   int64_t epoch_windows_predicted_ = 0;    // predicted windows whose cost completed this epoch
+  int64_t epoch_windows_cut_ = 0;          // windows ended early for the budget this epoch
   Nanos epoch_window_cost_ns_ = 0, epoch_window_estimate_ns_ = 0;
 
   std::unique_ptr<GpuWindowRecord> window_;  // the window being captured

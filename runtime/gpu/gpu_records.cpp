@@ -142,6 +142,7 @@ std::string section_json(const GpuEpochStats& e) {
   j["windows_predicted"] = e.windows_predicted;
   j["window_estimate_ms"] = ms(e.window_estimate_ns);
   j["window_cost_ms"] = ms(e.window_cost_ns);
+  j["windows_cut"] = e.windows_cut;
   j["top_kernels"] = kernels;
   j["top_sync_sites"] = sync_sites;
   j["collectors"] = collectors;

@@ -153,6 +153,7 @@ struct GpuEpochStats {
   int64_t windows_predicted = 0;
   Nanos window_estimate_ns = 0;
   Nanos window_cost_ns = 0;
+  int64_t windows_cut = 0;  // windows ended before their steps: the budget had no more room
   // Traced time by kernel class (kernel_classes.h).
   KernelClassStats kernel_classes;
   GpuPhaseTimes phases_gpu;  // traced time by Pilot phase

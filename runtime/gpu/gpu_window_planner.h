@@ -101,6 +101,11 @@ class GpuWindowPlanner {
 
   // A window of `steps` steps at the next step boundary (ignored while one runs).
   void request_window(int steps);
+  // The open window ends with the step ending now (called before end_step): it costs more than
+  // the budget has room for.
+  void end_window_early() {
+    if (window_left_ > 1) window_left_ = 1;
+  }
 
   // The next window as the epoch summary states it (GpuEpochStats::next_window): "off",
   // "deferred", "planned" (from `step` on: -1 when it waits for a repeat's epoch), or "done".

@@ -353,8 +353,8 @@ TEST(GpuMonitorTest, BudgetDefersWindowsThatWouldExceedIt) {
       rig.pilot->end_epoch();
     }
   };
-  // The first window's estimate: 50 ms while no median step exists (its first ask), then 10 ms
-  // for its start and stop and half of each of its 2 steps' 10 ms: 20 ms, 2 s of run.
+  // The first window's estimate: 50 ms while no median step exists (its first ask), then 5 ms
+  // for its start and stop and each of its 2 steps' 10 ms: 25 ms, 2.5 s of run.
   epochs(3);
   EXPECT_EQ(rig.backend->trace_starts, 0) << "a young run has no room for a window";
   const CostStats* first = rig.sink->epochs[0].sections.get<CostStats>();
@@ -367,7 +367,7 @@ TEST(GpuMonitorTest, BudgetDefersWindowsThatWouldExceedIt) {
       << log;
   EXPECT_EQ(log.find("cost budget:"), log.rfind("cost budget:")) << "one log line";
   epochs(27);  // 6 s
-  ASSERT_EQ(rig.backend->trace_starts, 1) << "once 1% of the run has room for 20 ms";
+  ASSERT_EQ(rig.backend->trace_starts, 1) << "once 1% of the run has room for 25 ms";
   int opened = -1;
   for (size_t e = 0; e < rig.sink->epochs.size(); ++e) {
     if (rig.sink->epochs[e].sections.get<CostStats>()->step_calls_ns >= 100 * kMs) {
@@ -375,10 +375,11 @@ TEST(GpuMonitorTest, BudgetDefersWindowsThatWouldExceedIt) {
       break;
     }
   }
-  EXPECT_GE(opened, 9) << "at about 2 s";
-  EXPECT_LE(opened, 11);
-  // The repeat's estimate is what the first cost (100 ms): it waits for 1% of the run to hold
-  // both (20 s), then runs.
+  EXPECT_GE(opened, 11) << "at about 2.5 s";
+  EXPECT_LE(opened, 13);
+  // Its start's 100 ms left the budget no room for its second step: it ended after one. The
+  // repeat's estimate is what the first cost (100 ms, its start's): it waits for 1% of the run
+  // to hold both (20 s), then runs.
   const CostStats* next =
       rig.sink->epochs[static_cast<size_t>(opened) + 1].sections.get<CostStats>();
   EXPECT_EQ(next->step_calls_ns, 0);
@@ -392,7 +393,7 @@ TEST(GpuMonitorTest, BudgetDefersWindowsThatWouldExceedIt) {
     cost += g->window_cost_ns;
   }
   EXPECT_EQ(predicted, 1);
-  EXPECT_EQ(estimate, 20 * kMs);
+  EXPECT_EQ(estimate, 25 * kMs);
   EXPECT_GE(cost, 100 * kMs) << "its start's 100 ms";
   epochs(110);
   EXPECT_EQ(rig.backend->trace_starts, 2);
@@ -423,6 +424,34 @@ TEST(GpuMonitorTest, AWindowTheBudgetHasNoRoomForWholeTracesFewerSteps) {
   EXPECT_NE(rig.log.str().find("trace window of 10 steps (or a shorter one, from 3) deferred"),
             std::string::npos)
       << rig.log.str();
+}
+
+TEST(GpuMonitorTest, AWindowCostlierThanPredictedEndsEarly) {
+  // 10 ms steps until the first window opens; its traced steps then take 400 ms (a launch-heavy
+  // step under CUPTI): the budget has no room for a second such step, so the window of 8 ends.
+  Config c = Rig::base_config();
+  c.cost.budget = 0.01;
+  c.gpu.trace_first_step = 5;
+  c.gpu.trace_steps = 8;
+  Rig rig(c, false);
+  rig.make(c);
+  for (int i = 0; i < 5000 && rig.backend->trace_starts == 0; ++i) {
+    rig.step(10, 200, 1.0);
+    if (i % 20 == 19) rig.pilot->end_epoch();
+  }
+  ASSERT_EQ(rig.backend->trace_starts, 1);
+  for (int i = 0; i < 12; ++i) rig.step(rig.backend->tracing ? 400 : 10, 200, 1.0);
+  rig.pilot->end_epoch();
+  for (int i = 0; i < 20; ++i) rig.step(10, 200, 1.0);
+  rig.pilot->end_epoch();
+  int64_t traced = 0, cut = 0;
+  for (const auto& s : rig.sink->epochs) {
+    traced += s.sections.get<GpuEpochStats>()->traced_steps;
+    cut += s.sections.get<GpuEpochStats>()->windows_cut;
+  }
+  EXPECT_EQ(cut, 1);
+  EXPECT_GE(traced, 1);
+  EXPECT_LE(traced, 2) << "of 8";
 }
 
 TEST(GpuMonitorTest, NvtxRangesAreBalanced) {
