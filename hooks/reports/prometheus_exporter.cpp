@@ -3,10 +3,12 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 
 #include "torchpilot/runtime/core/config.h"
 #include "torchpilot/runtime/flops/flop_records.h"
@@ -15,20 +17,49 @@
 namespace torchpilot {
 namespace {
 
-std::string label_value(const std::string& v) {
+const char kReplacement[] = "\xef\xbf\xbd";  // U+FFFD, in UTF-8
+
+// The text with each invalid UTF-8 sequence replaced by U+FFFD. nlohmann::json's dump replaces
+// them (the JSON log relies on it too); parsing its output back gives the mended text.
+std::string valid_utf8(const std::string& text) {
+  if (std::all_of(text.begin(), text.end(), [](char c) { return (c & 0x80) == 0; })) return text;
+  using nlohmann::json;
+  return json::parse(json(text).dump(-1, ' ', false, json::error_handler_t::replace))
+      .get<std::string>();
+}
+
+// A label value (quote: true) or a HELP text: valid UTF-8 with backslash, newline (and in a label
+// the double quote) escaped, as the format asks. Other control characters become U+FFFD: the
+// format has no escape for them, and a raw carriage return or NUL breaks line-based readers.
+std::string escaped(const std::string& text, bool quote) {
   std::string out;
-  for (char c : v) {
+  for (char c : valid_utf8(text)) {
     if (c == '\\') {
       out += "\\\\";
-    } else if (c == '"') {
-      out += "\\\"";
     } else if (c == '\n') {
       out += "\\n";
+    } else if (c == '"' && quote) {
+      out += "\\\"";
+    } else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      out += kReplacement;
     } else {
       out += c;
     }
   }
   return out;
+}
+
+std::string label_value(const std::string& v) { return escaped(v, true); }
+
+// A metric name matches [a-zA-Z_:][a-zA-Z0-9_:]*; any other byte becomes '_'.
+std::string metric_name(std::string name) {
+  for (size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':' ||
+                    (i > 0 && c >= '0' && c <= '9');
+    if (!ok) name[i] = '_';
+  }
+  return name.empty() ? "_" : name;
 }
 
 std::string value_text(double v) {
@@ -43,11 +74,14 @@ class Writer {
  public:
   explicit Writer(const MetricsSnapshot& s)
       : base_("rank=\"" + label_value(s.rank) + "\",device=\"" + label_value(s.device) + "\"") {}
+  // Names and help texts pass through metric_name and escaped; `labels` come escaped.
   void family(const std::string& name, const char* type, const std::string& help) {
-    out_ += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+    const std::string n = metric_name(name);
+    out_ += "# HELP " + n + " " + escaped(help, false) + "\n# TYPE " + n + " " + type + "\n";
   }
   void sample(const std::string& name, double v, const std::string& labels = "") {
-    out_ += name + "{" + base_ + (labels.empty() ? "" : "," + labels) + "} " + value_text(v) + "\n";
+    out_ += metric_name(name) + "{" + base_ + (labels.empty() ? "" : "," + labels) + "} " +
+            value_text(v) + "\n";
   }
   void one(const std::string& name, const char* type, const std::string& help, double v) {
     family(name, type, help);
@@ -84,9 +118,12 @@ std::string prometheus_text(const MetricsSnapshot& s) {
   w.one("torchpilot_data_wait_seconds_total", "counter",
         "Time the training thread waited for batches.", s.data_wait_seconds);
   if (!s.phase_seconds.empty()) {
+    // Two names may make one label (their invalid bytes replaced alike): one series, their sum.
+    std::map<std::string, double> by_label;
+    for (const auto& [phase, sec] : s.phase_seconds) by_label[label_value(phase)] += sec;
     w.family("torchpilot_phase_seconds_total", "counter", "Time in each phase of the steps.");
-    for (const auto& [phase, sec] : s.phase_seconds) {
-      w.sample("torchpilot_phase_seconds_total", sec, "phase=\"" + label_value(phase) + "\"");
+    for (const auto& [label, sec] : by_label) {
+      w.sample("torchpilot_phase_seconds_total", sec, "phase=\"" + label + "\"");
     }
   }
   if (s.epochs > 0) {

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -187,6 +188,50 @@ TEST(PrometheusTest, LabelValuesAreEscaped) {
   const std::string text = prometheus_text(s);
   EXPECT_NE(text.find("rank=\"a\\\"b\\\\c\\nd\""), std::string::npos) << text;
   EXPECT_TRUE(parse(text).problems.empty());
+}
+
+// Names, help texts and label values come out valid (UTF-8, escaped, names by the rules)
+// whatever the strings: a phase name, RANK from the environment, a gauge set by another part.
+TEST(PrometheusTest, TheBodyStaysValidWhateverTheStrings) {
+  const std::string kReplacement = "\xef\xbf\xbd";  // U+FFFD
+  MetricsSnapshot s;
+  s.rank = "r\xff";
+  s.phase_seconds["fwd\xc3"] = 1;                         // cut short
+  s.phase_seconds["euro\xe2\x82\xac"] = 2;                // valid: kept
+  s.phase_seconds["sur\xed\xa0\x80"] = 3;                 // an encoded surrogate
+  s.phase_seconds["over\xc0\xaf"] = 4;                    // overlong
+  s.phase_seconds[std::string("ctl\r\t\x01\0.", 8)] = 5;  // control characters
+  s.phase_seconds["x\xfe"] = 6;                           // these two become one label:
+  s.phase_seconds["x\xff"] = 7;                           // one series, their sum
+  s.advice.push_back({"id\xff", "high", 0.25});
+  s.extra["torchpilot_odd name-1"] = {"help \xff with \\ and\nnewline", 1};
+  const std::string text = prometheus_text(s);
+
+  EXPECT_NO_THROW(nlohmann::json(text).dump()) << "not valid UTF-8:\n" << text;
+  EXPECT_EQ(text.find('\r'), std::string::npos);
+  EXPECT_EQ(text.find('\0'), std::string::npos);
+  const Parsed p = parse(text);
+  EXPECT_TRUE(p.problems.empty()) << p.problems.front() << "\n" << text;
+  const std::string phase = "torchpilot_phase_seconds_total";
+  EXPECT_EQ(p.get(phase, "phase", "fwd" + kReplacement), 1);
+  EXPECT_EQ(p.get(phase, "phase", "euro\xe2\x82\xac"), 2);
+  EXPECT_EQ(p.get(phase, "phase",
+                  "ctl" + kReplacement + kReplacement + kReplacement + kReplacement + "."),
+            5);
+  int x_series = 0;
+  for (const Sample& sample : p.samples) {
+    if (sample.name == phase && sample.labels.at("phase") == "x" + kReplacement) {
+      ++x_series;
+      EXPECT_EQ(sample.value, 13);
+    }
+  }
+  EXPECT_EQ(x_series, 1);
+  EXPECT_EQ(p.get("torchpilot_steps_total", "rank", "r" + kReplacement), 0);
+  EXPECT_EQ(p.get("torchpilot_advice_expected_gain_ratio", "id", "id" + kReplacement), 0.25);
+  EXPECT_NE(
+      text.find("# HELP torchpilot_odd_name_1 help " + kReplacement + " with \\\\ and\\nnewline\n"),
+      std::string::npos)
+      << text;
 }
 
 }  // namespace
