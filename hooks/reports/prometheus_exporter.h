@@ -1,28 +1,26 @@
 // The Prometheus endpoint (docs/reports.md, "Prometheus"): a sink that keeps the latest figures
-// and serves them at GET /metrics in the text exposition format, from cpp-httplib's server on a
-// thread of its own (report.prometheus_port, report.prometheus_address; loopback by default).
+// and serves them at GET /metrics in the text exposition format, with cpp-httplib on threads of
+// its own (report.prometheus_port, report.prometheus_address; loopback by default).
 //
 // Never stalls or throws into the training loop: the sink updates its figures on the training
 // thread and hands a copy over only when the scrape side's mutex is free (try_lock); a scrape
 // formats from its copy. A bind failure (port in use, bad address) is one warning line and no
-// endpoint. Registered with the runtime as a default sink (prometheus_exporter.cpp).
+// endpoint. Clients cannot hold it: each request has a deadline, the open connections a cap, and
+// the destructor closes them rather than waiting for them (PrometheusLimits). Registered with the
+// runtime as a default sink (prometheus_exporter.cpp).
 #pragma once
 
-#include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "torchpilot/runtime/core/sink.h"
 
 namespace spdlog {
 class logger;
-}
-namespace httplib {
-class Server;
 }
 
 namespace torchpilot {
@@ -51,31 +49,41 @@ struct MetricsSnapshot {
 // The text exposition format (version 0.0.4) of a snapshot.
 std::string prometheus_text(const MetricsSnapshot& s);
 
+// What the endpoint grants its clients, so that none can hold it or the program's exit.
+struct PrometheusLimits {
+  // Connections open at once (waiting for their request or being answered); one more is closed
+  // as soon as it is accepted.
+  int max_connections = 64;
+  // From a connection's accept to its answer sent: a client still sending its request then, or
+  // not reading the answer, is closed. A scraper sends its request at once.
+  std::chrono::milliseconds request_deadline{5000};
+};
+
 class PrometheusSink : public Sink {
  public:
   // Binds `address`:`port` (port 0: any free port, for tests). serving() false after a failed
-  // bind, with one warning line on `logger`.
+  // bind, with one warning line on `logger`; the endpoint also warns there once if clients reach
+  // limits.max_connections.
   // `device`: the CUDA device index observed (label device).
-  PrometheusSink(const std::string& address, int port, spdlog::logger& logger,
-                 std::string device = "0");
+  PrometheusSink(const std::string& address, int port, std::shared_ptr<spdlog::logger> logger,
+                 std::string device = "0", PrometheusLimits limits = {});
   ~PrometheusSink() override;
   std::string name() const override { return "prometheus"; }
   void on_step(const StepRecord& record, const std::vector<std::string>& phase_names) override;
   void on_epoch(const EpochSummary& summary, const std::vector<Advice>& advice) override;
   void on_late_step(const LateStepRecord& record) override;
 
-  bool serving() const { return thread_.joinable(); }
+  bool serving() const { return endpoint_ != nullptr; }
   int port() const { return port_; }
   std::string scrape() const;  // what GET /metrics answers
 
  private:
+  class Endpoint;  // the HTTP server and its threads (prometheus_exporter.cpp)
   void publish();
   MetricsSnapshot state_;  // training thread
   mutable std::mutex mutex_;
   MetricsSnapshot published_;  // under mutex_
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
-  std::atomic<bool> listen_done_{false};
+  std::unique_ptr<Endpoint> endpoint_;
   int port_ = 0;
 };
 

@@ -91,6 +91,7 @@ Value parse_scalar(const std::string& text, const KeySpec& spec, Fail fail) {
       break;
     }
     case Type::kString:
+      if (text.empty() && spec.min > 0) fail("must not be empty");
       if (!spec.choices.empty()) {
         bool ok = false;
         std::string all;

@@ -183,7 +183,8 @@ const std::vector<KeySpec>& builtin_schema() {
       TP_FLAG(report.trace_dir),
       TP_FLAG(report.html_path),
       TP_KEY(report.prometheus_port, 0, 65535),
-      TP_FLAG(report.prometheus_address),
+      // Not empty: cpp-httplib would bind IPv6 loopback only, with no word.
+      TP_KEY(report.prometheus_address, 1, 0),
       TP_FLAG(report.journal_path),
       TP_FLAG(comm.enabled),
       TP_KEY(comm.exchange_timeout_ms, 1.0, 86400000.0),

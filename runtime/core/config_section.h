@@ -42,7 +42,7 @@ struct Value {
 struct KeySpec {
   std::string key;  // "section.name"
   Type type;
-  double min;  // numeric range (ints, doubles, list elements)
+  double min;  // numeric range (ints, doubles, list elements); strings: 1 = must not be empty
   double max;
   std::vector<std::string> choices;   // strings: allowed values; empty = any
   std::string (*get)(const Config&);  // the value as text, so code-built configs are checked too

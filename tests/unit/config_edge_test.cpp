@@ -158,6 +158,8 @@ TEST(ConfigEdge, EveryBadEnvironmentVariableIsRefusedWithKey) {
        "duplicate value 4"},
       {"TORCHPILOT_AUTOTUNE_PREFETCH_CHOICES", "[1,2]", "autotune.prefetch_choices", "integer"},
       {"TORCHPILOT_RECORDS_STEP_HISTORY", "16777216", "records.step_history", "out of range"},
+      {"TORCHPILOT_REPORT_PROMETHEUS_ADDRESS", "", "report.prometheus_address",
+       "must not be empty"},
       {"TORCHPILOT_AUTOTUNE_SETTLE_STEPS", "3 ", "autotune.settle_steps", "integer"},
       {"TORCHPILOT_MODE", "", "mode", "expected one of"},
   };

@@ -538,6 +538,9 @@ TEST(ConfigValidate, CodeBuiltConfigsGetTheSameChecks) {
   torchpilot::Config choices;
   choices.autotune.prefetch_choices = {2, 0};
   EXPECT_THROW(torchpilot::validate(choices), torchpilot::ConfigError);
+  torchpilot::Config address;
+  address.report.prometheus_address = "";
+  EXPECT_THROW(torchpilot::validate(address), torchpilot::ConfigError);
   torchpilot::Config pilot_config;
   pilot_config.records.step_history = 0;
   EXPECT_THROW(torchpilot::Pilot{pilot_config}, torchpilot::ConfigError);

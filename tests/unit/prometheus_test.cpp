@@ -1,14 +1,24 @@
 // The Prometheus endpoint, scraped over loopback with cpp-httplib's client and parsed as the text
 // exposition format: families with HELP and TYPE, names by the conventions, labels rank and device.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "fakes/string_logger.h"
 #include "torchpilot/hooks/reports/prometheus_exporter.h"
@@ -99,10 +109,76 @@ std::shared_ptr<spdlog::logger> logger_to(std::ostringstream& out) {
   return test::string_logger("prom-test", out);
 }
 
+using SteadyClock = std::chrono::steady_clock;
+
+double seconds_since(SteadyClock::time_point start) {
+  return std::chrono::duration<double>(SteadyClock::now() - start).count();
+}
+
+// A raw loopback connection whose every call (connect included) gives up after 5 s, so that no
+// client in these tests can hang. -1 if it could not connect.
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool send_text(int fd, const std::string& text) {
+  return ::send(fd, text.data(), text.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(text.size());
+}
+
+// Hostile clients, a quarter of each kind: some send a request line and then a header line every
+// 200 ms without ever ending the request head (slowloris); some send a whole head announcing a
+// body and then the body a byte every 200 ms; the others connect and send nothing. They stop when
+// told, or after 15 s whatever happens, so that the test ends even on a server that waits for them.
+class SlowClients {
+ public:
+  SlowClients(int port, int count) {
+    for (int i = 0; i < count; ++i) {
+      const int fd = connect_to(port);
+      if (fd >= 0) fds_.push_back(fd);
+    }
+    thread_ = std::thread([this] {
+      const auto end = SteadyClock::now() + std::chrono::seconds(15);
+      for (size_t i = 0; i < fds_.size(); i += 2) {
+        send_text(fds_[i], i % 4 == 0 ? "GET /metrics HTTP/1.1\r\n"
+                                      : "POST /metrics HTTP/1.1\r\nContent-Length: 100000\r\n\r\n");
+      }
+      while (!stop_ && SteadyClock::now() < end) {
+        for (size_t i = 0; i < fds_.size(); i += 2)
+          send_text(fds_[i], i % 4 == 0 ? "X-Slow: 1\r\n" : "x");
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    });
+  }
+  ~SlowClients() {
+    stop_ = true;
+    thread_.join();
+    for (int fd : fds_) ::close(fd);
+  }
+  size_t connected() const { return fds_.size(); }
+
+ private:
+  std::vector<int> fds_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 TEST(PrometheusTest, AScrapeOverLoopbackParsesAndCarriesTheRunsFigures) {
   std::ostringstream log;
   auto logger = logger_to(log);
-  auto sink = std::make_shared<PrometheusSink>("127.0.0.1", 0, *logger, "3");
+  auto sink = std::make_shared<PrometheusSink>("127.0.0.1", 0, logger, "3");
   ASSERT_TRUE(sink->serving()) << log.str();
   auto clock = std::make_shared<ManualClock>();
   PilotOptions o;
@@ -150,7 +226,7 @@ TEST(PrometheusTest, AScrapeOverLoopbackParsesAndCarriesTheRunsFigures) {
 TEST(PrometheusTest, APortInUseIsOneLogLineAndNoEndpoint) {
   std::ostringstream log;
   auto logger = logger_to(log);
-  PrometheusSink first("127.0.0.1", 0, *logger);
+  PrometheusSink first("127.0.0.1", 0, logger);
   ASSERT_TRUE(first.serving());
   Config c;
   c.gpu.enabled = false;
@@ -176,9 +252,121 @@ TEST(PrometheusTest, ASinkDestroyedRightAfterItStartedStopsItsServer) {
   std::ostringstream log;
   auto logger = logger_to(log);
   for (int i = 0; i < 20; ++i) {
-    PrometheusSink sink("127.0.0.1", 0, *logger);
+    PrometheusSink sink("127.0.0.1", 0, logger);
     EXPECT_TRUE(sink.serving());
   }  // each destructor must return (it used to wait in accept() for ever)
+}
+
+// While 50 slow clients hold connections, a well-behaved scraper is answered at once, and the
+// sink's destructor (the trainer's exit) does not wait for the slow clients.
+TEST(PrometheusTest, SlowClientsNeitherBlockScrapesNorHoldTheExit) {
+  std::ostringstream log;
+  auto logger = logger_to(log);
+  auto sink = std::make_unique<PrometheusSink>("127.0.0.1", 0, logger);
+  ASSERT_TRUE(sink->serving()) << log.str();
+  SlowClients slow(sink->port(), 50);
+  ASSERT_EQ(slow.connected(), 50u);
+
+  httplib::Client client("127.0.0.1", sink->port());
+  client.set_connection_timeout(3);  // a hang bound: the check below is the 1 s
+  client.set_read_timeout(3);
+  client.set_write_timeout(3);
+  for (int i = 0; i < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto start = SteadyClock::now();
+    auto res = client.Get("/metrics");
+    const double took = seconds_since(start);
+    if (!res) {
+      ADD_FAILURE() << "scrape " << i << ": " << httplib::to_string(res.error()) << " after "
+                    << took << " s";
+      continue;
+    }
+    EXPECT_EQ(res->status, 200);
+    EXPECT_NE(res->body.find("torchpilot_steps_total"), std::string::npos);
+    EXPECT_LT(took, 1.0) << "scrape " << i;
+  }
+
+  const auto start = SteadyClock::now();
+  sink.reset();  // the slow clients are still sending
+  EXPECT_LT(seconds_since(start), 2.0) << "the destructor waited for the slow clients";
+}
+
+// True when the server has closed `fd`: end of stream or reset, without waiting.
+bool closed_by_server(int fd) {
+  char byte;
+  const ssize_t n = ::recv(fd, &byte, 1, MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+// A client that keeps sending header lines is closed at its deadline: the bound is on the whole
+// request, not on each read.
+TEST(PrometheusTest, ARequestStillArrivingAtItsDeadlineIsClosed) {
+  std::ostringstream log;
+  auto logger = logger_to(log);
+  PrometheusLimits limits;
+  limits.request_deadline = std::chrono::milliseconds(300);
+  PrometheusSink sink("127.0.0.1", 0, logger, "0", limits);
+  ASSERT_TRUE(sink.serving()) << log.str();
+  const int fd = connect_to(sink.port());
+  ASSERT_GE(fd, 0);
+  send_text(fd, "GET /metrics HTTP/1.1\r\n");
+  const auto start = SteadyClock::now();
+  bool closed = false;
+  while (!closed && seconds_since(start) < 5) {  // a hang bound: the deadline is 0.3 s
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    send_text(fd, "X-Slow: 1\r\n");
+    closed = closed_by_server(fd);
+  }
+  ::close(fd);
+  EXPECT_TRUE(closed) << "still open after " << seconds_since(start) << " s";
+  httplib::Client client("127.0.0.1", sink.port());
+  client.set_read_timeout(3);
+  auto res = client.Get("/metrics");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+}
+
+// Over max_connections, a connection is closed as soon as it is accepted, with one warning line
+// however many follow; a slot that frees up serves again.
+TEST(PrometheusTest, AConnectionOverTheLimitIsClosedAtOnceWithOneLogLine) {
+  std::ostringstream log;
+  // The endpoint's thread logs the warning: a thread-safe sink.
+  auto logger = std::make_shared<spdlog::logger>(
+      "prom-test", std::make_shared<spdlog::sinks::ostream_sink_mt>(log));
+  PrometheusLimits limits;
+  limits.max_connections = 3;
+  auto sink = std::make_unique<PrometheusSink>("127.0.0.1", 0, logger, "0", limits);
+  ASSERT_TRUE(sink->serving()) << log.str();
+  std::vector<int> idle;
+  for (int i = 0; i < 3; ++i) idle.push_back(connect_to(sink->port()));
+  for (int i = 0; i < 2; ++i) {
+    const int extra = connect_to(sink->port());
+    ASSERT_GE(extra, 0);
+    char byte;
+    const ssize_t n = ::recv(extra, &byte, 1, 0);  // waits at most 5 s (connect_to)
+    const int err = errno;
+    ::close(extra);
+    EXPECT_TRUE(n == 0 || (n < 0 && err == ECONNRESET))
+        << "connection " << 4 + i << " not closed: " << std::strerror(err);
+  }
+  ::close(idle.back());
+  idle.pop_back();
+  httplib::Client client("127.0.0.1", sink->port());
+  client.set_read_timeout(3);
+  httplib::Result res = client.Get("/metrics");
+  // The gate may take the new connection before it has seen the freed one close: try again.
+  for (int i = 0; i < 20 && !res; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    res = client.Get("/metrics");
+  }
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+  sink.reset();
+  for (int fd : idle) ::close(fd);
+  const std::string text = log.str();
+  const std::string line = "Prometheus endpoint: 3 connections open, its limit";
+  EXPECT_NE(text.find(line), std::string::npos) << text;
+  EXPECT_EQ(text.find(line), text.rfind(line)) << text;
 }
 
 TEST(PrometheusTest, LabelValuesAreEscaped) {
@@ -187,6 +375,50 @@ TEST(PrometheusTest, LabelValuesAreEscaped) {
   const std::string text = prometheus_text(s);
   EXPECT_NE(text.find("rank=\"a\\\"b\\\\c\\nd\""), std::string::npos) << text;
   EXPECT_TRUE(parse(text).problems.empty());
+}
+
+// Names, help texts and label values come out valid (UTF-8, escaped, names by the rules)
+// whatever the strings: a phase name, RANK from the environment, a gauge set by another part.
+TEST(PrometheusTest, TheBodyStaysValidWhateverTheStrings) {
+  const std::string kReplacement = "\xef\xbf\xbd";  // U+FFFD
+  MetricsSnapshot s;
+  s.rank = "r\xff";
+  s.phase_seconds["fwd\xc3"] = 1;                         // cut short
+  s.phase_seconds["euro\xe2\x82\xac"] = 2;                // valid: kept
+  s.phase_seconds["sur\xed\xa0\x80"] = 3;                 // an encoded surrogate
+  s.phase_seconds["over\xc0\xaf"] = 4;                    // overlong
+  s.phase_seconds[std::string("ctl\r\t\x01\0.", 8)] = 5;  // control characters
+  s.phase_seconds["x\xfe"] = 6;                           // these two become one label:
+  s.phase_seconds["x\xff"] = 7;                           // one series, their sum
+  s.advice.push_back({"id\xff", "high", 0.25});
+  s.extra["torchpilot_odd name-1"] = {"help \xff with \\ and\nnewline", 1};
+  const std::string text = prometheus_text(s);
+
+  EXPECT_NO_THROW(nlohmann::json(text).dump()) << "not valid UTF-8:\n" << text;
+  EXPECT_EQ(text.find('\r'), std::string::npos);
+  EXPECT_EQ(text.find('\0'), std::string::npos);
+  const Parsed p = parse(text);
+  EXPECT_TRUE(p.problems.empty()) << p.problems.front() << "\n" << text;
+  const std::string phase = "torchpilot_phase_seconds_total";
+  EXPECT_EQ(p.get(phase, "phase", "fwd" + kReplacement), 1);
+  EXPECT_EQ(p.get(phase, "phase", "euro\xe2\x82\xac"), 2);
+  EXPECT_EQ(p.get(phase, "phase",
+                  "ctl" + kReplacement + kReplacement + kReplacement + kReplacement + "."),
+            5);
+  int x_series = 0;
+  for (const Sample& sample : p.samples) {
+    if (sample.name == phase && sample.labels.at("phase") == "x" + kReplacement) {
+      ++x_series;
+      EXPECT_EQ(sample.value, 13);
+    }
+  }
+  EXPECT_EQ(x_series, 1);
+  EXPECT_EQ(p.get("torchpilot_steps_total", "rank", "r" + kReplacement), 0);
+  EXPECT_EQ(p.get("torchpilot_advice_expected_gain_ratio", "id", "id" + kReplacement), 0.25);
+  EXPECT_NE(
+      text.find("# HELP torchpilot_odd_name_1 help " + kReplacement + " with \\\\ and\\nnewline\n"),
+      std::string::npos)
+      << text;
 }
 
 }  // namespace
