@@ -322,6 +322,14 @@ std::string env_name(const std::string& key) {
   return name;
 }
 
+// Keeps where each loaded key's value came from in the Config, with the value, for checks that
+// run later (check_output_paths at the Pilot's start).
+void keep_sources(Config& config, const Origins& origins) {
+  for (const auto& [key, where] : origins) {
+    if (const KeySpec* spec = find_key(key)) config.sources[key] = {where, spec->get(config)};
+  }
+}
+
 // TORCHPILOT_* variables that are not keys, so apply_env_overrides passes over them: the config
 // file's path, and the CMake build options (README, "Build"), which scripts often export beside
 // the keys but which mean nothing at run time. This is the one list of them.
@@ -432,6 +440,7 @@ Config Config::from_yaml_string(const std::string& text, const std::string& orig
   Origins origins;
   read_yaml(text, origin, config, origins);
   check_cross_keys(config, origin, origins);
+  keep_sources(config, origins);
   return config;
 }
 
@@ -441,6 +450,7 @@ Config Config::from_yaml_file(const std::string& path) {
   read_yaml(read_config_file(path), path, config, origins);
   read_env(config, process_environment(), origins);
   check_cross_keys(config, path, origins);  // on the merged values: the environment may mend
+  keep_sources(config, origins);
   return config;
 }
 
@@ -466,6 +476,16 @@ void apply_env_overrides(Config& config, const Environment& env) {
   Origins origins;
   read_env(config, env, origins);
   check_cross_keys(config, "environment", origins);
+  keep_sources(config, origins);
+}
+
+std::string source_of(const Config& config, const std::string& key) {
+  const auto it = config.sources.find(key);
+  const KeySpec* spec = find_key(key);
+  if (it != config.sources.end() && spec != nullptr && spec->get(config) == it->second.value) {
+    return it->second.where;
+  }
+  return "Config";
 }
 
 void validate(const Config& config) {
