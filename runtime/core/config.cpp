@@ -102,6 +102,24 @@ Value parse_scalar(const std::string& text, const KeySpec& spec, Fail fail) {
       }
       v.s = text;
       break;
+    case Type::kPath:
+      // open(2) ends a path at a NUL and would use what comes before it, silently; a control
+      // byte (a newline, tab or escape) is a quoting or paste accident, never a wanted name.
+      for (size_t i = 0; i < text.size(); ++i) {
+        const auto byte = static_cast<unsigned char>(text[i]);
+        if (byte == 0) {
+          fail("a path cannot hold a NUL byte (byte " + std::to_string(i + 1) +
+               "): the OS would take only what comes before it");
+        }
+        if (byte < 0x20 || byte == 0x7f) {
+          char hex[8];
+          std::snprintf(hex, sizeof hex, "0x%02x", byte);
+          fail("a path cannot hold a control byte (" + std::string(hex) + " at byte " +
+               std::to_string(i + 1) + ")");
+        }
+      }
+      v.s = text;
+      break;
     case Type::kIntList: {
       // Comma-separated; every item counts, so "1,2," and "1,,2" are refused, not shortened.
       if (text.empty()) fail("expected a non-empty list of integers");
@@ -132,6 +150,28 @@ int line_of(const YAML::Node& node, int fallback) {
   return line >= 0 ? line + 1 : fallback;
 }
 
+// A node's tag when the reader does not support it, as written ("!!binary", "!local"), else "".
+// The reader takes plain values: no tag, the non-specific "!" (a quoted scalar) and the YAML core
+// schema's tags. Another tag (!!binary, !!timestamp, !!omap, a local tag) would be dropped
+// silently by yaml-cpp's conversions, its meaning lost.
+std::string unsupported_tag(const YAML::Node& node) {
+  const std::string& tag = node.Tag();
+  if (tag.empty() || tag == "?" || tag == "!") return "";
+  static const std::string kStandard = "tag:yaml.org,2002:";
+  if (tag.rfind(kStandard, 0) != 0) return tag;
+  const std::string name = tag.substr(kStandard.size());
+  for (const char* core : {"str", "int", "float", "bool", "null", "map", "seq"}) {
+    if (name == core) return "";
+  }
+  return "!!" + name;
+}
+
+std::string tag_reason(const std::string& tag) {
+  return "unsupported YAML tag " + tag +
+         ": values take no tag or one of the core schema's (!!str, !!int, !!float, !!bool, "
+         "!!null, !!map, !!seq)";
+}
+
 // Where each key's value came from ("my.yaml:4", "environment variable TORCHPILOT_X"); a key not
 // listed has its default (or, in validate(), the value set in code).
 using Origins = std::map<std::string, std::string>;
@@ -145,6 +185,10 @@ class YamlReader {
       : config_(config), source_(std::move(source)), origins_(origins) {}
 
   void walk(const YAML::Node& node, const std::string& prefix, int line) {
+    if (const std::string tag = unsupported_tag(node); !tag.empty()) {
+      throw ConfigError(source_ + ":" + std::to_string(line_of(node, line)),
+                        prefix.empty() ? "<root>" : prefix, tag_reason(tag));
+    }
     if (!node.IsMap()) {
       throw ConfigError(source_ + ":" + std::to_string(line_of(node, line)),
                         prefix.empty() ? "<root>" : prefix,
@@ -154,6 +198,9 @@ class YamlReader {
       // The key's line: a block mapping or list as the value starts on the line after it.
       const int key_line = line_of(item.first, line);
       const std::string where = source_ + ":" + std::to_string(key_line);
+      if (const std::string tag = unsupported_tag(item.first); !tag.empty()) {
+        throw ConfigError(where, prefix.empty() ? "<root>" : prefix, tag_reason(tag));
+      }
       if (!item.first.IsScalar()) {  // "? [a, b]", "{a: 1}: 2", "~: 1"
         throw ConfigError(where, prefix.empty() ? "<root>" : prefix,
                           std::string("a key must be a plain name; this one is ") +
@@ -167,6 +214,7 @@ class YamlReader {
       // yaml-cpp keeps both of two equal keys; so does a dotted name beside its section.
       const auto [first, inserted] = seen_.emplace(key, key_line);
       if (!inserted) fail("duplicate key: already set at line " + std::to_string(first->second));
+      if (const std::string tag = unsupported_tag(value); !tag.empty()) fail(tag_reason(tag));
       const KeySpec* spec = find_key(key);
       if (spec == nullptr) {
         // A section: known if some key starts with it.
@@ -189,6 +237,7 @@ class YamlReader {
         int index = 0;
         for (const auto& e : value) {
           ++index;
+          if (const std::string tag = unsupported_tag(e); !tag.empty()) fail(tag_reason(tag));
           if (!e.IsScalar()) {
             fail("expected a list of integers; element " + std::to_string(index) + " is " +
                  (e.IsNull() ? std::string("empty: it has no value") : kind(e)));

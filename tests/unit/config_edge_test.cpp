@@ -608,5 +608,66 @@ TEST(ConfigEdge, AnOutputsPathFromTheEnvironmentNamesItsVariable) {
   }
 }
 
+// --- Bytes and tags a path or a value cannot hold --------------------------------------------
+
+TEST(ConfigEdge, NulAndControlBytesInAPathAreRefused) {
+  {  // YAML's "\0": the OS would see the path cut short at it
+    const ConfigError e = expect_config_error(
+        [] { Config::from_yaml_string("log:\n  json_path: \"a\\0b.jsonl\"\n", "c.yaml"); });
+    EXPECT_EQ(e.key(), "log.json_path");
+    EXPECT_EQ(e.source(), "c.yaml:2");
+    EXPECT_NE(e.reason().find("NUL"), std::string::npos) << e.what();
+  }
+  for (const char* text :
+       {"report:\n  trace_dir: \"traces\\n\"\n", "report:\n  journal_path: \"j\\x1b[31m.jsonl\"\n",
+        "gpu:\n  cupti_path: \"lib\\x7fcupti.so\"\n"}) {
+    SCOPED_TRACE(text);
+    const ConfigError e = expect_config_error([&] { Config::from_yaml_string(text); });
+    EXPECT_NE(e.reason().find("control byte"), std::string::npos) << e.what();
+  }
+  {
+    Config c;
+    const ConfigError e = expect_config_error([&] {
+      apply_env_overrides(c, {{"TORCHPILOT_REPORT_HTML_PATH", "run\t.html"}});
+    });
+    EXPECT_EQ(e.source(), "environment variable TORCHPILOT_REPORT_HTML_PATH");
+    EXPECT_EQ(e.key(), "report.html_path");
+  }
+  {  // set in code: validate(), so the Pilot
+    Config c;
+    c.log.json_path = std::string("a\0b", 3);
+    EXPECT_EQ(expect_config_error([&] { validate(c); }).key(), "log.json_path");
+    EXPECT_EQ(start_error(c).key(), "log.json_path");
+  }
+  // Other bytes stay: spaces and UTF-8 are names like any other.
+  EXPECT_EQ(
+      Config::from_yaml_string("log:\n  json_path: \"r\xc3\xa9sultats 1.jsonl\"\n").log.json_path,
+      "r\xc3\xa9sultats 1.jsonl");
+}
+
+TEST(ConfigEdge, TagsOutsideYamlsCoreSchemaAreRefused) {
+  for (const char* text :
+       {"report:\n  html_path: !!binary cnVuLmh0bWw=\n", "report:\n  html_path: !local run.html\n",
+        "gpu: !!omap\n  - enabled: true\n", "cost:\n  budget: !!timestamp 0.1\n",
+        "autotune:\n  prefetch_choices: [1, !!binary Mg==]\n", "? !!binary bW9kZQ==\n: off\n"}) {
+    SCOPED_TRACE(text);
+    const ConfigError e = expect_config_error([&] { Config::from_yaml_string(text, "c.yaml"); });
+    EXPECT_NE(e.reason().find("YAML tag"), std::string::npos) << e.what();
+    EXPECT_EQ(e.source().rfind("c.yaml:", 0), 0u) << e.what();
+  }
+  const ConfigError e = expect_config_error(
+      [] { Config::from_yaml_string("report:\n  html_path: !!binary cnVuLmh0bWw=\n"); });
+  EXPECT_EQ(e.key(), "report.html_path");
+  EXPECT_NE(e.reason().find("!!binary"), std::string::npos) << e.what();
+  // The core schema's tags, and quotes (the non-specific tag "!"), are read as before.
+  const Config c = Config::from_yaml_string(
+      "mode: !!str advise\nreport:\n  html_path: !!str 'run.html'\n  prometheus_port: !!int 0\n"
+      "cost: !!map\n  budget: !!float 0.02\ngpu:\n  enabled: !!bool true\n"
+      "autotune:\n  prefetch_choices: !!seq [1, !!int 2]\nlog:\n  json_path: ! ''\n");
+  EXPECT_EQ(c.report.html_path, "run.html");
+  EXPECT_DOUBLE_EQ(c.cost.budget, 0.02);
+  EXPECT_EQ(c.autotune.prefetch_choices, (std::vector<int>{1, 2}));
+}
+
 }  // namespace
 }  // namespace torchpilot
