@@ -105,7 +105,7 @@ void write_json(const std::string& path, const nlohmann::json& j, int indent = 2
 void write_results(const char* name, const RunFlags& run, const nlohmann::json& j);
 
 // The next of a process's run folders under `dir` (dir/run1, dir/run2, ...) for
-// report.trace_dir: every run's window has the same file name.
+// report.trace_dir: each run's windows in a folder of their own, named by the run's order here.
 std::string next_run_folder(const std::string& dir);
 
 // --- main ---------------------------------------------------------------------------------------

@@ -103,6 +103,24 @@ Value parse_scalar(const std::string& text, const KeySpec& spec, Fail fail) {
       }
       v.s = text;
       break;
+    case Type::kPath:
+      // open(2) ends a path at a NUL and would use what comes before it, silently; a control
+      // byte (a newline, tab or escape) is a quoting or paste accident, never a wanted name.
+      for (size_t i = 0; i < text.size(); ++i) {
+        const auto byte = static_cast<unsigned char>(text[i]);
+        if (byte == 0) {
+          fail("a path cannot hold a NUL byte (byte " + std::to_string(i + 1) +
+               "): the OS would take only what comes before it");
+        }
+        if (byte < 0x20 || byte == 0x7f) {
+          char hex[8];
+          std::snprintf(hex, sizeof hex, "0x%02x", byte);
+          fail("a path cannot hold a control byte (" + std::string(hex) + " at byte " +
+               std::to_string(i + 1) + ")");
+        }
+      }
+      v.s = text;
+      break;
     case Type::kIntList: {
       // Comma-separated; every item counts, so "1,2," and "1,,2" are refused, not shortened.
       if (text.empty()) fail("expected a non-empty list of integers");
@@ -133,6 +151,28 @@ int line_of(const YAML::Node& node, int fallback) {
   return line >= 0 ? line + 1 : fallback;
 }
 
+// A node's tag when the reader does not support it, as written ("!!binary", "!local"), else "".
+// The reader takes plain values: no tag, the non-specific "!" (a quoted scalar) and the YAML core
+// schema's tags. Another tag (!!binary, !!timestamp, !!omap, a local tag) would be dropped
+// silently by yaml-cpp's conversions, its meaning lost.
+std::string unsupported_tag(const YAML::Node& node) {
+  const std::string& tag = node.Tag();
+  if (tag.empty() || tag == "?" || tag == "!") return "";
+  static const std::string kStandard = "tag:yaml.org,2002:";
+  if (tag.rfind(kStandard, 0) != 0) return tag;
+  const std::string name = tag.substr(kStandard.size());
+  for (const char* core : {"str", "int", "float", "bool", "null", "map", "seq"}) {
+    if (name == core) return "";
+  }
+  return "!!" + name;
+}
+
+std::string tag_reason(const std::string& tag) {
+  return "unsupported YAML tag " + tag +
+         ": values take no tag or one of the core schema's (!!str, !!int, !!float, !!bool, "
+         "!!null, !!map, !!seq)";
+}
+
 // Where each key's value came from ("my.yaml:4", "environment variable TORCHPILOT_X"); a key not
 // listed has its default (or, in validate(), the value set in code).
 using Origins = std::map<std::string, std::string>;
@@ -146,6 +186,10 @@ class YamlReader {
       : config_(config), source_(std::move(source)), origins_(origins) {}
 
   void walk(const YAML::Node& node, const std::string& prefix, int line) {
+    if (const std::string tag = unsupported_tag(node); !tag.empty()) {
+      throw ConfigError(source_ + ":" + std::to_string(line_of(node, line)),
+                        prefix.empty() ? "<root>" : prefix, tag_reason(tag));
+    }
     if (!node.IsMap()) {
       throw ConfigError(source_ + ":" + std::to_string(line_of(node, line)),
                         prefix.empty() ? "<root>" : prefix,
@@ -155,6 +199,9 @@ class YamlReader {
       // The key's line: a block mapping or list as the value starts on the line after it.
       const int key_line = line_of(item.first, line);
       const std::string where = source_ + ":" + std::to_string(key_line);
+      if (const std::string tag = unsupported_tag(item.first); !tag.empty()) {
+        throw ConfigError(where, prefix.empty() ? "<root>" : prefix, tag_reason(tag));
+      }
       if (!item.first.IsScalar()) {  // "? [a, b]", "{a: 1}: 2", "~: 1"
         throw ConfigError(where, prefix.empty() ? "<root>" : prefix,
                           std::string("a key must be a plain name; this one is ") +
@@ -168,6 +215,7 @@ class YamlReader {
       // yaml-cpp keeps both of two equal keys; so does a dotted name beside its section.
       const auto [first, inserted] = seen_.emplace(key, key_line);
       if (!inserted) fail("duplicate key: already set at line " + std::to_string(first->second));
+      if (const std::string tag = unsupported_tag(value); !tag.empty()) fail(tag_reason(tag));
       const KeySpec* spec = find_key(key);
       if (spec == nullptr) {
         // A section: known if some key starts with it.
@@ -190,6 +238,7 @@ class YamlReader {
         int index = 0;
         for (const auto& e : value) {
           ++index;
+          if (const std::string tag = unsupported_tag(e); !tag.empty()) fail(tag_reason(tag));
           if (!e.IsScalar()) {
             fail("expected a list of integers; element " + std::to_string(index) + " is " +
                  (e.IsNull() ? std::string("empty: it has no value") : kind(e)));
@@ -323,6 +372,14 @@ std::string env_name(const std::string& key) {
   return name;
 }
 
+// Keeps where each loaded key's value came from in the Config, with the value, for checks that
+// run later (check_output_paths at the Pilot's start).
+void keep_sources(Config& config, const Origins& origins) {
+  for (const auto& [key, where] : origins) {
+    if (const KeySpec* spec = find_key(key)) config.sources[key] = {where, spec->get(config)};
+  }
+}
+
 // TORCHPILOT_* variables that are not keys, so apply_env_overrides passes over them: the config
 // file's path, and the CMake build options (README, "Build"), which scripts often export beside
 // the keys but which mean nothing at run time. This is the one list of them.
@@ -433,6 +490,7 @@ Config Config::from_yaml_string(const std::string& text, const std::string& orig
   Origins origins;
   read_yaml(text, origin, config, origins);
   check_cross_keys(config, origin, origins);
+  keep_sources(config, origins);
   return config;
 }
 
@@ -442,6 +500,7 @@ Config Config::from_yaml_file(const std::string& path) {
   read_yaml(read_config_file(path), path, config, origins);
   read_env(config, process_environment(), origins);
   check_cross_keys(config, path, origins);  // on the merged values: the environment may mend
+  keep_sources(config, origins);
   return config;
 }
 
@@ -467,6 +526,16 @@ void apply_env_overrides(Config& config, const Environment& env) {
   Origins origins;
   read_env(config, env, origins);
   check_cross_keys(config, "environment", origins);
+  keep_sources(config, origins);
+}
+
+std::string source_of(const Config& config, const std::string& key) {
+  const auto it = config.sources.find(key);
+  const KeySpec* spec = find_key(key);
+  if (it != config.sources.end() && spec != nullptr && spec->get(config) == it->second.value) {
+    return it->second.where;
+  }
+  return "Config";
 }
 
 void validate(const Config& config) {

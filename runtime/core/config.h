@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -272,6 +273,12 @@ class ConfigSections {
   std::vector<std::unique_ptr<Item>> items_;
 };
 
+// Where a loader took a key's value from, for errors found later (at the Pilot's start).
+struct ValueSource {
+  std::string where;  // "my.yaml:4", "environment variable TORCHPILOT_REPORT_HTML_PATH"
+  std::string value;  // the value it set, as text (config_values)
+};
+
 struct Config {
   Mode mode = Mode::kAdvise;
   LogConfig log;
@@ -294,6 +301,8 @@ struct Config {
   const S& section() const {
     return sections.get<S>();
   }
+  // By key: where the loaders (below) took each value from. source_of() reads it.
+  std::map<std::string, ValueSource> sources;
 
   // Defaults, then TORCHPILOT_CONFIG's file if that variable is set, then TORCHPILOT_* overrides,
   // then the cross-key checks on the merged values.
@@ -329,6 +338,19 @@ void apply_env_overrides(Config& config, const Environment& env);
 // Checks every key of a Config (built in code or loaded) against the same ranges and rules as
 // the file and environment readers; throws ConfigError naming the key. The Pilot calls it.
 void validate(const Config& config);
+
+// Where `key`'s value came from, for a ConfigError: the file and line or the environment variable
+// that set it, while it still holds the value set there; else "Config" (set in code, or default).
+std::string source_of(const Config& config, const std::string& key);
+
+// Checks the outputs' paths against the file system before any output is opened (the Pilot calls
+// it at start, unless mode is off): log.json_path, report.html_path and report.journal_path must
+// each be a regular file this process may write (the JSON log also a FIFO or character device) or
+// a name in a folder that takes new files; report.trace_dir a folder that takes new files, or one
+// that can be made; no two outputs one file (compared by canonical path, symbolic links and ".."
+// resolved, and by inode). Leaves nothing behind: no file it made stays, none is truncated.
+// Throws ConfigError naming the key, source_of() and the OS's reason.
+void check_output_paths(const Config& config);
 
 // Every key as "section.name", in file order; docs and tests use it.
 std::vector<std::string> config_keys();

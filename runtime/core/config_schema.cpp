@@ -75,6 +75,12 @@ namespace {
                                                                         v) { assign(c.field, v); } \
   }
 #define TP_FLAG(field) TP_KEY(field, 0, 0)
+// A string field that names a file or folder: checked as a path (Type::kPath).
+KeySpec as_path(KeySpec row) {
+  row.type = Type::kPath;
+  return row;
+}
+#define TP_PATH(field) as_path(TP_KEY(field, 0, 0))
 
 const std::vector<KeySpec>& builtin_schema() {
   static const std::vector<KeySpec> table = {
@@ -94,7 +100,7 @@ const std::vector<KeySpec>& builtin_schema() {
        {"trace", "debug", "info", "warn", "error", "off"},
        [](const Config& c) -> std::string { return c.log.level; },
        [](Config& c, const Value& v) { c.log.level = v.s; }},
-      TP_FLAG(log.json_path),
+      TP_PATH(log.json_path),
       TP_KEY(records.step_history, 16, 1 << 20),  // ~0.6 KiB a record: ~600 MiB when full
       TP_KEY(advisors.data_starvation.threshold, 0.0, 1.0),
       TP_KEY(advisors.data_starvation.high_severity, 0.0, 1.0),
@@ -172,7 +178,7 @@ const std::vector<KeySpec>& builtin_schema() {
       TP_KEY(gpu.trace_buffer_mb, 1, 4096),
       TP_KEY(gpu.trace_device_buffer_mb, 0, 4096),
       TP_KEY(gpu.epoch_end_wait_ms, 0.0, 60000.0),
-      TP_FLAG(gpu.cupti_path),
+      TP_PATH(gpu.cupti_path),
       TP_KEY(flops.peak_tflops, 0.0, 1e6),
       TP_KEY(flops.skip_steps, 0, 1000000),
       TP_KEY(flops.count_steps, 1, 10000),
@@ -180,12 +186,12 @@ const std::vector<KeySpec>& builtin_schema() {
       TP_FLAG(flops.allow_tf32),
       TP_KEY(cost.budget, 0.0001, 1.0),
       TP_KEY(cost.horizon_s, 1.0, 1e7),
-      TP_FLAG(report.trace_dir),
-      TP_FLAG(report.html_path),
+      TP_PATH(report.trace_dir),
+      TP_PATH(report.html_path),
       TP_KEY(report.prometheus_port, 0, 65535),
       // Not empty: cpp-httplib would bind IPv6 loopback only, with no word.
       TP_KEY(report.prometheus_address, 1, 0),
-      TP_FLAG(report.journal_path),
+      TP_PATH(report.journal_path),
       TP_FLAG(comm.enabled),
       TP_KEY(comm.exchange_timeout_ms, 1.0, 86400000.0),
       TP_KEY(comm.watchdog_ms, 0.0, 86400000.0),
@@ -200,6 +206,7 @@ const std::vector<KeySpec>& builtin_schema() {
 
 #undef TP_KEY
 #undef TP_FLAG
+#undef TP_PATH
 }  // namespace
 
 const KeySpec* find_key(const std::string& key) {

@@ -29,7 +29,9 @@ namespace config_detail {
 
 // One row per configuration key: how to parse it, its range, and where it goes. The YAML reader,
 // the environment reader and config_keys() all walk the rows, so a key is declared once.
-enum class Type { kInt, kDouble, kBool, kString, kIntList };
+// kPath: a string the OS takes as a file's path; NUL and control bytes are refused (open(2) would
+// cut the path at a NUL and use the rest silently).
+enum class Type { kInt, kDouble, kBool, kString, kPath, kIntList };
 
 struct Value {
   int64_t i = 0;

@@ -86,6 +86,8 @@ Pilot::Pilot(Config config, PilotOptions options)
   // A logger handed in keeps its level.
   if (!options.logger) logger_->set_level(spdlog::level::from_str(config_.log.level));
   if (config_.mode == Mode::kOff) return;
+  // Every output's path at once, before any is opened: a refused start leaves no file behind.
+  check_output_paths(config_);
   for (ConfigResolver resolve : config_resolvers()) {
     if (const auto failed =
             failure_of([&] { resolve(config_, *logger_, options.default_collectors); })) {

@@ -1,7 +1,11 @@
 #include "torchpilot/runtime/reports/trace_events.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -160,13 +164,26 @@ std::string section_json(const GpuWindowRecord& w) {
   return detail::dump(j);
 }
 
-std::string window_trace_file_name(const GpuWindowRecord& w) {
+std::string trace_run_id() {
+  static std::atomic<int> sinks{0};
+  const int n = ++sinks;
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &utc);
+  std::string run = std::string(buf) + "-" + std::to_string(static_cast<long long>(getpid()));
+  if (n > 1) run += "-" + std::to_string(n);
+  return run;
+}
+
+std::string window_trace_file_name(const std::string& run, const GpuWindowRecord& w) {
   const long long first = w.steps.empty() ? 0 : static_cast<long long>(w.steps.front().step);
   const long long last = w.steps.empty() ? 0 : static_cast<long long>(w.steps.back().step);
   char buf[96];
-  std::snprintf(buf, sizeof buf, "window_e%lld_s%lld-%lld.json", static_cast<long long>(w.epoch),
+  std::snprintf(buf, sizeof buf, "_window_e%lld_s%lld-%lld.json", static_cast<long long>(w.epoch),
                 first, last);
-  return buf;
+  return run + buf;
 }
 
 std::string window_trace_json(const GpuWindowRecord& w, const std::vector<Advice>& advice) {
@@ -250,7 +267,7 @@ namespace {
 
 class TraceSink : public Sink {
  public:
-  explicit TraceSink(std::string dir) : dir_(std::move(dir)) {
+  explicit TraceSink(std::string dir) : dir_(std::move(dir)), run_(trace_run_id()) {
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
     if (ec || !std::filesystem::is_directory(dir_)) {
@@ -276,7 +293,8 @@ class TraceSink : public Sink {
 
  private:
   void write(const GpuWindowRecord& w, const std::vector<Advice>& advice) {
-    const std::filesystem::path path = std::filesystem::path(dir_) / window_trace_file_name(w);
+    const std::filesystem::path path =
+        std::filesystem::path(dir_) / window_trace_file_name(run_, w);
     const std::filesystem::path tmp = path.string() + ".tmp";
     {
       std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -290,6 +308,7 @@ class TraceSink : public Sink {
     bool written = false;
   };
   std::string dir_;
+  std::string run_;  // in every file's name: a later run never replaces this one's files
   std::vector<Pending> pending_;
 };
 

@@ -58,11 +58,17 @@ inline void section_text(const GpuWindowRecord&, const EpochSummary&, std::vecto
 // another lane of the track).
 std::string window_trace_json(const GpuWindowRecord& window, const std::vector<Advice>& advice);
 
-// A file name for the window: "window_e<epoch>_s<first>-<last>.json".
-std::string window_trace_file_name(const GpuWindowRecord& window);
+// A new run id for a trace sink: its start in UTC and the process id, "20250314T093000Z-4242";
+// a process's second and later sinks (a second Pilot) add "-2", "-3", ...
+std::string trace_run_id();
+
+// The window's file name in run `run`: "<run>_window_e<epoch>_s<first>-<last>.json".
+std::string window_trace_file_name(const std::string& run, const GpuWindowRecord& window);
 
 // Writes each window's trace into `dir` (created if missing) at its epoch's end, with the
 // epoch's advice; windows still open at flush() (the program's exit) are written without it.
+// Its files' names carry its run id (trace_run_id): a restarted job never replaces the files of
+// an earlier run in the same folder.
 std::shared_ptr<Sink> make_trace_sink(const std::string& dir);
 
 }  // namespace torchpilot

@@ -469,5 +469,207 @@ TEST(ConfigEdge, ARenamedKeyNamesItsNewName) {
             "unknown key");
 }
 
+// --- Output paths, checked at the Pilot's start -------------------------------------------------
+
+// A Pilot made from `config` must fail: its ConfigError.
+ConfigError start_error(const Config& config) {
+  return expect_config_error([&] { Pilot pilot(config, quiet_options()); });
+}
+
+// A folder this process cannot create files in: a read-only folder in `dir`, or, for root (whom
+// permissions do not stop), /sys. Empty when there is none.
+std::string unwritable_folder(const TempDir& dir) {
+  const std::string ro = dir.file("read_only");
+  fs::create_directories(ro);
+  ::chmod(ro.c_str(), 0555);
+  for (const std::string& folder : {ro, std::string("/sys")}) {
+    const std::string probe = folder + "/probe";
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) return folder;
+    ::close(fd);
+    ::unlink(probe.c_str());
+  }
+  return {};
+}
+
+TEST(ConfigEdge, HtmlPathThatIsADirectoryIsRefusedAtStart) {
+  TempDir dir;
+  Config config;
+  config.report.html_path = dir.file("");
+  const ConfigError e = start_error(config);
+  EXPECT_EQ(e.key(), "report.html_path");
+  EXPECT_EQ(e.source(), "Config");
+  EXPECT_NE(e.reason().find(std::strerror(EISDIR)), std::string::npos) << e.what();
+}
+
+TEST(ConfigEdge, HtmlPathInAFolderThatTakesNoFilesIsRefusedAtStartWithTheOsReason) {
+  TempDir dir;
+  const std::string folder = unwritable_folder(dir);
+  if (folder.empty()) GTEST_SKIP() << "no folder here is closed to this process";
+  Config config;
+  config.report.html_path = folder + "/run.html";
+  const ConfigError e = start_error(config);
+  EXPECT_EQ(e.key(), "report.html_path");
+  EXPECT_NE(e.reason().find(std::strerror(EACCES)), std::string::npos) << e.what();
+  EXPECT_NE(e.reason().find(folder), std::string::npos) << e.what();
+}
+
+TEST(ConfigEdge, OneFileForTwoOutputsIsRefusedAtStart) {
+  TempDir dir;
+  const std::string records = dir.write("records.jsonl", "{\"earlier\":1}\n");
+  fs::create_symlink(records, dir.file("link.jsonl"));
+  ASSERT_EQ(::link(records.c_str(), dir.file("hard.jsonl").c_str()), 0) << std::strerror(errno);
+  const std::string fresh = dir.file("fresh.jsonl");  // not there yet
+  struct Case {
+    std::string json, html, journal;
+    std::string key, other;  // the key refused and the one it shares with
+  };
+  const std::vector<Case> cases = {
+      {records, records, records, "report.html_path", "log.json_path"},
+      {records, "", dir.file("sub/../records.jsonl"), "report.journal_path", "log.json_path"},
+      {records, "", dir.file("./records.jsonl"), "report.journal_path", "log.json_path"},
+      {"", dir.file("link.jsonl"), records, "report.journal_path", "report.html_path"},
+      {dir.file("hard.jsonl"), "", records, "report.journal_path", "log.json_path"},
+      {fresh, "", dir.file(".//fresh.jsonl"), "report.journal_path", "log.json_path"},
+      // the report is written to "<html_path>.tmp" first, then renamed
+      {"", dir.file("run.html"), dir.file("run.html.tmp"), "report.journal_path",
+       "report.html_path"},
+  };
+  fs::create_directories(dir.file("sub"));
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.json + " | " + c.html + " | " + c.journal);
+    Config config;
+    config.log.json_path = c.json;
+    config.report.html_path = c.html;
+    config.report.journal_path = c.journal;
+    const ConfigError e = start_error(config);
+    EXPECT_EQ(e.key(), c.key) << e.what();
+    EXPECT_NE(e.reason().find(c.other), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read_text(records), "{\"earlier\":1}\n") << "refused outputs are left as they were";
+  EXPECT_FALSE(fs::exists(fresh)) << "the check leaves nothing behind";
+}
+
+TEST(ConfigEdge, TraceDirThatTakesNoFilesIsRefusedAtStart) {
+  TempDir dir;
+  const std::string folder = unwritable_folder(dir);
+  if (folder.empty()) GTEST_SKIP() << "no folder here is closed to this process";
+  for (const std::string& trace_dir : {folder, folder + "/traces/run"}) {
+    SCOPED_TRACE(trace_dir);
+    Config config;
+    config.report.trace_dir = trace_dir;
+    const ConfigError e = start_error(config);
+    EXPECT_EQ(e.key(), "report.trace_dir");
+    EXPECT_NE(e.reason().find(std::strerror(EACCES)), std::string::npos) << e.what();
+  }
+  Config config;  // a file where the folder should be
+  config.report.trace_dir = dir.write("file", "x") + "/traces";
+  EXPECT_EQ(start_error(config).key(), "report.trace_dir");
+}
+
+TEST(ConfigEdge, ARefusedStartLeavesNoFileBehindAndTruncatesNothing) {
+  TempDir dir;
+  const std::string journal = dir.write("journal.jsonl", "{\"type\":\"start\"}\n");
+  Config config;
+  config.log.json_path = dir.file("records.jsonl");
+  config.report.journal_path = journal;
+  config.report.html_path = dir.file("missing/run.html");
+  const ConfigError e = start_error(config);
+  EXPECT_EQ(e.key(), "report.html_path");
+  EXPECT_NE(e.reason().find(std::strerror(ENOENT)), std::string::npos) << e.what();
+  EXPECT_FALSE(fs::exists(config.log.json_path)) << "an output made before the refusal";
+  EXPECT_EQ(read_text(journal), "{\"type\":\"start\"}\n");
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(dir.file(""))) {
+    left.push_back(entry.path().filename().string());
+  }
+  EXPECT_EQ(left, std::vector<std::string>{"journal.jsonl"});
+}
+
+TEST(ConfigEdge, AnOutputsPathFromTheEnvironmentNamesItsVariable) {
+  TempDir dir;
+  ScopedEnv no_file("TORCHPILOT_CONFIG", nullptr);
+  for (const std::string& path : {dir.file(""), dir.file("missing/run.html")}) {
+    SCOPED_TRACE(path);
+    ScopedEnv env("TORCHPILOT_REPORT_HTML_PATH", path);
+    const Config config = Config::load();
+    const ConfigError e = start_error(config);
+    EXPECT_EQ(e.key(), "report.html_path");
+    EXPECT_EQ(e.source(), "environment variable TORCHPILOT_REPORT_HTML_PATH") << e.what();
+  }
+  {  // from a file: its line
+    const std::string yaml = dir.write("c.yaml", "report:\n  html_path: " + dir.file("") + "\n");
+    const ConfigError e = start_error(Config::from_yaml_file(yaml));
+    EXPECT_EQ(e.source(), yaml + ":2") << e.what();
+  }
+  {  // a value changed in code since it was loaded is not blamed on the variable
+    ScopedEnv env("TORCHPILOT_REPORT_HTML_PATH", dir.file("run.html"));
+    Config config = Config::load();
+    config.report.html_path = dir.file("");
+    EXPECT_EQ(start_error(config).source(), "Config");
+  }
+}
+
+// --- Bytes and tags a path or a value cannot hold --------------------------------------------
+
+TEST(ConfigEdge, NulAndControlBytesInAPathAreRefused) {
+  {  // YAML's "\0": the OS would see the path cut short at it
+    const ConfigError e = expect_config_error(
+        [] { Config::from_yaml_string("log:\n  json_path: \"a\\0b.jsonl\"\n", "c.yaml"); });
+    EXPECT_EQ(e.key(), "log.json_path");
+    EXPECT_EQ(e.source(), "c.yaml:2");
+    EXPECT_NE(e.reason().find("NUL"), std::string::npos) << e.what();
+  }
+  for (const char* text :
+       {"report:\n  trace_dir: \"traces\\n\"\n", "report:\n  journal_path: \"j\\x1b[31m.jsonl\"\n",
+        "gpu:\n  cupti_path: \"lib\\x7fcupti.so\"\n"}) {
+    SCOPED_TRACE(text);
+    const ConfigError e = expect_config_error([&] { Config::from_yaml_string(text); });
+    EXPECT_NE(e.reason().find("control byte"), std::string::npos) << e.what();
+  }
+  {
+    Config c;
+    const ConfigError e = expect_config_error([&] {
+      apply_env_overrides(c, {{"TORCHPILOT_REPORT_HTML_PATH", "run\t.html"}});
+    });
+    EXPECT_EQ(e.source(), "environment variable TORCHPILOT_REPORT_HTML_PATH");
+    EXPECT_EQ(e.key(), "report.html_path");
+  }
+  {  // set in code: validate(), so the Pilot
+    Config c;
+    c.log.json_path = std::string("a\0b", 3);
+    EXPECT_EQ(expect_config_error([&] { validate(c); }).key(), "log.json_path");
+    EXPECT_EQ(start_error(c).key(), "log.json_path");
+  }
+  // Other bytes stay: spaces and UTF-8 are names like any other.
+  EXPECT_EQ(
+      Config::from_yaml_string("log:\n  json_path: \"r\xc3\xa9sultats 1.jsonl\"\n").log.json_path,
+      "r\xc3\xa9sultats 1.jsonl");
+}
+
+TEST(ConfigEdge, TagsOutsideYamlsCoreSchemaAreRefused) {
+  for (const char* text :
+       {"report:\n  html_path: !!binary cnVuLmh0bWw=\n", "report:\n  html_path: !local run.html\n",
+        "gpu: !!omap\n  - enabled: true\n", "cost:\n  budget: !!timestamp 0.1\n",
+        "autotune:\n  prefetch_choices: [1, !!binary Mg==]\n", "? !!binary bW9kZQ==\n: off\n"}) {
+    SCOPED_TRACE(text);
+    const ConfigError e = expect_config_error([&] { Config::from_yaml_string(text, "c.yaml"); });
+    EXPECT_NE(e.reason().find("YAML tag"), std::string::npos) << e.what();
+    EXPECT_EQ(e.source().rfind("c.yaml:", 0), 0u) << e.what();
+  }
+  const ConfigError e = expect_config_error(
+      [] { Config::from_yaml_string("report:\n  html_path: !!binary cnVuLmh0bWw=\n"); });
+  EXPECT_EQ(e.key(), "report.html_path");
+  EXPECT_NE(e.reason().find("!!binary"), std::string::npos) << e.what();
+  // The core schema's tags, and quotes (the non-specific tag "!"), are read as before.
+  const Config c = Config::from_yaml_string(
+      "mode: !!str advise\nreport:\n  html_path: !!str 'run.html'\n  prometheus_port: !!int 0\n"
+      "cost: !!map\n  budget: !!float 0.02\ngpu:\n  enabled: !!bool true\n"
+      "autotune:\n  prefetch_choices: !!seq [1, !!int 2]\nlog:\n  json_path: ! ''\n");
+  EXPECT_EQ(c.report.html_path, "run.html");
+  EXPECT_DOUBLE_EQ(c.cost.budget, 0.02);
+  EXPECT_EQ(c.autotune.prefetch_choices, (std::vector<int>{1, 2}));
+}
+
 }  // namespace
 }  // namespace torchpilot

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -86,7 +87,8 @@ TEST(TraceEventsTest, OverlappingSlicesOfATrackGoToLanesThatNest) {
   const json t = json::parse(window_trace_json(w, {a}));
   const auto problems = torchpilot_test::trace_event_problems(t);
   EXPECT_TRUE(problems.empty()) << problems.front();
-  EXPECT_EQ(window_trace_file_name(w), "window_e2_s7-7.json");
+  EXPECT_EQ(window_trace_file_name("20250314T093000Z-4242", w),
+            "20250314T093000Z-4242_window_e2_s7-7.json");
   std::set<std::string> threads;
   for (const auto& e : events_named(t, "M", "thread_name")) threads.insert(e["args"]["name"]);
   EXPECT_TRUE(threads.count("stream 7"));
@@ -115,6 +117,33 @@ TEST(TraceEventsTest, OverlappingSlicesOfATrackGoToLanesThatNest) {
   ASSERT_EQ(advice.size(), 1u);
   EXPECT_DOUBLE_EQ(advice[0]["args"]["expected_gain"].get<double>(), 0.5);
   EXPECT_EQ(t["otherData"]["steady_clock_origin_ns"], 1000);
+}
+
+// A restarted job writes the same windows (epoch and steps) into the same folder: the earlier
+// run's files stay, each run's files carry its own run id.
+TEST(TraceEventsTest, ARestartNeverReplacesAnEarlierRunsTraceFiles) {
+  torchpilot_test::TempDir dir;
+  GpuWindowRecord w;
+  w.steps.push_back({3, {1000, 9000}, {}, false, {}});
+  auto run = [&](const std::string& kernel_name) {
+    w.kernels = {kernel(2000, 4000, 7, kernel_name)};
+    auto sink = make_trace_sink(dir.file("traces"));
+    sink->on_late_step(make_late_step(3, 0, w));
+    sink->on_epoch(EpochSummary{}, {});
+  };
+  run("first_run_kernel");
+  run("second_run_kernel");
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir.file("traces"))) {
+    files.push_back(e.path().string());
+  }
+  ASSERT_EQ(files.size(), 2u);
+  std::set<std::string> kernels;
+  for (const auto& f : files) {
+    for (const auto& k : events_named(read_json(f), "X", "")) kernels.insert(k["name"]);
+  }
+  EXPECT_TRUE(kernels.count("first_run_kernel"));
+  EXPECT_TRUE(kernels.count("second_run_kernel"));
 }
 
 TEST(TraceEventsTest, APilotWritesEachWindowWithItsStepsRecordsAndAdvice) {
@@ -167,8 +196,14 @@ TEST(TraceEventsTest, APilotWritesEachWindowWithItsStepsRecordsAndAdvice) {
     rig.pilot.reset();
   }
   ASSERT_EQ(sink->late<GpuWindowRecord>().size(), 1u);
-  const std::string path = dir.file("traces") + "/window_e0_s3-6.json";
-  ASSERT_TRUE(std::filesystem::exists(path)) << log.str();
+  std::string path;  // "<run>_window_e0_s3-6.json", the only file
+  for (const auto& e : std::filesystem::directory_iterator(dir.file("traces"))) {
+    EXPECT_TRUE(path.empty()) << "a second file: " << e.path();
+    path = e.path().string();
+  }
+  ASSERT_FALSE(path.empty()) << log.str();
+  static const std::regex kName(R"(\d{8}T\d{6}Z-\d+(-\d+)?_window_e0_s3-6\.json)");
+  EXPECT_TRUE(std::regex_match(std::filesystem::path(path).filename().string(), kName)) << path;
   const json t = read_json(path);
   const auto problems = torchpilot_test::trace_event_problems(t);
   EXPECT_TRUE(problems.empty()) << problems.front();
