@@ -56,6 +56,8 @@ std::unique_ptr<Collector> make_journal(CollectorHost& host) {
   const std::string& path = host.config().report.journal_path;
   if (path.empty()) return nullptr;
   auto journal = std::make_unique<RunJournal>(path);  // ConfigError: the Pilot's start fails
+  const std::string warning = journal->read_warning();
+  if (!warning.empty()) host.logger().warn("run journal {}: {}", path, warning);
   const RunJournalStats j = journal->stats();
   host.logger().info(
       "run journal {}: run {}, {} failures before it, ETTR {:.1f}% ({:.0f} s of work lost)", path,
