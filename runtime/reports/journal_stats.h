@@ -34,6 +34,7 @@ struct JournalRecord {
   std::string type;   // start | progress | checkpoint | stop
   double time_s = 0;  // Unix time
   int64_t steps = 0;  // progress: steps this run; checkpoint: the trainer's step
+  std::string run;  // the run's id (runs writing one file at once are read apart); "" in old files
 };
 // What reading a journal left out, for one log line.
 struct JournalReadNotes {
@@ -50,8 +51,9 @@ constexpr size_t kJournalLineMaxBytes = 64 << 10;
 // Empty when the file cannot be opened or is not a regular file. A line cut short by a crash is
 // skipped quietly; any other line that is not a valid record is skipped and noted.
 std::vector<JournalRecord> read_journal(const std::string& path, JournalReadNotes* notes = nullptr);
-// The figures of a journal's records at `now_s` (Unix time); the last run is the running one
-// when `running` (its missing stop is not a failure).
+// The figures of a journal's records at `now_s` (Unix time); the last run to start is the
+// running one when `running` (its missing stop is not a failure). Records name their run; those
+// without a name (older files) belong to the run started last.
 RunJournalStats journal_stats(const std::vector<JournalRecord>& records, double now_s,
                               bool running);
 

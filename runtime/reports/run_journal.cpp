@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <random>
+#include <unordered_map>
 
 #include "torchpilot/runtime/core/config.h"
 #include "torchpilot/runtime/core/format.h"
@@ -66,7 +69,8 @@ std::string invalid_because(const json& j) {
   };
   static const Field kFields[] = {{"type", &json::is_string, "a string", true},
                                   {"unix_time_s", &json::is_number, "a number", true},
-                                  {"steps", &json::is_number_integer, "an integer", true}};
+                                  {"steps", &json::is_number_integer, "an integer", true},
+                                  {"run", &json::is_string, "a string", false}};
   for (const Field& f : kFields) {
     const auto it = j.find(f.key);
     if (it == j.end()) {
@@ -85,7 +89,7 @@ std::string invalid_because(const json& j) {
 // keeping only that one bounds memory by checkpoints and runs, not seconds.
 void add_record(std::vector<JournalRecord>& records, JournalRecord r) {
   if (r.type == "progress" && !records.empty() && records.back().type == "progress" &&
-      records.back().time_s <= r.time_s) {
+      records.back().run == r.run && records.back().time_s <= r.time_s) {
     records.back() = std::move(r);
   } else {
     records.push_back(std::move(r));
@@ -114,7 +118,7 @@ std::vector<JournalRecord> read_records(int fd, int64_t size, const std::string&
       why = invalid_because(j);
       if (why.empty()) {
         add_record(out, {j["type"].get<std::string>(), j["unix_time_s"].get<double>(),
-                         j["steps"].get<int64_t>()});
+                         j["steps"].get<int64_t>(), j.value("run", std::string())});
         return;
       }
     } else {
@@ -192,6 +196,18 @@ std::vector<JournalRecord> read_journal(const std::string& path, JournalReadNote
   return out;
 }
 
+std::string journal_path_for_rank(const std::string& path, const char* rank) {
+  if (rank == nullptr || *rank == '\0') return path;
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(rank, &end, 10);
+  if (*end != '\0' || errno != 0 || n <= 0) return path;  // rank 0, or not a rank
+  const size_t name = path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/') + 1;
+  size_t dot = path.find_last_of('.');
+  if (dot == std::string::npos || dot <= name) dot = path.size();  // no extension
+  return path.substr(0, dot) + ".rank" + std::to_string(n) + path.substr(dot);
+}
+
 RunJournalStats journal_stats(const std::vector<JournalRecord>& records, double now_s,
                               bool running) {
   RunJournalStats s;
@@ -201,13 +217,22 @@ RunJournalStats journal_stats(const std::vector<JournalRecord>& records, double 
     int64_t checkpoints = 0;
   };
   std::vector<Run> runs;
+  std::unordered_map<std::string, size_t> by_id;  // a named run's index in `runs`
   for (const JournalRecord& r : records) {
     if (r.type == "start") {
+      if (!r.run.empty()) by_id[r.run] = runs.size();
       runs.push_back({r.time_s, r.time_s});
       continue;
     }
     if (runs.empty()) continue;
-    Run& run = runs.back();
+    // Runs writing at once interleave their records: each goes to the run it names.
+    size_t i = runs.size() - 1;
+    if (!r.run.empty()) {
+      const auto it = by_id.find(r.run);
+      if (it == by_id.end()) continue;  // its start is not in what was read
+      i = it->second;
+    }
+    Run& run = runs[i];
     run.last = std::max(run.last, r.time_s);
     if (r.type == "checkpoint") {
       run.last_checkpoint = r.time_s;
@@ -245,6 +270,12 @@ RunJournal::RunJournal(const std::string& path, double (*now_s)(), WriteFn write
     : path_(path),
       now_(now_s != nullptr ? now_s : &system_now_s),
       write_(write != nullptr ? write : &::write) {
+  {
+    std::random_device device;  // 48 bits: an id that fits a short string
+    char id[16];
+    std::snprintf(id, sizeof id, "%04x%08x", device() & 0xffffu, device());
+    run_ = id;
+  }
   // One descriptor read back and appended to. O_NONBLOCK: opening a FIFO must not wait for its
   // other end; what was opened is then checked (fstat, not the path: nothing can swap it between).
   fd_ = ::open(path_.c_str(), O_RDWR | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0666);
@@ -290,10 +321,11 @@ void RunJournal::attach(CollectorHost* host) {
 
 void RunJournal::append(const char* type, int64_t steps) {
   const double t = now_();
-  add_record(records_, {type, t, steps});
+  add_record(records_, {type, t, steps, run_});
   const json j = {{"type", type},
                   {"unix_time_s", t},
                   {"steps", steps},
+                  {"run", run_},
                   {"pid", static_cast<int64_t>(getpid())}};
   // One write a record, at once: the journal is what survives a crash.
   write_line((line_open_ ? "\n" : "") + detail::dump(j) + "\n");

@@ -1,9 +1,9 @@
 // The run journal (docs/reports.md, "ETTR"): an append-only JSON-lines file (report.journal_path)
 // that outlives the process. Each Pilot appends `start`, `progress` (steps done, at most once a
 // second and at each epoch end), `checkpoint` (Pilot::checkpoint_saved) and, at a clean exit,
-// `stop`. Read back at start-up, the runs before this one give the failures (a run without
-// `stop`), the work each lost (its time after its last checkpoint) and the effective training
-// time ratio: ETTR = productive time / wall time since the first start.
+// `stop`, each record naming its run. Read back at start-up, the runs before this one give the
+// failures (a run without `stop`), the work each lost (its time after its last checkpoint) and
+// the effective training time ratio: ETTR = productive time / wall time since the first start.
 //
 // A collector: its epoch section "journal" (RunJournalStats) feeds the checkpoint advisor.
 // Thread-safety: training thread only. Failure behaviour: the constructor throws ConfigError when
@@ -24,6 +24,12 @@
 #include "torchpilot/runtime/reports/journal_stats.h"
 
 namespace torchpilot {
+
+// The journal file of one rank (`rank`: the launcher's RANK, or null): rank 0 and a program
+// without ranks use `path`; rank N > 0 uses it with ".rankN" before the extension
+// (run.journal.jsonl -> run.journal.rank1.jsonl). Ranks sharing one config then never share a
+// file: appends from several hosts to one file interleave, and it would grow with every rank.
+std::string journal_path_for_rank(const std::string& path, const char* rank);
 
 class RunJournal final : public Collector {
  public:
@@ -55,6 +61,7 @@ class RunJournal final : public Collector {
   std::string path_;
   double (*now_)();
   WriteFn write_;
+  std::string run_;  // this run's id, in each of its records
   int fd_ = -1;
   CollectorHost* host_ = nullptr;
   std::vector<JournalRecord> records_;  // earlier runs' and this run's (runs of progress: the last)

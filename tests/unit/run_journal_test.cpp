@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "fakes/scoped_env.h"
 #include "fakes/string_logger.h"
 #include "fakes/text.h"
 #include "temp_dir.h"
@@ -251,8 +252,84 @@ TEST(RunJournalTest, AJournalPastTheReadBoundIsReadFromItsTail) {
   EXPECT_NE(log.find("run 2, 1 failures before it"), std::string::npos) << log;
 }
 
+// Every rank of a torchrun job given one config: each keeps its own journal, and neither takes
+// the other's records for a run of its own that failed.
+TEST(RunJournalTest, RanksSharingAConfigReportNoFailureThatNeverHappened) {
+  torchpilot_test::TempDir dir;
+  const std::string path = dir.file("journal.jsonl");
+  JournalRig rig0(path), rig1(path), again(path);
+  {
+    std::unique_ptr<Pilot> rank0, rank1;
+    {
+      test::ScopedEnv rank("RANK", "0");
+      rank0 = std::make_unique<Pilot>(rig0.c, rig0.options());
+    }
+    {
+      test::ScopedEnv rank("RANK", "1");
+      rank1 = std::make_unique<Pilot>(rig1.c, rig1.options());
+    }
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      for (Pilot* p : {rank0.get(), rank1.get()}) {
+        auto s = p->step(1);
+      }
+      rank0->checkpoint_saved(epoch);
+      rank1->checkpoint_saved(epoch);
+      rank0->end_epoch();
+      rank1->end_epoch();
+    }
+    for (const auto* rig : {&rig0, &rig1}) {
+      ASSERT_EQ(rig->sink->epochs.size(), 2u);
+      const RunJournalStats* j = rig->sink->epochs[1].sections.get<RunJournalStats>();
+      ASSERT_NE(j, nullptr);
+      EXPECT_EQ(j->runs, 1) << rig->log.str();
+      EXPECT_EQ(j->failures, 0) << rig->log.str();
+    }
+  }
+  const std::vector<JournalRecord> rank1 = read_journal(dir.file("journal.rank1.jsonl"));
+  ASSERT_FALSE(rank1.empty());
+  EXPECT_EQ(rank1.back().type, "stop");
+  // The job's next start, rank 0: one clean run before it.
+  test::ScopedEnv rank("RANK", "0");
+  Pilot next(again.c, again.options());
+  EXPECT_NE(again.log.str().find("run 2, 0 failures before it"), std::string::npos)
+      << again.log.str();
+}
+
+// Two runs appending to one file at once (two jobs given one journal): each record names its
+// run, and the reader keeps the runs apart.
 double g_now = 0;
 double fake_now() { return g_now; }
+
+TEST(RunJournalTest, InterleavedRunsInOneFileAreReadApart) {
+  torchpilot_test::TempDir dir;
+  const std::string path = dir.file("journal.jsonl");
+  g_now = 1000;
+  auto a = std::make_unique<RunJournal>(path, &fake_now);
+  g_now = 1010;
+  auto b = std::make_unique<RunJournal>(path, &fake_now);
+  g_now = 1100;
+  a->checkpoint_saved(10);
+  g_now = 1110;
+  b->checkpoint_saved(10);
+  g_now = 1200;
+  a.reset();  // its stop comes after b's start and checkpoint
+  g_now = 1300;
+  b.reset();
+  const RunJournalStats s = journal_stats(read_journal(path), 1300, false);
+  EXPECT_EQ(s.runs, 2);
+  EXPECT_EQ(s.failures, 0);
+  EXPECT_DOUBLE_EQ(s.lost_s, 0);
+  EXPECT_EQ(s.checkpoints, 2);
+}
+
+TEST(RunJournalTest, EachRankHasAJournalOfItsOwn) {
+  EXPECT_EQ(journal_path_for_rank("/a/run.journal.jsonl", nullptr), "/a/run.journal.jsonl");
+  EXPECT_EQ(journal_path_for_rank("/a/run.journal.jsonl", "0"), "/a/run.journal.jsonl");
+  EXPECT_EQ(journal_path_for_rank("/a/run.journal.jsonl", "3"), "/a/run.journal.rank3.jsonl");
+  EXPECT_EQ(journal_path_for_rank("/a.b/journal", "12"), "/a.b/journal.rank12");
+  EXPECT_EQ(journal_path_for_rank(".journal", "1"), ".journal.rank1");
+  EXPECT_EQ(journal_path_for_rank("j.jsonl", "../x"), "j.jsonl");  // not a rank
+}
 
 // A full disk: every write from the third on fails with ENOSPC.
 int g_writes_left = 0;
