@@ -85,8 +85,8 @@ std::string invalid_because(const json& j) {
   return {};
 }
 
-// A run's progress records but its last tell nothing more (journal_stats reads its last time):
-// keeping only that one bounds memory by checkpoints and runs, not seconds.
+// Of a run's progress records in a row only the last counts (journal_stats reads a run's last
+// time): keeping that one alone bounds memory by checkpoints and runs, not by seconds.
 void add_record(std::vector<JournalRecord>& records, JournalRecord r) {
   if (r.type == "progress" && !records.empty() && records.back().type == "progress" &&
       records.back().run == r.run && records.back().time_s <= r.time_s) {
