@@ -49,16 +49,18 @@ void PhaseScope::end() {
 // --- Pilot ----------------------------------------------------------------------------------
 
 namespace {
-// A clock the program gave: every read goes through the step scopes' destructors, where a throw
-// would end the program. One that throws is logged once, and reads give its last good time.
+// A clock the program gave (the clock, the CPU clock): every read goes through the step scopes'
+// destructors, where a throw would end the program. One that throws is logged once, and reads
+// give its last good time.
 class GuardedClock final : public Clock {
  public:
-  GuardedClock(std::shared_ptr<Clock> inner, std::shared_ptr<spdlog::logger> logger)
-      : inner_(std::move(inner)), logger_(std::move(logger)) {}
+  GuardedClock(std::shared_ptr<Clock> inner, std::shared_ptr<spdlog::logger> logger,
+               const char* name)
+      : inner_(std::move(inner)), logger_(std::move(logger)), name_(name) {}
   Nanos now_ns() const override {
     if (const auto failed = failure_of([&] { last_ = inner_->now_ns(); })) {
       if (!said_.exchange(true)) {
-        logger_->error("the clock failed{}; times stand still from here", reason_suffix(*failed));
+        logger_->error("{} failed{}; times stand still from here", name_, reason_suffix(*failed));
       }
     }
     return last_;
@@ -67,6 +69,7 @@ class GuardedClock final : public Clock {
  private:
   std::shared_ptr<Clock> inner_;
   std::shared_ptr<spdlog::logger> logger_;
+  const char* name_;
   mutable std::atomic<Nanos> last_{0};
   mutable std::atomic<bool> said_{false};
 };
@@ -80,7 +83,7 @@ Pilot::Pilot(Config config, PilotOptions options)
       // then governs this Pilot's lines only (a second Pilot must not change the first's).
       logger_(options.logger ? options.logger : torchpilot_logger()->clone("torchpilot")) {
   if (options.clock && dynamic_cast<SteadyClock*>(options.clock.get()) == nullptr) {
-    clock_ = std::make_shared<GuardedClock>(clock_, logger_);
+    clock_ = std::make_shared<GuardedClock>(clock_, logger_, "the clock");
   }
   validate(config_);  // a Config built in code gets the same checks as a file
   // A logger handed in keeps its level.
@@ -95,9 +98,11 @@ Pilot::Pilot(Config config, PilotOptions options)
     }
   }
   interval_ = IntervalRule(config_);
-  cpu_clock_ = options.cpu_clock ? options.cpu_clock
-               : options.clock   ? nullptr
-                                 : std::make_shared<ThreadCpuClock>();
+  if (options.cpu_clock) {
+    cpu_clock_ = std::make_shared<GuardedClock>(options.cpu_clock, logger_, "the CPU clock");
+  } else if (!options.clock) {
+    cpu_clock_ = std::make_shared<ThreadCpuClock>();
+  }
   if (const CostMeterFactory make = cost_meter_factory()) cost_ = make(config_);
   // The ring grows as steps come (up to records.step_history); only a default-sized start is
   // reserved, so a large history costs memory only once that many steps have run.

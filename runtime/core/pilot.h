@@ -96,7 +96,8 @@ struct PilotOptions {
   std::shared_ptr<spdlog::logger> logger;  // advisory log; default: "torchpilot" on stderr
   std::shared_ptr<Clock> clock;            // default: the steady clock
   // The training thread's CPU time (StepRecord::cpu_ns); default: ThreadCpuClock when `clock` is
-  // the default one, else none (a test's manual clock has no CPU time to go with it).
+  // the default one, else none (a test's manual clock has no CPU time to go with it). A given
+  // clock or CPU clock that throws is logged once; its reads then give its last good time.
   std::shared_ptr<Clock> cpu_clock;
   std::vector<std::shared_ptr<Sink>> sinks;  // in addition to the log and the JSON-lines file
   // Collectors the Pilot owns, added after the default ones (tests pass a GpuMonitor over a fake

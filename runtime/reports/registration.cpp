@@ -5,6 +5,7 @@
 // drop this object.
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -52,10 +53,14 @@ std::shared_ptr<Sink> no_endpoint(const Config& config, const Logger& logger) {
 }
 
 // The run journal (report.journal_path): its record of this run and the ETTR of those before.
+// Each rank keeps its own file (journal_path_for_rank).
 std::unique_ptr<Collector> make_journal(CollectorHost& host) {
-  const std::string& path = host.config().report.journal_path;
-  if (path.empty()) return nullptr;
+  const std::string& configured = host.config().report.journal_path;
+  if (configured.empty()) return nullptr;
+  const std::string path = journal_path_for_rank(configured, std::getenv("RANK"));
   auto journal = std::make_unique<RunJournal>(path);  // ConfigError: the Pilot's start fails
+  const std::string warning = journal->read_warning();
+  if (!warning.empty()) host.logger().warn("run journal {}: {}", path, warning);
   const RunJournalStats j = journal->stats();
   host.logger().info(
       "run journal {}: run {}, {} failures before it, ETTR {:.1f}% ({:.0f} s of work lost)", path,
