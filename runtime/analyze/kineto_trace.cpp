@@ -103,14 +103,27 @@ int64_t integer_in(const json& v, const std::string& where, int64_t lo, int64_t 
   const std::string range =
       "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
   if (!v.is_number()) wrong_type(where, v, range);
-  const double x = v.get<double>();
-  if (v.is_number_unsigned()
-          ? v.get<uint64_t>() > static_cast<uint64_t>(hi)
-          : !(x >= static_cast<double>(lo) && x <= static_cast<double>(hi) && x == std::floor(x))) {
-    throw KinetoError(where + " is " + (v.is_number_integer() ? v.dump() : number_text(x)) +
+  int64_t n = 0;
+  bool ok = false;
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    ok = u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+    n = ok ? static_cast<int64_t>(u) : 0;
+  } else if (v.is_number_integer()) {
+    n = v.get<int64_t>();
+    ok = true;
+  } else {
+    // An integral float (7.0) within 2^53, where doubles hold integers exactly.
+    const double x = v.get<double>();
+    ok = x == std::floor(x) && std::fabs(x) <= 9007199254740992.0;
+    n = ok ? static_cast<int64_t>(x) : 0;
+  }
+  if (!ok || n < lo || n > hi) {
+    throw KinetoError(where + " is " +
+                      (v.is_number_integer() ? v.dump() : number_text(v.get<double>())) +
                       ": expected " + range);
   }
-  return v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(x);
+  return n;
 }
 
 struct Span {

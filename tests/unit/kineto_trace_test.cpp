@@ -383,6 +383,13 @@ TEST(KinetoTrace, MessagesSayWhatWasExpectedAndWhere) {
       {R"({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1,)"
        R"( "args": {"stream": "7"}}]})",
        "traceEvents[0].args.stream is a string: expected an integer in [0, 4294967295]"},
+      {R"({"distributedInfo": {"world_size": 0}, "traceEvents": []})",
+       "distributedInfo.world_size is 0: expected an integer in [1, 16777216]"},
+      {R"({"distributedInfo": {"world_size": 2, "rank": 2}, "traceEvents": []})",
+       "distributedInfo.rank is 2: expected an integer in [0, 1]"},
+      {R"({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1,)"
+       R"( "args": {"stream": 1.5}}]})",
+       "traceEvents[0].args.stream is 1.5: expected an integer in [0, 4294967295]"},
       {R"({"deviceProperties": [{"name": 5}], "traceEvents": []})",
        "deviceProperties[0].name is a number: expected a string"},
       {R"({"traceEvents": [)" + step, "truncated JSON: the text ends inside a value (at byte 103)"},
