@@ -1,7 +1,7 @@
 // torchpilot-analyze: the advisors over a PyTorch profiler (Kineto) trace (docs/analyze.md).
 //
 //   torchpilot-analyze TRACE.json[.gz] [--config FILE] [--json] [--peak-tflops X]
-//                      [--device-name NAME]
+//                      [--device-name NAME] [--max-input-mb N] [--max-events N] [--max-seconds N]
 //
 // The profiled steps are one epoch: the same summary the live library builds (kineto_trace.h),
 // the same advisors (run_advisors) and the same text (format_epoch) or JSON (epoch_json, as the
