@@ -1,14 +1,20 @@
 // torchpilot-analyze: the advisors over a PyTorch profiler (Kineto) trace (docs/analyze.md).
 //
 //   torchpilot-analyze TRACE.json[.gz] [--config FILE] [--json] [--peak-tflops X]
-//                      [--device-name NAME]
+//                      [--device-name NAME] [--max-input-mb N] [--max-events N] [--max-seconds N]
 //
 // The profiled steps are one epoch: the same summary the live library builds (kineto_trace.h),
 // the same advisors (run_advisors) and the same text (format_epoch) or JSON (epoch_json, as the
 // JSON-lines sink writes it). Exit 0 with the advice printed; 2 on a bad flag or a file that is
-// missing, unreadable or not a Kineto trace (one line on stderr).
+// missing, unreadable, over a limit (--max-input-mb, --max-events, --max-seconds) or not a Kineto
+// trace (one line on stderr).
+#include <signal.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -18,6 +24,20 @@
 #include "torchpilot/runtime/core/config.h"
 #include "torchpilot/runtime/core/sink.h"
 #include "torchpilot/runtime/reports/sinks.h"
+
+namespace {
+
+// The message --max-seconds's alarm writes: set before the alarm, written by the handler with
+// write(2) alone (async-signal-safe), as timeout(1) ends a command.
+char g_timeout_message[256];
+
+extern "C" void on_timeout(int) {
+  const ssize_t ignored = ::write(STDERR_FILENO, g_timeout_message, std::strlen(g_timeout_message));
+  (void)ignored;
+  ::_exit(2);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace torchpilot;
@@ -47,7 +67,24 @@ int main(int argc, char** argv) {
           [](std::string& s) { return s.empty() ? std::string("an empty name") : std::string(); },
           ""))
       ->type_name("NAME");
+  KinetoLimits limits;
+  int64_t max_input_mb = limits.max_input_bytes >> 20;
+  int64_t max_seconds = 300;
+  example_cli::add_int(app, "--max-input-mb", max_input_mb, 1, 65536,
+                       "refuse a trace file, or its text once decompressed, larger than this "
+                       "(MB; default 512)");
+  example_cli::add_int(app, "--max-events", limits.max_events, 1, int64_t{1} << 40,
+                       "refuse a trace of more events than this (default 4000000)");
+  example_cli::add_int(app, "--max-seconds", max_seconds, 1, 86400,
+                       "give up (status 2) after this many seconds (default 300)");
   example_cli::parse_or_exit(app, argc, argv);
+  limits.max_input_bytes = max_input_mb << 20;
+  std::snprintf(g_timeout_message, sizeof g_timeout_message,
+                "torchpilot-analyze: gave up after %lld s (--max-seconds)\n",
+                static_cast<long long>(max_seconds));
+  ::signal(SIGALRM, on_timeout);
+  ::alarm(static_cast<unsigned>(max_seconds));
+  const std::string trace_name = printable(trace_path);
 
   Config config;
   if (!config_path.empty()) {
@@ -60,16 +97,22 @@ int main(int argc, char** argv) {
   }
   KinetoTrace trace;
   try {
-    trace = parse_kineto_trace(read_trace_file(trace_path));
+    trace = parse_kineto_trace(read_trace_file(trace_path, limits), limits);
   } catch (const KinetoError& e) {
     const std::string what = e.what();
     // read_trace_file names the file; the parser's messages do not.
-    const bool named = what.rfind(trace_path, 0) == 0;
-    std::fprintf(stderr, "torchpilot-analyze: %s%s\n", named ? "" : (trace_path + ": ").c_str(),
+    const bool named = what.rfind(trace_name, 0) == 0;
+    std::fprintf(stderr, "torchpilot-analyze: %s%s\n", named ? "" : (trace_name + ": ").c_str(),
                  what.c_str());
     return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "torchpilot-analyze: %s: out of memory reading the trace: lower --max-input-mb "
+                 "or --max-events, or raise the memory limit\n",
+                 trace_name.c_str());
+    return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "torchpilot-analyze: %s: %s\n", trace_path.c_str(), e.what());
+    std::fprintf(stderr, "torchpilot-analyze: %s: %s\n", trace_name.c_str(), e.what());
     return 2;
   }
   KinetoOptions options;
@@ -84,7 +127,7 @@ int main(int argc, char** argv) {
     std::printf("%s\n", epoch_json(summary, advice).c_str());
   } else {
     std::printf("trace %s: %zu profiled steps (ProfilerStep#%lld..#%lld) on %s\n",
-                trace_path.c_str(), trace.steps.size(),
+                trace_name.c_str(), trace.steps.size(),
                 static_cast<long long>(trace.steps.front().number),
                 static_cast<long long>(trace.steps.back().number),
                 trace.device.empty() ? "no GPU" : trace.device.c_str());

@@ -1,6 +1,9 @@
 // FLOPs from a Kineto trace's recorded shapes: the cpu_ops' inputs as the FLOP formulas'
 // arguments, counted per step by the FLOP counter's rules.
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -65,14 +68,25 @@ bool parse_list(const std::string& text, std::vector<int64_t>& out, bool& bools)
   return true;
 }
 
+// A tensor of more elements than this is on no GPU (2^40: 4 TiB in fp32).
+constexpr double kMaxElements = 1099511627776.0;
+
+std::string where_dims(size_t event) {
+  return "traceEvents[" + std::to_string(event) + "].args.\"Input Dims\"";
+}
+
 // A cpu_op's recorded inputs ("Input Dims", "Input type", "Concrete Inputs") as the FLOP
-// formulas' arguments.
-OpArgs op_args(const json& args, bool cuda) {
+// formulas' arguments. Sizes below 0 or tensors of more than kMaxElements are KinetoErrors.
+OpArgs op_args(const json& args, bool cuda, size_t event) {
   OpArgs out;
   const auto dims = args.find("Input Dims");
   const auto types = args.find("Input type");
-  if (dims == args.end() || types == args.end() || !dims->is_array() || !types->is_array()) {
-    return out;
+  if (dims == args.end() || types == args.end()) return out;
+  if (!dims->is_array() || !types->is_array()) {
+    const std::string where = "traceEvents[" + std::to_string(event) + "].args";
+    throw KinetoError(where + ".\"Input Dims\" and .\"Input type\" are " +
+                      (dims->is_array() ? "an array and not" : "not an array and") +
+                      " an array: expected two arrays");
   }
   const auto concrete = args.find("Concrete Inputs");
   for (size_t i = 0; i < types->size(); ++i) {
@@ -112,8 +126,27 @@ OpArgs op_args(const json& args, bool cuda) {
     } else {
       Shape shape;
       if (i < dims->size() && (*dims)[i].is_array()) {
-        for (const json& d : (*dims)[i]) {
-          if (d.is_number_integer()) shape.push_back(d.get<int64_t>());
+        const json& tensor = (*dims)[i];
+        const std::string where = where_dims(event) + "[" + std::to_string(i) + "]";
+        double elements = 1;
+        for (size_t d = 0; d < tensor.size(); ++d) {
+          const json& size = tensor[d];
+          const std::string at = where + "[" + std::to_string(d) + "]";
+          if (!size.is_number_integer()) {
+            throw KinetoError(at + " is not an integer: expected a size of 0 or more");
+          }
+          if (size.is_number_unsigned() ? size.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
+                                        : size.get<int64_t>() < 0) {
+            throw KinetoError(at + " is " + size.dump() + ": expected a size of 0 or more");
+          }
+          shape.push_back(size.get<int64_t>());
+          elements *= static_cast<double>(shape.back());
+        }
+        if (elements > kMaxElements) {
+          char text[96];
+          std::snprintf(text, sizeof text, " has %g elements: expected at most %g (2^40)", elements,
+                        kMaxElements);
+          throw KinetoError(where + text);
         }
       }
       out.push_back(OpArg::tensor(shape, c10_dtype(type), cuda));
@@ -133,11 +166,13 @@ void count_flops(std::vector<CpuOp>& ops, bool cuda, std::vector<KinetoStep>& st
     if (a.begin != b.begin) return a.begin < b.begin;
     return a.end > b.end;  // outer first
   });
+  // Steps are in order and never overlap: a binary search.
   auto step_of = [&](Nanos t) -> int {
-    for (size_t i = 0; i < steps.size(); ++i) {
-      if (t >= steps[i].spans.host.begin && t < steps[i].spans.host.end) return static_cast<int>(i);
-    }
-    return -1;
+    const auto after =
+        std::upper_bound(steps.begin(), steps.end(), t,
+                         [](Nanos at, const KinetoStep& k) { return at < k.spans.host.begin; });
+    if (after == steps.begin() || t >= std::prev(after)->spans.host.end) return -1;
+    return static_cast<int>(std::prev(after) - steps.begin());
   };
   size_t i = 0;
   while (i < ops.size()) {
@@ -183,7 +218,7 @@ void count_flops(std::vector<CpuOp>& ops, bool cuda, std::vector<KinetoStep>& st
       const CpuOp& op = ops[tracked[t]];
       const int s = step_of(op.begin);
       if (op.args == nullptr) continue;
-      const OpArgs args = op_args(*op.args, cuda);
+      const OpArgs args = op_args(*op.args, cuda, op.event);
       if (has_formula(op.kind)) {
         const double flops = op_flops(op.name, args);
         AttentionDelta delta;

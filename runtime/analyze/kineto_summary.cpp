@@ -1,9 +1,12 @@
 // The Kineto trace's epoch summary: the parsed steps as one EpochSummary (kineto_epoch_summary).
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <limits>
 #include <map>
 #include <utility>
 
+#include "kineto_trace_internal.h"
 #include "torchpilot/runtime/analyze/kineto_trace.h"
 #include "torchpilot/runtime/core/metrics.h"
 #include "torchpilot/runtime/flops/device_peaks.h"
@@ -44,16 +47,43 @@ EpochSummary kineto_epoch_summary(const KinetoTrace& t, const KinetoOptions& opt
     GpuEpochAccumulator gpu;
     const int sm = std::max(1, t.sm_count);
     const KernelIndex index(t.events.kernels);  // one for all the trace's steps
-    for (const KinetoStep& k : t.steps) {
+    // Each step sees the copies, syncs and op scopes from the previous step's start to its end
+    // (kernels through the index): a sync's drain counts in the step it ends in and the next.
+    // The live library looks back up to a second, a window of ~100 steps; over all of a trace
+    // of 20,000 short steps that look-back made the analysis quadratic.
+    const auto& ev = t.events;
+    kineto_detail::Overlaps copies_in(
+        ev.copies.size(), [&](size_t i) { return ev.copies[i].begin; },
+        [&](size_t i) { return ev.copies[i].end; });
+    kineto_detail::Overlaps syncs_in(
+        ev.syncs.size(), [&](size_t i) { return ev.syncs[i].begin; },
+        [&](size_t i) { return ev.syncs[i].end; });
+    kineto_detail::Overlaps scopes_in(
+        ev.scopes.size(), [&](size_t i) { return ev.scopes[i].begin; },
+        [&](size_t i) { return ev.scopes[i].end; });
+    std::vector<size_t> found;
+    Nanos look_back = std::numeric_limits<Nanos>::min();
+    for (size_t i = 0; i < t.steps.size(); ++i) {
+      const KinetoStep& k = t.steps[i];
+      const Interval span = k.spans.figures();
+      const Interval previous = i > 0 ? t.steps[i - 1].spans.figures() : span;
+      look_back = std::max(look_back, std::min({previous.begin, span.begin, k.spans.host.begin}));
+      const Nanos until = std::max(span.end, k.spans.host.end);
+      GpuEventBatch near;
+      copies_in.find(look_back, until, found);
+      for (size_t c : found) near.copies.push_back(ev.copies[c]);
+      syncs_in.find(look_back, until, found);
+      for (size_t c : found) near.syncs.push_back(ev.syncs[c]);
+      scopes_in.find(look_back, until, found);
+      for (size_t c : found) near.scopes.push_back(ev.scopes[c]);
       std::vector<SyncSite> sites;
-      const GpuStats g = gpu_step_stats(t.events, k.spans, sm, 0, &sites, &index);
+      const GpuStats g = gpu_step_stats(near, k.spans, sm, 0, &sites, &index);
       gpu.add(g);
       ++gpu.steps;
       if (k.spans.gpu_timed) ++gpu.gpu_timed_steps;
       if (g.traced_ns > 0) gpu.add_sync_sites(sites);
-      if (k.spans.traced)
-        gpu.add_kernels(index.overlapping(k.spans.figures()), k.spans.figures(), sm);
-      add_kernel_classes(gpu.classes, t.events, k.spans, sm, &index);
+      if (k.spans.traced) gpu.add_kernels(index.overlapping(span), span, sm);
+      add_kernel_classes(gpu.classes, near, k.spans, sm, &index);
     }
     GpuEpochStats e;
     e.device = device;
@@ -96,11 +126,11 @@ EpochSummary kineto_epoch_summary(const KinetoTrace& t, const KinetoOptions& opt
     c.step_wall_ns = summary.wall_ns;
     std::map<CommOp, CommOpStats> ops;
     for (const CollectiveRecord& r : t.collectives) {
-      bool in_step = false;
-      for (const KinetoStep& k : t.steps) {
-        in_step = in_step || (r.begin_ns >= k.spans.host.begin && r.begin_ns < k.spans.host.end);
-      }
-      if (!in_step) continue;
+      // In a step: the last step starting at or before it holds it (steps never overlap).
+      const auto after =
+          std::upper_bound(t.steps.begin(), t.steps.end(), r.begin_ns,
+                           [](Nanos at, const KinetoStep& k) { return at < k.spans.host.begin; });
+      if (after == t.steps.begin() || r.begin_ns >= std::prev(after)->spans.host.end) continue;
       CommOpStats& o = ops[r.op];
       o.op = r.op;
       ++o.count;
@@ -109,17 +139,24 @@ EpochSummary kineto_epoch_summary(const KinetoTrace& t, const KinetoOptions& opt
       c.stats.bytes += r.bytes;
     }
     // Communication time: the NCCL kernels in each step's GPU span, exposed where no compute
-    // kernel or copy runs (gpu_window_metrics, as the trace windows' figures).
-    std::vector<Interval> copies;
-    for (const CopyRecord& r : t.events.copies) copies.push_back({r.begin, r.end});
+    // kernel or copy runs (gpu_window_metrics, as the trace windows' figures). The kernels and
+    // copies near each span come from the index and a sweep, not from all of the trace.
+    const KernelIndex index(t.events.kernels);
+    kineto_detail::Overlaps copies_in(
+        t.events.copies.size(), [&](size_t i) { return t.events.copies[i].begin; },
+        [&](size_t i) { return t.events.copies[i].end; });
+    std::vector<size_t> found;
     for (const KinetoStep& k : t.steps) {
       std::vector<KernelEvent> kernels;
-      for (const KernelRecord& r : t.events.kernels) {
+      for (const KernelRecord& r : index.overlapping(k.spans.gpu)) {
         kernels.push_back({r.begin, r.end, r.blocks, r.communication});
         if (r.communication && r.begin >= k.spans.gpu.begin && r.begin < k.spans.gpu.end) {
           c.stats.busy_ns += r.end - r.begin;
         }
       }
+      std::vector<Interval> copies;
+      copies_in.find(k.spans.gpu.begin, k.spans.gpu.end, found);
+      for (size_t i : found) copies.push_back({t.events.copies[i].begin, t.events.copies[i].end});
       const GpuWindowMetrics m =
           gpu_window_metrics(kernels, k.spans.gpu, std::max(1, t.sm_count), copies);
       c.stats.comm_ns += m.comm_ns;

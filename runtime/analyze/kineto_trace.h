@@ -7,7 +7,10 @@
 //
 // Pure: no LibTorch, no CUDA. Thread-safety: plain values and functions.
 // Failure behaviour: parse_kineto_trace and read_trace_file throw KinetoError with one line
-// saying what is wrong (unreadable file, not JSON, not a Kineto trace, no profiler steps).
+// saying what is wrong and where (unreadable or not a regular file, over a limit, not JSON, a
+// value of the wrong type or an impossible one, no profiler steps). Hostile input is bounded:
+// KinetoLimits caps the bytes read and decompressed and the events parsed, and the work after
+// parsing is n log n in the events (docs/analyze.md, "Limits and refusals").
 #pragma once
 
 #include <array>
@@ -60,11 +63,23 @@ struct KinetoTrace {
   std::vector<std::string> notes;  // what the trace does not say (printed by the tool)
 };
 
-// Reads a trace file, gunzipping it when it starts with gzip's magic bytes.
-std::string read_trace_file(const std::string& path);
+// What one trace may cost: a trace over a limit is refused, never read in part.
+struct KinetoLimits {
+  int64_t max_input_bytes = int64_t{512} << 20;  // the file, and its text once decompressed
+  int64_t max_events = 4'000'000;                // entries of "traceEvents"
+};
 
-// Parses a Kineto JSON trace (the object with "traceEvents").
-KinetoTrace parse_kineto_trace(std::string_view json_text);
+// Reads a trace file, gunzipping it when it starts with gzip's magic bytes. Only a regular file
+// is read (a FIFO or a device could block or never end).
+std::string read_trace_file(const std::string& path, const KinetoLimits& limits = {});
+
+// Parses a Kineto JSON trace (the object with "traceEvents"). Names (device, kernels, ops,
+// annotations) are kept printable (see printable).
+KinetoTrace parse_kineto_trace(std::string_view json_text, const KinetoLimits& limits = {});
+
+// `text` safe to print on a terminal and in a log: control characters (C0, DEL and C1, which
+// terminals read as escape sequences) written as \xHH and \u00HH.
+std::string printable(std::string_view text);
 
 struct KinetoOptions {
   double peak_tflops = 0;     // > 0: every precision's peak (as flops.peak_tflops)

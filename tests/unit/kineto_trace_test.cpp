@@ -4,8 +4,13 @@
 #include "torchpilot/runtime/analyze/kineto_trace.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <zlib.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -224,6 +229,175 @@ TEST(KinetoTrace, RejectsWhatIsNotAKinetoTrace) {
   // A trace without profiler steps: nothing to call a step.
   EXPECT_THROW(parse_kineto_trace(R"({"traceEvents": []})"), KinetoError);
   EXPECT_THROW(read_trace_file("/nonexistent/trace.json"), KinetoError);
+}
+
+// ---- hostile input (docs/analyze.md, "Limits and refusals") ------------------------------------
+
+// The message of the KinetoError `f` throws ("" when it throws none).
+template <typename F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const KinetoError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    char name[] = "/tmp/kineto_test_XXXXXX";
+    path_ = ::mkdtemp(name) != nullptr ? name : "";
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+TEST(KinetoTrace, RefusesWhatIsNotARegularFileWithoutReadingIt) {
+  TempDir dir;
+  ASSERT_EQ(::mkfifo(dir.file("fifo").c_str(), 0600), 0);
+  // Opening a FIFO with no writer blocks; refused from stat, it is never opened.
+  EXPECT_NE(error_of([&] {
+              read_trace_file(dir.file("fifo"));
+            }).find("fifo: not a regular file (a FIFO)"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              read_trace_file("/dev/zero");
+            }).find("/dev/zero: not a regular file (a character device)"),
+            std::string::npos);
+}
+
+TEST(KinetoTrace, CapsTheFileAndItsDecompressedText) {
+  TempDir dir;
+  // 8 MB of spaces, gzip-compressed: a few kB on disk.
+  const std::string text(8 << 20, ' ');
+  gzFile gz = gzopen(dir.file("bomb.json.gz").c_str(), "wb9");
+  ASSERT_NE(gz, nullptr);
+  ASSERT_EQ(gzwrite(gz, text.data(), static_cast<unsigned>(text.size())),
+            static_cast<int>(text.size()));
+  gzclose(gz);
+  KinetoLimits limits;
+  limits.max_input_bytes = 4 << 20;
+  EXPECT_NE(error_of([&] {
+              read_trace_file(dir.file("bomb.json.gz"), limits);
+            }).find("decompresses to more than 4 MB (--max-input-mb)"),
+            std::string::npos);
+  {
+    std::ofstream plain(dir.file("big.json"));
+    plain << text;
+  }
+  EXPECT_NE(error_of([&] {
+              read_trace_file(dir.file("big.json"), limits);
+            }).find("big.json: is 8 MB, above --max-input-mb 4"),
+            std::string::npos);
+  limits.max_input_bytes = 16 << 20;
+  EXPECT_EQ(read_trace_file(dir.file("bomb.json.gz"), limits).size(), text.size());
+}
+
+TEST(KinetoTrace, CapsTheEventsAndTheNesting) {
+  TraceBuilder b;
+  b.step(1, 1000, 1000).step(2, 2000, 1000).step(3, 3000, 1000);
+  KinetoLimits limits;
+  limits.max_events = 2;
+  EXPECT_EQ(error_of([&] { parse_kineto_trace(b.text(), limits); }),
+            "more than 2 events (--max-events 2)");
+  limits.max_events = 3;
+  EXPECT_EQ(parse_kineto_trace(b.text(), limits).steps.size(), 3u);
+  const std::string deep = std::string(100, '[') + std::string(100, ']');
+  EXPECT_EQ(error_of([&] { parse_kineto_trace(deep); }),
+            "nested deeper than 64 levels: expected a Kineto trace");
+}
+
+TEST(KinetoTrace, RefusesImpossibleValuesNamingTheEvent) {
+  {
+    TraceBuilder b;
+    b.step(1, 1000, 1000);
+    b.kernel("k", 1100, 1200, -300);  // events 1 (launch) and 2 (kernel)
+    EXPECT_EQ(error_of([&] { parse_kineto_trace(b.text()); }),
+              "traceEvents[2].dur is -300: expected a duration of 0 to 8.64e+10 µs");
+  }
+  {
+    TraceBuilder b;
+    b.step(1, 1000, 1000).step(2, 1500, 1000);
+    EXPECT_EQ(error_of([&] { parse_kineto_trace(b.text()); }),
+              "ProfilerStep#2 (traceEvents[1]) starts before ProfilerStep#1 (traceEvents[0]) "
+              "ends: expected one profiler step after another");
+  }
+  const auto mm = [](json dims) {
+    TraceBuilder b;
+    b.step(1, 1000, 1000);
+    b.span("cpu_op", "aten::mm", 1100, 10,
+           {{"Input Dims", dims}, {"Input type", {"float", "float"}}});
+    return error_of([&] { parse_kineto_trace(b.text()); });
+  };
+  EXPECT_EQ(mm({{64, -64}, {64, 64}}),
+            "traceEvents[1].args.\"Input Dims\"[0][1] is -64: expected a size of 0 or more");
+  EXPECT_EQ(mm({{100000000, 100000000}, {100000000, 100000000}}),
+            "traceEvents[1].args.\"Input Dims\"[0] has 1e+16 elements: expected at most "
+            "1.09951e+12 (2^40)");
+  // Shapes a GPU holds, but a step no GPU runs: 2e18 FLOPs in 1 ms.
+  EXPECT_NE(mm({{1000000, 1000000}, {1000000, 1000000}})
+                .find("ProfilerStep#1 (traceEvents[0]) counts 2e+18 FLOPs in 0.001 s"),
+            std::string::npos);
+  EXPECT_EQ(mm({{64, 64}, {64, 64}}), "");
+}
+
+TEST(KinetoTrace, NamesAreKeptPrintable) {
+  EXPECT_EQ(printable("a\x1b[2Jb\x07\x7f"), "a\\x1b[2Jb\\x07\\x7f");
+  EXPECT_EQ(printable("csi \xc2\x9b"
+                      "31m, \xc3\xa9 stays"),
+            "csi \\u009b31m, \xc3\xa9 stays");
+  TraceBuilder b;
+  b.doc()["deviceProperties"][0]["name"] = "GPU\x1b]0;owned\x07";
+  b.step(1, 1000, 1000);
+  b.kernel("evil\x1b[2J", 1100, 1200, 100);
+  const KinetoTrace t = parse_kineto_trace(b.text());
+  EXPECT_EQ(t.device, "GPU\\x1b]0;owned\\x07");
+  ASSERT_EQ(t.events.kernels.size(), 1u);
+  EXPECT_EQ(t.events.kernels[0].name, "evil\\x1b[2J");
+}
+
+TEST(KinetoTrace, MessagesSayWhatWasExpectedAndWhere) {
+  const std::string step =
+      R"({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 1000, "dur": 10})";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"", "empty file: expected a Kineto trace (a JSON object with \"traceEvents\")"},
+      {"[1, 2]",
+       "not a Kineto trace: expected a JSON object with a \"traceEvents\" array, got an array"},
+      {R"({"a": 1})",
+       "not a Kineto trace: no \"traceEvents\" key: expected a JSON object with a "
+       "\"traceEvents\" array"},
+      {R"({"traceEvents": {}})",
+       "not a Kineto trace: \"traceEvents\" is an object: expected an array of events"},
+      {R"({"traceEvents": [)" + step + ", 5]}",
+       "traceEvents[1] is a number: expected an event (a JSON object)"},
+      {R"({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": "1"}]})",
+       "traceEvents[0].ts is a string: expected a number (microseconds)"},
+      {R"({"traceEvents": [{"ph": 1}]})", "traceEvents[0].ph is a number: expected a string"},
+      {R"({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "args": []}]})",
+       "traceEvents[0].args is an array: expected an object"},
+      {R"({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1,)"
+       R"( "args": {"stream": "7"}}]})",
+       "traceEvents[0].args.stream is a string: expected an integer in [0, 4294967295]"},
+      {R"({"distributedInfo": {"world_size": 0}, "traceEvents": []})",
+       "distributedInfo.world_size is 0: expected an integer in [1, 16777216]"},
+      {R"({"distributedInfo": {"world_size": 2, "rank": 2}, "traceEvents": []})",
+       "distributedInfo.rank is 2: expected an integer in [0, 1]"},
+      {R"({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1,)"
+       R"( "args": {"stream": 1.5}}]})",
+       "traceEvents[0].args.stream is 1.5: expected an integer in [0, 4294967295]"},
+      {R"({"deviceProperties": [{"name": 5}], "traceEvents": []})",
+       "deviceProperties[0].name is a number: expected a string"},
+      {R"({"traceEvents": [)" + step, "truncated JSON: the text ends inside a value (at byte 103)"},
+      {"{\n\"traceEvents\": [x]}", "not JSON: syntax error at line 2, column 17"},
+  };
+  for (const auto& [text, message] : cases) {
+    EXPECT_EQ(error_of([&] { parse_kineto_trace(text); }), message) << text;
+  }
 }
 
 // ---- the fixtures: real traces of planted trainers (scripts/make_kineto_fixtures.py)
