@@ -8,7 +8,7 @@ namespace torchpilot {
 namespace {
 
 // The auto-tune knobs an advice's action is about: once the tuner has decided them, the tuner's
-// measurement answers the advice (docs/advice.md names the knobs each advisor speaks of).
+// measurement answers the advice (docs/reports.md, "HTML report", lists these).
 std::vector<std::string> knobs_of(const std::string& id) {
   if (id == "data_starvation") return {"loader.workers", "loader.prefetch"};
   if (id == "pageable_copies") return {"loader.pin_memory"};
