@@ -553,7 +553,7 @@ std::string HtmlReport::html() const {
         {static_cast<double>(e.first_step) - 0.5,
          (e.closed_by == PeriodEnd::kInterval ? "interval " : "epoch ") + std::to_string(e.epoch)});
   }
-  if (s.decision) {
+  if (s.decision && !s.decision->trials.empty()) {  // no trials: nothing was tunable
     marks.push_back({static_cast<double>(s.decision->decided_at_step) + 0.5, "auto-tune decided",
                      "decision-mark"});
   }
