@@ -61,6 +61,10 @@ void HtmlReport::on_step(const StepRecord& r, const std::vector<std::string>& ph
   std::vector<std::pair<std::string, double>> v;
   const double step_ms = detail::ms(r.step_ns());
   v.emplace_back("step", step_ms);
+  // Throughput of the step alone; steps of one epoch average to its samples/s over merged points.
+  const double step_s = static_cast<double>(r.step_ns()) / 1e9;
+  v.emplace_back("samples/s", r.samples > 0 && step_s > 0 ? r.samples / step_s : kNotMeasured);
+  v.emplace_back("steps/s", step_s > 0 ? 1 / step_s : kNotMeasured);
   v.emplace_back("data wait", detail::ms(r.data_wait_ns));
   v.emplace_back("data_wait_share", r.step_ns() > 0
                                         ? static_cast<double>(r.data_wait_ns) / r.step_ns()

@@ -2,15 +2,17 @@
 // and CSS, one inline script that checks the charts rendered; no network), rewritten at each
 // epoch's end and at flush() (the Pilot's exit). Built from what the sinks receive: steps, the
 // GPU monitor's late step records, epoch summaries with their sections and advice, auto-tune
-// trials and the decision.
+// trials and the decision. It leads with the run's findings (findings.h: the advice deduplicated
+// across epochs and ranked by gain), then the charts.
 //
 // Memory is bounded: per-step series keep at most kMaxPoints points; past that, neighbouring
 // points are merged (means over twice as many steps).
 //
-// Communication: a collector's step metrics in section "comm" (e.g. comm.communication_ms,
-// comm.exposed_communication_ms) are drawn in the "Communication" chart; other collectors' step
-// metrics in one chart per section, and epoch sections this file does not know as tables of their
-// JSON fields. Panels of code elsewhere: register_report_panel.
+// Communication: a collector's step times in section "comm" (metrics named *_ms, e.g.
+// comm.time_ms, comm.exposed_ms) are drawn in the "Communication" chart; other collectors' step
+// metrics in one chart per section, and epoch sections this file does not chart as tables of
+// their JSON fields, both folded under "Internals". Panels of code elsewhere:
+// register_report_panel.
 #pragma once
 
 #include <functional>
