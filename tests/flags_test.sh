@@ -2,7 +2,9 @@
 # Bad command-line flags of the examples and the benchmarks (CLI11, examples/common/cli_flags.h):
 # each row runs one program with one bad flag and expects, within a few seconds, exit status 2,
 # nothing on stdout (so nothing started: no data preparation, no model, no training) and the
-# flag's name in the message on stderr. Then --help exits 0 and lists the flags.
+# flag's name in the message on stderr. Then --help exits 0 and lists the flags. Rows that expect
+# "accepted" run a one-step training with a value at the edge of a flag's range (0 where 0 means
+# none, as its help and the README say) and expect exit status 0.
 #   flags_test.sh JPEG_CLASSIFIER GPT_TRAINER [GPT_OVERHEAD] [AUTOTUNE_GRID] [PLANTED_PAIRS]
 #   (empty: skipped)
 set -uo pipefail
@@ -80,6 +82,11 @@ rows=(
   "gpt_trainer|$gpt --no-flops 1|not expected: 1"
   "gpt_trainer|$gpt --steps|--steps"
   "gpt_trainer|$gpt --d-model 100 --heads 3|--heads"
+  "gpt_trainer|$gpt --bucket-mb -1|--bucket-mb"
+  "gpt_trainer|$gpt --straggler-ms -1|--straggler-ms"
+  "gpt_trainer|$gpt --host-loader --loader-io-us -1|--loader-io-us"
+  "gpt_trainer|$gpt --steps 1 --epochs 1 --mode off --no-flops --bucket-mb 0 --straggler-ms 0|accepted"
+  "gpt_trainer|$gpt --steps 1 --epochs 1 --mode off --no-flops --host-loader --loader-sample-us 0 --loader-io-us 0|accepted"
 
   "gpt_overhead|$gpt --batch 4294967297|--batch"
   "gpt_overhead|$gpt --rounds 4294967297|--rounds"
@@ -135,7 +142,15 @@ run_case() {  # index program expect args...
   shift 3
   local dir="$work/case$i" what="$prog $*" rc
   mkdir -p "$dir" && cd "$dir" || return
-  if [ "$expect" = "--help" ]; then
+  if [ "$expect" = "accepted" ]; then
+    timeout 60 "${bin[$prog]}" "$@" >out.txt 2>err.txt
+    rc=$?
+    if [ "$rc" -ne 0 ]; then
+      echo "FAIL: $what: exit status $rc, expected 0; stderr: $(head -c 300 err.txt)"
+    else
+      echo "ok: $what accepted"
+    fi
+  elif [ "$expect" = "--help" ]; then
     timeout 10 "${bin[$prog]}" --help >out.txt 2>err.txt
     rc=$?
     if [ "$rc" -ne 0 ]; then

@@ -46,20 +46,27 @@ inline CLI::Validator Integer(int64_t min, int64_t max) {
       "");
 }
 
-// A finite number greater than `above` and at most `max` ("3e-4"; not "inf", "nan", "1e400").
-inline CLI::Validator Number(double above, double max) {
-  char range_text[64];
-  std::snprintf(range_text, sizeof range_text, "(%g, %g]", above, max);
-  const std::string range = range_text;
+// The text of a range: "(0, 10]" or, with its lower end included, "[0, 10]".
+inline std::string range_text(double low, bool low_included, double max) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%s%g, %g]", low_included ? "[" : "(", low, max);
+  return text;
+}
+
+// A finite number above `low` (or equal to it when `low_included`) and at most `max` ("3e-4";
+// not "inf", "nan", "1e400").
+inline CLI::Validator Number(double low, double max, bool low_included = false) {
+  const std::string range = range_text(low, low_included, max);
   return CLI::Validator(
-      [above, max, range](std::string& text) -> std::string {
+      [low, max, low_included, range](std::string& text) -> std::string {
         char* stop = nullptr;
         const double v = std::strtod(text.c_str(), &stop);
         if (text.empty() || stop != text.c_str() + text.size()) {
           return "'" + text + "' is not a number";
         }
         if (!std::isfinite(v)) return "'" + text + "' is not a finite number";
-        if (!(v > above) || v > max) return "'" + text + "' is out of range " + range;
+        const bool above_low = low_included ? v >= low : v > low;
+        if (!above_low || v > max) return "'" + text + "' is out of range " + range;
         return {};
       },
       "");
@@ -127,9 +134,18 @@ CLI::Option* add_int(CLI::App& app, const std::string& name, T& value, int64_t m
 // A floating-point flag, finite, in (above, max].
 inline CLI::Option* add_number(CLI::App& app, const std::string& name, double& value, double above,
                                double max, const std::string& help) {
-  char type[64];
-  std::snprintf(type, sizeof type, "NUMBER in (%g, %g]", above, max);
-  return app.add_option(name, value, help)->check(Number(above, max))->type_name(type);
+  return app.add_option(name, value, help)
+      ->check(Number(above, max))
+      ->type_name("NUMBER in " + range_text(above, false, max));
+}
+
+// A floating-point flag, finite, in [0, max]: for amounts where 0 means none (no extra work, no
+// bucketing), so the default 0 can also be given.
+inline CLI::Option* add_amount(CLI::App& app, const std::string& name, double& value, double max,
+                               const std::string& help) {
+  return app.add_option(name, value, help)
+      ->check(Number(0, max, true))
+      ->type_name("NUMBER in " + range_text(0, true, max));
 }
 
 // A path flag (see Path); `kind` names it in the help (FILE, DIR).

@@ -102,12 +102,12 @@ int main(int argc, char** argv) {
   app.add_flag("--no-overlap", no_overlap,
                "all-reduce the gradients after backward instead of from backward's hooks "
                "(plants exposed communication)");
-  example_cli::add_number(app, "--bucket-mb", options.bucket_mb, 0, 1 << 20,
+  example_cli::add_amount(app, "--bucket-mb", options.bucket_mb, 1 << 20,
                           "gradient bucket size, MiB (0: one bucket per parameter)")
       ->capture_default_str();
   example_cli::add_int(app, "--straggler-rank", straggler_rank, 0, 1023,
                        "this rank does --straggler-ms of host work per step (plants a straggler)");
-  example_cli::add_number(app, "--straggler-ms", straggler_ms, 0, 1e6,
+  example_cli::add_amount(app, "--straggler-ms", straggler_ms, 1e6,
                           "host work per step on --straggler-rank, ms")
       ->capture_default_str();
   app.add_flag("--offload-activations", options.offload_activations,
@@ -124,11 +124,11 @@ int main(int argc, char** argv) {
                "batches from a host data loader (torchpilot::TunableLoader over a host copy of "
                "the corpus, one window per sample) instead of cut on the device: data wait is "
                "measured and the loader.* knobs are advised on and, in mode autotune, tuned");
-  example_cli::add_number(app, "--loader-sample-us", options.loader_sample_us, 0, 1e7,
+  example_cli::add_amount(app, "--loader-sample-us", options.loader_sample_us, 1e7,
                           "with --host-loader: CPU work per sample, microseconds of the loading "
                           "thread's CPU time (stands for tokenization / decoding)")
       ->capture_default_str();
-  example_cli::add_number(app, "--loader-io-us", options.loader_io_us, 0, 1e7,
+  example_cli::add_amount(app, "--loader-io-us", options.loader_io_us, 1e7,
                           "with --host-loader: waiting per sample, microseconds of sleep (stands "
                           "for storage latency; costs no core)")
       ->capture_default_str();
