@@ -259,7 +259,9 @@ std::optional<Advice> advise_periodic_stall(const EpochSummary& s, const Advisor
     const double cost_s = each_ms / 1e3;
     const double young_s = std::sqrt(2 * cost_s * j->mtbf_s);
     const double now_s = static_cast<double>(o->period) * median_s;
-    const auto young_steps = static_cast<long long>(std::max(1.0, std::round(young_s / median_s)));
+    // Held within range before the cast (a journal's times are bounded, a step's may be tiny).
+    const auto young_steps =
+        static_cast<long long>(std::clamp(std::round(young_s / median_s), 1.0, 1e15));
     a.evidence.push_back({"mtbf", j->mtbf_s, "s"});
     a.evidence.push_back({"young_interval", young_s, "s"});
     interval =

@@ -282,8 +282,14 @@ class PrometheusSink::Endpoint : public httplib::Server {
     // cpp-httplib listens with a backlog of 5: a burst of connections beyond it has its SYNs
     // dropped and retried a second later. Listening again sets the queue's length.
     ::listen(svr_sock_, limits_.max_connections);
-    workers_ = std::make_unique<httplib::ThreadPool>(2);
-    gate_ = std::thread([this] { run_gate(); });
+    // No thread to be had (RLIMIT_NPROC, say): no endpoint, and nothing left running.
+    try {
+      workers_ = std::make_unique<httplib::ThreadPool>(2);
+      gate_ = std::thread([this] { run_gate(); });
+    } catch (...) {
+      if (workers_) workers_->shutdown();
+      return false;
+    }
     return true;
   }
 
@@ -294,8 +300,19 @@ class PrometheusSink::Endpoint : public httplib::Server {
     std::string head;
   };
 
+  // The gate's loop, guarded: out of memory, it closes what it holds and stops serving (one log
+  // line) instead of ending the program.
   void run_gate() {
     std::vector<Pending> pending;
+    try {
+      gate_loop(pending);
+    } catch (...) {
+      logger_->warn("Prometheus endpoint off: its connection thread failed (out of memory?)");
+    }
+    for (const Pending& p : pending) close_connection(p.fd);
+  }
+
+  void gate_loop(std::vector<Pending>& pending) {
     std::vector<pollfd> fds;
     auto paused_until = Monotonic::time_point::min();  // accept() out of descriptors
     while (!stopping_) {
@@ -332,7 +349,6 @@ class PrometheusSink::Endpoint : public httplib::Server {
       pending.swap(still);
       if (fds[1].revents != 0) accept_all(pending, paused_until);
     }
-    for (const Pending& p : pending) close_connection(p.fd);
   }
 
   // Reads what the connection has sent; false when it closed, failed or sent too long a head.
@@ -346,7 +362,9 @@ class PrometheusSink::Endpoint : public httplib::Server {
   }
 
   void accept_all(std::vector<Pending>& pending, Monotonic::time_point& paused_until) {
-    for (;;) {
+    // At most a cap's worth a round: a flood of connections must not keep the gate from its
+    // poll() (the stop pipe, the deadlines, the complete requests).
+    for (int round = 0; round < limits_.max_connections + 1 && !stopping_; ++round) {
       const int fd = ::accept4(svr_sock_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         // Out of descriptors: the connection stays queued; accept() again in a while.
@@ -375,9 +393,9 @@ class PrometheusSink::Endpoint : public httplib::Server {
   void answer(Pending p) {
     workers_->enqueue([this, fd = p.fd, head = std::move(p.head), deadline = p.deadline] {
       if (!stopping_) {
-        RequestStream stream(fd, head, deadline, stop_pipe_[0]);
-        bool closed = false;
         try {
+          RequestStream stream(fd, head, deadline, stop_pipe_[0]);
+          bool closed = false;
           process_request(stream, /*close_connection=*/true, closed, nullptr);
         } catch (...) {  // out of memory, say: this connection ends, the endpoint goes on
         }
@@ -425,9 +443,17 @@ PrometheusSink::PrometheusSink(const std::string& address, int port,
     port_ = port;
     ok = endpoint_->bind_to_port(address, port);
   }
-  if (!ok || !endpoint_->start()) {
+  if (!ok) {
     logger->warn("Prometheus endpoint off: cannot bind {}:{} (in use, or not an address here)",
                  address, port);
+    endpoint_.reset();
+    return;
+  }
+  if (!endpoint_->start()) {
+    logger->warn(
+        "Prometheus endpoint off: {}:{} bound, but its threads or stop pipe could not "
+        "be made ({})",
+        address, port_, std::strerror(errno));
     endpoint_.reset();
     return;
   }

@@ -352,6 +352,12 @@ std::string source_of(const Config& config, const std::string& key);
 // Throws ConfigError naming the key, source_of() and the OS's reason.
 void check_output_paths(const Config& config);
 
+// The journal file of one rank (`rank`: the launcher's RANK, or null): rank 0 and a program
+// without ranks use `path`; rank N > 0 uses it with ".rankN" before the extension
+// (run.journal.jsonl -> run.journal.rank1.jsonl). Ranks sharing one config then never share a
+// file: appends from several hosts to one file interleave, and it would grow with every rank.
+std::string journal_path_for_rank(const std::string& path, const char* rank);
+
 // Every key as "section.name", in file order; docs and tests use it.
 std::vector<std::string> config_keys();
 

@@ -158,6 +158,18 @@ Identity identity_of(const std::string& path) {
 
 }  // namespace
 
+std::string journal_path_for_rank(const std::string& path, const char* rank) {
+  if (rank == nullptr || *rank == '\0') return path;
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(rank, &end, 10);
+  if (*end != '\0' || errno != 0 || n <= 0) return path;  // rank 0, or not a rank
+  const size_t name = path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/') + 1;
+  size_t dot = path.find_last_of('.');
+  if (dot == std::string::npos || dot <= name) dot = path.size();  // no extension
+  return path.substr(0, dot) + ".rank" + std::to_string(n) + path.substr(dot);
+}
+
 void check_output_paths(const Config& config) {
   std::vector<Output> outputs;
   auto add = [&](const char* key, const std::string& path, Writes writes) {
@@ -165,7 +177,12 @@ void check_output_paths(const Config& config) {
   };
   add("log.json_path", config.log.json_path, Writes::kAppend);
   add("report.html_path", config.report.html_path, Writes::kRename);
-  add("report.journal_path", config.report.journal_path, Writes::kReadAndAppend);
+  // The file this rank's journal opens (rank N > 0: its own).
+  add("report.journal_path",
+      config.report.journal_path.empty()
+          ? std::string()
+          : journal_path_for_rank(config.report.journal_path, std::getenv("RANK")),
+      Writes::kReadAndAppend);
   add("report.trace_dir", config.report.trace_dir, Writes::kIntoFolder);
 
   // One file for two outputs: one would overwrite or interleave with the other's records. The

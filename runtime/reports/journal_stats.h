@@ -47,6 +47,9 @@ struct JournalReadNotes {
 // record takes about 110 bytes; a longer line is skipped as invalid). Reading stays bounded in
 // time and memory whatever the file holds.
 constexpr int64_t kJournalReadMaxBytes = int64_t{64} << 20;
+// A record's time outside these (Unix seconds: 1970 to about the year 5100) is invalid.
+constexpr double kJournalEarliestTimeS = 0;
+constexpr double kJournalLatestTimeS = 1e11;
 constexpr size_t kJournalLineMaxBytes = 64 << 10;
 // Empty when the file cannot be opened or is not a regular file. A line cut short by a crash is
 // skipped quietly; any other line that is not a valid record is skipped and noted.

@@ -82,6 +82,13 @@ std::string invalid_because(const json& j) {
       return std::string(f.key) + " is " + is + ", expected " + f.expected;
     }
   }
+  // A time no run had: ETTR, MTBF and the checkpoint interval derived from it would be absurd
+  // (and turned into steps, out of any integer's range).
+  const double t = j["unix_time_s"].get<double>();
+  if (!(t >= kJournalEarliestTimeS && t <= kJournalLatestTimeS)) {
+    return "unix_time_s is " + std::to_string(t) + ", expected seconds since 1970, at most 1e11";
+  }
+  if (j["steps"].get<int64_t>() < 0) return "steps is negative, expected a count";
   return {};
 }
 
@@ -104,7 +111,9 @@ std::vector<JournalRecord> read_records(int fd, int64_t size, const std::string&
   notes.unread_bytes = begin;
   std::string line;
   bool too_long = false;
-  bool cut = begin > 0;  // the line the bound cut: part of what is not read
+  // The line the bound cut (part of what is not read), unless the bound fell on a line's start.
+  char before = '\n';
+  bool cut = begin > 0 && !(::pread(fd, &before, 1, begin - 1) == 1 && before == '\n');
   int64_t line_number = 0;
   int64_t line_at = begin;  // the line's first byte
   auto finish = [&] {
@@ -196,18 +205,6 @@ std::vector<JournalRecord> read_journal(const std::string& path, JournalReadNote
   return out;
 }
 
-std::string journal_path_for_rank(const std::string& path, const char* rank) {
-  if (rank == nullptr || *rank == '\0') return path;
-  char* end = nullptr;
-  errno = 0;
-  const long long n = std::strtoll(rank, &end, 10);
-  if (*end != '\0' || errno != 0 || n <= 0) return path;  // rank 0, or not a rank
-  const size_t name = path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/') + 1;
-  size_t dot = path.find_last_of('.');
-  if (dot == std::string::npos || dot <= name) dot = path.size();  // no extension
-  return path.substr(0, dot) + ".rank" + std::to_string(n) + path.substr(dot);
-}
-
 RunJournalStats journal_stats(const std::vector<JournalRecord>& records, double now_s,
                               bool running) {
   RunJournalStats s;
@@ -294,11 +291,19 @@ RunJournal::RunJournal(const std::string& path, double (*now_s)(), WriteFn write
                           "): the journal is read back at start-up and appended to, which only "
                           "a regular file allows without blocking or reading without end");
   }
-  records_ = read_records(fd_, st.st_size, path_, read_notes_);
-  // A line a crash cut short must not swallow this run's first record.
-  char last = '\n';
-  line_open_ = st.st_size > 0 && ::pread(fd_, &last, 1, st.st_size - 1) == 1 && last != '\n';
-  append("start", 0);
+  // A regular file: writes block as usual (a non-blocking one's EAGAIN would read as a failure).
+  (void)::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
+  try {
+    records_ = read_records(fd_, st.st_size, path_, read_notes_);
+    // A line a crash cut short must not swallow this run's first record.
+    char last = '\n';
+    line_open_ = st.st_size > 0 && ::pread(fd_, &last, 1, st.st_size - 1) == 1 && last != '\n';
+    append("start", 0);
+  } catch (...) {
+    ::close(fd_);  // a constructor that throws runs no destructor
+    fd_ = -1;
+    throw;
+  }
 }
 
 RunJournal::~RunJournal() { close(); }

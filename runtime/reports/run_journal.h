@@ -25,11 +25,7 @@
 
 namespace torchpilot {
 
-// The journal file of one rank (`rank`: the launcher's RANK, or null): rank 0 and a program
-// without ranks use `path`; rank N > 0 uses it with ".rankN" before the extension
-// (run.journal.jsonl -> run.journal.rank1.jsonl). Ranks sharing one config then never share a
-// file: appends from several hosts to one file interleave, and it would grow with every rank.
-std::string journal_path_for_rank(const std::string& path, const char* rank);
+// journal_path_for_rank (core/config.h): the file of one rank.
 
 class RunJournal final : public Collector {
  public:

@@ -550,6 +550,30 @@ TEST(ConfigEdge, OneFileForTwoOutputsIsRefusedAtStart) {
   EXPECT_FALSE(fs::exists(fresh)) << "the check leaves nothing behind";
 }
 
+TEST(ConfigEdge, ARanksJournalIsCheckedAtTheFileItOpens) {
+  // Rank 1's journal is "run.rank1.jsonl": the check looks at that file, shared or not.
+  TempDir dir;
+  const char* old_rank = std::getenv("RANK");
+  const std::string saved = old_rank != nullptr ? old_rank : "";
+  ::setenv("RANK", "1", 1);
+  Config config;
+  config.log.json_path = dir.file("run.rank1.jsonl");
+  config.report.journal_path = dir.file("run.jsonl");
+  const ConfigError e = start_error(config);
+  EXPECT_EQ(e.key(), "report.journal_path") << e.what();
+  EXPECT_NE(e.reason().find("log.json_path"), std::string::npos) << e.what();
+  // Rank 1's file a folder: refused, though the configured name is free.
+  fs::create_directories(dir.file("other.rank1.jsonl"));
+  Config folder;
+  folder.report.journal_path = dir.file("other.jsonl");
+  EXPECT_EQ(start_error(folder).key(), "report.journal_path");
+  if (old_rank != nullptr) {
+    ::setenv("RANK", saved.c_str(), 1);
+  } else {
+    ::unsetenv("RANK");
+  }
+}
+
 TEST(ConfigEdge, TraceDirThatTakesNoFilesIsRefusedAtStart) {
   TempDir dir;
   const std::string folder = unwritable_folder(dir);

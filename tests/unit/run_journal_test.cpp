@@ -183,6 +183,21 @@ TEST(RunJournalTest, ARecordWithAWrongTypedFieldIsSkippedWithOneLineNamingFileLi
   EXPECT_NEAR(j->lost_s, 500, 1);
 }
 
+TEST(RunJournalTest, ATimeNoRunHadIsAnInvalidRecord) {
+  // A time of -1e300 would make an MTBF of 1e300 s and a checkpoint interval past any integer.
+  torchpilot_test::TempDir dir;
+  const std::string t0 = std::to_string(now_s() - 1000);
+  const std::string path = dir.write(
+      "journal.jsonl", record("start", t0, "0") + record("progress", "-1e300", "5") +
+                           record("progress", "1e300", "5") + record("progress", t0, "-3"));
+  JournalRig rig(path);
+  std::unique_ptr<Pilot> pilot;
+  ASSERT_NO_THROW(pilot = std::make_unique<Pilot>(rig.c, rig.options()));
+  const std::string log = rig.log.str();
+  EXPECT_NE(log.find("3 invalid records skipped"), std::string::npos) << log;
+  EXPECT_NE(log.find(path + ":2: unix_time_s is"), std::string::npos) << log;
+}
+
 // Waits at most `bound_s` for `pid` to exit; kills it if it does not. Its exit code, or -1 when
 // it had to be killed (or died of a signal).
 int wait_bounded(pid_t pid, double bound_s) {
