@@ -491,7 +491,9 @@ def main():
                         help="comma-separated names of every program the docs may name")
     # CMake passes an empty argument for a program it does not build.
     parser.add_argument("empty", nargs="*", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    # CMake passes an empty argument for each --bin whose target this build has not (a build
+    # without examples or benchmarks, e.g. the sanitizer passes).
+    args = parser.parse_args([a for a in sys.argv[1:] if a])
     root = os.path.abspath(args.root)
     bins = dict(b.split("=", 1) for b in args.bin if "=" in b and b.split("=", 1)[1])
     programs = sorted(set(filter(None, args.programs.split(","))) | set(bins))
