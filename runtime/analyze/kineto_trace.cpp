@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "kineto_trace_internal.h"
+#include "torchpilot/runtime/core/file_kind.h"
 #include "torchpilot/runtime/core/metrics.h"
 #include "torchpilot/runtime/flops/attention_detector.h"
 #include "torchpilot/runtime/flops/device_peaks.h"
@@ -287,15 +288,6 @@ std::string printable(std::string_view text) {
 }
 
 namespace {
-
-const char* file_kind(mode_t mode) {
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a file";
-}
 
 std::string megabytes(int64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) >> 20); }
 

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "torchpilot/runtime/core/config.h"
+#include "torchpilot/runtime/core/file_kind.h"
 #include "torchpilot/runtime/core/format.h"
 #include "torchpilot/runtime/core/logging.h"
 
@@ -177,16 +178,6 @@ std::vector<JournalRecord> read_records(int fd, int64_t size, const std::string&
   }
   if (!cut && (too_long || !line.empty())) finish();  // a last line without its end
   return out;
-}
-
-// The file's type in words, for the refusal of anything but a regular file.
-const char* file_kind(mode_t mode) {
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
 }
 
 }  // namespace
