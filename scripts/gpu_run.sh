@@ -2,8 +2,8 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default bench/runs/gpu-out, git-ignored; curated baselines: bench/baselines/).
-#   scripts/gpu_run.sh [all|build|test|gputest|capture|pmprobe|kineto|clocks|example|bench|gpt|gptab|overhead|planted|shortepochs|shortsteps|launchheavy|shortparts|collectives1|collectives2|memory|offload|loader2]...
-#   (default: all; collectives2 and loader2 need two GPUs; collectives1, memory, offload,
+#   scripts/gpu_run.sh [all|build|test|gputest|capture|pmprobe|kineto|clocks|example|bench|gpt|gptab|overhead|planted|shortepochs|shortsteps|launchheavy|shortparts|gpureport|collectives1|collectives2|collectives4|memory|offload|loader2]...
+#   (default: all; collectives2 and loader2 need two GPUs, collectives4 four; collectives1, memory, offload,
 #   loader2, pmprobe and gptab only when named)
 # gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs,
 # and the per-parameter AdamW beside the default fused one); overhead: bench/gpt_overhead
@@ -97,6 +97,21 @@ if named collectives1; then
   done
 fi
 
+# collectives_suite N: the suite below on N GPUs of one host (collectives2, collectives4).
+collectives_suite() {
+  local n=$1
+  log "collectives$n: $(nvidia-smi -L | wc -l) GPUs; topology:"
+  nvidia-smi topo -m 2>&1 | tee "$OUT/topology.txt" | head -8
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  ./build-gpu/bench/collectives --world-size "$n" --suite ${COLL_SUITE:-full} --compare-observer \
+    --d-model 1024 --layers 8 --heads 16 \
+    --seq 1024 --batch 16 --rounds 7 --steps 30 --warmup 5 --buckets 4 --buckets 16 \
+    --buckets 25 --buckets 64 --buckets 128 --autotune-start 4 --autotune-warmup 150 \
+    --straggler-ms 20 --machine "$MACHINE-x$n" \
+    --commit "$COMMIT" ${COLL_ARGS:-} --out "$OUT/collectives-$MACHINE-x$n.json" 2>&1 \
+    | tee "$OUT/collectives$n.log" | grep -vE "^\s*$" | tail -40
+}
+
 if want collectives2 && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -lt 2 ]; then
   log "collectives2: skipped (fewer than 2 GPUs)"
 elif want collectives2; then
@@ -105,16 +120,14 @@ elif want collectives2; then
   # estimate against the measured gain), bucket sizes and bus bandwidth against NVLink, the bucket
   # auto-tune, a planted straggler. COLL_ARGS overrides the model or rounds; COLL_SUITE=overlap
   # runs the overlap part alone.
-  log "collectives2: $(nvidia-smi -L | wc -l) GPUs; topology:"
-  nvidia-smi topo -m 2>&1 | tee "$OUT/topology.txt" | head -8
-  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-  ./build-gpu/bench/collectives --world-size 2 --suite ${COLL_SUITE:-full} --compare-observer --d-model 1024 \
-    --layers 8 --heads 16 \
-    --seq 1024 --batch 16 --rounds 7 --steps 30 --warmup 5 --buckets 4 --buckets 16 \
-    --buckets 25 --buckets 64 --buckets 128 --autotune-start 4 --autotune-warmup 150 \
-    --straggler-ms 20 --machine "$MACHINE-x2" \
-    --commit "$COMMIT" ${COLL_ARGS:-} --out "$OUT/collectives-$MACHINE-x2.json" 2>&1 \
-    | tee "$OUT/collectives2.log" | grep -vE "^\s*$" | tail -40
+  collectives_suite 2
+fi
+
+if named collectives4 && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -lt 4 ]; then
+  log "collectives4: skipped (fewer than 4 GPUs)"
+elif named collectives4; then
+  # The same suite on four GPUs of one host (issue 43), beside the two-GPU results.
+  collectives_suite 4
 fi
 
 if named loader2 && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -lt 2 ]; then
@@ -164,6 +177,22 @@ if want gputest; then
   log "gpu-labelled tests, verbose"
   (cd build-gpu && ctest -L gpu ${GPUTEST_REGEX:+-R "$GPUTEST_REGEX"} --output-on-failure -V 2>&1) | tee "$OUT/ctest-gpu.log" \
     | grep -E "^\[|collector|torch profiler|traced steps|Passed|Failed|Skipped|tests passed|SKIP" | tail -60
+fi
+
+if named gpureport; then
+  # A GPU run's reports for the docs (docs/images/report-gpu.png is its HTML in headless
+  # Chromium): the GPT example in fp32 with unfused attention and a host loader of 1 worker that
+  # auto-tune moves, every report on. GPUREPORT_ARGS adds flags.
+  log "gpureport: GPT example, fp32, unfused attention, host loader tuned from 1 worker"
+  rm -rf "$OUT/gpureport"; mkdir -p "$OUT/gpureport/traces"
+  TORCHPILOT_REPORT_HTML_PATH="$OUT/gpureport/report-gpu.html" \
+  TORCHPILOT_REPORT_TRACE_DIR="$OUT/gpureport/traces" \
+    ./build-gpu/examples/gpt_trainer --d-model 1024 --layers 4 --heads 16 --seq 1024 --batch 8 \
+    --precision fp32 --attention unfused --host-loader --loader-sample-us 3000 \
+    --loader-workers 1 --mode autotune --steps 80 --epochs 4 \
+    --json "$OUT/gpureport/report-gpu.jsonl" ${GPUREPORT_ARGS:-} > "$OUT/gpureport/gpt.log" 2>&1
+  log "gpureport: exit $?; $(ls "$OUT/gpureport/traces" | wc -l) trace files"
+  grep -E "^gpt: epoch|advice|autotune decision" "$OUT/gpureport/gpt.log" | tail -20
 fi
 
 if named pmprobe; then

@@ -8,12 +8,19 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "gpu_test_support.h"
 #include "torchpilot/runtime/gpu/gpu_monitor.h"
 #include "torchpilot/torchpilot.h"
+#include "unit/temp_dir.h"
+#include "unit/trace_event_check.h"
 
 namespace torchpilot {
 namespace {
@@ -266,6 +273,72 @@ TEST_F(GpuTimelineTest, PhasesGetTheirGpuTimeWhenTheHostRunsAhead) {
   EXPECT_GT(static_cast<double>(gemm.busy_ns), 0.9 * static_cast<double>(gemm.gpu_ns));
   EXPECT_LT(gemm.host_ns * 3, gemm.gpu_ns) << "the host queued the GEMMs and went on";
   EXPECT_LE(g.phases_gpu.covered_ns, g.phases_gpu.step_gpu_ns);
+}
+
+// The Perfetto trace a real window writes (report.trace_dir): one file per window, a valid trace
+// (the format's required fields; complete events of a track nest), the window's steps on the
+// training thread and on the GPU, and on the GPU's stream tracks the kernels the window counted.
+TEST_F(GpuTimelineTest, AWindowsTraceFileHoldsItsStepsAndKernels) {
+  Workload w;
+  torchpilot_test::TempDir dir;
+  constexpr int kSteps = 12, kFirst = 4, kWindow = 3;
+  Config c = testing_support::gpu_config(kFirst, kWindow);
+  c.report.trace_dir = dir.file("traces");
+  int64_t traced_kernels = 0;
+  {
+    PilotRun run(c);
+    TORCHPILOT_REQUIRE_COLLECTORS(run, "activity");
+    for (int i = 0; i < kSteps; ++i) {
+      auto step = run.pilot->step(1);
+      w.run(20, 2);
+      torch::cuda::synchronize();
+    }
+    run.pilot->end_epoch();
+    run.pilot.reset();  // the trace sink writes at the epoch's end; the Pilot's end flushes
+    for (const auto& r : run.sink->late<GpuStepRecord>()) {
+      if (r.traced) traced_kernels += r.stats.kernels;
+    }
+  }
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(c.report.trace_dir)) {
+    files.push_back(e.path());
+  }
+  ASSERT_EQ(files.size(), 1u) << "one window, one trace file";
+  const std::string name = files[0].filename().string();
+  EXPECT_NE(name.find("_window_e0_s"), std::string::npos) << name;
+  std::ifstream in(files[0]);
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  const std::vector<std::string> problems = torchpilot_test::trace_event_problems(trace);
+  EXPECT_TRUE(problems.empty()) << problems.size() << " problems, first: " << problems.front();
+
+  // Track names (thread_name metadata) by (pid, tid); then what each X event is on.
+  std::map<std::pair<int64_t, int64_t>, std::string> tracks;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e.value("ph", "") == "M" && e.value("name", "") == "thread_name") {
+      tracks[{e["pid"].get<int64_t>(), e["tid"].get<int64_t>()}] = e["args"]["name"];
+    }
+  }
+  std::set<std::string> host_steps, gpu_steps;
+  int64_t kernels = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e.value("ph", "") != "X") continue;
+    const std::string track = tracks[{e["pid"].get<int64_t>(), e["tid"].get<int64_t>()}];
+    const std::string ev = e["name"];
+    if (track.rfind("steps and phases", 0) == 0 && ev.rfind("step ", 0) == 0) host_steps.insert(ev);
+    if (track.rfind("GPU steps", 0) == 0 && ev.rfind("step ", 0) == 0) gpu_steps.insert(ev);
+    if (track.rfind("stream ", 0) == 0) ++kernels;
+  }
+  std::printf("trace %s: %zu events, %zu host steps, %zu GPU steps, %lld kernels (window: %lld)\n",
+              name.c_str(), trace["traceEvents"].size(), host_steps.size(), gpu_steps.size(),
+              static_cast<long long>(kernels), static_cast<long long>(traced_kernels));
+  EXPECT_EQ(host_steps.size(), static_cast<size_t>(kWindow));
+  EXPECT_EQ(gpu_steps.size(), static_cast<size_t>(kWindow));
+  EXPECT_GT(traced_kernels, 0);
+  // The file takes every record between the window's first and last step (a kernel between two
+  // steps too); the steps count those inside their GPU spans: with a sync per step, the same.
+  EXPECT_NEAR(static_cast<double>(kernels), static_cast<double>(traced_kernels),
+              std::max(2.0, 0.02 * static_cast<double>(traced_kernels)))
+      << "the file's kernels are the window's";
 }
 
 #else
