@@ -2,11 +2,14 @@
 // ahead of the GPU (no per-step synchronization) get the same per-step figures as the same
 // trainer synchronizing every step, because steps are attributed by the GPU span between the
 // step markers (docs/metrics.md, "GPU time of a step").
+#include <execinfo.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -24,6 +27,20 @@
 
 namespace torchpilot {
 namespace {
+
+// A crash on the GPU machine (no debugger there) prints its stack to stderr before dying.
+void print_stack_and_die(int sig) {
+  void* frames[64];
+  const int n = backtrace(frames, 64);
+  backtrace_symbols_fd(frames, n, STDERR_FILENO);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+const bool kStackOnCrash = [] {
+  std::signal(SIGSEGV, print_stack_and_die);
+  std::signal(SIGABRT, print_stack_and_die);
+  return true;
+}();
 
 #if TORCHPILOT_TORCH_CUDA
 
@@ -299,6 +316,8 @@ TEST_F(GpuTimelineTest, AWindowsTraceFileHoldsItsStepsAndKernels) {
       if (r.traced) traced_kernels += r.stats.kernels;
     }
   }
+  std::fprintf(stderr, "[trace test] run done, %lld traced kernels\n",
+               static_cast<long long>(traced_kernels));
   std::vector<std::filesystem::path> files;
   for (const auto& e : std::filesystem::directory_iterator(c.report.trace_dir)) {
     files.push_back(e.path());
@@ -308,22 +327,24 @@ TEST_F(GpuTimelineTest, AWindowsTraceFileHoldsItsStepsAndKernels) {
   EXPECT_NE(name.find("_window_e0_s"), std::string::npos) << name;
   std::ifstream in(files[0]);
   const nlohmann::json trace = nlohmann::json::parse(in);
+  std::fprintf(stderr, "[trace test] %s parsed\n", name.c_str());
   const std::vector<std::string> problems = torchpilot_test::trace_event_problems(trace);
-  EXPECT_TRUE(problems.empty()) << problems.size() << " problems, first: " << problems.front();
+  EXPECT_TRUE(problems.empty()) << problems.size() << " problems, first: "
+                                << (problems.empty() ? "" : problems.front());
 
   // Track names (thread_name metadata) by (pid, tid); then what each X event is on.
   std::map<std::pair<int64_t, int64_t>, std::string> tracks;
   for (const auto& e : trace["traceEvents"]) {
     if (e.value("ph", "") == "M" && e.value("name", "") == "thread_name") {
-      tracks[{e["pid"].get<int64_t>(), e["tid"].get<int64_t>()}] = e["args"]["name"];
+      tracks[{e.at("pid").get<int64_t>(), e.at("tid").get<int64_t>()}] = e.at("args").at("name");
     }
   }
   std::set<std::string> host_steps, gpu_steps;
   int64_t kernels = 0;
   for (const auto& e : trace["traceEvents"]) {
     if (e.value("ph", "") != "X") continue;
-    const std::string track = tracks[{e["pid"].get<int64_t>(), e["tid"].get<int64_t>()}];
-    const std::string ev = e["name"];
+    const std::string track = tracks[{e.at("pid").get<int64_t>(), e.at("tid").get<int64_t>()}];
+    const std::string ev = e.at("name");
     if (track.rfind("steps and phases", 0) == 0 && ev.rfind("step ", 0) == 0) host_steps.insert(ev);
     if (track.rfind("GPU steps", 0) == 0 && ev.rfind("step ", 0) == 0) gpu_steps.insert(ev);
     if (track.rfind("stream ", 0) == 0) ++kernels;
