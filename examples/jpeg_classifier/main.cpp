@@ -35,8 +35,9 @@ int main(int argc, char** argv) {
       ->check(example_cli::DirectoryOrAbsent())
       ->capture_default_str();
   example_cli::add_int(app, "--steps", steps, 0, 1000000000,
-                       "training steps; 0 (auto): in autotune mode until two epochs after the "
-                       "tuning decision (at least 400 steps), else 400")
+                       "training steps; 0 (auto): in autotune mode until two whole epochs after "
+                       "the tuning decision (at least 400 steps, ending at an epoch's end), "
+                       "else 400")
       ->capture_default_str();
   example_cli::add_int(app, "--batch", options.batch_size, 1, 65536, "batch size")
       ->capture_default_str();

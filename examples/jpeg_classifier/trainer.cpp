@@ -142,11 +142,13 @@ RunResult Trainer::run(torchpilot::Pilot& pilot, int64_t steps,
       }
       loss_sum += loss.detach();
       seen += batch.data.size(0);
-      if (++result.steps >= steps || (stop && stop())) {
+      if (++result.steps >= steps) {
         stopped = true;
         break;
       }
     }
+    // `stop` is asked at epoch ends only: a run it ends has no partial last epoch.
+    if (stop && stop()) stopped = true;
   }
   pilot.end_epoch();  // the last, partial epoch (a no-op if the loader just ended one)
   const int64_t batches = std::max<int64_t>(1, seen / impl_->options.batch_size);

@@ -38,8 +38,8 @@ class Trainer {
   ~Trainer();
 
   // Trains up to `steps` steps (across epochs) with a new TunableLoader using `settings`, attached
-  // to `pilot`, stopping early when `stop` (checked after each step) says so. Ends the pilot's
-  // epoch at the end, also for a partial epoch.
+  // to `pilot`, stopping early when `stop` (asked at each epoch's end) says so. Ends the pilot's
+  // epoch at the end, also for a partial epoch (the `steps` bound can cut one).
   RunResult run(torchpilot::Pilot& pilot, int64_t steps, const torchpilot::LoaderSettings& settings,
                 const std::function<bool()>& stop = {});
 
