@@ -32,9 +32,9 @@ std::shared_ptr<Sink> json_sink(const Config& config, const Logger&) {
   return make_json_lines_sink(config.log.json_path);
 }
 
-std::shared_ptr<Sink> trace_sink(const Config& config, const Logger&) {
+std::shared_ptr<Sink> trace_sink(const Config& config, const Logger& logger) {
   if (config.report.trace_dir.empty()) return nullptr;
-  return make_trace_sink(config.report.trace_dir);
+  return make_trace_sink(config.report.trace_dir, logger);
 }
 
 std::shared_ptr<Sink> html_sink(const Config& config, const Logger&) {

@@ -1,5 +1,6 @@
 #include "torchpilot/runtime/reports/trace_events.h"
 
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 
 #include "torchpilot/runtime/core/config.h"
 #include "torchpilot/runtime/core/format.h"
+#include "torchpilot/runtime/gpu/gpu_records.h"
 
 namespace torchpilot {
 namespace {
@@ -267,7 +269,8 @@ namespace {
 
 class TraceSink : public Sink {
  public:
-  explicit TraceSink(std::string dir) : dir_(std::move(dir)), run_(trace_run_id()) {
+  TraceSink(std::string dir, std::shared_ptr<spdlog::logger> logger)
+      : dir_(std::move(dir)), run_(trace_run_id()), logger_(std::move(logger)) {
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
     if (ec || !std::filesystem::is_directory(dir_)) {
@@ -280,6 +283,14 @@ class TraceSink : public Sink {
     if (const auto* w = r.get<GpuWindowRecord>()) pending_.push_back({*w, false});
   }
   void on_epoch(const EpochSummary& summary, const std::vector<Advice>& advice) override {
+    if (!checked_gpu_ && logger_ != nullptr && summary.sections.get<GpuEpochStats>() == nullptr) {
+      // A user who set trace_dir would otherwise find an empty folder and no reason.
+      logger_->info(
+          "report.trace_dir: this run observes no GPU (no GPU, or gpu.enabled false), so no trace "
+          "windows are written to '{}': they record GPU activity",
+          dir_);
+    }
+    checked_gpu_ = true;
     for (const auto& p : pending_) write(p.window, advice);
     pending_.clear();
   }
@@ -309,13 +320,16 @@ class TraceSink : public Sink {
   };
   std::string dir_;
   std::string run_;  // in every file's name: a later run never replaces this one's files
+  std::shared_ptr<spdlog::logger> logger_;
+  bool checked_gpu_ = false;
   std::vector<Pending> pending_;
 };
 
 }  // namespace
 
-std::shared_ptr<Sink> make_trace_sink(const std::string& dir) {
-  return std::make_shared<TraceSink>(dir);
+std::shared_ptr<Sink> make_trace_sink(const std::string& dir,
+                                      std::shared_ptr<spdlog::logger> logger) {
+  return std::make_shared<TraceSink>(dir, std::move(logger));
 }
 
 }  // namespace torchpilot

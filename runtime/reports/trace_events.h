@@ -14,6 +14,10 @@
 #include "torchpilot/runtime/gpu/gpu_backend.h"
 #include "torchpilot/runtime/gpu/gpu_metrics.h"
 
+namespace spdlog {
+class logger;
+}
+
 namespace torchpilot {
 
 // One step of a window, on the steady clock.
@@ -68,7 +72,9 @@ std::string window_trace_file_name(const std::string& run, const GpuWindowRecord
 // Writes each window's trace into `dir` (created if missing) at its epoch's end, with the
 // epoch's advice; windows still open at flush() (the program's exit) are written without it.
 // Its files' names carry its run id (trace_run_id): a restarted job never replaces the files of
-// an earlier run in the same folder.
-std::shared_ptr<Sink> make_trace_sink(const std::string& dir);
+// an earlier run in the same folder. A run that observes no GPU (no gpu section at the first
+// epoch's end) has no windows: `logger`, when given, says so once.
+std::shared_ptr<Sink> make_trace_sink(const std::string& dir,
+                                      std::shared_ptr<spdlog::logger> logger = nullptr);
 
 }  // namespace torchpilot

@@ -3,6 +3,8 @@
 #include "torchpilot/runtime/reports/trace_events.h"
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <filesystem>
 #include <fstream>
@@ -244,6 +246,34 @@ TEST(TraceEventsTest, NoTraceDirNoWindowRecords) {
   pilot.end_epoch();
   EXPECT_TRUE(rig.sink->late<GpuWindowRecord>().empty());
   EXPECT_FALSE(rig.sink->late_steps.empty());
+}
+
+// A run that observes no GPU has no trace windows: the trace folder stays empty, and the log
+// says why, once.
+TEST(TraceEventsTest, ARunWithoutAGpuSaysWhyTheTraceFolderStaysEmpty) {
+  torchpilot_test::TempDir dir;
+  Config c;
+  c.mode = Mode::kAdvise;
+  c.gpu.enabled = false;
+  c.report.trace_dir = dir.file("traces");
+  std::ostringstream log;
+  PilotOptions o;
+  o.logger = std::make_shared<spdlog::logger>(
+      "trace_test", std::make_shared<spdlog::sinks::ostream_sink_mt>(log));
+  {
+    Pilot pilot(c, o);
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      for (int i = 0; i < 3; ++i) auto s = pilot.step(1);
+      pilot.end_epoch();
+    }
+  }
+  const std::string text = log.str();
+  const std::string line = "report.trace_dir";
+  const size_t at = text.find(line);
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_EQ(text.find(line, at + 1), std::string::npos) << "said once: " << text;
+  EXPECT_NE(text.find("no GPU", at), std::string::npos) << text;
+  EXPECT_TRUE(std::filesystem::is_empty(dir.file("traces")));
 }
 
 }  // namespace
