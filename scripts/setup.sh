@@ -8,10 +8,12 @@ cd "$(dirname "$0")/.."
 # them already; named so the sanitizer passes do not rest on that). chromium: the HTML report's
 # browser test (it skips without); libcpp-httplib-dev: the Prometheus endpoint's HTTP server;
 # libgloo-dev: the Gloo headers c10d's ProcessGroupGloo needs (the collectives tests).
-# zlib1g-dev: gzip-compressed PyTorch profiler traces (torchpilot-analyze).
+# zlib1g-dev: gzip-compressed PyTorch profiler traces (torchpilot-analyze). prometheus: promtool
+# and the server, for the endpoint's tests against Prometheus itself (they skip without; about
+# 96 MB installed; Debian does not start its service in a container without systemd).
 packages=(cmake ninja-build g++ ccache libtorch-dev libspdlog-dev libyaml-cpp-dev nlohmann-json3-dev
           libgtest-dev libgmock-dev libjpeg62-turbo-dev libcli11-dev libasan8 libubsan1 libtsan2
-          libcpp-httplib-dev chromium libgloo-dev zlib1g-dev python3)
+          libcpp-httplib-dev chromium libgloo-dev zlib1g-dev python3 prometheus)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -16,9 +16,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "torchpilot/runtime/comm/comm_records.h"
 #include "torchpilot/runtime/core/config.h"
 #include "torchpilot/runtime/flops/flop_records.h"
 #include "torchpilot/runtime/gpu/gpu_records.h"
@@ -79,10 +81,16 @@ std::string value_text(double v) {
   return buf;
 }
 
+// A bucket bound as written in code (0.0005, 2.5, 60), not its binary expansion.
+std::string bound_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
 class Writer {
  public:
-  explicit Writer(const MetricsSnapshot& s)
-      : base_("rank=\"" + label_value(s.rank) + "\",device=\"" + label_value(s.device) + "\"") {}
+  explicit Writer(const MetricsSnapshot& s) : base_("rank=\"" + label_value(s.rank) + "\"") {}
   // Names and help texts pass through metric_name and escaped; `labels` come escaped.
   void family(const std::string& name, const char* type, const std::string& help) {
     const std::string n = metric_name(name);
@@ -92,9 +100,10 @@ class Writer {
     out_ += metric_name(name) + "{" + base_ + (labels.empty() ? "" : "," + labels) + "} " +
             value_text(v) + "\n";
   }
-  void one(const std::string& name, const char* type, const std::string& help, double v) {
+  void one(const std::string& name, const char* type, const std::string& help, double v,
+           const std::string& labels = "") {
     family(name, type, help);
-    sample(name, v);
+    sample(name, v, labels);
   }
   std::string take() { return std::move(out_); }
 
@@ -118,8 +127,17 @@ std::string prometheus_text(const MetricsSnapshot& s) {
   w.one("torchpilot_samples_total", "counter",
         "Samples of the completed steps (0 if not reported).", static_cast<double>(s.samples));
   w.one("torchpilot_epochs_total", "counter", "Epochs completed.", static_cast<double>(s.epochs));
-  w.family("torchpilot_step_duration_seconds", "summary",
+  // A histogram: p50/p90 of several ranks or scrapes aggregate from it (histogram_quantile over
+  // sum by (le)); a per-epoch percentile gauge would not.
+  w.family("torchpilot_step_duration_seconds", "histogram",
            "Step time, boundary to boundary (the wait for the batch included).");
+  int64_t cumulative = 0;
+  for (size_t i = 0; i < kStepSecondsBucketCount; ++i) {
+    cumulative += s.step_buckets[i];
+    w.sample("torchpilot_step_duration_seconds_bucket", static_cast<double>(cumulative),
+             "le=\"" + bound_text(kStepSecondsBuckets[i]) + "\"");
+  }
+  w.sample("torchpilot_step_duration_seconds_bucket", static_cast<double>(s.steps), "le=\"+Inf\"");
   w.sample("torchpilot_step_duration_seconds_sum", s.step_seconds_sum);
   w.sample("torchpilot_step_duration_seconds_count", static_cast<double>(s.steps));
   w.one("torchpilot_last_step_duration_seconds", "gauge", "The latest step's time.",
@@ -140,10 +158,6 @@ std::string prometheus_text(const MetricsSnapshot& s) {
           s.epoch_samples_per_second);
     w.one("torchpilot_epoch_data_wait_ratio", "gauge",
           "The last epoch's data wait as a share of step time.", s.epoch_data_wait_ratio);
-    w.one("torchpilot_epoch_step_p50_seconds", "gauge", "The last epoch's median step time.",
-          s.epoch_step_p50_seconds);
-    w.one("torchpilot_epoch_step_p90_seconds", "gauge",
-          "The last epoch's 90th-percentile step time.", s.epoch_step_p90_seconds);
   }
   if (s.has_mfu) {
     w.one("torchpilot_mfu_ratio", "gauge", "The last epoch's model FLOPs utilization.",
@@ -151,16 +165,44 @@ std::string prometheus_text(const MetricsSnapshot& s) {
     w.one("torchpilot_hfu_ratio", "gauge", "The last epoch's hardware FLOPs utilization.",
           s.hfu_ratio);
   }
+  if (s.has_comm) {
+    w.one("torchpilot_communication_seconds_total", "counter",
+          "Time collectives ran (their union), over the completed epochs.", s.comm_seconds);
+    w.one("torchpilot_exposed_communication_seconds_total", "counter",
+          "Of the communication time, the part the training thread waited for.",
+          s.exposed_comm_seconds);
+  }
+  if (s.has_ranks) {
+    w.one("torchpilot_ranks_reported", "gauge",
+          "Ranks whose summary rank 0 had at the last epoch's end (rank 0 only).",
+          static_cast<double>(s.ranks_reported));
+    if (!s.stragglers.empty()) {
+      w.family("torchpilot_straggler_excess_seconds", "gauge",
+               "The last epoch's stragglers (rank 0 only; at most 8, largest first): compute and "
+               "data wait per step above the ranks' median.");
+      for (const auto& st : s.stragglers) {
+        w.sample("torchpilot_straggler_excess_seconds", st.excess_seconds,
+                 "straggler_rank=\"" + std::to_string(st.rank) + "\"");
+      }
+    }
+  }
+  const std::string device =
+      s.gpu_device.empty() ? std::string() : "device=\"" + label_value(s.gpu_device) + "\"";
   for (const auto& [name, v] : s.gpu) {
     w.one("torchpilot_gpu_" + name + "_ratio", "gauge",
-          "The latest step's GPU " + name + " (docs/metrics.md).", v);
+          "The latest step's GPU " + name + " (docs/metrics.md).", v, device);
   }
   if (!s.advice.empty()) {
     w.family("torchpilot_advice_expected_gain_ratio", "gauge",
              "The last epoch's advice by id: expected throughput gain (0.4 = +40%).");
     for (const auto& a : s.advice) {
       w.sample("torchpilot_advice_expected_gain_ratio", a.expected_gain,
-               "id=\"" + label_value(a.id) + "\",severity=\"" + label_value(a.severity) + "\"");
+               "id=\"" + label_value(a.id) + "\"");
+    }
+    w.family("torchpilot_advice_severity", "gauge",
+             "The last epoch's advice by id: its severity (1 info, 2 warning, 3 high).");
+    for (const auto& a : s.advice) {
+      w.sample("torchpilot_advice_severity", a.severity, "id=\"" + label_value(a.id) + "\"");
     }
   }
   for (const auto& [name, hv] : s.extra) w.one(name, "gauge", hv.first, hv.second);
@@ -420,11 +462,9 @@ class PrometheusSink::Endpoint : public httplib::Server {
 };
 
 PrometheusSink::PrometheusSink(const std::string& address, int port,
-                               std::shared_ptr<spdlog::logger> logger, std::string device,
-                               PrometheusLimits limits)
+                               std::shared_ptr<spdlog::logger> logger, PrometheusLimits limits)
     : endpoint_(std::make_unique<Endpoint>(limits, logger)) {
   state_.rank = rank_from_env();
-  state_.device = std::move(device);
   published_ = state_;
   endpoint_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(scrape(), "text/plain; version=0.0.4; charset=utf-8");
@@ -483,6 +523,10 @@ void PrometheusSink::on_step(const StepRecord& r, const std::vector<std::string>
   const double sec = static_cast<double>(r.step_ns()) / 1e9;
   state_.step_seconds_sum += sec;
   state_.last_step_seconds = sec;
+  // The first bucket whose bound holds the step (le: less or equal), else the one above all.
+  const double* bound =
+      std::lower_bound(std::begin(kStepSecondsBuckets), std::end(kStepSecondsBuckets), sec);
+  ++state_.step_buckets[bound - std::begin(kStepSecondsBuckets)];
   state_.data_wait_seconds += static_cast<double>(r.data_wait_ns) / 1e9;
   for (size_t i = 0; i < phase_names.size() && i < r.phase_ns.size(); ++i) {
     if (r.phase_ns[i] > 0 || state_.phase_seconds.count(phase_names[i]) > 0) {
@@ -495,6 +539,9 @@ void PrometheusSink::on_step(const StepRecord& r, const std::vector<std::string>
 void PrometheusSink::on_late_step(const LateStepRecord& r) {
   const GpuStepRecord* g = r.get<GpuStepRecord>();
   if (g == nullptr) return;
+  if (state_.gpu_device.empty() && g->device_index >= 0) {
+    state_.gpu_device = std::to_string(g->device_index);
+  }
   auto set = [this](const char* name, double v) {
     if (measured(v)) state_.gpu[name] = v;
   };
@@ -511,8 +558,24 @@ void PrometheusSink::on_epoch(const EpochSummary& e, const std::vector<Advice>& 
   ++state_.epochs;
   state_.epoch_samples_per_second = e.samples_per_s;
   state_.epoch_data_wait_ratio = e.data_wait_fraction;
-  state_.epoch_step_p50_seconds = static_cast<double>(e.step_p50_ns) / 1e9;
-  state_.epoch_step_p90_seconds = static_cast<double>(e.step_p90_ns) / 1e9;
+  if (const auto* c = e.sections.get<CommEpochStats>(); c != nullptr) {
+    state_.has_comm = true;
+    state_.comm_seconds += static_cast<double>(c->stats.comm_ns) / 1e9;
+    state_.exposed_comm_seconds += static_cast<double>(c->stats.exposed_ns) / 1e9;
+  }
+  if (const auto* r = e.sections.get<RankEpochStats>(); r != nullptr) {
+    state_.has_ranks = true;
+    state_.ranks_reported = static_cast<int64_t>(r->ranks.size());
+    state_.stragglers.clear();
+    for (const Straggler& st : r->stragglers) {
+      state_.stragglers.push_back({st.rank, st.excess_ns / 1e9});
+    }
+    std::sort(state_.stragglers.begin(), state_.stragglers.end(),
+              [](const auto& a, const auto& b) { return a.excess_seconds > b.excess_seconds; });
+    if (state_.stragglers.size() > MetricsSnapshot::kMaxStragglers) {
+      state_.stragglers.resize(MetricsSnapshot::kMaxStragglers);
+    }
+  }
   if (const auto* f = e.sections.get<FlopEpochStats>(); f != nullptr && measured(f->mfu)) {
     state_.has_mfu = true;
     state_.mfu_ratio = f->mfu;
@@ -520,7 +583,7 @@ void PrometheusSink::on_epoch(const EpochSummary& e, const std::vector<Advice>& 
   }
   state_.advice.clear();
   for (const Advice& a : advice) {
-    state_.advice.push_back({a.id, to_string(a.severity), a.expected_gain});
+    state_.advice.push_back({a.id, static_cast<int>(a.severity) + 1, a.expected_gain});
   }
   publish();
 }
@@ -531,8 +594,7 @@ std::shared_ptr<Sink> make_prometheus_sink(const Config& config,
                                            const std::shared_ptr<spdlog::logger>& logger) {
   if (config.report.prometheus_port == 0) return nullptr;
   auto sink = std::make_shared<PrometheusSink>(config.report.prometheus_address,
-                                               config.report.prometheus_port, logger,
-                                               std::to_string(config.gpu.device));
+                                               config.report.prometheus_port, logger);
   if (!sink->serving()) return nullptr;
   return sink;
 }

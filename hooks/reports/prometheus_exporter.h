@@ -25,20 +25,46 @@ class logger;
 
 namespace torchpilot {
 
+// Step-time histogram buckets (upper bounds, seconds): steps from half a millisecond to a minute.
+inline constexpr double kStepSecondsBuckets[] = {
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+inline constexpr size_t kStepSecondsBucketCount =
+    sizeof kStepSecondsBuckets / sizeof kStepSecondsBuckets[0];
+
+// Every label set is fixed for a series' life: rank on every sample (RANK, else 0); device only
+// on the GPU figures, from the GPU observed (absent without one); an advice's severity is the
+// value of its own gauge, never a label.
 struct MetricsSnapshot {
-  std::string rank = "0", device = "0";
+  std::string rank = "0";
+  std::string gpu_device;  // the CUDA device index observed; empty: no GPU figures yet
   int64_t steps = 0, samples = 0, epochs = 0;
   double step_seconds_sum = 0, data_wait_seconds = 0, last_step_seconds = 0;
+  // Steps at most each bucket's bound (not cumulative; the exposition sums them), and above all.
+  int64_t step_buckets[kStepSecondsBucketCount + 1] = {};
   std::map<std::string, double> phase_seconds;  // by phase name
   // The last epoch's figures (NaN: not measured).
   double epoch_samples_per_second = 0, epoch_data_wait_ratio = 0;
-  double epoch_step_p50_seconds = 0, epoch_step_p90_seconds = 0;
   double mfu_ratio = 0, hfu_ratio = 0;
   bool has_mfu = false;
+  // Communication since the start (the comm sections' totals): its time and the part of it the
+  // training thread waited for; has_comm once a comm section came.
+  bool has_comm = false;
+  double comm_seconds = 0, exposed_comm_seconds = 0;
+  // Rank 0's last cross-rank table: the stragglers (at most kMaxStragglers, largest excess first)
+  // and the ranks that reported.
+  struct StragglerFigure {
+    int rank = 0;
+    double excess_seconds = 0;  // per step
+  };
+  static constexpr size_t kMaxStragglers = 8;
+  bool has_ranks = false;
+  int64_t ranks_reported = 0;
+  std::vector<StragglerFigure> stragglers;
   // The latest step's GPU figures, by name (sm_efficiency, ...), fractions.
   std::map<std::string, double> gpu;
   struct AdviceGain {
-    std::string id, severity;
+    std::string id;
+    int severity = 0;  // 1 info, 2 warning, 3 high
     double expected_gain = 0;
   };
   std::vector<AdviceGain> advice;  // the last epoch's
@@ -64,9 +90,8 @@ class PrometheusSink : public Sink {
   // Binds `address`:`port` (port 0: any free port, for tests). serving() false after a failed
   // bind, with one warning line on `logger`; the endpoint also warns there once if clients reach
   // limits.max_connections.
-  // `device`: the CUDA device index observed (label device).
   PrometheusSink(const std::string& address, int port, std::shared_ptr<spdlog::logger> logger,
-                 std::string device = "0", PrometheusLimits limits = {});
+                 PrometheusLimits limits = {});
   ~PrometheusSink() override;
   std::string name() const override { return "prometheus"; }
   void on_step(const StepRecord& record, const std::vector<std::string>& phase_names) override;

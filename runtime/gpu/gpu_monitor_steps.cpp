@@ -85,6 +85,7 @@ void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
   rec.step = step.step;
   rec.epoch = step.epoch;
   rec.traced = step.traced;
+  rec.device_index = device_.index;
   rec.gpu_timed = spans.gpu_timed;
   rec.gpu_shared = spans.gpu_shared;
   if (spans.gpu_timed) {

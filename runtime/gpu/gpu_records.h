@@ -173,7 +173,8 @@ struct GpuStepRecord {
   // host time's share of theirs, not its own.
   bool gpu_shared = false;
   Nanos gpu_begin_ns = 0, gpu_end_ns = 0;
-  Nanos gpu_lag_ns = 0;  // GPU span end - host span end: how far the GPU ran behind the host
+  Nanos gpu_lag_ns = 0;   // GPU span end - host span end: how far the GPU ran behind the host
+  int device_index = -1;  // the CUDA device observed (gpu.device); -1: unknown
   GpuStats stats;
 };
 

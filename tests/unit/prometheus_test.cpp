@@ -1,5 +1,8 @@
 // The Prometheus endpoint, scraped over loopback with cpp-httplib's client and parsed as the text
-// exposition format: families with HELP and TYPE, names by the conventions, labels rank and device.
+// exposition format: families with HELP and TYPE, names by the conventions, label sets that stay
+// fixed (rank on every sample, device on GPU figures only, severity never a label), the step time
+// as a histogram; and, where Debian's prometheus package is installed, promtool's check and a real
+// Prometheus server scraping two ranks.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -83,7 +86,7 @@ Parsed parse(const std::string& text) {
       }
       s.value = std::stod(m[3]);
       std::string family = s.name;
-      for (const char* suffix : {"_sum", "_count"}) {
+      for (const char* suffix : {"_sum", "_count", "_bucket"}) {
         const std::string sx(suffix);
         if (!p.types.count(family) && family.size() > sx.size() &&
             family.compare(family.size() - sx.size(), sx.size(), sx) == 0) {
@@ -91,8 +94,10 @@ Parsed parse(const std::string& text) {
         }
       }
       if (!p.types.count(family)) p.problems.push_back("sample before its TYPE: " + s.name);
-      if (!s.labels.count("rank") || !s.labels.count("device"))
-        p.problems.push_back("no rank/device labels: " + line);
+      if (!s.labels.count("rank")) p.problems.push_back("no rank label: " + line);
+      if (s.labels.count("device") && s.name.rfind("torchpilot_gpu_", 0) != 0)
+        p.problems.push_back("a device label outside the GPU figures: " + line);
+      if (s.labels.count("severity")) p.problems.push_back("severity as a label: " + line);
       p.samples.push_back(s);
     } else {
       p.problems.push_back("unparsed line: " + line);
@@ -178,7 +183,7 @@ class SlowClients {
 TEST(PrometheusTest, AScrapeOverLoopbackParsesAndCarriesTheRunsFigures) {
   std::ostringstream log;
   auto logger = logger_to(log);
-  auto sink = std::make_shared<PrometheusSink>("127.0.0.1", 0, logger, "3");
+  auto sink = std::make_shared<PrometheusSink>("127.0.0.1", 0, logger);
   ASSERT_TRUE(sink->serving()) << log.str();
   auto clock = std::make_shared<ManualClock>();
   PilotOptions o;
@@ -214,13 +219,76 @@ TEST(PrometheusTest, AScrapeOverLoopbackParsesAndCarriesTheRunsFigures) {
   EXPECT_EQ(p.get("torchpilot_step_duration_seconds_count"), 5);
   EXPECT_NEAR(p.get("torchpilot_phase_seconds_total", "phase", "forward"), 0.040, 1e-12);
   EXPECT_NEAR(p.get("torchpilot_epoch_data_wait_ratio"), 0.2, 1e-9);
-  // Starved: the data_starvation advice, by id and severity.
+  // Starved: the data_starvation advice, by id; its severity the value of its own gauge.
   EXPECT_GT(p.get("torchpilot_advice_expected_gain_ratio", "id", "data_starvation"), 0);
-  EXPECT_EQ(p.types.at("torchpilot_step_duration_seconds"), "summary");
+  EXPECT_GE(p.get("torchpilot_advice_severity", "id", "data_starvation"), 1);
+  // Step time as a histogram: five steps of 10 ms, in the buckets from le="0.01" up.
+  EXPECT_EQ(p.types.at("torchpilot_step_duration_seconds"), "histogram");
+  EXPECT_EQ(p.get("torchpilot_step_duration_seconds_bucket", "le", "0.005"), 0);
+  EXPECT_EQ(p.get("torchpilot_step_duration_seconds_bucket", "le", "0.01"), 5);
+  EXPECT_EQ(p.get("torchpilot_step_duration_seconds_bucket", "le", "+Inf"), 5);
+  // No GPU observed: no device label anywhere.
   for (const Sample& s : p.samples) {
     EXPECT_EQ(s.labels.at("rank"), "0");
-    EXPECT_EQ(s.labels.at("device"), "3");
+    EXPECT_EQ(s.labels.count("device"), 0u) << s.name;
   }
+}
+
+// Buckets are cumulative and each step lands in the first bucket whose bound holds it; a step
+// over a minute only in +Inf.
+TEST(PrometheusTest, StepTimesFallIntoCumulativeBuckets) {
+  MetricsSnapshot s;
+  for (double sec : {0.0004, 0.0005, 0.003, 0.003, 0.2, 75.0}) {
+    ++s.steps;
+    s.step_seconds_sum += sec;
+    ++s.step_buckets[std::lower_bound(std::begin(kStepSecondsBuckets),
+                                      std::end(kStepSecondsBuckets), sec) -
+                     std::begin(kStepSecondsBuckets)];
+  }
+  const Parsed p = parse(prometheus_text(s));
+  EXPECT_TRUE(p.problems.empty()) << p.problems.front();
+  EXPECT_EQ(p.get("torchpilot_step_duration_seconds_bucket", "le", "0.0005"), 2);
+  EXPECT_EQ(p.get("torchpilot_step_duration_seconds_bucket", "le", "0.0025"), 2);
+  EXPECT_EQ(p.get("torchpilot_step_duration_seconds_bucket", "le", "0.005"), 4);
+  EXPECT_EQ(p.get("torchpilot_step_duration_seconds_bucket", "le", "0.25"), 5);
+  EXPECT_EQ(p.get("torchpilot_step_duration_seconds_bucket", "le", "60"), 5);
+  EXPECT_EQ(p.get("torchpilot_step_duration_seconds_bucket", "le", "+Inf"), 6);
+  EXPECT_EQ(p.get("torchpilot_step_duration_seconds_count"), 6);
+}
+
+// A series keeps its labels when an advice changes severity, and the GPU figures carry the
+// device observed; the fleet's figures (communication, stragglers) carry the rank.
+TEST(PrometheusTest, LabelSetsStayFixedAndTheFleetFiguresCarryTheRank) {
+  MetricsSnapshot s;
+  s.rank = "3";
+  s.gpu_device = "1";
+  s.gpu["sm_efficiency"] = 0.5;
+  s.has_comm = true;
+  s.comm_seconds = 2;
+  s.exposed_comm_seconds = 0.5;
+  s.has_ranks = true;
+  s.ranks_reported = 4;
+  s.stragglers = {{2, 0.02}};
+  s.advice = {{"host_sync", 2, 0.1}};
+  const Parsed warning = parse(prometheus_text(s));
+  s.advice = {{"host_sync", 3, 0.4}};
+  const Parsed high = parse(prometheus_text(s));
+  EXPECT_TRUE(warning.problems.empty()) << warning.problems.front();
+  auto labels_of = [](const Parsed& p, const std::string& name) {
+    for (const Sample& x : p.samples) {
+      if (x.name == name) return x.labels;
+    }
+    return std::map<std::string, std::string>{};
+  };
+  EXPECT_EQ(labels_of(warning, "torchpilot_advice_expected_gain_ratio"),
+            labels_of(high, "torchpilot_advice_expected_gain_ratio"));
+  EXPECT_EQ(warning.get("torchpilot_advice_severity", "id", "host_sync"), 2);
+  EXPECT_EQ(high.get("torchpilot_advice_severity", "id", "host_sync"), 3);
+  EXPECT_EQ(labels_of(high, "torchpilot_gpu_sm_efficiency_ratio").at("device"), "1");
+  EXPECT_EQ(high.get("torchpilot_communication_seconds_total", "rank", "3"), 2);
+  EXPECT_EQ(high.get("torchpilot_exposed_communication_seconds_total", "rank", "3"), 0.5);
+  EXPECT_EQ(high.get("torchpilot_ranks_reported"), 4);
+  EXPECT_DOUBLE_EQ(high.get("torchpilot_straggler_excess_seconds", "straggler_rank", "2"), 0.02);
 }
 
 TEST(PrometheusTest, APortInUseIsOneLogLineAndNoEndpoint) {
@@ -305,7 +373,7 @@ TEST(PrometheusTest, ARequestStillArrivingAtItsDeadlineIsClosed) {
   auto logger = logger_to(log);
   PrometheusLimits limits;
   limits.request_deadline = std::chrono::milliseconds(300);
-  PrometheusSink sink("127.0.0.1", 0, logger, "0", limits);
+  PrometheusSink sink("127.0.0.1", 0, logger, limits);
   ASSERT_TRUE(sink.serving()) << log.str();
   const int fd = connect_to(sink.port());
   ASSERT_GE(fd, 0);
@@ -335,7 +403,7 @@ TEST(PrometheusTest, AConnectionOverTheLimitIsClosedAtOnceWithOneLogLine) {
       "prom-test", std::make_shared<spdlog::sinks::ostream_sink_mt>(log));
   PrometheusLimits limits;
   limits.max_connections = 3;
-  auto sink = std::make_unique<PrometheusSink>("127.0.0.1", 0, logger, "0", limits);
+  auto sink = std::make_unique<PrometheusSink>("127.0.0.1", 0, logger, limits);
   ASSERT_TRUE(sink->serving()) << log.str();
   std::vector<int> idle;
   for (int i = 0; i < 3; ++i) idle.push_back(connect_to(sink->port()));
@@ -390,7 +458,7 @@ TEST(PrometheusTest, TheBodyStaysValidWhateverTheStrings) {
   s.phase_seconds[std::string("ctl\r\t\x01\0.", 8)] = 5;  // control characters
   s.phase_seconds["x\xfe"] = 6;                           // these two become one label:
   s.phase_seconds["x\xff"] = 7;                           // one series, their sum
-  s.advice.push_back({"id\xff", "high", 0.25});
+  s.advice.push_back({"id\xff", 3, 0.25});
   s.extra["torchpilot_odd name-1"] = {"help \xff with \\ and\nnewline", 1};
   const std::string text = prometheus_text(s);
 
