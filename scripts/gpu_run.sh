@@ -2,7 +2,7 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default bench/runs/gpu-out, git-ignored; curated baselines: bench/baselines/).
-#   scripts/gpu_run.sh [all|build|test|gputest|capture|pmprobe|kineto|clocks|example|bench|gpt|gptab|overhead|planted|shortepochs|shortsteps|launchheavy|shortparts|gpureport|collectives1|collectives2|collectives4|memory|offload|loader2]...
+#   scripts/gpu_run.sh [all|build|test|gputest|capture|pmprobe|kineto|clocks|example|bench|gpt|gptab|overhead|planted|shortepochs|shortsteps|launchheavy|shortparts|gpureport|kinetocxx|collectives1|collectives2|collectives4|memory|offload|loader2]...
 #   (default: all; collectives2 and loader2 need two GPUs, collectives4 four; collectives1, memory, offload,
 #   loader2, pmprobe and gptab only when named)
 # gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs,
@@ -171,6 +171,16 @@ if want kineto; then
   # (tests/fixtures/kineto, committed from $OUT/kineto).
   log "kineto: profiler traces for torchpilot-analyze"
   python3 scripts/make_kineto_fixtures.py --out "$OUT/kineto" 2>&1 | tee "$OUT/kineto.log" | tail -12
+fi
+
+if named kinetocxx; then
+  # The C++-made profiler trace of tests/fixtures/kineto (cxx_host_sync.json.gz): LibTorch's C++
+  # profiler over a small CUDA trainer (tests/fixtures/kineto/make_cxx_trace.cpp).
+  log "kinetocxx: a LibTorch C++ profiler trace"
+  cmake --build build-gpu --target make_cxx_kineto_trace -- -k 0 2>&1 | tail -3
+  mkdir -p "$OUT/kineto"
+  ./build-gpu/tests/make_cxx_kineto_trace "$OUT/kineto/cxx_host_sync.json" 2>&1 | tail -3
+  gzip -9 -f "$OUT/kineto/cxx_host_sync.json" && ls -la "$OUT/kineto"
 fi
 
 if want gputest; then

@@ -38,6 +38,11 @@ echo '{"a": 1}' >"$tmp/other.json"
 echo 'not json' >"$tmp/bad.json"
 printf '\x1f\x8b\x08garbage' >"$tmp/bad.json.gz"
 check help 0 'TRACE' -- "$tool" --help
+check version 0 '^torchpilot-analyze [0-9]+\.[0-9]+\.[0-9]+$' -- "$tool" --version
+check frontend_python 0 'actions for Python: Python.s torch.profiler' -- "$tool" "$fixtures/data_wait.json.gz"
+check frontend_python_action 0 'DataLoader\(\.\.\., num_workers=N' -- "$tool" "$fixtures/data_wait.json.gz"
+check frontend_cxx 0 'action: check the loader' -- "$tool" --frontend cxx "$fixtures/data_wait.json.gz"
+check frontend_bad 2 'frontend' -- "$tool" --frontend java "$fixtures/data_wait.json.gz"
 check file_missing 2 'nope\.json: cannot open' -- "$tool" "$tmp/nope.json"
 check file_not_kineto 2 'not a Kineto trace' -- "$tool" "$tmp/other.json"
 check file_not_json 2 'not JSON' -- "$tool" "$tmp/bad.json"

@@ -1,11 +1,14 @@
 // torchpilot-analyze: the advisors over a PyTorch profiler (Kineto) trace (docs/analyze.md).
 //
 //   torchpilot-analyze TRACE.json[.gz] [--config FILE] [--json] [--peak-tflops X]
-//                      [--device-name NAME] [--max-input-mb N] [--max-events N] [--max-seconds N]
+//                      [--device-name NAME] [--frontend auto|python|cxx] [--max-input-mb N]
+//                      [--max-events N] [--max-seconds N] [--version]
 //
 // The profiled steps are one epoch: the same summary the live library builds (kineto_trace.h),
 // the same advisors (run_advisors) and the same text (format_epoch) or JSON (epoch_json, as the
-// JSON-lines sink writes it). Exit 0 with the advice printed; 2 on a bad flag or a file that is
+// JSON-lines sink writes it), its actions in the trainer's language: Python's API for a trace
+// Python's torch.profiler made, C++ and torchpilot's for others (frontend_actions.h). Exit 0 with
+// the advice printed; 2 on a bad flag or a file that is
 // missing, unreadable, over a limit (--max-input-mb, --max-events, --max-seconds) or not a Kineto
 // trace (one line on stderr).
 #include <signal.h>
@@ -15,11 +18,13 @@
 #include <cstring>
 #include <exception>
 #include <new>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "cli_flags.h"
 #include "torchpilot/advisors/core/advisors.h"
+#include "torchpilot/runtime/analyze/frontend_actions.h"
 #include "torchpilot/runtime/analyze/kineto_trace.h"
 #include "torchpilot/runtime/core/config.h"
 #include "torchpilot/runtime/core/sink.h"
@@ -45,7 +50,8 @@ int main(int argc, char** argv) {
       "torchpilot-analyze: reads a PyTorch profiler (Kineto) trace and prints torchpilot's "
       "advice for the profiled steps (docs/analyze.md)"};
   example_cli::last_wins(app);
-  std::string trace_path, config_path, device_name;
+  app.set_version_flag("--version", std::string("torchpilot-analyze ") + TORCHPILOT_VERSION);
+  std::string trace_path, config_path, device_name, frontend = "auto";
   double peak_tflops = 0;
   bool as_json = false;
   app.add_option("TRACE", trace_path, "the trace: .json or .json.gz (torch.profiler's export)")
@@ -67,6 +73,11 @@ int main(int argc, char** argv) {
           [](std::string& s) { return s.empty() ? std::string("an empty name") : std::string(); },
           ""))
       ->type_name("NAME");
+  app.add_option("--frontend", frontend,
+                 "the language of the actions: python (torch.profiler's traces), cxx (LibTorch's), "
+                 "or auto (told by the trace's marks)")
+      ->check(CLI::IsMember({"auto", "python", "cxx"}))
+      ->capture_default_str();
   KinetoLimits limits;
   int64_t max_input_mb = limits.max_input_bytes >> 20;
   int64_t max_seconds = 300;
@@ -121,16 +132,27 @@ int main(int argc, char** argv) {
   options.link_peak_gbps = config.comm.link_peak_gbps;
   const EpochSummary summary = kineto_epoch_summary(trace, options);
   std::vector<std::string> errors;
-  const std::vector<Advice> advice = run_advisors(summary, config, &errors);
+  std::vector<Advice> advice = run_advisors(summary, config, &errors);
+  const bool told = frontend != "auto";
+  if (!told) frontend = trace.frontend;
+  use_frontend_actions(frontend, advice);
+  const std::string made_by =
+      told ? "--frontend " + frontend
+           : (frontend == "python" ? "Python's torch.profiler (" + trace.frontend_evidence + ")"
+                                   : "no mark of Python's torch.profiler: LibTorch's profiler");
 
   if (as_json) {
-    std::printf("%s\n", epoch_json(summary, advice).c_str());
+    nlohmann::json j = nlohmann::json::parse(epoch_json(summary, advice));
+    j["trace"] = {{"frontend", frontend}, {"frontend_from", made_by}};
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("trace %s: %zu profiled steps (ProfilerStep#%lld..#%lld) on %s\n",
                 trace_name.c_str(), trace.steps.size(),
                 static_cast<long long>(trace.steps.front().number),
                 static_cast<long long>(trace.steps.back().number),
                 trace.device.empty() ? "no GPU" : trace.device.c_str());
+    std::printf("  (actions for %s: %s)\n", frontend == "python" ? "Python" : "C++",
+                made_by.c_str());
     for (const std::string& note : trace.notes) std::printf("  (%s)\n", note.c_str());
     for (const std::string& line : format_epoch(summary, advice)) {
       std::printf("%s\n", line.c_str());

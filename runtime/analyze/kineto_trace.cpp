@@ -466,6 +466,39 @@ json parse_json(std::string_view text, const KinetoLimits& limits) {
 
 }  // namespace
 
+namespace {
+
+// Marks only Python's torch.profiler leaves (the first found is the evidence): its process's name,
+// the record_function scopes of torch.optim and torch.utils.data, python_function events.
+void note_python_process(const json& e, KinetoTrace& t) {
+  if (e.value("name", std::string()) != "process_name") return;
+  const auto args = e.find("args");
+  if (args == e.end() || !args->is_object()) return;
+  const auto name = args->find("name");
+  if (name == args->end() || !name->is_string()) return;
+  const std::string n = name->get<std::string>();
+  if (starts_with(n, "python") || starts_with(n, "Python")) {
+    t.frontend = "python";
+    t.frontend_evidence = "process " + printable(n);
+  }
+}
+
+void note_python_mark(const std::string& cat, const std::string& name, KinetoTrace& t) {
+  for (const char* mark : {"Optimizer.step#", "Optimizer.zero_grad#", "enumerate(DataLoader)#"}) {
+    if (starts_with(name, mark)) {
+      t.frontend = "python";
+      t.frontend_evidence = name;
+      return;
+    }
+  }
+  if (cat == "python_function") {
+    t.frontend = "python";
+    t.frontend_evidence = "python_function events";
+  }
+}
+
+}  // namespace
+
 KinetoTrace parse_kineto_trace(std::string_view text, const KinetoLimits& limits) {
   const json doc = parse_json(text, limits);
   const std::string expected = "a JSON object with a \"traceEvents\" array";
@@ -537,6 +570,7 @@ KinetoTrace parse_kineto_trace(std::string_view text, const KinetoLimits& limits
     const std::string where = event_at(index);
     if (!e.is_object()) wrong_type(where, e, "an event (a JSON object)");
     const std::string* ph = string_field(e, "ph", where);
+    if (ph != nullptr && *ph == "M" && t.frontend_evidence.empty()) note_python_process(e, t);
     if (ph == nullptr || *ph != "X") continue;
     const std::string* cat_p = string_field(e, "cat", where);
     const std::string* name_p = string_field(e, "name", where);
@@ -559,6 +593,7 @@ KinetoTrace parse_kineto_trace(std::string_view text, const KinetoLimits& limits
       if (!args_it->is_object()) wrong_type(where + ".args", *args_it, "an object");
       s.args = &*args_it;
     }
+    if (t.frontend_evidence.empty()) note_python_mark(cat, name, t);
     if (cat == "user_annotation") {
       if (starts_with(name, "ProfilerStep#")) {
         step_spans.push_back(s);

@@ -61,6 +61,11 @@ struct KinetoTrace {
   std::string comm_backend;  // "nccl", "gloo", "" when none
   int rank = 0, world_size = 1;
   std::vector<std::string> notes;  // what the trace does not say (printed by the tool)
+  // Who made it: "python" (torch.profiler: the process python*, Optimizer.step#..., the
+  // DataLoader's enumerate(DataLoader)#..., python_function events) or "cxx" (none of those:
+  // LibTorch's C++ profiler); the evidence names the first mark found.
+  std::string frontend = "cxx";
+  std::string frontend_evidence;
 };
 
 // What one trace may cost: a trace over a limit is refused, never read in part.

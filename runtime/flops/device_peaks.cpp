@@ -214,4 +214,20 @@ double utilization(const PrecisionArray& flops, const DevicePeak& peak, double s
   return std::isnan(t) ? kNaN : t / seconds;
 }
 
+MathPrecision best_dense_precision(const DevicePeak& peak) {
+  const double bf16 = peak.flops_per_s[static_cast<size_t>(MathPrecision::kBf16)];
+  const double fp16 = peak.flops_per_s[static_cast<size_t>(MathPrecision::kFp16)];
+  if (!(bf16 > 0) && !(fp16 > 0)) return MathPrecision::kOther;
+  return fp16 > 0 && !(fp16 <= bf16) ? MathPrecision::kFp16 : MathPrecision::kBf16;
+}
+
+double utilization_at_best_peak(const PrecisionArray& flops, const DevicePeak& peak,
+                                double seconds) {
+  const MathPrecision best = best_dense_precision(peak);
+  if (best == MathPrecision::kOther || !(seconds > 0)) return kNaN;
+  double total = 0;
+  for (double f : flops) total += f;
+  return total / peak.flops_per_s[static_cast<size_t>(best)] / seconds;
+}
+
 }  // namespace torchpilot

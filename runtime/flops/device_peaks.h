@@ -69,5 +69,11 @@ MathPrecision dominant_precision(const PrecisionArray& flops);
 double time_at_peak(const PrecisionArray& flops, const DevicePeak& peak);
 // time_at_peak / seconds: MFU for model FLOPs, HFU for hardware FLOPs. NaN without a peak or time.
 double utilization(const PrecisionArray& flops, const DevicePeak& peak, double seconds);
+// The device's best dense peak for a model's work: bf16 or fp16, whichever is higher (kOther when
+// neither is known).
+MathPrecision best_dense_precision(const DevicePeak& peak);
+// All the FLOPs at best_dense_precision's peak / seconds. NaN without that peak or time.
+double utilization_at_best_peak(const PrecisionArray& flops, const DevicePeak& peak,
+                                double seconds);
 
 }  // namespace torchpilot

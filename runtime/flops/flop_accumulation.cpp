@@ -240,10 +240,13 @@ FlopEpochStats FlopEpochAccumulator::summarize(const DevicePeak& peak) {
   if (steady_steps_ > 0) {
     f.mfu = utilization(steady_model_, peak, steady_seconds_);
     f.hfu = utilization(steady_hardware_, peak, steady_seconds_);
+    f.mfu_best_peak = utilization_at_best_peak(steady_model_, peak, steady_seconds_);
   } else if (known_.steps() > 0) {
     f.mfu = utilization(window_model_, peak, window_seconds_);
     f.hfu = utilization(window_hardware_, peak, window_seconds_);
+    f.mfu_best_peak = utilization_at_best_peak(window_model_, peak, window_seconds_);
   }
+  f.best_peak_precision = best_dense_precision(peak);
   f.dominant_precision = dominant_precision(m.model_by_precision);
   f.peak_flops_per_s = peak.flops_per_s[idx(f.dominant_precision)];
   if (!(f.peak_flops_per_s > 0)) f.peak_flops_per_s = kNotMeasured;

@@ -1,5 +1,6 @@
 #include "torchpilot/runtime/flops/flop_records.h"
 
+#include <cmath>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -44,6 +45,8 @@ std::string section_json(const FlopEpochStats& f) {
                    {"model_flops_by_precision", by},
                    {"achieved_flops_per_s", f.achieved_flops_per_s},
                    {"mfu", number(f.mfu)},
+                   {"mfu_best_peak", number(f.mfu_best_peak)},
+                   {"best_peak_precision", to_string(f.best_peak_precision)},
                    {"hfu", number(f.hfu)},
                    {"peak_flops_per_s", number(f.peak_flops_per_s)},
                    {"dominant_precision", to_string(f.dominant_precision)},
@@ -55,12 +58,22 @@ std::string section_json(const FlopEpochStats& f) {
                    {"modules", modules}});
 }
 
+std::string mfu_text(const FlopEpochStats& f) {
+  const bool other_peak = measured(f.mfu_best_peak) && measured(f.mfu) &&
+                          f.best_peak_precision != MathPrecision::kOther &&
+                          f.dominant_precision != f.best_peak_precision &&
+                          std::abs(f.mfu_best_peak - f.mfu) > 0.0005;
+  if (!other_peak) return "MFU " + fmt_opt_pct(f.mfu) + " (HFU " + fmt_opt_pct(f.hfu) + ")";
+  return "MFU " + fmt_pct(f.mfu_best_peak) + " of the " + to_string(f.best_peak_precision) +
+         " dense peak (" + fmt_pct(f.mfu) + " of the " + to_string(f.dominant_precision) +
+         " peak; HFU " + fmt_opt_pct(f.hfu) + ")";
+}
+
 void section_text(const FlopEpochStats& flops, const EpochSummary& s,
                   std::vector<std::string>& lines) {
   // With a GPU section the MFU sits on its line, beside utilization and SM efficiency.
   if (s.sections.get<GpuEpochStats>() == nullptr) {
-    lines.push_back("  GPU MFU " + fmt_opt_pct(flops.mfu) + " (HFU " + fmt_opt_pct(flops.hfu) +
-                    ")");
+    lines.push_back("  GPU " + mfu_text(flops));
   }
   if (flops.counted_steps > 0) {
     const FlopEpochStats& f = flops;

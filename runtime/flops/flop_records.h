@@ -40,6 +40,11 @@ struct FlopEpochStats {
   double hfu = kNotMeasured;
   double peak_flops_per_s = kNotMeasured;  // of the dominant precision
   MathPrecision dominant_precision = MathPrecision::kOther;
+  // MFU against the device's best dense peak for a model's work (bf16 or fp16 tensor cores,
+  // whichever is higher): the peak the precision advice means. Equal to mfu for a model that
+  // already runs in that precision; far below it for an fp32 model. NaN without that peak.
+  double mfu_best_peak = kNotMeasured;
+  MathPrecision best_peak_precision = MathPrecision::kOther;
   std::string peak_source;  // "table: NVIDIA H200 bf16 dense", "config", "measured"
   // Attention: softmax between two batched matmuls (unfused) vs scaled_dot_product_attention.
   double unfused_attention_flops_per_step = 0;
@@ -70,6 +75,9 @@ struct FlopEpochStats {
 };
 
 std::string section_json(const FlopEpochStats& flops);
+// "MFU 35.1% (HFU 36.0%)"; where the model's precision is not the device's best dense one,
+// "MFU 4.9% of the bf16 dense peak (73.1% of the fp32 peak; HFU 73.1%)".
+std::string mfu_text(const FlopEpochStats& flops);
 // The FLOPs and per-module lines; the MFU goes on the GPU line when the epoch has a GPU section,
 // else on a line of its own.
 void section_text(const FlopEpochStats& flops, const EpochSummary& epoch,

@@ -191,7 +191,7 @@ void section_text(const GpuEpochStats& gpu, const EpochSummary& s,
       }
     }
     if (flops != nullptr) {
-      line += "; MFU " + fmt_opt_pct(flops->mfu) + " (HFU " + fmt_opt_pct(flops->hfu) + ")";
+      line += "; " + mfu_text(*flops);
     }
     // Short epochs end before the GPU's figures of their last steps are final (the end does not
     // wait long): say which steps these figures are over.

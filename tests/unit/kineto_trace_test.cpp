@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "torchpilot/advisors/core/advisors.h"
+#include "torchpilot/runtime/analyze/frontend_actions.h"
 #include "torchpilot/runtime/core/config.h"
+#include "torchpilot/runtime/reports/sinks.h"
 
 namespace torchpilot {
 namespace {
@@ -501,6 +503,70 @@ TEST(KinetoFixtures, HealthyHasNoPlantedProblem) {
                          "exposed_communication", "busy_inefficient"}) {
     EXPECT_EQ(a.find(id), nullptr) << id;
   }
+}
+
+// The headline MFU is against the peak the advice means: an fp32 model's MFU at the fp32 peak
+// (73%) said it ran near the device's limit while fp32_matmul says bf16 would be several times
+// faster; the line leads with the bf16 dense peak (5.0%) and gives the fp32 one beside it.
+TEST(KinetoFixtures, TheHeadlineMfuIsAgainstTheBestDensePeak) {
+  const Analysis a = analyze("fp32_matmul.json.gz");
+  const FlopEpochStats* f = a.summary.sections.get<FlopEpochStats>();
+  ASSERT_NE(f, nullptr);
+  ASSERT_TRUE(measured(f->mfu));
+  ASSERT_TRUE(measured(f->mfu_best_peak));
+  EXPECT_EQ(f->best_peak_precision, MathPrecision::kBf16);
+  // H100 SXM: bf16 dense 989.5 against fp32 67 TFLOP/s.
+  EXPECT_NEAR(f->mfu_best_peak, f->mfu * 67.0 / 989.5, 0.01 * f->mfu);
+  std::string gpu_line;
+  for (const std::string& line : format_epoch(a.summary, a.advice)) {
+    if (line.find("MFU") != std::string::npos) gpu_line = line;
+  }
+  EXPECT_NE(gpu_line.find("MFU 5.0% of the bf16 dense peak"), std::string::npos) << gpu_line;
+  EXPECT_NE(gpu_line.find("73.1% of the fp32 peak"), std::string::npos) << gpu_line;
+}
+
+// torch.profiler in Python leaves its marks: the process python3, Optimizer.step#..., the
+// DataLoader's enumerate(DataLoader)#... scopes.
+TEST(KinetoFixtures, PythonMadeTracesAreTold) {
+  for (const char* name : {"healthy.json.gz", "data_wait.json.gz", "fp32_matmul.json.gz"}) {
+    const Analysis a = analyze(name);
+    EXPECT_EQ(a.trace.frontend, "python") << name;
+    EXPECT_FALSE(a.trace.frontend_evidence.empty()) << name;
+  }
+}
+
+// A Python-made trace's advice speaks Python (DataLoader, torch.autocast, ...) and keeps the
+// advisor's estimate; a C++-made one keeps the C++ and torchpilot actions.
+TEST(KinetoFixtures, PythonTracesGetPythonActionsWithTheSameEstimates) {
+  for (const char* name : {"data_wait.json.gz", "host_sync.json.gz", "pageable_copies.json.gz",
+                           "launch_bound.json.gz", "fp32_matmul.json.gz", "healthy.json.gz"}) {
+    Analysis a = analyze(name);
+    std::vector<Advice> cxx = a.advice;
+    use_frontend_actions("cxx", cxx);
+    use_frontend_actions(a.trace.frontend, a.advice);
+    ASSERT_EQ(a.advice.size(), cxx.size());
+    for (size_t i = 0; i < cxx.size(); ++i) {
+      SCOPED_TRACE(std::string(name) + " " + a.advice[i].id);
+      EXPECT_EQ(cxx[i].action, run_advisors(a.summary, Config{})[i].action) << "cxx: unchanged";
+      for (const char* cxx_only : {"torchpilot::", "at::", "TunableLoader", "LibTorch"}) {
+        EXPECT_EQ(a.advice[i].action.find(cxx_only), std::string::npos) << a.advice[i].action;
+      }
+      EXPECT_EQ(a.advice[i].expected_gain, cxx[i].expected_gain);
+      // The estimate closes each action: the Python one ends as the C++ one does.
+      const std::string& c = cxx[i].action;
+      if (c.find("stimated") != std::string::npos && c.size() > 60) {
+        const std::string tail = c.substr(c.size() - 60);
+        EXPECT_EQ(a.advice[i].action.rfind(tail), a.advice[i].action.size() - 60)
+            << "the estimate kept: " << a.advice[i].action;
+      }
+    }
+  }
+  const Analysis d = analyze("data_wait.json.gz");
+  std::vector<Advice> py = d.advice;
+  use_frontend_actions("python", py);
+  bool loader = false;
+  for (const Advice& a : py) loader |= a.action.find("DataLoader(") != std::string::npos;
+  EXPECT_TRUE(loader);
 }
 
 }  // namespace
