@@ -569,5 +569,20 @@ TEST(KinetoFixtures, PythonTracesGetPythonActionsWithTheSameEstimates) {
   EXPECT_TRUE(loader);
 }
 
+// A trace LibTorch's C++ profiler made (tests/fixtures/kineto/make_cxx_trace.cpp: an MLP on CUDA
+// with loss.item() every step) has none of Python's marks: C++ actions, host_sync named.
+TEST(KinetoFixtures, ACxxMadeTraceKeepsTheCxxActions) {
+  Analysis a = analyze("cxx_host_sync.json.gz");
+  EXPECT_EQ(a.trace.frontend, "cxx");
+  EXPECT_TRUE(a.trace.frontend_evidence.empty());
+  ASSERT_NE(a.find("host_sync"), nullptr);
+  const std::vector<Advice> before = a.advice;
+  use_frontend_actions(a.trace.frontend, a.advice);
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_EQ(a.advice[i].action, before[i].action);
+  bool cxx = false;
+  for (const Advice& x : a.advice) cxx |= x.action.find("torchpilot::") != std::string::npos;
+  EXPECT_TRUE(cxx) << "the C++ trainer's actions name torchpilot's API";
+}
+
 }  // namespace
 }  // namespace torchpilot
