@@ -34,7 +34,7 @@ build/prog --beta
 | `--beta` | beta |
 
 The cost was <!-- baseline: cost/m.json ratios.advise_vs_off x100 -->+0.83% and
-<!-- baseline: cost/m.json samples -->1,874 samples/s. The suite has <!-- tests: all -->3 tests,
+<!-- baseline: cost/m.json samples -->1,874 samples/s. The suite has <!-- tests: all -->4 tests,
 the sanitizer passes run <!-- tests: sanitizer -->1 of them.
 """
 GUIDE = """# Guide
@@ -61,15 +61,18 @@ FILES = {
     "runtime/comm/comm.cpp": 'set("comm", "time_ms", t);\n',
     "examples/s.cpp": "int main() {\n  // [snippet loop]\n  for (int i = 0; i < 3; ++i) {\n"
                       "    step(i);\n  }\n  // [end loop]\n}\n",
-    "scripts/sanitize.sh": "ctest -L '^(unit|integration)$' -E 'Flaky' --output-on-failure\n",
+    "scripts/sanitize.sh": "targets=(torchpilot_unit_tests)\n"
+                           "ctest -L '^(unit|integration)$' -E 'Flaky' --output-on-failure\n",
 }
 PROGRAM = "#!/bin/sh\necho 'Usage: prog [OPTIONS]'\necho '  --help'\necho '  --alpha N'\n" \
           "echo '  --beta'\n"
 CTEST = {"tests": [
-    {"name": "A.One", "command": ["/b/tests/unit_tests"],
+    {"name": "A.One", "command": ["/b/tests/torchpilot_unit_tests"],
      "properties": [{"name": "LABELS", "value": ["unit"]}]},
-    {"name": "A.Flaky", "command": ["/b/tests/unit_tests"],
+    {"name": "A.Flaky", "command": ["/b/tests/torchpilot_unit_tests"],
      "properties": [{"name": "LABELS", "value": ["unit"]}]},
+    {"name": "B.MultiProcess", "command": ["/b/tests/torchpilot_collectives_tests"],
+     "properties": [{"name": "LABELS", "value": ["integration"]}]},
     {"name": "smoke", "command": ["bash"], "properties": [{"name": "LABELS", "value": ["example"]}]},
 ]}
 
@@ -93,7 +96,7 @@ BREAKS = [
     ("a rounded figure", "README.md", "1,874 samples", "1,873 samples", "the docs print 1,873"),
     ("a baseline key", "README.md", "ratios.advise_vs_off", "ratios.window_vs_off",
      "cannot read it"),
-    ("the test count", "README.md", "3 tests", "4 tests", "this build has 3"),
+    ("the test count", "README.md", "4 tests", "5 tests", "this build has 4"),
     ("the sanitizer count", "README.md", "sanitizer -->1", "sanitizer -->2", "this build has 1"),
     ("a snippet", "docs/guide.md", "  step(i);", "  step(i + 1);", "differs from examples/s.cpp"),
 ]
