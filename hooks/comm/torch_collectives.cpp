@@ -273,7 +273,8 @@ Collectives::Collectives(Pilot& pilot, GroupInfo group, c10::intrusive_ptr<c10d:
   const std::string prefix = "torchpilot/" + std::to_string(generation++) + "/";
   exchange_ =
       std::make_shared<RankExchange>(adapt_store(store), rank_, world_size_, timeout, prefix);
-  ranks_ = std::make_shared<RankCollector>(exchange_, config.advisors.straggler_rank.threshold);
+  ranks_ = std::make_shared<RankCollector>(exchange_, config.advisors.straggler_rank.threshold,
+                                           static_cast<Nanos>(config.comm.ranks_wait_ms * 1e6));
   pilot.add_collector(ranks_);
   Pilot* p = &pilot;
   pilot.set_trial_agreement(

@@ -565,7 +565,7 @@ void PrometheusSink::on_epoch(const EpochSummary& e, const std::vector<Advice>& 
   }
   if (const auto* r = e.sections.get<RankEpochStats>(); r != nullptr) {
     state_.has_ranks = true;
-    state_.ranks_reported = static_cast<int64_t>(r->ranks.size());
+    state_.ranks_reported = r->ranks_reported;
     state_.stragglers.clear();
     for (const Straggler& st : r->stragglers) {
       state_.stragglers.push_back({st.rank, st.excess_ns / 1e9});

@@ -412,7 +412,14 @@ std::string section_json(const RankEpochStats& r) {
          {"others_wait_from",
           s.others_wait_from_durations ? "collective durations" : "exposed communication"}});
   }
-  return dump(json{{"world_size", r.world_size},
+  return dump(json{{"epoch", r.epoch},
+                   {"ready_ms", r.ready_ms},
+                   {"world_size", r.world_size},
+                   {"ranks_reported", r.ranks_reported},
+                   {"ranks_omitted", r.ranks_omitted},
+                   {"step_ms_p50", number(r.step_ns_p50 / 1e6)},
+                   {"step_ms_p90", number(r.step_ns_p90 / 1e6)},
+                   {"step_ms_max", number(r.step_ns_max / 1e6)},
                    {"ranks", ranks},
                    {"missing", r.missing},
                    {"stragglers", stragglers},
@@ -421,9 +428,11 @@ std::string section_json(const RankEpochStats& r) {
 
 void section_text(const RankEpochStats& r, const EpochSummary& epoch,
                   std::vector<std::string>& lines) {
-  lines.push_back(
-      "  ranks (ms/step): rank | step | data wait | compute | comm | exposed | waits for others "
-      "| GPU util | SM eff");
+  const std::string of =
+      r.epoch == epoch.epoch ? std::string() : ", of epoch " + std::to_string(r.epoch);
+  lines.push_back("  ranks (ms/step" + of +
+                  "): rank | step | data wait | compute | comm | exposed | waits for others "
+                  "| GPU util | SM eff");
   for (const RankSummary& s : r.ranks) {
     lines.push_back("    " + std::to_string(s.rank) + " | " + fmt_step_ms(s.step_ns) + " | " +
                     fmt_step_ms(s.data_wait_ns) + " | " + fmt_step_ms(s.compute_ns) + " | " +
@@ -431,10 +440,17 @@ void section_text(const RankEpochStats& r, const EpochSummary& epoch,
                     fmt_step_ms(s.wait_ns) + " | " + detail::fmt_opt_pct(s.gpu_utilization) +
                     " | " + detail::fmt_opt_pct(s.sm_efficiency));
   }
+  if (r.ranks_omitted > 0) {
+    lines.push_back("    ... " + std::to_string(r.ranks_omitted) + " more of " +
+                    std::to_string(r.ranks_reported) + " ranks (the slowest are shown); step p50 " +
+                    fmt_step_ms(r.step_ns_p50) + ", p90 " + fmt_step_ms(r.step_ns_p90) + ", max " +
+                    fmt_step_ms(r.step_ns_max) + " ms over all");
+  }
   if (!r.missing.empty()) {
     std::string m;
     for (int x : r.missing) m += (m.empty() ? "" : ", ") + std::to_string(x);
-    lines.push_back("  ranks " + m + " did not report this epoch within the exchange timeout");
+    lines.push_back("  ranks " + m + " did not report epoch " + std::to_string(r.epoch) +
+                    " within the exchange timeout");
   }
   for (const Straggler& s : r.stragglers) {
     lines.push_back("  straggler: rank " + std::to_string(s.rank) + ", " + s.cause + "; " +

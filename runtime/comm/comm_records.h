@@ -185,9 +185,20 @@ struct Straggler {
 // The epoch's per-rank table on rank 0: section "ranks".
 struct RankEpochStats {
   static constexpr const char* kSectionName = "ranks";
+  // The epoch the table is of: rank 0 gathers it off the training thread, so it may come with a
+  // later epoch's summary (RankCollector).
+  int64_t epoch = 0;
+  double ready_ms = 0;  // from rank 0's end of that epoch until every rank's summary was read
   int world_size = 0;
-  std::vector<RankSummary> ranks;  // by rank; the missing ones absent
-  std::vector<int> missing;        // ranks that did not report within the timeout
+  // By rank; the missing ones absent. Past kMaxRankRows reporting ranks, only the slowest
+  // kMaxRankRows (stragglers included) stay, and the rest are counted and summarised below, so
+  // that a thousand ranks' table stays a few dozen rows in the log and the JSON.
+  static constexpr size_t kMaxRankRows = 32;
+  std::vector<RankSummary> ranks;
+  int64_t ranks_reported = 0;  // all that reported, rows kept or not
+  int64_t ranks_omitted = 0;
+  double step_ns_p50 = kNotMeasured, step_ns_p90 = kNotMeasured, step_ns_max = kNotMeasured;
+  std::vector<int> missing;  // ranks that did not report within the timeout
   std::vector<Straggler> stragglers;
   double threshold = 0;  // as configured
 };

@@ -227,16 +227,85 @@ RankSummary summarize_rank(const EpochSummary& summary, int rank) {
   return r;
 }
 
-RankCollector::RankCollector(std::shared_ptr<RankExchange> exchange, double straggler_threshold)
-    : exchange_(std::move(exchange)), threshold_(straggler_threshold) {}
+namespace {
+
+// The table's rows bounded (RankEpochStats::kMaxRankRows): the distribution of every rank's step
+// time, then the slowest rows (stragglers first), by rank.
+void bound_rows(RankEpochStats& t) {
+  t.ranks_reported = static_cast<int64_t>(t.ranks.size());
+  if (t.ranks.empty()) return;
+  std::vector<double> steps;
+  for (const RankSummary& r : t.ranks) steps.push_back(r.step_ns);
+  std::sort(steps.begin(), steps.end());
+  auto at = [&](double q) { return steps[static_cast<size_t>(q * (steps.size() - 1) + 0.5)]; };
+  t.step_ns_p50 = at(0.5);
+  t.step_ns_p90 = at(0.9);
+  t.step_ns_max = steps.back();
+  if (t.ranks.size() <= RankEpochStats::kMaxRankRows) return;
+  std::set<int> straggling;
+  for (const Straggler& s : t.stragglers) straggling.insert(s.rank);
+  std::stable_sort(t.ranks.begin(), t.ranks.end(), [&](const RankSummary& a, const RankSummary& b) {
+    const bool sa = straggling.count(a.rank) > 0, sb = straggling.count(b.rank) > 0;
+    return sa != sb ? sa : a.step_ns > b.step_ns;
+  });
+  t.ranks_omitted = static_cast<int64_t>(t.ranks.size() - RankEpochStats::kMaxRankRows);
+  t.ranks.resize(RankEpochStats::kMaxRankRows);
+  std::sort(t.ranks.begin(), t.ranks.end(),
+            [](const RankSummary& a, const RankSummary& b) { return a.rank < b.rank; });
+}
+
+}  // namespace
+
+RankCollector::RankCollector(std::shared_ptr<RankExchange> exchange, double straggler_threshold,
+                             Nanos wait_ns)
+    : exchange_(std::move(exchange)), threshold_(straggler_threshold), wait_ns_(wait_ns) {
+  if (exchange_ && exchange_->rank() == 0 && exchange_->world_size() > 1) {
+    gatherer_ = std::thread([this] { gather_loop(); });
+  }
+}
+
+RankCollector::~RankCollector() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (gatherer_.joinable()) gatherer_.join();
+}
 
 void RankCollector::on_epoch_end(EpochSummary& summary) {
   if (!exchange_ || store_failed_) return;
   const int rank = exchange_->rank();
   const std::string tag = "epoch/" + std::to_string(summary.epoch);
+  std::string mine = to_json(summarize_rank(summary, rank), /*with_durations=*/true);
+  // Sent (or handed to the gatherer): the epoch's summary, kept by the Pilot, need not carry them.
+  if (auto* c = summary.sections.get<CommEpochStats>()) {
+    std::vector<CollectiveDuration>().swap(c->durations);
+  }
+  if (gatherer_.joinable()) {
+    // Rank 0: its own summary is posted by the gatherer too, so that its training thread makes no
+    // store call and never waits for the store's lock while the gatherer reads.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back({summary.epoch, tag, steady_ns(), std::move(mine)});
+    }
+    cv_.notify_all();
+    // A short grace for this epoch's table (ranks end an epoch together, held by the all-reduce);
+    // past it the table comes with a later epoch.
+    if (wait_ns_ > 0) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::nanoseconds(wait_ns_), [&] {
+        for (const auto& r : ready_) {
+          if (r.first.epoch == summary.epoch) return true;
+        }
+        return stop_;
+      });
+    }
+    attach_ready(summary);
+    return;
+  }
   std::string error;
-  if (!exchange_->post(tag, to_json(summarize_rank(summary, rank), /*with_durations=*/true),
-                       &error)) {
+  if (!exchange_->post(tag, mine, &error)) {
     store_failed_ = true;
     if (host_ != nullptr) {
       host_->log(LogLevel::kWarn,
@@ -244,38 +313,152 @@ void RankCollector::on_epoch_end(EpochSummary& summary) {
     }
     return;
   }
-  // Sent: the epoch's summary, kept by the Pilot, need not carry them any more.
-  if (auto* c = summary.sections.get<CommEpochStats>()) {
-    std::vector<CollectiveDuration>().swap(c->durations);
-  }
   if (rank != 0) return;
-  // Rank 0 waits (bounded) for the others: they end the same epoch at about the same time, held
-  // together by the gradient all-reduce.
-  auto got = exchange_->gather(tag, exchange_->timeout_ns(), &error);
-  exchange_->forget(tag);  // read once, here
+  // One rank: its own table, at once.
+  std::string gather_error;
+  RankEpochStats stats = gather_table({summary.epoch, tag, steady_ns(), {}}, &gather_error);
+  report_missing(stats, gather_error);
+  summary.sections.set(std::move(stats));
+}
+
+void RankCollector::attach_ready(EpochSummary& summary) {
+  std::vector<std::pair<RankEpochStats, std::string>> ready;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ready.swap(ready_);
+  }
+  if (ready.empty()) return;
+  bool failed = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed = failed_;
+  }
+  if (failed) {
+    store_failed_ = true;
+    if (host_ != nullptr) {
+      host_->log(LogLevel::kWarn,
+                 "ranks: " + ready.back().second + "; no per-rank summaries from now on");
+    }
+    return;
+  }
+  for (const auto& r : ready) report_missing(r.first, r.second);
+  // One section a summary: the latest table (an earlier one, rarely still pending after a later
+  // epoch's, was logged above only by its missing ranks).
+  summary.sections.set(std::move(ready.back().first));
+}
+
+void RankCollector::report_missing(const RankEpochStats& table, const std::string& error) {
+  std::vector<int> newly_missing;
+  for (int r : table.missing) {
+    if (reported_missing_.insert(r).second) newly_missing.push_back(r);
+  }
+  if (newly_missing.empty() || host_ == nullptr) return;
+  host_->log(LogLevel::kWarn, "ranks: rank(s) " + ranks_text(newly_missing) +
+                                  " did not report epoch " + std::to_string(table.epoch) +
+                                  " within " + detail::fmt_num(exchange_->timeout_ns() / 1e6) +
+                                  " ms (stopped or stalled?); the table shows the others" +
+                                  (error.empty() ? "" : "; store: " + error));
+}
+
+RankEpochStats RankCollector::gather_table(const Job& job, std::string* error) {
+  // RankExchange::gather's loop, but one the destructor can stop: a rank that never reports
+  // would otherwise hold the program's exit for the whole exchange timeout.
+  const int world = exchange_->world_size();
+  std::vector<std::optional<std::string>> got(world);
+  const Nanos deadline = job.ended_ns + exchange_->timeout_ns();
+  auto pause = std::chrono::microseconds(200);
+  for (;;) {
+    bool all = true;
+    for (int r = 0; r < world; ++r) {
+      if (got[r]) continue;
+      std::string e;
+      got[r] = exchange_->peek(job.tag, r, &e);
+      if (!e.empty()) {
+        *error = e;  // the store is gone: what was read so far
+        break;
+      }
+      all = all && got[r].has_value();
+    }
+    if (all || !error->empty() || steady_ns() >= deadline) break;
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_for(lock, pause, [&] { return stop_; })) break;
+    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(20));
+  }
+  exchange_->forget(job.tag);  // read once, here
   RankEpochStats stats;
+  stats.epoch = job.epoch;
+  stats.ready_ms = static_cast<double>(steady_ns() - job.ended_ns) / 1e6;
   stats.world_size = exchange_->world_size();
   stats.threshold = threshold_;
-  std::vector<int> newly_missing;
-  for (int r = 0; r < exchange_->world_size(); ++r) {
+  for (int r = 0; r < world; ++r) {
     RankSummary s;
     if (got[r] && from_json(*got[r], s)) {
       stats.ranks.push_back(std::move(s));
     } else {
       stats.missing.push_back(r);
-      if (reported_missing_.insert(r).second) newly_missing.push_back(r);
     }
-  }
-  if (!newly_missing.empty() && host_ != nullptr) {
-    host_->log(LogLevel::kWarn, "ranks: rank(s) " + ranks_text(newly_missing) +
-                                    " did not report epoch " + std::to_string(summary.epoch) +
-                                    " within " + detail::fmt_num(exchange_->timeout_ns() / 1e6) +
-                                    " ms (stopped or stalled?); the table shows the others" +
-                                    (error.empty() ? "" : "; store: " + error));
   }
   set_collective_waits(stats.ranks);  // among the ranks that reported
   stats.stragglers = find_stragglers(stats.ranks, threshold_);
-  summary.sections.set(std::move(stats));
+  bound_rows(stats);
+  return stats;
+}
+
+void RankCollector::gather_loop() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (stop_) return;
+      job = jobs_.front();
+      jobs_.erase(jobs_.begin());
+      busy_ = true;
+    }
+    std::string error;
+    RankEpochStats table;
+    try {
+      if (!exchange_->post(job.tag, job.summary, &error)) {
+        // The store is gone: said once, no tables from now on.
+        std::lock_guard<std::mutex> lock(mu_);
+        ready_.emplace_back(RankEpochStats{}, "the store failed (" + error + ")");
+        ready_.back().first.epoch = job.epoch;
+        failed_ = true;
+        busy_ = false;
+        cv_.notify_all();
+        return;
+      }
+      table = gather_table(job, &error);
+    } catch (const std::exception& e) {  // nothing escapes a thread
+      table.epoch = job.epoch;
+      error = e.what();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ready_.emplace_back(std::move(table), error);
+      busy_ = false;
+    }
+    cv_.notify_all();
+  }
+}
+
+void RankCollector::on_close() {
+  if (!gatherer_.joinable()) return;
+  // The last epoch's table: waited for (each job is bounded by the exchange timeout), then logged,
+  // there being no summary left to carry it.
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::nanoseconds(exchange_->timeout_ns() + 1000000000LL),
+                 [&] { return stop_ || failed_ || (jobs_.empty() && !busy_); });
+  }
+  EpochSummary last;
+  attach_ready(last);
+  const RankEpochStats* table = last.sections.get<RankEpochStats>();
+  if (table == nullptr || host_ == nullptr) return;
+  last.epoch = -1;  // the text then names the table's epoch
+  std::vector<std::string> lines;
+  section_text(*table, last, lines);
+  for (const std::string& line : lines) host_->log(LogLevel::kInfo, line);
 }
 
 // --- tuning across ranks

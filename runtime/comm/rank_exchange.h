@@ -15,7 +15,8 @@
 //    reached it.
 //
 // Thread-safety: RankExchange serializes its store calls (one mutex); RankCollector is called on
-// the training thread; CommWatchdog runs its own thread. Failure behaviour: a store that throws is
+// the training thread and, on rank 0, gathers on a thread of its own; CommWatchdog runs its own
+// thread. Failure behaviour: a store that throws is
 // treated as a missing answer (logged once by the caller); nothing here throws into the loop.
 #pragma once
 
@@ -113,20 +114,52 @@ class RankExchange {
 };
 
 // The per-epoch exchange of rank summaries (section "ranks" on rank 0). Add it after the
-// collectors whose sections it reads (comm, gpu).
+// collectors whose sections it reads (comm, gpu). Every rank posts its summary at its epoch's end
+// (one store call). Rank 0 reads the others' on a thread of its own, so that its training thread
+// never waits for the slowest rank's epoch end nor pays a store call per rank: the table of
+// epoch N goes into the first summary after it is complete: epoch N's own when it is complete
+// within `wait_ns` of rank 0's epoch end, else a later epoch's (section field `epoch`). At the
+// run's end (on_close) a table still being gathered is waited for (bounded by the exchange
+// timeout) and logged.
 class RankCollector : public Collector {
  public:
-  RankCollector(std::shared_ptr<RankExchange> exchange, double straggler_threshold);
+  RankCollector(std::shared_ptr<RankExchange> exchange, double straggler_threshold,
+                Nanos wait_ns = 0);
+  ~RankCollector() override;  // stops and joins the gatherer
+  RankCollector(const RankCollector&) = delete;
+  RankCollector& operator=(const RankCollector&) = delete;
   std::string name() const override { return "ranks"; }
   void attach(CollectorHost* host) override { host_ = host; }
   void on_epoch_end(EpochSummary& summary) override;
+  void on_close() override;
 
  private:
+  struct Job {
+    int64_t epoch = 0;
+    std::string tag;
+    Nanos ended_ns = 0;
+    std::string summary;  // rank 0's own, which the gatherer posts first
+  };
+  void gather_loop();
+  RankEpochStats gather_table(const Job& job, std::string* error);
+  void attach_ready(EpochSummary& summary);
+  void report_missing(const RankEpochStats& table, const std::string& error);
+
   std::shared_ptr<RankExchange> exchange_;
   double threshold_;
+  Nanos wait_ns_;
   CollectorHost* host_ = nullptr;
-  std::set<int> reported_missing_;
-  bool store_failed_ = false;
+  std::set<int> reported_missing_;  // training thread
+  bool store_failed_ = false;       // training thread
+  // Rank 0's gatherer: jobs in, complete tables out.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Job> jobs_;
+  std::vector<std::pair<RankEpochStats, std::string>> ready_;  // with the store's error, if any
+  bool busy_ = false;
+  bool failed_ = false;  // the store failed: the gatherer stopped
+  bool stop_ = false;
+  std::thread gatherer_;
 };
 
 // This rank's summary of an epoch (reads the sections "comm" and "gpu" when present).

@@ -213,8 +213,11 @@ struct ReportConfig {
 struct CommConfig {
   bool enabled = true;                 // observe collectives on c10d process groups
   double exchange_timeout_ms = 10000;  // a rank missing a cross-rank exchange this long: reported
-  double watchdog_ms = 60000;          // a collective outstanding this long is logged (0: off)
-  double link_peak_gbps = 0;           // the link's peak bus bandwidth, GB/s (0: unknown)
+  // How long rank 0's training thread waits at an epoch end for that epoch's per-rank table
+  // (gathered on a thread of its own); a table not complete by then comes with a later epoch.
+  double ranks_wait_ms = 0;
+  double watchdog_ms = 60000;  // a collective outstanding this long is logged (0: off)
+  double link_peak_gbps = 0;   // the link's peak bus bandwidth, GB/s (0: unknown)
   // Count every NCCL collective through a global RecordFunction callback (every op then pays
   // for a RecordFunction); off: GradSync's all-reduces are counted, the others in trace windows.
   bool observe_nccl_ops = false;

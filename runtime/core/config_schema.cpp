@@ -194,6 +194,7 @@ const std::vector<KeySpec>& builtin_schema() {
       TP_PATH(report.journal_path),
       TP_FLAG(comm.enabled),
       TP_KEY(comm.exchange_timeout_ms, 1.0, 86400000.0),
+      TP_KEY(comm.ranks_wait_ms, 0.0, 86400000.0),
       TP_KEY(comm.watchdog_ms, 0.0, 86400000.0),
       TP_KEY(comm.link_peak_gbps, 0.0, 1e6),
       TP_FLAG(comm.observe_nccl_ops),

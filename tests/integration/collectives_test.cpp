@@ -487,7 +487,10 @@ TEST_F(Collectives, RanksCloseIntervalsAtTheSameSteps) {
   auto ranks = run_ranks("intervals", 2, true,
                          {{"TORCHPILOT_INTERVAL_SECONDS", "0.15"},
                           {"TORCHPILOT_INTERVAL_MIN_STEPS", "6"},
-                          {"TORCHPILOT_COMM_EXCHANGE_TIMEOUT_MS", "5000"}});
+                          {"TORCHPILOT_COMM_EXCHANGE_TIMEOUT_MS", "5000"},
+                          // Each interval's own table in its summary (by default a table may
+                          // come with a later one: rank 0 gathers off the training thread).
+                          {"TORCHPILOT_COMM_RANKS_WAIT_MS", "5000"}});
   for (int r = 0; r < 2; ++r) ASSERT_EQ(ranks[r].status, 0) << logs(ranks);
   const json& a = ranks[0].result["periods"];
   const json& b = ranks[1].result["periods"];
@@ -506,6 +509,9 @@ TEST_F(Collectives, RanksCloseIntervalsAtTheSameSteps) {
 TEST_F(Collectives, ARankKilledMidEpochLeavesTheOthersWithALogLineAndNoHang) {
   auto ranks = run_ranks("kill", 2, false,
                          {{"TORCHPILOT_COMM_EXCHANGE_TIMEOUT_MS", "2000"},
+                          // The scenario leaves with _Exit right after its epoch: rank 0 waits
+                          // for that epoch's table (bounded by the exchange timeout) to log it.
+                          {"TORCHPILOT_COMM_RANKS_WAIT_MS", "5000"},
                           {"TORCHPILOT_COMM_WATCHDOG_MS", "1000"},
                           {"TP_COLL_GLOO_TIMEOUT_S", "10"}},
                          /*deadline_s=*/90);

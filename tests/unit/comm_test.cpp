@@ -700,7 +700,8 @@ TEST(RankCollector, RankZeroGathersTheTableAndNamesTheStraggler) {
   auto store = std::make_shared<InMemoryStore>();
   auto e0 = std::make_shared<RankExchange>(store, 0, 2, 2000 * kMs);
   auto e1 = std::make_shared<RankExchange>(store, 1, 2, 2000 * kMs);
-  RankCollector c0(e0, 0.1), c1(e1, 0.1);
+  // Rank 0 waits (up to 2 s) for this epoch's table: rank 1 has posted, it comes at once.
+  RankCollector c0(e0, 0.1, 2000 * kMs), c1(e1, 0.1);
   auto summary = [](Nanos wait_per_step, Nanos exposed_per_step) {
     EpochSummary s;
     s.epoch = 0;
@@ -737,21 +738,81 @@ TEST(RankCollector, RankZeroGathersTheTableAndNamesTheStraggler) {
 TEST(RankCollector, AMissingRankIsReportedAfterTheTimeout) {
   auto store = std::make_shared<InMemoryStore>();
   auto e0 = std::make_shared<RankExchange>(store, 0, 3, 100 * kMs);
-  RankCollector c0(e0, 0.1);
+  RankCollector c0(e0, 0.1);  // never waits: the table comes with a later epoch
   EpochSummary s;
   s.steps = 5;
   s.wall_ns = 5 * kMs;
   const auto t0 = std::chrono::steady_clock::now();
   c0.on_epoch_end(s);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
-  const RankEpochStats* r = s.sections.get<RankEpochStats>();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(50))
+      << "rank 0's training thread does not wait for the missing ranks";
+  EXPECT_EQ(s.sections.get<RankEpochStats>(), nullptr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // past the 100 ms timeout
+  EpochSummary next = s;
+  next.epoch = 1;
+  c0.on_epoch_end(next);
+  const RankEpochStats* r = next.sections.get<RankEpochStats>();
   ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->epoch, 0);
   EXPECT_EQ(r->missing, (std::vector<int>{1, 2}));
+  EXPECT_GE(r->ready_ms, 100);
   std::vector<std::string> lines;
-  section_text(*r, s, lines);
+  section_text(*r, next, lines);
   bool said = false;
-  for (const auto& l : lines) said = said || l.find("did not report") != std::string::npos;
+  for (const auto& l : lines) said = said || l.find("did not report epoch 0") != std::string::npos;
   EXPECT_TRUE(said);
+}
+
+// The destructor stops a gather that waits for ranks that never report: the program's exit is
+// not held for the exchange timeout.
+TEST(RankCollector, AGatherWaitingForAbsentRanksDoesNotHoldTheExit) {
+  auto store = std::make_shared<InMemoryStore>();
+  auto e0 = std::make_shared<RankExchange>(store, 0, 4, 60000 * kMs);
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    RankCollector c0(e0, 0.1);
+    EpochSummary s;
+    s.steps = 5;
+    s.wall_ns = 5 * kMs;
+    c0.on_epoch_end(s);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+// A hundred ranks' table keeps 32 rows (the straggler among them, the slowest first) and the step
+// times' distribution of all: the log and the JSON stay small at a thousand ranks.
+TEST(RankCollector, AHundredRanksTableKeepsTheSlowestRowsAndTheDistribution) {
+  auto store = std::make_shared<InMemoryStore>();
+  constexpr int kRanks = 100;
+  for (int r = 1; r < kRanks; ++r) {
+    RankExchange e(store, r, kRanks, 2000 * kMs);
+    RankSummary s;
+    s.rank = r;
+    s.steps = 10;
+    s.step_ns = (r == 37 ? 60.0 : 30.0 + r * 0.01) * kMs;  // rank 37 straggles
+    s.compute_ns = s.step_ns;
+    ASSERT_TRUE(e.post("epoch/0", to_json(s)));
+  }
+  RankCollector c0(std::make_shared<RankExchange>(store, 0, kRanks, 2000 * kMs), 0.1, 2000 * kMs);
+  EpochSummary s0;
+  s0.steps = 10;
+  s0.wall_ns = 10 * 30 * kMs;
+  c0.on_epoch_end(s0);
+  const RankEpochStats* r = s0.sections.get<RankEpochStats>();
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->ranks_reported, kRanks);
+  EXPECT_EQ(r->ranks.size(), RankEpochStats::kMaxRankRows);
+  EXPECT_EQ(r->ranks_omitted, kRanks - static_cast<int64_t>(RankEpochStats::kMaxRankRows));
+  ASSERT_FALSE(r->stragglers.empty());
+  EXPECT_EQ(r->stragglers[0].rank, 37);
+  bool kept = false;
+  for (const RankSummary& x : r->ranks) kept = kept || x.rank == 37;
+  EXPECT_TRUE(kept) << "the straggler's row is kept";
+  EXPECT_NEAR(r->step_ns_max, 60.0 * kMs, 1);
+  std::vector<std::string> lines;
+  section_text(*r, s0, lines);
+  EXPECT_LT(lines.size(), 40u);
 }
 
 TEST(CommWatchdog, AnOutstandingCollectiveIsLoggedOnceWithWhoReachedIt) {
