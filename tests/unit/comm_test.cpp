@@ -12,6 +12,7 @@
 #include <cmath>
 #include <memory>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -813,6 +814,45 @@ TEST(RankCollector, AHundredRanksTableKeepsTheSlowestRowsAndTheDistribution) {
   std::vector<std::string> lines;
   section_text(*r, s0, lines);
   EXPECT_LT(lines.size(), 40u);
+}
+
+// A store that goes away (the TCPStore server's process died): rank 0's gatherer fails its
+// first call, the next epoch's end logs one line and the exchange stops; no epoch end waits,
+// nothing throws, the Pilot goes on and ends.
+class DeadStore : public KeyValueStore {
+ public:
+  void set(const std::string&, const std::string&) override { fail(); }
+  bool check(const std::vector<std::string>&) override { fail(); }
+  std::string get(const std::string&) override { fail(); }
+
+ private:
+  [[noreturn]] static void fail() { throw std::runtime_error("Connection reset by peer"); }
+};
+
+TEST(RankCollector, AStoreThatGoesAwayIsOneLineAndTrainingGoesOn) {
+  std::ostringstream log;
+  PilotOptions o;
+  o.logger = test::string_logger("dead-store", log);
+  o.default_collectors = false;
+  auto exchange = std::make_shared<RankExchange>(std::make_shared<DeadStore>(), 0, 4, 60000 * kMs);
+  o.collectors = {std::make_shared<RankCollector>(exchange, 0.1)};
+  Config c;
+  c.gpu.enabled = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    Pilot pilot(c, o);
+    for (int epoch = 0; epoch < 4; ++epoch) {
+      for (int i = 0; i < 3; ++i) auto s = pilot.step(1);
+      EXPECT_NO_THROW(pilot.end_epoch());
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  const std::string text = log.str();
+  const size_t at = text.find("ranks: the store failed");
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_EQ(text.find("ranks: the store failed", at + 1), std::string::npos) << "once: " << text;
+  EXPECT_NE(text.find("Connection reset by peer"), std::string::npos) << text;
 }
 
 TEST(CommWatchdog, AnOutstandingCollectiveIsLoggedOnceWithWhoReachedIt) {
