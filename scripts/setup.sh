@@ -9,8 +9,9 @@ cd "$(dirname "$0")/.."
 # browser test (it skips without); libcpp-httplib-dev: the Prometheus endpoint's HTTP server;
 # libgloo-dev: the Gloo headers c10d's ProcessGroupGloo needs (the collectives tests).
 # zlib1g-dev: gzip-compressed PyTorch profiler traces (torchpilot-analyze). prometheus: promtool
-# and the server, for the endpoint's tests against Prometheus itself (they skip without; about
-# 96 MB installed; Debian does not start its service in a container without systemd).
+# and the server, for the endpoint's tests against Prometheus itself (they skip without; 22.5 MB
+# to download, 332 MB installed with the JavaScript packages it depends on, 218 MB of them
+# libjs-moment-timezone; Debian does not start its service in a container without systemd).
 packages=(cmake ninja-build g++ ccache libtorch-dev libspdlog-dev libyaml-cpp-dev nlohmann-json3-dev
           libgtest-dev libgmock-dev libjpeg62-turbo-dev libcli11-dev libasan8 libubsan1 libtsan2
           libcpp-httplib-dev chromium libgloo-dev zlib1g-dev python3 prometheus)
