@@ -778,8 +778,12 @@ void CommWatchdog::poll() {
           std::to_string(r.bytes) + " bytes, " + r.dtype + ") outstanding for " +
           detail::fmt_num((now - r.begin_ns) / 1e9) + " s on rank " +
           std::to_string(exchange_->rank()) + ": reached by " + ranks_word(reached) +
-          "; not reached by " + ranks_word(behind) + "; no report from " + ranks_word(silent) +
-          (exchange_->failed() ? " (the store failed)" : "") + "; last collective entered:";
+          (behind.empty() ? "" : "; not reached by " + ranks_word(behind)) +
+          (silent.empty()
+               ? ""
+               : "; no report from " + ranks_word(silent) +
+                     (exchange_->failed() ? " (the store failed)" : " (not started, or stopped)")) +
+          "; last collective entered:";
       constexpr size_t kMaxGroups = 8;
       size_t shown = 0;
       int not_shown = 0;
