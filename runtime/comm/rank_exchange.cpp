@@ -737,6 +737,7 @@ std::string rank_ranges(std::vector<int> ranks, size_t max_runs) {
 
 void CommWatchdog::poll() {
   if (monitor_ == nullptr || !exchange_) return;
+  std::lock_guard<std::mutex> polling(poll_mu_);  // the thread's poll and a caller's
   try {
     // This rank's last collective, when it changed (one store call; none once the store failed).
     const CollectiveRecord mine = monitor_->last_entered();

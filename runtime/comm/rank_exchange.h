@@ -216,6 +216,7 @@ class CommWatchdog {
   CommMonitor* monitor_;
   Nanos threshold_ns_;
   std::function<void(const std::string&)> log_;
+  std::mutex poll_mu_;      // one poll at a time; guards the two below
   std::string published_;  // the last value posted under "coll/last"
   std::set<int64_t> logged_;
   std::mutex mu_;
