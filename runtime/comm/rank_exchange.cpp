@@ -750,14 +750,34 @@ void CommWatchdog::poll() {
       }
     }
     const Nanos now = monitor_->now();
+    // In a hang every rank waiting reports: only every stride-th rank (at most kReaders of them)
+    // reads every rank's entry, so that a hang at a thousand ranks costs the store thousands of
+    // reads, not a million.
+    constexpr int kReaders = 8;
+    const int world = exchange_->world_size();
+    const int stride = (world + kReaders - 1) / kReaders;
+    const bool reads_all = exchange_->rank() % stride == 0;
     for (const CollectiveRecord& r : monitor_->outstanding()) {
       if (now - r.begin_ns < threshold_ns_ || logged_.count(r.seq) != 0) continue;
       logged_.insert(r.seq);
+      std::string line = "collective " + std::string(to_string(r.op)) + " seq " +
+                         std::to_string(r.seq) + " (" + std::to_string(r.bytes) + " bytes, " +
+                         r.dtype + ") outstanding for " +
+                         detail::fmt_num((now - r.begin_ns) / 1e9) + " s on rank " +
+                         std::to_string(exchange_->rank());
+      if (!reads_all) {
+        std::vector<int> readers;
+        for (int k = 0; k < world; k += stride) readers.push_back(k);
+        if (log_) {
+          log_(line + "; every rank's last collective: in the reports of " + ranks_word(readers));
+        }
+        continue;
+      }
       // Every rank's last collective, grouped by what it was (ranks of a data-parallel job are
       // mostly at the same one: a few groups, however many ranks), the furthest behind first.
-      std::map<std::pair<int64_t, std::string>, std::pair<LastCollective, std::vector<int>>> groups;
+      std::map<std::pair<int64_t, std::string>, std::vector<int>> groups;
       std::vector<int> reached, behind, silent;
-      for (int k = 0; k < exchange_->world_size(); ++k) {
+      for (int k = 0; k < world; ++k) {
         std::optional<LastCollective> c;
         if (k == exchange_->rank()) {
           c = decode(encode(monitor_->last_entered()));
@@ -769,30 +789,24 @@ void CommWatchdog::poll() {
           continue;
         }
         (c->seq >= r.seq ? reached : behind).push_back(k);
-        auto& g = groups[{c->seq, describe(*c)}];
-        g.first = *c;
-        g.second.push_back(k);
+        groups[{c->seq, describe(*c)}].push_back(k);
       }
       if (!log_) continue;
-      std::string line =
-          "collective " + std::string(to_string(r.op)) + " seq " + std::to_string(r.seq) + " (" +
-          std::to_string(r.bytes) + " bytes, " + r.dtype + ") outstanding for " +
-          detail::fmt_num((now - r.begin_ns) / 1e9) + " s on rank " +
-          std::to_string(exchange_->rank()) + ": reached by " + ranks_word(reached) +
-          (behind.empty() ? "" : "; not reached by " + ranks_word(behind)) +
-          (silent.empty()
-               ? ""
-               : "; no report from " + ranks_word(silent) +
-                     (exchange_->failed() ? " (the store failed)" : " (not started, or stopped)")) +
-          "; last collective entered:";
+      line += ": reached by " + ranks_word(reached) +
+              (behind.empty() ? "" : "; not reached by " + ranks_word(behind)) +
+              (silent.empty() ? ""
+                              : "; no report from " + ranks_word(silent) +
+                                    (exchange_->failed() ? " (the store failed)"
+                                                         : " (not started, or stopped)")) +
+              "; last collective entered:";
       constexpr size_t kMaxGroups = 8;
       size_t shown = 0;
       int not_shown = 0;
-      for (const auto& [key, g] : groups) {
+      for (const auto& [key, ranks] : groups) {
         if (shown++ < kMaxGroups) {
-          line += (shown == 1 ? " " : "; ") + ranks_word(g.second) + " " + key.second;
+          line += (shown == 1 ? " " : "; ") + ranks_word(ranks) + " " + key.second;
         } else {
-          not_shown += static_cast<int>(g.second.size());
+          not_shown += static_cast<int>(ranks.size());
         }
       }
       if (not_shown > 0) line += "; " + std::to_string(not_shown) + " more ranks elsewhere";

@@ -200,7 +200,8 @@ std::string rank_ranges(std::vector<int> ranks, size_t max_runs = 16);
 
 // Logs (once per collective) a collective outstanding longer than `threshold_ns`, with the ranks
 // that have reached it, those that have not and those that never reported, and the last
-// collective each rank entered (what each rank's watchdog publishes under "coll/last").
+// collective each rank entered (what each rank's watchdog publishes under "coll/last"). Only
+// every (world / 8)-th rank reads every rank's entry; the others' line names those ranks.
 class CommWatchdog {
  public:
   CommWatchdog(std::shared_ptr<RankExchange> exchange, CommMonitor* monitor, Nanos threshold_ns,
@@ -216,7 +217,7 @@ class CommWatchdog {
   CommMonitor* monitor_;
   Nanos threshold_ns_;
   std::function<void(const std::string&)> log_;
-  std::mutex poll_mu_;      // one poll at a time; guards the two below
+  std::mutex poll_mu_;     // one poll at a time; guards the two below
   std::string published_;  // the last value posted under "coll/last"
   std::set<int64_t> logged_;
   std::mutex mu_;

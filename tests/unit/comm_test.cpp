@@ -989,6 +989,41 @@ TEST(CommWatchdog, AThousandRanksHangReportNamesTheOneBehindInAShortLine) {
   EXPECT_LT(m.size(), 500u) << m;
 }
 
+// Every rank waiting in a hang reports it; only every 128th of 1,024 reads the others' entries
+// (the store would otherwise take a million reads): rank 5 names those ranks and reads none.
+class CountingStore : public InMemoryStore {
+ public:
+  bool check(const std::vector<std::string>& keys) override {
+    ++checks;
+    return InMemoryStore::check(keys);
+  }
+  std::atomic<int> checks{0};
+};
+
+TEST(CommWatchdog, AtAThousandRanksOnlyEightRanksReadEveryRanksEntry) {
+  auto store = std::make_shared<CountingStore>();
+  auto clock = std::make_shared<ManualClock>(0);
+  CommMonitor monitor({FakeThread().probe(), clock});
+  monitor.collective_begin(CommOp::kAllReduce, "x", 64, "Float");
+  std::vector<std::string> logged;
+  std::mutex mu;
+  CommWatchdog dog(std::make_shared<RankExchange>(store, 5, 1024, kMs), &monitor, 1000 * kMs,
+                   [&](const std::string& m) {
+                     std::lock_guard<std::mutex> lock(mu);
+                     logged.push_back(m);
+                   });
+  clock->set(2000 * kMs);
+  dog.poll();
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(logged.size(), 1u);
+  EXPECT_NE(logged[0].find("seq 1 (64 bytes, Float) outstanding for 2 s on rank 5; every rank's "
+                           "last collective: in the reports of ranks 0, 128, 256, 384, 512, 640, "
+                           "768, 896"),
+            std::string::npos)
+      << logged[0];
+  EXPECT_EQ(store->checks.load(), 0);
+}
+
 CommEpochStats comm_epoch(Nanos step_ns, Nanos comm_ns, Nanos exposed_ns, int64_t mean_bytes) {
   CommEpochStats c;
   c.world_size = 2;
