@@ -5,7 +5,10 @@
 // Measured per rank count: the training thread's time in on_epoch_end on rank 0 and on the
 // others (median and max over epochs after the first), the time from rank 0's epoch end until
 // its table of every rank is complete (the table's ready_ms), and the store's traffic per epoch
-// (calls and bytes, counted by a wrapper around each client).
+// (calls and bytes, counted by a wrapper around each client). Then a hang report at that scale:
+// every rank publishes its last collective as its watchdog does (the last rank one collective
+// behind) and rank 0's CommWatchdog reports a collective outstanding: its time on the watchdog's
+// thread, its store calls and the line's length.
 //   rank_exchange [--ranks 8 --ranks 64 ...] [--epochs 6] [--machine M --commit C --out FILE]
 #if __has_include(<torch/csrc/distributed/c10d/TCPStore.hpp>)
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -27,7 +30,9 @@
 
 #include "harness.h"
 #include "torchpilot/hooks/comm/collectives.h"
+#include "torchpilot/runtime/comm/comm_monitor.h"
 #include "torchpilot/runtime/comm/rank_exchange.h"
+#include "torchpilot/runtime/core/clock.h"
 
 #if TORCHPILOT_BENCH_TCPSTORE
 namespace {
@@ -123,6 +128,10 @@ json run_ranks(int ranks, int epochs, double wait_ms) {
   std::vector<std::vector<double>> cost_ms(ranks);  // per rank, per epoch
   std::vector<double> ready_ms;                     // rank 0's tables
   std::mutex ready_mu;
+  int64_t epoch_calls = 0, epoch_bytes = 0;  // the epochs' traffic, before the hang report
+  double hang_ms = 0;
+  int64_t hang_calls = 0;
+  std::string hang_line;
   const auto t0 = bench::Clock::now();
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
@@ -153,6 +162,34 @@ json run_ranks(int ranks, int epochs, double wait_ms) {
       }
       barrier.arrive_and_wait();
       collector.on_close();
+      barrier.arrive_and_wait();
+      if (r == 0) {
+        epoch_calls = traffic.calls;
+        epoch_bytes = traffic.bytes;
+      }
+      exchange->post("coll/last", r == ranks - 1 ? R"({"seq":4,"op":"all_reduce","bytes":33280,)"
+                                                   R"("dtype":"Float","done":true})"
+                                                 : R"({"seq":5,"op":"all_reduce","bytes":33280,)"
+                                                   R"("dtype":"Float","done":false})");
+      barrier.arrive_and_wait();
+      if (r != 0) return;
+      auto clock = std::make_shared<ManualClock>(0);
+      CommMonitor monitor({nullptr, clock});
+      for (int i = 0; i < 4; ++i) {
+        monitor.collective_end(
+            monitor.collective_begin(CommOp::kAllReduce, "gloo:all_reduce", 33280, "Float"));
+      }
+      monitor.collective_begin(CommOp::kAllReduce, "gloo:all_reduce", 33280, "Float");
+      // A threshold of an hour: the watchdog's own thread (a poll a second) reports nothing
+      // before the clock is moved past it; the poll below is the one that reports.
+      CommWatchdog dog(exchange, &monitor, 3'600'000'000'000LL,
+                       [&](const std::string& m) { hang_line = m; });
+      clock->set(7'200'000'000'000LL);
+      const int64_t calls = traffic.calls;
+      const auto b = bench::Clock::now();
+      dog.poll();
+      hang_ms = bench::ms_since(b);
+      hang_calls = traffic.calls - calls;
     });
   }
   for (auto& t : threads) t.join();
@@ -177,18 +214,23 @@ json run_ranks(int ranks, int epochs, double wait_ms) {
             {"others_epoch_end_ms_max", others_max},
             {"table_ready_ms_median", bench::median(ready_ms)},
             {"tables", ready_ms.size()},
-            {"store_calls_per_epoch", static_cast<double>(traffic.calls) / epochs},
-            {"store_bytes_per_epoch", static_cast<double>(traffic.bytes) / epochs},
+            {"store_calls_per_epoch", static_cast<double>(epoch_calls) / epochs},
+            {"store_bytes_per_epoch", static_cast<double>(epoch_bytes) / epochs},
+            {"hang_report_ms", hang_ms},
+            {"hang_report_store_calls", hang_calls},
+            {"hang_report_chars", hang_line.size()},
+            {"hang_report", hang_line},
             {"seconds", bench::seconds_since(t0)}};
   std::printf(
       "%5d ranks, wait %g ms: rank 0 %.3f ms (max %.3f), others %.3f ms (max %.3f) at an epoch "
       "end; "
       "table complete %.1f ms after rank 0's epoch end; %.0f store calls, %.0f kB an "
-      "epoch\n",
+      "epoch; a hang report %.1f ms, %lld store calls, %zu characters\n",
       ranks, wait_ms, j["rank0_epoch_end_ms_median"].get<double>(),
       j["rank0_epoch_end_ms_max"].get<double>(), j["others_epoch_end_ms_median"].get<double>(),
       others_max, j["table_ready_ms_median"].get<double>(),
-      j["store_calls_per_epoch"].get<double>(), j["store_bytes_per_epoch"].get<double>() / 1e3);
+      j["store_calls_per_epoch"].get<double>(), j["store_bytes_per_epoch"].get<double>() / 1e3,
+      hang_ms, static_cast<long long>(hang_calls), hang_line.size());
   std::fflush(stdout);
   return j;
 }

@@ -13,7 +13,7 @@
 // rank's epoch summary on rank 0 (section "ranks": per-rank table, stragglers), makes the ranks'
 // auto-tune trials agree (same steps, slowest rank governs, same decision at the same step), and
 // runs a watchdog that logs a collective outstanding longer than comm.watchdog_ms once, with the
-// ranks that have and have not reached it.
+// ranks that have and have not reached it and the last collective each rank entered.
 //
 // Rank and world size come from the group, else RANK / WORLD_SIZE; without a store, one is opened
 // as a client of MASTER_ADDR:MASTER_PORT when both are set (torchrun's store), else the cross-rank

@@ -139,6 +139,7 @@ int64_t CommMonitor::collective_begin(CommOp op, std::string_view name, int64_t 
     r.step = current_step_;
     r.in_step = begun_in_step_++;
     if (inflight_++ == 0) open_union(t);
+    last_entered_ = r;
     const int64_t seq = r.seq;
     outstanding_.emplace(seq, std::move(r));
     return seq;
@@ -157,6 +158,7 @@ void CommMonitor::collective_end(int64_t seq) {
     CollectiveRecord r = std::move(it->second);
     outstanding_.erase(it);
     r.end_ns = t;
+    if (r.seq == last_entered_.seq) last_entered_.end_ns = t;
     if (--inflight_ == 0) close_union(t);
     const Nanos busy = std::max<Nanos>(0, r.end_ns - r.begin_ns);
     keep_duration({r.step, r.in_step, busy});
@@ -171,11 +173,21 @@ void CommMonitor::collective_end(int64_t seq) {
   }
 }
 
-void CommMonitor::collective_counted(CommOp op, std::string_view /*name*/, int64_t bytes,
-                                     std::string /*dtype*/) {
+void CommMonitor::collective_counted(CommOp op, std::string_view name, int64_t bytes,
+                                     std::string dtype) {
   try {
+    const Nanos t = now();
     std::lock_guard<std::mutex> lock(mu_);
-    ++next_seq_;  // it takes a sequence number, as a timed one does, but keeps no record
+    // It takes a sequence number, as a timed one does, but keeps no record beyond the last one.
+    last_entered_ = CollectiveRecord{};
+    last_entered_.op = op;
+    last_entered_.name = std::string(name);
+    last_entered_.bytes = bytes;
+    last_entered_.dtype = std::move(dtype);
+    last_entered_.group_size = world_size_;
+    last_entered_.seq = next_seq_++;
+    last_entered_.begin_ns = t;
+    last_entered_.step = current_step_;
     count_collective(op, bytes, 0);
   } catch (...) {
   }
@@ -254,6 +266,11 @@ std::vector<CollectiveRecord> CommMonitor::outstanding() const {
 int64_t CommMonitor::started() const {
   std::lock_guard<std::mutex> lock(mu_);
   return next_seq_ - 1;
+}
+
+CollectiveRecord CommMonitor::last_entered() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_entered_;
 }
 
 std::vector<CollectiveRecord> CommMonitor::recent() const {

@@ -89,6 +89,10 @@ class CommMonitor : public Collector {
   // Collectives started and not completed, oldest first; and how many have started.
   std::vector<CollectiveRecord> outstanding() const;
   int64_t started() const;
+  // The last collective this rank entered (seq 0: none yet; end_ns 0: not completed, or counted
+  // without a time), what the watchdog publishes for the other ranks' hang reports, as NCCL's
+  // flight recorder keeps each rank's last collectives.
+  CollectiveRecord last_entered() const;
   // The last completed collectives (at most kRecent), oldest first.
   static constexpr size_t kRecent = 256;
   std::vector<CollectiveRecord> recent() const;
@@ -129,6 +133,7 @@ class CommMonitor : public Collector {
   int64_t current_step_ = -1;  // on_step_begin's
   int64_t begun_in_step_ = 0;  // collectives begun in it
   std::map<int64_t, CollectiveRecord> outstanding_;
+  CollectiveRecord last_entered_;
   std::vector<CollectiveRecord> recent_;
   size_t recent_next_ = 0;
   int inflight_ = 0;

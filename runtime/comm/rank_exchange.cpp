@@ -85,32 +85,60 @@ std::string RankExchange::key(const std::string& tag, int rank) const {
   return prefix_ + tag + "/" + std::to_string(rank);
 }
 
+std::string RankExchange::fail(const std::exception_ptr& e) {
+  const std::string what = what_of(e);
+  if (!failed_.load(std::memory_order_relaxed)) {
+    failure_ = what;
+    failed_.store(true, std::memory_order_release);
+  }
+  return what;
+}
+
+bool RankExchange::failed_before(std::string* error) const {
+  if (!failed_.load(std::memory_order_relaxed)) return false;
+  if (error != nullptr) *error = "the store failed earlier: " + failure_;
+  return true;
+}
+
+std::optional<std::string> RankExchange::take_failure_line() {
+  if (!failed() || failure_told_.exchange(true)) return std::nullopt;
+  std::lock_guard<std::mutex> lock(mu_);
+  return "rank " + std::to_string(rank_) + ": the store failed (" + failure_ +
+         "); no per-rank table, joint tuning or collective watchdog from now on; training goes "
+         "on";
+}
+
 bool RankExchange::post(const std::string& tag, const std::string& value, std::string* error) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (failed_before(error)) return false;
   try {
     store_->set(key(tag, rank_), value);
     return true;
   } catch (...) {
-    if (error != nullptr) *error = what_of(std::current_exception());
+    const std::string what = fail(std::current_exception());
+    if (error != nullptr) *error = what;
     return false;
   }
 }
 
 bool RankExchange::aborted(const std::string& family) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (failed_before(nullptr)) return true;
   try {
     return store_->check({prefix_ + "abort/" + family});
   } catch (...) {
+    fail(std::current_exception());
     return true;  // a store that fails cannot agree on anything
   }
 }
 
 void RankExchange::forget(const std::string& tag) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (int r = 0; r < world_size_; ++r) {
+  for (int r = 0; r < world_size_ && !failed_before(nullptr); ++r) {
     try {
       store_->remove(key(tag, r));
-    } catch (...) {  // a key left behind costs memory, nothing else
+    } catch (...) {  // a key left behind costs memory; the store's failure stops the rest
+      fail(std::current_exception());
     }
   }
 }
@@ -118,12 +146,14 @@ void RankExchange::forget(const std::string& tag) {
 std::optional<std::string> RankExchange::peek(const std::string& tag, int rank,
                                               std::string* error) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (failed_before(error)) return std::nullopt;
   try {
     const std::string k = key(tag, rank);
     if (!store_->check({k})) return std::nullopt;
     return store_->get(k);
   } catch (...) {
-    if (error != nullptr) *error = what_of(std::current_exception());
+    const std::string what = fail(std::current_exception());
+    if (error != nullptr) *error = what;
     return std::nullopt;
   }
 }
@@ -175,9 +205,11 @@ std::optional<std::vector<std::string>> RankExchange::all_gather(const std::stri
     if (missing != nullptr) *missing = absent;
     // Tell the others (and a rank arriving late) that this exchange is over.
     std::lock_guard<std::mutex> lock(mu_);
+    if (failed_before(nullptr)) return std::nullopt;
     try {
       store_->set(prefix_ + "abort/" + family, std::to_string(rank_));
     } catch (...) {
+      fail(std::current_exception());
     }
     return std::nullopt;
   }
@@ -304,13 +336,9 @@ void RankCollector::on_epoch_end(EpochSummary& summary) {
     attach_ready(summary);
     return;
   }
-  std::string error;
-  if (!exchange_->post(tag, mine, &error)) {
+  if (!exchange_->post(tag, mine)) {
     store_failed_ = true;
-    if (host_ != nullptr) {
-      host_->log(LogLevel::kWarn,
-                 "ranks: the store failed (" + error + "); no per-rank summaries from now on");
-    }
+    tell_failure();
     return;
   }
   if (rank != 0) return;
@@ -335,16 +363,18 @@ void RankCollector::attach_ready(EpochSummary& summary) {
   }
   if (failed) {
     store_failed_ = true;
-    if (host_ != nullptr) {
-      host_->log(LogLevel::kWarn,
-                 "ranks: " + ready.back().second + "; no per-rank summaries from now on");
-    }
+    tell_failure();
     return;
   }
   for (const auto& r : ready) report_missing(r.first, r.second);
   // One section a summary: the latest table (an earlier one, rarely still pending after a later
   // epoch's, was logged above only by its missing ranks).
   summary.sections.set(std::move(ready.back().first));
+}
+
+void RankCollector::tell_failure() {
+  const auto line = exchange_->take_failure_line();
+  if (line && host_ != nullptr) host_->log(LogLevel::kWarn, *line);
 }
 
 void RankCollector::report_missing(const RankEpochStats& table, const std::string& error) {
@@ -421,7 +451,7 @@ void RankCollector::gather_loop() {
       if (!exchange_->post(job.tag, job.summary, &error)) {
         // The store is gone: said once, no tables from now on.
         std::lock_guard<std::mutex> lock(mu_);
-        ready_.emplace_back(RankEpochStats{}, "the store failed (" + error + ")");
+        ready_.emplace_back(RankEpochStats{}, error);
         ready_.back().first.epoch = job.epoch;
         failed_ = true;
         busy_ = false;
@@ -433,12 +463,16 @@ void RankCollector::gather_loop() {
       table.epoch = job.epoch;
       error = e.what();
     }
+    // The store went away while reading: the ranks it did not read are not the ranks' fault.
+    const bool store_gone = exchange_->failed();
     {
       std::lock_guard<std::mutex> lock(mu_);
       ready_.emplace_back(std::move(table), error);
+      failed_ = failed_ || store_gone;
       busy_ = false;
     }
     cv_.notify_all();
+    if (store_gone) return;
   }
 }
 
@@ -633,46 +667,151 @@ CommWatchdog::~CommWatchdog() {
   if (thread_.joinable()) thread_.join();
 }
 
+namespace {
+
+// What a rank's watchdog publishes of the last collective it entered, and reads of the others'.
+struct LastCollective {
+  int64_t seq = 0;  // 0: none entered yet
+  std::string op;
+  int64_t bytes = 0;
+  std::string dtype;
+  bool done = false;
+};
+
+std::string encode(const CollectiveRecord& r) {
+  json j = {{"seq", r.seq}};
+  if (r.seq > 0) {
+    j["op"] = to_string(r.op);
+    j["bytes"] = r.bytes;
+    j["dtype"] = r.dtype;
+    j["done"] = r.end_ns > 0;
+  }
+  return dump(j);
+}
+
+std::optional<LastCollective> decode(const std::string& text) {
+  const json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("seq")) return std::nullopt;
+  try {
+    LastCollective c;
+    c.seq = j.at("seq").get<int64_t>();
+    c.op = j.value("op", std::string());
+    c.bytes = j.value("bytes", int64_t{0});
+    c.dtype = j.value("dtype", std::string());
+    c.done = j.value("done", false);
+    return c;
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+std::string describe(const LastCollective& c) {
+  if (c.seq <= 0) return "none entered yet";
+  return c.op + " seq " + std::to_string(c.seq) + " (" + std::to_string(c.bytes) + " bytes, " +
+         c.dtype + ", " + (c.done ? "completed" : "running") + ")";
+}
+
+std::string ranks_word(const std::vector<int>& ranks) {
+  if (ranks.empty()) return "none";
+  return (ranks.size() == 1 ? "rank " : "ranks ") + rank_ranges(ranks);
+}
+
+}  // namespace
+
+std::string rank_ranges(std::vector<int> ranks, size_t max_runs) {
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  if (ranks.empty()) return "none";
+  std::string s;
+  size_t runs = 0, i = 0;
+  for (; i < ranks.size() && runs < max_runs; ++runs) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    s += (runs == 0 ? "" : ", ") + std::to_string(ranks[i]);
+    if (j > i) s += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  if (i < ranks.size()) s += " and " + std::to_string(ranks.size() - i) + " more";
+  return s;
+}
+
 void CommWatchdog::poll() {
   if (monitor_ == nullptr || !exchange_) return;
+  std::lock_guard<std::mutex> polling(poll_mu_);  // the thread's poll and a caller's
   try {
-    const int64_t started = monitor_->started();
-    if (started != published_ && !store_failed_) {
-      std::string error;
-      if (exchange_->post("coll/started", std::to_string(started), &error)) {
-        published_ = started;
-      } else {
-        store_failed_ = true;
-        if (log_)
-          log_("collective watchdog: the store failed (" + error + "); it stops publishing");
+    // This rank's last collective, when it changed (one store call; none once the store failed).
+    const CollectiveRecord mine = monitor_->last_entered();
+    const std::string value = encode(mine);
+    if (value != published_ && !exchange_->failed()) {
+      if (exchange_->post("coll/last", value)) {
+        published_ = value;
+      } else if (const auto line = exchange_->take_failure_line(); line && log_) {
+        log_(*line);
       }
     }
     const Nanos now = monitor_->now();
+    // In a hang every rank waiting reports: only every stride-th rank (at most kReaders of them)
+    // reads every rank's entry, so that a hang at a thousand ranks costs the store thousands of
+    // reads, not a million.
+    constexpr int kReaders = 8;
+    const int world = exchange_->world_size();
+    const int stride = (world + kReaders - 1) / kReaders;
+    const bool reads_all = exchange_->rank() % stride == 0;
     for (const CollectiveRecord& r : monitor_->outstanding()) {
       if (now - r.begin_ns < threshold_ns_ || logged_.count(r.seq) != 0) continue;
       logged_.insert(r.seq);
+      std::string line = "collective " + std::string(to_string(r.op)) + " seq " +
+                         std::to_string(r.seq) + " (" + std::to_string(r.bytes) + " bytes, " +
+                         r.dtype + ") outstanding for " +
+                         detail::fmt_num((now - r.begin_ns) / 1e9) + " s on rank " +
+                         std::to_string(exchange_->rank());
+      if (!reads_all) {
+        std::vector<int> readers;
+        for (int k = 0; k < world; k += stride) readers.push_back(k);
+        if (log_) {
+          log_(line + "; every rank's last collective: in the reports of " + ranks_word(readers));
+        }
+        continue;
+      }
+      // Every rank's last collective, grouped by what it was (ranks of a data-parallel job are
+      // mostly at the same one: a few groups, however many ranks), the furthest behind first.
+      std::map<std::pair<int64_t, std::string>, std::vector<int>> groups;
       std::vector<int> reached, behind, silent;
-      for (int k = 0; k < exchange_->world_size(); ++k) {
+      for (int k = 0; k < world; ++k) {
+        std::optional<LastCollective> c;
         if (k == exchange_->rank()) {
-          reached.push_back(k);
+          c = decode(encode(monitor_->last_entered()));
+        } else if (const auto v = exchange_->peek("coll/last", k)) {
+          c = decode(*v);
+        }
+        if (!c) {
+          silent.push_back(k);
           continue;
         }
-        const auto v = exchange_->peek("coll/started", k);
-        if (!v) {
-          silent.push_back(k);
-        } else if (std::atoll(v->c_str()) >= r.seq) {
-          reached.push_back(k);
+        (c->seq >= r.seq ? reached : behind).push_back(k);
+        groups[{c->seq, describe(*c)}].push_back(k);
+      }
+      if (!log_) continue;
+      line += ": reached by " + ranks_word(reached) +
+              (behind.empty() ? "" : "; not reached by " + ranks_word(behind)) +
+              (silent.empty() ? ""
+                              : "; no report from " + ranks_word(silent) +
+                                    (exchange_->failed() ? " (the store failed)"
+                                                         : " (not started, or stopped)")) +
+              "; last collective entered:";
+      constexpr size_t kMaxGroups = 8;
+      size_t shown = 0;
+      int not_shown = 0;
+      for (const auto& [key, ranks] : groups) {
+        if (shown++ < kMaxGroups) {
+          line += (shown == 1 ? " " : "; ") + ranks_word(ranks) + " " + key.second;
         } else {
-          behind.push_back(k);
+          not_shown += static_cast<int>(ranks.size());
         }
       }
-      if (log_) {
-        log_("collective " + std::string(to_string(r.op)) + " seq " + std::to_string(r.seq) + " (" +
-             std::to_string(r.bytes) + " bytes, " + r.dtype + ") outstanding for " +
-             detail::fmt_num((now - r.begin_ns) / 1e9) + " s on rank " +
-             std::to_string(exchange_->rank()) + ": reached by ranks " + ranks_text(reached) +
-             "; not reached by " + ranks_text(behind) + "; no report from " + ranks_text(silent));
-      }
+      if (not_shown > 0) line += "; " + std::to_string(not_shown) + " more ranks elsewhere";
+      if (groups.empty()) line += " none known";
+      log_(line);
     }
   } catch (...) {  // allocation in a log line: skip this poll
   }

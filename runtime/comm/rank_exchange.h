@@ -10,14 +10,17 @@
 //    them (bounded wait) and adds the section "ranks" (per-rank table, stragglers).
 //  - make_trial_agreement: the trial engine's cross-rank agreement (TrialAgreement, tuning.h);
 //    make_interval_agreement: the length of the Pilot's intervals (interval.h).
-//  - CommWatchdog: a thread that publishes how many collectives this rank has started and logs,
-//    once, a collective outstanding longer than a threshold with the ranks that have and have not
-//    reached it.
+//  - CommWatchdog: a thread that publishes the last collective this rank entered (op, sequence
+//    number, bytes, dtype, running or completed) and logs, once, a collective outstanding longer
+//    than a threshold with the last collective every rank entered (as NCCL's flight recorder
+//    does), grouped so that the line stays short at a thousand ranks.
 //
 // Thread-safety: RankExchange serializes its store calls (one mutex); RankCollector is called on
 // the training thread and, on rank 0, gathers on a thread of its own; CommWatchdog runs its own
-// thread. Failure behaviour: a store that throws is
-// treated as a missing answer (logged once by the caller); nothing here throws into the loop.
+// thread. Failure behaviour: the first store call that throws (the store's server died) fails the
+// exchange for good: later calls fail at once without touching the store (a dead or stalled store
+// costs one timeout, not one per call), and whichever part notices first logs the one line
+// (take_failure_line); nothing here throws into the loop.
 #pragma once
 
 #include <atomic>
@@ -102,15 +105,27 @@ class RankExchange {
   // What a rank posted under `tag` now, without waiting.
   std::optional<std::string> peek(const std::string& tag, int rank, std::string* error = nullptr);
   bool aborted(const std::string& family);
+  // Whether a store call has failed (every call since has failed at once).
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  // The one line that says the store failed, for the first caller after the failure (empty
+  // before it and for every later caller): the parts using the exchange each stop, one says so.
+  std::optional<std::string> take_failure_line();
 
  private:
   std::string key(const std::string& tag, int rank) const;
+  // The exchange's state after a store call threw; mu_ held. Returns the error text.
+  std::string fail(const std::exception_ptr& e);
+  // True (with *error set) when the store failed earlier; mu_ held.
+  bool failed_before(std::string* error) const;
   std::shared_ptr<KeyValueStore> store_;
   int rank_;
   int world_size_;
   Nanos timeout_ns_;
   std::string prefix_;
   std::mutex mu_;  // one store call at a time (c10d clients are not all thread-safe)
+  std::atomic<bool> failed_{false};
+  std::string failure_;  // mu_
+  std::atomic<bool> failure_told_{false};
 };
 
 // The per-epoch exchange of rank summaries (section "ranks" on rank 0). Add it after the
@@ -144,6 +159,7 @@ class RankCollector : public Collector {
   RankEpochStats gather_table(const Job& job, std::string* error);
   void attach_ready(EpochSummary& summary);
   void report_missing(const RankEpochStats& table, const std::string& error);
+  void tell_failure();  // the exchange's one line, if this is the first part to notice
 
   std::shared_ptr<RankExchange> exchange_;
   double threshold_;
@@ -179,9 +195,13 @@ IntervalAgreement make_interval_agreement(std::shared_ptr<RankExchange> exchange
 std::optional<TrialWindow> combine_trial_windows(const std::vector<TrialWindow>& windows);
 std::string to_json(const TrialWindow& w);
 bool from_json(const std::string& text, TrialWindow& out);
+// "0-3, 5, 7-9": ascending ranks as runs, at most `max_runs` of them, then "and N more".
+std::string rank_ranges(std::vector<int> ranks, size_t max_runs = 16);
 
 // Logs (once per collective) a collective outstanding longer than `threshold_ns`, with the ranks
-// that have started it and those that have not (from the counts each rank's watchdog publishes).
+// that have reached it, those that have not and those that never reported, and the last
+// collective each rank entered (what each rank's watchdog publishes under "coll/last"). Only
+// every (world / 8)-th rank reads every rank's entry; the others' line names those ranks.
 class CommWatchdog {
  public:
   CommWatchdog(std::shared_ptr<RankExchange> exchange, CommMonitor* monitor, Nanos threshold_ns,
@@ -197,9 +217,9 @@ class CommWatchdog {
   CommMonitor* monitor_;
   Nanos threshold_ns_;
   std::function<void(const std::string&)> log_;
-  int64_t published_ = -1;
+  std::mutex poll_mu_;     // one poll at a time; guards the two below
+  std::string published_;  // the last value posted under "coll/last"
   std::set<int64_t> logged_;
-  bool store_failed_ = false;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -3,7 +3,9 @@
 // torchpilot::Collectives; the ranks write their records (JSON lines), logs and results, and the
 // tests read them. Scenarios: GradSync's gradients against one process on the concatenated batch;
 // bytes observed; exposed communication without and with overlap; a planted straggler named on
-// rank 0; auto-tune deciding the same at the same step on every rank; a rank killed mid-epoch.
+// rank 0; auto-tune deciding the same at the same step on every rank; faults: a rank killed
+// mid-epoch, a rank that stalls mid-exchange, a rank that joins late, a store whose server
+// process dies (the store then runs in a process of its own).
 #include "torchpilot/hooks/comm/collectives.h"
 
 #include <gtest/gtest.h>
@@ -88,6 +90,19 @@ void write_result(const std::string& path, const json& j) {
   std::ofstream(path) << j.dump() << "\n";
 }
 
+// The store's server alone (TP_COLL_STORE_SERVER): the fault test kills this process.
+int run_store_server() {
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<uint16_t>(env_int("MASTER_PORT", 29500));
+  o.isServer = true;
+  o.waitWorkers = false;
+  o.timeout = std::chrono::seconds(30);
+  auto store = c10::make_intrusive<c10d::TCPStore>(env_str("MASTER_ADDR"), o);
+  write_result(env_str("TP_COLL_DIR") + "/server.json", json{{"ready", true}});
+  std::this_thread::sleep_for(std::chrono::seconds(120));  // a hang bound: the test kills it
+  return 0;
+}
+
 int run_rank(const std::string& scenario) {
   torch::set_num_threads(1);
   const int rank = env_int("RANK", 0);
@@ -101,7 +116,9 @@ int run_rank(const std::string& scenario) {
   } else {
     c10d::TCPStoreOptions o;
     o.port = static_cast<uint16_t>(env_int("MASTER_PORT", 29500));
-    o.isServer = rank == 0;
+    const bool own_server = !env_str("TP_COLL_STORE_SERVER").empty();
+    o.isServer = rank == 0 && !own_server;
+    o.waitWorkers = !own_server;
     o.numWorkers = world;
     o.timeout = std::chrono::seconds(30);
     store = c10::make_intrusive<c10d::TCPStore>(env_str("MASTER_ADDR"), o);
@@ -110,6 +127,12 @@ int run_rank(const std::string& scenario) {
   options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
   options->timeout = std::chrono::seconds(env_int("TP_COLL_GLOO_TIMEOUT_S", 60));
   auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
+  // A rank that joins late: its group is up (the others could not have started without it), its
+  // Pilot and training start this much later.
+  const int fault_rank = env_int("TP_COLL_FAULT_RANK", 1);
+  if (scenario == "faults" && rank == fault_rank) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(env_int("TP_COLL_LATE_MS", 0)));
+  }
 
   torchpilot::Pilot pilot(torchpilot::Config::load());
   torchpilot::Collectives collectives(pilot, pg, store);
@@ -273,6 +296,38 @@ int run_rank(const std::string& scenario) {
     pilot.end_epoch();
     out["caught"] = caught.substr(0, 300);
     out["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } else if (scenario == "faults") {
+    // Three epochs of 6 steps of 20 ms; a fault as the variables say: rank TP_COLL_FAULT_RANK
+    // stalls TP_COLL_STALL_MS before it ends epoch 0 (it has finished the epoch's all-reduces:
+    // the others go on and wait in the next one), or joins late (above); rank 0 kills the
+    // store's server (TP_COLL_KILL_PID) in epoch 1.
+    torch::manual_seed(1);
+    Mlp model(64, 2);
+    torchpilot::GradSync sync(model.parameters(), pg);
+    torch::optim::SGD opt(model.parameters(), 0.01);
+    const torch::Tensor x = torch::randn({16, 64});
+    const auto t0 = std::chrono::steady_clock::now();
+    int steps = 0;
+    for (int epoch = 0; epoch < 3; ++epoch) {
+      for (int s = 0; s < 6; ++s) {
+        if (rank == 0 && epoch == 1 && s == 2 && env_int("TP_COLL_KILL_PID", 0) > 0) {
+          ::kill(env_int("TP_COLL_KILL_PID", 0), SIGKILL);
+        }
+        auto step = pilot.step(16);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        opt.zero_grad();
+        model.forward(x).square().mean().backward();
+        sync.synchronize();
+        opt.step();
+        ++steps;
+      }
+      if (epoch == 0 && rank == fault_rank) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(env_int("TP_COLL_STALL_MS", 0)));
+      }
+      pilot.end_epoch();
+    }
+    out["steps"] = steps;
+    out["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   } else {
     std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
     return 2;
@@ -319,6 +374,32 @@ std::vector<RankOutput> run_ranks(const std::string& scenario, int world, bool t
   char tmpl[] = "/tmp/torchpilot-coll-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
   const int port = free_port();
+  // The store's server in a process of its own (TP_COLL_STORE_SERVER): started first, its pid
+  // given to the ranks as TP_COLL_KILL_PID.
+  pid_t server = -1;
+  if (env.count("TP_COLL_STORE_SERVER") != 0) {
+    std::fflush(nullptr);
+    server = ::fork();
+    if (server == 0) {
+      ::setenv("TP_COLL_DIR", dir.c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv("TP_COLL_SCENARIO", "store_server", 1);
+      const std::string log = dir + "/server.log";
+      std::freopen(log.c_str(), "w", stderr);
+      std::freopen(log.c_str(), "a", stdout);
+      char self[] = "/proc/self/exe";
+      char* argv[] = {self, nullptr};
+      ::execv(self, argv);
+      std::_Exit(127);
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!std::filesystem::exists(dir + "/server.json") &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    env["TP_COLL_KILL_PID"] = std::to_string(server);
+  }
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     std::map<std::string, std::string> e = env;
@@ -359,6 +440,10 @@ std::vector<RankOutput> run_ranks(const std::string& scenario, int world, bool t
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (server > 0) {
+    ::kill(server, SIGKILL);
+    ::waitpid(server, nullptr, 0);
   }
   for (int r = 0; r < world; ++r) {
     if (!done[r]) {
@@ -525,10 +610,110 @@ TEST_F(Collectives, ARankKilledMidEpochLeavesTheOthersWithALogLineAndNoHang) {
   EXPECT_LT(res.value("seconds", 1e9), 60.0) << res;
 }
 
+// How many times `what` occurs in `text`.
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// The line of `text` that contains `what` ("" if none).
+std::string line_with(const std::string& text, const std::string& what) {
+  const size_t at = text.find(what);
+  if (at == std::string::npos) return "";
+  const size_t begin = text.rfind('\n', at);
+  const size_t end = text.find('\n', at);
+  return text.substr(begin == std::string::npos ? 0 : begin + 1,
+                     end == std::string::npos ? std::string::npos : end - begin - 1);
+}
+
+// Whether rank 0 has a table of an epoch from `first` on with every rank in it.
+bool has_full_table(const RankOutput& r0, int first, size_t world) {
+  for (const json& e : epochs(r0)) {
+    if (e.contains("ranks") && e["ranks"].value("epoch", -1) >= first &&
+        e["ranks"]["ranks"].size() == world) {
+      return true;
+    }
+  }
+  return false;
+}
+
+const std::map<std::string, std::string> kFaultEnv = {
+    {"TORCHPILOT_COMM_EXCHANGE_TIMEOUT_MS", "2000"},
+    {"TORCHPILOT_COMM_WATCHDOG_MS", "1000"},
+    {"TP_COLL_GLOO_TIMEOUT_S", "30"}};
+
+// Rank 1 stalls 4 s after its epoch's last all-reduce, before it posts its summary: rank 0 does
+// not wait for it at its epoch end and goes on to wait in the next all-reduce, where its watchdog
+// reports the hang with each rank's last collective; the table names rank 1 once; rank 1 resumes
+// and both ranks finish, later tables whole.
+TEST_F(Collectives, ARankThatStallsMidExchangeIsNamedOnceAndTrainingGoesOn) {
+  auto env = kFaultEnv;
+  env["TP_COLL_STALL_MS"] = "4000";
+  auto ranks = run_ranks("faults", 2, true, env, /*deadline_s=*/90);
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(ranks[r].status, 0) << logs(ranks);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ranks[r].result.value("steps", 0), 18) << logs(ranks);
+    EXPECT_EQ(epochs(ranks[r]).size(), 3u) << logs(ranks);
+  }
+  const std::string& log0 = ranks[0].log;
+  // One warning (the table of epoch 0 says it too, in its rows' place).
+  EXPECT_EQ(count(log0, "rank(s) 1 did not report epoch 0 within 2000 ms"), 1u) << log0;
+  EXPECT_EQ(count(log0, "did not report epoch 1"), 0u) << log0;
+  const std::string hang = line_with(log0, "outstanding for");
+  std::printf("%s\n%s\n", hang.c_str(), line_with(log0, "did not report epoch 0").c_str());
+  EXPECT_NE(hang.find("on rank 0: reached by rank 0; not reached by rank 1;"), std::string::npos)
+      << log0;
+  EXPECT_NE(hang.find("last collective entered: rank 1 all_reduce seq"), std::string::npos) << hang;
+  EXPECT_NE(hang.find("Float, completed); rank 0 all_reduce seq"), std::string::npos) << hang;
+  EXPECT_TRUE(has_full_table(ranks[0], 1, 2)) << logs(ranks);
+}
+
+// Rank 1 starts training 3 s after rank 0 (its group was up): rank 0's first all-reduce waits,
+// its watchdog says rank 1 has not reported yet; then both train, every table whole.
+TEST_F(Collectives, ARankThatJoinsLateIsNamedByTheWatchdogAndEveryTableIsWhole) {
+  auto env = kFaultEnv;
+  env["TP_COLL_LATE_MS"] = "3000";
+  auto ranks = run_ranks("faults", 2, true, env, /*deadline_s=*/90);
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(ranks[r].status, 0) << logs(ranks);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(epochs(ranks[r]).size(), 3u) << logs(ranks);
+  const std::string& log0 = ranks[0].log;
+  const std::string hang = line_with(log0, "outstanding for");
+  std::printf("%s\n", hang.c_str());
+  EXPECT_NE(
+      hang.find("on rank 0: reached by rank 0; no report from rank 1 (not started, or stopped);"),
+      std::string::npos)
+      << log0;
+  EXPECT_EQ(log0.find("did not report"), std::string::npos) << log0;
+  EXPECT_TRUE(has_full_table(ranks[0], 1, 2)) << logs(ranks);
+}
+
+// The store's server process is killed in epoch 1 (the ranks' group does not need it after its
+// start): both ranks train to the end, each says once that the store failed, no rank is blamed.
+TEST_F(Collectives, AStoreWhoseServerDiesIsOneLineOnEachRankAndTrainingGoesOn) {
+  auto env = kFaultEnv;
+  env["TP_COLL_STORE_SERVER"] = "1";
+  auto ranks = run_ranks("faults", 2, true, env, /*deadline_s=*/90);
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(ranks[r].status, 0) << logs(ranks);
+  for (int r = 0; r < 2; ++r) {
+    std::printf("%s\n", line_with(ranks[r].log, "store failed").c_str());
+    EXPECT_EQ(ranks[r].result.value("steps", 0), 18) << logs(ranks);
+    EXPECT_EQ(epochs(ranks[r]).size(), 3u) << logs(ranks);
+    EXPECT_EQ(count(ranks[r].log, "store failed"), 1u) << logs(ranks);
+    EXPECT_NE(ranks[r].log.find("rank " + std::to_string(r) + ": the store failed ("),
+              std::string::npos)
+        << logs(ranks);
+    EXPECT_EQ(ranks[r].log.find("did not report"), std::string::npos) << logs(ranks);
+    // No store call waited for the dead server's timeout (30 s).
+    EXPECT_LT(ranks[r].result.value("seconds", 1e9), 20.0) << ranks[r].result;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const char* scenario = std::getenv("TP_COLL_SCENARIO");
+  if (scenario != nullptr && std::string(scenario) == "store_server") return run_store_server();
   if (scenario != nullptr && *scenario != '\0') return run_rank(scenario);
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();

@@ -816,17 +816,21 @@ TEST(RankCollector, AHundredRanksTableKeepsTheSlowestRowsAndTheDistribution) {
   EXPECT_LT(lines.size(), 40u);
 }
 
-// A store that goes away (the TCPStore server's process died): rank 0's gatherer fails its
-// first call, the next epoch's end logs one line and the exchange stops; no epoch end waits,
-// nothing throws, the Pilot goes on and ends.
+// A store that goes away (the TCPStore server's process died): the first call fails the
+// exchange for good; rank 0's gatherer and the watchdog both use it, and one line says so; no
+// epoch end waits, nothing throws, the Pilot goes on and ends.
 class DeadStore : public KeyValueStore {
  public:
   void set(const std::string&, const std::string&) override { fail(); }
   bool check(const std::vector<std::string>&) override { fail(); }
   std::string get(const std::string&) override { fail(); }
+  std::atomic<int> calls{0};
 
  private:
-  [[noreturn]] static void fail() { throw std::runtime_error("Connection reset by peer"); }
+  [[noreturn]] void fail() {
+    ++calls;
+    throw std::runtime_error("Connection reset by peer");
+  }
 };
 
 TEST(RankCollector, AStoreThatGoesAwayIsOneLineAndTrainingGoesOn) {
@@ -834,34 +838,81 @@ TEST(RankCollector, AStoreThatGoesAwayIsOneLineAndTrainingGoesOn) {
   PilotOptions o;
   o.logger = test::string_logger("dead-store", log);
   o.default_collectors = false;
-  auto exchange = std::make_shared<RankExchange>(std::make_shared<DeadStore>(), 0, 4, 60000 * kMs);
-  o.collectors = {std::make_shared<RankCollector>(exchange, 0.1)};
+  auto store = std::make_shared<DeadStore>();
+  auto exchange = std::make_shared<RankExchange>(store, 0, 4, 60000 * kMs);
+  auto monitor = std::make_shared<CommMonitor>();
+  o.collectors = {monitor, std::make_shared<RankCollector>(exchange, 0.1)};
   Config c;
   c.gpu.enabled = false;
   const auto t0 = std::chrono::steady_clock::now();
   {
     Pilot pilot(c, o);
+    // The watchdog polls every 10 ms and publishes each new collective.
+    CommWatchdog dog(exchange, monitor.get(), 40 * kMs,
+                     [&](const std::string& m) { pilot.log(LogLevel::kWarn, m); });
     for (int epoch = 0; epoch < 4; ++epoch) {
-      for (int i = 0; i < 3; ++i) auto s = pilot.step(1);
+      for (int i = 0; i < 3; ++i) {
+        auto s = pilot.step(1);
+        monitor->collective_end(monitor->collective_begin(CommOp::kAllReduce, "x", 64, "Float"));
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
       EXPECT_NO_THROW(pilot.end_epoch());
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
   const std::string text = log.str();
-  const size_t at = text.find("ranks: the store failed");
+  const std::string line = "rank 0: the store failed (Connection reset by peer)";
+  const size_t at = text.find(line);
   ASSERT_NE(at, std::string::npos) << text;
-  EXPECT_EQ(text.find("ranks: the store failed", at + 1), std::string::npos) << "once: " << text;
-  EXPECT_NE(text.find("Connection reset by peer"), std::string::npos) << text;
+  EXPECT_EQ(text.find("store failed", at + line.size()), std::string::npos) << "one line: " << text;
+  EXPECT_EQ(store->calls.load(), 1) << "the dead store is called once, not once per use";
+}
+
+TEST(RankExchange, AFailedStoreIsNotCalledAgainAndItsLineIsTakenOnce) {
+  auto store = std::make_shared<DeadStore>();
+  RankExchange ex(store, 3, 4, 1000 * kMs);
+  EXPECT_FALSE(ex.take_failure_line());  // nothing failed yet
+  std::string error;
+  EXPECT_FALSE(ex.post("a", "1", &error));
+  EXPECT_EQ(error, "Connection reset by peer");
+  EXPECT_TRUE(ex.failed());
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(ex.peek("a", 0, &error));
+  EXPECT_NE(error.find("failed earlier"), std::string::npos) << error;
+  EXPECT_TRUE(ex.aborted("tune"));
+  EXPECT_FALSE(ex.all_gather("tune", "t/0", "x", nullptr));
+  const auto got = ex.gather("b", 60000 * kMs);  // would wait a minute for a live store
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_FALSE(got[0]);
+  ex.forget("b");
+  EXPECT_EQ(store->calls.load(), 1);
+  const auto line = ex.take_failure_line();
+  ASSERT_TRUE(line);
+  EXPECT_NE(line->find("rank 3: the store failed (Connection reset by peer)"), std::string::npos)
+      << *line;
+  EXPECT_FALSE(ex.take_failure_line());
+}
+
+TEST(RankExchange, RankRangesStayShort) {
+  EXPECT_EQ(rank_ranges({}), "none");
+  EXPECT_EQ(rank_ranges({9, 1, 2, 3, 5, 2}), "1-3, 5, 9");
+  std::vector<int> even;
+  for (int r = 0; r < 1024; r += 2) even.push_back(r);
+  EXPECT_EQ(rank_ranges(even, 3), "0, 2, 4 and 509 more");
 }
 
 TEST(CommWatchdog, AnOutstandingCollectiveIsLoggedOnceWithWhoReachedIt) {
   auto store = std::make_shared<InMemoryStore>();
   auto clock = std::make_shared<ManualClock>(0);
   CommMonitor monitor({FakeThread().probe(), clock});
-  // Rank 1 has started 3 collectives, rank 2 only 1; rank 3 never reported.
-  RankExchange(store, 1, 4, kMs).post("coll/started", "3");
-  RankExchange(store, 2, 4, kMs).post("coll/started", "1");
+  // Rank 1's last collective is seq 3 (running), rank 2's seq 1 (completed); rank 3 never
+  // reported.
+  RankExchange(store, 1, 4, kMs)
+      .post("coll/last",
+            R"({"seq":3,"op":"all_reduce","bytes":4096,"dtype":"Float","done":false})");
+  RankExchange(store, 2, 4, kMs)
+      .post("coll/last", R"({"seq":1,"op":"all_reduce","bytes":64,"dtype":"Float","done":true})");
   monitor.collective_begin(CommOp::kAllReduce, "gloo:all_reduce", 64, "Float");
   const int64_t seq =
       monitor.collective_begin(CommOp::kAllReduce, "gloo:all_reduce", 4096, "Float");
@@ -885,10 +936,92 @@ TEST(CommWatchdog, AnOutstandingCollectiveIsLoggedOnceWithWhoReachedIt) {
   ASSERT_EQ(logged.size(), 2u);  // seq 1 and seq 2, once each
   const std::string& m = logged[1];
   EXPECT_NE(m.find("seq 2 (4096 bytes"), std::string::npos) << m;
-  EXPECT_NE(m.find("reached by ranks 0, 1"), std::string::npos) << m;
-  EXPECT_NE(m.find("not reached by 2"), std::string::npos) << m;
-  EXPECT_NE(m.find("no report from 3"), std::string::npos) << m;
-  EXPECT_EQ(RankExchange(store, 3, 4, kMs).peek("coll/started", 0).value_or(""), "2");
+  EXPECT_NE(m.find("reached by ranks 0-1"), std::string::npos) << m;
+  EXPECT_NE(m.find("not reached by rank 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("no report from rank 3 (not started, or stopped)"), std::string::npos) << m;
+  // Each rank's last collective, as NCCL's flight recorder gives it: the one behind first.
+  EXPECT_NE(m.find("last collective entered: rank 2 all_reduce seq 1 (64 bytes, Float, "
+                   "completed); rank 0 all_reduce seq 2 (4096 bytes, Float, running); rank 1 "
+                   "all_reduce seq 3 (4096 bytes, Float, running)"),
+            std::string::npos)
+      << m;
+  const auto mine = RankExchange(store, 3, 4, kMs).peek("coll/last", 0);
+  ASSERT_TRUE(mine);
+  EXPECT_NE(mine->find("\"seq\":2"), std::string::npos) << *mine;
+}
+
+// A thousand ranks, one behind and 24 silent: the hang report names them in a short line.
+TEST(CommWatchdog, AThousandRanksHangReportNamesTheOneBehindInAShortLine) {
+  constexpr int kRanks = 1024;
+  auto store = std::make_shared<InMemoryStore>();
+  for (int r = 1; r < 1000; ++r) {
+    RankExchange(store, r, kRanks, kMs)
+        .post("coll/last",
+              r == 517 ? R"({"seq":4,"op":"all_reduce","bytes":64,"dtype":"Float","done":true})"
+                       : R"({"seq":5,"op":"all_reduce","bytes":64,"dtype":"Float","done":false})");
+  }
+  auto clock = std::make_shared<ManualClock>(0);
+  CommMonitor monitor({FakeThread().probe(), clock});
+  for (int i = 0; i < 4; ++i) {
+    monitor.collective_end(monitor.collective_begin(CommOp::kAllReduce, "x", 64, "Float"));
+  }
+  ASSERT_EQ(monitor.collective_begin(CommOp::kAllReduce, "x", 64, "Float"), 5);
+  std::vector<std::string> logged;
+  std::mutex mu;
+  CommWatchdog dog(std::make_shared<RankExchange>(store, 0, kRanks, kMs), &monitor, 1000 * kMs,
+                   [&](const std::string& m) {
+                     std::lock_guard<std::mutex> lock(mu);
+                     logged.push_back(m);
+                   });
+  clock->set(2000 * kMs);
+  dog.poll();
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(logged.size(), 1u);
+  const std::string& m = logged[0];
+  EXPECT_NE(m.find("reached by ranks 0-516, 518-999;"), std::string::npos) << m;
+  EXPECT_NE(m.find("not reached by rank 517;"), std::string::npos) << m;
+  EXPECT_NE(m.find("no report from ranks 1000-1023 (not started, or stopped);"), std::string::npos)
+      << m;
+  EXPECT_NE(m.find("last collective entered: rank 517 all_reduce seq 4 (64 bytes, Float, "
+                   "completed); ranks 0-516, 518-999 all_reduce seq 5"),
+            std::string::npos)
+      << m;
+  EXPECT_LT(m.size(), 500u) << m;
+}
+
+// Every rank waiting in a hang reports it; only every 128th of 1,024 reads the others' entries
+// (the store would otherwise take a million reads): rank 5 names those ranks and reads none.
+class CountingStore : public InMemoryStore {
+ public:
+  bool check(const std::vector<std::string>& keys) override {
+    ++checks;
+    return InMemoryStore::check(keys);
+  }
+  std::atomic<int> checks{0};
+};
+
+TEST(CommWatchdog, AtAThousandRanksOnlyEightRanksReadEveryRanksEntry) {
+  auto store = std::make_shared<CountingStore>();
+  auto clock = std::make_shared<ManualClock>(0);
+  CommMonitor monitor({FakeThread().probe(), clock});
+  monitor.collective_begin(CommOp::kAllReduce, "x", 64, "Float");
+  std::vector<std::string> logged;
+  std::mutex mu;
+  CommWatchdog dog(std::make_shared<RankExchange>(store, 5, 1024, kMs), &monitor, 1000 * kMs,
+                   [&](const std::string& m) {
+                     std::lock_guard<std::mutex> lock(mu);
+                     logged.push_back(m);
+                   });
+  clock->set(2000 * kMs);
+  dog.poll();
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(logged.size(), 1u);
+  EXPECT_NE(logged[0].find("seq 1 (64 bytes, Float) outstanding for 2 s on rank 5; every rank's "
+                           "last collective: in the reports of ranks 0, 128, 256, 384, 512, 640, "
+                           "768, 896"),
+            std::string::npos)
+      << logged[0];
+  EXPECT_EQ(store->checks.load(), 0);
 }
 
 CommEpochStats comm_epoch(Nanos step_ns, Nanos comm_ns, Nanos exposed_ns, int64_t mean_bytes) {
