@@ -6,15 +6,13 @@
 #include "torchpilot/advisors/core/advisors.h"
 #include "torchpilot/advisors/core/gain_models.h"
 #include "torchpilot/runtime/core/metrics.h"
+#include "torchpilot/runtime/loader/loader_model.h"
 
 namespace torchpilot {
 namespace {
 
-// Production that spends at least this share of its time on the CPU counts as CPU-bound.
-constexpr double kCpuBoundShare = 0.5;
 // Below this share of the step spent computing, the compute time is too small to size from.
 constexpr double kMinComputeShare = 0.01;
-constexpr double kMaxWorkersEstimate = 1e6;
 
 using detail::num;
 
@@ -78,14 +76,13 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
                                  : std::string()) +
                 ", and still no batch was ready: producing a batch takes its workers longer than "
                 "the step (how much longer is not visible from a stock loader)";
-      const bool spare = l.max_workers > workers + 1;  // the training thread needs a core
-      a.action =
-          (spare ? "more workers help only if production is CPU-bound with cores to spare (" +
-                       std::to_string(l.max_workers) + " CPUs, " + std::to_string(workers) +
-                       " workers) or waits on I/O; "
-                 : "the workers already use the CPUs (" + std::to_string(l.max_workers) +
-                       "): make batches cheaper to produce (decode less, cache), or ") +
-          tunable;
+      // Without the production counters (a CPU clock that cannot be read) it is not known
+      // whether the workers use the CPUs or wait on I/O: waiting workers leave cores free.
+      a.action = "more workers help if producing a batch waits on I/O or has cores to spare (" +
+                 std::to_string(l.max_workers) + " CPUs, " + std::to_string(workers) +
+                 " workers); if the workers keep the CPUs busy, make batches cheaper to produce "
+                 "(decode less, cache); " +
+                 tunable;
     }
     return a;
   }
@@ -93,12 +90,20 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
   const double batch_ms = static_cast<double>(l.produce_ns) / 1e6 / l.produce_count;
   // Share of production time spent on the CPU; the rest is waiting (disk, network, locks).
   const double cpu_share = fraction(l.produce_cpu_ns, l.produce_ns);
-  const bool cpu_bound = cpu_share >= kCpuBoundShare;
   const int cpus = std::max(1, l.max_workers);
-  // Workers needed so that a batch is ready every compute_ms (all CPUs when that is unknown).
-  const double ratio = compute_known ? batch_ms / compute_ms : std::max(1, l.max_workers);
-  const int needed = static_cast<int>(std::ceil(std::min(ratio, kMaxWorkersEstimate)));
+  // Workers needed so that a batch is ready every compute_ms (all CPUs when that is unknown): the
+  // model the loader's tuning policy sizes its first trial with (loader_model.h).
+  const WorkerEstimate w =
+      estimate_workers(compute_known ? batch_ms / compute_ms : cpus, cpu_share, cpus);
+  const bool cpu_bound = w.cpu_bound;
+  const int needed = w.needed;
+  const int useful = w.useful;
   const int workers = l.settings.workers;
+  // A stock loader's knobs are its DataLoaderOptions; a TunableLoader's, its own.
+  const bool stock = !l.tunable;
+  auto workers_call = [&](int n) {
+    return stock ? " (DataLoaderOptions().workers(" + std::to_string(n) + "))" : std::string();
+  };
   a.evidence.push_back({"batch_produce_time", batch_ms, "ms"});
   a.evidence.push_back({"batch_produce_cpu_share", cpu_share, "fraction"});
   a.evidence.push_back({"compute_time_per_step", compute_ms, "ms"});
@@ -107,34 +112,37 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
   a.evidence.push_back({"cpus_available", static_cast<double>(cpus), "cpus"});
   const std::string tune_hint =
       s.tuned ? " (auto-tune already chose the loader settings: what remains needs more than them)"
-      : l.tunable ? " (mode: autotune picks this during warm-up)"
+      : l.tunable ? " (mode: autotune picks this during warm-up, starting from this count)"
                   : " (torchpilot::TunableLoader with mode: autotune picks this during warm-up)";
-  // CPU-bound loading cannot go faster than all CPUs producing; I/O-bound loading can use more
-  // workers than CPUs.
-  const int useful = cpu_bound ? std::min(needed, cpus) : needed;
   // The worker count the action names (the current count when workers are not the problem).
   a.evidence.push_back({"workers_advised",
                         static_cast<double>(needed > workers ? std::max(1, useful) : workers),
                         "threads"});
-  const std::string production = "one batch takes " + num(batch_ms, "%.2f") + " ms to produce (" +
-                                 num(100 * cpu_share, "%.0f") + "% of it on the CPU)";
+  // A stock loader with workers: the batch time is their elapsed time (they are busy while the
+  // step waits) and the CPU share an upper bound (stock_loader_meter.h).
+  const std::string production =
+      (l.production_estimated ? "one batch takes about " : "one batch takes ") +
+      num(batch_ms, "%.2f") + " ms to produce (" + (l.production_estimated ? "at most " : "") +
+      num(100 * cpu_share, "%.0f") + "% of it on the CPU" +
+      (l.production_estimated ? ": the process's CPU time less the training thread's" : "") + ")";
   if (workers == 0) {
     a.cause = "batches are loaded on the training thread (workers = 0): " + production +
               " and the step waits for it";
-    a.action = "load in " + std::to_string(std::max(1, useful)) + " worker threads" + tune_hint;
+    a.action = "load in " + std::to_string(std::max(1, useful)) + " worker threads" +
+               workers_call(std::max(1, useful)) + tune_hint;
   } else if (needed > workers && cpu_bound && needed > cpus) {
     a.cause = "loading is CPU-bound: " + production + ", the step computes for " +
               num(compute_ms, "%.2f") + " ms, so " + std::to_string(needed) +
               " workers would be needed but only " + std::to_string(cpus) + " CPUs are available";
-    a.action = "use " + std::to_string(cpus) +
-               " workers and make loading cheaper: decode at lower resolution, cache decoded "
+    a.action = "use " + std::to_string(cpus) + " workers" + workers_call(cpus) +
+               " and make loading cheaper: decode at lower resolution, cache decoded "
                "samples, or move augmentation to the GPU" +
                tune_hint;
   } else if (needed > workers) {
     a.cause = "too few workers: " + production + ", so " + std::to_string(workers) +
               " workers deliver one every " + num(batch_ms / workers, "%.2f") +
               " ms while the step computes in " + num(compute_ms, "%.2f") + " ms";
-    a.action = "use about " + std::to_string(useful) + " workers" +
+    a.action = "use about " + std::to_string(useful) + " workers" + workers_call(useful) +
                (cpu_bound ? "" : " (loading mostly waits, so more workers than CPUs can help)") +
                tune_hint;
   } else {
@@ -142,8 +150,11 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
               num(batch_ms / workers, "%.2f") + " ms) but the queue still runs dry: prefetch " +
               std::to_string(l.settings.prefetch) +
               " batches per worker is too shallow for the variation in batch time";
-    a.action = "prefetch deeper (e.g. " + std::to_string(l.settings.prefetch * 2) +
-               " batches per worker)" + tune_hint;
+    a.action = stock ? "queue more jobs ahead (DataLoaderOptions().max_jobs(" +
+                           std::to_string(2 * std::max<int64_t>(l.max_jobs, workers)) + "))" +
+                           tune_hint
+                     : "prefetch deeper (e.g. " + std::to_string(l.settings.prefetch * 2) +
+                           " batches per worker)" + tune_hint;
   }
   if (cpu_bound && needed > cpus && workers == 0) {
     a.action += "; even then loading is CPU-bound: make it cheaper";

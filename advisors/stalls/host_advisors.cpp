@@ -6,6 +6,7 @@
 
 #include "torchpilot/advisors/core/advice_text.h"
 #include "torchpilot/advisors/core/advisors.h"
+#include "torchpilot/advisors/stalls/stall_model.h"
 #include "torchpilot/runtime/core/metrics.h"
 #include "torchpilot/runtime/reports/journal_stats.h"
 #include "torchpilot/runtime/stalls/step_outliers.h"
@@ -13,7 +14,6 @@
 namespace torchpilot {
 namespace {
 
-using detail::lower;
 using detail::num;
 using detail::pct;
 
@@ -22,10 +22,6 @@ using detail::pct;
 constexpr double kBusyCpuShare = 0.5;
 
 double clamp01(double v) { return std::isnan(v) ? 0.0 : std::clamp(v, 0.0, 1.0); }
-
-bool contains(const std::string& text, const char* word) {
-  return lower(text).find(word) != std::string::npos;
-}
 
 }  // namespace
 
@@ -154,81 +150,74 @@ std::optional<Advice> advise_host_bound(const EpochSummary& s, const AdvisorsCon
 
 std::optional<Advice> advise_periodic_stall(const EpochSummary& s, const AdvisorsConfig& config) {
   const OutlierStats* o = s.sections.get<OutlierStats>();
-  if (o == nullptr || o->period <= 0 || o->periodic_count == 0 || s.wall_ns <= 0) {
-    return std::nullopt;
-  }
-  if (o->periodic_share <= config.periodic_stall.threshold) return std::nullopt;
-  const double excess_ms = static_cast<double>(o->periodic_excess_ns) / 1e6;
-  const double each_ms = excess_ms / static_cast<double>(o->periodic_count);
+  // Its figures (period, cost, nature) and the checkpoint interval are the ones the checkpoint
+  // advisor states too (stall_model.h).
+  const std::optional<StallCost> c = periodic_stall_cost(s);
+  if (o == nullptr || !c) return std::nullopt;
+  if (c->share <= config.periodic_stall.threshold) return std::nullopt;
+  const double excess_ms = c->host_stall_s * 1e3;
+  const double each_ms = excess_ms / static_cast<double>(c->stalls);
+  const double median_ms = c->median_step_s * 1e3;
   Advice a;
   a.id = "periodic_stall";
-  a.severity = o->periodic_share >= 0.1 ? Severity::kHigh : Severity::kWarning;
-  a.finding = "every " + std::to_string(o->period) + " steps a step takes about " +
-              num(each_ms + static_cast<double>(o->median_ns) / 1e6, "%.3g") +
-              " ms against the median " + num(static_cast<double>(o->median_ns) / 1e6, "%.3g") +
-              " ms: " + std::to_string(o->periodic_count) + " such steps this epoch, " +
-              pct(o->periodic_share) + " of the epoch's time above the median";
-  a.evidence = {{"period", static_cast<double>(o->period), "steps"},
-                {"periodic_count", static_cast<double>(o->periodic_count), "steps"},
+  a.severity = c->share >= 0.1 ? Severity::kHigh : Severity::kWarning;
+  a.finding = "every " + std::to_string(c->period) + " steps a step takes about " +
+              num(each_ms + median_ms, "%.3g") + " ms against the median " +
+              num(median_ms, "%.3g") + " ms: " + std::to_string(c->stalls) +
+              " such steps this epoch, " + pct(o->periodic_share) +
+              " of the epoch's time above the median";
+  if (c->tail_steps > 0) {
+    a.finding += ", and the " + std::to_string(c->tail_steps) + " steps after each " +
+                 pct(c->tail_s / (static_cast<double>(s.wall_ns) / 1e9)) +
+                 " more above the steps far from the stalls";
+  }
+  a.evidence = {{"period", static_cast<double>(c->period), "steps"},
+                {"periodic_count", static_cast<double>(c->stalls), "steps"},
                 {"periodic_share", o->periodic_share, "fraction"},
                 {"excess_per_stall", each_ms, "ms"},
-                {"median_step", static_cast<double>(o->median_ns) / 1e6, "ms"},
+                {"median_step", median_ms, "ms"},
                 {"threshold", config.periodic_stall.threshold, "fraction"}};
+  if (c->tail_steps > 0 || o->tail_baseline_ns >= 0) {
+    a.evidence.push_back({"tail_steps", static_cast<double>(c->tail_steps), "steps"});
+    a.evidence.push_back(
+        {"tail_excess_per_stall", c->tail_s * 1e3 / static_cast<double>(c->stalls), "ms"});
+  }
   // The cause, from what the steps carry.
+  const StallNature& n = c->nature;
   std::string cause;
-  bool data = measured(o->data_wait_share) && o->data_wait_share >= 0.5;
-  bool own = measured(o->own_share) && o->own_share >= 0.5;
-  const bool phased = !o->phase.empty() && measured(o->phase_share) && o->phase_share >= 0.5;
   if (measured(o->data_wait_share))
     a.evidence.push_back({"data_wait_share", o->data_wait_share, "fraction"});
   if (measured(o->phase_share)) a.evidence.push_back({"phase_share", o->phase_share, "fraction"});
   if (measured(o->cpu_share)) a.evidence.push_back({"thread_cpu_share", o->cpu_share, "fraction"});
-  const bool probed = o->probed > 0 && measured(o->sync_share);
-  if (probed) {
+  if (n.probed) {
     a.evidence.push_back({"sync_share", o->sync_share, "fraction"});
     if (measured(o->d2h_mb_per_stall))
       a.evidence.push_back({"d2h_mb_per_stall", o->d2h_mb_per_stall, "MB"});
     if (measured(o->syncs_per_stall))
       a.evidence.push_back({"syncs_per_stall", o->syncs_per_stall, "ops"});
   }
-  std::string kind = "other";
-  if (data) {
+  if (n.data) {
     cause = pct(o->data_wait_share) +
             " of the extra time is a wait for data (the loader stalls "
             "periodically: a shard or file boundary, a worker restart)";
-    kind = "data";
-  } else if (own) {
+  } else if (n.own) {
     cause = "most of the extra time is torchpilot's own (its windows or epoch work)";
-    kind = "own";
   } else {
-    if (phased) {
+    if (n.phased) {
       cause = pct(o->phase_share) + " of the extra time is in the phase '" + o->phase + "'";
-      if (contains(o->phase, "checkpoint") || contains(o->phase, "save"))
-        kind = "checkpoint";
-      else if (contains(o->phase, "eval") || contains(o->phase, "valid"))
-        kind = "eval";
-      else if (contains(o->phase, "log") || contains(o->phase, "metric"))
-        kind = "log";
     } else {
       cause = "the extra time is outside the marked phases";
     }
     // The sync probe: ops that wait for the GPU or copy to the host in the probed stalls.
-    if (probed) {
-      const bool copies = measured(o->d2h_mb_per_stall) && o->d2h_mb_per_stall >= 1.0;
+    if (n.probed) {
       cause += "; " + pct(o->sync_share) + " of it waits for the GPU or copies to the host";
-      if (copies) {
+      if (n.copies) {
         cause += " (" + num(o->d2h_mb_per_stall, "%.4g") +
                  " MB device-to-host per stall: state copied to the host, as a checkpoint does)";
       } else if (measured(o->syncs_per_stall) && o->syncs_per_stall > 0) {
         cause += " (" + num(o->syncs_per_stall, "%.3g") +
                  " reads per stall: item(), .cpu() of small tensors, as logging does)";
       }
-      // Megabytes going to the host at every stall are state leaving the GPU (a checkpoint's
-      // copies; serializing and writing them is the rest of the stall): named even when the
-      // copies themselves are a small part. A few small reads name logging only when they are
-      // most of the stall.
-      if (kind == "other" && copies && o->sync_share >= 0.05) kind = "host_copy";
-      if (kind == "other" && !copies && o->sync_share >= 0.3) kind = "log";
     }
     if (measured(o->cpu_share)) {
       cause += o->cpu_share >= 0.5
@@ -240,6 +229,7 @@ std::optional<Advice> advise_periodic_stall(const EpochSummary& s, const Advisor
     }
   }
   a.cause = cause;
+  const std::string& kind = n.kind;
   const std::string checkpoint =
       "checkpoint asynchronously: copy the state to pinned host memory on a side stream, then "
       "write it from a background thread; or checkpoint less often, within what a failure may "
@@ -250,26 +240,25 @@ std::optional<Advice> advise_periodic_stall(const EpochSummary& s, const Advisor
       "log and reduce metrics without synchronizing every time: accumulate on the GPU and read "
       "back every N steps, or copy non_blocking into pinned memory";
   // With failures in the run journal: Young's interval, sqrt(2 x checkpoint cost x MTBF), the
-  // interval that loses the least to checkpoints and failures together.
+  // interval that loses the least to checkpoints and failures together; the checkpoint advisor
+  // states the same one (stall_model.h).
   std::string interval;
-  const auto* j = s.sections.get<RunJournalStats>();
-  const double median_s = static_cast<double>(o->median_ns) / 1e9;
-  if ((kind == "checkpoint" || kind == "host_copy") && j != nullptr && j->failures > 0 &&
-      measured(j->mtbf_s) && j->mtbf_s > 0 && median_s > 0 && each_ms > 0) {
-    const double cost_s = each_ms / 1e3;
-    const double young_s = std::sqrt(2 * cost_s * j->mtbf_s);
-    const double now_s = static_cast<double>(o->period) * median_s;
+  const auto plan = checkpoint_plan(s, config.checkpoint.threshold);
+  if ((kind == "checkpoint" || kind == "host_copy") && plan && measured(plan->young_s) &&
+      c->median_step_s > 0) {
+    const double young_s = plan->young_s;
+    const double now_s = static_cast<double>(c->period) * c->median_step_s;
     // Held within range before the cast (a journal's times are bounded, a step's may be tiny).
     const auto young_steps =
-        static_cast<long long>(std::clamp(std::round(young_s / median_s), 1.0, 1e15));
-    a.evidence.push_back({"mtbf", j->mtbf_s, "s"});
+        static_cast<long long>(std::clamp(std::round(young_s / c->median_step_s), 1.0, 1e15));
+    a.evidence.push_back({"mtbf", plan->mtbf_s, "s"});
     a.evidence.push_back({"young_interval", young_s, "s"});
     interval =
-        " (the run journal's " + std::to_string(j->failures) + " failure(s), MTBF " +
-        num(j->mtbf_s, "%.3g") + " s, and " + num(each_ms, "%.3g") +
+        " (the run journal's " + std::to_string(plan->failures) + " failure(s), MTBF " +
+        num(plan->mtbf_s, "%.3g") + " s, and " + num(plan->cost_s * 1e3, "%.3g") +
         " ms per stall give Young's interval sqrt(2 x cost x MTBF) = " + num(young_s, "%.3g") +
         " s, about every " + std::to_string(young_steps) + " steps against every " +
-        std::to_string(o->period) + " now" + (young_s > now_s ? ")" : ": no less often)");
+        std::to_string(c->period) + " now" + (young_s > now_s ? ")" : ": no less often)");
   }
   if (kind == "checkpoint") {
     a.action = checkpoint + interval;
@@ -291,27 +280,30 @@ std::optional<Advice> advise_periodic_stall(const EpochSummary& s, const Advisor
         "if it is a checkpoint: " +
         checkpoint + "; if evaluation or logging: " + log;
   }
-  // Removing the stalls' time above the median, at most; in GPU time where the step markers give
-  // it: while the host stalls, the GPU runs what was queued before, and only its idle is lost.
-  const double host_excess = static_cast<double>(o->periodic_excess_ns);
-  const bool gpu_timed = o->periodic_gpu_excess_ns >= 0 && o->gpu_timed > 0;
-  const double excess = gpu_timed
-                            ? std::min(host_excess, static_cast<double>(o->periodic_gpu_excess_ns))
-                            : host_excess;
-  const double rest = static_cast<double>(s.wall_ns) - excess;
-  a.expected_gain = rest > 0 ? excess / rest : 0;
+  // Removing the stalls' time above the median, at most, plus the slower steps after them; in
+  // GPU time where the step markers give it: while the host stalls, the GPU runs what was
+  // queued before, and only its idle is lost.
+  const double wall_s = static_cast<double>(s.wall_ns) / 1e9;
+  const double rest = wall_s - c->excess_s;
+  a.expected_gain = rest > 0 ? c->excess_s / rest : 0;
   a.gain_estimated = true;
-  if (gpu_timed) {
-    const double n = static_cast<double>(o->periodic_count);
-    a.evidence.push_back({"gpu_excess_per_stall", excess / n / 1e6, "ms"});
-    a.action += "; estimated +" + pct(a.expected_gain) +
-                " throughput at most (the GPU's idle in the stalls removed: " +
-                num(excess / n / 1e6, "%.3g") + " ms per stall above its median step, of the " +
-                num(each_ms, "%.3g") + " ms the host stalls; the GPU ran queued work meanwhile)";
+  const double n_stalls = static_cast<double>(c->stalls);
+  std::string removed;
+  if (c->gpu_timed) {
+    a.evidence.push_back({"gpu_excess_per_stall", c->stall_s * 1e3 / n_stalls, "ms"});
+    removed = "the GPU's idle in the stalls removed: " + num(c->stall_s * 1e3 / n_stalls, "%.3g") +
+              " ms per stall above its median step, of the " + num(each_ms, "%.3g") +
+              " ms the host stalls; the GPU ran queued work meanwhile";
   } else {
-    a.action += "; estimated +" + pct(a.expected_gain) +
-                " throughput at most (the stalls' time above the median step removed)";
+    removed = "the stalls' time above the median step removed";
   }
+  if (c->tail_steps > 0) {
+    removed += ", and the " + std::to_string(c->tail_steps) + " steps after each, " +
+               num(c->tail_s * 1e3 / n_stalls, "%.3g") + " ms above the steps far from the " +
+               "stalls (" + num(static_cast<double>(o->tail_baseline_ns) / 1e6, "%.3g") +
+               " ms), back to those";
+  }
+  a.action += "; estimated +" + pct(a.expected_gain) + " throughput at most (" + removed + ")";
   return a;
 }
 

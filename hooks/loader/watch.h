@@ -3,7 +3,11 @@
 //   auto loader = torch::data::make_data_loader(dataset, options);
 //   for (auto& batch : torchpilot::watch(*loader, pilot)) { auto step = pilot.step(); ... }
 //
-// Each wait for a batch (the first one included) is reported to the pilot as data wait. The end of
+// Each wait for a batch (the first one included) is reported to the pilot as data wait, and what
+// producing the batches costs is measured from outside the loader (stock_loader_meter.h: with
+// workers 0 the fetch's CPU time on the training thread; with workers, the process's CPU time less
+// the training thread's, read at epoch ends), so starvation advice is sized as a TunableLoader's.
+// Construct it (call watch()) on the training thread. The end of
 // the loop ends the pilot's epoch: the loader running out, or the loop left early (a break after
 // N steps over an endless dataset: the begin() iterator's destruction ends the pass). A watched
 // loader made once may be looped over again, each loop an epoch: after a loop left early the
@@ -23,7 +27,9 @@
 #include <utility>
 
 #include "torchpilot/runtime/core/pilot.h"
+#include "torchpilot/runtime/loader/loader_core.h"
 #include "torchpilot/runtime/loader/loader_probe.h"
+#include "torchpilot/runtime/loader/stock_loader_meter.h"
 
 namespace torchpilot {
 
@@ -33,7 +39,11 @@ class WatchedLoader final : public LoaderProbe {
   using Batch = typename Loader::BatchType;
   using Inner = torch::data::Iterator<Batch>;
 
-  WatchedLoader(Loader& loader, Pilot& pilot) : loader_(loader), pilot_(&pilot) {
+  WatchedLoader(Loader& loader, Pilot& pilot)
+      : loader_(loader), pilot_(&pilot), meter_(pilot.clock().now_ns()) {
+    LoaderStats s;
+    read_options(loader_, s, 0);
+    inline_workers_ = s.settings_known && s.settings.workers == 0;
     attach_loader(pilot, this, {});
   }
   ~WatchedLoader() override {
@@ -105,13 +115,16 @@ class WatchedLoader final : public LoaderProbe {
   LoaderStats stats() const override {
     LoaderStats s;
     s.name = "watched";
-    // Read once: glibc reads /sys for it (tens of microseconds at every epoch's end).
-    static const int cpus = static_cast<int>(std::thread::hardware_concurrency());
+    // Read once, as TunableLoader's count: the CPUs in the process's affinity mask.
+    static const int cpus = affinity_cpu_count();
     s.max_workers = cpus;
     read_options(loader_, s, 0);
     s.batches = batches_.load(std::memory_order_relaxed);
     s.blocked_count = s.batches;
     s.wait_ns = wait_ns_.load(std::memory_order_relaxed);
+    if (s.settings_known && pilot_ != nullptr) {
+      meter_.fill(s, s.settings.workers, s.batches, pilot_->clock().now_ns());
+    }
     return s;
   }
   void forget_pilot() override { pilot_ = nullptr; }
@@ -140,6 +153,8 @@ class WatchedLoader final : public LoaderProbe {
   template <typename Fetch>
   void timed(Fetch&& fetch) {
     const Nanos start = pilot_ != nullptr ? pilot_->clock().now_ns() : 0;
+    // Workers 0: this thread produces the batch inside the fetch; its CPU time is the batch's.
+    const Nanos cpu_start = inline_workers_ && pilot_ != nullptr ? meter_.fetch_begin() : -1;
     const bool exhausted = fetch();
     if (pilot_ == nullptr) return;
     const Nanos waited = pilot_->clock().now_ns() - start;
@@ -148,6 +163,7 @@ class WatchedLoader final : public LoaderProbe {
       pilot_->end_epoch();
       return;
     }
+    if (cpu_start >= 0) meter_.fetch_end(cpu_start, waited);
     batches_.fetch_add(1, std::memory_order_relaxed);
     wait_ns_.fetch_add(waited, std::memory_order_relaxed);
     pilot_->record_data_wait(waited);
@@ -172,6 +188,8 @@ class WatchedLoader final : public LoaderProbe {
 
   Loader& loader_;
   Pilot* pilot_;
+  StockLoaderMeter meter_;
+  bool inline_workers_ = false;  // workers 0: batches are produced inside the fetch
   std::optional<Inner> resume_;  // where a loop left early stopped
   int64_t passes_ = 0;           // begin() calls so far
   bool pass_open_ = false;       // the latest pass has neither run out nor been left

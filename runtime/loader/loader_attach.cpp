@@ -61,6 +61,9 @@ void attach_loader(Pilot& pilot, LoaderProbe* probe, std::vector<Knob> knobs) {
   for (auto& k : knobs) pilot.knobs().add(std::move(k));
   pilot.set_supply([probe] {
     const LoaderStats s = probe->stats();
+    // A stock loader's production time is its workers' elapsed time (stock_loader_meter.h): it
+    // equals what the steps consumed, so it cannot cap a trial.
+    if (s.production_estimated) return SupplySample{0, 0, 0};
     return SupplySample{s.produce_count, s.produce_ns, s.settings.workers};
   });
   pilot.knobs_changed();

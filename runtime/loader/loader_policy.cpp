@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "torchpilot/runtime/loader/loader_model.h"
+
 namespace torchpilot {
 namespace {
 
@@ -125,6 +127,12 @@ class LoaderPolicy final : public TuningPolicy {
     auto it = t.setting.find(kWorkers);
     return it != t.setting.end() ? it->second : k.get();
   }
+  // A trial's consumer rate (its own, without waiting) over one worker's capacity: the ratio
+  // estimate_workers() sizes workers from, as the advice's batch time over compute time.
+  static double workers_ratio(const TrialResult& t, int64_t workers) {
+    const double consumer = t.throughput / std::max(0.05, 1.0 - t.data_wait_fraction);
+    return std::max(t.demand, consumer) * static_cast<double>(workers) / t.supply_capacity;
+  }
   bool declined(const TrialResult& t, const TrialResult& best) const {
     return t.failed || t.throughput < kDecline * best.throughput;
   }
@@ -136,6 +144,22 @@ class LoaderPolicy final : public TuningPolicy {
     if (k == nullptr || k->domain.empty()) return std::nullopt;
     int64_t largest = 0;
     for (const auto& t : trials) largest = std::max(largest, workers_of(t, *k));
+    // The first trial after the baseline: the count the data_starvation advice names, from the
+    // baseline's figures and the same model (loader_model.h); the doubling goes on from there.
+    if (!seeded_) {
+      seeded_ = true;
+      const TrialResult& base = trials[incumbent];
+      const int64_t workers = workers_of(base, *k);
+      if (!base.failed && workers > 0 && base.supply_capacity > 0 &&
+          base.data_wait_fraction >= kProducerBoundWait) {
+        const int64_t seed = std::min<int64_t>(
+            max_workers(*k), estimate_workers(workers_ratio(base, workers), kNotMeasured,
+                                              static_cast<int>(max_workers(*k)))
+                                 .needed);
+        Setting s = with(kWorkers, seed);
+        if (seed > largest && !tried(s)) return s;
+      }
+    }
     // One worker can be slower than none (a hand-off with nothing to overlap): parallelism starts
     // at two, so a decline ends the sweep only from there on.
     if (largest >= 2 && declined(trials.back(), trials[incumbent])) return std::nullopt;
@@ -243,11 +267,10 @@ class LoaderPolicy final : public TuningPolicy {
       if (t.setting != s || t.failed || w == nullptr) continue;
       if (!t.supply_limited && t.data_wait_fraction < kProducerBoundWait) return std::nullopt;
       const int64_t workers = workers_of(t, *w);
-      // The consumer's own rate (without waiting) over the producers' capacity.
-      const double consumer = t.throughput / std::max(0.05, 1.0 - t.data_wait_fraction);
-      const double ratio =
-          t.supply_capacity > 0 ? std::max(t.demand, consumer) / t.supply_capacity : 1.5;
-      const auto needed = static_cast<int64_t>(std::ceil(workers * ratio * kWorkerHeadroom));
+      const double ratio = t.supply_capacity > 0 ? workers_ratio(t, workers) : 1.5 * workers;
+      const int64_t needed =
+          estimate_workers(ratio * kWorkerHeadroom, kNotMeasured, static_cast<int>(max_workers(*w)))
+              .needed;
       Setting rescue = s;
       rescue[kWorkers] = std::min(max_workers(*w), std::max(workers + 1, needed));
       if (rescue[kWorkers] > workers && !tried(rescue)) return rescue;
@@ -282,7 +305,8 @@ class LoaderPolicy final : public TuningPolicy {
 
   AutotuneConfig config_;
   Stage stage_ = kStageSweep;
-  Setting pass_start_;  // the best when the current pass over pin..bisect began
+  bool seeded_ = false;  // the model's worker count was considered
+  Setting pass_start_;   // the best when the current pass over pin..bisect began
   int passes_ = 0;
   // Per proposal, by its trial's index: the knob values it changed from the best of its time.
   std::map<size_t, std::vector<std::pair<std::string, int64_t>>> changes_;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "torchpilot/runtime/core/format.h"
+#include "torchpilot/runtime/core/metrics.h"
 
 namespace torchpilot {
 namespace {
@@ -34,6 +35,7 @@ std::string section_json(const LoaderStats& l) {
                    {"produce_count", l.produce_count},
                    {"produce_ms", ms(l.produce_ns)},
                    {"produce_cpu_ms", ms(l.produce_cpu_ns)},
+                   {"production_estimated", l.production_estimated},
                    {"blocked_count", l.blocked_count},
                    {"wait_ms", ms(l.wait_ns)}});
 }
@@ -51,6 +53,14 @@ void section_text(const LoaderStats& loader, const EpochSummary&, std::vector<st
                           : l.timeout_ms > 0 ? std::to_string(l.timeout_ms) + " ms"
                                              : std::string("unknown"));
       if (l.settings_known) line += "; no pinned memory or GPU prefetch (stock LibTorch loader)";
+      if (l.produce_count > 0 && l.produce_ns > 0) {
+        // Per batch per thread, as a TunableLoader's; the CPU share tells waiting from working.
+        line += "; " + std::string(l.production_estimated ? "about " : "") +
+                fmt_ms(l.produce_ns / l.produce_count) + " a batch per " +
+                (l.settings.workers > 0 ? "worker" : "training thread") + ", " +
+                fmt_pct(fraction(l.produce_cpu_ns, l.produce_ns)) + " of it on the CPU" +
+                (l.production_estimated ? " at most" : "");
+      }
       lines.push_back(line);
       return;
     }

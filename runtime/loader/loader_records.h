@@ -31,6 +31,9 @@ struct LoaderStats {
   int64_t produce_count = 0;  // batches produced (by workers or inline)
   Nanos produce_ns = 0;       // wall time spent producing them, summed over threads
   Nanos produce_cpu_ns = 0;   // CPU time of the producing threads meanwhile (I/O waits not)
+  // produce_ns is the workers' elapsed time, not measured per batch (a watched stock loader with
+  // workers: runtime/loader/stock_loader_meter.h), and produce_cpu_ns an upper bound.
+  bool production_estimated = false;
   int64_t blocked_count = 0;  // next() calls that had to wait
   Nanos wait_ns = 0;          // total time next() blocked
   // A watched stock loader's options (DataLoaderOptions), as read from it; -1: not known. When

@@ -4,17 +4,10 @@
 #include <cmath>
 #include <tuple>
 
+#include "torchpilot/runtime/tune/answered.h"
+
 namespace torchpilot {
 namespace {
-
-// The auto-tune knobs an advice's action is about: once the tuner has decided them, the tuner's
-// measurement answers the advice (docs/reports.md, "HTML report", lists these).
-std::vector<std::string> knobs_of(const std::string& id) {
-  if (id == "data_starvation") return {"loader.workers", "loader.prefetch"};
-  if (id == "pageable_copies") return {"loader.pin_memory"};
-  if (id == "small_micro_batch") return {"batch.micro"};
-  return {};
-}
 
 // The one advice that names its subject: straggler_rank's "rank" evidence.
 std::string subject_of(const Advice& a) {
@@ -24,16 +17,6 @@ std::string subject_of(const Advice& a) {
     }
   }
   return {};
-}
-
-std::string tuned_setting(const std::string& id, const TuningDecision* decision) {
-  if (decision == nullptr) return {};
-  Setting decided;
-  for (const std::string& knob : knobs_of(id)) {
-    const auto it = decision->chosen.find(knob);
-    if (it != decision->chosen.end()) decided.insert(*it);
-  }
-  return decided.empty() ? std::string() : to_string(decided);
 }
 
 }  // namespace
@@ -53,7 +36,7 @@ Findings rank_findings(const std::vector<EpochSummary>& epochs,
         return f.id == a.id && f.subject == subject;
       });
       if (it == all.end()) {
-        all.push_back({a.id, subject, a, {}, tuned_setting(a.id, decision)});
+        all.push_back({a.id, subject, a, {}, answered_setting(a.id, decision)});
         last_index.push_back(i);
         after_decision.push_back(false);
         it = all.end() - 1;

@@ -17,6 +17,7 @@
 #include "torchpilot/runtime/core/config.h"
 #include "torchpilot/runtime/core/format.h"
 #include "torchpilot/runtime/core/metrics.h"
+#include "torchpilot/runtime/tune/answered.h"
 
 namespace torchpilot {
 namespace {
@@ -78,6 +79,7 @@ class LogSink final : public Sink {
   explicit LogSink(std::shared_ptr<spdlog::logger> logger) : logger_(std::move(logger)) {}
   std::string name() const override { return "log"; }
   void on_epoch(const EpochSummary& summary, const std::vector<Advice>& advice) override {
+    answered_.note(advice);
     if (!logger_->should_log(spdlog::level::info)) return;  // not formatted for nothing
     for (const auto& line : format_epoch(summary, advice)) logger_->info("{}", line);
   }
@@ -86,11 +88,14 @@ class LogSink final : public Sink {
   }
   void on_decision(const TuningDecision& decision) override {
     logger_->info("{}", format_decision(decision));
+    // Advice the decision answered (the HTML report's findings set it apart by the same rule).
+    for (const auto& a : answered_.answer(decision)) logger_->info("{}", format_answered(a));
   }
   void flush() override { logger_->flush(); }
 
  private:
   std::shared_ptr<spdlog::logger> logger_;
+  AnsweredAdvice answered_;
 };
 
 // Opens log.json_path for appending without ever blocking: open(2) with O_NONBLOCK, so a FIFO
@@ -181,10 +186,13 @@ class JsonLinesSink final : public Sink {
     write(step_json(r, names));
   }
   void on_epoch(const EpochSummary& s, const std::vector<Advice>& a) override {
+    answered_.note(a);
     write(epoch_json(s, a));
   }
   void on_trial(const TrialResult& t, bool kept) override { write(trial_json(t, kept)); }
-  void on_decision(const TuningDecision& d) override { write(decision_json(d)); }
+  void on_decision(const TuningDecision& d) override {
+    write(decision_json(d, answered_.answer(d)));
+  }
   void on_late_step(const LateStepRecord& r) override { write(late_step_json(r)); }
   void flush() override {
     if (buffer_.empty()) return;
@@ -197,6 +205,7 @@ class JsonLinesSink final : public Sink {
   }
 
  private:
+  AnsweredAdvice answered_;
   static constexpr size_t kBufferBytes = 8192;  // as std::ofstream buffered
   void write(const std::string& line) {
     buffer_ += line;
@@ -293,7 +302,10 @@ std::string trial_json(const TrialResult& t, bool kept) {
   return dump(j);
 }
 
-std::string decision_json(const TuningDecision& d) {
+std::string decision_json(const TuningDecision& d) { return decision_json(d, {}); }
+
+std::string decision_json(const TuningDecision& d,
+                          const std::vector<AnsweredAdvice::Answer>& answered) {
   json trials = json::array();
   for (const auto& t : d.trials) trials.push_back(trial_object(t));
   json j = {{"type", "tuning_decision"},
@@ -308,6 +320,12 @@ std::string decision_json(const TuningDecision& d) {
             {"steps_used", d.steps_used},
             {"reason", d.reason},
             {"trials", trials}};
+  // Earlier epochs' advice this decision answered: the tuner measured its knobs and kept these.
+  json list = json::array();
+  for (const auto& a : answered) {
+    list.push_back({{"id", a.id}, {"epoch", a.epoch}, {"action", a.action}, {"kept", a.kept}});
+  }
+  j["answered"] = list;
   return dump(j);
 }
 
@@ -359,6 +377,11 @@ std::string format_trial(const TrialResult& t, bool kept) {
               : "") +
          ", steps " + std::to_string(t.first_step) + "-" + std::to_string(t.last_step) + ")" +
          (kept ? " -> best so far" : "");
+}
+
+std::string format_answered(const AnsweredAdvice::Answer& a) {
+  return "  answered by tuning: " + a.id + " of epoch " + std::to_string(a.epoch) + " (\"" +
+         a.action + "\"): the tuner measured its settings and kept " + a.kept;
 }
 
 std::string format_decision(const TuningDecision& d) {

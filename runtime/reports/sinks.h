@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "torchpilot/runtime/core/sink.h"
+#include "torchpilot/runtime/tune/answered.h"
 
 namespace torchpilot {
 
@@ -26,12 +27,17 @@ std::string step_json(const StepRecord& record, const std::vector<std::string>& 
 std::string epoch_json(const EpochSummary& summary, const std::vector<Advice>& advice);
 std::string trial_json(const TrialResult& trial, bool kept);
 std::string decision_json(const TuningDecision& decision);
+// With the earlier epochs' advice the decision answered (field "answered").
+std::string decision_json(const TuningDecision& decision,
+                          const std::vector<AnsweredAdvice::Answer>& answered);
 std::string late_step_json(const LateStepRecord& record);
 
 // Human-readable lines of the advisory log.
 std::vector<std::string> format_epoch(const EpochSummary& summary,
                                       const std::vector<Advice>& advice);
 std::string format_decision(const TuningDecision& decision);
+// The log line of an earlier advice a decision answered.
+std::string format_answered(const AnsweredAdvice::Answer& answered);
 std::string format_trial(const TrialResult& trial, bool kept);
 
 }  // namespace torchpilot

@@ -35,6 +35,7 @@ bool StallTracker::add(const StepRecord& r) {
   const bool judged = recent_.size() >= kMinHistory && median_ns_ > 0;
   const bool outlier =
       judged && static_cast<double>(ns) > factor_ * static_cast<double>(median_ns_);
+  note_tail(r, ns, outlier);
   if (outlier) {
     ++count_;
     if (outliers_.size() < kMaxEpochOutliers) {
@@ -48,8 +49,16 @@ bool StallTracker::add(const StepRecord& r) {
       s.phase_ns = r.phase_ns;
       outliers_.push_back(s);
     }
-    // A run of slow steps is one event; an epoch's first steps are its edge, not a period.
-    if (r.step != last_outlier_ + 1 && r.step_in_epoch >= kEdgeSteps) note_outlier_start(r.step);
+    // A run of slow steps is one event. An epoch's first steps are its edge (a loader
+    // restarting): they never make a period, but one on a period's lattice is a point of it.
+    if (r.step != last_outlier_ + 1) {
+      if (r.step_in_epoch >= kEdgeSteps) {
+        note_outlier_start(r.step);
+      } else {
+        edge_starts_.push_back(r.step);
+        if (edge_starts_.size() > kRecentOutliers) edge_starts_.pop_front();
+      }
+    }
     last_outlier_ = r.step;
     return true;  // outliers stay out of the median
   }
@@ -65,6 +74,27 @@ bool StallTracker::add(const StepRecord& r) {
     if (recent_.size() >= kMinHistory) median_ns_ = torchpilot::median(recent_);
   }
   return false;
+}
+
+void StallTracker::note_tail(const StepRecord& r, Nanos ns, bool outlier) {
+  // An epoch's first steps carry the loader's restart: neither tail nor baseline.
+  if (period_ <= 0 || r.step_in_epoch < kEdgeSteps) return;
+  const bool at = at_period(r.step);
+  if (at && outlier) {
+    since_stall_ = 0;  // a stall (or its second step): the tail counts from here
+    return;
+  }
+  if (since_stall_ < 0) return;
+  const int64_t d = ++since_stall_;
+  const int64_t reach = std::min(kTailSteps, period_ / 2);
+  if (d <= reach) {
+    // Every step at this distance, slow or not: a slow step after a stall is part of its cost.
+    after_ns_[static_cast<size_t>(d)] += ns;
+    ++after_count_[static_cast<size_t>(d)];
+  } else if (!outlier && !at) {
+    far_ns_ += ns;
+    ++far_count_;
+  }
 }
 
 void StallTracker::add_probe(const StepRecord& r) {
@@ -99,7 +129,10 @@ void StallTracker::note_outlier_start(int64_t step) {
   // line up), and a good share of all recent events (half for three, 40% for more); the most
   // events wins, then the shorter period. Unrelated slow steps between the periodic ones (noise,
   // a trace window) do not hide the period; three random ones lining up among many do not make
-  // one. A single slow step makes no period.
+  // one. A single slow step makes no period. Slow steps at an epoch's edge fill the lattice (a
+  // stall every 40 steps whose every third one falls on an epoch's first step is every 40, not
+  // every 120) but count neither as its three events nor in the share: the edges are periodic
+  // themselves when every epoch's first step is slow.
   int64_t best_period = 0, best_anchor = 0, best_hits = 0;
   const auto n = static_cast<int64_t>(starts_.size());
   for (size_t i = 0; i < starts_.size(); ++i) {
@@ -114,10 +147,15 @@ void StallTracker::note_outlier_start(int64_t step) {
         last = s;
         ++hits;
       }
+      int64_t edge_hits = 0;
+      for (int64_t s : edge_starts_) {
+        if (s > first && s < last && near_lattice(s, anchor, p)) ++edge_hits;
+      }
       const int64_t points = (last - first + p / 2) / p + 1;
       // Three events must fill their lattice; four or more may miss a quarter of it (a stall
       // that once stayed under the outlier factor). Three must be half the recent events.
-      const bool filled = hits == points || (hits >= 4 && 4 * hits >= 3 * points);
+      const int64_t on = hits + edge_hits;
+      const bool filled = on >= points || (hits >= 4 && 4 * on >= 3 * points);
       const bool share = hits >= 4 ? 5 * hits >= 2 * n : 2 * hits >= n;
       const bool holds = hits >= 3 && filled && share;
       if (holds && (hits > best_hits || (hits == best_hits && p < best_period))) {
@@ -216,6 +254,21 @@ OutlierStats StallTracker::summarize(const EpochSummary& e,
                                                     static_cast<double>(o.gpu_timed));
     }
   }
+  // The tail: distances after a stall whose mean step is above the far steps' mean.
+  if (o.periodic_count > 0 && far_count_ >= kMinFarSteps) {
+    const double baseline = static_cast<double>(far_ns_) / static_cast<double>(far_count_);
+    o.tail_baseline_ns = static_cast<Nanos>(baseline);
+    double per_stall = 0;
+    for (size_t d = 1; d < after_ns_.size() && after_count_[d] > 0; ++d) {
+      const double above =
+          static_cast<double>(after_ns_[d]) / static_cast<double>(after_count_[d]) - baseline;
+      if (above <= kTailMargin * baseline) break;  // back to the baseline
+      per_stall += above;
+      o.tail_steps = static_cast<int64_t>(d);
+    }
+    o.periodic_tail_excess_ns =
+        static_cast<Nanos>(per_stall * static_cast<double>(o.periodic_count));
+  }
   const Nanos wall = std::max<Nanos>(1, e.wall_ns);
   o.share = fraction(o.time_ns, wall);
   o.excess_share = fraction(o.excess_ns, wall);
@@ -297,6 +350,10 @@ OutlierStats StallTracker::summarize(const EpochSummary& e,
   sums_ = Step();
   probed_steps_ = 0;
   probed_sync_ns_ = 0;
+  after_ns_.fill(0);
+  after_count_.fill(0);
+  far_ns_ = 0;
+  far_count_ = 0;
   steps_ = 0;
   cpu_steps_ = 0;
   return o;
@@ -304,32 +361,36 @@ OutlierStats StallTracker::summarize(const EpochSummary& e,
 
 std::string section_json(const OutlierStats& o) {
   using namespace detail;
-  return dump(json{{"factor", o.factor},
-                   {"median_ms", ms(o.median_ns)},
-                   {"count", o.count},
-                   {"edge_count", o.edge_count},
-                   {"time_ms", ms(o.time_ns)},
-                   {"excess_ms", ms(o.excess_ns)},
-                   {"share", o.share},
-                   {"excess_share", o.excess_share},
-                   {"period", o.period},
-                   {"periodic_count", o.periodic_count},
-                   {"periodic_excess_ms", ms(o.periodic_excess_ns)},
-                   {"periodic_share", o.periodic_share},
-                   {"data_wait_share", number(o.data_wait_share)},
-                   {"own_share", number(o.own_share)},
-                   {"phase", o.phase},
-                   {"phase_share", number(o.phase_share)},
-                   {"cpu_share", number(o.cpu_share)},
-                   {"probed", o.probed},
-                   {"sync_share", number(o.sync_share)},
-                   {"syncs_per_stall", number(o.syncs_per_stall)},
-                   {"d2h_mb_per_stall", number(o.d2h_mb_per_stall)},
-                   {"gpu_timed", o.gpu_timed},
-                   {"gpu_median_ms", o.gpu_median_ns >= 0 ? json(ms(o.gpu_median_ns)) : json()},
-                   {"periodic_gpu_excess_ms",
-                    o.periodic_gpu_excess_ns >= 0 ? json(ms(o.periodic_gpu_excess_ns)) : json()},
-                   {"steps", o.steps}});
+  return dump(
+      json{{"factor", o.factor},
+           {"median_ms", ms(o.median_ns)},
+           {"count", o.count},
+           {"edge_count", o.edge_count},
+           {"time_ms", ms(o.time_ns)},
+           {"excess_ms", ms(o.excess_ns)},
+           {"share", o.share},
+           {"excess_share", o.excess_share},
+           {"period", o.period},
+           {"periodic_count", o.periodic_count},
+           {"periodic_excess_ms", ms(o.periodic_excess_ns)},
+           {"periodic_share", o.periodic_share},
+           {"data_wait_share", number(o.data_wait_share)},
+           {"own_share", number(o.own_share)},
+           {"phase", o.phase},
+           {"phase_share", number(o.phase_share)},
+           {"cpu_share", number(o.cpu_share)},
+           {"probed", o.probed},
+           {"sync_share", number(o.sync_share)},
+           {"syncs_per_stall", number(o.syncs_per_stall)},
+           {"d2h_mb_per_stall", number(o.d2h_mb_per_stall)},
+           {"gpu_timed", o.gpu_timed},
+           {"gpu_median_ms", o.gpu_median_ns >= 0 ? json(ms(o.gpu_median_ns)) : json()},
+           {"periodic_gpu_excess_ms",
+            o.periodic_gpu_excess_ns >= 0 ? json(ms(o.periodic_gpu_excess_ns)) : json()},
+           {"tail_steps", o.tail_steps},
+           {"tail_baseline_ms", o.tail_baseline_ns >= 0 ? json(ms(o.tail_baseline_ns)) : json()},
+           {"periodic_tail_excess_ms", ms(o.periodic_tail_excess_ns)},
+           {"steps", o.steps}});
 }
 
 void section_text(const OutlierStats& o, const EpochSummary&, std::vector<std::string>& lines) {
@@ -352,6 +413,11 @@ void section_text(const OutlierStats& o, const EpochSummary&, std::vector<std::s
     line += "; on the GPU " + fmt_ms(o.periodic_gpu_excess_ns / o.periodic_count) +
             " per stall above its median step " + fmt_ms(o.gpu_median_ns) + " (" +
             std::to_string(o.gpu_timed) + " timed)";
+  }
+  if (o.tail_steps > 0 && o.periodic_count > 0) {
+    line += "; the " + std::to_string(o.tail_steps) + " steps after each run " +
+            fmt_ms(o.periodic_tail_excess_ns / o.periodic_count) +
+            " in all above the steps far from them (" + fmt_ms(o.tail_baseline_ns) + ")";
   }
   lines.push_back(line);
 }

@@ -61,7 +61,15 @@ struct OutlierStats {
   int64_t gpu_timed = 0;     // periodic outliers with a GPU span
   Nanos gpu_median_ns = -1;  // median GPU span of ordinary steps
   Nanos periodic_gpu_excess_ns = -1;
-  std::vector<int64_t> steps;  // the first outliers' step numbers (at most kListed)
+  // The stalls' cost does not stay in the stalled step (a save leaves the allocator, the page
+  // cache and the GPU queue to recover): the steps after each periodic stall, by their distance
+  // from it, against the steps far from any stall (more than kTailSteps or half the period
+  // after one). The tail is the run of distances, from 1, whose mean step exceeds that baseline
+  // by more than kTailMargin; its excess over the baseline, per stall, times the stalls.
+  int64_t tail_steps = 0;             // the tail's length (0: none, or not measurable)
+  Nanos tail_baseline_ns = -1;        // mean step far from the stalls (-1: too few steps)
+  Nanos periodic_tail_excess_ns = 0;  // the tails' time above it, this epoch's stalls
+  std::vector<int64_t> steps;         // the first outliers' step numbers (at most kListed)
   static constexpr size_t kListed = 16;
 };
 std::string section_json(const OutlierStats& outliers);
@@ -76,6 +84,9 @@ class StallTracker {
   static constexpr int64_t kEdgeSteps = 2;       // an epoch's first steps are its edge
   static constexpr size_t kRecentOutliers = 16;  // outlier starts kept for the period
   static constexpr size_t kMaxEpochOutliers = 4096;
+  static constexpr int64_t kTailSteps = 64;    // the longest tail measured after a stall
+  static constexpr double kTailMargin = 0.05;  // a tail step is this much above the baseline
+  static constexpr int64_t kMinFarSteps = 8;   // steps far from stalls the baseline needs
 
   explicit StallTracker(double factor);
 
@@ -102,14 +113,16 @@ class StallTracker {
     double syncs = 0, d2h_bytes = 0;
   };
   void note_outlier_start(int64_t step);
+  void note_tail(const StepRecord& r, Nanos ns, bool outlier);
 
   double factor_;
   std::vector<Nanos> recent_;
   size_t recent_next_ = 0;
   size_t since_refresh_ = 0;
   Nanos median_ns_ = 0;
-  int64_t last_outlier_ = -2;   // the latest outlier's step (runs of outliers are one event)
-  std::deque<int64_t> starts_;  // recent events' first steps (not at an epoch's edge)
+  int64_t last_outlier_ = -2;        // the latest outlier's step (runs of outliers are one event)
+  std::deque<int64_t> starts_;       // recent events' first steps (not at an epoch's edge)
+  std::deque<int64_t> edge_starts_;  // recent events at an epoch's edge
   int64_t period_ = 0;
   int64_t anchor_ = 0;  // a step at the period
   // This epoch.
@@ -122,6 +135,12 @@ class StallTracker {
   bool after_period_ = false;  // the last step was at the period
   int64_t probed_steps_ = 0;
   Nanos probed_sync_ns_ = 0;
+  // The steps after periodic stalls (tail) and far from them (baseline), this epoch.
+  int64_t since_stall_ = -1;  // steps since the latest periodic stall (-1: none yet)
+  std::array<Nanos, kTailSteps + 1> after_ns_{};
+  std::array<int64_t, kTailSteps + 1> after_count_{};
+  Nanos far_ns_ = 0;
+  int64_t far_count_ = 0;
   // Recent ordinary steps' GPU spans (a ring): their median is the GPU's ordinary step.
   std::vector<Nanos> gpu_recent_;
   size_t gpu_next_ = 0;
