@@ -16,10 +16,13 @@ Checked in README.md, docs/*.md, bench/README.md and bench/baselines/README.md:
      program's --help output, and a table marked <!-- flags: PROGRAM complete --> lists every flag
      of it (the programs given with --bin NAME=PATH; one not given is said and
      skipped: a build without examples or benchmarks);
-  4. figures: every figure marked <!-- baseline: FILE KEY [x100] --> (FILE under bench/baselines/,
-     KEY a dotted path into its JSON (names may hold spaces), [i] for a list item; x100: a fraction printed as a percent)
-     equals the file's value at the printed rounding; the figure is the number right after the
-     marker ("+0.83%", "1,874", "×9.0" read as 0.83, 1874, 9.0);
+  4. figures: every figure marked <!-- baseline: FILE KEY [SCALE] --> (FILE under bench/baselines/,
+     KEY a dotted path into its JSON (names may hold spaces), [i] for a list item, or for a
+     .jsonl file [i] first for its line i+1; SCALE x100 for a fraction printed as a percent, xN
+     or /N for another unit, /1073741824 for bytes printed in GiB) equals the file's value at the
+     printed rounding; the figure is the number right after the marker ("+0.83%", "1,874",
+     "×9.0" read as 0.83, 1874, 9.0). A figure a log baseline prints is marked
+     <!-- baseline-log: FILE REGEX -->: the first group of the regex's first match in the file;
   5. test counts: a figure marked <!-- tests: all --> (ctest -N) or <!-- tests: sanitizer --> (the
      tests scripts/sanitize.sh runs: labels unit and integration, less its -E pattern and the
      tests of executables built only with the examples) equals this build's count, when the build
@@ -329,40 +332,81 @@ def json_value(data, key):
     return data
 
 
+def load_baseline(path):
+    """A JSON file, or a JSON-lines file as the list of its lines' values (KEY [i] is line i+1)."""
+    with open(path, encoding="utf-8") as f:
+        if path.endswith(".jsonl"):
+            return [json.loads(line) for line in f if line.strip()]
+        return json.load(f)
+
+
+def scaled(value, scale):
+    """value under a marker's scale: x100 (a fraction printed as a percent), xN, or /N (bytes
+    printed in GiB: /1073741824)."""
+    if not scale:
+        return value
+    factor = float(scale[1:])
+    return value * factor if scale[0] == "x" else value / factor
+
+
+def check_figure(doc, n, line, end, value, what):
+    """The figure right after a marker (at column end) equals value at its printed rounding."""
+    figure = NUMBER.match(line[end:])
+    if not figure:
+        fail(doc.rel, n, f"{what}: no figure right after the marker")
+        return
+    text = figure.group(2).replace(",", "")
+    printed = float(text) * (-1 if figure.group(1) else 1)
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    if abs(value - printed) > 0.5 * 10 ** -decimals + 1e-9:
+        fail(doc.rel, n, f"{what} is {value:.{decimals + 2}f}; "
+                         f"the docs print {figure.group(1)}{figure.group(2)}")
+
+
 def check_figures(root, docs):
-    marker = re.compile(r"<!-- baseline: (\S+) (.+?)( x100)? -->")
+    marker = re.compile(r"<!-- baseline: (\S+) (.+?)(?: ([x/]\d[\d.e+-]*))? -->")
+    # A figure a log prints: the first group of REGEX's first match in the file (a line's text;
+    # a figure in several lines of the same form is that line's, so the regex names the line).
+    log_marker = re.compile(r"<!-- baseline-log: (\S+) (.+?) -->")
     for doc in docs.values():
         for n, line in doc.prose():
             for m in marker.finditer(line):
-                rel, key, x100 = m.group(1), m.group(2), m.group(3)
-                path = os.path.join(root, "bench/baselines", rel)
+                rel, key, scale = m.group(1), m.group(2), m.group(3)
+                what = f"baseline {rel} {key}"
                 try:
-                    with open(path, encoding="utf-8") as f:
-                        value = json_value(json.load(f), key)
-                    value = float(value) * (100 if x100 else 1)
+                    value = json_value(load_baseline(os.path.join(root, "bench/baselines", rel)), key)
+                    value = scaled(float(value), scale)
                 except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
-                    fail(doc.rel, n, f"baseline {rel} {key}: cannot read it ({type(e).__name__}: {e})")
+                    fail(doc.rel, n, f"{what}: cannot read it ({type(e).__name__}: {e})")
                     continue
-                figure = NUMBER.match(line[m.end():])
-                if not figure:
-                    fail(doc.rel, n, f"baseline {rel} {key}: no figure right after the marker")
+                check_figure(doc, n, line, m.end(), value, what)
+            for m in log_marker.finditer(line):
+                rel, pattern = m.group(1), m.group(2)
+                what = f"baseline {rel} /{pattern}/"
+                try:
+                    with open(os.path.join(root, "bench/baselines", rel), encoding="utf-8") as f:
+                        found = re.search(pattern, f.read(), re.MULTILINE)
+                    if not found:
+                        raise ValueError("no line matches")
+                    value = float(found.group(1).replace(",", ""))
+                except (OSError, ValueError, IndexError, re.error) as e:
+                    fail(doc.rel, n, f"{what}: cannot read it ({type(e).__name__}: {e})")
                     continue
-                text = figure.group(2).replace(",", "")
-                printed = float(text) * (-1 if figure.group(1) else 1)
-                decimals = len(text.split(".")[1]) if "." in text else 0
-                if abs(value - printed) > 0.5 * 10 ** -decimals + 1e-9:
-                    fail(doc.rel, n, f"baseline {rel} {key} is {value:.{decimals + 2}f}; "
-                                     f"the docs print {figure.group(1)}{figure.group(2)}")
+                check_figure(doc, n, line, m.end(), value, what)
 
 
 # --- 5. test counts ----------------------------------------------------------------------------
 
 def ctest_tests(ctest, build):
-    """The tests this build registers: [(name, labels, executable)]; None if any is not built."""
+    """The tests this build registers: [(name, labels, executable, sites)], sites the (file, line)
+    of each CMake call that registered it (add_test and the functions around it; none for tests
+    that GoogleTest discovered); None if any executable is not built."""
     out = subprocess.run([ctest, "--show-only=json-v1"], cwd=build, capture_output=True,
                          text=True, timeout=120)
+    listing = json.loads(out.stdout)
+    graph = listing.get("backtraceGraph", {"files": [], "nodes": []})
     tests = []
-    for t in json.loads(out.stdout)["tests"]:
+    for t in listing["tests"]:
         if t["name"].endswith("_NOT_BUILT"):
             return None
         labels = []
@@ -370,7 +414,13 @@ def ctest_tests(ctest, build):
             if p["name"] == "LABELS":
                 labels = p["value"]
         command = t.get("command") or [""]
-        tests.append((t["name"], labels, os.path.basename(command[0])))
+        sites, node = [], t.get("backtrace")
+        while node is not None:
+            frame = graph["nodes"][node]
+            if "line" in frame:
+                sites.append((graph["files"][frame["file"]], frame["line"]))
+            node = frame.get("parent")
+        tests.append((t["name"], labels, os.path.basename(command[0]), sites))
     return tests
 
 
@@ -389,12 +439,99 @@ def sanitizer_test_executables(root):
         return set(re.findall(r"\btorchpilot_[a-z_]+_tests\b", f.read()))
 
 
+def sanitizer_options_off(root):
+    """The options scripts/sanitize.sh configures OFF (-DTORCHPILOT_BUILD_EXAMPLES=OFF, ...)."""
+    with open(os.path.join(root, "scripts/sanitize.sh"), encoding="utf-8") as f:
+        return set(re.findall(r"-D([A-Z0-9_]+)=OFF\b", f.read()))
+
+
 def sanitizer_builds(exe, built):
     """Whether a sanitizer pass has this test's executable: a test executable only when it is one
     of its targets (or a subsystem's own, which it builds by pattern); scripts and tools run."""
     if not exe.endswith("_tests"):
         return True
     return exe in built or exe.endswith("_subsystem_tests")
+
+
+class CMakeConditions:
+    """Which if() conditions of the source tree's CMake files hold a line, so that a test
+    registered there can be judged against the options a sanitizer pass turns off."""
+
+    def __init__(self, root):
+        self.root = os.path.realpath(root)
+        self.files = {}
+        self.cmake_files = None
+
+    def lines(self, path):
+        if path not in self.files:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    self.files[path] = f.read().split("\n")
+            except OSError:
+                self.files[path] = []
+        return self.files[path]
+
+    def around(self, path, line):
+        """The conditions of the if()/elseif() blocks around line (1-based) of path, and of the
+        add_subdirectory() that brings path's folder in; an else() branch holds none."""
+        stack = []
+        for text in self.lines(path)[:line - 1]:
+            m = re.match(r"^\s*(if|elseif|else|endif)\s*\((.*?)\)?\s*(?:#.*)?$", text)
+            if not m:
+                continue
+            word, condition = m.group(1), m.group(2)
+            if word == "if":
+                stack.append(condition)
+            elif stack and word == "endif":
+                stack.pop()
+            elif stack:
+                stack[-1] = condition if word == "elseif" else ""
+        folder = os.path.dirname(path)
+        parent = os.path.dirname(folder)
+        if os.path.commonpath([self.root, parent]) == self.root and folder != self.root:
+            including = os.path.join(parent, "CMakeLists.txt")
+            name = os.path.basename(folder)
+            for i, text in enumerate(self.lines(including)):
+                if re.match(r"^\s*add_subdirectory\(\s*" + re.escape(name) + r"[\s)]", text):
+                    stack += self.around(including, i + 1)
+                    break
+        return [c for c in stack if c]
+
+    def target_conditions(self, target):
+        """The conditions around the add_executable/add_library that defines target."""
+        if self.cmake_files is None:
+            self.cmake_files = []
+            for folder, subfolders, names in os.walk(self.root):
+                # Build folders (build, build-asan) and hidden ones hold no sources.
+                subfolders[:] = [d for d in subfolders if not d.startswith(("build", "."))]
+                if "CMakeLists.txt" in names:
+                    self.cmake_files.append(os.path.join(folder, "CMakeLists.txt"))
+            # The project's functions that make a target of their first argument
+            # (torchpilot_bench(gpt_overhead ...)).
+            self.makers = ["add_executable", "add_library"] + [
+                m.group(1) for path in self.cmake_files for text in self.lines(path)
+                for m in [re.match(r"^\s*function\(\s*(\w+)", text)] if m]
+        pattern = re.compile(r"^\s*(?:" + "|".join(self.makers) + r")\(\s*" + re.escape(target) +
+                             r"[\s)]")
+        for path in self.cmake_files:
+            for i, text in enumerate(self.lines(path)):
+                if pattern.match(text):
+                    return self.around(path, i + 1)
+        return []
+
+    def needs(self, conditions, options, seen=()):
+        """Whether a condition needs one of options ON: it names one, or a target (TARGET t)
+        defined only under one."""
+        for condition in conditions:
+            if re.match(r"^\s*NOT\b", condition):
+                continue
+            if any(re.search(r"\b" + o + r"\b", condition) for o in options):
+                return True
+            for target in re.findall(r"\bTARGET\s+([\w-]+)", condition):
+                if target not in seen and self.needs(self.target_conditions(target), options,
+                                                     seen + (target,)):
+                    return True
+        return False
 
 
 def check_counts(root, docs, build, ctest, configuration):
@@ -413,14 +550,22 @@ def check_counts(root, docs, build, ctest, configuration):
     if tests is None:
         print("check_docs: some test executables are not built: test counts not checked")
         return
+    # A sanitizer pass runs the tests of its labels less its -E pattern, of the executables it
+    # builds, registered in its configuration: not those under an option it turns off (the
+    # examples, the benchmarks).
     label, exclude = sanitizer_selection(root)
     built = sanitizer_test_executables(root)
-    counts = {
-        "all": len(tests),
-        "sanitizer": sum(1 for name, labels, exe in tests
-                         if any(label.search(l) for l in labels)
-                         and not (exclude and exclude.search(name)) and sanitizer_builds(exe, built)),
-    }
+    options = sanitizer_options_off(root)
+    cmake = CMakeConditions(root)
+
+    def in_sanitizer_pass(name, labels, exe, sites):
+        return (any(label.search(l) for l in labels) and not (exclude and exclude.search(name))
+                and sanitizer_builds(exe, built)
+                and not any(cmake.needs(cmake.around(os.path.realpath(path), line), options)
+                            for path, line in sites
+                            if os.path.commonpath([cmake.root, os.path.realpath(path)]) == cmake.root))
+
+    counts = {"all": len(tests), "sanitizer": sum(1 for t in tests if in_sanitizer_pass(*t))}
     for doc, n, m in marks:
         figure = NUMBER.match(doc.lines[n - 1][m.end():])
         printed = int(figure.group(2).replace(",", "")) if figure else None
