@@ -451,16 +451,22 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
     copy_cover.push_back({begin, std::max(c.end, index.at_or_after(c.end, kNever))});
   }
 
-  // One cause per idle second, first match wins: data wait, host sync, pageable copy; the rest
-  // is a launch gap between two kernels of the step, or other.
+  // One cause per idle second, first match wins: data wait, pageable copy, host sync; the rest
+  // is a launch gap between two kernels of the step, or other. The order is what each fix
+  // removes: a pageable copy makes the host wait for the queue whether or not a sync comes
+  // before or after it, so pinning removes that idle and removing the sync would not; with the
+  // sync first, a sync at each step's end took the next step's copy as its drain, in some windows
+  // and not others (the same steps named two causes).
   std::vector<Interval> claimed{data_wait};
   const Nanos idle = g.traced_ns - union_length(busy, span);
   const auto covered = [&](const std::vector<Interval>& in) {
     return intersection_length(in, claimed, span);
   };
   g.idle_data_wait_ns = covered(gaps);
+  claimed.insert(claimed.end(), copy_cover.begin(), copy_cover.end());
+  g.idle_pageable_copy_ns = covered(gaps) - g.idle_data_wait_ns;
   // Each sync, in order of its start, takes what earlier causes left: its site's idle.
-  Nanos taken = g.idle_data_wait_ns;
+  Nanos taken = g.idle_data_wait_ns + g.idle_pageable_copy_ns;
   for (size_t i = 0; i < syncs.size(); ++i) {
     claimed.insert(claimed.end(), sync_cover[i].begin(), sync_cover[i].end());
     const Nanos now = covered(gaps);
@@ -480,8 +486,6 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
     g.host_sync_ns = union_length(
         waits, {std::numeric_limits<Nanos>::min() / 2, std::numeric_limits<Nanos>::max() / 2});
   }
-  claimed.insert(claimed.end(), copy_cover.begin(), copy_cover.end());
-  g.idle_pageable_copy_ns = covered(gaps) - taken;
   const Nanos rest = idle - g.idle_data_wait_ns - g.idle_host_sync_ns - g.idle_pageable_copy_ns;
   g.idle_launch_gap_ns = union_length(inner_gaps, span) - covered(inner_gaps);
   g.idle_other_ns = rest - g.idle_launch_gap_ns;
