@@ -112,7 +112,7 @@ check bad_peak 2 '--peak-tflops' -- "$tool" "$fixtures/healthy.json.gz" --peak-t
 check nan_peak 2 '--peak-tflops' -- "$tool" "$fixtures/healthy.json.gz" --peak-tflops nan
 check missing_config 2 '--config' -- "$tool" "$fixtures/healthy.json.gz" --config "$tmp/none.yaml"
 check unknown_flag 2 '--frobnicate' -- "$tool" "$fixtures/healthy.json.gz" --frobnicate
-check host_sync 0 'ADVICE \[high\] host_sync' -- "$tool" "$fixtures/host_sync.json.gz"
+check host_sync 0 'ADVICE \[info\] host_sync' -- "$tool" "$fixtures/host_sync.json.gz"
 check pm_said 0 'PM sampling: not in a Kineto trace' -- "$tool" "$fixtures/host_sync.json.gz"
 check json 0 '"type":"epoch"' -- "$tool" "$fixtures/data_wait.json.gz" --json
 check peak 0 'of 100 peak' -- "$tool" "$fixtures/fp32_matmul.json.gz" --peak-tflops 100
