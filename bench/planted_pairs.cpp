@@ -20,6 +20,17 @@
 //   checkpoint          an MLP whose parameters are saved every --checkpoint-every steps:
 //                       torch::save of the CUDA tensors on the training thread vs copied on a
 //                       side stream into pinned memory and written by a background thread
+//   stock_loader_cpu    CPU work per sample through LibTorch's own DataLoader (watch()):
+//                       workers 0 vs the workers the advice names (else cores - 2, 2..12)
+//   stock_loader_io     samples that sleep (I/O) through LibTorch's DataLoader with 2 workers
+//                       vs the workers the advice names (else 8): more workers than cores help
+//   checkpoint_two_models  a GAN-like pair of MLPs with Adam, both models and both optimizers
+//                       saved (torch::save, in a phase "save") every --checkpoint-every steps vs
+//                       no save: the cost after each save counts too
+//   tuning_overrides_advice  the data_starvation trainer (TunableLoader, 1 worker); its fix is
+//                       what a short autotune run (mode autotune) decides, not the advice: the
+//                       row says what the advice named, what the tuner tried first and kept,
+//                       and whether the advice counts as answered (runtime/tune/answered.h)
 // For each pair:
 //  1. Advised run: the bad form with a Pilot in advise mode (GPU collectors, a detailed window of
 //     --window-steps steps from step --window-first, a FLOP counter), one epoch of
@@ -54,6 +65,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpt_trainer.h"
@@ -61,12 +73,14 @@
 #include "torchpilot/hooks/core/compat.h"
 #include "torchpilot/hooks/flops/flop_counter.h"
 #include "torchpilot/hooks/loader/tunable_loader.h"
+#include "torchpilot/hooks/loader/watch.h"
 #include "torchpilot/runtime/core/config.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/core/sink.h"
 #include "torchpilot/runtime/flops/flop_records.h"
 #include "torchpilot/runtime/gpu/gpu_records.h"
 #include "torchpilot/runtime/gpu/kernel_classes.h"
+#include "torchpilot/runtime/tune/answered.h"
 
 #if defined(TORCHPILOT_TORCH_CUDA) && TORCHPILOT_TORCH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
@@ -99,6 +113,9 @@ struct Args {
   int micro_steps = 4;         // async_sync_every_n
   int sync_every = 8;          // async_sync_every_n, fixed form: .item() every N optimizer steps
   int checkpoint_every = 150;  // checkpoint: steps between saves (longer than a save takes)
+  double wait_us = 400;        // stock_loader_io: the wait per sample
+  double tune_seconds = 10;    // tuning_overrides_advice: autotune.warmup_seconds
+  int windows = 3;             // epochs of the advised run, a window in each (checkpoint pairs: 1)
   // launch_bound: the fixed form's batch factor, the one the advice's estimate is for.
   int launch_batch_factor = static_cast<int>(torchpilot::kLaunchBoundBatchFactor);
   std::vector<std::string> pairs;  // empty: all
@@ -232,11 +249,14 @@ class DataStarvation : public Workload {
   int workers() const { return workers_; }
   // The fixed form as the advice on the bad form has it (evidence workers_advised).
   void set_workers(int n) { workers_ = std::max(1, n); }
+  // tuning_overrides_advice: the fixed form is what the tuner kept.
+  void set_prefetch(int n) { prefetch_ = std::max(1, n); }
+  int prefetch() const { return prefetch_; }
   void begin(torchpilot::Pilot& pilot) override {
     torchpilot::LoaderOptions o;
     o.batch_size = static_cast<size_t>(batch_);
     o.workers = workers_;
-    o.prefetch = 4;
+    o.prefetch = prefetch_;
     o.pin_memory = env_.cuda;
     o.shuffle = false;
     o.drop_last = true;
@@ -264,6 +284,7 @@ class DataStarvation : public Workload {
   Mlp mlp_;
   int64_t iterations_;
   int workers_;
+  int prefetch_ = 4;
   std::unique_ptr<torchpilot::TunableLoader<Data>> loader_;
 };
 
@@ -380,6 +401,106 @@ class SyncingTrainer : public Workload {
   torch::Tensor x_, loss_sum_;
   int64_t steps_ = 0;
   float sink_ = 0;
+};
+
+// sync_per_micro_step: micro-steps of small fp32 matmuls, loss.item() after each of them, and one
+// device synchronization at the step's end by design (a trainer that times its steps). Fixed: no
+// .item() (the loss summed on the device), the step-end sync kept. The kernels between the syncs
+// are short: removing the reads gives back their drain, not the step (the host still issues
+// every launch, and the step still ends in a sync).
+class SyncPerMicroStep : public Workload {
+ public:
+  SyncPerMicroStep(const Env& env, bool fixed)
+      : env_(env), fixed_(fixed), batch_(env.small ? 32 : 256), micro_(8) {
+    Env fp32 = env;
+    fp32.dtype = torch::kFloat;
+    mlp_ = std::make_unique<Mlp>(fp32, kWidth, kWidth, 3, kWidth);
+    x_ = torch::randn({batch_, kWidth}, torch::TensorOptions().device(env.device));
+    loss_sum_ = torch::zeros({}, torch::TensorOptions().device(env.device));
+  }
+  int64_t samples_per_step() const override { return batch_ * micro_; }
+  void steps(torchpilot::Pilot& pilot, int n) override {
+    for (int i = 0; i < n; ++i) {
+      auto step = pilot.step(samples_per_step());
+      mlp_->optimizer->zero_grad();
+      for (int k = 0; k < micro_; ++k) {
+        torch::Tensor loss;
+        {
+          auto p = pilot.phase("forward");
+          loss = mlp_->net->forward(x_).square().mean();
+        }
+        {
+          auto p = pilot.phase("backward");
+          loss.backward();
+        }
+        if (!fixed_) {
+          sink_ += loss.item<float>();  // the planted sync: every micro-step's loss read
+        } else {
+          loss_sum_ += loss.detach();
+        }
+      }
+      {
+        auto p = pilot.phase("optimizer");
+        mlp_->optimizer->step();
+      }
+      sync(env_);  // by design, in both forms
+    }
+  }
+
+ private:
+  static constexpr int64_t kWidth = 512;
+  Env env_;
+  bool fixed_;
+  int64_t batch_;
+  int micro_;
+  std::unique_ptr<Mlp> mlp_;
+  torch::Tensor x_, loss_sum_;
+  float sink_ = 0;
+};
+
+// pageable_copy_sync: a 138 MB batch ([128, 3, 300, 300] fp32) copied from pageable memory each
+// step into a small CNN, and the device synchronized at each step's end. Fixed: the batch pinned
+// and copied non_blocking, the sync kept. One idle, two candidate causes: the copy makes the host
+// wait whether or not the sync follows, so the idle is the copy's (issue: the attribution flipped
+// between windows of identical steps).
+class PageableCopySync : public Workload {
+ public:
+  PageableCopySync(const Env& env, bool fixed) : env_(env), fixed_(fixed) {
+    const int64_t batch = env.small ? 4 : 128;
+    host_ = torch::rand({batch, 3, 300, 300});
+    if (fixed_ && env.cuda) host_ = host_.pin_memory();
+    net_->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 32, 7).stride(4).padding(3)));
+    net_->push_back(torch::nn::ReLU());
+    net_->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).stride(2).padding(1)));
+    net_->push_back(torch::nn::ReLU());
+    net_->push_back(torch::nn::AdaptiveAvgPool2d(1));
+    net_->push_back(torch::nn::Flatten());
+    net_->push_back(torch::nn::Linear(64, 10));
+    net_->to(env.device, env.dtype);
+    optimizer_ =
+        std::make_unique<torch::optim::SGD>(net_->parameters(), torch::optim::SGDOptions(1e-4));
+  }
+  int64_t samples_per_step() const override { return host_.size(0); }
+  void steps(torchpilot::Pilot& pilot, int n) override {
+    for (int i = 0; i < n; ++i) {
+      auto step = pilot.step(samples_per_step());
+      torch::Tensor x;
+      {
+        auto p = pilot.phase("copy");
+        // The bad form as trainers write it: a blocking .to(device).
+        x = host_.to(env_.device, /*non_blocking=*/fixed_).to(env_.dtype);
+      }
+      train_step(pilot, net_, *optimizer_, x);
+      sync(env_);  // by design, in both forms
+    }
+  }
+
+ private:
+  Env env_;
+  bool fixed_;
+  torch::Tensor host_;
+  torch::nn::Sequential net_;
+  std::unique_ptr<torch::optim::SGD> optimizer_;
 };
 
 // launch_bound: a deep narrow MLP whose kernels are too short to hide their launches.
@@ -537,6 +658,181 @@ class Checkpointing : public Workload {
 #endif
 };
 
+// stock_loader_io: samples that wait (a read from a slow disk or the network) without using a
+// core.
+class WaitingSamples : public torch::data::datasets::Dataset<WaitingSamples> {
+ public:
+  WaitingSamples(size_t size, int64_t features, double wait_us)
+      : size_(size), features_(features), wait_us_(wait_us) {}
+  torch::data::Example<> get(size_t index) override {
+    std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(wait_us_));
+    return {torch::full({features_}, static_cast<float>(index % 97) * 1e-3f),
+            torch::tensor(static_cast<int64_t>(index % 10))};
+  }
+  torchpilot::compat::optional<size_t> size() const override { return size_; }
+
+ private:
+  size_t size_;
+  int64_t features_;
+  double wait_us_;
+};
+
+// stock_loader_cpu, stock_loader_io: LibTorch's own DataLoader, measured through watch() (no
+// tuning). One pass over a dataset far larger than a run: the watched loop goes on across
+// steps() calls; end() leaves it (ending the Pilot's epoch, as a loop left early does).
+template <typename Samples>
+class StockLoader : public Workload {
+ public:
+  using Data = torch::data::datasets::MapDataset<Samples, torch::data::transforms::Stack<>>;
+  using Loader = torch::data::StatelessDataLoader<Data, torch::data::samplers::SequentialSampler>;
+  using Watched = torchpilot::WatchedLoader<Loader>;
+  StockLoader(const Env& env, std::function<Samples(size_t, int64_t)> samples, int64_t batch,
+              int64_t features, int workers)
+      : env_(env),
+        samples_(std::move(samples)),
+        batch_(batch),
+        features_(features),
+        mlp_(env, features, env.small ? 256 : 4096, env.small ? 2 : 4, 10),
+        workers_(workers) {}
+  int64_t samples_per_step() const override { return batch_; }
+  int workers() const { return workers_; }
+  void set_workers(int n) { workers_ = std::max(1, n); }
+  void begin(torchpilot::Pilot& pilot) override {
+    // Far more samples than a run takes; a sequential sampler allocates no index list.
+    const auto size = static_cast<size_t>(batch_) * 1000000;
+    loader_ = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(
+        samples_(size, features_).map(torch::data::transforms::Stack<>()),
+        torch::data::DataLoaderOptions()
+            .batch_size(static_cast<size_t>(batch_))
+            .workers(static_cast<size_t>(workers_)));
+    watched_ = std::make_unique<Watched>(*loader_, pilot);
+  }
+  void steps(torchpilot::Pilot& pilot, int n) override {
+    for (int i = 0; i < n; ++i) {
+      if (!it_) {
+        it_.emplace(watched_->begin());
+      } else {
+        ++*it_;
+      }
+      auto step = pilot.step(batch_);
+      torch::Tensor x = (*it_)->data.to(env_.device, env_.dtype);
+      mlp_.train_step(pilot, x);
+    }
+  }
+  void end() override {
+    it_.reset();  // the loop left: the pass (and the Pilot's epoch) ends
+    watched_.reset();
+    loader_.reset();  // joins the workers before the run's Pilot goes
+  }
+
+ private:
+  Env env_;
+  std::function<Samples(size_t, int64_t)> samples_;
+  int64_t batch_, features_;
+  Mlp mlp_;
+  int workers_;
+  std::unique_ptr<Loader> loader_;
+  std::unique_ptr<Watched> watched_;
+  std::optional<typename Watched::Iterator> it_;
+};
+
+// checkpoint_two_models: a GAN-like trainer (a generator and a discriminator, each an MLP with
+// Adam) that saves both models and both optimizers every --checkpoint-every steps on the
+// training thread; the fixed form does not save. What a save costs shows in the step that saves
+// and in the steps after it (the allocator, the page cache, the GPU's queue).
+class TwoModelCheckpoint : public Workload {
+ public:
+  TwoModelCheckpoint(const Env& env, const Args& a, bool fixed)
+      : env_(env),
+        fixed_(fixed),
+        every_(a.checkpoint_every),
+        batch_(env.small ? 64 : 1024),
+        // Small: about 12 MB a save, still several median steps of a CPU run.
+        width_(env.small ? 512 : 2048),
+        generator_(make(env, width_, env.small ? 3 : 4, width_)),
+        discriminator_(make(env, width_, env.small ? 3 : 4, 1)),
+        g_opt_(generator_->parameters(), torch::optim::AdamOptions(1e-4)),
+        d_opt_(discriminator_->parameters(), torch::optim::AdamOptions(1e-4)) {
+    const auto o = torch::TensorOptions().device(env.device).dtype(env.dtype);
+    z_ = torch::randn({batch_, width_}, o);
+    real_ = torch::randn({batch_, width_}, o);
+    const std::string dir = std::getenv("TMPDIR") != nullptr ? std::getenv("TMPDIR") : "/tmp";
+    g_path_ = dir + "/torchpilot-planted-gan-g.pt";
+    d_path_ = dir + "/torchpilot-planted-gan-d.pt";
+  }
+  ~TwoModelCheckpoint() override {
+    std::remove(g_path_.c_str());
+    std::remove(d_path_.c_str());
+  }
+  int64_t samples_per_step() const override { return batch_; }
+  void steps(torchpilot::Pilot& pilot, int n) override {
+    for (int i = 0; i < n; ++i) {
+      auto step = pilot.step(batch_);
+      torch::Tensor fake, d_loss, g_loss;
+      {
+        auto p = pilot.phase("forward");
+        fake = generator_->forward(z_);
+        d_loss = discriminator_->forward(fake.detach()).to(torch::kFloat).square().mean() +
+                 (discriminator_->forward(real_).to(torch::kFloat) - 1).square().mean();
+      }
+      {
+        auto p = pilot.phase("backward");
+        d_opt_.zero_grad();
+        d_loss.backward();
+      }
+      {
+        auto p = pilot.phase("optimizer");
+        d_opt_.step();
+      }
+      {
+        auto p = pilot.phase("forward");
+        g_loss = (discriminator_->forward(fake).to(torch::kFloat) - 1).square().mean();
+      }
+      {
+        auto p = pilot.phase("backward");
+        g_opt_.zero_grad();
+        g_loss.backward();
+      }
+      {
+        auto p = pilot.phase("optimizer");
+        g_opt_.step();
+      }
+      if (!fixed_ && ++count_ % every_ == every_ / 2) {
+        auto p = pilot.phase("save");
+        torch::serialize::OutputArchive g, d;
+        generator_->save(g);
+        g_opt_.save(g);
+        discriminator_->save(d);
+        d_opt_.save(d);
+        g.save_to(g_path_);
+        d.save_to(d_path_);
+      }
+    }
+  }
+
+ private:
+  static torch::nn::Sequential make(const Env& env, int64_t width, int64_t layers, int64_t out) {
+    torch::nn::Sequential net;
+    for (int64_t i = 0; i < layers; ++i) {
+      net->push_back(torch::nn::Linear(width, width));
+      net->push_back(torch::nn::ReLU());
+    }
+    net->push_back(torch::nn::Linear(width, out));
+    net->to(env.device, env.dtype);
+    return net;
+  }
+
+  Env env_;
+  bool fixed_;
+  int every_;
+  int64_t batch_, width_;
+  torch::nn::Sequential generator_, discriminator_;
+  torch::optim::Adam g_opt_, d_opt_;
+  torch::Tensor z_, real_;
+  std::string g_path_, d_path_;
+  int64_t count_ = 0;
+};
+
 // --- pairs ------------------------------------------------------------------------------------
 
 struct Pair {
@@ -554,13 +850,20 @@ struct Pair {
 // needs it. checkpoint: the period is known after three stalls and the sync probe probes the next
 // ones (6.5 periods); a timed run holds whole periods (4).
 int advise_steps_for(const Pair& pair, const Args& a) {
-  if (pair.name == "checkpoint") {
+  if (pair.name == "checkpoint" || pair.name == "checkpoint_two_models") {
     return std::max(a.advise_steps, 6 * a.checkpoint_every + a.checkpoint_every / 2);
   }
   return a.advise_steps;
 }
+// Epochs (windows) of the advised run: one for the checkpoint pairs, whose epochs are long.
+int windows_for(const Pair& pair, const Args& a) {
+  if (pair.name == "checkpoint" || pair.name == "checkpoint_two_models") return 1;
+  return a.windows;
+}
 int timed_steps_for(const Pair& pair, const Args& a) {
-  if (pair.name == "checkpoint") return std::max(a.steps, 4 * a.checkpoint_every);
+  if (pair.name == "checkpoint" || pair.name == "checkpoint_two_models") {
+    return std::max(a.steps, 4 * a.checkpoint_every);
+  }
   return a.steps;
 }
 
@@ -652,6 +955,56 @@ std::vector<Pair> all_pairs() {
                    [](const Env& env, const Args& a, bool fixed) -> std::unique_ptr<Workload> {
                      return std::make_unique<Checkpointing>(env, a, fixed);
                    }});
+  pairs.push_back(
+      {"stock_loader_cpu", "data_starvation", "", false,
+       "LibTorch's DataLoader through watch(), workers 0, CPU work per sample",
+       "the same with the workers the advice names (else cores - 2, 2..12)", nullptr,
+       [](const Env& env, const Args& a, bool fixed) -> std::unique_ptr<Workload> {
+         const int64_t features = env.small ? 768 : 3072;
+         const int64_t iterations = iterations_for(env.small ? 50 * a.sample_us : a.sample_us);
+         return std::make_unique<StockLoader<SlowSamples>>(
+             env, [iterations](size_t size, int64_t f) { return SlowSamples(size, f, iterations); },
+             env.small ? 32 : 256, features,
+             fixed ? std::max(2, std::min(torchpilot::affinity_cpu_count() - 2, 12)) : 0);
+       }});
+  pairs.push_back(
+      {"stock_loader_io", "data_starvation", "", false,
+       "LibTorch's DataLoader through watch(), 2 workers, each sample waits --wait-us (I/O)",
+       "the same with the workers the advice names (else 8; more than the cores can help)", nullptr,
+       [](const Env& env, const Args& a, bool fixed) -> std::unique_ptr<Workload> {
+         // Small sizes compute slowly on a CPU: a longer wait keeps the loader the bottleneck.
+         const double wait_us = env.small ? 4 * a.wait_us : a.wait_us;
+         return std::make_unique<StockLoader<WaitingSamples>>(
+             env, [wait_us](size_t size, int64_t f) { return WaitingSamples(size, f, wait_us); },
+             env.small ? 16 : 64, env.small ? 768 : 3072, fixed ? 8 : 2);
+       }});
+  pairs.push_back({"checkpoint_two_models", "periodic_stall", "checkpoint", false,
+                   "a GAN-like pair of MLPs with Adam, both models and both optimizers saved "
+                   "(torch::save) every --checkpoint-every steps",
+                   "no save", nullptr,
+                   [](const Env& env, const Args& a, bool fixed) -> std::unique_ptr<Workload> {
+                     return std::make_unique<TwoModelCheckpoint>(env, a, fixed);
+                   }});
+  pairs.push_back({"sync_per_micro_step", "host_sync", "", true,
+                   "8 micro-steps of small fp32 matmuls, loss.item() after each, a device sync "
+                   "at each step's end",
+                   "no .item() (the loss summed on the device), the step-end sync kept", nullptr,
+                   [](const Env& env, const Args&, bool fixed) -> std::unique_ptr<Workload> {
+                     return std::make_unique<SyncPerMicroStep>(env, fixed);
+                   }});
+  pairs.push_back({"pageable_copy_sync", "pageable_copies", "", true,
+                   "a 138 MB batch from pageable memory each step (blocking .to), a device sync "
+                   "at each step's end",
+                   "the batch pinned, copied non_blocking, the sync kept", nullptr,
+                   [](const Env& env, const Args&, bool fixed) -> std::unique_ptr<Workload> {
+                     return std::make_unique<PageableCopySync>(env, fixed);
+                   }});
+  pairs.push_back({"tuning_overrides_advice", "data_starvation", "", false,
+                   "TunableLoader, 1 worker, CPU work per sample",
+                   "the setting a short autotune run kept (not the advice's)", nullptr,
+                   [](const Env& env, const Args& a, bool fixed) -> std::unique_ptr<Workload> {
+                     return std::make_unique<DataStarvation>(env, a, fixed);
+                   }});
   return pairs;
 }
 
@@ -673,9 +1026,9 @@ torchpilot::Config advise_config(const Args& a) {
   c.gpu.trace_first_step = a.window_first;
   c.gpu.trace_steps = a.window_steps;
   c.report.trace_dir = a.trace_dir;
-  c.gpu.trace_every_epochs = 0;
-  c.gpu.trace_anomaly_factor = 0;  // one window, where the bench puts it
-  c.cost.budget = 1;               // not deferred by the budget: the advice needs the window
+  c.gpu.trace_every_epochs = a.windows > 1 ? 1 : 0;  // a window at the same step of each epoch
+  c.gpu.trace_anomaly_factor = 0;                    // no windows but those
+  c.cost.budget = 1;  // not deferred by the budget: the advice needs the window
   return c;
 }
 
@@ -711,9 +1064,26 @@ struct AdvisedRun {
   double mfu = std::nan("");
   double samples_per_s = std::nan("");  // the epoch's, with torchpilot on
   json steps = json::array();           // per step: [step, data wait, torchpilot's own] in ms
+  // Per window (epoch): the GPU idle's causes as shares of traced time, and the advice's gains.
+  json windows = json::array();
 };
 
-AdvisedRun advised_run(Workload& w, const Env& env, const Args& a, int steps) {
+// The idle partition of an epoch's windows, shares of the traced time; null without a window.
+json idle_shares(const torchpilot::EpochSummary& e) {
+  const auto* g = e.sections.get<torchpilot::GpuEpochStats>();
+  if (g == nullptr || g->traced_steps == 0 || g->stats.traced_ns <= 0) return nullptr;
+  const auto& st = g->stats;
+  const double t = static_cast<double>(st.traced_ns);
+  auto share = [&](torchpilot::Nanos ns) { return std::round(1e4 * ns / t) / 1e4; };
+  return {{"data_wait", share(st.idle_data_wait_ns)},
+          {"host_sync", share(st.idle_host_sync_ns)},
+          {"pageable_copy", share(st.idle_pageable_copy_ns)},
+          {"launch_gap", share(st.idle_launch_gap_ns)},
+          {"other", share(st.idle_other_ns)}};
+}
+
+// `epochs` epochs of `steps` steps, a window in each; the advice is the first epoch's.
+AdvisedRun advised_run(Workload& w, const Env& env, const Args& a, int steps, int epochs) {
   auto sink = std::make_shared<torchpilot::RecordingSink>();
   torchpilot::PilotOptions po;
   po.sinks = {sink};
@@ -726,24 +1096,54 @@ AdvisedRun advised_run(Workload& w, const Env& env, const Args& a, int steps) {
     torchpilot::Pilot pilot(config, po);
     torchpilot::FlopCounter flops(pilot);
     w.begin(pilot);
-    w.steps(pilot, steps);
-    sync(env);
-    pilot.end_epoch();  // before end(): the loader's counters are read at the epoch's end
+    for (int epoch = 0; epoch < epochs; ++epoch) {
+      w.steps(pilot, steps);
+      sync(env);
+      pilot.end_epoch();  // before end(): the loader's counters are read at the epoch's end
+    }
     w.end();
   }
   if (sink->advice.empty() || sink->epochs.empty()) {
     throw std::runtime_error("the advised run produced no epoch summary");
   }
-  r.advice = sink->advice.back();
-  const torchpilot::EpochSummary& e = sink->epochs.back();
+  for (size_t i = 0; i < sink->epochs.size(); ++i) {
+    json gains = json::object();
+    if (i < sink->advice.size()) {
+      for (const auto& x : sink->advice[i]) gains[x.id] = number(x.expected_gain);
+    }
+    r.windows.push_back({{"idle", idle_shares(sink->epochs[i])}, {"advice", gains}});
+  }
+  r.advice = sink->advice.front();
+  const torchpilot::EpochSummary& e = sink->epochs.front();
   if (const auto* g = e.sections.get<torchpilot::GpuEpochStats>()) r.traced_steps = g->traced_steps;
   if (const auto* f = e.sections.get<torchpilot::FlopEpochStats>()) r.mfu = f->mfu;
   r.samples_per_s = e.samples_per_s;
   auto ms = [](torchpilot::Nanos ns) { return std::round(static_cast<double>(ns) / 1e3) / 1e3; };
   for (const auto& st : sink->steps) {
+    if (st.epoch > 0) break;  // the first epoch's
     r.steps.push_back({ms(st.step_ns()), ms(st.data_wait_ns), ms(st.own_ns)});
   }
   return r;
+}
+
+// tuning_overrides_advice: the trainer in mode autotune until the tuner decides (at most 20,000
+// steps); the decision, or none.
+std::optional<torchpilot::TuningDecision> tuning_run(Workload& w, const Env& env, const Args& a) {
+  auto sink = std::make_shared<torchpilot::RecordingSink>();
+  torchpilot::PilotOptions po;
+  po.sinks = {sink};
+  torchpilot::Config config = off_config();
+  config.mode = torchpilot::Mode::kAutotune;
+  config.autotune.warmup_seconds = a.tune_seconds;
+  {
+    torchpilot::Pilot pilot(config, po);
+    w.begin(pilot);
+    for (int done = 0; done < 20000 && sink->decisions.empty(); done += 10) w.steps(pilot, 10);
+    sync(env);
+    w.end();
+  }
+  if (sink->decisions.empty()) return std::nullopt;
+  return sink->decisions.back();
 }
 
 json advice_json(const torchpilot::Advice& x) {
@@ -801,7 +1201,7 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
     row["advise_steps"] = advise_steps;
     row["timed_steps"] = timed_steps;
     if (auto* c = dynamic_cast<Checkpointing*>(bad.get())) row["checkpoint_mb"] = c->megabytes();
-    const AdvisedRun advised = advised_run(*bad, env, a, advise_steps);
+    const AdvisedRun advised = advised_run(*bad, env, a, advise_steps, windows_for(pair, a));
     json others = json::array();
     const torchpilot::Advice* expected = nullptr;
     for (const auto& x : advised.advice) {
@@ -826,6 +1226,41 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
       }
       row["fixed_workers"] = d->workers();
     }
+    auto advised_workers = [&](auto* w) {
+      for (size_t i = 0; w != nullptr && expected != nullptr && i < expected->evidence.size();
+           ++i) {
+        const torchpilot::Evidence& ev = expected->evidence[i];
+        if (ev.name == "workers_advised" && ev.value >= 1)
+          w->set_workers(static_cast<int>(ev.value));
+      }
+      if (w != nullptr) row["fixed_workers"] = w->workers();
+    };
+    advised_workers(dynamic_cast<StockLoader<SlowSamples>*>(fixed.get()));
+    advised_workers(dynamic_cast<StockLoader<WaitingSamples>*>(fixed.get()));
+    if (pair.name == "tuning_overrides_advice") {
+      // The fix is the tuner's: a run in mode autotune until it decides; the advice's count is
+      // its first trial after the baseline where the baseline's figures give one.
+      stage = "the autotune run";
+      auto* d = dynamic_cast<DataStarvation*>(fixed.get());
+      DataStarvation probe(env, a, false);
+      const std::optional<torchpilot::TuningDecision> decision = tuning_run(probe, env, a);
+      if (!decision || d == nullptr) throw std::runtime_error("autotune decided nothing");
+      const auto chosen = [&](const char* knob, int fallback) {
+        const auto it = decision->chosen.find(knob);
+        return it != decision->chosen.end() ? static_cast<int>(it->second) : fallback;
+      };
+      d->set_workers(chosen("loader.workers", d->workers()));
+      d->set_prefetch(chosen("loader.prefetch", d->prefetch()));
+      row["fixed_workers"] = d->workers();
+      row["fixed_prefetch"] = d->prefetch();
+      row["tuner_chosen"] = torchpilot::to_string(decision->chosen);
+      if (decision->trials.size() > 1) {
+        row["tuner_first_trial"] = torchpilot::to_string(decision->trials[1].setting);
+      }
+      // The rule the log, the JSON lines and the HTML report mark answered advice by.
+      row["advice_answered_by_tuning"] =
+          expected != nullptr && !torchpilot::answered_setting(expected->id, &*decision).empty();
+    }
     if (row["advice"].is_null()) {
       std::string fired;
       for (const auto& x : advised.advice) fired += (fired.empty() ? "" : ", ") + x.id;
@@ -836,10 +1271,23 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
     row["mfu_bad"] = number(advised.mfu);
     row["advised_samples_per_s"] = number(advised.samples_per_s);
     row["advised_steps_ms"] = advised.steps;
+    row["windows"] = advised.windows;
+    // The largest spread of one cause's idle share between the windows (percentage points).
+    double spread = 0;
+    for (const char* cause : {"data_wait", "host_sync", "pageable_copy", "launch_gap", "other"}) {
+      double lo = 1, hi = 0;
+      for (const auto& w : advised.windows) {
+        if (!w["idle"].is_object()) continue;
+        lo = std::min(lo, w["idle"][cause].get<double>());
+        hi = std::max(hi, w["idle"][cause].get<double>());
+      }
+      if (hi >= lo) spread = std::max(spread, 100 * (hi - lo));
+    }
+    if (advised.windows.size() > 1) row["idle_share_spread_points"] = number(spread);
 
     if (a.advise_fixed) {
       stage = "the advised run of the fixed form";
-      const AdvisedRun after = advised_run(*fixed, env, a, advise_steps);
+      const AdvisedRun after = advised_run(*fixed, env, a, advise_steps, 1);
       json ids = json::array();
       for (const auto& x : after.advice) {
         ids.push_back({{"id", x.id}, {"expected_gain", number(x.expected_gain)}});
@@ -949,6 +1397,13 @@ int run(int argc, char** argv) {
                   "async_sync_every_n, fixed form: .item() every N optimizer steps");
   bench::int_flag(app, "--checkpoint-every", a.checkpoint_every, 2, 1000000,
                   "checkpoint: steps between saves");
+  bench::number_flag(app, "--wait-us", a.wait_us, 0, 1e7,
+                     "stock_loader_io: the wait per sample (a sleep: I/O), microseconds");
+  bench::number_flag(app, "--tune-seconds", a.tune_seconds, 0, 3600,
+                     "tuning_overrides_advice: the autotune run's autotune.warmup_seconds");
+  bench::int_flag(app, "--windows", a.windows, 1, 100,
+                  "epochs of the advised run, a window in each; the advice is the first's, the "
+                  "others show whether the idle's causes stay put (checkpoint pairs: 1)");
   bench::int_flag(app, "--launch-batch-factor", a.launch_batch_factor, 2, 1024,
                   "launch_bound: the fixed form's batch / the bad form's");
   app.add_option(
@@ -1012,6 +1467,9 @@ int run(int argc, char** argv) {
          {"micro_steps", a.micro_steps},
          {"sync_every", a.sync_every},
          {"launch_batch_factor", a.launch_batch_factor},
+         {"wait_us", a.wait_us},
+         {"tune_seconds", a.tune_seconds},
+         {"windows", a.windows},
          {"budget_s", a.budget_s}}},
        {"rows", json::array()}});
 
