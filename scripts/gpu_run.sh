@@ -2,7 +2,7 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default bench/runs/gpu-out, git-ignored; curated baselines: bench/baselines/).
-#   scripts/gpu_run.sh [all|build|test|gputest|capture|pmprobe|kineto|clocks|example|bench|gpt|gptab|overhead|planted|shortepochs|shortsteps|launchheavy|shortparts|gpureport|kinetocxx|collectives1|collectives2|collectives4|memory|offload|loader2]...
+#   scripts/gpu_run.sh [all|build|test|gputest|capture|pmprobe|kineto|clocks|example|bench|gpt|gptab|overhead|planted|shortepochs|shortsteps|launchheavy|shortparts|gpureport|kinetocxx|kinetofixes|collectives1|collectives2|collectives4|memory|offload|loader2]...
 #   (default: all; collectives2 and loader2 need two GPUs, collectives4 four; collectives1, memory, offload,
 #   loader2, pmprobe and gptab only when named)
 # gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs,
@@ -171,6 +171,13 @@ if want kineto; then
   # (tests/fixtures/kineto, committed from $OUT/kineto).
   log "kineto: profiler traces for torchpilot-analyze"
   python3 scripts/make_kineto_fixtures.py --out "$OUT/kineto" 2>&1 | tee "$OUT/kineto.log" | tail -12
+fi
+
+if named kinetofixes; then
+  # Each fixture's case against its fix, without the profiler: the analyzer's estimates checked.
+  log "kinetofixes: the fixtures' cases against their fixes"
+  python3 scripts/make_kineto_fixtures.py --measure-fixes "$OUT/kineto-fixes-$MACHINE.json" 2>&1 \
+    | tee "$OUT/kineto-fixes.log" | tail -6
 fi
 
 if named kinetocxx; then

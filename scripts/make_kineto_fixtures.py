@@ -17,6 +17,11 @@ bench/planted_pairs.cpp, at smaller sizes: the traces stay small enough to commi
     nccl_allreduce   gradients all-reduced by hand after backward with NCCL, world size 1
 A manifest (manifest.json) records the machine, torch and CUDA versions and each case's step
 time measured without the profiler.
+
+--measure-fixes FILE: no traces; for each case with a fix (host_sync: no loss.item();
+pageable_copies: the batch pinned; data_wait: 8 workers; fp32_matmul: bf16 autocast), the step
+time of the case and of its fix without the profiler, interleaved rounds, medians, to FILE (JSON):
+what the analyzer's estimates on the traces are checked against.
 """
 import argparse
 import gzip
@@ -67,8 +72,8 @@ class SleepyDataset(torch.utils.data.Dataset):
         return torch.randn(3, 32, 32), i % 10
 
 
-def make_case(name):
-    """Returns (step_fn, steps): step_fn(i) runs training step i."""
+def make_case(name, fixed=False):
+    """Returns step_fn: step_fn(i) runs training step i (fixed: the case's fix applied)."""
     torch.manual_seed(0)
     if name in ("healthy", "host_sync", "data_wait"):
         model = ConvNet().to(DEV)
@@ -88,10 +93,10 @@ def make_case(name):
         if name == "host_sync":
             def step(i):
                 cpu_work(2000)  # batch preparation on the host
-                train(x, y, True)
+                train(x, y, not fixed)
             return step
-        loader = torch.utils.data.DataLoader(SleepyDataset(10_000, 0.0005), batch_size=64,
-                                             num_workers=1, prefetch_factor=2)
+        loader = torch.utils.data.DataLoader(SleepyDataset(1_000_000, 0.0005), batch_size=64,
+                                             num_workers=8 if fixed else 1, prefetch_factor=2)
         it = iter(loader)
 
         def step(i):
@@ -102,6 +107,8 @@ def make_case(name):
         model = ConvNet(32).to(DEV)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         host = torch.randn(256, 3, 64, 64)  # pageable
+        if fixed:
+            host = host.pin_memory()
         y = torch.randint(0, 10, (256,), device=DEV)
 
         def step(i):
@@ -132,7 +139,9 @@ def make_case(name):
 
         def step(i):
             opt.zero_grad(set_to_none=True)
-            model(x).float().pow(2).mean().backward()
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=fixed):
+                y = model(x)
+            y.float().pow(2).mean().backward()
             opt.step()
         return step
     if name == "nccl_allreduce":
@@ -170,12 +179,38 @@ def step_time_ms(step, n=20):
     return (time.perf_counter() - t) * 1e3 / n
 
 
+FIXES = ["host_sync", "pageable_copies", "data_wait", "fp32_matmul"]
+
+
+def measure_fixes(path, rounds=5, n=100):
+    out = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0),
+           "date": time.strftime("%Y-%m-%d"), "rounds": rounds, "steps": n, "cases": {}}
+    for name in FIXES:
+        steps = {False: make_case(name, False), True: make_case(name, True)}
+        times = {False: [], True: []}
+        for r in range(rounds):
+            for fixed in ((False, True) if r % 2 == 0 else (True, False)):
+                times[fixed].append(step_time_ms(steps[fixed], n))
+        bad, fix = sorted(times[False])[rounds // 2], sorted(times[True])[rounds // 2]
+        out["cases"][name] = {"step_ms": round(bad, 4), "fixed_step_ms": round(fix, 4),
+                              "measured_gain": round(bad / fix - 1, 4),
+                              "runs_ms": [times[False], times[True]]}
+        print(f"{name}: {bad:.3f} ms -> {fix:.3f} ms fixed, measured {bad / fix - 1:+.1%}",
+              flush=True)
+    with open(path, "w") as f:
+        json.dump(out, f, indent=2)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="tests/fixtures/kineto")
     ap.add_argument("--cases", nargs="*", default=CASES)
     ap.add_argument("--active", type=int, default=5, help="profiled steps per trace")
+    ap.add_argument("--measure-fixes", metavar="FILE", help="measure each case against its fix")
     args = ap.parse_args()
+    if args.measure_fixes:
+        measure_fixes(args.measure_fixes)
+        return
     os.makedirs(args.out, exist_ok=True)
     manifest = {"torch": torch.__version__, "cuda": torch.version.cuda,
                 "device": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d"),
