@@ -143,9 +143,11 @@ std::optional<LaunchBoundGain> launch_bound_gain(const EpochSummary& s);
 struct StarvationGain {
   double step_s = 0;       // compute + the mean data wait per step
   double compute_s = 0;    // median of (step - data wait), else the mean
-  double batch_cpu_s = 0;  // CPU time to produce one batch
+  double batch_s = 0;      // one worker's time to produce one batch
+  double batch_cpu_s = 0;  // CPU time to produce one batch (at most batch_s)
   int usable_workers = 0;  // cores - 1 (at least 1)
-  double delivery_s = 0;   // batch_cpu / usable: the fastest the cores deliver a batch
+  int workers = 0;         // the count the advice names (loader_model.h), at least the current
+  double delivery_s = 0;   // max(batch_cpu / usable, batch / workers): a batch every delivery_s
   double new_step_s = 0;   // max(compute, delivery)
   double gain = 0;
 };

@@ -165,12 +165,15 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
     if (const auto m = gains::starvation_gain(s)) {
       a.expected_gain = m->gain;
       a.evidence.push_back({"usable_workers", static_cast<double>(m->usable_workers), "threads"});
+      a.evidence.push_back({"workers_estimated_for", static_cast<double>(m->workers), "threads"});
       a.evidence.push_back({"fastest_delivery_per_batch", m->delivery_s * 1e3, "ms"});
       a.evidence.push_back({"predicted_step_time", m->new_step_s * 1e3, "ms"});
-      a.action += "; estimated: with " + std::to_string(m->usable_workers) +
-                  (m->usable_workers == 1 ? " core" : " cores") +
-                  " producing, a batch is ready every " + num(m->delivery_s * 1e3, "%.2f") +
-                  " ms at best, so a " + num(m->step_s * 1e3, "%.2f") +
+      a.action += "; estimated: with " + std::to_string(m->workers) +
+                  (m->workers == 1 ? " worker" : " workers") + " on at most " +
+                  std::to_string(m->usable_workers) +
+                  (m->usable_workers == 1 ? " core" : " cores") + ", a batch is ready every " +
+                  num(m->delivery_s * 1e3, "%.2f") + " ms at best, so a " +
+                  num(m->step_s * 1e3, "%.2f") +
                   " ms step (the median step's own work plus the mean wait) becomes " +
                   num(m->new_step_s * 1e3, "%.2f") + " ms";
       a.evidence.push_back({"steady_step_time", m->step_s * 1e3, "ms"});

@@ -49,8 +49,12 @@ void StockLoaderMeter::fill(LoaderStats& s, int workers, int64_t batches, Nanos 
   if (process < 0 || training < 0 || start_process_ns_ < 0 || start_training_ns_ < 0) return;
   s.produce_count = batches;
   s.produce_ns = static_cast<Nanos>(workers) * std::max<Nanos>(0, now_ns - start_ns_);
+  // A batch is made by one worker thread, whose CPU time cannot exceed its wall time: the other
+  // threads counted in (intra-op threads spinning, the CUDA driver's, torchpilot's) are cut off
+  // there (on an H200 they made sleeping workers read as 330% CPU-bound).
   s.produce_cpu_ns =
-      std::max<Nanos>(0, (process - start_process_ns_) - (training - start_training_ns_));
+      std::min(s.produce_ns,
+               std::max<Nanos>(0, (process - start_process_ns_) - (training - start_training_ns_)));
   s.production_estimated = true;
 }
 

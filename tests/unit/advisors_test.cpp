@@ -9,6 +9,7 @@
 #include <string>
 
 #include "advice_test_util.h"
+#include "torchpilot/advisors/core/gain_models.h"
 #include "torchpilot/runtime/core/metrics.h"
 
 namespace torchpilot {
@@ -153,7 +154,38 @@ TEST(DataStarvationTest, CauseWorkersZeroAndCpuBound) {
   EXPECT_EQ(*evidence(*a, "usable_workers"), 7.0);
   EXPECT_NEAR(*evidence(*a, "fastest_delivery_per_batch"), 400.0 / 7, 1e-9);
   EXPECT_NEAR(a->expected_gain, 100.0 / (400.0 / 7) - 1, 1e-9);
-  EXPECT_TRUE(contains(a->action, "estimated: with 7 cores producing")) << a->action;
+  EXPECT_TRUE(contains(a->action, "estimated: with 8 workers on at most 7 cores")) << a->action;
+}
+
+TEST(DataStarvationTest, GainIsForTheWorkersTheAdviceNames) {
+  // Two workers that mostly wait (I/O): 200 ms a batch each, 10% of it on the CPU; the step
+  // computes 40 ms and waits 60. Five workers are needed (200 / 40); the cores could deliver a
+  // batch every 20 / 7 ms, but five workers deliver one every 40 ms: the step becomes 40 ms.
+  const std::optional<Advice> a =
+      advise_data_starvation(starved_with(make_loader(2, 200.0, 8, 100, 0.1)), kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(*evidence(*a, "workers_advised"), 5.0);
+  EXPECT_EQ(*evidence(*a, "workers_estimated_for"), 5.0);
+  EXPECT_NEAR(*evidence(*a, "fastest_delivery_per_batch"), 40.0, 1e-9);
+  EXPECT_NEAR(a->expected_gain, 100.0 / 40 - 1, 1e-9);
+  // Ten needed on eight CPUs while CPU-bound: eight advised, and seven cores bound the delivery.
+  const std::optional<Advice> b =
+      advise_data_starvation(starved_with(make_loader(2, 400.0, 8, 100, 1.0)), kConfig);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(*evidence(*b, "workers_estimated_for"), 8.0);
+  EXPECT_NEAR(*evidence(*b, "fastest_delivery_per_batch"), 400.0 / 7, 1e-9);
+}
+
+TEST(DataStarvationTest, ABatchsCpuTimeIsAtMostItsWallTime) {
+  // A stock loader's CPU time is the process's less the training thread's: other threads (intra-op
+  // spinning, the driver's) can make it more than the workers' wall time. A batch is one
+  // thread's work: 3.3x its wall time is read as its wall time, no more.
+  LoaderStats l = make_loader(2, 40.0, 16, 100, 3.3);
+  l.tunable = false;
+  l.production_estimated = true;
+  const auto g = gains::starvation_gain(starved_with(l));
+  ASSERT_TRUE(g);
+  EXPECT_NEAR(g->batch_cpu_s, g->batch_s, 1e-12);
 }
 
 TEST(DataStarvationTest, GainFromTheMedianComputeAndTheMeanWait) {
