@@ -108,14 +108,17 @@ struct Args {
   int window_steps = 10;
   bool advise_fixed = true;
   double budget_s = 1200;
-  double sample_us = 20;       // data_starvation: CPU work per sample
-  double host_us = 3000;       // host_sync: host work per step (async_sync_every_n: / micro-steps)
-  int micro_steps = 4;         // async_sync_every_n
-  int sync_every = 8;          // async_sync_every_n, fixed form: .item() every N optimizer steps
-  int checkpoint_every = 150;  // checkpoint: steps between saves (longer than a save takes)
-  double wait_us = 400;        // stock_loader_io: the wait per sample
-  double tune_seconds = 10;    // tuning_overrides_advice: autotune.warmup_seconds
-  int windows = 3;             // epochs of the advised run, a window in each (checkpoint pairs: 1)
+  double sample_us = 20;        // data_starvation: CPU work per sample
+  double host_us = 3000;        // host_sync: host work per step (async_sync_every_n: / micro-steps)
+  int micro_steps = 4;          // async_sync_every_n
+  int sync_every = 8;           // async_sync_every_n, fixed form: .item() every N optimizer steps
+  int checkpoint_every = 150;   // checkpoint: steps between saves (longer than a save takes)
+  double wait_us = 400;         // stock_loader_io: the wait per sample
+  double tune_seconds = 10;     // tuning_overrides_advice: autotune.warmup_seconds
+  int windows = 3;              // epochs of the advised run, a window in each (checkpoint pairs: 1)
+  std::string set = "planted";  // or "second-opinion" (bench/second_opinion.h)
+  double decode_us = 2000;      // second-opinion custom_dataset: CPU work per image (decoding)
+  bool default_run = false;     // also an advised run under the default configuration
   // launch_bound: the fixed form's batch factor, the one the advice's estimate is for.
   int launch_batch_factor = static_cast<int>(torchpilot::kLaunchBoundBatchFactor);
   std::vector<std::string> pairs;  // empty: all
@@ -849,21 +852,20 @@ struct Pair {
 // Steps of the advised run and of each timed run: --advise-steps and --steps, more where a pair
 // needs it. checkpoint: the period is known after three stalls and the sync probe probes the next
 // ones (6.5 periods); a timed run holds whole periods (4).
+// The period of a pair that saves checkpoints, in steps (0: none).
+int period_of(const Pair& pair, const Args& a) {
+  if (pair.name == "checkpoint" || pair.name == "checkpoint_two_models") return a.checkpoint_every;
+  if (pair.name == "dcgan") return 200;  // the example's kCheckpointEvery
+  return 0;
+}
 int advise_steps_for(const Pair& pair, const Args& a) {
-  if (pair.name == "checkpoint" || pair.name == "checkpoint_two_models") {
-    return std::max(a.advise_steps, 6 * a.checkpoint_every + a.checkpoint_every / 2);
-  }
+  if (const int p = period_of(pair, a)) return std::max(a.advise_steps, 6 * p + p / 2);
   return a.advise_steps;
 }
 // Epochs (windows) of the advised run: one for the checkpoint pairs, whose epochs are long.
-int windows_for(const Pair& pair, const Args& a) {
-  if (pair.name == "checkpoint" || pair.name == "checkpoint_two_models") return 1;
-  return a.windows;
-}
+int windows_for(const Pair& pair, const Args& a) { return period_of(pair, a) > 0 ? 1 : a.windows; }
 int timed_steps_for(const Pair& pair, const Args& a) {
-  if (pair.name == "checkpoint" || pair.name == "checkpoint_two_models") {
-    return std::max(a.steps, 4 * a.checkpoint_every);
-  }
+  if (const int p = period_of(pair, a)) return std::max(a.steps, 4 * p);
   return a.steps;
 }
 
@@ -1008,6 +1010,8 @@ std::vector<Pair> all_pairs() {
   return pairs;
 }
 
+#include "second_opinion.h"
+
 // --- running ----------------------------------------------------------------------------------
 
 json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
@@ -1126,6 +1130,45 @@ AdvisedRun advised_run(Workload& w, const Env& env, const Args& a, int steps, in
   return r;
 }
 
+// --default-run: the bad form under the default configuration (mode advise, the cost budget
+// deciding when a window opens), epochs of `steps` steps until 10 s have passed (at most 20): per
+// epoch the traced steps and the advice with its gains.
+json default_run(Workload& w, const Env& env, int steps) {
+  auto sink = std::make_shared<torchpilot::RecordingSink>();
+  torchpilot::PilotOptions po;
+  po.sinks = {sink};
+  torchpilot::Config config;
+  config.mode = torchpilot::Mode::kAdvise;
+  const auto t0 = Clock::now();
+  {
+    torchpilot::Pilot pilot(config, po);
+    torchpilot::FlopCounter flops(pilot);
+    w.begin(pilot);
+    for (int epoch = 0; epoch < 20 && bench::seconds_since(t0) < 10; ++epoch) {
+      w.steps(pilot, steps);
+      sync(env);
+      pilot.end_epoch();
+    }
+    w.end();
+  }
+  json epochs = json::array();
+  for (size_t i = 0; i < sink->epochs.size(); ++i) {
+    const auto* g = sink->epochs[i].sections.get<torchpilot::GpuEpochStats>();
+    json advice = json::object();
+    if (i < sink->advice.size()) {
+      for (const auto& x : sink->advice[i]) {
+        advice[x.id] = {{"severity", torchpilot::to_string(x.severity)},
+                        {"expected_gain", number(x.expected_gain)}};
+      }
+    }
+    epochs.push_back({{"steps", sink->epochs[i].steps},
+                      {"seconds", sink->epochs[i].wall_ns / 1e9},
+                      {"traced_steps", g != nullptr ? g->traced_steps : 0},
+                      {"advice", advice}});
+  }
+  return epochs;
+}
+
 // tuning_overrides_advice: the trainer in mode autotune until the tuner decides (at most 20,000
 // steps); the decision, or none.
 std::optional<torchpilot::TuningDecision> tuning_run(Workload& w, const Env& env, const Args& a) {
@@ -1202,6 +1245,10 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
     row["timed_steps"] = timed_steps;
     if (auto* c = dynamic_cast<Checkpointing*>(bad.get())) row["checkpoint_mb"] = c->megabytes();
     const AdvisedRun advised = advised_run(*bad, env, a, advise_steps, windows_for(pair, a));
+    if (a.default_run) {
+      stage = "the default-config run of the bad form";
+      row["default_config_epochs"] = default_run(*bad, env, std::max(advise_steps, 100));
+    }
     json others = json::array();
     const torchpilot::Advice* expected = nullptr;
     for (const auto& x : advised.advice) {
@@ -1237,6 +1284,7 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
     };
     advised_workers(dynamic_cast<StockLoader<SlowSamples>*>(fixed.get()));
     advised_workers(dynamic_cast<StockLoader<WaitingSamples>*>(fixed.get()));
+    advised_workers(dynamic_cast<second_opinion::Workers*>(fixed.get()));
     if (pair.name == "tuning_overrides_advice") {
       // The fix is the tuner's: a run in mode autotune until it decides; the advice's count is
       // its first trial after the baseline where the baseline's figures give one.
@@ -1351,9 +1399,9 @@ void write(const std::string& path, const json& j) {
 
 int run(int argc, char** argv) {
   Args a;
-  std::vector<Pair> pairs = all_pairs();
   std::vector<std::string> names;
-  for (const auto& p : pairs) names.push_back(p.name);
+  for (const auto& p : all_pairs()) names.push_back(p.name);
+  for (const auto& p : second_opinion::pairs()) names.push_back(p.name);
 
   CLI::App app(
       "planted_pairs: planted bottleneck pairs (bad form, fixed form); for each, the advice "
@@ -1401,6 +1449,15 @@ int run(int argc, char** argv) {
                      "stock_loader_io: the wait per sample (a sleep: I/O), microseconds");
   bench::number_flag(app, "--tune-seconds", a.tune_seconds, 0, 3600,
                      "tuning_overrides_advice: the autotune run's autotune.warmup_seconds");
+  app.add_option("--set", a.set,
+                 "planted: the planted pairs; second-opinion: trainers modelled on public C++ "
+                 "LibTorch code, each with its own fix (bench/second_opinion.h)")
+      ->check(CLI::IsMember({"planted", "second-opinion"}));
+  bench::number_flag(app, "--decode-us", a.decode_us, 0, 1e7,
+                     "second-opinion custom_dataset: CPU work per image standing in for decoding");
+  app.add_flag("--default-run", a.default_run,
+               "also an advised run of the bad form under the default configuration (windows "
+               "as the cost budget allows): its advice and whether a window opened");
   bench::int_flag(app, "--windows", a.windows, 1, 100,
                   "epochs of the advised run, a window in each; the advice is the first's, the "
                   "others show whether the idle's causes stay put (checkpoint pairs: 1)");
@@ -1470,9 +1527,12 @@ int run(int argc, char** argv) {
          {"wait_us", a.wait_us},
          {"tune_seconds", a.tune_seconds},
          {"windows", a.windows},
+         {"set", a.set},
+         {"decode_us", a.decode_us},
          {"budget_s", a.budget_s}}},
        {"rows", json::array()}});
 
+  const std::vector<Pair> pairs = a.set == "second-opinion" ? second_opinion::pairs() : all_pairs();
   const auto started = Clock::now();
   int named = 0, within = 0, measured_rows = 0;
   for (const Pair& pair : pairs) {

@@ -2,7 +2,7 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default bench/runs/gpu-out, git-ignored; curated baselines: bench/baselines/).
-#   scripts/gpu_run.sh [all|build|test|gputest|capture|pmprobe|kineto|clocks|example|bench|gpt|gptab|overhead|planted|shortepochs|shortsteps|launchheavy|shortparts|gpureport|kinetocxx|kinetofixes|collectives1|collectives2|collectives4|memory|offload|loader2]...
+#   scripts/gpu_run.sh [all|build|test|gputest|capture|pmprobe|kineto|clocks|example|bench|gpt|gptab|overhead|planted|shortepochs|shortsteps|launchheavy|shortparts|gpureport|kinetocxx|kinetofixes|secondopinion|collectives1|collectives2|collectives4|memory|offload|loader2]...
 #   (default: all; collectives2 and loader2 need two GPUs, collectives4 four; collectives1, memory, offload,
 #   loader2, pmprobe and gptab only when named)
 # gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs,
@@ -315,6 +315,12 @@ if want overhead; then
   # OVERHEAD_ARGS: e.g. "--batch 32 --rounds 3"; OVERHEAD_TAG names the run's files.
   tag=${OVERHEAD_TAG:+-$OVERHEAD_TAG}
   bench_run gpt_overhead "gpt-overhead$tag" "overhead$tag" ${OVERHEAD_ARGS:-} | tail -25
+fi
+
+if named secondopinion; then
+  log "bench: the second-opinion set (trainers modelled on public C++ LibTorch code, own fixes)"
+  bench_run planted_pairs second-opinion second-opinion --set second-opinion --default-run \
+    --budget-s 480 ${SO_ARGS:-} | grep -E "^(==|   |planted_pairs)" | tail -30
 fi
 
 if want planted; then
