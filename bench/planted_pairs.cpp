@@ -119,6 +119,7 @@ struct Args {
   std::string set = "planted";  // or "second-opinion" (bench/second_opinion.h)
   double decode_us = 2000;      // second-opinion custom_dataset: CPU work per image (decoding)
   bool default_run = false;     // also an advised run under the default configuration
+  int periodic_rounds = 5;      // A/B rounds of the pairs with a checkpoint period
   // launch_bound: the fixed form's batch factor, the one the advice's estimate is for.
   int launch_batch_factor = static_cast<int>(torchpilot::kLaunchBoundBatchFactor);
   std::vector<std::string> pairs;  // empty: all
@@ -167,6 +168,28 @@ void calibrate_cpu_work() {
 int64_t iterations_for(double us) {
   return std::max<int64_t>(1, static_cast<int64_t>(us * g_iterations_per_us));
 }
+
+// What data_starvation tells a stock loader's user (evidence intra_op_threads): one intra-op
+// thread in each worker, set once from the worker (Dataset::get) off the training thread.
+const std::thread::id g_training_thread = std::this_thread::get_id();
+void one_intra_op_thread_in_workers() {
+  thread_local bool done = false;
+  if (done || std::this_thread::get_id() == g_training_thread) return;
+  torch::set_num_threads(1);
+  done = true;
+}
+// torch::set_num_threads also sets the count threads started later take: a fixed form that set it
+// puts the training thread's count back at its end, so the next runs' workers start as before.
+class IntraOpThreads {
+ public:
+  void begin() { saved_ = torch::get_num_threads(); }
+  void end() {
+    if (saved_ > 0) torch::set_num_threads(saved_);
+  }
+
+ private:
+  int saved_ = 0;
+};
 
 // --- workloads --------------------------------------------------------------------------------
 
@@ -224,7 +247,9 @@ class SlowSamples : public torch::data::datasets::Dataset<SlowSamples> {
  public:
   SlowSamples(size_t size, int64_t features, int64_t iterations)
       : size_(size), features_(features), iterations_(iterations) {}
+  void set_one_thread(bool on) { one_thread_ = on; }
   torch::data::Example<> get(size_t index) override {
+    if (one_thread_) one_intra_op_thread_in_workers();
     const float v = cpu_work(iterations_, static_cast<float>(index % 97));
     torch::Tensor data = torch::full({features_}, v * 1e-3f);
     return {data, torch::tensor(static_cast<int64_t>(index % 10))};
@@ -235,6 +260,7 @@ class SlowSamples : public torch::data::datasets::Dataset<SlowSamples> {
   size_t size_;
   int64_t features_;
   int64_t iterations_;
+  bool one_thread_ = false;
 };
 
 class DataStarvation : public Workload {
@@ -667,7 +693,9 @@ class WaitingSamples : public torch::data::datasets::Dataset<WaitingSamples> {
  public:
   WaitingSamples(size_t size, int64_t features, double wait_us)
       : size_(size), features_(features), wait_us_(wait_us) {}
+  void set_one_thread(bool on) { one_thread_ = on; }
   torch::data::Example<> get(size_t index) override {
+    if (one_thread_) one_intra_op_thread_in_workers();
     std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(wait_us_));
     return {torch::full({features_}, static_cast<float>(index % 97) * 1e-3f),
             torch::tensor(static_cast<int64_t>(index % 10))};
@@ -678,6 +706,7 @@ class WaitingSamples : public torch::data::datasets::Dataset<WaitingSamples> {
   size_t size_;
   int64_t features_;
   double wait_us_;
+  bool one_thread_ = false;
 };
 
 // stock_loader_cpu, stock_loader_io: LibTorch's own DataLoader, measured through watch() (no
@@ -700,11 +729,15 @@ class StockLoader : public Workload {
   int64_t samples_per_step() const override { return batch_; }
   int workers() const { return workers_; }
   void set_workers(int n) { workers_ = std::max(1, n); }
+  void set_one_thread(bool on) { one_thread_ = on; }
   void begin(torchpilot::Pilot& pilot) override {
+    threads_.begin();
     // Far more samples than a run takes; a sequential sampler allocates no index list.
     const auto size = static_cast<size_t>(batch_) * 1000000;
+    Samples samples = samples_(size, features_);
+    samples.set_one_thread(one_thread_);
     loader_ = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(
-        samples_(size, features_).map(torch::data::transforms::Stack<>()),
+        std::move(samples).map(torch::data::transforms::Stack<>()),
         torch::data::DataLoaderOptions()
             .batch_size(static_cast<size_t>(batch_))
             .workers(static_cast<size_t>(workers_)));
@@ -726,10 +759,13 @@ class StockLoader : public Workload {
     it_.reset();  // the loop left: the pass (and the Pilot's epoch) ends
     watched_.reset();
     loader_.reset();  // joins the workers before the run's Pilot goes
+    threads_.end();
   }
 
  private:
   Env env_;
+  bool one_thread_ = false;
+  IntraOpThreads threads_;
   std::function<Samples(size_t, int64_t)> samples_;
   int64_t batch_, features_;
   Mlp mlp_;
@@ -1285,6 +1321,19 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
     advised_workers(dynamic_cast<StockLoader<SlowSamples>*>(fixed.get()));
     advised_workers(dynamic_cast<StockLoader<WaitingSamples>*>(fixed.get()));
     advised_workers(dynamic_cast<second_opinion::Workers*>(fixed.get()));
+    // The advice's one intra-op thread per stock worker, where it says so.
+    const bool one_thread =
+        expected != nullptr &&
+        std::any_of(expected->evidence.begin(), expected->evidence.end(),
+                    [](const torchpilot::Evidence& ev) { return ev.name == "intra_op_threads"; });
+    auto set_one_thread = [&](auto* w) {
+      if (w == nullptr) return;
+      w->set_one_thread(one_thread);
+      row["fixed_one_intra_op_thread_per_worker"] = one_thread;
+    };
+    set_one_thread(dynamic_cast<StockLoader<SlowSamples>*>(fixed.get()));
+    set_one_thread(dynamic_cast<StockLoader<WaitingSamples>*>(fixed.get()));
+    set_one_thread(dynamic_cast<second_opinion::Workers*>(fixed.get()));
     if (pair.name == "tuning_overrides_advice") {
       // The fix is the tuner's: a run in mode autotune until it decides; the advice's count is
       // its first trial after the baseline where the baseline's figures give one.
@@ -1349,7 +1398,8 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
     stage = "the A/B runs";
     std::vector<double> bad_sps, fixed_sps;
     std::vector<int64_t> bad_steps, fixed_steps;
-    for (int round = 0; round < a.rounds; ++round) {
+    const int rounds = period_of(pair, a) > 0 ? std::max(a.rounds, a.periodic_rounds) : a.rounds;
+    for (int round = 0; round < rounds; ++round) {
       if (round > 0 && elapsed() > a.budget_s) {
         row["note_rounds"] = "time budget: stopped after " + std::to_string(round) + " rounds";
         break;
@@ -1375,6 +1425,24 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
     row["measured_gain"] = number(measured);
     if (row["estimated_gain"].is_number() && std::isfinite(measured) && measured > 0) {
       row["ratio"] = number(row["estimated_gain"].get<double>() / measured);
+    }
+    // Under the default configuration: the epochs that named the expected advice, the median of
+    // their estimates against the same measured fix.
+    if (row.contains("default_config_epochs")) {
+      std::vector<double> gains;
+      int epochs = 0;
+      for (const auto& e : row["default_config_epochs"]) {
+        ++epochs;
+        if (e["advice"].contains(pair.advice) &&
+            e["advice"][pair.advice]["expected_gain"].is_number())
+          gains.push_back(e["advice"][pair.advice]["expected_gain"].get<double>());
+      }
+      row["default_named_epochs"] = json::array({static_cast<int>(gains.size()), epochs});
+      if (!gains.empty()) {
+        const double g = median(gains);
+        row["default_estimated_gain"] = number(g);
+        if (std::isfinite(measured) && measured > 0) row["default_ratio"] = number(g / measured);
+      }
     }
   } catch (const std::exception& e) {
     row["error"] = stage + ": " + e.what();
@@ -1458,6 +1526,9 @@ int run(int argc, char** argv) {
   app.add_flag("--default-run", a.default_run,
                "also an advised run of the bad form under the default configuration (windows "
                "as the cost budget allows): its advice and whether a window opened");
+  bench::int_flag(app, "--periodic-rounds", a.periodic_rounds, 1, 1000,
+                  "A/B rounds of the pairs that save checkpoints (their gains are a few percent: "
+                  "more rounds narrow the median)");
   bench::int_flag(app, "--windows", a.windows, 1, 100,
                   "epochs of the advised run, a window in each; the advice is the first's, the "
                   "others show whether the idle's causes stay put (checkpoint pairs: 1)");
@@ -1566,6 +1637,15 @@ int run(int argc, char** argv) {
           row["fixed_samples_per_s"].is_number() ? row["fixed_samples_per_s"].get<double>() : 0.0,
           has_ratio ? (", ratio " + std::to_string(row["ratio"].get<double>())).c_str() : "",
           row.contains("note") ? ("; " + row["note"].get<std::string>()).c_str() : "");
+      if (row.contains("default_named_epochs")) {
+        std::printf("   default config: named in %d of %d epochs, estimated %s%s\n",
+                    row["default_named_epochs"][0].get<int>(),
+                    row["default_named_epochs"][1].get<int>(),
+                    fmt(row.value("default_estimated_gain", json())).c_str(),
+                    row["default_ratio"].is_number()
+                        ? (", ratio " + std::to_string(row["default_ratio"].get<double>())).c_str()
+                        : "");
+      }
     }
     std::fflush(stdout);
     result["rows"].push_back(row);

@@ -79,7 +79,9 @@ class Images : public torch::data::datasets::Dataset<Images> {
     all.insert(all.end(), shape.begin(), shape.end());
     pool_ = torch::randint(0, 256, all, torch::kUInt8);
   }
+  void set_one_thread(bool on) { one_thread_ = on; }
   torch::data::Example<> get(size_t index) override {
+    if (one_thread_) one_intra_op_thread_in_workers();
     if (decode_ > 0) sink_ = cpu_work(decode_, static_cast<float>(index % 7));
     const int64_t i = static_cast<int64_t>(index % static_cast<size_t>(pool_.size(0)));
     return {pool_[i].to(torch::kFloat).div_(255), torch::tensor(static_cast<int64_t>(index % 10))};
@@ -91,6 +93,7 @@ class Images : public torch::data::datasets::Dataset<Images> {
   int64_t decode_;
   torch::Tensor pool_;
   float sink_ = 0;
+  bool one_thread_ = false;
 };
 
 using Normalized = torch::data::datasets::MapDataset<
@@ -103,11 +106,22 @@ using Stacked = torch::data::datasets::MapDataset<Images, torch::data::transform
 class Workers {
  public:
   explicit Workers(int n) : n_(n) {}
+  virtual ~Workers() = default;
   int workers() const { return n_; }
   void set_workers(int n) { n_ = std::max(1, n); }
+  void set_one_thread(bool on) { one_thread_ = on; }
 
  protected:
+  // The examples' Images with the advice's one intra-op thread per worker where it applies.
+  Images images(size_t size, std::vector<int64_t> shape, int64_t distinct, double decode_us) {
+    threads_.begin();
+    Images i(size, std::move(shape), distinct, decode_us);
+    i.set_one_thread(one_thread_);
+    return i;
+  }
   int n_;
+  bool one_thread_ = false;
+  IntraOpThreads threads_;
 };
 
 // --- mnist ------------------------------------------------------------------------------------
@@ -147,7 +161,7 @@ class Mnist : public Workload, public Workers {
   }
   int64_t samples_per_step() const override { return kBatch; }
   void begin(torchpilot::Pilot& pilot) override {
-    feed_.begin(Images(kBatch * 1000000, {1, 28, 28}, 10000, 0)
+    feed_.begin(images(kBatch * 1000000, {1, 28, 28}, 10000, 0)
                     .map(torch::data::transforms::Normalize<>(0.1307, 0.3081))
                     .map(torch::data::transforms::Stack<>()),
                 kBatch, n_, pilot);
@@ -165,7 +179,10 @@ class Mnist : public Workload, public Workers {
       if (index_++ % 10 == 0) sink_ += loss.item<float>();  // the example's log line
     }
   }
-  void end() override { feed_.end(); }
+  void end() override {
+    feed_.end();
+    threads_.end();
+  }
 
  private:
   static constexpr int64_t kBatch = 64;
@@ -308,7 +325,7 @@ class CustomDataset : public Workload, public Workers {
   }
   int64_t samples_per_step() const override { return kBatch; }
   void begin(torchpilot::Pilot& pilot) override {
-    feed_.begin(Images(kBatch * 1000000, {3, 224, 224}, 64, decode_us_)
+    feed_.begin(images(kBatch * 1000000, {3, 224, 224}, 64, decode_us_)
                     .map(torch::data::transforms::Stack<>()),
                 kBatch, n_, pilot);
   }
@@ -328,7 +345,10 @@ class CustomDataset : public Workload, public Workers {
       sink_ += loss.item<float>() + acc.item<float>();
     }
   }
-  void end() override { feed_.end(); }
+  void end() override {
+    feed_.end();
+    threads_.end();
+  }
 
  private:
   static constexpr int64_t kBatch = 8;
@@ -425,7 +445,7 @@ class ResnetCifar : public Workload, public Workers {
   }
   int64_t samples_per_step() const override { return kBatch; }
   void begin(torchpilot::Pilot& pilot) override {
-    feed_.begin(Images(50000, {3, 32, 32}, 10000, 0)
+    feed_.begin(images(50000, {3, 32, 32}, 10000, 0)
                     .map(PadFlipCrop())
                     .map(torch::data::transforms::Stack<>()),
                 kBatch, n_, pilot);
@@ -445,7 +465,10 @@ class ResnetCifar : public Workload, public Workers {
       opt_->step();
     }
   }
-  void end() override { feed_.end(); }
+  void end() override {
+    feed_.end();
+    threads_.end();
+  }
 
  private:
   static constexpr int64_t kBatch = 100;
@@ -509,7 +532,7 @@ class Feedforward : public Workload, public Workers {
   }
   int64_t samples_per_step() const override { return kBatch; }
   void begin(torchpilot::Pilot& pilot) override {
-    feed_.begin(Images(60000, {1, 28, 28}, 10000, 0)
+    feed_.begin(images(60000, {1, 28, 28}, 10000, 0)
                     .map(torch::data::transforms::Normalize<>(0.1307, 0.3081))
                     .map(torch::data::transforms::Stack<>()),
                 kBatch, n_, pilot);
@@ -529,7 +552,10 @@ class Feedforward : public Workload, public Workers {
       opt_->step();
     }
   }
-  void end() override { feed_.end(); }
+  void end() override {
+    feed_.end();
+    threads_.end();
+  }
 
  private:
   static constexpr int64_t kBatch = 100;

@@ -17,6 +17,7 @@
 // Failure behaviour: exceptions from the loader pass through unchanged; ending a pass never throws.
 #pragma once
 
+#include <ATen/Parallel.h>
 #include <torch/data/iterator.h>
 
 #include <atomic>
@@ -44,6 +45,7 @@ class WatchedLoader final : public LoaderProbe {
     LoaderStats s;
     read_options(loader_, s, 0);
     inline_workers_ = s.settings_known && s.settings.workers == 0;
+    intra_op_threads_ = at::get_num_threads();
     attach_loader(pilot, this, {});
   }
   ~WatchedLoader() override {
@@ -118,6 +120,7 @@ class WatchedLoader final : public LoaderProbe {
     // Read once, as TunableLoader's count: the CPUs in the process's affinity mask.
     static const int cpus = affinity_cpu_count();
     s.max_workers = cpus;
+    s.intra_op_threads = intra_op_threads_;
     read_options(loader_, s, 0);
     s.batches = batches_.load(std::memory_order_relaxed);
     s.blocked_count = s.batches;
@@ -191,6 +194,7 @@ class WatchedLoader final : public LoaderProbe {
   StockLoaderMeter meter_;
   bool inline_workers_ = false;  // workers 0: batches are produced inside the fetch
   std::optional<Inner> resume_;  // where a loop left early stopped
+  int intra_op_threads_ = 0;     // at::get_num_threads() on the training thread, at watch()
   int64_t passes_ = 0;           // begin() calls so far
   bool pass_open_ = false;       // the latest pass has neither run out nor been left
   std::atomic<int64_t> batches_{0};

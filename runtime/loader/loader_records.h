@@ -42,6 +42,9 @@ struct LoaderStats {
   int64_t batch_size = -1;
   int64_t max_jobs = -1;    // jobs queued ahead for the workers (LibTorch: 2 x workers)
   int64_t timeout_ms = -1;  // the wait limit for a batch; 0: none
+  // LibTorch's intra-op threads (at::get_num_threads() on the training thread when the loader
+  // was watched); 0: not known. Each stock worker's tensor ops run on a team of this many.
+  int intra_op_threads = 0;
 };
 
 std::string section_json(const LoaderStats& loader);

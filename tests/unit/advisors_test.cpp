@@ -176,6 +176,29 @@ TEST(DataStarvationTest, GainIsForTheWorkersTheAdviceNames) {
   EXPECT_NEAR(*evidence(*b, "fastest_delivery_per_batch"), 400.0 / 7, 1e-9);
 }
 
+TEST(DataStarvationTest, StockWorkersAreToldToRunOneIntraOpThreadEach) {
+  // LibTorch's DataLoader workers each run their tensor ops on an intra-op team: 4 advised
+  // workers with 16 intra-op threads each are 64 threads on 16 CPUs.
+  LoaderStats l = make_loader(0, 160.0, 16);
+  l.tunable = false;
+  l.intra_op_threads = 16;
+  std::optional<Advice> a = advise_data_starvation(starved_with(l), kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_TRUE(contains(a->action, "torch::set_num_threads(1) once in each worker")) << a->action;
+  EXPECT_TRUE(contains(a->action, "64 threads on 16 CPUs")) << a->action;
+  EXPECT_EQ(*evidence(*a, "intra_op_threads"), 16.0);
+  // One intra-op thread already, or torchpilot's own loader (its workers are its own): no clause.
+  l.intra_op_threads = 1;
+  a = advise_data_starvation(starved_with(l), kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_FALSE(contains(a->action, "set_num_threads")) << a->action;
+  l.intra_op_threads = 16;
+  l.tunable = true;
+  a = advise_data_starvation(starved_with(l), kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_FALSE(contains(a->action, "set_num_threads")) << a->action;
+}
+
 TEST(DataStarvationTest, ABatchsCpuTimeIsAtMostItsWallTime) {
   // A stock loader's CPU time is the process's less the training thread's: other threads (intra-op
   // spinning, the driver's) can make it more than the workers' wall time. A batch is one
