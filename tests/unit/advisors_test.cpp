@@ -176,6 +176,23 @@ TEST(DataStarvationTest, GainIsForTheWorkersTheAdviceNames) {
   EXPECT_NEAR(*evidence(*b, "fastest_delivery_per_batch"), 400.0 / 7, 1e-9);
 }
 
+TEST(DataStarvationTest, AWarmUpStepDoesNotDiluteTheWaitBelowTheThreshold) {
+  // 40 steps of 2.5 ms work and 1 ms of data wait, the first one 974 ms long (cuDNN's warm-up):
+  // 3.4% of the epoch's wall time, 28.6% of a steady step.
+  EpochSummary s = make_summary(40, (974.0 + 39 * 3.5) / 40, 1.0);
+  EXPECT_LT(s.data_wait_fraction, 0.05);
+  s.compute_p50_ns = static_cast<Nanos>(2.5 * kMs);
+  const std::optional<Advice> a = advise_data_starvation(s, kConfig);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_NEAR(*evidence(*a, "data_wait_share_of_steady_step"), 1.0 / 3.5, 1e-9);
+  EXPECT_NEAR(*evidence(*a, "data_wait_fraction"), s.data_wait_fraction, 1e-12);
+  EXPECT_TRUE(contains(a->finding, "28.6% of step time (1.00 ms of a 3.50 ms steady step"))
+      << a->finding;
+  // Without the median the epoch's share decides, as before.
+  s.compute_p50_ns = 0;
+  EXPECT_FALSE(advise_data_starvation(s, kConfig).has_value());
+}
+
 TEST(DataStarvationTest, StockWorkersAreToldToRunOneIntraOpThreadEach) {
   // LibTorch's DataLoader workers each run their tensor ops on an intra-op team: 4 advised
   // workers with 16 intra-op threads each are 64 threads on 16 CPUs.
