@@ -170,7 +170,8 @@ int64_t iterations_for(double us) {
 }
 
 // What data_starvation tells a stock loader's user (evidence intra_op_threads): one intra-op
-// thread in each worker, set once from the worker (Dataset::get) off the training thread.
+// thread, set on the training thread before the loader is made; each worker also sets it once
+// (Dataset::get), off the training thread.
 const std::thread::id g_training_thread = std::this_thread::get_id();
 void one_intra_op_thread_in_workers() {
   thread_local bool done = false;
@@ -734,6 +735,9 @@ class StockLoader : public Workload {
     threads_.begin();
     // Far more samples than a run takes; a sequential sampler allocates no index list.
     const auto size = static_cast<size_t>(batch_) * 1000000;
+    // The advice's fix: one intra-op thread on the training thread before the loader is made
+    // (the workers it starts then take one too; each also sets it itself).
+    if (one_thread_) torch::set_num_threads(1);
     Samples samples = samples_(size, features_);
     samples.set_one_thread(one_thread_);
     loader_ = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(

@@ -115,6 +115,7 @@ class Workers {
   // The examples' Images with the advice's one intra-op thread per worker where it applies.
   Images images(size_t size, std::vector<int64_t> shape, int64_t distinct, double decode_us) {
     threads_.begin();
+    if (one_thread_) torch::set_num_threads(1);  // before the loader: its workers take one too
     Images i(size, std::move(shape), distinct, decode_us);
     i.set_one_thread(one_thread_);
     return i;

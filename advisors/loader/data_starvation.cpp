@@ -168,18 +168,21 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
                      : "prefetch deeper (e.g. " + std::to_string(l.settings.prefetch * 2) +
                            " batches per worker)" + tune_hint;
   }
-  // LibTorch's DataLoader workers run their samples' tensor ops (stacking, conversions) on an
-  // intra-op team each: W workers start W teams of that many threads on the same cores. On an
-  // H200 (16 cores, 16 intra-op threads) 2 stock workers gained +23%, and +338% in a run with
-  // OMP_NUM_THREADS=1.
+  // LibTorch's intra-op teams (OpenMP) and busy workers share the cores: the training thread's
+  // team waits at each parallel region for its threads the workers displaced, and each worker
+  // starts a team of its own. On an H200 (16 cores, 16 intra-op threads) 2 stock workers gained
+  // +23% (+35% with one intra-op thread set in each worker alone), and +338% with
+  // OMP_NUM_THREADS=1, which torch::set_num_threads(1) on the training thread before the loader
+  // is made amounts to (it sets the count threads started later take).
   const int advised = needed > workers ? std::max(1, useful) : workers;
   if (stock && advised > 0 && l.intra_op_threads > 1) {
     a.action +=
-        "; and call torch::set_num_threads(1) once in each worker (first thing in your "
-        "Dataset's get(), behind a thread_local flag): each worker otherwise runs its "
-        "tensor ops on a team of " +
-        std::to_string(l.intra_op_threads) + " intra-op threads, " +
-        std::to_string(advised * l.intra_op_threads) + " threads on " + std::to_string(cpus) +
+        "; and call torch::set_num_threads(1) on the training thread before making the "
+        "loader (or run with OMP_NUM_THREADS=1): with " +
+        std::to_string(l.intra_op_threads) +
+        " intra-op threads the training thread's and each worker's tensor ops run on "
+        "teams of that many, " +
+        std::to_string((advised + 1) * l.intra_op_threads) + " threads on " + std::to_string(cpus) +
         " CPUs";
     a.evidence.push_back({"intra_op_threads", static_cast<double>(l.intra_op_threads), "threads"});
   }

@@ -194,15 +194,16 @@ TEST(DataStarvationTest, AWarmUpStepDoesNotDiluteTheWaitBelowTheThreshold) {
 }
 
 TEST(DataStarvationTest, StockWorkersAreToldToRunOneIntraOpThreadEach) {
-  // LibTorch's DataLoader workers each run their tensor ops on an intra-op team: 4 advised
-  // workers with 16 intra-op threads each are 64 threads on 16 CPUs.
+  // The training thread and LibTorch's DataLoader workers each run their tensor ops on an
+  // intra-op team: 4 advised workers and the training thread, 16 each, are 80 threads on 16 CPUs.
   LoaderStats l = make_loader(0, 160.0, 16);
   l.tunable = false;
   l.intra_op_threads = 16;
   std::optional<Advice> a = advise_data_starvation(starved_with(l), kConfig);
   ASSERT_TRUE(a.has_value());
-  EXPECT_TRUE(contains(a->action, "torch::set_num_threads(1) once in each worker")) << a->action;
-  EXPECT_TRUE(contains(a->action, "64 threads on 16 CPUs")) << a->action;
+  EXPECT_TRUE(contains(a->action, "torch::set_num_threads(1) on the training thread before"))
+      << a->action;
+  EXPECT_TRUE(contains(a->action, "80 threads on 16 CPUs")) << a->action;
   EXPECT_EQ(*evidence(*a, "intra_op_threads"), 16.0);
   // One intra-op thread already, or torchpilot's own loader (its workers are its own): no clause.
   l.intra_op_threads = 1;
