@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# scripts/bench_compare.py on committed baselines (bench/baselines/): the planted pairs and the
-# auto-tune grid on the H100 against the H200, and exit status 2 on unreadable input.
+# scripts/bench_compare.py on benchmark results: the planted pairs on the H100 against the H200
+# (copies of two baselines as they were, tests/fixtures/bench_compare/, so that refreshing a
+# baseline leaves this test alone), the auto-tune grid baselines, and exit status 2 on unreadable
+# input.
 #   tests/bench_compare_test.sh [repo root]
 set -uo pipefail
 ROOT=${1:-$(cd "$(dirname "$0")/.." && pwd)}
 cmp=("${PYTHON:-python3}" "$ROOT/scripts/bench_compare.py")
 B=$ROOT/bench/baselines
+F=$ROOT/tests/fixtures/bench_compare
 fails=0
 check() {  # $1 what, $2 output, $3 extended regex that must match a line
   if grep -qE -- "$3" <<<"$2"; then echo "ok: $1"; else echo "FAIL: $1 (no line matching: $3)"; fails=$((fails + 1)); fi
 }
 
-out=$("${cmp[@]}" "$B/planted-pairs/h100.json" "$B/planted-pairs/h200.json" --grep ratio); rc=$?
+out=$("${cmp[@]}" "$F/planted-h100-d484916.json" "$F/planted-h200-17ee61a.json" --grep ratio); rc=$?
 check "planted: exit 0" "rc=$rc" '^rc=0$'
 check "planted: A's commit" "$out" '^   commit: d484916$'
 check "planted: B's commit" "$out" '^   commit: 17ee61a$'

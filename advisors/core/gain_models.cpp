@@ -11,7 +11,6 @@
 #include "torchpilot/runtime/flops/flop_records.h"
 #include "torchpilot/runtime/gpu/gpu_records.h"
 #include "torchpilot/runtime/gpu/kernel_classes.h"
-#include "torchpilot/runtime/loader/loader_model.h"
 #include "torchpilot/runtime/loader/loader_records.h"
 #include "torchpilot/runtime/stalls/step_outliers.h"
 
@@ -388,7 +387,7 @@ std::optional<LaunchBoundGain> launch_bound_gain(const EpochSummary& s) {
   return g;
 }
 
-std::optional<StarvationGain> starvation_gain(const EpochSummary& s) {
+std::optional<StarvationGain> starvation_gain(const EpochSummary& s, int workers) {
   const LoaderStats* l = s.sections.get<LoaderStats>();
   if (l == nullptr || l->produce_count == 0 || s.steps == 0) return std::nullopt;
   StarvationGain g;
@@ -402,14 +401,9 @@ std::optional<StarvationGain> starvation_gain(const EpochSummary& s) {
   g.batch_cpu_s =
       static_cast<double>(std::min(l->produce_cpu_ns, l->produce_ns)) / 1e9 / l->produce_count;
   g.usable_workers = std::max(1, l->max_workers - 1);
-  // The count the advice names (loader_model.h), at least the current one: the gain is for it,
-  // not for every core (an I/O-bound loader's workers deliver wall time / workers, whatever the
-  // cores could do).
-  const int cpus = std::max(1, l->max_workers);
-  const WorkerEstimate w = estimate_workers(g.compute_s > 0 ? g.batch_s / g.compute_s : cpus,
-                                            g.batch_s > 0 ? g.batch_cpu_s / g.batch_s : -1.0, cpus);
-  g.workers = std::max(
-      {1, static_cast<int>(l->settings.workers), w.needed > l->settings.workers ? w.useful : 0});
+  // The gain is for the workers the advice names, not for every core (an I/O-bound loader's
+  // workers deliver their time per batch / their count, whatever the cores could do).
+  g.workers = std::max({1, workers, static_cast<int>(l->settings.workers)});
   g.delivery_s = std::max(g.batch_cpu_s / g.usable_workers, g.batch_s / g.workers);
   g.new_step_s = std::max(g.compute_s, g.delivery_s);
   g.gain = gain(g.step_s, g.new_step_s);

@@ -146,12 +146,14 @@ struct StarvationGain {
   double batch_s = 0;      // one worker's time to produce one batch
   double batch_cpu_s = 0;  // CPU time to produce one batch (at most batch_s)
   int usable_workers = 0;  // cores - 1 (at least 1)
-  int workers = 0;         // the count the advice names (loader_model.h), at least the current
+  int workers = 0;         // the count it is for, at least the current
   double delivery_s = 0;   // max(batch_cpu / usable, batch / workers): a batch every delivery_s
   double new_step_s = 0;   // max(compute, delivery)
   double gain = 0;
 };
-std::optional<StarvationGain> starvation_gain(const EpochSummary& s);
+// `workers`: the count the gain is for (at least the loader's own, and 1): the advice's
+// (advisors/loader/data_starvation.h, which also the other advisors ask).
+std::optional<StarvationGain> starvation_gain(const EpochSummary& s, int workers);
 
 // Per-parameter Adam/AdamW (addcmul/addcdiv kernels per parameter) replaced by a fused one
 // (at::_fused_adamw_, or the foreach/multi-tensor path).

@@ -11,6 +11,7 @@
 #include "torchpilot/advisors/core/advice_text.h"
 #include "torchpilot/advisors/core/advisors.h"
 #include "torchpilot/advisors/core/gain_models.h"
+#include "torchpilot/advisors/loader/data_starvation.h"
 #include "torchpilot/runtime/gpu/kernel_classes.h"
 
 namespace torchpilot {
@@ -236,7 +237,7 @@ std::optional<Advice> advise_low_mfu(const EpochSummary& s, const AdvisorsConfig
     const double no_bound = std::numeric_limits<double>::infinity();
     double launch_bound = no_bound, starvation = no_bound;
     if (const auto m = gains::launch_bound_gain(s)) launch_bound = m->gain;
-    if (const auto m = gains::starvation_gain(s)) starvation = m->gain;
+    if (const auto m = advised_starvation_gain(s)) starvation = m->gain;
     const struct {
       double share;
       double bound;

@@ -1,3 +1,5 @@
+#include "torchpilot/advisors/loader/data_starvation.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -16,7 +18,42 @@ constexpr double kMinComputeShare = 0.01;
 
 using detail::num;
 
+// The step's own work per step, ms: the median step less its wait where known (a short epoch's
+// first step or a trace window's stall would otherwise size the workers), else the mean step less
+// the mean wait.
+double compute_ms_of(const EpochSummary& s) {
+  const double wait_ms = static_cast<double>(s.data_wait_ns) / 1e6 / s.steps;
+  const double step_ms = static_cast<double>(s.wall_ns) / 1e6 / s.steps;
+  return s.compute_p50_ns > 0 ? static_cast<double>(s.compute_p50_ns) / 1e6
+                              : std::max(0.0, step_ms - wait_ms);
+}
+
+// The loader model's estimate for an epoch with production counters.
+WorkerEstimate estimate_of(const LoaderStats& l, double compute_ms, bool compute_known) {
+  const double batch_ms = static_cast<double>(l.produce_ns) / 1e6 / l.produce_count;
+  const double cpu_share = fraction(l.produce_cpu_ns, l.produce_ns);
+  const int cpus = std::max(1, l.max_workers);
+  return estimate_workers(compute_known ? batch_ms / compute_ms : cpus, cpu_share, cpus);
+}
+
+bool compute_known_of(const EpochSummary& s, double compute_ms) {
+  const double step_ms = static_cast<double>(s.wall_ns) / 1e6 / s.steps;
+  return compute_ms > kMinComputeShare * step_ms;
+}
+
 }  // namespace
+
+int advised_workers(const EpochSummary& s) {
+  const LoaderStats* l = s.sections.get<LoaderStats>();
+  if (l == nullptr || l->produce_count == 0 || s.steps == 0) return 0;
+  const double compute_ms = compute_ms_of(s);
+  const WorkerEstimate w = estimate_of(*l, compute_ms, compute_known_of(s, compute_ms));
+  return w.needed > l->settings.workers ? std::max(1, w.useful) : l->settings.workers;
+}
+
+std::optional<gains::StarvationGain> advised_starvation_gain(const EpochSummary& s) {
+  return gains::starvation_gain(s, advised_workers(s));
+}
 
 std::optional<Advice> advise_data_starvation(const EpochSummary& s, const AdvisorsConfig& config) {
   if (s.steps == 0) return std::nullopt;
@@ -33,13 +70,10 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
   a.id = "data_starvation";
   a.severity = f >= config.data_starvation.high_severity ? Severity::kHigh : Severity::kWarning;
   const double step_ms = static_cast<double>(s.wall_ns) / 1e6 / s.steps;
-  // The step's own work: the median step less its wait where known (as the gain model: a short
-  // epoch's first step or a trace window's stall would otherwise size the workers), else the mean
-  // step less the mean wait. When (nearly) all of a step is waiting, the compute time is not
-  // known well enough to size workers or a gain from it.
-  const double compute_ms = s.compute_p50_ns > 0 ? static_cast<double>(s.compute_p50_ns) / 1e6
-                                                 : std::max(0.0, step_ms - wait_ms);
-  const bool compute_known = compute_ms > kMinComputeShare * step_ms;
+  // When (nearly) all of a step is waiting, the compute time is not known well enough to size
+  // workers or a gain from it.
+  const double compute_ms = compute_ms_of(s);
+  const bool compute_known = compute_known_of(s, compute_ms);
   const bool steady_share = f > s.data_wait_fraction;
   a.finding =
       "the training thread waited for data " + num(100 * f) + "% of step time (" +
@@ -105,8 +139,7 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
   const int cpus = std::max(1, l.max_workers);
   // Workers needed so that a batch is ready every compute_ms (all CPUs when that is unknown): the
   // model the loader's tuning policy sizes its first trial with (loader_model.h).
-  const WorkerEstimate w =
-      estimate_workers(compute_known ? batch_ms / compute_ms : cpus, cpu_share, cpus);
+  const WorkerEstimate w = estimate_of(l, compute_ms, compute_known);
   const bool cpu_bound = w.cpu_bound;
   const int needed = w.needed;
   const int useful = w.useful;
@@ -192,7 +225,7 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
   // Gain: bounded by what the machine's cores deliver (gain_models.h): every core but the
   // training thread's producing, a batch every (CPU time per batch / usable cores) at best.
   if (compute_known) {
-    if (const auto m = gains::starvation_gain(s)) {
+    if (const auto m = advised_starvation_gain(s)) {
       a.expected_gain = m->gain;
       a.evidence.push_back({"usable_workers", static_cast<double>(m->usable_workers), "threads"});
       a.evidence.push_back({"workers_estimated_for", static_cast<double>(m->workers), "threads"});

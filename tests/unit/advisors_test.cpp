@@ -224,7 +224,7 @@ TEST(DataStarvationTest, ABatchsCpuTimeIsAtMostItsWallTime) {
   LoaderStats l = make_loader(2, 40.0, 16, 100, 3.3);
   l.tunable = false;
   l.production_estimated = true;
-  const auto g = gains::starvation_gain(starved_with(l));
+  const auto g = gains::starvation_gain(starved_with(l), 2);
   ASSERT_TRUE(g);
   EXPECT_NEAR(g->batch_cpu_s, g->batch_s, 1e-12);
 }
