@@ -387,6 +387,31 @@ std::optional<LaunchBoundGain> launch_bound_gain(const EpochSummary& s) {
   return g;
 }
 
+std::optional<HostSyncGain> host_sync_gain(const EpochSummary& s) {
+  const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
+  if (gpu == nullptr || gpu->traced_steps == 0) return std::nullopt;
+  const GpuStats& st = gpu->stats;
+  HostSyncGain g;
+  const double traced = static_cast<double>(std::max<Nanos>(1, st.traced_ns));
+  g.idle = static_cast<double>(st.idle_host_sync_ns) / traced;
+  g.untraced = g.idle;
+  g.u = untraced_idle(s);
+  if (g.u.traced_s > 0 && g.u.untraced_s > 0) {
+    g.untraced_known = true;
+    g.untraced = std::clamp(g.idle * g.u.traced_s * g.u.share / g.u.untraced_s, 0.0, 1.0);
+  }
+  g.removed = g.untraced;
+  g.step_s = steady_step_seconds(s);
+  g.blocked_s = static_cast<double>(st.host_sync_ns) / 1e9 / gpu->traced_steps;
+  if (g.step_s > 0 && g.blocked_s > 0 && g.blocked_s / g.step_s < g.removed) {
+    g.blocked_bound = true;
+    g.removed = g.blocked_s / g.step_s;
+  }
+  const double r = std::clamp(g.removed, 0.0, 0.99);
+  g.gain = r / (1.0 - r);
+  return g;
+}
+
 std::optional<StarvationGain> starvation_gain(const EpochSummary& s, int workers) {
   const LoaderStats* l = s.sections.get<LoaderStats>();
   if (l == nullptr || l->produce_count == 0 || s.steps == 0) return std::nullopt;

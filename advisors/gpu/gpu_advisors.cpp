@@ -194,39 +194,35 @@ std::optional<Advice> advise_host_sync(const EpochSummary& s, const AdvisorsConf
   // Removing the syncs removes the idle they cause: new step = step - that idle. The window's own
   // cost lengthens the drain after each sync (tracing slows the host's launches): the idle an
   // untraced step keeps, in its own step (gains::untraced_idle).
-  const gains::UntracedIdle u = gains::untraced_idle(s);
-  double removed = idle;
-  if (u.traced_s > 0 && u.untraced_s > 0) {
-    removed = std::clamp(idle * u.traced_s * u.share / u.untraced_s, 0.0, 1.0);
-    a.evidence.push_back({"untraced_idle_share", u.share, "fraction"});
-    a.evidence.push_back({"gpu_idle_in_sync_untraced_fraction", removed, "fraction"});
-    if (u.share < 0.9) {
+  const gains::HostSyncGain m = *gains::host_sync_gain(s);
+  if (m.untraced_known) {
+    a.evidence.push_back({"untraced_idle_share", m.u.share, "fraction"});
+    a.evidence.push_back({"gpu_idle_in_sync_untraced_fraction", m.untraced, "fraction"});
+    if (m.u.share < 0.9) {
       a.action += "; estimated for the untraced steps: the traced ones ran " +
-                  num(u.traced_s * 1e3, "%.2f") + " ms on the GPU against " +
-                  num(u.untraced_s * 1e3, "%.2f") +
+                  num(m.u.traced_s * 1e3, "%.2f") + " ms on the GPU against " +
+                  num(m.u.untraced_s * 1e3, "%.2f") +
                   " ms (tracing slowed the host's launches), so their syncs idle the GPU " +
-                  pct(removed) + " of a step, not " + pct(idle);
+                  pct(m.untraced) + " of a step, not " + pct(idle);
     }
   }
   // The host still issues every launch and does its own work without the syncs: the step can
   // lose at most the time the host was blocked in them. Where the kernels between two syncs are
   // short, the drain after each sync is mostly the host's own launching, which stays (a sync per
   // micro-step of small matmuls: the idle said +229%, removing the reads measured +7% to +24%).
-  const double step_s = gains::steady_step_seconds(s);
-  const double blocked_s = static_cast<double>(g.host_sync_ns) / 1e9 / steps;
-  if (step_s > 0 && blocked_s > 0 && blocked_s / step_s < removed) {
-    a.evidence.push_back({"host_blocked_in_syncs_per_step", blocked_s * 1e3, "ms"});
+  if (m.blocked_bound) {
+    a.evidence.push_back({"host_blocked_in_syncs_per_step", m.blocked_s * 1e3, "ms"});
     a.action += "; estimated: at most the host's time blocked in syncs (" +
-                num(blocked_s * 1e3, "%.3g") + " ms of a " + num(step_s * 1e3, "%.3g") +
+                num(m.blocked_s * 1e3, "%.3g") + " ms of a " + num(m.step_s * 1e3, "%.3g") +
                 " ms step), as the host still issues the rest of the step";
-    removed = blocked_s / step_s;
     // Severity by what the change gives, not by the idle: a host-bound step keeps most of it.
-    if (removed < 0.05) {
+    if (m.removed < 0.05) {
       a.severity = Severity::kInfo;
-    } else if (removed <= 0.2) {
+    } else if (m.removed <= 0.2) {
       a.severity = Severity::kWarning;
     }
   }
+  const double removed = m.removed;
   a.expected_gain = gain_from_removing(removed);
   a.gain_estimated = true;
   return a;

@@ -232,29 +232,34 @@ std::optional<Advice> advise_low_mfu(const EpochSummary& s, const AdvisorsConfig
     const GpuStats& g = gpu->stats;
     const double t = static_cast<double>(std::max<Nanos>(1, g.traced_ns));
     // Removing all of an idle cause is no promise: where the cause's advice has a gain model,
-    // its estimate bounds the gain stated here (launch gaps: the step at a larger batch; data
-    // wait: what the cores can deliver).
+    // its estimate is the gain stated here, the same number that advice states (launch gaps: the
+    // step at a larger batch; data wait: what the cores and the advised workers deliver; host
+    // syncs: at most the host's time blocked in them).
     const double no_bound = std::numeric_limits<double>::infinity();
-    double launch_bound = no_bound, starvation = no_bound;
+    double launch_bound = no_bound, starvation = no_bound, host_sync = no_bound;
     if (const auto m = gains::launch_bound_gain(s)) launch_bound = m->gain;
+    if (const auto m = gains::host_sync_gain(s)) host_sync = m->gain;
     if (const auto m = advised_starvation_gain(s)) starvation = m->gain;
+    // `bound`: the cause advisor's own gain (infinite: none). Stated as it is, unless the share
+    // here is not that advisor's quantity (the launch gaps less the optimizer's): then a bound.
     const struct {
       double share;
       double bound;
+      bool same_quantity;
       std::string what;
       const char* action;
     } causes[] = {
-        {static_cast<double>(g.idle_data_wait_ns) / t, starvation, "waiting for data",
+        {static_cast<double>(g.idle_data_wait_ns) / t, starvation, true, "waiting for data",
          "see the data_starvation advice"},
-        {static_cast<double>(g.idle_host_sync_ns) / t, no_bound, "after host synchronizations",
-         "see the host_sync advice: read values back every N steps"},
+        {static_cast<double>(g.idle_host_sync_ns) / t, host_sync, true,
+         "after host synchronizations", "see the host_sync advice: read values back every N steps"},
         {std::max(0.0, static_cast<double>(g.idle_launch_gap_ns) / t - optimizer_share),
-         launch_bound,
+         launch_bound, !(optimizer_share > 0),
          std::string("in launch gaps between kernels") +
              (optimizer_share > 0 ? " besides the optimizer's" : ""),
          "see the launch_bound advice: fewer, larger launches (larger batch, fused ops, CUDA "
          "graphs)"},
-        {static_cast<double>(g.idle_other_ns) / t, 0.0,
+        {static_cast<double>(g.idle_other_ns) / t, 0.0, true,
          "before the first or after the last kernel of the step",
          "move host work out of the step or overlap it with GPU work (see the host_bound "
          "advice; gain not estimated: how much host work can leave the training thread is not "
@@ -266,8 +271,12 @@ std::optional<Advice> advise_low_mfu(const EpochSummary& s, const AdvisorsConfig
     const double physical = busy > 0 ? 1.0 / busy - 1.0 : no_bound;
     for (const auto& c : causes) {
       if (c.share <= 0) continue;
-      candidates.push_back({c.share, std::min({gain_from_removing(c.share), c.bound, physical}),
-                            "the GPU idles " + pct(c.share) + " of it " + c.what, c.action});
+      const double removal = std::min(gain_from_removing(c.share), physical);
+      const double stated = !std::isfinite(c.bound) ? removal
+                            : c.same_quantity       ? c.bound
+                                                    : std::min(removal, c.bound);
+      candidates.push_back(
+          {c.share, stated, "the GPU idles " + pct(c.share) + " of it " + c.what, c.action});
     }
   }
   const auto best =

@@ -320,3 +320,65 @@ TEST(GainModels, LowMfuIdleGainsAreBoundedByTheirModels) {
 
 }  // namespace
 }  // namespace torchpilot
+
+namespace torchpilot {
+namespace {
+
+// One quantity, one number: where low_mfu names an idle cause that has an advisor of its own, it
+// states that advisor's gain (issue 40: no two advisors with different numbers for one quantity).
+TEST(SharedQuantitiesTest, HostSyncIdleHasOneGain) {
+  // 40% of the traced step idle after syncs, the host blocked in them 2% of it.
+  EpochSummary s = epoch(10, 0, 0.2, 100);
+  s.sections.set<FlopEpochStats>(bf16_flops(0.01));
+  elementwise_window(s, 50, 50, 0);
+  gpu(s).stats.idle_host_sync_ns = 40 * kMs;
+  gpu(s).stats.host_syncs = 10;
+  const auto sync = advise_host_sync(s, AdvisorsConfig{});
+  const auto mfu = advise_low_mfu(s, AdvisorsConfig{});
+  ASSERT_TRUE(sync.has_value());
+  ASSERT_TRUE(mfu.has_value());
+  EXPECT_TRUE(contains(mfu->cause, "after host synchronizations")) << mfu->cause;
+  EXPECT_NEAR(sync->expected_gain, 0.02 / 0.98, 1e-9);
+  EXPECT_DOUBLE_EQ(mfu->expected_gain, sync->expected_gain);
+}
+
+TEST(SharedQuantitiesTest, DataWaitHasOneGain) {
+  // 6 ms of each 10 ms step waiting for a loader with one worker that takes 16 ms a batch
+  // (4 needed): data_starvation's model, which low_mfu states for the same wait.
+  EpochSummary s = epoch(10, 6, 0, 100);
+  s.compute_p50_ns = 4 * kMs;
+  s.sections.set<FlopEpochStats>(bf16_flops(0.01));
+  elementwise_window(s, 30, 30, 0);
+  gpu(s).stats.idle_data_wait_ns = 60 * kMs;
+  LoaderStats l;
+  l.name = "tunable";
+  l.tunable = true;
+  l.settings.workers = 1;
+  l.max_workers = 16;
+  l.batches = l.produce_count = 10;
+  l.produce_ns = l.produce_cpu_ns = 160 * kMs;
+  s.sections.set<LoaderStats>(l);
+  const auto wait = advise_data_starvation(s, AdvisorsConfig{});
+  const auto mfu = advise_low_mfu(s, AdvisorsConfig{});
+  ASSERT_TRUE(wait.has_value());
+  ASSERT_TRUE(mfu.has_value());
+  EXPECT_TRUE(contains(mfu->cause, "waiting for data")) << mfu->cause;
+  EXPECT_NEAR(wait->expected_gain, 10.0 / 4 - 1, 1e-9);
+  EXPECT_DOUBLE_EQ(mfu->expected_gain, wait->expected_gain);
+}
+
+TEST(SharedQuantitiesTest, LaunchGapsHaveOneGain) {
+  // 90% launch gaps in a host-bound step: launch_bound's model (twice the batch), not +900%.
+  EpochSummary s = epoch(10, 0, 0, 1000);
+  s.sections.set<FlopEpochStats>(bf16_flops(0.01));
+  elementwise_window(s, 10, 20, 90);
+  const auto gaps = advise_launch_bound(s, AdvisorsConfig{});
+  const auto mfu = advise_low_mfu(s, AdvisorsConfig{});
+  ASSERT_TRUE(gaps.has_value());
+  ASSERT_TRUE(mfu.has_value());
+  EXPECT_TRUE(contains(mfu->cause, "launch gaps")) << mfu->cause;
+  EXPECT_DOUBLE_EQ(mfu->expected_gain, gaps->expected_gain);
+}
+
+}  // namespace
+}  // namespace torchpilot
