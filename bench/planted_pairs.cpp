@@ -1303,16 +1303,8 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
       }
     }
     row["other_advice"] = others;
-    // data_starvation's fix is the advice applied: the worker count it names (its fallback,
-    // cores - 2, when the advice gives none).
-    if (auto* d = dynamic_cast<DataStarvation*>(fixed.get())) {
-      for (size_t i = 0; expected != nullptr && i < expected->evidence.size(); ++i) {
-        const torchpilot::Evidence& ev = expected->evidence[i];
-        if (ev.name == "workers_advised" && ev.value >= 1)
-          d->set_workers(static_cast<int>(ev.value));
-      }
-      row["fixed_workers"] = d->workers();
-    }
+    // A loader pair's fix is the advice applied: the worker count it names (the pair's own
+    // fallback when the advice gives none).
     auto advised_workers = [&](auto* w) {
       for (size_t i = 0; w != nullptr && expected != nullptr && i < expected->evidence.size();
            ++i) {
@@ -1322,6 +1314,7 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
       }
       if (w != nullptr) row["fixed_workers"] = w->workers();
     };
+    advised_workers(dynamic_cast<DataStarvation*>(fixed.get()));
     advised_workers(dynamic_cast<StockLoader<SlowSamples>*>(fixed.get()));
     advised_workers(dynamic_cast<StockLoader<WaitingSamples>*>(fixed.get()));
     advised_workers(dynamic_cast<second_opinion::Workers*>(fixed.get()));
@@ -1646,7 +1639,7 @@ int run(int argc, char** argv) {
                     row["default_named_epochs"][0].get<int>(),
                     row["default_named_epochs"][1].get<int>(),
                     fmt(row.value("default_estimated_gain", json())).c_str(),
-                    row["default_ratio"].is_number()
+                    row.contains("default_ratio") && row["default_ratio"].is_number()
                         ? (", ratio " + std::to_string(row["default_ratio"].get<double>())).c_str()
                         : "");
       }

@@ -361,6 +361,22 @@ class CustomDataset : public Workload, public Workers {
   float sink_ = 0;
 };
 
+// The pytorch-cpp tutorials' classification step: cross-entropy, the running loss and the correct
+// count read back every batch (two .item()), then the update.
+struct TutorialTally {
+  double running_loss = 0;
+  int64_t correct = 0;
+  void step(const torch::Tensor& output, const torch::Tensor& target,
+            torch::optim::Optimizer& opt) {
+    auto loss = torch::nn::functional::cross_entropy(output, target);
+    running_loss += loss.item<double>() * static_cast<double>(output.size(0));
+    correct += output.argmax(1).eq(target).sum().item<int64_t>();
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+  }
+};
+
 // --- resnet_cifar -----------------------------------------------------------------------------
 
 struct ResidualBlockImpl : torch::nn::Module {
@@ -457,13 +473,7 @@ class ResnetCifar : public Workload, public Workers {
       auto step = pilot.step(kBatch);
       auto data = batch.data.to(env_.device);
       auto target = batch.target.to(env_.device);
-      auto output = net_->forward(data);
-      auto loss = torch::nn::functional::cross_entropy(output, target);
-      running_loss_ += loss.item<double>() * static_cast<double>(data.size(0));
-      correct_ += output.argmax(1).eq(target).sum().item<int64_t>();
-      opt_->zero_grad();
-      loss.backward();
-      opt_->step();
+      tally_.step(net_->forward(data), target, *opt_);
     }
   }
   void end() override {
@@ -477,8 +487,7 @@ class ResnetCifar : public Workload, public Workers {
   ResNet net_;
   std::unique_ptr<torch::optim::Adam> opt_;
   Feed<Data, torch::data::samplers::RandomSampler> feed_;
-  double running_loss_ = 0;
-  int64_t correct_ = 0;
+  TutorialTally tally_;
 };
 
 // --- regression -------------------------------------------------------------------------------
@@ -544,13 +553,7 @@ class Feedforward : public Workload, public Workers {
       auto step = pilot.step(kBatch);
       auto data = batch.data.view({batch.data.size(0), -1}).to(env_.device);
       auto target = batch.target.to(env_.device);
-      auto output = net_->forward(data);
-      auto loss = torch::nn::functional::cross_entropy(output, target);
-      running_loss_ += loss.item<double>() * static_cast<double>(data.size(0));
-      correct_ += output.argmax(1).eq(target).sum().item<int64_t>();
-      opt_->zero_grad();
-      loss.backward();
-      opt_->step();
+      tally_.step(net_->forward(data), target, *opt_);
     }
   }
   void end() override {
@@ -564,8 +567,7 @@ class Feedforward : public Workload, public Workers {
   torch::nn::Sequential net_;
   std::unique_ptr<torch::optim::Adam> opt_;
   Feed<Normalized, torch::data::samplers::RandomSampler> feed_;
-  double running_loss_ = 0;
-  int64_t correct_ = 0;
+  TutorialTally tally_;
 };
 
 // --- the set ----------------------------------------------------------------------------------

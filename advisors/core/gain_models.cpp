@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string>
 
+#include "torchpilot/advisors/core/advice_text.h"
 #include "torchpilot/runtime/flops/device_peaks.h"
 #include "torchpilot/runtime/flops/flop_records.h"
 #include "torchpilot/runtime/gpu/gpu_records.h"
@@ -396,8 +397,7 @@ std::optional<HostSyncGain> host_sync_gain(const EpochSummary& s) {
   g.idle = static_cast<double>(st.idle_host_sync_ns) / traced;
   g.untraced = g.idle;
   g.u = untraced_idle(s);
-  if (g.u.traced_s > 0 && g.u.untraced_s > 0) {
-    g.untraced_known = true;
+  if (g.untraced_known()) {
     g.untraced = std::clamp(g.idle * g.u.traced_s * g.u.share / g.u.untraced_s, 0.0, 1.0);
   }
   g.removed = g.untraced;
@@ -407,8 +407,7 @@ std::optional<HostSyncGain> host_sync_gain(const EpochSummary& s) {
     g.blocked_bound = true;
     g.removed = g.blocked_s / g.step_s;
   }
-  const double r = std::clamp(g.removed, 0.0, 0.99);
-  g.gain = r / (1.0 - r);
+  g.gain = detail::gain_from_removing(g.removed);
   return g;
 }
 

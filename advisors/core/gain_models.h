@@ -46,15 +46,16 @@ UntracedIdle untraced_idle(const EpochSummary& s);
 // sync idle as an untraced step keeps it (untraced_idle), and at most the host's time blocked in
 // the syncs: without them the host still issues every launch and does its own work.
 struct HostSyncGain {
-  double idle = 0;              // the window's sync idle, share of traced time
-  double untraced = 0;          // the same share as an untraced step has it (idle without figures)
-  bool untraced_known = false;  // the window's and the ordinary steps' GPU spans are known
+  double idle = 0;      // the window's sync idle, share of traced time
+  double untraced = 0;  // the same share as an untraced step has it (idle without figures)
   UntracedIdle u;
   double blocked_s = 0;        // the host's time blocked in syncs per traced step
   double step_s = 0;           // the steady step (steady_step_seconds)
   bool blocked_bound = false;  // blocked_s / step_s is below `untraced` and sets `removed`
   double removed = 0;          // the share of the step removed
   double gain = 0;             // removed / (1 - removed)
+  // The window's and the ordinary steps' GPU spans are known: `untraced` is the scaled share.
+  bool untraced_known() const { return u.traced_s > 0 && u.untraced_s > 0; }
 };
 std::optional<HostSyncGain> host_sync_gain(const EpochSummary& s);
 

@@ -195,7 +195,7 @@ std::optional<Advice> advise_host_sync(const EpochSummary& s, const AdvisorsConf
   // cost lengthens the drain after each sync (tracing slows the host's launches): the idle an
   // untraced step keeps, in its own step (gains::untraced_idle).
   const gains::HostSyncGain m = *gains::host_sync_gain(s);
-  if (m.untraced_known) {
+  if (m.untraced_known()) {
     a.evidence.push_back({"untraced_idle_share", m.u.share, "fraction"});
     a.evidence.push_back({"gpu_idle_in_sync_untraced_fraction", m.untraced, "fraction"});
     if (m.u.share < 0.9) {
@@ -222,8 +222,7 @@ std::optional<Advice> advise_host_sync(const EpochSummary& s, const AdvisorsConf
       a.severity = Severity::kWarning;
     }
   }
-  const double removed = m.removed;
-  a.expected_gain = gain_from_removing(removed);
+  a.expected_gain = m.gain;
   a.gain_estimated = true;
   return a;
 }

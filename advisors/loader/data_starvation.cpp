@@ -36,6 +36,12 @@ WorkerEstimate estimate_of(const LoaderStats& l, double compute_ms, bool compute
   return estimate_workers(compute_known ? batch_ms / compute_ms : cpus, cpu_share, cpus);
 }
 
+// The count the advice names: what is needed (at most the CPUs when CPU-bound), else the current
+// count when workers are not the problem.
+int advised_count(const WorkerEstimate& w, int workers) {
+  return w.needed > workers ? std::max(1, w.useful) : workers;
+}
+
 bool compute_known_of(const EpochSummary& s, double compute_ms) {
   const double step_ms = static_cast<double>(s.wall_ns) / 1e6 / s.steps;
   return compute_ms > kMinComputeShare * step_ms;
@@ -48,7 +54,7 @@ int advised_workers(const EpochSummary& s) {
   if (l == nullptr || l->produce_count == 0 || s.steps == 0) return 0;
   const double compute_ms = compute_ms_of(s);
   const WorkerEstimate w = estimate_of(*l, compute_ms, compute_known_of(s, compute_ms));
-  return w.needed > l->settings.workers ? std::max(1, w.useful) : l->settings.workers;
+  return advised_count(w, l->settings.workers);
 }
 
 std::optional<gains::StarvationGain> advised_starvation_gain(const EpochSummary& s) {
@@ -61,8 +67,7 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
   // The share of a steady step (its median own work plus the mean wait): one slow first step (a
   // warm-up of 0.97 s in a 40-step epoch of 3.5 ms steps) or a trace window's steps otherwise
   // dilute the wait below the threshold (it did for pytorch/examples' MNIST trainer on an H200).
-  const double steady_ms =
-      s.compute_p50_ns > 0 ? static_cast<double>(s.compute_p50_ns) / 1e6 + wait_ms : 0.0;
+  const double steady_ms = s.compute_p50_ns > 0 ? compute_ms_of(s) + wait_ms : 0.0;
   const double f = std::max(s.data_wait_fraction, steady_ms > 0 ? wait_ms / steady_ms : 0.0);
   if (f <= config.data_starvation.threshold) return std::nullopt;
 
@@ -144,6 +149,7 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
   const int needed = w.needed;
   const int useful = w.useful;
   const int workers = l.settings.workers;
+  const int advised = advised_count(w, workers);
   // A stock loader's knobs are its DataLoaderOptions; a TunableLoader's, its own.
   const bool stock = !l.tunable;
   auto workers_call = [&](int n) {
@@ -160,9 +166,7 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
       : l.tunable ? " (mode: autotune picks this during warm-up, starting from this count)"
                   : " (torchpilot::TunableLoader with mode: autotune picks this during warm-up)";
   // The worker count the action names (the current count when workers are not the problem).
-  a.evidence.push_back({"workers_advised",
-                        static_cast<double>(needed > workers ? std::max(1, useful) : workers),
-                        "threads"});
+  a.evidence.push_back({"workers_advised", static_cast<double>(advised), "threads"});
   // A stock loader with workers: the batch time is their elapsed time (they are busy while the
   // step waits) and the CPU share an upper bound (stock_loader_meter.h).
   const std::string production =
@@ -207,7 +211,6 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
   // +23% (+35% with one intra-op thread set in each worker alone), and +338% with
   // OMP_NUM_THREADS=1, which torch::set_num_threads(1) on the training thread before the loader
   // is made amounts to (it sets the count threads started later take).
-  const int advised = needed > workers ? std::max(1, useful) : workers;
   if (stock && advised > 0 && l.intra_op_threads > 1) {
     a.action +=
         "; and call torch::set_num_threads(1) on the training thread before making the "

@@ -327,8 +327,8 @@ TEST(Watch, WorkersZeroProductionIsMeasuredAndTheGainBoundedByTheCores) {
   }
   // A batch's CPU time is taken at most its wall time (the clocks differ by their reads: under
   // ASan the thread's CPU time of a fetch came out 0.6 us above its wall time).
-  cpu_per_batch = static_cast<double>(std::min(l->produce_cpu_ns, l->produce_ns)) / 1e6 /
-                  l->produce_count;
+  cpu_per_batch =
+      static_cast<double>(std::min(l->produce_cpu_ns, l->produce_ns)) / 1e6 / l->produce_count;
   ASSERT_GT(usable, 0) << "the gain is bounded by the cores: " << a->action;
   EXPECT_NEAR(delivery, cpu_per_batch / usable, 1e-6);
   EXPECT_NE(a->action.find("DataLoaderOptions().workers("), std::string::npos) << a->action;
