@@ -102,6 +102,7 @@ class FlopCounter : public Collector {
   const DevicePeak& peak() const { return peak_; }
 
   std::string name() const override { return "flop_counter"; }
+  unsigned step_hooks() const override { return kHookStepBegin | kHookStepEnd; }
   void on_step_begin(int64_t step, Nanos now) override;
   void on_step_end(StepRecord& record) override;
   void on_epoch_end(EpochSummary& summary) override;

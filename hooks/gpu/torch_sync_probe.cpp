@@ -96,6 +96,7 @@ class SyncProbe final : public Collector {
  public:
   ~SyncProbe() override { stop(); }
   std::string name() const override { return "sync_probe"; }
+  unsigned step_hooks() const override { return kHookStepEnd; }
   void attach(CollectorHost* host) override {
     if (host == nullptr) stop();
   }

@@ -40,6 +40,7 @@ std::string first_line(const std::string& what) {
 struct Accumulation::Link final : Collector {
   explicit Link(Accumulation* owner) : owner(owner) {}
   std::string name() const override { return "accumulation"; }
+  unsigned step_hooks() const override { return 0; }
   void attach(CollectorHost* host) override {
     if (host == nullptr) owner->pilot_ = nullptr;  // the Pilot goes: no knob, no recovery
   }

@@ -48,6 +48,7 @@ class MemoryCollector final : public Collector {
     }
   }
   std::string name() const override { return "memory"; }
+  unsigned step_hooks() const override { return 0; }
   void attach(CollectorHost* host) override { host_ = host; }
   void on_epoch_end(EpochSummary& summary) override {
     try {

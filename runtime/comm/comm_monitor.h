@@ -50,6 +50,7 @@ class CommMonitor : public Collector {
   explicit CommMonitor(Options options);
 
   std::string name() const override { return "comm"; }
+  unsigned step_hooks() const override { return kHookStepBegin | kHookStepEnd; }
   void attach(CollectorHost* host) override;
   void on_step_begin(int64_t step, Nanos now) override;
   void on_step_end(StepRecord& record) override;

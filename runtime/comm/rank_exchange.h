@@ -144,6 +144,7 @@ class RankCollector : public Collector {
   RankCollector(const RankCollector&) = delete;
   RankCollector& operator=(const RankCollector&) = delete;
   std::string name() const override { return "ranks"; }
+  unsigned step_hooks() const override { return 0; }
   void attach(CollectorHost* host) override { host_ = host; }
   void on_epoch_end(EpochSummary& summary) override;
   void on_close() override;

@@ -136,6 +136,7 @@ Pilot::~Pilot() {
     }
   }
   collectors_.clear();
+  collector_hooks_.clear();
   owned_collectors_.clear();  // owned ones stop here (their destructors must not throw)
   flush();
 }
@@ -158,7 +159,7 @@ StepScope Pilot::step(int64_t samples) {
   if (!collectors_.empty()) {
     const int64_t n = next_step_;
     const Nanos t = step_begin_ns_;
-    for_each_collector_timed("on_step_begin", [&](Collector& o) { o.on_step_begin(n, t); });
+    for_each_collector_timed("on_step_begin", kHookStepBegin, [&](Collector& o) { o.on_step_begin(n, t); });
     spend_own(t, clock_->now_ns());
   }
   return StepScope(this, next_step_);
@@ -186,7 +187,7 @@ PhaseScope Pilot::phase(int id) {
                                   ? phase_names_[static_cast<size_t>(id)]
                                   : unnamed;
     const Nanos t = clock_->now_ns();
-    for_each_collector("on_phase_begin", [&](Collector& o) { o.on_phase_begin(id, name); });
+    for_each_collector("on_phase_begin", kHookPhase, [&](Collector& o) { o.on_phase_begin(id, name); });
     const Nanos begin = clock_->now_ns();
     spend_own(t, begin);
     return PhaseScope(this, id, begin);
@@ -198,7 +199,7 @@ void Pilot::end_phase(int id, Nanos begin) {
   const Nanos now = clock_->now_ns();
   phase_ns_[id] += now - begin;
   if (!collectors_.empty()) {
-    for_each_collector("on_phase_end", [&](Collector& o) { o.on_phase_end(id); });
+    for_each_collector("on_phase_end", kHookPhase, [&](Collector& o) { o.on_phase_end(id); });
     spend_own(now, clock_->now_ns());
   }
 }
@@ -256,8 +257,8 @@ void Pilot::end_step() {
   interval_due_ = interval_.due(step_in_epoch_, period_begin_ns_, now);
   last_boundary_ns_ = now;
   step_open_ = false;
-  for_each_collector_timed("on_step_end", [&](Collector& o) { o.on_step_end(r); });
-  for_each_collector("on_step_complete", [&](Collector& o) { o.on_step_complete(r); });
+  for_each_collector_timed("on_step_end", kHookStepEnd, [&](Collector& o) { o.on_step_end(r); });
+  for_each_collector("on_step_complete", kHookStepComplete, [&](Collector& o) { o.on_step_complete(r); });
   // The next step sits at a recurring stall's period: its CPU time from here to its end.
   if (cpu_clock_ && r.at_period && step_ewma_ns_ < kCpuEveryStepNs) {
     (void)read_cpu(r.step);  // marks the next step's start

@@ -258,11 +258,18 @@ class Pilot : private CollectorHost, private TunerHost {
   std::vector<Advice> last_advice_;
 
   std::vector<Collector*> collectors_;  // in calling order
+  std::vector<unsigned> collector_hooks_;  // each one's step_hooks(), in the same order
   std::vector<std::shared_ptr<Collector>> owned_collectors_;
+  // Every collector, or (with a StepHook bit) those that implement that callback.
+  static constexpr unsigned kEveryCollector = ~0u;
   template <typename Fn>
-  void for_each_collector(const char* what, Fn&& fn);
+  void for_each_collector(const char* what, Fn&& fn) {
+    for_each_collector(what, kEveryCollector, std::forward<Fn>(fn));
+  }
   template <typename Fn>
-  void for_each_collector_timed(const char* what, Fn&& fn);
+  void for_each_collector(const char* what, unsigned hook, Fn&& fn);
+  template <typename Fn>
+  void for_each_collector_timed(const char* what, unsigned hook, Fn&& fn);
   // Each collector's step time: at every step of the first kPartExactSteps, then one call in 8.
   static constexpr int64_t kPartExactSteps = 64, kPartSampleSteps = 8;
   uint64_t part_sample_rng_ = 0x9E3779B97F4A7C15ull;

@@ -56,6 +56,9 @@ void Pilot::insert_collector(Collector* c, bool front) {
     (void)failure_of([&] { c->attach(nullptr); });  // it may have kept the host
     return;
   }
+  unsigned hooks = kAllStepHooks;
+  if (const auto failed = failure_of([&] { hooks = c->step_hooks(); })) hooks = kAllStepHooks;
+  collector_hooks_.insert(front ? collector_hooks_.begin() : collector_hooks_.end(), hooks);
   collectors_.insert(front ? collectors_.begin() : collectors_.end(), c);
 }
 
@@ -72,8 +75,11 @@ void Pilot::add_collector(std::shared_ptr<Collector> collector, bool first) {
 }
 
 void Pilot::remove_collector(Collector* collector) {
-  collectors_.erase(std::remove(collectors_.begin(), collectors_.end(), collector),
-                    collectors_.end());
+  const auto it = std::find(collectors_.begin(), collectors_.end(), collector);
+  if (it != collectors_.end()) {
+    collector_hooks_.erase(collector_hooks_.begin() + (it - collectors_.begin()));
+    collectors_.erase(it);
+  }
   owned_collectors_.erase(std::remove_if(owned_collectors_.begin(), owned_collectors_.end(),
                                          [&](const auto& c) { return c.get() == collector; }),
                           owned_collectors_.end());
@@ -82,6 +88,7 @@ void Pilot::remove_collector(Collector* collector) {
 void Pilot::drop_collector(size_t i) {
   Collector* c = collectors_[i];
   collectors_.erase(collectors_.begin() + static_cast<std::ptrdiff_t>(i));
+  collector_hooks_.erase(collector_hooks_.begin() + static_cast<std::ptrdiff_t>(i));
   // It must not reach back into this Pilot later (its destructor would, after ours). An owned
   // one lives on, unused, until the Pilot goes.
   try {
@@ -107,7 +114,7 @@ bool Pilot::steady_clock() const { return dynamic_cast<SteadyClock*>(clock_.get(
 bool Pilot::tuning() const { return config_.mode == Mode::kAutotune && !tuning_finished(); }
 
 void Pilot::publish(const LateStepRecord& record) {
-  for_each_collector("on_late_step", [&](Collector& c) { c.on_late_step(record); });
+  for_each_collector("on_late_step", kHookLateStep, [&](Collector& c) { c.on_late_step(record); });
   for_each_sink("on_late_step", [&](Sink& s) { s.on_late_step(record); });
 }
 

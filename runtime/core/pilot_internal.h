@@ -11,8 +11,12 @@
 namespace torchpilot {
 
 template <typename Fn>
-void Pilot::for_each_collector(const char* what, Fn&& fn) {
+void Pilot::for_each_collector(const char* what, unsigned hook, Fn&& fn) {
   for (size_t i = 0; i < collectors_.size();) {
+    if (hook != kEveryCollector && (collector_hooks_[i] & hook) == 0) {
+      ++i;
+      continue;
+    }
     Collector* c = collectors_[i];
     if (const auto failed = failure_of([&] { fn(*c); })) {
       log_to(*logger_, LogLevel::kError,
@@ -26,7 +30,7 @@ void Pilot::for_each_collector(const char* what, Fn&& fn) {
 }
 
 template <typename Fn>
-void Pilot::for_each_collector_timed(const char* what, Fn&& fn) {
+void Pilot::for_each_collector_timed(const char* what, unsigned hook, Fn&& fn) {
   // Each collector's share of the step calls (CostStats::step_parts): one clock read each, the
   // previous collector's end being the next one's start. After the run's first kPartExactSteps
   // steps, read at one call in kPartSampleSteps drawn at random (collectors do periodic work: a
@@ -40,11 +44,11 @@ void Pilot::for_each_collector_timed(const char* what, Fn&& fn) {
     weight = kPartSampleSteps;
   }
   if (weight > 1 && part_sample_rng_ % kPartSampleSteps != 0) {
-    for_each_collector(what, std::forward<Fn>(fn));
+    for_each_collector(what, hook, std::forward<Fn>(fn));
     return;
   }
   Nanos t0 = clock_->now_ns();
-  for_each_collector(what, [&](Collector& c) {
+  for_each_collector(what, hook, [&](Collector& c) {
     fn(c);
     const Nanos t1 = clock_->now_ns();
     cost_->step_part(&c, (t1 - t0) * weight);

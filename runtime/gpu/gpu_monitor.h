@@ -76,6 +76,7 @@ class GpuMonitor : public Collector {
   ~GpuMonitor() override;
 
   std::string name() const override { return "gpu"; }
+  unsigned step_hooks() const override { return kHookStepBegin | kHookPhase | kHookStepEnd; }
   void attach(CollectorHost* host) override { host_ = host; }
   void on_window_request(int steps) override { request_window(steps); }
   void on_step_begin(int64_t step, Nanos now) override;

@@ -14,6 +14,7 @@ class LoaderCollector final : public Collector {
   LoaderCollector(Pilot& pilot, LoaderProbe* probe)
       : pilot_(&pilot), probe_(probe), at_epoch_start_(probe->stats()) {}
   std::string name() const override { return "loader"; }
+  unsigned step_hooks() const override { return 0; }
   LoaderProbe* probe() const { return probe_; }
 
   void attach(CollectorHost* host) override {

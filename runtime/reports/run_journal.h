@@ -38,6 +38,7 @@ class RunJournal final : public Collector {
   RunJournal(const RunJournal&) = delete;
   RunJournal& operator=(const RunJournal&) = delete;
   std::string name() const override { return "journal"; }
+  unsigned step_hooks() const override { return kHookStepEnd; }
   void attach(CollectorHost* host) override;
   void on_step_end(StepRecord& record) override;
   void on_epoch_end(EpochSummary& summary) override;

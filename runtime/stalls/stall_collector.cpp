@@ -20,6 +20,7 @@ class StallCollector final : public Collector {
  public:
   explicit StallCollector(double factor) : stalls_(factor) {}
   std::string name() const override { return "stalls"; }
+  unsigned step_hooks() const override { return kHookStepEnd | kHookStepComplete | kHookLateStep; }
   void attach(CollectorHost* host) override { host_ = host; }
   void on_step_end(StepRecord& record) override {
     stalls_.add(record);

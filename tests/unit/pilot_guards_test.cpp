@@ -15,6 +15,7 @@
 //                   insert_collector: attach                 FaultInjection.ACollectorThatThrows...
 //                   insert_collector: detach after that      ACollectorThatThrowsOnEveryAttach...
 //                   drop_collector: detach                   ACollectorThatThrowsWhenDropped...
+//                   insert_collector: step_hooks             ACollectorWhoseStepHooksThrow...
 //                   knobs_changed, fail_trial (the tuner)    ATunerThatThrowsWhenKnobsChange...,
 //                                                            ATunerThatThrowsFailingATrial...
 //                   stop_tuning: abandon                     ATunerThatThrowsInAStep...
@@ -404,6 +405,53 @@ TEST(PilotGuards, ACpuClockThatThrowsNeitherThrowsNorStopsTheSteps) {
   EXPECT_NO_THROW(parts.pilot->end_epoch());
   EXPECT_EQ(parts.sink->steps.size(), 10u);
   EXPECT_EQ(test::count_of(parts.log.str(), "the CPU clock failed"), 1u) << parts.log.str();
+}
+
+// Counts its per-step calls; says it implements `hooks` (or throws when asked).
+class Hooked final : public Collector {
+ public:
+  Hooked(unsigned hooks, bool throw_hooks) : hooks_(hooks), throw_(throw_hooks) {}
+  std::string name() const override { return "hooked"; }
+  unsigned step_hooks() const override {
+    if (throw_) throw std::runtime_error("hooks boom");
+    return hooks_;
+  }
+  void on_step_begin(int64_t, Nanos) override { ++begins; }
+  void on_phase_begin(int, const std::string&) override { ++phases; }
+  void on_step_end(StepRecord&) override { ++ends; }
+  void on_step_complete(const StepRecord&) override { ++completes; }
+  int begins = 0, phases = 0, ends = 0, completes = 0;
+
+ private:
+  unsigned hooks_;
+  bool throw_;
+};
+
+TEST(PilotGuards, ACollectorIsCalledOnlyAtTheStepHooksItNames) {
+  auto end_only = std::make_shared<Hooked>(kHookStepEnd, false);
+  auto all = std::make_shared<Hooked>(kAllStepHooks, false);
+  Rig rig({}, {end_only, all});
+  for (int i = 0; i < 3; ++i) {
+    auto s = rig.pilot->step(8);
+    auto p = rig.pilot->phase("forward");
+    rig.clock->advance(10 * kMs);
+  }
+  EXPECT_EQ(end_only->ends, 3);
+  EXPECT_EQ(end_only->begins + end_only->phases + end_only->completes, 0);
+  EXPECT_EQ(all->begins, 3);
+  EXPECT_EQ(all->phases, 3);
+  EXPECT_EQ(all->ends, 3);
+  EXPECT_EQ(all->completes, 3);
+}
+
+TEST(PilotGuards, ACollectorWhoseStepHooksThrowIsCalledAtEveryHook) {
+  auto bad = std::make_shared<Hooked>(0, true);
+  Rig rig({}, {bad});
+  rig.steps(2);
+  EXPECT_EQ(bad->begins, 2);
+  EXPECT_EQ(bad->ends, 2);
+  EXPECT_EQ(bad->completes, 2);
+  EXPECT_EQ(rig.sink->steps.size(), 2u);
 }
 
 }  // namespace
