@@ -9,31 +9,41 @@
 namespace torchpilot {
 namespace {
 
-// Clips to the window and drops empty intervals.
-std::vector<Interval> clipped(std::vector<Interval> intervals, Interval window) {
-  std::vector<Interval> out;
-  out.reserve(intervals.size());
+// Clips to the window and drops empty intervals, in place (no allocation: this runs for every
+// step).
+void clip(std::vector<Interval>& intervals, Interval window) {
+  size_t n = 0;
   for (Interval i : intervals) {
     i.begin = std::max(i.begin, window.begin);
     i.end = std::min(i.end, window.end);
-    if (i.end > i.begin) out.push_back(i);
+    if (i.end > i.begin) intervals[n++] = i;
   }
-  return out;
+  intervals.resize(n);
+}
+std::vector<Interval> clipped(std::vector<Interval> intervals, Interval window) {
+  clip(intervals, window);
+  return intervals;
 }
 
-// Sorted, disjoint union of the intervals.
-std::vector<Interval> merged(std::vector<Interval> intervals) {
-  std::sort(intervals.begin(), intervals.end(),
-            [](const Interval& x, const Interval& y) { return x.begin < y.begin; });
-  std::vector<Interval> out;
+// Sorted, disjoint union of the intervals, in place.
+void merge(std::vector<Interval>& intervals) {
+  auto by_begin = [](const Interval& x, const Interval& y) { return x.begin < y.begin; };
+  if (!std::is_sorted(intervals.begin(), intervals.end(), by_begin)) {
+    std::sort(intervals.begin(), intervals.end(), by_begin);
+  }
+  size_t n = 0;
   for (const Interval& i : intervals) {
-    if (!out.empty() && i.begin <= out.back().end) {
-      out.back().end = std::max(out.back().end, i.end);
+    if (n > 0 && i.begin <= intervals[n - 1].end) {
+      intervals[n - 1].end = std::max(intervals[n - 1].end, i.end);
     } else {
-      out.push_back(i);
+      intervals[n++] = i;
     }
   }
-  return out;
+  intervals.resize(n);
+}
+std::vector<Interval> merged(std::vector<Interval> intervals) {
+  merge(intervals);
+  return intervals;
 }
 
 // Joins intervals (sorted, disjoint) less than `gap` apart, unless one of `ends` (sorted) falls in
@@ -84,8 +94,14 @@ std::vector<Interval> with_gaps_before(std::vector<Interval> comm,
 }  // namespace
 
 Nanos union_length(std::vector<Interval> intervals, Interval window) {
+  return union_length_in_place(intervals, window);
+}
+
+Nanos union_length_in_place(std::vector<Interval>& intervals, Interval window) {
+  clip(intervals, window);
+  merge(intervals);
   Nanos total = 0;
-  for (const Interval& i : merged(clipped(std::move(intervals), window))) total += i.end - i.begin;
+  for (const Interval& i : intervals) total += i.end - i.begin;
   return total;
 }
 

@@ -17,6 +17,8 @@ struct Interval {
 
 // Length of the union of `intervals` inside `window`.
 Nanos union_length(std::vector<Interval> intervals, Interval window);
+// The same over a caller's scratch, which it clips, sorts and merges in place (no allocation).
+Nanos union_length_in_place(std::vector<Interval>& intervals, Interval window);
 
 // Length of (union of a) ∩ (union of b) inside `window`.
 Nanos intersection_length(std::vector<Interval> a, std::vector<Interval> b, Interval window);

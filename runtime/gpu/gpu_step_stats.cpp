@@ -293,7 +293,7 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
       if (measured(s.counter_utilization) || measured(s.sm_efficiency))
         covered.push_back({s.begin, s.end});
     }
-    g.pm_covered_ns = union_length(covered, span);
+    g.pm_covered_ns = union_length_in_place(covered, span);
   }
   g.counter_utilization =
       weighted(pm, span, [](const PmSample& s) { return s.counter_utilization; });
@@ -341,6 +341,7 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
 
   if (!traced) {
     // Without a trace, the scopes of ops that always synchronize (none unless their hook runs).
+    if (events.scopes.empty()) return g;
     std::vector<Interval> waits;
     for (const SyncRecord& sync : resolve_host_syncs(events, false, span)) {
       if (!ends_in(sync, span)) continue;
