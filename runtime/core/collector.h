@@ -87,9 +87,12 @@ class Collector {
   virtual void on_step_begin(int64_t /*step*/, Nanos /*now*/) {}
   virtual void on_phase_begin(int /*phase_id*/, const std::string& /*phase_name*/) {}
   virtual void on_phase_end(int /*phase_id*/) {}
-  // The step ended; the collector may add its metrics to the record before sinks see it.
+  // The step ended (called at the boundary); the collector may add its metrics to the record
+  // before sinks see it.
   virtual void on_step_end(StepRecord& /*record*/) {}
-  // Every collector's on_step_end has run: the record as sinks will see it.
+  // Every collector's on_step_end has run: the record as sinks will see it. Steps shorter than
+  // 5 ms come here (and to the sinks) in batches, in order (Pilot::kStepBatch); before a late
+  // record is published, the steps before it have come.
   virtual void on_step_complete(const StepRecord& /*record*/) {}
   // The epoch ended; the collector adds its section before advisors run.
   virtual void on_epoch_end(EpochSummary& /*summary*/) {}

@@ -258,13 +258,46 @@ void Pilot::end_step() {
   last_boundary_ns_ = now;
   step_open_ = false;
   for_each_collector_timed("on_step_end", kHookStepEnd, [&](Collector& o) { o.on_step_end(r); });
-  for_each_collector("on_step_complete", kHookStepComplete, [&](Collector& o) { o.on_step_complete(r); });
   // The next step sits at a recurring stall's period: its CPU time from here to its end.
   if (cpu_clock_ && r.at_period && step_ewma_ns_ < kCpuEveryStepNs) {
     (void)read_cpu(r.step);  // marks the next step's start
     cpu_read_next_ = true;
   }
 
+  // The tuner reads each step as it ends, and its trials reach the sinks between steps: while
+  // it runs, every step is taken at once. Otherwise short steps wait in a batch (below).
+  const bool tuning_now = tuner_ && !tuner_->finished();
+  if (tuning_now || r.step_ns() >= kBatchBelowNs || step_ewma_ns_ >= kBatchBelowNs) {
+    flush_steps();
+    take_step(r);
+  } else {
+    step_batch_.push_back(r);
+    if (step_batch_.size() >= kStepBatch) flush_steps();
+  }
+
+  if (!tuning_now) return;
+  // The tuner calls knob setters and the loader's probe: user code. Whatever it throws stops
+  // tuning with one log line; the step goes on.
+  ++epoch_tuning_steps_;
+  if (const auto failed = failure_of([&] { tuner_->on_step(r); })) stop_tuning(*failed);
+}
+
+void Pilot::flush_steps() {
+  if (step_batch_.empty()) return;
+  // Taken in order; a sink or collector may publish (and so flush) from inside: the batch is
+  // moved out first.
+  const Nanos t0 = clock_->now_ns();
+  std::vector<StepRecord> batch;
+  batch.swap(step_batch_);
+  for (StepRecord& r : batch) take_step(r);
+  batch.clear();
+  if (step_batch_.empty()) step_batch_.swap(batch);  // keep the capacity
+  flush_ns_ += clock_->now_ns() - t0;
+}
+
+void Pilot::take_step(StepRecord& r) {
+  for_each_collector("on_step_complete", kHookStepComplete,
+                     [&](Collector& o) { o.on_step_complete(r); });
   const size_t history = static_cast<size_t>(config_.records.step_history);
   if (history_.size() < history) {
     // Doubling, but never past the ring's size.
@@ -278,12 +311,6 @@ void Pilot::end_step() {
   }
   accumulator_.add(r);
   for_each_sink("on_step", [&](Sink& s) { s.on_step(r, phase_names_); });
-
-  if (!tuner_ || tuner_->finished()) return;
-  // The tuner calls knob setters and the loader's probe: user code. Whatever it throws stops
-  // tuning with one log line; the step goes on.
-  ++epoch_tuning_steps_;
-  if (const auto failed = failure_of([&] { tuner_->on_step(r); })) stop_tuning(*failed);
 }
 
 Nanos Pilot::read_cpu(int64_t step) {
@@ -300,10 +327,14 @@ Nanos Pilot::read_cpu(int64_t step) {
 
 std::vector<StepRecord> Pilot::recent_steps() const {
   std::vector<StepRecord> out;
-  out.reserve(history_.size());
+  out.reserve(history_.size() + step_batch_.size());
   for (size_t i = 0; i < history_.size(); ++i) {
     out.push_back(history_[(history_next_ + i) % history_.size()]);
   }
+  // The steps still in the batch are the latest (their records are final).
+  out.insert(out.end(), step_batch_.begin(), step_batch_.end());
+  const size_t keep = static_cast<size_t>(config_.records.step_history);
+  if (out.size() > keep) out.erase(out.begin(), out.end() - static_cast<std::ptrdiff_t>(keep));
   return out;
 }
 

@@ -114,6 +114,7 @@ bool Pilot::steady_clock() const { return dynamic_cast<SteadyClock*>(clock_.get(
 bool Pilot::tuning() const { return config_.mode == Mode::kAutotune && !tuning_finished(); }
 
 void Pilot::publish(const LateStepRecord& record) {
+  flush_steps();  // a step's late record after the step's own
   for_each_collector("on_late_step", kHookLateStep, [&](Collector& c) { c.on_late_step(record); });
   for_each_sink("on_late_step", [&](Sink& s) { s.on_late_step(record); });
 }
@@ -144,11 +145,13 @@ void Pilot::add_default_sinks(std::vector<std::shared_ptr<Sink>> given) {
 }
 
 void Pilot::add_sink(std::shared_ptr<Sink> sink) {
+  flush_steps();  // a sink added gets the steps after it
   sinks_.push_back(std::move(sink));
   sink_failed_.push_back(false);
 }
 
 void Pilot::flush() {
+  flush_steps();
   for_each_sink("flush", [](Sink& s) { s.flush(); });
 }
 
@@ -174,10 +177,12 @@ void Pilot::stop_tuning(const std::string& reason) {
 SupplySample Pilot::supply() { return supply_ ? supply_() : SupplySample{}; }
 
 void Pilot::publish_trial(const TrialResult& trial, bool kept) {
+  flush_steps();
   for_each_sink("on_trial", [&](Sink& s) { s.on_trial(trial, kept); });
 }
 
 void Pilot::publish_decision(const TuningDecision& decision) {
+  flush_steps();
   for_each_sink("on_decision", [&](Sink& s) { s.on_decision(decision); });
 }
 

@@ -104,6 +104,7 @@ void Pilot::close_interval() {
 void Pilot::end_period(PeriodEnd end) {
   if (config_.mode == Mode::kOff) return;
   if (step_open_) end_step();
+  flush_steps();
   interval_due_ = false;
   if (accumulator_.empty()) return;
   if (cpu_clock_ && cpu_mark_ >= 0) (void)read_cpu(next_step_);  // up to its last step's end

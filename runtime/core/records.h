@@ -3,6 +3,7 @@
 // (section.h). Metrics, advisors and sinks read them. Plain values.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -28,10 +29,21 @@ class StepMetrics {
  public:
   static constexpr int kCapacity = 16;
   struct Metric {
-    const char* section = nullptr;
-    const char* name = nullptr;
-    double value = kNotMeasured;
+    const char* section;
+    const char* name;
+    double value;
   };
+  // Slots past size() are never read, so neither built nor copied: a record is made and kept at
+  // every step, and its untouched slots would be 6 of its 10 cache lines.
+  StepMetrics() {}  // NOLINT(modernize-use-equals-default): items_ stays unwritten
+  StepMetrics(const StepMetrics& other) : size_(other.size_) {
+    std::copy_n(other.items_.data(), size_, items_.data());
+  }
+  StepMetrics& operator=(const StepMetrics& other) {
+    size_ = other.size_;
+    std::copy_n(other.items_.data(), size_, items_.data());
+    return *this;
+  }
   void set(const char* section, const char* name, double value) {
     for (int i = 0; i < size_; ++i) {
       // Callers pass the same literals every step: pointers first, text only when they differ.
@@ -56,7 +68,7 @@ class StepMetrics {
   int size() const { return size_; }
 
  private:
-  std::array<Metric, kCapacity> items_{};
+  std::array<Metric, kCapacity> items_;
   int size_ = 0;
 };
 

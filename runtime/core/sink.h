@@ -22,6 +22,8 @@ class Sink {
  public:
   virtual ~Sink() = default;
   virtual std::string name() const = 0;
+  // Each step's record, in order; steps shorter than 5 ms come in batches of up to 32 (sooner at
+  // a period's end, on Pilot::flush(), before a late record, and while auto-tune runs).
   virtual void on_step(const StepRecord& /*record*/,
                        const std::vector<std::string>& /*phase_names*/) {}
   virtual void on_epoch(const EpochSummary& /*summary*/, const std::vector<Advice>& /*advice*/) {}

@@ -246,11 +246,6 @@ void GpuMonitor::on_step_end(StepRecord& r) {
     stop_deadline_ = r.end_ns + kMarkerWaitNs;
   }
 
-  // Samples that stopped coming (the decode thread failed) must not hold steps back.
-  if (++steps_since_status_ >= 16) {
-    steps_since_status_ = 0;
-    refresh_pm_status();
-  }
 
   // No flush on the training thread during a window's tail: converting a window's records
   // can take tens of milliseconds for a long window; the release's forced flush
@@ -268,6 +263,9 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   if (window || r.end_ns - last_collect_ns_ >= kCollectEveryNs || last_collect_ns_ < 0 ||
       pending_.size() >= kCollectMaxPending) {
     last_collect_ns_ = r.end_ns;
+    // Samples that stopped coming (the decode thread failed) must not hold steps back: looked at
+    // with each collection (the status is a list of strings: not at every step).
+    refresh_pm_status();
     drain();
     maybe_stop_trace(r.end_ns, false);
     finish_ready_steps(false, r.end_ns);

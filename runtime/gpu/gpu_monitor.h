@@ -204,7 +204,6 @@ class GpuMonitor : public Collector {
   void add_phases(const PendingStep& step, const StepSpans& spans);
   // A phase's GPU span inside its step's, when both its markers resolved.
   std::optional<Interval> phase_gpu_span(const PhaseMarks& p, Interval step) const;
-  int steps_since_status_ = 0;
   Nanos max_step_call_ns_ = 0;  // the longest step-boundary call this epoch
   Nanos window_cost_ns_ = 0;    // the open window's cost so far
   Nanos window_fixed_ns_ = 0;   // of which torchpilot's own calls (not per traced step)

@@ -22,11 +22,16 @@ class StallCollector final : public Collector {
   std::string name() const override { return "stalls"; }
   unsigned step_hooks() const override { return kHookStepEnd | kHookStepComplete | kHookLateStep; }
   void attach(CollectorHost* host) override { host_ = host; }
+  // At the boundary only whether the step sits at the period (the GPU monitor and the sync probe
+  // act on it now); the step is added to the tracker with its complete record, which short steps
+  // reach in batches (Pilot: kStepBatch): a period found there counts from the next boundary.
   void on_step_end(StepRecord& record) override {
-    stalls_.add(record);
     record.at_period = stalls_.at_period(record.step);
   }
-  void on_step_complete(const StepRecord& record) override { stalls_.add_probe(record); }
+  void on_step_complete(const StepRecord& record) override {
+    stalls_.add(record);
+    stalls_.add_probe(record);
+  }
   void on_late_step(const LateStepRecord& record) override {
     // A step's GPU span: what a periodic stall cost the GPU (OutlierStats).
     if (record.record_type != GpuStepRecord::kRecordType) return;

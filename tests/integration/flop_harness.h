@@ -43,6 +43,7 @@ struct Harness {
       auto s = pilot->step(samples);
       body();
     }
+    pilot->flush();  // short steps reach the sinks in batches
     return sink->steps.back();
   }
   const EpochSummary& end_epoch() {

@@ -54,9 +54,11 @@ TEST(SyncProbe, ProbesOnlyTheStepsAroundAKnownPeriodAndCountsNoHostOps) {
     }
   }
   // Step 7 comes before the tracker judges steps (8 needed): the stalls are 27, 47, 67, ... and
-  // the period is known at 67, whose record is the first at the period: the probe covers 68 and
-  // 69; from then on each stall (20k + 7) and the two steps after it.
-  std::set<int64_t> expected = {68, 69};
+  // the period is known once 67 is added to the tracker, after its boundary (the boundary marks
+  // what the tracker knew before the step): 68 is the first record at the period (within one
+  // step of it), so the probe covers 69; from then on each stall (20k + 7) and the two steps
+  // after it.
+  std::set<int64_t> expected = {69};
   for (int64_t p = 87; p < kSteps; p += kPeriod) {
     for (int64_t k = 0; k < 3 && p + k < kSteps; ++k) expected.insert(p + k);
   }

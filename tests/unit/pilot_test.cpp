@@ -791,5 +791,71 @@ TEST(PilotSoak, AMillionStepsKeepMemoryBounded) {
                                   << " KiB over a million steps (from " << before << " KiB)";
 }
 
+
+struct LateSeen {
+  static constexpr const char* kSectionName = "late_seen";
+  static constexpr const char* kRecordType = "late_seen_step";
+  int64_t step = 0;
+};
+std::string section_json(const LateSeen& s) { return nlohmann::json{{"step", s.step}}.dump(); }
+void section_text(const LateSeen&, const EpochSummary&, std::vector<std::string>&) {}
+
+// Publishes a late record for the step before each one that ends (as the GPU monitor does).
+class LatePublisher final : public Collector {
+ public:
+  std::string name() const override { return "late"; }
+  unsigned step_hooks() const override { return kHookStepEnd; }
+  void attach(CollectorHost* host) override { host_ = host; }
+  void on_step_end(StepRecord& r) override {
+    if (host_ != nullptr && publish && r.step > 0) {
+      host_->publish(make_late_step(r.step - 1, r.epoch, LateSeen{r.step - 1}));
+    }
+  }
+  bool publish = false;
+
+ private:
+  CollectorHost* host_ = nullptr;
+};
+
+TEST(PilotTest, ShortStepsReachTheSinksInBatchesInOrder) {
+  Harness h;
+  Pilot pilot(advise_config(), h.options());
+  for (int i = 0; i < 40; ++i) run_step(pilot, *h.clock, 0, 1 * kMs);  // below 5 ms
+  // Batches of 32: the first 32 steps are out, the rest wait.
+  ASSERT_EQ(h.recording->steps.size(), 32u);
+  EXPECT_EQ(pilot.recent_steps().size(), 40u) << "the history includes the waiting steps";
+  pilot.flush();
+  ASSERT_EQ(h.recording->steps.size(), 40u);
+  for (size_t i = 0; i < 40; ++i) EXPECT_EQ(h.recording->steps[i].step, static_cast<int64_t>(i));
+  run_step(pilot, *h.clock, 0, 1 * kMs);
+  pilot.end_epoch();  // an epoch's end takes its steps first
+  EXPECT_EQ(h.recording->steps.size(), 41u);
+  ASSERT_EQ(h.recording->epochs.size(), 1u);
+  EXPECT_EQ(h.recording->epochs[0].steps, 41);
+}
+
+TEST(PilotTest, LongStepsReachTheSinksAtOnce) {
+  Harness h;
+  Pilot pilot(advise_config(), h.options());
+  for (int i = 0; i < 3; ++i) {
+    run_step(pilot, *h.clock, 0, 6 * kMs);
+    EXPECT_EQ(h.recording->steps.size(), static_cast<size_t>(i + 1));
+  }
+}
+
+TEST(PilotTest, ALateRecordComesAfterItsStep) {
+  Harness h;
+  auto late = std::make_shared<LatePublisher>();
+  late->publish = true;
+  PilotOptions o = h.options();
+  o.collectors.push_back(late);
+  o.default_collectors = false;
+  Pilot pilot(advise_config(), std::move(o));
+  for (int i = 0; i < 5; ++i) run_step(pilot, *h.clock, 0, 1 * kMs);
+  // Each late record (for step n - 1, published at step n's end) found step n - 1 delivered.
+  ASSERT_EQ(h.recording->late_steps.size(), 4u);
+  EXPECT_EQ(h.recording->steps.size(), 4u);
+  for (const auto& r : h.recording->late_steps) EXPECT_LT(r.step, 4);
+}
 }  // namespace
 }  // namespace torchpilot
