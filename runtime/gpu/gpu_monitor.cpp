@@ -44,9 +44,12 @@ GpuMonitor::GpuMonitor(const GpuConfig& config, std::shared_ptr<GpuBackend> back
   planner_.allow_optional = [this](const char* kind, int steps) {
     return allow_window(kind, steps);
   };
+  nvtx_ = config_.nvtx;
   for (const auto& s : backend_->status()) {
     if (s.name == kPmSamplingCollector) pm_active_ = s.active;
     if (s.name == kActivityCollector && !s.active && !backend_->trace_busy()) planner_.disable();
+    // Without an NVTX tool (set at the process's start) the ranges go nowhere: not even called.
+    if (s.name == kNvtxCollector && !s.active) nvtx_ = false;
   }
 }
 
@@ -119,7 +122,7 @@ void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
   // small beside the trace (the GPU time by phase needs the window's kernels anyway).
   phase_markers_ = planner_.tracing() && run_begin_marker_ != 0;
   phases_complete_ = true;
-  if (!config_.nvtx) return;
+  if (!nvtx_) return;
   char name[32] = "step ";  // to_chars: no locale, no format parsing (every step)
   *std::to_chars(name + 5, name + sizeof name - 1, step).ptr = '\0';
   backend_->range_push(name);
@@ -149,7 +152,7 @@ void GpuMonitor::on_phase_begin(int phase_id, const std::string& phase_name) {
                               0});
     }
   }
-  if (!config_.nvtx) return;
+  if (!nvtx_) return;
   backend_->range_push(phase_name.c_str());
   ++open_ranges_;
 }
@@ -171,7 +174,7 @@ void GpuMonitor::on_phase_end(int phase_id) {
       break;
     }
   }
-  if (!config_.nvtx || open_ranges_ == 0) return;
+  if (!nvtx_ || open_ranges_ == 0) return;
   backend_->range_pop();
   --open_ranges_;
 }
@@ -179,7 +182,9 @@ void GpuMonitor::on_phase_end(int phase_id) {
 void GpuMonitor::request_window(int steps) { planner_.request_window(steps); }
 
 void GpuMonitor::on_step_end(StepRecord& r) {
-  const CallTimer timer(max_step_call_ns_);
+  // Timed where it can hold the thread (a collection, a window's start, stop or release); the
+  // rest of the call is short and bounded.
+  std::optional<CallTimer> timer;
   const bool attached_before = planner_.trace_attached() || stop_pending_;
   // First, behind the step's last launches on the trainer's stream: a marker at every boundary
   // in and around windows, else once gpu.marker_interval_ms of host time passed since the run's
@@ -192,7 +197,7 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   latest_ns_ = std::max(latest_ns_, r.end_ns);
   latest_epoch_ = r.epoch;
   // The step's NVTX range (phases left open by the program are closed with it).
-  while (config_.nvtx && open_ranges_ > 0) {
+  while (nvtx_ && open_ranges_ > 0) {
     backend_->range_pop();
     --open_ranges_;
   }
@@ -251,6 +256,7 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   // can take tens of milliseconds for a long window; the release's forced flush
   // delivers them off the training thread (the trace stopped once the GPU ran its last step).
   if (a.release) {
+    if (!timer) timer.emplace(max_step_call_ns_);
     backend_->release_trace();  // its final flush is drained once the release is done
     refresh_pm_status();        // PM sampling may not have come back
   }
@@ -263,6 +269,7 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   if (window || r.end_ns - last_collect_ns_ >= kCollectEveryNs || last_collect_ns_ < 0 ||
       pending_.size() >= kCollectMaxPending) {
     last_collect_ns_ = r.end_ns;
+    if (!timer) timer.emplace(max_step_call_ns_);
     // Samples that stopped coming (the decode thread failed) must not hold steps back: looked at
     // with each collection (the status is a list of strings: not at every step).
     refresh_pm_status();
