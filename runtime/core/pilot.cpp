@@ -159,7 +159,8 @@ StepScope Pilot::step(int64_t samples) {
   if (!collectors_.empty()) {
     const int64_t n = next_step_;
     const Nanos t = step_begin_ns_;
-    for_each_collector_timed("on_step_begin", kHookStepBegin, [&](Collector& o) { o.on_step_begin(n, t); });
+    for_each_collector_timed("on_step_begin", kHookStepBegin,
+                             [&](Collector& o) { o.on_step_begin(n, t); });
     spend_own(t, clock_->now_ns());
   }
   return StepScope(this, next_step_);
@@ -187,7 +188,8 @@ PhaseScope Pilot::phase(int id) {
                                   ? phase_names_[static_cast<size_t>(id)]
                                   : unnamed;
     const Nanos t = clock_->now_ns();
-    for_each_collector("on_phase_begin", kHookPhase, [&](Collector& o) { o.on_phase_begin(id, name); });
+    for_each_collector("on_phase_begin", kHookPhase,
+                       [&](Collector& o) { o.on_phase_begin(id, name); });
     const Nanos begin = clock_->now_ns();
     spend_own(t, begin);
     return PhaseScope(this, id, begin);

@@ -261,13 +261,13 @@ class Pilot : private CollectorHost, private TunerHost {
   Nanos flush_ns_ = 0;  // time in flush_steps (the Pilot's part, wherever it is called from)
   void flush_steps();
   void take_step(StepRecord& record);  // on_step_complete, history, epoch figures, sinks
-  std::vector<StepRecord> history_;  // ring buffer
+  std::vector<StepRecord> history_;    // ring buffer
   size_t history_next_ = 0;
   EpochAccumulator accumulator_;
   std::vector<EpochSummary> epoch_summaries_;
   std::vector<Advice> last_advice_;
 
-  std::vector<Collector*> collectors_;  // in calling order
+  std::vector<Collector*> collectors_;     // in calling order
   std::vector<unsigned> collector_hooks_;  // each one's step_hooks(), in the same order
   std::vector<std::shared_ptr<Collector>> owned_collectors_;
   // Every collector, or (with a StepHook bit) those that implement that callback.

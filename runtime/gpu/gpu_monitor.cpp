@@ -251,7 +251,6 @@ void GpuMonitor::on_step_end(StepRecord& r) {
     stop_deadline_ = r.end_ns + kMarkerWaitNs;
   }
 
-
   // No flush on the training thread during a window's tail: converting a window's records
   // can take tens of milliseconds for a long window; the release's forced flush
   // delivers them off the training thread (the trace stopped once the GPU ran its last step).

@@ -157,7 +157,7 @@ class GpuMonitor : public Collector {
   const KernelIndex& kernel_index();
   GpuEventBatch incoming_;
   Nanos pm_watermark_ = 0;  // end of the latest PM sample received
-  bool nvtx_ = false;  // gpu.nvtx and an NVTX tool attached
+  bool nvtx_ = false;       // gpu.nvtx and an NVTX tool attached
   bool pm_active_ = false;
   std::deque<PendingStep> pending_;
 

@@ -791,7 +791,6 @@ TEST(PilotSoak, AMillionStepsKeepMemoryBounded) {
                                   << " KiB over a million steps (from " << before << " KiB)";
 }
 
-
 struct LateSeen {
   static constexpr const char* kSectionName = "late_seen";
   static constexpr const char* kRecordType = "late_seen_step";
