@@ -104,9 +104,8 @@ void Pilot::close_interval() {
 void Pilot::end_period(PeriodEnd end) {
   if (config_.mode == Mode::kOff) return;
   if (step_open_) end_step();
-  flush_steps();
   interval_due_ = false;
-  if (accumulator_.empty()) return;
+  if (accumulator_.empty() && step_batch_.empty()) return;
   if (cpu_clock_ && cpu_mark_ >= 0) (void)read_cpu(next_step_);  // up to its last step's end
   const Nanos began = clock_->now_ns();
   summary_cut_ns_ = -1;
@@ -117,6 +116,7 @@ void Pilot::end_period(PeriodEnd end) {
                    reason_suffix(*failed));
   }
   accumulator_.clear();
+  step_batch_.clear();  // taken by the summary, or lost with it
   ++epoch_;
   step_in_epoch_ = 0;
   epoch_tuning_steps_ = 0;
@@ -138,6 +138,11 @@ void Pilot::summarize_epoch(Nanos began, PeriodEnd end) {
     parts.emplace_back(std::move(name), std::max<Nanos>(0, now - mark));
     mark = now;
   };
+  // The period's steps still in a batch (short steps) are taken first: the epoch end's time.
+  if (!step_batch_.empty()) {
+    flush_steps();
+    part("steps");
+  }
   EpochSummary summary = accumulator_.summarize(epoch_, phase_names_);
   summary.closed_by = end;
   summary.tuning_steps = epoch_tuning_steps_;

@@ -24,6 +24,7 @@
 #include "epoch_checks.h"
 #include "fakes/text.h"
 #include "temp_dir.h"
+#include "torchpilot/runtime/cost/cost.h"
 #include "torchpilot/runtime/loader/loader_probe.h"
 #include "torchpilot/runtime/reports/sinks.h"
 
@@ -831,6 +832,21 @@ TEST(PilotTest, ShortStepsReachTheSinksInBatchesInOrder) {
   EXPECT_EQ(h.recording->steps.size(), 41u);
   ASSERT_EQ(h.recording->epochs.size(), 1u);
   EXPECT_EQ(h.recording->epochs[0].steps, 41);
+}
+
+TEST(PilotTest, AnEpochEndCountsTheShortStepsItTakesAsItsOwn) {
+  Harness h;
+  Pilot pilot(advise_config(), h.options());
+  for (int i = 0; i < 5; ++i) run_step(pilot, *h.clock, 0, 1 * kMs);
+  EXPECT_EQ(h.recording->steps.size(), 0u);
+  pilot.end_epoch();
+  EXPECT_EQ(h.recording->steps.size(), 5u);
+  ASSERT_EQ(h.recording->epochs.size(), 1u);
+  const auto* cost = h.recording->epochs[0].sections.get<CostStats>();
+  ASSERT_NE(cost, nullptr);
+  const bool has_steps = std::any_of(cost->epoch_end_parts.begin(), cost->epoch_end_parts.end(),
+                                     [](const auto& p) { return p.first == "steps"; });
+  EXPECT_TRUE(has_steps) << "the batch taken at the epoch end is a part of its time";
 }
 
 TEST(PilotTest, LongStepsReachTheSinksAtOnce) {
