@@ -56,8 +56,8 @@ void Pilot::insert_collector(Collector* c, bool front) {
     (void)failure_of([&] { c->attach(nullptr); });  // it may have kept the host
     return;
   }
-  unsigned hooks = kAllStepHooks;
-  if (const auto failed = failure_of([&] { hooks = c->step_hooks(); })) hooks = kAllStepHooks;
+  unsigned hooks = kAllStepHooks;  // one whose step_hooks() throws is called at every hook
+  (void)failure_of([&] { hooks = c->step_hooks(); });
   collector_hooks_.insert(front ? collector_hooks_.begin() : collector_hooks_.end(), hooks);
   collectors_.insert(front ? collectors_.begin() : collectors_.end(), c);
 }

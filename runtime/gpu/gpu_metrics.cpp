@@ -7,6 +7,23 @@
 #include "torchpilot/runtime/core/metrics.h"
 
 namespace torchpilot {
+
+void merge_in_place(std::vector<Interval>& intervals) {
+  auto by_begin = [](const Interval& x, const Interval& y) { return x.begin < y.begin; };
+  if (!std::is_sorted(intervals.begin(), intervals.end(), by_begin)) {
+    std::sort(intervals.begin(), intervals.end(), by_begin);
+  }
+  size_t n = 0;
+  for (const Interval& i : intervals) {
+    if (n > 0 && i.begin <= intervals[n - 1].end) {
+      intervals[n - 1].end = std::max(intervals[n - 1].end, i.end);
+    } else {
+      intervals[n++] = i;
+    }
+  }
+  intervals.resize(n);
+}
+
 namespace {
 
 // Clips to the window and drops empty intervals, in place (no allocation: this runs for every
@@ -25,24 +42,8 @@ std::vector<Interval> clipped(std::vector<Interval> intervals, Interval window) 
   return intervals;
 }
 
-// Sorted, disjoint union of the intervals, in place.
-void merge(std::vector<Interval>& intervals) {
-  auto by_begin = [](const Interval& x, const Interval& y) { return x.begin < y.begin; };
-  if (!std::is_sorted(intervals.begin(), intervals.end(), by_begin)) {
-    std::sort(intervals.begin(), intervals.end(), by_begin);
-  }
-  size_t n = 0;
-  for (const Interval& i : intervals) {
-    if (n > 0 && i.begin <= intervals[n - 1].end) {
-      intervals[n - 1].end = std::max(intervals[n - 1].end, i.end);
-    } else {
-      intervals[n++] = i;
-    }
-  }
-  intervals.resize(n);
-}
 std::vector<Interval> merged(std::vector<Interval> intervals) {
-  merge(intervals);
+  merge_in_place(intervals);
   return intervals;
 }
 
@@ -99,7 +100,7 @@ Nanos union_length(std::vector<Interval> intervals, Interval window) {
 
 Nanos union_length_in_place(std::vector<Interval>& intervals, Interval window) {
   clip(intervals, window);
-  merge(intervals);
+  merge_in_place(intervals);
   Nanos total = 0;
   for (const Interval& i : intervals) total += i.end - i.begin;
   return total;

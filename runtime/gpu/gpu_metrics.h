@@ -15,6 +15,10 @@ struct Interval {
   Nanos end = 0;  // exclusive; an interval with end <= begin is empty
 };
 
+// Sorts `intervals` by begin (unless they are) and merges them into their disjoint union, in
+// place.
+void merge_in_place(std::vector<Interval>& intervals);
+
 // Length of the union of `intervals` inside `window`.
 Nanos union_length(std::vector<Interval> intervals, Interval window);
 // The same over a caller's scratch, which it clips, sorts and merges in place (no allocation).

@@ -186,20 +186,7 @@ KernelIndex::KernelIndex(const std::vector<KernelRecord>& kernels) : kernels_(ke
     longest_ = std::max(longest_, k.end - k.begin);
     if (k.end > k.begin) busy_.push_back({k.begin, k.end});
   }
-  if (!by_start_) {
-    std::sort(busy_.begin(), busy_.end(),
-              [](const Interval& a, const Interval& b) { return a.begin < b.begin; });
-  }
-  // Merge into disjoint busy intervals, in place.
-  size_t n = 0;
-  for (size_t i = 0; i < busy_.size(); ++i) {
-    if (n > 0 && busy_[i].begin <= busy_[n - 1].end) {
-      busy_[n - 1].end = std::max(busy_[n - 1].end, busy_[i].end);
-    } else {
-      busy_[n++] = busy_[i];
-    }
-  }
-  busy_.resize(n);
+  merge_in_place(busy_);  // disjoint busy intervals
 }
 
 KernelRange KernelIndex::starting_in(Interval span) const {
