@@ -266,15 +266,15 @@ void Pilot::end_step() {
     cpu_read_next_ = true;
   }
 
-  // The record goes into the history now; what reads it there (on_step_complete, the epoch's
-  // figures, the sinks) waits for a batch when steps are short. The tuner reads each step as it
-  // ends, and its trials reach the sinks between steps: while it runs, every step is taken at once.
-  keep_in_history(r);
-  ++untaken_steps_;
+  // The tuner reads each step as it ends, and its trials reach the sinks between steps: while
+  // it runs, every step is taken at once. Otherwise short steps wait in a batch (below).
   const bool tuning_now = tuner_ && !tuner_->finished();
-  if (tuning_now || r.step_ns() >= kBatchBelowNs || step_ewma_ns_ >= kBatchBelowNs ||
-      untaken_steps_ >= std::min(kStepBatch, static_cast<size_t>(config_.records.step_history))) {
+  if (tuning_now || r.step_ns() >= kBatchBelowNs || step_ewma_ns_ >= kBatchBelowNs) {
     flush_steps();
+    take_step(r);
+  } else {
+    step_batch_.push_back(r);
+    if (step_batch_.size() >= kStepBatch) flush_steps();
   }
 
   if (!tuning_now) return;
@@ -284,7 +284,22 @@ void Pilot::end_step() {
   if (const auto failed = failure_of([&] { tuner_->on_step(r); })) stop_tuning(*failed);
 }
 
-void Pilot::keep_in_history(const StepRecord& r) {
+void Pilot::flush_steps() {
+  if (step_batch_.empty()) return;
+  // Taken in order; a sink or collector may publish (and so flush) from inside: the batch is
+  // moved out first.
+  const Nanos t0 = clock_->now_ns();
+  std::vector<StepRecord> batch;
+  batch.swap(step_batch_);
+  for (StepRecord& r : batch) take_step(r);
+  batch.clear();
+  if (step_batch_.empty()) step_batch_.swap(batch);  // keep the capacity
+  flush_ns_ += clock_->now_ns() - t0;
+}
+
+void Pilot::take_step(StepRecord& r) {
+  for_each_collector("on_step_complete", kHookStepComplete,
+                     [&](Collector& o) { o.on_step_complete(r); });
   const size_t history = static_cast<size_t>(config_.records.step_history);
   if (history_.size() < history) {
     // Doubling, but never past the ring's size.
@@ -296,24 +311,8 @@ void Pilot::keep_in_history(const StepRecord& r) {
     history_[history_next_] = r;
     history_next_ = (history_next_ + 1) % history_.size();
   }
-}
-
-void Pilot::flush_steps() {
-  if (untaken_steps_ == 0) return;
-  // The latest untaken_steps_ records of the history, in order. Zeroed first: a collector or
-  // sink that publishes from inside (and so flushes) finds nothing left to take.
-  const size_t n = untaken_steps_;
-  untaken_steps_ = 0;
-  const Nanos t0 = clock_->now_ns();
-  const size_t size = history_.size();
-  for (size_t i = size - n; i < size; ++i) {
-    const StepRecord& r = history_[(history_next_ + i) % size];
-    for_each_collector("on_step_complete", kHookStepComplete,
-                       [&](Collector& o) { o.on_step_complete(r); });
-    accumulator_.add(r);
-    for_each_sink("on_step", [&](Sink& s) { s.on_step(r, phase_names_); });
-  }
-  flush_ns_ += clock_->now_ns() - t0;
+  accumulator_.add(r);
+  for_each_sink("on_step", [&](Sink& s) { s.on_step(r, phase_names_); });
 }
 
 Nanos Pilot::read_cpu(int64_t step) {
@@ -330,10 +329,14 @@ Nanos Pilot::read_cpu(int64_t step) {
 
 std::vector<StepRecord> Pilot::recent_steps() const {
   std::vector<StepRecord> out;
-  out.reserve(history_.size());
+  out.reserve(history_.size() + step_batch_.size());
   for (size_t i = 0; i < history_.size(); ++i) {
     out.push_back(history_[(history_next_ + i) % history_.size()]);
   }
+  // The steps still in the batch are the latest (their records are final).
+  out.insert(out.end(), step_batch_.begin(), step_batch_.end());
+  const size_t keep = static_cast<size_t>(config_.records.step_history);
+  if (out.size() > keep) out.erase(out.begin(), out.end() - static_cast<std::ptrdiff_t>(keep));
   return out;
 }
 

@@ -251,17 +251,17 @@ class Pilot : private CollectorHost, private TunerHost {
   Nanos period_begin_ns_ = 0;  // the current period's first step began here
   bool interval_due_ = false;  // the step just ended closes an interval (checked by StepScope)
   bool interval_said_ = false;
-  // Each step's record goes into the history ring at its end. Steps shorter than kBatchBelowNs
-  // reach on_step_complete, the epoch's figures and the sinks from there in batches of kStepBatch
-  // (or sooner: a late record, a period's end, the tuner): one pass over that code for many
-  // steps, where a pass at every step would find it evicted by the trainer's work each time.
+  // Steps shorter than kBatchBelowNs reach on_step_complete, the history, the epoch's figures and
+  // the sinks in batches of kStepBatch (or sooner: a late record, a period's end, the tuner): one
+  // pass over that code for many steps, where a pass at every step would find it evicted by the
+  // trainer's work each time.
   static constexpr size_t kStepBatch = 32;
   static constexpr Nanos kBatchBelowNs = 5000000;
-  size_t untaken_steps_ = 0;  // the history's latest records not yet taken
-  Nanos flush_ns_ = 0;        // time in flush_steps (the Pilot's part, wherever it is called from)
-  void keep_in_history(const StepRecord& record);
-  void flush_steps();  // takes the untaken steps: on_step_complete, epoch figures, sinks
-  std::vector<StepRecord> history_;  // ring buffer
+  std::vector<StepRecord> step_batch_;
+  Nanos flush_ns_ = 0;  // time in flush_steps (the Pilot's part, wherever it is called from)
+  void flush_steps();
+  void take_step(StepRecord& record);  // on_step_complete, history, epoch figures, sinks
+  std::vector<StepRecord> history_;    // ring buffer
   size_t history_next_ = 0;
   EpochAccumulator accumulator_;
   std::vector<EpochSummary> epoch_summaries_;

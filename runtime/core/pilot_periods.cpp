@@ -105,7 +105,7 @@ void Pilot::end_period(PeriodEnd end) {
   if (config_.mode == Mode::kOff) return;
   if (step_open_) end_step();
   interval_due_ = false;
-  if (accumulator_.empty() && untaken_steps_ == 0) return;
+  if (accumulator_.empty() && step_batch_.empty()) return;
   if (cpu_clock_ && cpu_mark_ >= 0) (void)read_cpu(next_step_);  // up to its last step's end
   const Nanos began = clock_->now_ns();
   summary_cut_ns_ = -1;
@@ -116,7 +116,7 @@ void Pilot::end_period(PeriodEnd end) {
                    reason_suffix(*failed));
   }
   accumulator_.clear();
-  untaken_steps_ = 0;  // taken by the summary, or lost with it
+  step_batch_.clear();  // taken by the summary, or lost with it
   ++epoch_;
   step_in_epoch_ = 0;
   epoch_tuning_steps_ = 0;
@@ -139,7 +139,7 @@ void Pilot::summarize_epoch(Nanos began, PeriodEnd end) {
     mark = now;
   };
   // The period's steps still in a batch (short steps) are taken first: the epoch end's time.
-  if (untaken_steps_ > 0) {
+  if (!step_batch_.empty()) {
     flush_steps();
     part("steps");
   }
