@@ -52,6 +52,10 @@ class CollectorHost {
   // What the collector cost the training thread outside its own callbacks (a trace window's
   // slower launches); the host times the callbacks itself.
   virtual void charge_cost(Nanos /*ns*/) {}
+  // Called from on_step_end: the step ending now is taken at once (with the steps waiting before
+  // it) instead of in a batch, for a collector whose next step depends on this one's
+  // on_step_record (a trace or counting window that opens or closes).
+  virtual void take_step_now() {}
   // torchpilot's time on the training thread in the open epoch so far (its step calls, windows).
   virtual Nanos epoch_cost_ns() const { return 0; }
   // The phases' names by id (Pilot::phase_id).
@@ -70,7 +74,8 @@ enum StepHook : unsigned {
   kHookStepEnd = 1u << 2,       // on_step_end
   kHookStepComplete = 1u << 3,  // on_step_complete
   kHookLateStep = 1u << 4,      // on_late_step
-  kAllStepHooks = (1u << 5) - 1,
+  kHookStepRecord = 1u << 5,    // on_step_record
+  kAllStepHooks = (1u << 6) - 1,
 };
 
 class Collector {
@@ -87,9 +92,16 @@ class Collector {
   virtual void on_step_begin(int64_t /*step*/, Nanos /*now*/) {}
   virtual void on_phase_begin(int /*phase_id*/, const std::string& /*phase_name*/) {}
   virtual void on_phase_end(int /*phase_id*/) {}
-  // The step ended (called at the boundary); the collector may add its metrics to the record
-  // before sinks see it.
+  // The step ended (called at the boundary): what must happen at that moment (a marker behind
+  // the step's launches, closing a window); the collector may add its metrics to the record.
   virtual void on_step_end(StepRecord& /*record*/) {}
+  // The rest of a step's bookkeeping, which needs nothing of the boundary's moment (planners,
+  // queues, figures added to the record): called for each step in order, after every collector's
+  // on_step_end of it and before any on_step_complete of it. Steps shorter than 5 ms come here
+  // in the Pilot's batches (many steps over warm code and data, where a call at every boundary
+  // finds both evicted by the trainer's work); a collector whose next step must see this one done
+  // asks for CollectorHost::take_step_now() in on_step_end.
+  virtual void on_step_record(StepRecord& /*record*/) {}
   // Every collector's on_step_end has run: the record as sinks will see it. Steps shorter than
   // 5 ms come here (and to the sinks) in batches, in order (Pilot::kStepBatch); before a late
   // record is published, the steps before it have come.

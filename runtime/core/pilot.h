@@ -194,8 +194,9 @@ class Pilot : private CollectorHost, private TunerHost {
   // --- results, for programs and tests -----------------------------------------------------------
   int64_t steps() const { return next_step_; }
   int64_t epoch() const { return epoch_; }
-  // The last `records.step_history` steps, oldest first.
-  std::vector<StepRecord> recent_steps() const;
+  // The last `records.step_history` steps, oldest first (the steps waiting in a batch are taken
+  // first).
+  std::vector<StepRecord> recent_steps();
   const std::vector<EpochSummary>& epoch_summaries() const { return epoch_summaries_; }
   const std::vector<Advice>& last_advice() const { return last_advice_; }
   const std::optional<TuningDecision>& tuning_decision() const;
@@ -215,6 +216,7 @@ class Pilot : private CollectorHost, private TunerHost {
   bool cost_allows(Nanos estimate_ns) const override;
   void cost_deferred(const std::string& what, Nanos estimate_ns) override;
   void charge_cost(Nanos ns) override;
+  void take_step_now() override { take_now_ = true; }
   const std::vector<std::string>& phase_names() const override { return phase_names_; }
   Nanos epoch_cost_ns() const override { return cost_->epoch_cost_ns(); }
   // Time spent in torchpilot's own calls on the training thread, from `since` to now.
@@ -258,10 +260,17 @@ class Pilot : private CollectorHost, private TunerHost {
   static constexpr size_t kStepBatch = 32;
   static constexpr Nanos kBatchBelowNs = 5000000;
   std::vector<StepRecord> step_batch_;
-  Nanos flush_ns_ = 0;  // time in flush_steps (the Pilot's part, wherever it is called from)
+  Nanos flush_ns_ = 0;        // time in flush_steps (the Pilot's part, wherever it is called from)
+  bool take_now_ = false;     // a collector asked for the ending step at once (take_step_now)
+  bool in_step_end_ = false;  // in end_step: on_step_record's time is its collector's part
+  bool taking_ = false;       // in take_steps: late records wait for the steps' sinks
+  std::vector<LateStepRecord> held_late_;
   void flush_steps();
-  void take_step(StepRecord& record);  // on_step_complete, history, epoch figures, sinks
-  std::vector<StepRecord> history_;    // ring buffer
+  // on_step_record (collector by collector), then on_step_complete, history, epoch figures and
+  // sinks (step by step); late records published meanwhile come after.
+  void take_steps(StepRecord* steps, size_t n);
+  void deliver_late(const LateStepRecord& record);
+  std::vector<StepRecord> history_;  // ring buffer
   size_t history_next_ = 0;
   EpochAccumulator accumulator_;
   std::vector<EpochSummary> epoch_summaries_;

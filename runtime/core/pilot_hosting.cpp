@@ -114,7 +114,17 @@ bool Pilot::steady_clock() const { return dynamic_cast<SteadyClock*>(clock_.get(
 bool Pilot::tuning() const { return config_.mode == Mode::kAutotune && !tuning_finished(); }
 
 void Pilot::publish(const LateStepRecord& record) {
-  flush_steps();  // a step's late record after the step's own
+  // A step's late record after the step's own: published while steps are being taken (from
+  // on_step_record or on_step_complete), it waits for their sinks.
+  if (taking_) {
+    held_late_.push_back(record);
+    return;
+  }
+  flush_steps();
+  deliver_late(record);
+}
+
+void Pilot::deliver_late(const LateStepRecord& record) {
   for_each_collector("on_late_step", kHookLateStep, [&](Collector& c) { c.on_late_step(record); });
   for_each_sink("on_late_step", [&](Sink& s) { s.on_late_step(record); });
 }

@@ -30,7 +30,8 @@ class Sink {
   virtual void on_trial(const TrialResult& /*trial*/, bool /*kept*/) {}
   virtual void on_decision(const TuningDecision& /*decision*/) {}
   // A collector's figures of a step, after the step (late: e.g. GPU samples and trace records
-  // arrive asynchronously). record.get<T>() reads the typed value (GpuStepRecord, ...).
+  // arrive asynchronously), always after the step's own on_step. record.get<T>() reads the
+  // typed value (GpuStepRecord, ...).
   virtual void on_late_step(const LateStepRecord& /*record*/) {}
   virtual void flush() {}
 };

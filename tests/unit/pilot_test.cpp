@@ -824,6 +824,7 @@ TEST(PilotTest, ShortStepsReachTheSinksInBatchesInOrder) {
   // Batches of 32: the first 32 steps are out, the rest wait.
   ASSERT_EQ(h.recording->steps.size(), 32u);
   EXPECT_EQ(pilot.recent_steps().size(), 40u) << "the history includes the waiting steps";
+  EXPECT_EQ(h.recording->steps.size(), 40u) << "recent_steps() took them first";
   pilot.flush();
   ASSERT_EQ(h.recording->steps.size(), 40u);
   for (size_t i = 0; i < 40; ++i) EXPECT_EQ(h.recording->steps[i].step, static_cast<int64_t>(i));
@@ -871,6 +872,144 @@ TEST(PilotTest, ALateRecordComesAfterItsStep) {
   ASSERT_EQ(h.recording->late_steps.size(), 4u);
   EXPECT_EQ(h.recording->steps.size(), 4u);
   for (const auto& r : h.recording->late_steps) EXPECT_LT(r.step, 4);
+}
+
+// Writes down the order of its calls ("e3": on_step_end of step 3, "r3": on_step_record, "c3":
+// on_step_complete, "L3": a late record of step 3 reached the sink), and can ask for steps at
+// once, publish late records from on_step_record, and take time there.
+class OrderSink final : public Sink {
+ public:
+  explicit OrderSink(std::vector<std::string>* log) : log_(log) {}
+  std::string name() const override { return "order"; }
+  void on_step(const StepRecord& r, const std::vector<std::string>&) override {
+    log_->push_back("s" + std::to_string(r.step));
+  }
+  void on_late_step(const LateStepRecord& r) override {
+    log_->push_back("L" + std::to_string(r.step));
+  }
+  void on_epoch(const EpochSummary&, const std::vector<Advice>&) override {}
+
+ private:
+  std::vector<std::string>* log_;
+};
+
+class RecordCollector final : public Collector {
+ public:
+  explicit RecordCollector(std::vector<std::string>* log) : log_(log) {}
+  std::string name() const override { return "record"; }
+  unsigned step_hooks() const override {
+    return kHookStepEnd | kHookStepRecord | kHookStepComplete;
+  }
+  void attach(CollectorHost* host) override { host_ = host; }
+  void on_step_end(StepRecord& r) override {
+    log_->push_back("e" + std::to_string(r.step));
+    if (host_ != nullptr && r.step == take_now_at) host_->take_step_now();
+  }
+  void on_step_record(StepRecord& r) override {
+    log_->push_back("r" + std::to_string(r.step));
+    r.metrics.set("test", "step", static_cast<double>(r.step));
+    if (host_ != nullptr && publish)
+      host_->publish(make_late_step(r.step, r.epoch, LateSeen{r.step}));
+    if (clock != nullptr) clock->advance(record_ns);
+  }
+  void on_step_complete(const StepRecord& r) override {
+    log_->push_back("c" + std::to_string(r.step));
+    EXPECT_EQ(r.metrics.get("test", "step"), static_cast<double>(r.step))
+        << "on_step_complete sees what on_step_record added";
+  }
+  int64_t take_now_at = -1;
+  bool publish = false;
+  ManualClock* clock = nullptr;
+  Nanos record_ns = 0;
+
+ private:
+  std::vector<std::string>* log_;
+  CollectorHost* host_ = nullptr;
+};
+
+size_t position(const std::vector<std::string>& log, const std::string& what) {
+  const auto it = std::find(log.begin(), log.end(), what);
+  return it == log.end() ? log.size() : static_cast<size_t>(it - log.begin());
+}
+
+TEST(PilotTest, StepRecordsComeInOrderBeforeTheStepIsCompleteAndInBatches) {
+  Harness h;
+  std::vector<std::string> log;
+  PilotOptions o = h.options({std::make_shared<OrderSink>(&log)});
+  o.collectors.push_back(std::make_shared<RecordCollector>(&log));
+  o.default_collectors = false;
+  Pilot pilot(advise_config(), std::move(o));
+  for (int i = 0; i < 31; ++i) run_step(pilot, *h.clock, 0, 1 * kMs);
+  EXPECT_EQ(position(log, "r0"), log.size()) << "short steps wait for their batch";
+  run_step(pilot, *h.clock, 0, 1 * kMs);
+  for (int i = 0; i < 32; ++i) {
+    const std::string n = std::to_string(i);
+    ASSERT_LT(position(log, "e" + n), position(log, "r" + n)) << i;
+    ASSERT_LT(position(log, "r" + n), position(log, "c" + n)) << i;
+    ASSERT_LT(position(log, "c" + n), position(log, "s" + n)) << i;
+    if (i > 0) ASSERT_LT(position(log, "r" + std::to_string(i - 1)), position(log, "r" + n));
+  }
+  run_step(pilot, *h.clock, 0, 6 * kMs);  // a long step: all of it at once
+  EXPECT_LT(position(log, "s32"), log.size());
+}
+
+TEST(PilotTest, ACollectorCanHaveTheEndingStepTakenAtOnce) {
+  Harness h;
+  std::vector<std::string> log;
+  auto c = std::make_shared<RecordCollector>(&log);
+  c->take_now_at = 3;
+  PilotOptions o = h.options({std::make_shared<OrderSink>(&log)});
+  o.collectors.push_back(c);
+  o.default_collectors = false;
+  Pilot pilot(advise_config(), std::move(o));
+  for (int i = 0; i < 3; ++i) run_step(pilot, *h.clock, 0, 1 * kMs);
+  EXPECT_EQ(h.recording->steps.size(), 0u);
+  run_step(pilot, *h.clock, 0, 1 * kMs);
+  // Step 3 and the steps that waited before it, in order.
+  ASSERT_EQ(h.recording->steps.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(h.recording->steps[i].step, i);
+  run_step(pilot, *h.clock, 0, 1 * kMs);
+  EXPECT_EQ(h.recording->steps.size(), 4u) << "only the step that asked";
+}
+
+TEST(PilotTest, ALateRecordPublishedWhileStepsAreTakenComesAfterThem) {
+  Harness h;
+  std::vector<std::string> log;
+  auto c = std::make_shared<RecordCollector>(&log);
+  c->publish = true;  // its own step's, from on_step_record: before the step reached the sinks
+  PilotOptions o = h.options({std::make_shared<OrderSink>(&log)});
+  o.collectors.push_back(c);
+  o.default_collectors = false;
+  Pilot pilot(advise_config(), std::move(o));
+  for (int i = 0; i < 40; ++i) run_step(pilot, *h.clock, 0, i % 2 == 0 ? 1 * kMs : 6 * kMs);
+  pilot.flush();
+  for (int i = 0; i < 40; ++i) {
+    const std::string n = std::to_string(i);
+    ASSERT_LT(position(log, "L" + n), log.size()) << i;
+    EXPECT_LT(position(log, "s" + n), position(log, "L" + n)) << i;
+  }
+}
+
+TEST(PilotTest, AStepRecordsTimeIsItsCollectorsPartOfTheStepCalls) {
+  Harness h;
+  std::vector<std::string> log;
+  auto c = std::make_shared<RecordCollector>(&log);
+  c->clock = h.clock.get();
+  c->record_ns = 100000;  // 0.1 ms a step, in batches of 32
+  PilotOptions o = h.options();
+  o.collectors.push_back(c);
+  o.default_collectors = false;
+  Pilot pilot(advise_config(), std::move(o));
+  for (int i = 0; i < 64; ++i) run_step(pilot, *h.clock, 0, 1 * kMs);
+  pilot.end_epoch();
+  ASSERT_EQ(h.recording->epochs.size(), 1u);
+  const auto* cost = h.recording->epochs[0].sections.get<CostStats>();
+  ASSERT_NE(cost, nullptr);
+  Nanos part = -1;
+  for (const auto& [name, ns] : cost->step_parts) {
+    if (name == "record") part = ns;
+  }
+  EXPECT_EQ(part, 64 * 100000) << "two batches of 32, timed as the collector's";
 }
 }  // namespace
 }  // namespace torchpilot
