@@ -359,6 +359,7 @@ FlopCounter::~FlopCounter() {
 }
 
 void FlopCounter::attach(CollectorHost* host) {
+  host_ = host;
   if (host != nullptr) return;  // added by the constructor: pilot_ is the host
   pilot_ = nullptr;
   // No more steps will come: a counting window left open would box every op from now on.
@@ -418,10 +419,26 @@ void FlopCounter::on_step_begin(int64_t step, Nanos now) {
 }
 
 void FlopCounter::on_step_end(StepRecord& record) {
+  if (!active_ || !window_open_) return;
+  try {
+    // The callback goes off at the boundary; the next step's begin must see this count planned.
+    counted_ = close_window();
+    counted_step_ = record.step;
+    if (host_ != nullptr) host_->take_step_now();
+  } catch (const std::exception& e) {
+    if (!warned_ && pilot_ != nullptr) {
+      warned_ = true;
+      pilot_->log(LogLevel::kError, "FLOP counter: step " + std::to_string(record.step) +
+                                        " not counted: " + e.what());
+    }
+  }
+}
+
+void FlopCounter::on_step_record(StepRecord& record) {
   if (!active_) return;
   try {
     std::optional<StepFlops> own;
-    if (window_open_) own = close_window();
+    if (counted_ && counted_step_ == record.step) own.swap(counted_);
     const int64_t windows_before = planner_.windows();
     const StepFlops* count = planner_.end_step(record.samples, own ? &*own : nullptr);
     fill_step_flops(record, count, peak_);

@@ -46,6 +46,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "torchpilot/runtime/core/collector.h"
@@ -102,9 +103,12 @@ class FlopCounter : public Collector {
   const DevicePeak& peak() const { return peak_; }
 
   std::string name() const override { return "flop_counter"; }
-  unsigned step_hooks() const override { return kHookStepBegin | kHookStepEnd; }
+  unsigned step_hooks() const override { return kHookStepBegin | kHookStepEnd | kHookStepRecord; }
   void on_step_begin(int64_t step, Nanos now) override;
+  // Closes a counting window (the step is then taken at once); the step's figures are added in
+  // on_step_record, in the Pilot's batches for short steps.
   void on_step_end(StepRecord& record) override;
+  void on_step_record(StepRecord& record) override;
   void on_epoch_end(EpochSummary& summary) override;
   // Detached (host null): the Pilot is gone; an open counting window is closed.
   void attach(CollectorHost* host) override;
@@ -115,9 +119,12 @@ class FlopCounter : public Collector {
   void log_window(const StepFlops& count, int64_t samples);
 
   Pilot* pilot_;
-  bool active_ = false;  // this counter owns the callback
-  uint64_t handle_ = 0;  // at::CallbackHandle
+  CollectorHost* host_ = nullptr;  // the Pilot as a collector's host (take_step_now)
+  bool active_ = false;            // this counter owns the callback
+  uint64_t handle_ = 0;            // at::CallbackHandle
   bool window_open_ = false;
+  std::optional<StepFlops> counted_;  // the count of the step counted_step_, for on_step_record
+  int64_t counted_step_ = -1;
   bool warned_ = false;
   DevicePeak peak_;
   FlopWindowPlanner planner_;

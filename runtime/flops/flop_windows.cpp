@@ -12,10 +12,7 @@ FlopWindowPlanner::FlopWindowPlanner(const FlopConfig& config)
   if (config_.count_steps < 1) config_.count_steps = 1;
 }
 
-bool FlopWindowPlanner::begin_step() {
-  step_counted_ = state_ == State::kCounting;
-  return step_counted_;
-}
+bool FlopWindowPlanner::begin_step() { return state_ == State::kCounting; }
 
 const StepFlops* FlopWindowPlanner::count_for(int64_t samples) const {
   for (const auto& [s, count] : cache_) {
@@ -37,9 +34,7 @@ void FlopWindowPlanner::store(int64_t samples, StepFlops count) {
 const StepFlops* FlopWindowPlanner::end_step(int64_t samples, const StepFlops* counted) {
   ++steps_;
   ++since_window_;
-  const bool was_counted = step_counted_ && counted != nullptr;
-  step_counted_ = false;
-  if (was_counted && state_ == State::kCounting) {
+  if (counted != nullptr && state_ == State::kCounting) {
     last_counted_ = *counted;
     // A window opened for a new sample count that meets an already counted one: nothing to do.
     if (window_target_ && samples != *window_target_ && window_.steps() == 0 &&

@@ -29,8 +29,9 @@ class FlopWindowPlanner {
   explicit FlopWindowPlanner(const FlopConfig& config);
   // At a step's start: count this step's ops?
   bool begin_step();
-  // At a step's end, with the step's own count if it was counted. Returns the count that applies
-  // to the step, or null (no count yet for its samples).
+  // A step's end, with its own count if it was counted (begin_step said so), in step order but
+  // not necessarily before the next begin_step (the counter adds uncounted steps' figures in
+  // batches). Returns the count that applies to the step, or null (no count yet for its samples).
   const StepFlops* end_step(int64_t samples, const StepFlops* counted);
   void recount();
   // A window is open, or opens with the next step.
@@ -46,9 +47,8 @@ class FlopWindowPlanner {
   void store(int64_t samples, StepFlops count);
   FlopConfig config_;
   State state_;
-  bool step_counted_ = false;  // the current step was opened as counted
-  int64_t steps_ = 0;          // steps ended
-  int64_t since_window_ = 0;   // steps ended since the last window completed
+  int64_t steps_ = 0;         // steps ended
+  int64_t since_window_ = 0;  // steps ended since the last window completed
   int64_t window_samples_ = 0;
   std::optional<int64_t> window_target_;  // the window counts this sample count (new shapes)
   StepFlopsSum window_;

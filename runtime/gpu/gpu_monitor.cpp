@@ -181,17 +181,24 @@ void GpuMonitor::on_phase_end(int phase_id) {
 
 void GpuMonitor::request_window(int steps) { planner_.request_window(steps); }
 
+bool GpuMonitor::window_now() {
+  // The backend is asked about a release only while one may run (it is the monitor that starts
+  // them): a step outside windows touches nothing but the monitor's own state.
+  if (release_started_) release_started_ = backend_->trace_releasing();
+  return planner_.trace_attached() || stop_pending_ || window_costing_ || release_started_;
+}
+
 void GpuMonitor::on_step_end(StepRecord& r) {
-  // Timed where it can hold the thread (a collection, a window's start, stop or release); the
-  // rest of the call is short and bounded.
-  std::optional<CallTimer> timer;
-  const bool attached_before = planner_.trace_attached() || stop_pending_;
-  // First, behind the step's last launches on the trainer's stream: a marker at every boundary
-  // in and around windows, else once gpu.marker_interval_ms of host time passed since the run's
-  // first (a marker costs the training thread 2-7 us: one a millisecond step would be 0.5%).
+  // At the boundary only what must happen at that moment: the marker behind the step's last
+  // launches, its NVTX ranges closed. The rest waits for on_step_record (a batch later for short
+  // steps): in and around windows the step is taken at once.
+  const bool window = window_now();
+  // A marker at every boundary in and around windows, else once gpu.marker_interval_ms of host
+  // time passed since the run's first (a marker costs the training thread 2-7 us: one a
+  // millisecond step would be 0.5%).
   const auto interval = static_cast<Nanos>(config_.marker_interval_ms * 1e6);
-  const bool mark = !run_open_ || run_begin_marker_ == 0 || attached_before || planner_.tracing() ||
-                    r.end_ns - run_begin_host_ >= interval;
+  const bool mark =
+      !run_open_ || run_begin_marker_ == 0 || window || r.end_ns - run_begin_host_ >= interval;
   const uint64_t end_marker = mark ? record_marker() : 0;
   phase_markers_ = false;
   latest_ns_ = std::max(latest_ns_, r.end_ns);
@@ -201,6 +208,43 @@ void GpuMonitor::on_step_end(StepRecord& r) {
     backend_->range_pop();
     --open_ranges_;
   }
+  if (notes_head_ > 0 && notes_head_ == notes_.size()) {
+    notes_.clear();
+    notes_head_ = 0;
+  } else if (notes_.size() - notes_head_ >= kMaxNotes) {
+    ++notes_head_;  // never read: the step is attributed by its host span
+  }
+  StepNote& n = notes_.emplace_back();
+  n.step = r.step;
+  n.begin_marker = run_begin_marker_;
+  n.run_begin_host = run_begin_host_;
+  n.phases.swap(open_phases_);  // the step's phases go with it; the next step starts empty
+  n.phases_complete = phases_complete_;
+  if (mark) {
+    n.run_ends = true;
+    n.end_marker = end_marker;
+    n.end_host = r.end_ns;
+    boundary_marker_ = end_marker;
+    boundary_host_ = r.end_ns;
+    run_open_ = false;
+  }
+  if (host_ != nullptr && (window || planner_.arms_at(r.step, r.step_in_epoch))) {
+    host_->take_step_now();
+  }
+}
+
+void GpuMonitor::on_step_record(StepRecord& r) {
+  // Timed where it can hold the thread (a collection, a window's start, stop or release); the
+  // rest of the call is short and bounded.
+  std::optional<CallTimer> timer;
+  // The step's note (none when the monitor came after the step ended: its host span).
+  StepNote n;
+  n.step = r.step;
+  while (notes_head_ < notes_.size() && notes_[notes_head_].step <= r.step) {
+    if (notes_[notes_head_].step == r.step) n = std::move(notes_[notes_head_]);
+    ++notes_head_;
+  }
+  const bool attached_before = planner_.trace_attached() || stop_pending_;
   // A window the budget let open (not one asked for) that costs more than its prediction ends
   // early: once the budget has no room for this step's slowdown, the step is its last (what it
   // traced is kept).
@@ -235,19 +279,19 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   p.data_wait = {r.begin_ns, r.begin_ns + r.data_wait_ns};
   p.traced = a.traced;
   p.trace_from = a.trace_from;
-  p.begin_marker = run_begin_marker_;
-  p.marked = {run_begin_host_, r.end_ns};
+  p.begin_marker = n.begin_marker;
+  p.marked = {n.run_begin_host, r.end_ns};
   p.end_known = false;
-  p.phases.swap(open_phases_);  // the step's phases go with it; the next step starts empty
-  p.phases_complete = phases_complete_;
+  p.phases = std::move(n.phases);
+  p.phases_complete = n.phases_complete;
   pending_.push_back(std::move(p));
-  if (mark) close_run(end_marker, r.end_ns);
+  if (n.run_ends) end_pending_run(n.end_marker, n.end_host);
   if (a.stop_trace) {
     // The window's ops were all issued: no more op scopes. Its kernels may still be queued: the
     // trace stops once the GPU ran this step.
     HostOpScopes::instance().enable(false);
     stop_pending_ = true;
-    stop_marker_ = end_marker;
+    stop_marker_ = n.end_marker;
     stop_deadline_ = r.end_ns + kMarkerWaitNs;
   }
 
@@ -257,7 +301,8 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   if (a.release) {
     if (!timer) timer.emplace(max_step_call_ns_);
     backend_->release_trace();  // its final flush is drained once the release is done
-    refresh_pm_status();        // PM sampling may not have come back
+    release_started_ = true;
+    refresh_pm_status();  // PM sampling may not have come back
   }
   // Outside a window the steps' GPU figures come from markers and PM samples resolved off this
   // thread: collected every kCollectEveryNs of host time, not at every step (a collection takes
@@ -279,15 +324,26 @@ void GpuMonitor::on_step_end(StepRecord& r) {
 }
 
 void GpuMonitor::close_run(uint64_t marker, Nanos host_end) {
+  // The open run's steps whose records are still to come end with it too.
+  for (size_t i = notes_.size(); i > notes_head_ && !notes_[i - 1].run_ends; --i) {
+    StepNote& n = notes_[i - 1];
+    n.run_ends = true;
+    n.end_marker = marker;
+    n.end_host = host_end;
+  }
+  end_pending_run(marker, host_end);
+  boundary_marker_ = marker;
+  boundary_host_ = host_end;
+  run_open_ = false;
+}
+
+void GpuMonitor::end_pending_run(uint64_t marker, Nanos host_end) {
   // The run's steps are the latest pending ones (steps finish in order).
   for (auto it = pending_.rbegin(); it != pending_.rend() && !it->end_known; ++it) {
     it->end_marker = marker;
     it->marked.end = host_end;
     it->end_known = true;
   }
-  boundary_marker_ = marker;
-  boundary_host_ = host_end;
-  run_open_ = false;
 }
 
 Nanos GpuMonitor::window_estimate_ns(int steps) const {
@@ -426,7 +482,10 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   // for only when that fits in the wait allowed, or for the run's first window when the budget
   // has room for it (a short run's only epoch would otherwise never show it); otherwise the
   // window's steps finish when it is done and count in the next epoch (or at close()).
-  if (a.release) backend_->release_trace();
+  if (a.release) {
+    backend_->release_trace();
+    release_started_ = true;
+  }
   const bool first_fits =
       !traced_finished_ && (host_ == nullptr || host_->cost_allows(kReleaseEstimateNs));
   if (backend_->trace_releasing() &&

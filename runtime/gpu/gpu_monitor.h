@@ -76,13 +76,16 @@ class GpuMonitor : public Collector {
   ~GpuMonitor() override;
 
   std::string name() const override { return "gpu"; }
-  unsigned step_hooks() const override { return kHookStepBegin | kHookPhase | kHookStepEnd; }
+  unsigned step_hooks() const override {
+    return kHookStepBegin | kHookPhase | kHookStepEnd | kHookStepRecord;
+  }
   void attach(CollectorHost* host) override { host_ = host; }
   void on_window_request(int steps) override { request_window(steps); }
   void on_step_begin(int64_t step, Nanos now) override;
   void on_phase_begin(int phase_id, const std::string& phase_name) override;
   void on_phase_end(int phase_id) override;
   void on_step_end(StepRecord& record) override;
+  void on_step_record(StepRecord& record) override;
   void on_epoch_end(EpochSummary& summary) override;
   void on_close() override;
 
@@ -177,6 +180,26 @@ class GpuMonitor : public Collector {
   bool run_open_ = false;
   // Ends the open run with `marker` (0: not recorded) recorded at host time `host_end`.
   void close_run(uint64_t marker, Nanos host_end);
+  void end_pending_run(uint64_t marker, Nanos host_end);  // its steps already pending
+  // What a step's end left for its on_step_record (a batch later for short steps outside
+  // windows): the markers of the run it belongs to, its phases. A queue: read from notes_head_,
+  // emptied (capacity kept) once all are read.
+  struct StepNote {
+    int64_t step = 0;
+    uint64_t begin_marker = 0;  // the run's
+    Nanos run_begin_host = 0;
+    bool run_ends = false;  // the run ends with this step, at end_marker (host time end_host)
+    uint64_t end_marker = 0;
+    Nanos end_host = 0;
+    std::vector<PhaseMarks> phases;
+    bool phases_complete = true;
+  };
+  std::vector<StepNote> notes_;
+  size_t notes_head_ = 0;
+  static constexpr size_t kMaxNotes = 4096;  // a host that never calls on_step_record
+  // A window or its cost accounting runs: each step's record is taken at its end.
+  bool window_now();
+  bool release_started_ = false;  // a release was started and may still run
   std::map<uint64_t, Nanos> marker_times_;
   bool stop_pending_ = false;
   uint64_t stop_marker_ = 0;

@@ -332,6 +332,12 @@ void GpuMonitor::prune_events() {
     need(p.end_marker);
     if (p.begin_marker != 0 || p.end_marker != 0) break;
   }
+  // The steps whose records are still to come (on_step_record) are later than every pending one.
+  for (size_t i = notes_head_; i < notes_.size(); ++i) {
+    need(notes_[i].begin_marker);
+    need(notes_[i].end_marker);
+    if (notes_[i].begin_marker != 0 || notes_[i].end_marker != 0) break;
+  }
   need(boundary_marker_);
   if (run_open_) need(run_begin_marker_);
   if (stop_pending_) need(stop_marker_);

@@ -98,6 +98,17 @@ void GpuWindowPlanner::note_step_time(Nanos ns) {
   }
 }
 
+bool GpuWindowPlanner::arms_at(int64_t step, int64_t step_in_epoch) const {
+  if (window_left_ > 0 || armed_steps_ > 0 || trace_failed_ || stopping_ || tail_ > 0) {
+    return false;
+  }
+  if (requested_window_ > 0) return true;
+  if (!first_window_done_) return !first_deferred_ && step + 1 >= config_.trace_first_step;
+  return config_.trace_every_epochs > 0 && !repeat_deferred_ &&
+         epochs_since_window_ >= config_.trace_every_epochs &&
+         step_in_epoch + 1 >= window_step_in_epoch_;
+}
+
 GpuWindowPlanner::StepEndActions GpuWindowPlanner::end_step(int64_t step, int64_t step_in_epoch,
                                                             Nanos begin, Nanos end,
                                                             bool warmup_done,

@@ -288,7 +288,7 @@ TEST(FaultInjection, AThrowingGpuBackendNeverTerminatesTheProgram) {
     backend2->throw_in_drain = true;
     Harness h(c, {make_gpu_monitor(c.gpu, backend2, *logger)});
     EXPECT_NO_THROW(h.steps(3));
-    EXPECT_EQ(h.count("collector 'gpu' failed in on_step_end and is removed"), 1) << h.log.str();
+    EXPECT_EQ(h.count("collector 'gpu' failed in on_step_record and is removed"), 1) << h.log.str();
     EXPECT_NO_THROW(h.pilot->end_epoch());
   }
 }
