@@ -44,13 +44,15 @@ GpuMonitor::GpuMonitor(const GpuConfig& config, std::shared_ptr<GpuBackend> back
   planner_.allow_optional = [this](const char* kind, int steps) {
     return allow_window(kind, steps);
   };
-  nvtx_ = config_.nvtx;
+  b_.nvtx = config_.nvtx;
+  b_.marker_interval_ns = static_cast<Nanos>(config_.marker_interval_ms * 1e6);
   for (const auto& s : backend_->status()) {
     if (s.name == kPmSamplingCollector) pm_active_ = s.active;
     if (s.name == kActivityCollector && !s.active && !backend_->trace_busy()) planner_.disable();
     // Without an NVTX tool (set at the process's start) the ranges go nowhere: not even called.
-    if (s.name == kNvtxCollector && !s.active) nvtx_ = false;
+    if (s.name == kNvtxCollector && !s.active) b_.nvtx = false;
   }
+  refresh_boundary();
 }
 
 GpuMonitor::~GpuMonitor() {
@@ -91,60 +93,64 @@ class CallTimer {
 }  // namespace
 
 void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
+  Boundary& b = b_;
   // Timed only where it can hold the thread (a window's start): two clock reads a step saved.
   std::optional<CallTimer> timer;
-  const int window_steps = planner_.begin_step(now);
+  const int window_steps = b.armed ? planner_.begin_step(now) : 0;
   // A window's steps get markers of their own: a run of steps still open ends here, before the
   // trace starts (at the previous step's end: nothing of this step is queued yet).
-  if (window_steps > 0 && run_open_) close_run(record_marker(), latest_ns_);
-  if (!run_open_) {
+  if (window_steps > 0 && b.run_open) close_run(record_marker(), b.last_end);
+  if (!b.run_open) {
     // Within an epoch a run of steps starts where the previous one ended (its record's span does
     // too), and so does its GPU span: the previous run's end marker. An epoch's first step
     // records its own.
-    run_open_ = true;
-    if (boundary_marker_ != 0) {
-      run_begin_marker_ = boundary_marker_;
-      run_begin_host_ = boundary_host_;
+    b.run_open = true;
+    b.run_first_step = step;
+    if (b.boundary_marker != 0) {
+      b.run_begin_marker = b.boundary_marker;
+      b.run_begin_host = b.boundary_host;
     } else {
-      run_begin_marker_ = record_marker();
-      run_begin_host_ = now;
+      b.run_begin_marker = record_marker();
+      b.run_begin_host = now;
     }
   }
-  boundary_marker_ = 0;
+  b.boundary_marker = 0;
   if (window_steps > 0) {
     timer.emplace(max_step_call_ns_);
     const bool ok = backend_->start_trace();
     planner_.trace_started(ok, !ok && backend_->trace_busy());
     // The op-scope hook names the window's host syncs (it costs every op a callback: windows only).
     if (ok && config_.sync_op_names) HostOpScopes::instance().enable(true);
+    refresh_boundary();
   }
   // Markers at phase boundaries cost two events a phase: in traced steps only, where they are
   // small beside the trace (the GPU time by phase needs the window's kernels anyway).
-  phase_markers_ = planner_.tracing() && run_begin_marker_ != 0;
-  phases_complete_ = true;
-  if (!nvtx_) return;
+  b.phase_markers = b.tracing && b.run_begin_marker != 0;
+  b.phases_complete = true;
+  if (!b.nvtx) return;
   char name[32] = "step ";  // to_chars: no locale, no format parsing (every step)
   *std::to_chars(name + 5, name + sizeof name - 1, step).ptr = '\0';
   backend_->range_push(name);
-  ++open_ranges_;
+  ++b.open_ranges;
 }
 
 void GpuMonitor::on_phase_begin(int phase_id, const std::string& phase_name) {
+  Boundary& b = b_;
   // Phase spans only name a window's host syncs: kept while a trace is attached, not every step.
-  if (host_ != nullptr && (planner_.trace_attached() || stop_pending_)) {
+  if (host_ != nullptr && b.attached) {
     phases_.push_back(
         {phase_id, phase_name, {host_->clock().now_ns(), std::numeric_limits<Nanos>::max()}});
     if (phases_.size() > kMaxPhaseSpans) phases_.pop_front();
   }
-  if (phase_markers_ && host_ != nullptr) {
+  if (b.phase_markers && host_ != nullptr) {
     if (open_phases_.size() >= kMaxStepPhases) {
       // More phases than markers allowed: the step's phase figures would be incomplete.
-      phase_markers_ = false;
-      phases_complete_ = false;
+      b.phase_markers = false;
+      b.phases_complete = false;
     } else {
       const uint64_t marker = record_marker(/*optional=*/true);
       // A begin not recorded (the pool kept for step markers) still pairs with its end.
-      if (marker == 0) phases_complete_ = false;
+      if (marker == 0) b.phases_complete = false;
       open_phases_.push_back({phase_id,
                               phase_name,
                               {host_->clock().now_ns(), std::numeric_limits<Nanos>::max()},
@@ -152,98 +158,120 @@ void GpuMonitor::on_phase_begin(int phase_id, const std::string& phase_name) {
                               0});
     }
   }
-  if (!nvtx_) return;
+  if (!b.nvtx) return;
   backend_->range_push(phase_name.c_str());
-  ++open_ranges_;
+  ++b.open_ranges;
 }
 
 void GpuMonitor::on_phase_end(int phase_id) {
-  for (auto it = phases_.rbegin(); it != phases_.rend(); ++it) {
-    if (it->id == phase_id && it->span.end == std::numeric_limits<Nanos>::max()) {
-      it->span.end = host_ != nullptr ? host_->clock().now_ns() : it->span.begin;
-      break;
+  Boundary& b = b_;
+  if (b.attached) {
+    for (auto it = phases_.rbegin(); it != phases_.rend(); ++it) {
+      if (it->id == phase_id && it->span.end == std::numeric_limits<Nanos>::max()) {
+        it->span.end = host_ != nullptr ? host_->clock().now_ns() : it->span.begin;
+        break;
+      }
     }
   }
-  for (auto it = open_phases_.rbegin(); phase_markers_ && it != open_phases_.rend(); ++it) {
+  for (auto it = open_phases_.rbegin(); b.phase_markers && it != open_phases_.rend(); ++it) {
     if (it->id == phase_id && it->host.end == std::numeric_limits<Nanos>::max()) {
       if (it->begin_marker != 0) {  // behind the phase's last launches
         it->end_marker = record_marker(/*optional=*/true);
-        if (it->end_marker == 0) phases_complete_ = false;
+        if (it->end_marker == 0) b.phases_complete = false;
       }
       it->host.end = host_->clock().now_ns();
       break;
     }
   }
-  if (!nvtx_ || open_ranges_ == 0) return;
+  if (!b.nvtx || b.open_ranges == 0) return;
   backend_->range_pop();
-  --open_ranges_;
+  --b.open_ranges;
 }
 
-void GpuMonitor::request_window(int steps) { planner_.request_window(steps); }
+void GpuMonitor::request_window(int steps) {
+  planner_.request_window(steps);
+  refresh_boundary();
+}
 
-bool GpuMonitor::window_now() {
+void GpuMonitor::refresh_boundary() {
   // The backend is asked about a release only while one may run (it is the monitor that starts
-  // them): a step outside windows touches nothing but the monitor's own state.
+  // them): a step outside windows touches nothing but the boundary's line.
   if (release_started_) release_started_ = backend_->trace_releasing();
-  return planner_.trace_attached() || stop_pending_ || window_costing_ || release_started_;
+  b_.attached = planner_.trace_attached() || stop_pending_;
+  b_.tracing = planner_.tracing();
+  b_.take_each = b_.attached || window_costing_ || release_started_;
+  b_.armed = planner_.armed();
+  planner_.arm_steps(&b_.arm_step, &b_.arm_step_in_epoch);
 }
 
 void GpuMonitor::on_step_end(StepRecord& r) {
+  Boundary& b = b_;
   // At the boundary only what must happen at that moment: the marker behind the step's last
   // launches, its NVTX ranges closed. The rest waits for on_step_record (a batch later for short
-  // steps): in and around windows the step is taken at once.
-  const bool window = window_now();
+  // steps); in and around windows, and where a window may arm, the step is taken at once.
   // A marker at every boundary in and around windows, else once gpu.marker_interval_ms of host
   // time passed since the run's first (a marker costs the training thread 2-7 us: one a
   // millisecond step would be 0.5%).
-  const auto interval = static_cast<Nanos>(config_.marker_interval_ms * 1e6);
-  const bool mark =
-      !run_open_ || run_begin_marker_ == 0 || window || r.end_ns - run_begin_host_ >= interval;
-  const uint64_t end_marker = mark ? record_marker() : 0;
-  phase_markers_ = false;
-  latest_ns_ = std::max(latest_ns_, r.end_ns);
-  latest_epoch_ = r.epoch;
+  const bool mark = !b.run_open || b.run_begin_marker == 0 || b.attached ||
+                    r.end_ns - b.run_begin_host >= b.marker_interval_ns;
+  b.phase_markers = false;
+  b.last_step = r.step;
+  b.last_end = r.end_ns;
   // The step's NVTX range (phases left open by the program are closed with it).
-  while (nvtx_ && open_ranges_ > 0) {
+  while (b.nvtx && b.open_ranges > 0) {
     backend_->range_pop();
-    --open_ranges_;
+    --b.open_ranges;
   }
-  if (notes_head_ > 0 && notes_head_ == notes_.size()) {
-    notes_.clear();
-    notes_head_ = 0;
-  } else if (notes_.size() - notes_head_ >= kMaxNotes) {
-    ++notes_head_;  // never read: the step is attributed by its host span
-  }
-  StepNote& n = notes_.emplace_back();
-  n.step = r.step;
-  n.begin_marker = run_begin_marker_;
-  n.run_begin_host = run_begin_host_;
-  n.phases.swap(open_phases_);  // the step's phases go with it; the next step starts empty
-  n.phases_complete = phases_complete_;
   if (mark) {
-    n.run_ends = true;
-    n.end_marker = end_marker;
+    // The run ends with this step; its steps' records find its markers in the note.
+    RunNote& n = add_run_note();
+    n.first_step = b.run_open ? b.run_first_step : r.step;
+    n.last_step = r.step;
+    n.begin_marker = b.run_open ? b.run_begin_marker : 0;
+    n.begin_host = b.run_open ? b.run_begin_host : r.begin_ns;
+    n.end_marker = record_marker();
     n.end_host = r.end_ns;
-    boundary_marker_ = end_marker;
-    boundary_host_ = r.end_ns;
-    run_open_ = false;
+    n.phases.swap(open_phases_);  // the step's phases go with it; the next step starts empty
+    n.phases_complete = b.phases_complete;
+    b.boundary_marker = n.end_marker;
+    b.boundary_host = r.end_ns;
+    b.run_open = false;
   }
-  if (host_ != nullptr && (window || planner_.arms_at(r.step, r.step_in_epoch))) {
+  if (host_ != nullptr &&
+      (b.take_each || r.step >= b.arm_step || r.step_in_epoch >= b.arm_step_in_epoch)) {
     host_->take_step_now();
   }
+}
+
+GpuMonitor::RunNote& GpuMonitor::add_run_note() {
+  if (runs_head_ > 0 && runs_head_ == runs_.size()) {
+    runs_.clear();
+    runs_head_ = 0;
+  } else if (runs_.size() - runs_head_ >= kMaxRunNotes) {
+    ++runs_head_;  // never read: its steps are attributed by their host spans
+  }
+  return runs_.emplace_back();
 }
 
 void GpuMonitor::on_step_record(StepRecord& r) {
   // Timed where it can hold the thread (a collection, a window's start, stop or release); the
   // rest of the call is short and bounded.
   std::optional<CallTimer> timer;
-  // The step's note (none when the monitor came after the step ended: its host span).
-  StepNote n;
-  n.step = r.step;
-  while (notes_head_ < notes_.size() && notes_[notes_head_].step <= r.step) {
-    if (notes_[notes_head_].step == r.step) n = std::move(notes_[notes_head_]);
-    ++notes_head_;
+  latest_ns_ = std::max(latest_ns_, r.end_ns);
+  latest_epoch_ = r.epoch;
+  // The step's run: its note once the run ended, else the open run.
+  while (runs_head_ < runs_.size() && runs_[runs_head_].last_step < r.step) ++runs_head_;
+  RunNote* run = runs_head_ < runs_.size() ? &runs_[runs_head_] : nullptr;
+  uint64_t begin_marker = 0;
+  Nanos begin_host = r.begin_ns;
+  if (run != nullptr && run->first_step <= r.step) {
+    begin_marker = run->begin_marker;
+    begin_host = run->begin_host;
+  } else if (run == nullptr && b_.run_open && r.step >= b_.run_first_step) {
+    begin_marker = b_.run_begin_marker;
+    begin_host = b_.run_begin_host;
   }
+  const bool run_ends = run != nullptr && run->first_step <= r.step && run->last_step == r.step;
   const bool attached_before = planner_.trace_attached() || stop_pending_;
   // A window the budget let open (not one asked for) that costs more than its prediction ends
   // early: once the budget has no room for this step's slowdown, the step is its last (what it
@@ -279,19 +307,21 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   p.data_wait = {r.begin_ns, r.begin_ns + r.data_wait_ns};
   p.traced = a.traced;
   p.trace_from = a.trace_from;
-  p.begin_marker = n.begin_marker;
-  p.marked = {n.run_begin_host, r.end_ns};
+  p.begin_marker = begin_marker;
+  p.marked = {begin_host, r.end_ns};
   p.end_known = false;
-  p.phases = std::move(n.phases);
-  p.phases_complete = n.phases_complete;
+  if (run_ends) {
+    p.phases = std::move(run->phases);
+    p.phases_complete = run->phases_complete;
+  }
   pending_.push_back(std::move(p));
-  if (n.run_ends) end_pending_run(n.end_marker, n.end_host);
+  if (run_ends) end_pending_run(run->end_marker, run->end_host);
   if (a.stop_trace) {
     // The window's ops were all issued: no more op scopes. Its kernels may still be queued: the
     // trace stops once the GPU ran this step.
     HostOpScopes::instance().enable(false);
     stop_pending_ = true;
-    stop_marker_ = n.end_marker;
+    stop_marker_ = run_ends ? run->end_marker : 0;
     stop_deadline_ = r.end_ns + kMarkerWaitNs;
   }
 
@@ -315,26 +345,35 @@ void GpuMonitor::on_step_record(StepRecord& r) {
     last_collect_ns_ = r.end_ns;
     if (!timer) timer.emplace(max_step_call_ns_);
     // Samples that stopped coming (the decode thread failed) must not hold steps back: looked at
-    // with each collection (the status is a list of strings: not at every step).
-    refresh_pm_status();
+    // in a collection once a second, or once the samples lag a collection's interval behind the
+    // steps (the status is a list of strings: not at every step).
+    if (window || pm_status_ns_ < 0 || r.end_ns - pm_status_ns_ >= kPmStatusEveryNs ||
+        (pm_active_ && r.end_ns - pm_watermark_ > kCollectEveryNs)) {
+      pm_status_ns_ = r.end_ns;
+      refresh_pm_status();
+    }
     drain();
     maybe_stop_trace(r.end_ns, false);
     finish_ready_steps(false, r.end_ns);
   }
+  refresh_boundary();
 }
 
 void GpuMonitor::close_run(uint64_t marker, Nanos host_end) {
-  // The open run's steps whose records are still to come end with it too.
-  for (size_t i = notes_.size(); i > notes_head_ && !notes_[i - 1].run_ends; --i) {
-    StepNote& n = notes_[i - 1];
-    n.run_ends = true;
+  // Its steps whose records are still to come find the end in a note.
+  if (b_.run_open && b_.last_step >= b_.run_first_step) {
+    RunNote& n = add_run_note();
+    n.first_step = b_.run_first_step;
+    n.last_step = b_.last_step;
+    n.begin_marker = b_.run_begin_marker;
+    n.begin_host = b_.run_begin_host;
     n.end_marker = marker;
     n.end_host = host_end;
   }
   end_pending_run(marker, host_end);
-  boundary_marker_ = marker;
-  boundary_host_ = host_end;
-  run_open_ = false;
+  b_.boundary_marker = marker;
+  b_.boundary_host = host_end;
+  b_.run_open = false;
 }
 
 void GpuMonitor::end_pending_run(uint64_t marker, Nanos host_end) {
@@ -440,7 +479,7 @@ Nanos GpuMonitor::now_ns() const {
 void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   const Nanos t0 = now_ns();
   // The epoch's last run of steps ends with it (its last step's end).
-  if (run_open_) close_run(record_marker(), latest_ns_);
+  if (b_.run_open) close_run(record_marker(), latest_ns_);
   // How long the epoch's end may wait for the GPU: gpu.epoch_end_wait_ms, and no more than what
   // half the epoch's budget share (cost.budget x its time / 2) has left after torchpilot's step
   // calls (a 40 ms epoch may not wait 5 ms; the wait never takes the whole share). What is not
@@ -456,8 +495,8 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   // kernels would be lost otherwise): that wait is the window's, bounded as before.
   const bool closing_window = planner_.tracing() || planner_.stopping() || stop_pending_;
   const Nanos marker_wait = closing_window ? kEpochEndMarkerWaitNs : allowed;
-  if (boundary_marker_ != 0 && marker_times_.count(boundary_marker_) == 0 && marker_wait > 0) {
-    backend_->await_marker(boundary_marker_, marker_wait);
+  if (b_.boundary_marker != 0 && marker_times_.count(b_.boundary_marker) == 0 && marker_wait > 0) {
+    backend_->await_marker(b_.boundary_marker, marker_wait);
   }
   drain();
   const GpuWindowPlanner::EpochEndActions a = planner_.end_epoch();
@@ -499,7 +538,7 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   bool traced_pending = false;
   for (const PendingStep& p : pending_) traced_pending = traced_pending || p.traced;
   if (!traced_pending) publish_window();  // a window does not run across epochs
-  boundary_marker_ = 0;                   // the next epoch's first step records its own start
+  b_.boundary_marker = 0;                 // the next epoch's first step records its own start
 
   // A window's stop, flush and release at the epoch's end are its cost too.
   if (window_costing_) {
@@ -538,6 +577,7 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   events_.dropped = 0;
   summary.sections.set(std::move(e));
   epoch_ = std::make_unique<EpochAcc>();
+  refresh_boundary();  // the planner's epoch end may let a repeated window arm
 }
 
 void GpuMonitor::on_close() {

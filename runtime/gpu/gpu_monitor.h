@@ -67,9 +67,13 @@ class GpuMonitor : public Collector {
   static constexpr Nanos kWindowStartStopEstimateNs = 5000000;
   static constexpr double kTracedStepSlowdownPrior = 1.0;
   // Outside windows, steps' GPU figures are collected this often (host time), or once this many
-  // steps wait.
-  static constexpr Nanos kCollectEveryNs = 50000000;
-  static constexpr size_t kCollectMaxPending = 64;
+  // steps wait: a collection's fixed part (the backend's locks, 4-6 us on the H200) is paid
+  // once for many steps.
+  static constexpr Nanos kCollectEveryNs = 100000000;
+  static constexpr size_t kCollectMaxPending = 128;
+  // How often a collection looks whether PM sampling still runs (its status is a list of
+  // strings, ~2 us on the H200), unless the samples lag behind the steps.
+  static constexpr Nanos kPmStatusEveryNs = 1000000000;
 
   // Starts the backend's always-on collectors.
   GpuMonitor(const GpuConfig& config, std::shared_ptr<GpuBackend> backend);
@@ -146,6 +150,40 @@ class GpuMonitor : public Collector {
   void capture_window(const PendingStep& step, const StepSpans& spans);
   void publish_window();
 
+  // What the step boundaries read and write, in two cache lines: a trainer's work evicts
+  // torchpilot's data between boundaries, and each line found cold costs the step ~0.1 us.
+  // Window state is copied in by refresh_boundary() whenever it may change.
+  struct alignas(64) Boundary {
+    // The open run of steps between two markers: its begin marker and host time, its first
+    // step; open while its end marker is still to be recorded.
+    uint64_t run_begin_marker = 0;
+    Nanos run_begin_host = 0;
+    int64_t run_first_step = 0;
+    // The latest marker recorded at a step's end, at host time (0: none since the step began).
+    uint64_t boundary_marker = 0;
+    Nanos boundary_host = 0;
+    int64_t last_step = -1;  // the latest step ended, at host time last_end
+    Nanos last_end = 0;
+    Nanos marker_interval_ns = 0;  // gpu.marker_interval_ms
+    // A step ending at or past these (global, in its epoch) may arm a window: taken at once.
+    int64_t arm_step = std::numeric_limits<int64_t>::max();
+    int64_t arm_step_in_epoch = std::numeric_limits<int64_t>::max();
+    int open_ranges = 0;      // NVTX ranges pushed for the open step and its phases
+    bool run_open = false;
+    bool nvtx = false;        // gpu.nvtx and an NVTX tool attached
+    bool attached = false;    // a trace is attached (a window, its stop or tail)
+    bool tracing = false;     // a window is open
+    bool armed = false;       // a window opens when the next step begins
+    bool take_each = false;   // attached, or a window's release or cost still running
+    // The open step's phases get markers of their own (traced steps only), for their GPU spans
+    // (docs/metrics.md, "GPU time of a phase"); they go with the step when it ends.
+    bool phase_markers = false;
+    bool phases_complete = true;
+  };
+  Boundary b_;
+  // Copies the window state the boundaries read into b_.
+  void refresh_boundary();
+
   GpuConfig config_;
   std::shared_ptr<GpuBackend> backend_;
   CollectorHost* host_ = nullptr;  // steps are published to it; no windows while it tunes
@@ -160,58 +198,46 @@ class GpuMonitor : public Collector {
   const KernelIndex& kernel_index();
   GpuEventBatch incoming_;
   Nanos pm_watermark_ = 0;  // end of the latest PM sample received
-  bool nvtx_ = false;       // gpu.nvtx and an NVTX tool attached
   bool pm_active_ = false;
+  Nanos pm_status_ns_ = -1;  // host time of the latest look in a collection
   std::deque<PendingStep> pending_;
 
   // Detailed windows: when they open and close, which steps are traced, when their records are
   // final. The monitor carries out its actions on the backend.
   GpuWindowPlanner planner_{config_};
 
-  // Step markers: the one at the open step's start (the previous step's end within an epoch),
-  // resolved times not yet consumed, a closed window's last marker its trace stop waits for.
+  // Step markers: resolved times not yet consumed, a closed window's last marker its trace stop
+  // waits for.
   uint64_t next_marker_ = 1;
-  uint64_t boundary_marker_ = 0;  // the latest marker recorded at a step's end, at host time:
-  Nanos boundary_host_ = 0;
-  // The open run of steps between two markers: its begin marker and host time; open while its
-  // end marker is still to be recorded (its steps pending with end_known false).
-  uint64_t run_begin_marker_ = 0;
-  Nanos run_begin_host_ = 0;
-  bool run_open_ = false;
   // Ends the open run with `marker` (0: not recorded) recorded at host time `host_end`.
   void close_run(uint64_t marker, Nanos host_end);
   void end_pending_run(uint64_t marker, Nanos host_end);  // its steps already pending
-  // What a step's end left for its on_step_record (a batch later for short steps outside
-  // windows): the markers of the run it belongs to, its phases. A queue: read from notes_head_,
-  // emptied (capacity kept) once all are read.
-  struct StepNote {
-    int64_t step = 0;
-    uint64_t begin_marker = 0;  // the run's
-    Nanos run_begin_host = 0;
-    bool run_ends = false;  // the run ends with this step, at end_marker (host time end_host)
-    uint64_t end_marker = 0;
-    Nanos end_host = 0;
-    std::vector<PhaseMarks> phases;
+  // A run of steps that ended (its end marker recorded), for its steps' on_step_record, which
+  // may come a batch later (short steps outside windows). A queue: read from runs_head_, emptied
+  // (capacity kept) once all are read.
+  struct RunNote {
+    int64_t first_step = 0, last_step = 0;
+    uint64_t begin_marker = 0, end_marker = 0;  // 0: not recorded
+    Nanos begin_host = 0, end_host = 0;
+    std::vector<PhaseMarks> phases;  // its last step's (a traced step is a run of its own)
     bool phases_complete = true;
   };
-  std::vector<StepNote> notes_;
-  size_t notes_head_ = 0;
-  static constexpr size_t kMaxNotes = 4096;  // a host that never calls on_step_record
-  // A window or its cost accounting runs: each step's record is taken at its end.
-  bool window_now();
+  std::vector<RunNote> runs_;
+  size_t runs_head_ = 0;
+  static constexpr size_t kMaxRunNotes = 4096;  // a host that never calls on_step_record
+  RunNote& add_run_note();
   bool release_started_ = false;  // a release was started and may still run
   std::map<uint64_t, Nanos> marker_times_;
   bool stop_pending_ = false;
   uint64_t stop_marker_ = 0;
   Nanos stop_deadline_ = 0;
-  Nanos latest_ns_ = 0;       // the latest host time seen (step ends), for the markers' wait bound
-  int64_t latest_epoch_ = 0;  // the epoch of the latest step seen
+  Nanos latest_ns_ = 0;       // the latest step end recorded, for the markers' wait bound
+  int64_t latest_epoch_ = 0;  // the epoch of the latest step recorded
   Nanos last_flush_ns_ = 0;   // the latest flush on the training thread took this long
   bool traced_finished_ = false;  // a window's step has been reported (the first window is over)
 
   Nanos pruned_before_ = 0;
   Nanos last_finished_end_ = 0;
-  int open_ranges_ = 0;  // NVTX ranges pushed for the open step and its phases
   // Recent phases on the host clock, to name the phase a host sync began in (bounded).
   struct PhaseSpan {
     int id = 0;
@@ -221,8 +247,6 @@ class GpuMonitor : public Collector {
   std::deque<PhaseSpan> phases_;
   // The open step's phases with markers at their boundaries (traced steps only), for their GPU
   // spans (docs/metrics.md, "GPU time of a phase"); they go with the step when it ends.
-  bool phase_markers_ = false;
-  bool phases_complete_ = true;
   std::vector<PhaseMarks> open_phases_;
   // A traced step's phases' GPU spans into the epoch's phase figures.
   void add_phases(const PendingStep& step, const StepSpans& spans);

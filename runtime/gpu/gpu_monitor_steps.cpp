@@ -333,13 +333,13 @@ void GpuMonitor::prune_events() {
     if (p.begin_marker != 0 || p.end_marker != 0) break;
   }
   // The steps whose records are still to come (on_step_record) are later than every pending one.
-  for (size_t i = notes_head_; i < notes_.size(); ++i) {
-    need(notes_[i].begin_marker);
-    need(notes_[i].end_marker);
-    if (notes_[i].begin_marker != 0 || notes_[i].end_marker != 0) break;
+  for (size_t i = runs_head_; i < runs_.size(); ++i) {
+    need(runs_[i].begin_marker);
+    need(runs_[i].end_marker);
+    if (runs_[i].begin_marker != 0 || runs_[i].end_marker != 0) break;
   }
-  need(boundary_marker_);
-  if (run_open_) need(run_begin_marker_);
+  need(b_.boundary_marker);
+  if (b_.run_open) need(b_.run_begin_marker);
   if (stop_pending_) need(stop_marker_);
   marker_times_.erase(marker_times_.begin(), marker_times_.lower_bound(floor));
   // Events ending before the oldest unfinished step are not needed any more. A step's GPU span

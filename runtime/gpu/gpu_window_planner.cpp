@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 
 #include "torchpilot/runtime/core/metrics.h"
 
@@ -98,15 +99,18 @@ void GpuWindowPlanner::note_step_time(Nanos ns) {
   }
 }
 
-bool GpuWindowPlanner::arms_at(int64_t step, int64_t step_in_epoch) const {
-  if (window_left_ > 0 || armed_steps_ > 0 || trace_failed_ || stopping_ || tail_ > 0) {
-    return false;
+void GpuWindowPlanner::arm_steps(int64_t* step, int64_t* step_in_epoch) const {
+  constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+  *step = *step_in_epoch = kNever;
+  if (window_left_ > 0 || armed_steps_ > 0 || trace_failed_ || stopping_ || tail_ > 0) return;
+  if (requested_window_ > 0) {
+    *step = 0;
+  } else if (!first_window_done_) {
+    if (!first_deferred_) *step = config_.trace_first_step - 1;
+  } else if (config_.trace_every_epochs > 0 && !repeat_deferred_ &&
+             epochs_since_window_ >= config_.trace_every_epochs) {
+    *step_in_epoch = window_step_in_epoch_ - 1;
   }
-  if (requested_window_ > 0) return true;
-  if (!first_window_done_) return !first_deferred_ && step + 1 >= config_.trace_first_step;
-  return config_.trace_every_epochs > 0 && !repeat_deferred_ &&
-         epochs_since_window_ >= config_.trace_every_epochs &&
-         step_in_epoch + 1 >= window_step_in_epoch_;
 }
 
 GpuWindowPlanner::StepEndActions GpuWindowPlanner::end_step(int64_t step, int64_t step_in_epoch,

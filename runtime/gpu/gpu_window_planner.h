@@ -87,11 +87,14 @@ class GpuWindowPlanner {
   // A step [begin, end] ended; `warmup_done`: auto-tune is over (no window inside its trials).
   StepEndActions end_step(int64_t step, int64_t step_in_epoch, Nanos begin, Nanos end,
                           bool warmup_done, const StepFacts& facts = {});
-  // Would end_step() of this step arm a window at once: one asked for, or the first or a
-  // repeated one at its step (not one already waiting for the budget, nor an anomaly)? The
-  // monitor then has the step's record taken at its end, so the window opens with the next step;
-  // other steps' end_step may come a batch later.
-  bool arms_at(int64_t step, int64_t step_in_epoch) const;
+  // From which step (global, and in its epoch) end_step() would arm a window at once: one asked
+  // for (from any step), the first at its step, a repeat at its step in the epoch (not one
+  // already waiting for the budget, nor an anomaly); numeric_limits max: none. The monitor has
+  // those steps' records taken at their end, so the window opens with the next step; other
+  // steps' end_step may come a batch later.
+  void arm_steps(int64_t* step, int64_t* step_in_epoch) const;
+  // A window opens when the next step begins (begin_step() has something to do).
+  bool armed() const { return armed_steps_ > 0; }
   // Why the latest anomaly armed a window, in words.
   const std::string& anomaly_reason() const { return anomaly_reason_; }
   // The median work of recent untraced steps (0 before kMinMedianSteps): a window's slowdown is
