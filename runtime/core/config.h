@@ -81,7 +81,7 @@ struct GpuConfig {
   double marker_poll_ms = 1;      // how often our thread looks for the GPU reaching them
   // Outside trace windows a marker only at a boundary this long (host time) after the previous
   // one: steps in between share the span, each its host time's share (0: every boundary).
-  double marker_interval_ms = 25;
+  double marker_interval_ms = 50;
   bool sync_op_names = true;          // windows name each host sync's op (a callback per op)
   int trace_first_step = 20;          // first window: from this step, or once auto-tune is done
   int trace_steps = 10;               // steps per detailed window

@@ -168,13 +168,13 @@ class GpuMonitor : public Collector {
     // A step ending at or past these (global, in its epoch) may arm a window: taken at once.
     int64_t arm_step = std::numeric_limits<int64_t>::max();
     int64_t arm_step_in_epoch = std::numeric_limits<int64_t>::max();
-    int open_ranges = 0;      // NVTX ranges pushed for the open step and its phases
+    int open_ranges = 0;  // NVTX ranges pushed for the open step and its phases
     bool run_open = false;
-    bool nvtx = false;        // gpu.nvtx and an NVTX tool attached
-    bool attached = false;    // a trace is attached (a window, its stop or tail)
-    bool tracing = false;     // a window is open
-    bool armed = false;       // a window opens when the next step begins
-    bool take_each = false;   // attached, or a window's release or cost still running
+    bool nvtx = false;       // gpu.nvtx and an NVTX tool attached
+    bool attached = false;   // a trace is attached (a window, its stop or tail)
+    bool tracing = false;    // a window is open
+    bool armed = false;      // a window opens when the next step begins
+    bool take_each = false;  // attached, or a window's release or cost still running
     // The open step's phases get markers of their own (traced steps only), for their GPU spans
     // (docs/metrics.md, "GPU time of a phase"); they go with the step when it ends.
     bool phase_markers = false;
@@ -231,9 +231,9 @@ class GpuMonitor : public Collector {
   bool stop_pending_ = false;
   uint64_t stop_marker_ = 0;
   Nanos stop_deadline_ = 0;
-  Nanos latest_ns_ = 0;       // the latest step end recorded, for the markers' wait bound
-  int64_t latest_epoch_ = 0;  // the epoch of the latest step recorded
-  Nanos last_flush_ns_ = 0;   // the latest flush on the training thread took this long
+  Nanos latest_ns_ = 0;           // the latest step end recorded, for the markers' wait bound
+  int64_t latest_epoch_ = 0;      // the epoch of the latest step recorded
+  Nanos last_flush_ns_ = 0;       // the latest flush on the training thread took this long
   bool traced_finished_ = false;  // a window's step has been reported (the first window is over)
 
   Nanos pruned_before_ = 0;

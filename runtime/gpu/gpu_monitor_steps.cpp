@@ -45,7 +45,16 @@ void GpuMonitor::drain() {
   for (const PmSample& s : incoming_.pm) pm_watermark_ = std::max(pm_watermark_, s.end);
   // Paused between bursts: no step waits for samples that will not come.
   pm_watermark_ = std::max(pm_watermark_, incoming_.pm_final_until);
+  const size_t pm_held = events_.pm.size();
   append(events_.pm, incoming_.pm);
+  // Samples arrive in time order; should a batch not (a restarted sampler), the held ones are
+  // sorted once, so that each step finds its own by binary search.
+  auto by_begin = [](const PmSample& a, const PmSample& b) { return a.begin < b.begin; };
+  if (!std::is_sorted(events_.pm.begin() + static_cast<std::ptrdiff_t>(pm_held ? pm_held - 1 : 0),
+                      events_.pm.end(), by_begin)) {
+    std::stable_sort(events_.pm.begin(), events_.pm.end(), by_begin);
+  }
+  events_.pm_by_begin = true;
   append(events_.nvml, incoming_.nvml);
   if (!incoming_.kernels.empty()) kernel_index_.reset();
   add_kernels_in_order(events_.kernels, incoming_.kernels);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <utility>
@@ -268,8 +269,16 @@ GpuStats gpu_step_stats(const GpuEventBatch& events, const StepSpans& spans, int
   // Scratch kept per thread: this runs for every step, and allocating costs more than the work.
   thread_local std::vector<PmSample> pm;
   pm.clear();
-  for (const PmSample& s : events.pm) {
-    if (s.end > span.begin && s.begin < span.end) pm.push_back(s);
+  auto pm_from = events.pm.begin();
+  if (events.pm_by_begin) {
+    // The first sample beginning at or after the step, then back over those that reach into it.
+    pm_from = std::partition_point(events.pm.begin(), events.pm.end(),
+                                   [&](const PmSample& s) { return s.begin < span.begin; });
+    while (pm_from != events.pm.begin() && std::prev(pm_from)->end > span.begin) --pm_from;
+  }
+  for (auto it = pm_from; it != events.pm.end(); ++it) {
+    if (events.pm_by_begin && it->begin >= span.end) break;
+    if (it->end > span.begin && it->begin < span.end) pm.push_back(*it);
   }
   // The part of the step the samples cover: the epoch weighs the step's PM means by it (a step
   // half in a sampling gap, e.g. while a window's release restarts PM sampling, weighs half).

@@ -235,5 +235,31 @@ TEST(GpuAdvisorsTest, BusyInefficientUsesTheEstimateWithoutCounters) {
   EXPECT_NE(a->action.find("scaled_dot_product_attention"), std::string::npos);
 }
 
+// The monitor keeps its PM samples in order of begin and says so: a step's samples are then
+// found by binary search, with the same figures as a pass over all of them.
+TEST(GpuStepStats, SamplesInOrderGiveTheSameFiguresByBinarySearch) {
+  GpuEventBatch ev;
+  for (int i = 0; i < 50; ++i) {  // 2-unit samples with gaps every 7th
+    if (i % 7 == 3) continue;
+    ev.pm.push_back(pm(2 * i, 2 * i + 2, 0.01 * i, 0.5 + 0.005 * i));
+  }
+  for (const Interval host : {Interval{0, 5}, Interval{3, 4}, Interval{5, 31}, Interval{13, 14},
+                              Interval{90, 120}, Interval{-10, 1}, Interval{150, 160}}) {
+    SCOPED_TRACE(std::to_string(host.begin) + "-" + std::to_string(host.end));
+    ev.pm_by_begin = false;
+    const GpuStats all = gpu_step_stats(ev, spans(host, {host.begin, host.begin}, false), 100, 100);
+    ev.pm_by_begin = true;
+    const GpuStats searched =
+        gpu_step_stats(ev, spans(host, {host.begin, host.begin}, false), 100, 100);
+    EXPECT_EQ(all.pm_covered_ns, searched.pm_covered_ns);
+    if (measured(all.sm_efficiency)) {
+      EXPECT_DOUBLE_EQ(all.sm_efficiency, searched.sm_efficiency);
+      EXPECT_DOUBLE_EQ(all.counter_utilization, searched.counter_utilization);
+    } else {
+      EXPECT_FALSE(measured(searched.sm_efficiency));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace torchpilot
