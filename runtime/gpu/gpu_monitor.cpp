@@ -212,7 +212,9 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   // A marker at every boundary in and around windows, else once gpu.marker_interval_ms of host
   // time passed since the run's first (a marker costs the training thread 2-7 us: one a
   // millisecond step would be 0.5%).
-  const bool mark = !b.run_open || b.run_begin_marker == 0 || b.attached ||
+  // Steps around a recurring stall's period (the stall tracker marks them before this call) too:
+  // the stall's GPU span is its own, as the stall's advice estimates from it.
+  const bool mark = !b.run_open || b.run_begin_marker == 0 || b.attached || r.at_period ||
                     r.end_ns - b.run_begin_host >= b.marker_interval_ns;
   b.phase_markers = false;
   b.last_step = r.step;
