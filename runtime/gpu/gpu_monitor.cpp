@@ -252,6 +252,10 @@ GpuMonitor::RunNote& GpuMonitor::add_run_note() {
   } else if (runs_.size() - runs_head_ >= kMaxRunNotes) {
     ++runs_head_;  // never read: its steps are attributed by their host spans
   }
+  if (runs_head_ >= kMaxRunNotes) {  // the read ones go, so the queue stays bounded
+    runs_.erase(runs_.begin(), runs_.begin() + static_cast<std::ptrdiff_t>(runs_head_));
+    runs_head_ = 0;
+  }
   return runs_.emplace_back();
 }
 
