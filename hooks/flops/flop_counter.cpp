@@ -373,7 +373,11 @@ void FlopCounter::attach(CollectorHost* host) {
 }
 
 void FlopCounter::recount() {
-  if (active_) planner_.recount();
+  if (!active_) return;
+  // The next step is counted; the steps before it that still wait for their figures (a batch)
+  // keep the counts they ran under: those are forgotten at the next step's record.
+  planner_.start_counting();
+  recount_after_ = last_begun_;
 }
 
 bool FlopCounter::counting() const { return active_ && planner_.counting(); }
@@ -406,6 +410,7 @@ StepFlops FlopCounter::close_window() {
 
 void FlopCounter::on_step_begin(int64_t step, Nanos now) {
   if (!active_) return;
+  last_begun_ = step;
   try {
     if (planner_.begin_step()) open_window();
   } catch (const std::exception& e) {
@@ -439,6 +444,10 @@ void FlopCounter::on_step_record(StepRecord& record) {
   try {
     std::optional<StepFlops> own;
     if (counted_ && counted_step_ == record.step) own.swap(counted_);
+    if (recount_after_ >= -1 && record.step > recount_after_) {
+      planner_.recount();
+      recount_after_ = -2;
+    }
     const int64_t windows_before = planner_.windows();
     const StepFlops* count = planner_.end_step(record.samples, own ? &*own : nullptr);
     fill_step_flops(record, count, peak_);

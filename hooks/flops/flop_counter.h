@@ -125,6 +125,8 @@ class FlopCounter : public Collector {
   bool window_open_ = false;
   std::optional<StepFlops> counted_;  // the count of the step counted_step_, for on_step_record
   int64_t counted_step_ = -1;
+  int64_t last_begun_ = -1;     // the latest step begun
+  int64_t recount_after_ = -2;  // recount(): the counts go at the record of the step after this
   bool warned_ = false;
   DevicePeak peak_;
   FlopWindowPlanner planner_;

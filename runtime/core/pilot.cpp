@@ -229,7 +229,10 @@ void Pilot::end_step() {
   const int64_t samples = open_step_samples_;
   const Nanos now = clock_->now_ns();
   // What follows lands in the next step's span: it is that step's own time.
-  const auto own = at_exit([this, now] { spend_own(now, clock_->now_ns()); });
+  const auto own = at_exit([this, now] {
+    spend_own(now, clock_->now_ns());
+    take_now_ = in_step_end_ = false;
+  });
   const Nanos wait = pending_wait_ns_.exchange(0, std::memory_order_relaxed);
   StepRecord r;
   r.step = next_step_++;
@@ -277,8 +280,7 @@ void Pilot::end_step() {
     step_batch_.push_back(r);
     if (step_batch_.size() >= kStepBatch) flush_steps();
   }
-  take_now_ = false;
-  in_step_end_ = false;
+  take_now_ = in_step_end_ = false;
 
   if (!tuning_now) return;
   // The tuner calls knob setters and the loader's probe: user code. Whatever it throws stops
@@ -303,33 +305,38 @@ void Pilot::flush_steps() {
 void Pilot::take_steps(StepRecord* steps, size_t n) {
   const bool outer = !taking_;
   taking_ = true;
-  // One collector at a time over the steps: its code and data stay warm. Within a step call its
-  // time is its part of the step calls (two clock reads a batch).
-  for_each_collector("on_step_record", kHookStepRecord, [&](Collector& c) {
-    const Nanos t0 = in_step_end_ ? clock_->now_ns() : 0;
-    for (size_t i = 0; i < n; ++i) c.on_step_record(steps[i]);
-    if (in_step_end_) cost_->step_part(&c, clock_->now_ns() - t0);
-  });
-  const size_t history = static_cast<size_t>(config_.records.step_history);
-  for (size_t i = 0; i < n; ++i) {
-    StepRecord& r = steps[i];
-    for_each_collector("on_step_complete", kHookStepComplete,
-                       [&](Collector& o) { o.on_step_complete(r); });
-    if (history_.size() < history) {
-      // Doubling, but never past the ring's size.
-      if (history_.size() == history_.capacity()) {
-        history_.reserve(std::min(history, std::max<size_t>(1, 2 * history_.capacity())));
+  {
+    // Whatever escapes (an allocation), late records are not held from then on.
+    const auto done = at_exit([this, outer] {
+      if (outer) taking_ = false;
+    });
+    // One collector at a time over the steps: its code and data stay warm. Within a step call its
+    // time is its part of the step calls (two clock reads a batch).
+    for_each_collector("on_step_record", kHookStepRecord, [&](Collector& c) {
+      const Nanos t0 = in_step_end_ ? clock_->now_ns() : 0;
+      for (size_t i = 0; i < n; ++i) c.on_step_record(steps[i]);
+      if (in_step_end_) cost_->step_part(&c, clock_->now_ns() - t0);
+    });
+    const size_t history = static_cast<size_t>(config_.records.step_history);
+    for (size_t i = 0; i < n; ++i) {
+      StepRecord& r = steps[i];
+      for_each_collector("on_step_complete", kHookStepComplete,
+                         [&](Collector& o) { o.on_step_complete(r); });
+      if (history_.size() < history) {
+        // Doubling, but never past the ring's size.
+        if (history_.size() == history_.capacity()) {
+          history_.reserve(std::min(history, std::max<size_t>(1, 2 * history_.capacity())));
+        }
+        history_.push_back(r);
+      } else {
+        history_[history_next_] = r;
+        history_next_ = (history_next_ + 1) % history_.size();
       }
-      history_.push_back(r);
-    } else {
-      history_[history_next_] = r;
-      history_next_ = (history_next_ + 1) % history_.size();
+      accumulator_.add(r);
+      for_each_sink("on_step", [&](Sink& s) { s.on_step(r, phase_names_); });
     }
-    accumulator_.add(r);
-    for_each_sink("on_step", [&](Sink& s) { s.on_step(r, phase_names_); });
   }
   if (!outer) return;
-  taking_ = false;
   // Late records published while the steps were taken: after the steps they follow.
   while (!held_late_.empty()) {
     std::vector<LateStepRecord> held;

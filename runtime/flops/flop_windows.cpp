@@ -72,6 +72,12 @@ const StepFlops* FlopWindowPlanner::end_step(int64_t samples, const StepFlops* c
   return known;
 }
 
+void FlopWindowPlanner::start_counting() {
+  window_.clear();
+  window_target_.reset();
+  state_ = State::kCounting;
+}
+
 void FlopWindowPlanner::recount() {
   cache_.clear();
   window_.clear();

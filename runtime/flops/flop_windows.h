@@ -34,6 +34,9 @@ class FlopWindowPlanner {
   // batches). Returns the count that applies to the step, or null (no count yet for its samples).
   const StepFlops* end_step(int64_t samples, const StepFlops* counted);
   void recount();
+  // Count from the next step on, the counts kept (the counter forgets them with recount() once
+  // the steps before have their figures).
+  void start_counting();
   // A window is open, or opens with the next step.
   bool counting() const { return state_ == State::kCounting; }
   // Windows completed so far.

@@ -161,8 +161,8 @@ struct GpuEventBatch {
   // PM samples ending before this steady time have all been delivered (0: unknown): set while PM
   // sampling pauses between bursts (gpu.pm_duty), when no sample is coming for a while.
   Nanos pm_final_until = 0;
-  // `pm` is in order of begin (the monitor keeps its batch so): a step's samples are found by
-  // binary search instead of a pass over all the samples held.
+  // `pm` is in order of begin and of end (the monitor keeps its batch so, and says whether the
+  // ends are): a step's samples are found by binary search instead of a pass over all held.
   bool pm_by_begin = false;
   void clear() {
     markers.clear();

@@ -96,7 +96,9 @@ void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
   Boundary& b = b_;
   // Timed only where it can hold the thread (a window's start): two clock reads a step saved.
   std::optional<CallTimer> timer;
-  const int window_steps = b.armed ? planner_.begin_step(now) : 0;
+  // An armed window starts once every step before it was recorded (a batch taken mid-step can
+  // arm one while the previous step still waits): it traces from a step boundary on.
+  const int window_steps = b.armed && b.recorded_step == b.last_step ? planner_.begin_step(now) : 0;
   // A window's steps get markers of their own: a run of steps still open ends here, before the
   // trace starts (at the previous step's end: nothing of this step is queued yet).
   if (window_steps > 0 && b.run_open) close_run(record_marker(), b.last_end);
@@ -165,12 +167,11 @@ void GpuMonitor::on_phase_begin(int phase_id, const std::string& phase_name) {
 
 void GpuMonitor::on_phase_end(int phase_id) {
   Boundary& b = b_;
-  if (b.attached) {
-    for (auto it = phases_.rbegin(); it != phases_.rend(); ++it) {
-      if (it->id == phase_id && it->span.end == std::numeric_limits<Nanos>::max()) {
-        it->span.end = host_ != nullptr ? host_->clock().now_ns() : it->span.begin;
-        break;
-      }
+  // Also after the trace detached: a phase begun in a window ends in it (its span closed).
+  for (auto it = phases_.rbegin(); it != phases_.rend(); ++it) {
+    if (it->id == phase_id && it->span.end == std::numeric_limits<Nanos>::max()) {
+      it->span.end = host_ != nullptr ? host_->clock().now_ns() : it->span.begin;
+      break;
     }
   }
   for (auto it = open_phases_.rbegin(); b.phase_markers && it != open_phases_.rend(); ++it) {
@@ -240,7 +241,7 @@ void GpuMonitor::on_step_end(StepRecord& r) {
     b.run_open = false;
   }
   if (host_ != nullptr &&
-      (b.take_each || r.step >= b.arm_step || r.step_in_epoch >= b.arm_step_in_epoch)) {
+      (b.take_each || b.armed || r.step >= b.arm_step || r.step_in_epoch >= b.arm_step_in_epoch)) {
     host_->take_step_now();
   }
 }
@@ -265,6 +266,7 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   std::optional<CallTimer> timer;
   latest_ns_ = std::max(latest_ns_, r.end_ns);
   latest_epoch_ = r.epoch;
+  b_.recorded_step = r.step;
   // The step's run: its note once the run ended, else the open run.
   while (runs_head_ < runs_.size() && runs_[runs_head_].last_step < r.step) ++runs_head_;
   RunNote* run = runs_head_ < runs_.size() ? &runs_[runs_head_] : nullptr;

@@ -162,7 +162,8 @@ class GpuMonitor : public Collector {
     // The latest marker recorded at a step's end, at host time (0: none since the step began).
     uint64_t boundary_marker = 0;
     Nanos boundary_host = 0;
-    int64_t last_step = -1;  // the latest step ended, at host time last_end
+    int64_t last_step = -1;      // the latest step ended, at host time last_end
+    int64_t recorded_step = -1;  // the latest step whose on_step_record ran
     Nanos last_end = 0;
     Nanos marker_interval_ns = 0;  // gpu.marker_interval_ms
     // A step ending at or past these (global, in its epoch) may arm a window: taken at once.

@@ -54,7 +54,11 @@ void GpuMonitor::drain() {
                       events_.pm.end(), by_begin)) {
     std::stable_sort(events_.pm.begin(), events_.pm.end(), by_begin);
   }
-  events_.pm_by_begin = true;
+  // The search walks back from the step's begin over samples that reach into it: exact when
+  // their ends are in order too (a sampler's samples do not overlap); else the whole pass.
+  events_.pm_by_begin =
+      std::is_sorted(events_.pm.begin(), events_.pm.end(),
+                     [](const PmSample& a, const PmSample& b) { return a.end < b.end; });
   append(events_.nvml, incoming_.nvml);
   if (!incoming_.kernels.empty()) kernel_index_.reset();
   add_kernels_in_order(events_.kernels, incoming_.kernels);
