@@ -423,6 +423,13 @@ void FlopCounter::on_step_begin(int64_t step, Nanos now) {
   }
 }
 
+void FlopCounter::warn_not_counted(int64_t step, const std::exception& e) {
+  if (warned_ || pilot_ == nullptr) return;
+  warned_ = true;
+  pilot_->log(LogLevel::kError,
+              "FLOP counter: step " + std::to_string(step) + " not counted: " + e.what());
+}
+
 void FlopCounter::on_step_end(StepRecord& record) {
   if (!active_ || !window_open_) return;
   try {
@@ -431,11 +438,7 @@ void FlopCounter::on_step_end(StepRecord& record) {
     counted_step_ = record.step;
     if (host_ != nullptr) host_->take_step_now();
   } catch (const std::exception& e) {
-    if (!warned_ && pilot_ != nullptr) {
-      warned_ = true;
-      pilot_->log(LogLevel::kError, "FLOP counter: step " + std::to_string(record.step) +
-                                        " not counted: " + e.what());
-    }
+    warn_not_counted(record.step, e);
   }
 }
 
@@ -458,11 +461,7 @@ void FlopCounter::on_step_record(StepRecord& record) {
       }
     }
   } catch (const std::exception& e) {
-    if (!warned_ && pilot_ != nullptr) {
-      warned_ = true;
-      pilot_->log(LogLevel::kError, "FLOP counter: step " + std::to_string(record.step) +
-                                        " not counted: " + e.what());
-    }
+    warn_not_counted(record.step, e);
   }
 }
 

@@ -45,6 +45,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -117,6 +118,7 @@ class FlopCounter : public Collector {
   void open_window();
   StepFlops close_window();
   void log_window(const StepFlops& count, int64_t samples);
+  void warn_not_counted(int64_t step, const std::exception& e);  // said once
 
   Pilot* pilot_;
   CollectorHost* host_ = nullptr;  // the Pilot as a collector's host (take_step_now)

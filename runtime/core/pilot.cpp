@@ -280,7 +280,6 @@ void Pilot::end_step() {
     step_batch_.push_back(r);
     if (step_batch_.size() >= kStepBatch) flush_steps();
   }
-  take_now_ = in_step_end_ = false;
 
   if (!tuning_now) return;
   // The tuner calls knob setters and the loader's probe: user code. Whatever it throws stops

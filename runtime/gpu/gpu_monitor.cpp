@@ -227,18 +227,9 @@ void GpuMonitor::on_step_end(StepRecord& r) {
   }
   if (mark) {
     // The run ends with this step; its steps' records find its markers in the note.
-    RunNote& n = add_run_note();
-    n.first_step = b.run_open ? b.run_first_step : r.step;
-    n.last_step = r.step;
-    n.begin_marker = b.run_open ? b.run_begin_marker : 0;
-    n.begin_host = b.run_open ? b.run_begin_host : r.begin_ns;
-    n.end_marker = record_marker();
-    n.end_host = r.end_ns;
+    RunNote& n = end_run(r.step, r.begin_ns, record_marker(), r.end_ns);
     n.phases.swap(open_phases_);  // the step's phases go with it; the next step starts empty
     n.phases_complete = b.phases_complete;
-    b.boundary_marker = n.end_marker;
-    b.boundary_host = r.end_ns;
-    b.run_open = false;
   }
   if (host_ != nullptr &&
       (b.take_each || b.armed || r.step >= b.arm_step || r.step_in_epoch >= b.arm_step_in_epoch)) {
@@ -367,21 +358,25 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   refresh_boundary();
 }
 
-void GpuMonitor::close_run(uint64_t marker, Nanos host_end) {
-  // Its steps whose records are still to come find the end in a note.
-  if (b_.run_open && b_.last_step >= b_.run_first_step) {
-    RunNote& n = add_run_note();
-    n.first_step = b_.run_first_step;
-    n.last_step = b_.last_step;
-    n.begin_marker = b_.run_begin_marker;
-    n.begin_host = b_.run_begin_host;
-    n.end_marker = marker;
-    n.end_host = host_end;
-  }
-  end_pending_run(marker, host_end);
+GpuMonitor::RunNote& GpuMonitor::end_run(int64_t last_step, Nanos begin_host, uint64_t marker,
+                                         Nanos host_end) {
+  RunNote& n = add_run_note();
+  n.first_step = b_.run_open ? b_.run_first_step : last_step;
+  n.last_step = last_step;
+  n.begin_marker = b_.run_open ? b_.run_begin_marker : 0;
+  n.begin_host = b_.run_open ? b_.run_begin_host : begin_host;
+  n.end_marker = marker;
+  n.end_host = host_end;
   b_.boundary_marker = marker;
   b_.boundary_host = host_end;
   b_.run_open = false;
+  return n;
+}
+
+void GpuMonitor::close_run(uint64_t marker, Nanos host_end) {
+  // Its steps whose records are still to come find the end in a note; those pending, at once.
+  end_run(b_.last_step, host_end, marker, host_end);
+  end_pending_run(marker, host_end);
 }
 
 void GpuMonitor::end_pending_run(uint64_t marker, Nanos host_end) {

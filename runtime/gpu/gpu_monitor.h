@@ -212,6 +212,10 @@ class GpuMonitor : public Collector {
   uint64_t next_marker_ = 1;
   // Ends the open run with `marker` (0: not recorded) recorded at host time `host_end`.
   void close_run(uint64_t marker, Nanos host_end);
+  // ... at the end of step `last_step` (none open: the step alone, from `begin_host`): the note
+  // its steps' records will read.
+  struct RunNote;
+  RunNote& end_run(int64_t last_step, Nanos begin_host, uint64_t marker, Nanos host_end);
   void end_pending_run(uint64_t marker, Nanos host_end);  // its steps already pending
   // A run of steps that ended (its end marker recorded), for its steps' on_step_record, which
   // may come a batch later (short steps outside windows). A queue: read from runs_head_, emptied
