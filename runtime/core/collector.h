@@ -29,6 +29,8 @@
 
 namespace torchpilot {
 
+class Collector;
+
 // What a collector may use of the Pilot it is attached to.
 class CollectorHost {
  public:
@@ -56,6 +58,10 @@ class CollectorHost {
   // it) instead of in a batch, for a collector whose next step depends on this one's
   // on_step_record (a trace or counting window that opens or closes).
   virtual void take_step_now() {}
+  // From now on the host calls only `hooks` (StepHook bits) of `who`'s per-step callbacks: a
+  // collector with nothing to do at most boundaries (a probe waiting for a stall's period, a
+  // counter between its windows) is not called there at all. Cheap, but not for every step.
+  virtual void set_step_hooks(const Collector& /*who*/, unsigned /*hooks*/) {}
   // torchpilot's time on the training thread in the open epoch so far (its step calls, windows).
   virtual Nanos epoch_cost_ns() const { return 0; }
   // The phases' names by id (Pilot::phase_id).
@@ -75,7 +81,10 @@ enum StepHook : unsigned {
   kHookStepComplete = 1u << 3,  // on_step_complete
   kHookLateStep = 1u << 4,      // on_late_step
   kHookStepRecord = 1u << 5,    // on_step_record
-  kAllStepHooks = (1u << 6) - 1,
+  // on_step_end only at the steps an earlier collector's on_step_end marked at_period (the stall
+  // tracker, first in the calling order): a collector that acts around a recurring stall only.
+  kHookPeriodStepEnd = 1u << 6,
+  kAllStepHooks = (1u << 7) - 1,
 };
 
 class Collector {
@@ -84,6 +93,7 @@ class Collector {
   virtual std::string name() const = 0;
   // Which per-step callbacks this collector overrides (StepHook bits), read once when it is
   // added; the others are not called. Default: all (a collector that does not say is called).
+  // A collector changes them later with CollectorHost::set_step_hooks.
   virtual unsigned step_hooks() const { return kAllStepHooks; }
   // Called once when added to a host, and with nullptr when the host goes away (or drops the
   // collector): from then on the collector must not use it.

@@ -263,7 +263,13 @@ void Pilot::end_step() {
   last_boundary_ns_ = now;
   step_open_ = false;
   in_step_end_ = true;
-  for_each_collector_timed("on_step_end", kHookStepEnd, [&](Collector& o) { o.on_step_end(r); });
+  // Collectors that act only around a recurring stall are called once an earlier one (the stall
+  // tracker) marked the step at its period.
+  unsigned end_hooks = kHookStepEnd;
+  for_each_collector_timed("on_step_end", end_hooks, [&](Collector& o) {
+    o.on_step_end(r);
+    if (r.at_period) end_hooks |= kHookPeriodStepEnd;
+  });
   // The next step sits at a recurring stall's period: its CPU time from here to its end.
   if (cpu_clock_ && r.at_period && step_ewma_ns_ < kCpuEveryStepNs) {
     (void)read_cpu(r.step);  // marks the next step's start

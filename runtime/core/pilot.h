@@ -217,6 +217,7 @@ class Pilot : private CollectorHost, private TunerHost {
   void cost_deferred(const std::string& what, Nanos estimate_ns) override;
   void charge_cost(Nanos ns) override;
   void take_step_now() override { take_now_ = true; }
+  void set_step_hooks(const Collector& who, unsigned hooks) override;
   const std::vector<std::string>& phase_names() const override { return phase_names_; }
   Nanos epoch_cost_ns() const override { return cost_->epoch_cost_ns(); }
   // Time spent in torchpilot's own calls on the training thread, from `since` to now.
@@ -277,18 +278,19 @@ class Pilot : private CollectorHost, private TunerHost {
   std::vector<Advice> last_advice_;
 
   std::vector<Collector*> collectors_;     // in calling order
-  std::vector<unsigned> collector_hooks_;  // each one's step_hooks(), in the same order
+  std::vector<unsigned> collector_hooks_;  // each one's step hooks, in the same order
   std::vector<std::shared_ptr<Collector>> owned_collectors_;
-  // Every collector, or (with a StepHook bit) those that implement that callback.
+  // Every collector, or (with StepHook bits) those that take one of those callbacks now. `hook`
+  // is read before each collector: on_step_end's grows once a collector marked the step at_period.
   static constexpr unsigned kEveryCollector = ~0u;
   template <typename Fn>
   void for_each_collector(const char* what, Fn&& fn) {
     for_each_collector(what, kEveryCollector, std::forward<Fn>(fn));
   }
   template <typename Fn>
-  void for_each_collector(const char* what, unsigned hook, Fn&& fn);
+  void for_each_collector(const char* what, const unsigned& hook, Fn&& fn);
   template <typename Fn>
-  void for_each_collector_timed(const char* what, unsigned hook, Fn&& fn);
+  void for_each_collector_timed(const char* what, const unsigned& hook, Fn&& fn);
   // Each collector's step time: at every step of the first kPartExactSteps, then one call in 8.
   static constexpr int64_t kPartExactSteps = 64, kPartSampleSteps = 8;
   uint64_t part_sample_rng_ = 0x9E3779B97F4A7C15ull;

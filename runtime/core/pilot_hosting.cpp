@@ -85,6 +85,12 @@ void Pilot::remove_collector(Collector* collector) {
                           owned_collectors_.end());
 }
 
+void Pilot::set_step_hooks(const Collector& who, unsigned hooks) {
+  const auto it = std::find(collectors_.begin(), collectors_.end(), &who);
+  if (it != collectors_.end())
+    collector_hooks_[static_cast<size_t>(it - collectors_.begin())] = hooks;
+}
+
 void Pilot::drop_collector(size_t i) {
   Collector* c = collectors_[i];
   collectors_.erase(collectors_.begin() + static_cast<std::ptrdiff_t>(i));

@@ -11,7 +11,7 @@
 namespace torchpilot {
 
 template <typename Fn>
-void Pilot::for_each_collector(const char* what, unsigned hook, Fn&& fn) {
+void Pilot::for_each_collector(const char* what, const unsigned& hook, Fn&& fn) {
   for (size_t i = 0; i < collectors_.size();) {
     if (hook != kEveryCollector && (collector_hooks_[i] & hook) == 0) {
       ++i;
@@ -30,7 +30,7 @@ void Pilot::for_each_collector(const char* what, unsigned hook, Fn&& fn) {
 }
 
 template <typename Fn>
-void Pilot::for_each_collector_timed(const char* what, unsigned hook, Fn&& fn) {
+void Pilot::for_each_collector_timed(const char* what, const unsigned& hook, Fn&& fn) {
   // Each collector's share of the step calls (CostStats::step_parts): one clock read each, the
   // previous collector's end being the next one's start. After the run's first kPartExactSteps
   // steps, read at one call in kPartSampleSteps drawn at random (collectors do periodic work: a

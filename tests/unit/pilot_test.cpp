@@ -1011,5 +1011,63 @@ TEST(PilotTest, AStepRecordsTimeIsItsCollectorsPartOfTheStepCalls) {
   }
   EXPECT_EQ(part, 64 * 100000) << "two batches of 32, timed as the collector's";
 }
+
+// Marks the steps listed as at a period (as the stall tracker does) and drops or takes back its
+// own step-end calls when told to.
+class PeriodMarker final : public Collector {
+ public:
+  explicit PeriodMarker(std::vector<std::string>* log) : log_(log) {}
+  std::string name() const override { return "marker"; }
+  unsigned step_hooks() const override { return kHookStepEnd; }
+  void attach(CollectorHost* host) override { host_ = host; }
+  void on_step_end(StepRecord& r) override {
+    log_->push_back("m" + std::to_string(r.step));
+    r.at_period = std::find(periods.begin(), periods.end(), r.step) != periods.end();
+    if (r.step == quiet_after && host_ != nullptr) host_->set_step_hooks(*this, 0);
+  }
+  std::vector<int64_t> periods;
+  int64_t quiet_after = -1;
+
+ private:
+  std::vector<std::string>* log_;
+  CollectorHost* host_ = nullptr;
+};
+
+// Called at period steps only, until it asks for every step.
+class PeriodListener final : public Collector {
+ public:
+  explicit PeriodListener(std::vector<std::string>* log) : log_(log) {}
+  std::string name() const override { return "listener"; }
+  unsigned step_hooks() const override { return kHookPeriodStepEnd; }
+  void attach(CollectorHost* host) override { host_ = host; }
+  void on_step_end(StepRecord& r) override {
+    log_->push_back("p" + std::to_string(r.step));
+    if (r.step == every_from && host_ != nullptr) host_->set_step_hooks(*this, kHookStepEnd);
+  }
+  int64_t every_from = -1;
+
+ private:
+  std::vector<std::string>* log_;
+  CollectorHost* host_ = nullptr;
+};
+
+TEST(PilotTest, ACollectorIsCalledOnlyAtTheStepHooksItSetsAndAtPeriodStepsWhenItAsks) {
+  Harness h;
+  std::vector<std::string> log;
+  auto marker = std::make_shared<PeriodMarker>(&log);
+  marker->periods = {2, 5};
+  marker->quiet_after = 7;
+  auto listener = std::make_shared<PeriodListener>(&log);
+  listener->every_from = 5;
+  PilotOptions o = h.options();
+  o.collectors = {marker, listener};
+  o.default_collectors = false;
+  Pilot pilot(advise_config(), std::move(o));
+  for (int i = 0; i < 10; ++i) run_step(pilot, *h.clock, 0, 1 * kMs);
+  const std::vector<std::string> want = {"m0", "m1", "m2", "p2", "m3", "m4", "m5",
+                                         "p5", "m6", "p6", "m7", "p7", "p8", "p9"};
+  EXPECT_EQ(log, want) << "the listener at the marked steps (2, 5), then at every step from its "
+                          "own request; the marker not after it set no hooks (step 7)";
+}
 }  // namespace
 }  // namespace torchpilot
