@@ -335,6 +335,7 @@ FlopCounter::FlopCounter(Pilot& pilot) : pilot_(&pilot), planner_(pilot.config()
     return;
   }
   active_ = true;
+  hooks_ = wanted_hooks();
   pilot.add_collector(this);
   if (peak_.any()) {
     info("FLOP counter: device '" + (device.empty() ? std::string("cpu") : device) +
@@ -377,7 +378,22 @@ void FlopCounter::recount() {
   // The next step is counted; the steps before it that still wait for their figures (a batch)
   // keep the counts they ran under: those are forgotten at the next step's record.
   planner_.start_counting();
-  recount_after_ = last_begun_;
+  // The step begun last (between steps, the one that ended; inside one, the one before it).
+  recount_after_ = pilot_ != nullptr ? pilot_->steps() - 1 : -1;
+  refresh_hooks();
+}
+
+unsigned FlopCounter::wanted_hooks() const {
+  if (!active_) return 0;
+  return kHookStepRecord | (planner_.counting() ? kHookStepBegin : 0u) |
+         (window_open_ ? kHookStepEnd : 0u);
+}
+
+void FlopCounter::refresh_hooks() {
+  const unsigned want = wanted_hooks();
+  if (want == hooks_ || host_ == nullptr) return;
+  hooks_ = want;
+  host_->set_step_hooks(*this, want);
 }
 
 bool FlopCounter::counting() const { return active_ && planner_.counting(); }
@@ -408,15 +424,16 @@ StepFlops FlopCounter::close_window() {
   return count;
 }
 
-void FlopCounter::on_step_begin(int64_t step, Nanos now) {
+void FlopCounter::on_step_begin(int64_t /*step*/, Nanos /*now*/) {
   if (!active_) return;
-  last_begun_ = step;
   try {
     if (planner_.begin_step()) open_window();
+    refresh_hooks();
   } catch (const std::exception& e) {
     // Without its callback the counter cannot count: it stops, records stay NaN.
     active_ = false;
     window_open_ = false;
+    refresh_hooks();
     if (pilot_ != nullptr) {
       pilot_->log(LogLevel::kError, std::string("FLOP counter stopped: ") + e.what());
     }
@@ -436,6 +453,7 @@ void FlopCounter::on_step_end(StepRecord& record) {
     // The callback goes off at the boundary; the next step's begin must see this count planned.
     counted_ = close_window();
     counted_step_ = record.step;
+    refresh_hooks();
     if (host_ != nullptr) host_->take_step_now();
   } catch (const std::exception& e) {
     warn_not_counted(record.step, e);
@@ -460,6 +478,7 @@ void FlopCounter::on_step_record(StepRecord& record) {
         log_window(*c, record.samples);
       }
     }
+    refresh_hooks();
   } catch (const std::exception& e) {
     warn_not_counted(record.step, e);
   }

@@ -104,7 +104,8 @@ class FlopCounter : public Collector {
   const DevicePeak& peak() const { return peak_; }
 
   std::string name() const override { return "flop_counter"; }
-  unsigned step_hooks() const override { return kHookStepBegin | kHookStepEnd | kHookStepRecord; }
+  // Between counting windows only on_step_record: the boundaries are not called (refresh_hooks).
+  unsigned step_hooks() const override { return hooks_; }
   void on_step_begin(int64_t step, Nanos now) override;
   // Closes a counting window (the step is then taken at once); the step's figures are added in
   // on_step_record, in the Pilot's batches for short steps.
@@ -119,6 +120,10 @@ class FlopCounter : public Collector {
   StepFlops close_window();
   void log_window(const StepFlops& count, int64_t samples);
   void warn_not_counted(int64_t step, const std::exception& e);  // said once
+  // The step callbacks the counter needs now: a step's begin while a window is due, its end while
+  // one is open.
+  unsigned wanted_hooks() const;
+  void refresh_hooks();
 
   Pilot* pilot_;
   CollectorHost* host_ = nullptr;  // the Pilot as a collector's host (take_step_now)
@@ -127,7 +132,7 @@ class FlopCounter : public Collector {
   bool window_open_ = false;
   std::optional<StepFlops> counted_;  // the count of the step counted_step_, for on_step_record
   int64_t counted_step_ = -1;
-  int64_t last_begun_ = -1;     // the latest step begun
+  unsigned hooks_ = kHookStepRecord;  // what the Pilot calls now (step_hooks, set_step_hooks)
   int64_t recount_after_ = -2;  // recount(): the counts go at the record of the step after this
   bool warned_ = false;
   DevicePeak peak_;

@@ -96,8 +96,10 @@ class SyncProbe final : public Collector {
  public:
   ~SyncProbe() override { stop(); }
   std::string name() const override { return "sync_probe"; }
-  unsigned step_hooks() const override { return kHookStepEnd; }
+  // Called at the steps the stall tracker marks at its period; at every step while probing.
+  unsigned step_hooks() const override { return kHookPeriodStepEnd; }
   void attach(CollectorHost* host) override {
+    host_ = host;
     if (host == nullptr) stop();
   }
   void on_step_end(StepRecord& r) override {
@@ -137,6 +139,7 @@ class SyncProbe final : public Collector {
       if (!g_tally.compare_exchange_strong(expected, &tally_)) return;
       at::reenableCallback(g_handle);
       probing_ = true;
+      if (host_ != nullptr) host_->set_step_hooks(*this, kHookStepEnd);
     } catch (...) {
       failed_ = true;  // no observer: stalls keep their other figures
       g_tally.store(nullptr);
@@ -145,6 +148,7 @@ class SyncProbe final : public Collector {
   void stop() {
     if (!probing_) return;
     probing_ = false;
+    if (host_ != nullptr) host_->set_step_hooks(*this, kHookPeriodStepEnd);
     try {
       at::disableCallback(g_handle);
     } catch (...) {
@@ -153,6 +157,7 @@ class SyncProbe final : public Collector {
   }
 
   Tally tally_;
+  CollectorHost* host_ = nullptr;
   bool probing_ = false;
   bool failed_ = false;
 };

@@ -90,7 +90,7 @@ struct GpuConfig {
   int trace_buffer_mb = 32;           // most memory for activity buffers
   int trace_device_buffer_mb = 64;    // CUPTI's device buffer per context (0: CUPTI's default)
   // The most an epoch's end waits for the GPU to finish the epoch's steps; it waits no longer
-  // than cost.budget / 2 x the epoch's time less torchpilot's time in it either. Steps not finished
+  // than cost.budget / 4 x the epoch's time less torchpilot's time in it either. Steps not finished
   // count in the next epoch.
   double epoch_end_wait_ms = 1000;
   std::string cupti_path;  // libcupti to load; empty: LibTorch's, then the default search

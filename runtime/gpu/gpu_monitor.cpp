@@ -484,13 +484,13 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   // The epoch's last run of steps ends with it (its last step's end).
   if (b_.run_open) close_run(record_marker(), latest_ns_);
   // How long the epoch's end may wait for the GPU: gpu.epoch_end_wait_ms, and no more than what
-  // half the epoch's budget share (cost.budget x its time / 2) has left after torchpilot's step
-  // calls (a 40 ms epoch may not wait 5 ms; the wait never takes the whole share). What is not
-  // final then (the last steps' markers or PM samples, a window's release) counts in the next
-  // epoch.
+  // a quarter of the epoch's budget share (cost.budget x its time / 4) has left after torchpilot's
+  // step calls (a 40 ms epoch may not wait 5 ms; the epoch end's other parts, its advisors and its
+  // log, need the rest of the share on epochs of tens of milliseconds). What is not final then
+  // (the last steps' markers or PM samples, a window's release) counts in the next epoch.
   Nanos allowed = static_cast<Nanos>(config_.epoch_end_wait_ms * 1e6);
   if (host_ != nullptr) {
-    const auto share = static_cast<Nanos>(host_->config().cost.budget / 2 *
+    const auto share = static_cast<Nanos>(host_->config().cost.budget / 4 *
                                           static_cast<double>(std::max<Nanos>(0, summary.wall_ns)));
     allowed = std::max<Nanos>(0, std::min<Nanos>(allowed, share - host_->epoch_cost_ns()));
   }

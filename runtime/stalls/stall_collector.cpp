@@ -20,7 +20,8 @@ class StallCollector final : public Collector {
  public:
   explicit StallCollector(double factor) : stalls_(factor) {}
   std::string name() const override { return "stalls"; }
-  unsigned step_hooks() const override { return kHookStepEnd | kHookStepComplete | kHookLateStep; }
+  // Called at step ends only while a period is known (most trainers have none: no call there).
+  unsigned step_hooks() const override { return kHookStepComplete | kHookLateStep; }
   void attach(CollectorHost* host) override { host_ = host; }
   // At the boundary only whether the step sits at the period (the GPU monitor and the sync probe
   // act on it now); the step is added to the tracker with its complete record, which short steps
@@ -31,6 +32,11 @@ class StallCollector final : public Collector {
   void on_step_complete(const StepRecord& record) override {
     stalls_.add(record);
     stalls_.add_probe(record);
+    const bool periodic = stalls_.period() > 0;
+    if (periodic != periodic_ && host_ != nullptr) {
+      periodic_ = periodic;
+      host_->set_step_hooks(*this, step_hooks() | (periodic ? kHookStepEnd : 0u));
+    }
   }
   void on_late_step(const LateStepRecord& record) override {
     // A step's GPU span: what a periodic stall cost the GPU (OutlierStats).
@@ -47,6 +53,7 @@ class StallCollector final : public Collector {
  private:
   StallTracker stalls_;
   CollectorHost* host_ = nullptr;
+  bool periodic_ = false;  // a period is known: on_step_end is called
 };
 
 std::unique_ptr<Collector> make_stall_collector(CollectorHost& host) {

@@ -150,9 +150,13 @@ TEST(FlopCounterTest, CallbacksAreOffOutsideTheWindowAndRecountTurnsThemOn) {
   };
   EXPECT_DOUBLE_EQ(h.step(batch, extra).metrics.get("flops", "model_flops"), linear_flops(batch));
   EXPECT_FALSE(h.counter->counting());
+  EXPECT_EQ(h.counter->step_hooks(), unsigned{kHookStepRecord})
+      << "between windows the Pilot does not call the counter at step boundaries";
   // recount(): the next step is counted and sees the extra mm (2·10·20·30).
   h.counter->recount();
   EXPECT_TRUE(h.counter->counting());
+  EXPECT_EQ(h.counter->step_hooks(), unsigned{kHookStepRecord | kHookStepBegin})
+      << "the next step's begin opens the window";
   EXPECT_DOUBLE_EQ(h.step(batch, extra).metrics.get("flops", "model_flops"),
                    linear_flops(batch) + 12000.0);
   EXPECT_DOUBLE_EQ(linear_step_flops(h, lin, batch), linear_flops(batch) + 12000.0)

@@ -356,8 +356,8 @@ TEST(GpuMonitorTest, MarkersThatNeverResolveFallBackToHostSpansAndHoldNothingFor
     EXPECT_NEAR(r.stats.sm_efficiency, 0.5, 1e-9);
   }
   rig.pilot->end_epoch();
-  // The epoch end waits boundedly (half its budget share, at most 1 s): steps whose markers may
-  // still come (under 2 s old) go to the next epoch; none is held forever.
+  // The epoch end waits boundedly (a quarter of its budget share, at most 1 s): steps whose markers
+  // may still come (under 2 s old) go to the next epoch; none is held forever.
   const auto& g = *rig.sink->epochs[0].sections.get<GpuEpochStats>();
   EXPECT_EQ(rig.backend->awaited.size(), 1u) << "the epoch end waited once, boundedly";
   EXPECT_EQ(g.gpu_timed_steps, 0);
@@ -381,7 +381,7 @@ TEST(GpuMonitorTest, AShortEpochsEndDoesNotWaitItsUnfinishedStepsCountInTheNext)
   Rig rig(c);
   rig.backend->on_flush = [&] { rig.clock->advance(5 * kMs); };  // a 5 ms decode
   for (int i = 0; i < 10; ++i) rig.step(10, 100, 0.5);
-  rig.pilot->end_epoch();  // 100 ms: 0.5 ms allowed; the first flush's cost is not known yet
+  rig.pilot->end_epoch();  // 100 ms: 0.25 ms allowed; the first flush's cost is not known yet
   const auto& g0 = *rig.sink->epochs[0].sections.get<GpuEpochStats>();
   EXPECT_EQ(rig.backend->flushes, 1);
   EXPECT_EQ(g0.steps, 10);
@@ -397,7 +397,7 @@ TEST(GpuMonitorTest, AShortEpochsEndDoesNotWaitItsUnfinishedStepsCountInTheNext)
     auto s = rig.pilot->step(1);
     rig.clock->advance(10 * kMs);
   }                        // no sample covers it yet
-  rig.pilot->end_epoch();  // a 5 ms flush does not fit in 0.5 ms: the decode thread is asked
+  rig.pilot->end_epoch();  // a 5 ms flush does not fit in 0.25 ms: the decode thread is asked
   const auto& g1 = *rig.sink->epochs[1].sections.get<GpuEpochStats>();
   EXPECT_EQ(rig.backend->flushes, 1);
   EXPECT_EQ(rig.backend->flush_requests, 1);
