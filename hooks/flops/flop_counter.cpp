@@ -378,8 +378,9 @@ void FlopCounter::recount() {
   // The next step is counted; the steps before it that still wait for their figures (a batch)
   // keep the counts they ran under: those are forgotten at the next step's record.
   planner_.start_counting();
-  // The step begun last (between steps, the one that ended; inside one, the one before it).
-  recount_after_ = pilot_ != nullptr ? pilot_->steps() - 1 : -1;
+  // The step begun last: inside one, that step (it ran under the old counts); between steps,
+  // the one that ended.
+  recount_after_ = pilot_ == nullptr ? -1 : pilot_->steps() - (pilot_->step_open() ? 0 : 1);
   refresh_hooks();
 }
 
@@ -453,11 +454,11 @@ void FlopCounter::on_step_end(StepRecord& record) {
     // The callback goes off at the boundary; the next step's begin must see this count planned.
     counted_ = close_window();
     counted_step_ = record.step;
-    refresh_hooks();
     if (host_ != nullptr) host_->take_step_now();
   } catch (const std::exception& e) {
     warn_not_counted(record.step, e);
   }
+  refresh_hooks();
 }
 
 void FlopCounter::on_step_record(StepRecord& record) {
@@ -478,10 +479,10 @@ void FlopCounter::on_step_record(StepRecord& record) {
         log_window(*c, record.samples);
       }
     }
-    refresh_hooks();
   } catch (const std::exception& e) {
     warn_not_counted(record.step, e);
   }
+  refresh_hooks();  // the planner may have changed before a throw
 }
 
 void FlopCounter::on_epoch_end(EpochSummary& summary) {

@@ -193,6 +193,8 @@ class Pilot : private CollectorHost, private TunerHost {
 
   // --- results, for programs and tests -----------------------------------------------------------
   int64_t steps() const { return next_step_; }
+  // A step scope is open (its number is steps()).
+  bool step_open() const { return step_open_; }
   int64_t epoch() const { return epoch_; }
   // The last `records.step_history` steps, oldest first (the steps waiting in a batch are taken
   // first).

@@ -163,6 +163,31 @@ TEST(FlopCounterTest, CallbacksAreOffOutsideTheWindowAndRecountTurnsThemOn) {
       << "cached from the recount";
 }
 
+// recount() inside a step: that step ran under the old counts and keeps them; the next one is
+// counted.
+TEST(FlopCounterTest, ARecountInsideAStepCountsTheNextOne) {
+  torch::manual_seed(0);
+  Harness h(flop_config(0, 1));
+  torch::nn::Linear lin(kIn, kOut);
+  const int64_t batch = 8;
+  EXPECT_DOUBLE_EQ(linear_step_flops(h, lin, batch), linear_flops(batch));
+  auto recount_then_extra = [&] {
+    h.counter->recount();
+    linear_step(lin, batch)();
+    torch::mm(torch::randn({10, 20}), torch::randn({20, 30}));
+  };
+  EXPECT_DOUBLE_EQ(h.step(batch, recount_then_extra).metrics.get("flops", "model_flops"),
+                   linear_flops(batch))
+      << "the step that asked keeps the count it began under";
+  auto extra = [&] {
+    linear_step(lin, batch)();
+    torch::mm(torch::randn({10, 20}), torch::randn({20, 30}));
+  };
+  EXPECT_DOUBLE_EQ(h.step(batch, extra).metrics.get("flops", "model_flops"),
+                   linear_flops(batch) + 12000.0)
+      << "the next step is counted";
+}
+
 TEST(FlopCounterTest, RecountsWhenTheBatchSizeChanges) {
   torch::manual_seed(0);
   Harness h(flop_config(0, 2));
