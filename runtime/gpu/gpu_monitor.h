@@ -12,10 +12,10 @@
 // (Sink::on_late_step, a GpuStepRecord) once its span is known and samples covering its end
 // arrived; the epoch's figures are the summary's "gpu" section (GpuEpochStats) at end_epoch,
 // over the steps finished by then: the epoch's end waits for the GPU no longer than
-// gpu.epoch_end_wait_ms and cost.budget x the epoch's time, and the steps it left count in the
-// next epoch (a short epoch must not pay a wait or a PM decode at its end). hooks/ registers a
-// default collector that makes one over the CUPTI backend for every Pilot; tests add one over a
-// fake backend (PilotOptions::collectors).
+// gpu.epoch_end_wait_ms and a quarter of cost.budget x the epoch's time, and the steps it left
+// count in the next epoch (a short epoch must not pay a wait or a PM decode at its end). hooks/
+// registers a default collector that makes one over the CUPTI backend for every Pilot; tests add
+// one over a fake backend (PilotOptions::collectors).
 //
 // Thread-safety: training thread only (it is a Collector of the Pilot).
 #pragma once
@@ -57,15 +57,16 @@ class GpuMonitor : public Collector {
   static constexpr Nanos kFinishBudgetNs = 5000000;  // finishing steps, per step call
   // What a window costs the training thread before one has been measured here (its start, stop
   // and slower launches; the release apart), the budget's estimate for the first window: its
-  // start and stop, plus each traced step slowed by its whole work. CUPTI's cost grows with the
-  // launches and a step's time bounds them: on an H200 a step of 12,000 tiny launches (80 ms)
-  // took 80-130 ms more traced, a 2 ms CNN step about 1 ms more, a 3-step window's start and stop
-  // 2-5 ms. A prior that errs high only delays a window; one that errs low overspends (a window
-  // also ends early once the budget has no room for its next step). Before a median step time
-  // exists, a flat prior.
+  // start and stop, plus each traced step slowed by 0.6 of its work. CUPTI's cost grows with the
+  // launches and a step's time bounds them: on H200 VMs a 3-step window cost 3.5-8 ms on CNN steps
+  // of 1.4-2.2 ms and 147-324 ms on steps of 12,000 tiny launches (70-100 ms of work); these
+  // figures put every one of those first windows within 2x of its cost (the earlier 5 ms + the
+  // whole work erred high by up to 3.4x and delayed windows). One that costs more than predicted
+  // ends early once the budget has no room for its next step. Before a median step time exists, a
+  // flat prior.
   static constexpr Nanos kFirstWindowEstimateNs = 50000000;
-  static constexpr Nanos kWindowStartStopEstimateNs = 5000000;
-  static constexpr double kTracedStepSlowdownPrior = 1.0;
+  static constexpr Nanos kWindowStartStopEstimateNs = 2500000;
+  static constexpr double kTracedStepSlowdownPrior = 0.6;
   // Outside windows, steps' GPU figures are collected this often (host time), or once this many
   // steps wait: a collection's fixed part (the backend's locks, 4-6 us on the H200) is paid
   // once for many steps.

@@ -353,8 +353,8 @@ TEST(GpuMonitorTest, BudgetDefersWindowsThatWouldExceedIt) {
       rig.pilot->end_epoch();
     }
   };
-  // The first window's estimate: 50 ms while no median step exists (its first ask), then 5 ms
-  // for its start and stop and each of its 2 steps' 10 ms: 25 ms, 2.5 s of run.
+  // The first window's estimate: 50 ms while no median step exists (its first ask), then 2.5 ms
+  // for its start and stop and 0.6 of each of its 2 steps' 10 ms: 14.5 ms, 1.45 s of run.
   epochs(3);
   EXPECT_EQ(rig.backend->trace_starts, 0) << "a young run has no room for a window";
   const CostStats* first = rig.sink->epochs[0].sections.get<CostStats>();
@@ -367,7 +367,7 @@ TEST(GpuMonitorTest, BudgetDefersWindowsThatWouldExceedIt) {
       << log;
   EXPECT_EQ(log.find("cost budget:"), log.rfind("cost budget:")) << "one log line";
   epochs(27);  // 6 s
-  ASSERT_EQ(rig.backend->trace_starts, 1) << "once 1% of the run has room for 25 ms";
+  ASSERT_EQ(rig.backend->trace_starts, 1) << "once 1% of the run has room for 14.5 ms";
   int opened = -1;
   for (size_t e = 0; e < rig.sink->epochs.size(); ++e) {
     if (rig.sink->epochs[e].sections.get<CostStats>()->step_calls_ns >= 100 * kMs) {
@@ -375,8 +375,8 @@ TEST(GpuMonitorTest, BudgetDefersWindowsThatWouldExceedIt) {
       break;
     }
   }
-  EXPECT_GE(opened, 11) << "at about 2.5 s";
-  EXPECT_LE(opened, 13);
+  EXPECT_GE(opened, 7) << "at about 1.45 s";
+  EXPECT_LE(opened, 8);
   // Its start's 100 ms left the budget no room for its second step: it ended after one. The
   // repeat's estimate is what the first cost (100 ms, its start's): it waits for 1% of the run
   // to hold both (20 s), then runs.
@@ -393,7 +393,7 @@ TEST(GpuMonitorTest, BudgetDefersWindowsThatWouldExceedIt) {
     cost += g->window_cost_ns;
   }
   EXPECT_EQ(predicted, 1);
-  EXPECT_EQ(estimate, 25 * kMs);
+  EXPECT_EQ(estimate, 29 * kMs / 2);
   EXPECT_GE(cost, 100 * kMs) << "its start's 100 ms";
   epochs(110);
   EXPECT_EQ(rig.backend->trace_starts, 2);
@@ -401,8 +401,8 @@ TEST(GpuMonitorTest, BudgetDefersWindowsThatWouldExceedIt) {
 }
 
 TEST(GpuMonitorTest, AWindowTheBudgetHasNoRoomForWholeTracesFewerSteps) {
-  // 10 ms steps: 10 steps are predicted at 10 + 10 x 5 = 60 ms (6 s of run at 1%), 3 at 25 ms
-  // (2.5 s): the first window opens earlier, shorter.
+  // 10 ms steps: 10 steps are predicted at 2.5 + 10 x 6 = 62.5 ms (6.25 s of run at 1%), 3 at
+  // 20.5 ms (2 s): the first window opens earlier, shorter.
   Config c = Rig::base_config();
   c.cost.budget = 0.01;
   c.gpu.trace_first_step = 5;
