@@ -429,16 +429,15 @@ void FlopCounter::on_step_begin(int64_t /*step*/, Nanos /*now*/) {
   if (!active_) return;
   try {
     if (planner_.begin_step()) open_window();
-    refresh_hooks();
   } catch (const std::exception& e) {
     // Without its callback the counter cannot count: it stops, records stay NaN.
     active_ = false;
     window_open_ = false;
-    refresh_hooks();
     if (pilot_ != nullptr) {
       pilot_->log(LogLevel::kError, std::string("FLOP counter stopped: ") + e.what());
     }
   }
+  refresh_hooks();
 }
 
 void FlopCounter::warn_not_counted(int64_t step, const std::exception& e) {
@@ -466,9 +465,9 @@ void FlopCounter::on_step_record(StepRecord& record) {
   try {
     std::optional<StepFlops> own;
     if (counted_ && counted_step_ == record.step) own.swap(counted_);
-    if (recount_after_ >= -1 && record.step > recount_after_) {
+    if (recount_after_ && record.step > *recount_after_) {
       planner_.recount();
-      recount_after_ = -2;
+      recount_after_.reset();
     }
     const int64_t windows_before = planner_.windows();
     const StepFlops* count = planner_.end_step(record.samples, own ? &*own : nullptr);

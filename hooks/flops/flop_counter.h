@@ -132,8 +132,8 @@ class FlopCounter : public Collector {
   bool window_open_ = false;
   std::optional<StepFlops> counted_;  // the count of the step counted_step_, for on_step_record
   int64_t counted_step_ = -1;
-  unsigned hooks_ = kHookStepRecord;  // what the Pilot calls now (step_hooks, set_step_hooks)
-  int64_t recount_after_ = -2;  // recount(): the counts go at the record of the step after this
+  unsigned hooks_ = kHookStepRecord;      // what the Pilot calls now (step_hooks, set_step_hooks)
+  std::optional<int64_t> recount_after_;  // recount(): the counts go at the record of a later step
   bool warned_ = false;
   DevicePeak peak_;
   FlopWindowPlanner planner_;

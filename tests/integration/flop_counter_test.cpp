@@ -41,6 +41,14 @@ std::function<void()> linear_step(torch::nn::Linear& lin, int64_t batch) {
   };
 }
 
+// The Linear layer's step and an extra matmul of 2·10·20·30 = 12000 FLOPs.
+std::function<void()> linear_step_and_mm(torch::nn::Linear& lin, int64_t batch) {
+  return [&lin, batch] {
+    linear_step(lin, batch)();
+    torch::mm(torch::randn({10, 20}), torch::randn({20, 30}));
+  };
+}
+
 // One step of the Linear layer on a batch of `batch` in `h`: the model FLOPs it was counted at
 // (NaN where it was not counted).
 double linear_step_flops(Harness& h, torch::nn::Linear& lin, int64_t batch) {
@@ -144,10 +152,7 @@ TEST(FlopCounterTest, CallbacksAreOffOutsideTheWindowAndRecountTurnsThemOn) {
   const int64_t batch = 8;
   EXPECT_DOUBLE_EQ(linear_step_flops(h, lin, batch), linear_flops(batch));
   // An extra matmul after the window: not seen (callbacks off), the step keeps the cached count.
-  auto extra = [&] {
-    linear_step(lin, batch)();
-    torch::mm(torch::randn({10, 20}), torch::randn({20, 30}));
-  };
+  const auto extra = linear_step_and_mm(lin, batch);
   EXPECT_DOUBLE_EQ(h.step(batch, extra).metrics.get("flops", "model_flops"), linear_flops(batch));
   EXPECT_FALSE(h.counter->counting());
   EXPECT_EQ(h.counter->step_hooks(), unsigned{kHookStepRecord})
@@ -171,18 +176,14 @@ TEST(FlopCounterTest, ARecountInsideAStepCountsTheNextOne) {
   torch::nn::Linear lin(kIn, kOut);
   const int64_t batch = 8;
   EXPECT_DOUBLE_EQ(linear_step_flops(h, lin, batch), linear_flops(batch));
+  const auto extra = linear_step_and_mm(lin, batch);
   auto recount_then_extra = [&] {
     h.counter->recount();
-    linear_step(lin, batch)();
-    torch::mm(torch::randn({10, 20}), torch::randn({20, 30}));
+    extra();
   };
   EXPECT_DOUBLE_EQ(h.step(batch, recount_then_extra).metrics.get("flops", "model_flops"),
                    linear_flops(batch))
       << "the step that asked keeps the count it began under";
-  auto extra = [&] {
-    linear_step(lin, batch)();
-    torch::mm(torch::randn({10, 20}), torch::randn({20, 30}));
-  };
   EXPECT_DOUBLE_EQ(h.step(batch, extra).metrics.get("flops", "model_flops"),
                    linear_flops(batch) + 12000.0)
       << "the next step is counted";

@@ -1012,52 +1012,40 @@ TEST(PilotTest, AStepRecordsTimeIsItsCollectorsPartOfTheStepCalls) {
   EXPECT_EQ(part, 64 * 100000) << "two batches of 32, timed as the collector's";
 }
 
-// Marks the steps listed as at a period (as the stall tracker does) and drops or takes back its
-// own step-end calls when told to.
-class PeriodMarker final : public Collector {
+// Writes "<letter><step>" at each on_step_end it gets; marks the steps in `periods` at a period
+// (as the stall tracker does); sets its hooks to 0 at step `quiet_after` and to every step end
+// at `every_from`.
+class StepEndLogger final : public Collector {
  public:
-  explicit PeriodMarker(std::vector<std::string>* log) : log_(log) {}
-  std::string name() const override { return "marker"; }
-  unsigned step_hooks() const override { return kHookStepEnd; }
+  StepEndLogger(std::vector<std::string>* log, char letter, unsigned hooks)
+      : log_(log), letter_(letter), hooks_(hooks) {}
+  std::string name() const override { return std::string(1, letter_); }
+  unsigned step_hooks() const override { return hooks_; }
   void attach(CollectorHost* host) override { host_ = host; }
   void on_step_end(StepRecord& r) override {
-    log_->push_back("m" + std::to_string(r.step));
-    r.at_period = std::find(periods.begin(), periods.end(), r.step) != periods.end();
-    if (r.step == quiet_after && host_ != nullptr) host_->set_step_hooks(*this, 0);
+    log_->push_back(letter_ + std::to_string(r.step));
+    if (std::find(periods.begin(), periods.end(), r.step) != periods.end()) r.at_period = true;
+    if (host_ == nullptr) return;
+    if (r.step == quiet_after) host_->set_step_hooks(*this, 0);
+    if (r.step == every_from) host_->set_step_hooks(*this, kHookStepEnd);
   }
   std::vector<int64_t> periods;
-  int64_t quiet_after = -1;
+  int64_t quiet_after = -1, every_from = -1;
 
  private:
   std::vector<std::string>* log_;
-  CollectorHost* host_ = nullptr;
-};
-
-// Called at period steps only, until it asks for every step.
-class PeriodListener final : public Collector {
- public:
-  explicit PeriodListener(std::vector<std::string>* log) : log_(log) {}
-  std::string name() const override { return "listener"; }
-  unsigned step_hooks() const override { return kHookPeriodStepEnd; }
-  void attach(CollectorHost* host) override { host_ = host; }
-  void on_step_end(StepRecord& r) override {
-    log_->push_back("p" + std::to_string(r.step));
-    if (r.step == every_from && host_ != nullptr) host_->set_step_hooks(*this, kHookStepEnd);
-  }
-  int64_t every_from = -1;
-
- private:
-  std::vector<std::string>* log_;
+  char letter_;
+  unsigned hooks_;
   CollectorHost* host_ = nullptr;
 };
 
 TEST(PilotTest, ACollectorIsCalledOnlyAtTheStepHooksItSetsAndAtPeriodStepsWhenItAsks) {
   Harness h;
   std::vector<std::string> log;
-  auto marker = std::make_shared<PeriodMarker>(&log);
+  auto marker = std::make_shared<StepEndLogger>(&log, 'm', kHookStepEnd);
   marker->periods = {2, 5};
   marker->quiet_after = 7;
-  auto listener = std::make_shared<PeriodListener>(&log);
+  auto listener = std::make_shared<StepEndLogger>(&log, 'p', kHookPeriodStepEnd);
   listener->every_from = 5;
   PilotOptions o = h.options();
   o.collectors = {marker, listener};
