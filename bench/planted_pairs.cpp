@@ -113,6 +113,7 @@ struct Args {
   int micro_steps = 4;          // async_sync_every_n
   int sync_every = 8;           // async_sync_every_n, fixed form: .item() every N optimizer steps
   int checkpoint_every = 150;   // checkpoint: steps between saves (longer than a save takes)
+  int sync_width = 512;         // sync_per_micro_step: the MLP's width (GPU time per launch)
   double wait_us = 400;         // stock_loader_io: the wait per sample
   double tune_seconds = 10;     // tuning_overrides_advice: autotune.warmup_seconds
   int windows = 3;              // epochs of the advised run, a window in each (checkpoint pairs: 1)
@@ -440,12 +441,13 @@ class SyncingTrainer : public Workload {
 // every launch, and the step still ends in a sync).
 class SyncPerMicroStep : public Workload {
  public:
-  SyncPerMicroStep(const Env& env, bool fixed)
+  SyncPerMicroStep(const Env& env, const Args& a, bool fixed)
       : env_(env), fixed_(fixed), batch_(env.small ? 32 : 256), micro_(8) {
     Env fp32 = env;
     fp32.dtype = torch::kFloat;
-    mlp_ = std::make_unique<Mlp>(fp32, kWidth, kWidth, 3, kWidth);
-    x_ = torch::randn({batch_, kWidth}, torch::TensorOptions().device(env.device));
+    const int64_t width = a.sync_width;
+    mlp_ = std::make_unique<Mlp>(fp32, width, width, 3, width);
+    x_ = torch::randn({batch_, width}, torch::TensorOptions().device(env.device));
     loss_sum_ = torch::zeros({}, torch::TensorOptions().device(env.device));
   }
   int64_t samples_per_step() const override { return batch_ * micro_; }
@@ -478,7 +480,6 @@ class SyncPerMicroStep : public Workload {
   }
 
  private:
-  static constexpr int64_t kWidth = 512;
   Env env_;
   bool fixed_;
   int64_t batch_;
@@ -1031,8 +1032,8 @@ std::vector<Pair> all_pairs() {
                    "8 micro-steps of small fp32 matmuls, loss.item() after each, a device sync "
                    "at each step's end",
                    "no .item() (the loss summed on the device), the step-end sync kept", nullptr,
-                   [](const Env& env, const Args&, bool fixed) -> std::unique_ptr<Workload> {
-                     return std::make_unique<SyncPerMicroStep>(env, fixed);
+                   [](const Env& env, const Args& a, bool fixed) -> std::unique_ptr<Workload> {
+                     return std::make_unique<SyncPerMicroStep>(env, a, fixed);
                    }});
   pairs.push_back({"pageable_copy_sync", "pageable_copies", "", true,
                    "a 138 MB batch from pageable memory each step (blocking .to), a device sync "
@@ -1510,6 +1511,9 @@ int run(int argc, char** argv) {
                   "async_sync_every_n, fixed form: .item() every N optimizer steps");
   bench::int_flag(app, "--checkpoint-every", a.checkpoint_every, 2, 1000000,
                   "checkpoint: steps between saves");
+  bench::int_flag(app, "--sync-width", a.sync_width, 8, 65536,
+                  "sync_per_micro_step: the MLP's width (its matmuls' GPU time against the "
+                  "launches)");
   bench::number_flag(app, "--wait-us", a.wait_us, 0, 1e7,
                      "stock_loader_io: the wait per sample (a sleep: I/O), microseconds");
   bench::number_flag(app, "--tune-seconds", a.tune_seconds, 0, 3600,

@@ -199,6 +199,13 @@ Run run(const Args& a, bool with_pilot, torch::Device device) {
       }
       r.per_step_us["all step calls"].push_back(c->step_calls_ns / 1e3 / steps);
       r.per_step_us["epoch end"].push_back(c->epoch_end_ns / 1e3 / steps);
+      // The gpu part's collections (drain and finishing, every 100 ms), the rest its boundaries.
+      if (const auto* g = s.sections.get<torchpilot::GpuEpochStats>()) {
+        r.per_step_us["gpu: collections"].push_back(static_cast<double>(g->collect_ns) / 1e3 /
+                                                    steps);
+        r.per_step_us["gpu: drain"].push_back(static_cast<double>(g->collect_drain_ns) / 1e3 /
+                                              steps);
+      }
       for (const auto& [who, ns] : c->epoch_end_parts) {
         r.parts_us["epoch end: " + who].push_back(ns / 1e3);
       }

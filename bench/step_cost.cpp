@@ -137,6 +137,10 @@ int run(int argc, char** argv) {
         per_step_ns[who].push_back(static_cast<double>(ns) / n);
       }
       per_step_ns["epoch end (per step)"].push_back(static_cast<double>(cost->epoch_end_ns) / n);
+      if (const auto* g = s.sections.get<GpuEpochStats>()) {
+        per_step_ns["gpu: collections"].push_back(static_cast<double>(g->collect_ns) / n);
+        per_step_ns["gpu: drain"].push_back(static_cast<double>(g->collect_drain_ns) / n);
+      }
     }
   }
   json parts = json::object();

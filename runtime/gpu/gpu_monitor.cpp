@@ -343,6 +343,7 @@ void GpuMonitor::on_step_record(StepRecord& r) {
       pending_.size() >= kCollectMaxPending) {
     last_collect_ns_ = r.end_ns;
     if (!timer) timer.emplace(max_step_call_ns_);
+    const Nanos c0 = now_ns();
     // Samples that stopped coming (the decode thread failed) must not hold steps back: looked at
     // in a collection once a second, or once the samples lag a collection's interval behind the
     // steps (the status is a list of strings: not at every step).
@@ -351,9 +352,14 @@ void GpuMonitor::on_step_record(StepRecord& r) {
       pm_status_ns_ = r.end_ns;
       refresh_pm_status();
     }
+    const Nanos d0 = now_ns();
     drain();
+    const Nanos d1 = now_ns();
     maybe_stop_trace(r.end_ns, false);
     finish_ready_steps(false, r.end_ns);
+    ++epoch_collections_;
+    epoch_collect_drain_ns_ += d1 - d0;
+    epoch_collect_ns_ += now_ns() - c0;
   }
   refresh_boundary();
 }
@@ -569,6 +575,11 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.kernel_classes = epoch_->classes;
   e.phases_gpu = std::move(epoch_->phases_gpu);
   e.max_step_call_ns = max_step_call_ns_;
+  e.collections = epoch_collections_;
+  e.collect_ns = epoch_collect_ns_;
+  e.collect_drain_ns = epoch_collect_drain_ns_;
+  epoch_collections_ = 0;
+  epoch_collect_ns_ = epoch_collect_drain_ns_ = 0;
   e.next_window = planner_.next_window(&e.next_window_step);
   e.windows_predicted = epoch_windows_predicted_;
   e.window_cost_ns = epoch_window_cost_ns_;

@@ -147,6 +147,9 @@ std::string section_json(const GpuEpochStats& e) {
   j["top_sync_sites"] = sync_sites;
   j["collectors"] = collectors;
   j["max_step_call_ms"] = ms(e.max_step_call_ns);
+  j["collections"] = e.collections;
+  j["collect_ms"] = ms(e.collect_ns);
+  j["collect_drain_ms"] = ms(e.collect_drain_ns);
   j["kernel_classes"] = kernel_classes_json(e.kernel_classes);
   j["phases_gpu"] = phases_gpu_json(e.phases_gpu);
   return dump(j);

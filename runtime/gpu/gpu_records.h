@@ -141,6 +141,12 @@ struct GpuEpochStats {
   // The longest the GPU monitor held the training thread at one step boundary this epoch (a
   // window's start or end included): its stall, measured.
   Nanos max_step_call_ns = 0;
+  // The step calls' collections this epoch (every 100 ms of host time, each step in and around a
+  // window): the backend drained and the steps whose GPU figures were ready finished. Their time
+  // on the training thread, part of the step calls' gpu part, and the drain's share of it.
+  int64_t collections = 0;
+  Nanos collect_ns = 0;
+  Nanos collect_drain_ns = 0;
   int64_t own_thread_syncs = 0;  // sync records of torchpilot's own threads: never host syncs
   // The next trace window at the epoch's end: "planned" (from step next_window_step on),
   // "deferred" (due, waiting for room in the cost budget), "done" (the run's windows ran, none
