@@ -112,9 +112,10 @@ class Collector {
   // finds both evicted by the trainer's work); a collector whose next step must see this one done
   // asks for CollectorHost::take_step_now() in on_step_end.
   virtual void on_step_record(StepRecord& /*record*/) {}
-  // Every collector's on_step_end has run: the record as sinks will see it. Steps shorter than
-  // 5 ms come here (and to the sinks) in batches, in order (Pilot::kStepBatch); before a late
-  // record is published, the steps before it have come.
+  // Every collector's on_step_end and on_step_record of it have run: the record as sinks will see
+  // it. Steps shorter than 5 ms come here (and to the sinks) in batches, in order, one collector
+  // over the whole batch at a time (Pilot::kStepBatch); before a late record is published, the
+  // steps before it have come.
   virtual void on_step_complete(const StepRecord& /*record*/) {}
   // The epoch ended; the collector adds its section before advisors run.
   virtual void on_epoch_end(EpochSummary& /*summary*/) {}

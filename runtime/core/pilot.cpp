@@ -316,17 +316,22 @@ void Pilot::take_steps(StepRecord* steps, size_t n) {
       if (outer) taking_ = false;
     });
     // One collector at a time over the steps: its code and data stay warm. Within a step call its
-    // time is its part of the step calls (two clock reads a batch).
+    // time is its part of the step calls (two clock reads a batch). Every collector's
+    // on_step_record of the batch comes before any on_step_complete of it, so each record is
+    // whole when completed.
     for_each_collector("on_step_record", kHookStepRecord, [&](Collector& c) {
       const Nanos t0 = in_step_end_ ? clock_->now_ns() : 0;
       for (size_t i = 0; i < n; ++i) c.on_step_record(steps[i]);
       if (in_step_end_) cost_->step_part(&c, clock_->now_ns() - t0);
     });
+    for_each_collector("on_step_complete", kHookStepComplete, [&](Collector& c) {
+      const Nanos t0 = in_step_end_ ? clock_->now_ns() : 0;
+      for (size_t i = 0; i < n; ++i) c.on_step_complete(steps[i]);
+      if (in_step_end_) cost_->step_part(&c, clock_->now_ns() - t0);
+    });
     const size_t history = static_cast<size_t>(config_.records.step_history);
     for (size_t i = 0; i < n; ++i) {
       StepRecord& r = steps[i];
-      for_each_collector("on_step_complete", kHookStepComplete,
-                         [&](Collector& o) { o.on_step_complete(r); });
       if (history_.size() < history) {
         // Doubling, but never past the ring's size.
         if (history_.size() == history_.capacity()) {
