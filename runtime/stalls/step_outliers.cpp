@@ -165,8 +165,11 @@ void StallTracker::note_outlier_start(int64_t step) {
       }
     }
   }
-  period_ = best_period;
-  anchor_ = best_anchor;
+  // A rhythm of a few steps is no period (kMinPeriod), nor is a multiple of it, which the finer
+  // lattice beats by holding more of the events.
+  const bool rhythm = best_period > 0 && best_period < kMinPeriod;
+  period_ = rhythm ? 0 : best_period;
+  anchor_ = rhythm ? 0 : best_anchor;
 }
 
 void StallTracker::add_gpu_span(int64_t step, Nanos gpu_ns) {

@@ -83,6 +83,11 @@ class StallTracker {
   static constexpr size_t kRefreshSteps = 8;     // the median is recomputed every this many steps
   static constexpr int64_t kEdgeSteps = 2;       // an epoch's first steps are its edge
   static constexpr size_t kRecentOutliers = 16;  // outlier starts kept for the period
+  // The shortest period: slow steps every few steps are the step's own rhythm (a stock loader's
+  // workers delivering in turn, gradient accumulation), not a stall that recurs; and the steps at
+  // a period (one either side) get the sync probe, step markers and CPU-clock reads, which at a
+  // period of 4 would be three steps in four.
+  static constexpr int64_t kMinPeriod = 16;
   static constexpr size_t kMaxEpochOutliers = 4096;
   static constexpr int64_t kTailSteps = 64;    // the longest tail measured after a stall
   static constexpr double kTailMargin = 0.05;  // a tail step is this much above the baseline

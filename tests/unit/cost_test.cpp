@@ -164,6 +164,21 @@ TEST(StallTrackerTest, TwoSlowStepsMakeNoPeriodThreeEquallySpacedDo) {
   EXPECT_FALSE(t.at_period(140));
 }
 
+// A slow step every 4 steps (a stock loader whose 4 workers deliver in turn, then all wait) is the
+// step's rhythm, not a periodic stall: no period, so the sync probe, the markers and the CPU reads
+// that a period brings stay off (they would be at three steps in four). Every 16 is one.
+TEST(StallTrackerTest, SlowStepsEveryFewStepsMakeNoPeriod) {
+  for (const int64_t every : {2, 4, 8, 15}) {
+    StallTracker t(3.0);
+    for (int64_t i = 0; i < 400; ++i) t.add(record(i, i, i % every == every - 1 ? 60 : 10));
+    EXPECT_EQ(t.period(), 0) << "a slow step every " << every;
+    EXPECT_FALSE(t.at_period(401));
+  }
+  StallTracker t(3.0);
+  for (int64_t i = 0; i < 400; ++i) t.add(record(i, i, i % 16 == 15 ? 60 : 10));
+  EXPECT_EQ(t.period(), StallTracker::kMinPeriod);
+}
+
 TEST(StallTrackerTest, AStallThatLastsTwoStepsIsOneEvent) {
   StallTracker t(3.0);
   for (int64_t i = 0; i < 200; ++i) {
