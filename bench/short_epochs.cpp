@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "torchpilot/runtime/stalls/step_outliers.h"
 #include "torchpilot/torchpilot.h"
 
 namespace {
@@ -98,6 +99,9 @@ struct Run {
   // Each window the budget let open: its predicted cost and its measured cost (ms), and the
   // horizon's share at the run's end (the whole run within the budget?).
   std::vector<double> window_estimate_ms, window_cost_ms;
+  // Each epoch's stall period (outliers section; 0: none): a period brings the sync probe and
+  // step markers to the steps at it, which shows in the per-step parts.
+  std::vector<int64_t> stall_periods;
 };
 
 // Keeps each epoch's end time and advice ids.
@@ -186,6 +190,9 @@ Run run(const Args& a, bool with_pilot, torch::Device device) {
         r.first_window_s = e.at_s;
         r.window_advice = e.advice;
       }
+    }
+    if (const auto* o = s.sections.get<torchpilot::OutlierStats>()) {
+      r.stall_periods.push_back(o->period);
     }
     if (const auto* c = s.sections.get<torchpilot::CostStats>()) {
       r.cost_fraction.push_back(c->fraction);
@@ -296,6 +303,7 @@ int run(int argc, char** argv) {
                       {"ratio", d / o},
                       {"mean_ratio", mean(def.epoch_s) / mean(off.epoch_s)},
                       {"cost_fraction", def.cost_fraction},
+                      {"stall_periods", def.stall_periods},
                       {"deferred", def.deferred}});
     std::printf(
         "round %d: off %.4f s, default %.4f s per epoch (median), default/off %.4f, "
