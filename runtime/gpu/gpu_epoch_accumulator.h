@@ -59,6 +59,7 @@ struct GpuEpochAccumulator {
   Sum pcie_read, pcie_write;
   GpuStats traced;  // integer sums over traced steps
   int64_t traced_steps = 0;
+  int64_t traced_steps_left_out = 0;  // GpuEpochStats::traced_steps_left_out
   int64_t gpu_timed_steps = 0, marker_timeouts = 0;
   int64_t steps = 0, earlier_steps = 0;
   int64_t own_thread_syncs = 0;

@@ -299,6 +299,7 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   if (host_ != nullptr && a.anomaly) {
     host_->log(LogLevel::kInfo, "anomaly trace window: " + planner_.anomaly_reason());
   }
+  if (a.anomaly) next_window_anomaly_ = true;
   PendingStep p;
   p.step = r.step;
   p.epoch = r.epoch;
@@ -309,6 +310,13 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   p.begin_marker = begin_marker;
   p.marked = {begin_host, r.end_ns};
   p.end_known = false;
+  p.own_ns = r.own_ns;
+  p.window_first = a.traced && !last_recorded_traced_;
+  if (p.window_first) {
+    p.anomaly_window = next_window_anomaly_;
+    next_window_anomaly_ = false;
+  }
+  last_recorded_traced_ = a.traced;
   if (run_ends) {
     p.phases = std::move(run->phases);
     p.phases_complete = run->phases_complete;
@@ -561,6 +569,7 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.sm_count = device_.sm_count;
   e.stats = epoch_->stats();
   e.traced_steps = epoch_->traced_steps;
+  e.traced_steps_left_out = epoch_->traced_steps_left_out;
   e.gpu_timed_steps = epoch_->gpu_timed_steps;
   e.marker_timeouts = epoch_->marker_timeouts;
   e.steps = epoch_->steps;

@@ -120,6 +120,9 @@ class GpuMonitor : public Collector {
     bool end_known = true;           // false while the run's end marker is still to come
     std::vector<PhaseMarks> phases;  // traced steps: their phases' markers
     bool phases_complete = true;     // every phase got both its markers
+    Nanos own_ns = 0;                // torchpilot's own time in the step
+    bool window_first = false;       // the first traced step of a window
+    bool anomaly_window = false;     // of an anomaly window (its first step is the point)
   };
   // A marker's id, 0 when not recorded; optional (a phase's): never the step markers' last events.
   uint64_t record_marker(bool optional = false);
@@ -241,6 +244,15 @@ class GpuMonitor : public Collector {
   int64_t latest_epoch_ = 0;      // the epoch of the latest step recorded
   Nanos last_flush_ns_ = 0;       // the latest flush on the training thread took this long
   bool traced_finished_ = false;  // a window's step has been reported (the first window is over)
+  bool last_recorded_traced_ = false;  // the latest step recorded was traced
+  bool next_window_anomaly_ = false;   // the next window to start is an anomaly window
+  // A window's first traced step whose own work took more than this times the median of the
+  // window's other steps is left out of the window's figures: a trace's start can hold the GPU
+  // (on an H200 the first window of some processes ran its first step 3x the others, its item()
+  // waits 4-6x the later windows'), and advice from it would promise gains the steps do not have.
+  static constexpr double kWindowStartOutlierFactor = 2.0;
+  // Whether a window's first step is such an outlier (the window's other steps are pending).
+  bool window_start_outlier(const PendingStep& first) const;
 
   Nanos pruned_before_ = 0;
   Nanos last_finished_end_ = 0;

@@ -97,7 +97,7 @@ void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
   GpuStepRecord rec;
   rec.step = step.step;
   rec.epoch = step.epoch;
-  rec.traced = step.traced;
+  rec.traced = spans.traced;
   rec.device_index = device_.index;
   rec.gpu_timed = spans.gpu_timed;
   rec.gpu_shared = spans.gpu_shared;
@@ -108,8 +108,9 @@ void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
   }
   const auto nvml_ns = static_cast<Nanos>(config_.nvml_interval_ms * 1e6);
   std::vector<SyncSite> sites;
-  // Untraced steps have no kernels to look at: no index for them.
-  const KernelIndex* index = step.traced ? &kernel_index() : nullptr;
+  // Untraced steps have no kernels to look at: no index for them. (A window's first step left
+  // out of its figures, spans.traced false, counts as untraced; its trace is still captured.)
+  const KernelIndex* index = spans.traced ? &kernel_index() : nullptr;
   rec.stats = gpu_step_stats(events_, spans, device_.sm_count, nvml_ns, &sites, index);
   last_finished_end_ = std::max(last_finished_end_, step.span.end);
   epoch_->add(rec.stats);
@@ -117,7 +118,7 @@ void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
   if (step.epoch < latest_epoch_) ++epoch_->earlier_steps;
   if (spans.gpu_timed) ++epoch_->gpu_timed_steps;
   if (rec.stats.traced_ns > 0) epoch_->add_sync_sites(sites);
-  if (step.traced) {
+  if (spans.traced) {
     epoch_->add_kernels(index->overlapping(spans.figures()), spans.figures(), device_.sm_count);
     traced_finished_ = true;
     add_kernel_classes(epoch_->classes, events_, spans, device_.sm_count, index);
@@ -125,7 +126,9 @@ void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
   }
   if (host_ != nullptr && !host_->config().report.trace_dir.empty()) {
     if (step.traced) {
-      capture_window(step, spans);
+      StepSpans traced = spans;  // a step left out of the figures is still in the trace
+      traced.traced = true;
+      capture_window(step, traced);
     } else {
       publish_window();
     }
@@ -314,11 +317,31 @@ void GpuMonitor::finish_ready_steps(bool all, Nanos now, bool pm_flushed, Nanos 
     }
     if (!ready) break;  // steps finish in order
     if (timed_out) ++epoch_->marker_timeouts;
+    if (p.traced && p.window_first && !p.anomaly_window && window_start_outlier(p)) {
+      spans.traced = false;  // its figures as an untraced step's; its trace is kept
+      ++epoch_->traced_steps_left_out;
+    }
     finish(p, spans);
     pending_.pop_front();
     ++finished;
   }
   prune_events();
+}
+
+bool GpuMonitor::window_start_outlier(const PendingStep& first) const {
+  auto work = [](const PendingStep& p) {
+    return std::max<Nanos>(
+        0, (p.span.end - p.span.begin) - (p.data_wait.end - p.data_wait.begin) - p.own_ns);
+  };
+  std::vector<Nanos> others;
+  for (auto it = pending_.begin() + 1; it != pending_.end() && it->traced && !it->window_first;
+       ++it) {
+    others.push_back(work(*it));
+  }
+  if (others.size() < 2) return false;
+  const auto mid = others.begin() + static_cast<std::ptrdiff_t>(others.size() / 2);
+  std::nth_element(others.begin(), mid, others.end());
+  return static_cast<double>(work(first)) > kWindowStartOutlierFactor * static_cast<double>(*mid);
 }
 
 void GpuMonitor::prune_events() {

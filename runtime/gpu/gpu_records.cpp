@@ -129,6 +129,7 @@ std::string section_json(const GpuEpochStats& e) {
   j["device_index"] = e.device_index;
   j["sm_count"] = e.sm_count;
   j["traced_steps"] = e.traced_steps;
+  j["traced_steps_left_out"] = e.traced_steps_left_out;
   j["gpu_timed_steps"] = e.gpu_timed_steps;
   j["marker_timeouts"] = e.marker_timeouts;
   j["steps"] = e.steps;
@@ -210,8 +211,12 @@ void section_text(const GpuEpochStats& gpu, const EpochSummary& s,
     const double t = static_cast<double>(std::max<Nanos>(1, g.traced_ns));
     const double steps = static_cast<double>(gpu.traced_steps);
     lines.push_back(
-        "  traced " + std::to_string(gpu.traced_steps) + " steps: kernel busy " +
-        fmt_opt_pct(g.gpu_utilization) + ", estimated SM efficiency " +
+        "  traced " + std::to_string(gpu.traced_steps) + " steps" +
+        (gpu.traced_steps_left_out > 0
+             ? " (and " + std::to_string(gpu.traced_steps_left_out) +
+                   " left out: a window's first step over twice its others)"
+             : std::string()) +
+        ": kernel busy " + fmt_opt_pct(g.gpu_utilization) + ", estimated SM efficiency " +
         fmt_opt_pct(g.estimated_sm_efficiency) + ", " + fmt_num(g.kernels / steps) +
         " kernels/step; host sync " + fmt_pct(g.host_sync_ns / t) + " (" +
         fmt_num(g.host_syncs / steps) + "/step); H2D " + fmt_num(g.h2d_bytes / steps / 1e6) +

@@ -125,7 +125,11 @@ struct GpuEpochStats {
   int device_index = -1;  // the CUDA device observed (gpu.device); -1: unknown (a Kineto trace)
   int sm_count = 0;
   GpuStats stats;
-  int64_t traced_steps = 0;     // steps inside detailed windows
+  int64_t traced_steps = 0;  // steps inside detailed windows
+  // Windows' first steps left out of the traced figures (counted as untraced): their own work
+  // was more than twice the median of their window's other steps (a trace's start holding the
+  // GPU). Not anomaly windows, whose first step is what they are for.
+  int64_t traced_steps_left_out = 0;
   int64_t gpu_timed_steps = 0;  // steps attributed by their GPU span (step markers resolved)
   int64_t marker_timeouts = 0;  // steps whose markers did not resolve in time: host span used
   // The epoch's end does not wait long for the GPU (gpu.epoch_end_wait_ms, cost.budget): steps
