@@ -1156,7 +1156,13 @@ AdvisedRun advised_run(Workload& w, const Env& env, const Args& a, int steps, in
     if (i < sink->advice.size()) {
       for (const auto& x : sink->advice[i]) gains[x.id] = number(x.expected_gain);
     }
-    r.windows.push_back({{"idle", idle_shares(sink->epochs[i])}, {"advice", gains}});
+    // The epoch's traced steps, and windows' first steps left out of its figures (over twice
+    // their window's other steps: a trace's start holding the GPU).
+    const auto* g = sink->epochs[i].sections.get<torchpilot::GpuEpochStats>();
+    r.windows.push_back({{"idle", idle_shares(sink->epochs[i])},
+                         {"advice", gains},
+                         {"traced_steps", g != nullptr ? g->traced_steps : 0},
+                         {"traced_steps_left_out", g != nullptr ? g->traced_steps_left_out : 0}});
   }
   r.advice = sink->advice.front();
   const torchpilot::EpochSummary& e = sink->epochs.front();
