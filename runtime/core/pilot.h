@@ -265,12 +265,13 @@ class Pilot : private CollectorHost, private TunerHost {
   std::vector<StepRecord> step_batch_;
   Nanos flush_ns_ = 0;        // time in flush_steps (the Pilot's part, wherever it is called from)
   bool take_now_ = false;     // a collector asked for the ending step at once (take_step_now)
-  bool in_step_end_ = false;  // in end_step: on_step_record's time is its collector's part
+  bool in_step_end_ = false;  // in end_step: on_step_record's and on_step_complete's time is
+                              // their collector's part
   bool taking_ = false;       // in take_steps: late records wait for the steps' sinks
   std::vector<LateStepRecord> held_late_;
   void flush_steps();
-  // on_step_record (collector by collector), then on_step_complete, history, epoch figures and
-  // sinks (step by step); late records published meanwhile come after.
+  // on_step_record, then on_step_complete (each collector by collector over the batch), then
+  // history, epoch figures and sinks (step by step); late records published meanwhile come after.
   void take_steps(StepRecord* steps, size_t n);
   void deliver_late(const LateStepRecord& record);
   std::vector<StepRecord> history_;  // ring buffer

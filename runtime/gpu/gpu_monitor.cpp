@@ -119,6 +119,10 @@ void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
   b.boundary_marker = 0;
   if (window_steps > 0) {
     timer.emplace(max_step_call_ns_);
+    // The window starting is the anomaly's, if one armed it; one that fails to start takes the
+    // mark with it.
+    window_anomaly_ = next_window_anomaly_;
+    next_window_anomaly_ = false;
     const bool ok = backend_->start_trace();
     planner_.trace_started(ok, !ok && backend_->trace_busy());
     // The op-scope hook names the window's host syncs (it costs every op a callback: windows only).
@@ -312,10 +316,7 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   p.end_known = false;
   p.own_ns = r.own_ns;
   p.window_first = a.traced && !last_recorded_traced_;
-  if (p.window_first) {
-    p.anomaly_window = next_window_anomaly_;
-    next_window_anomaly_ = false;
-  }
+  p.anomaly_window = p.window_first && window_anomaly_;
   last_recorded_traced_ = a.traced;
   if (run_ends) {
     p.phases = std::move(run->phases);

@@ -246,6 +246,7 @@ class GpuMonitor : public Collector {
   bool traced_finished_ = false;  // a window's step has been reported (the first window is over)
   bool last_recorded_traced_ = false;  // the latest step recorded was traced
   bool next_window_anomaly_ = false;   // the next window to start is an anomaly window
+  bool window_anomaly_ = false;        // the latest window started is an anomaly window
   // A window's first traced step whose own work took more than this times the median of the
   // window's other steps is left out of the window's figures: a trace's start can hold the GPU
   // (on an H200 the first window of some processes ran its first step 3x the others, its item()

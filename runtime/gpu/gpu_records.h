@@ -145,9 +145,10 @@ struct GpuEpochStats {
   // The longest the GPU monitor held the training thread at one step boundary this epoch (a
   // window's start or end included): its stall, measured.
   Nanos max_step_call_ns = 0;
-  // The step calls' collections this epoch (every 100 ms of host time, each step in and around a
-  // window): the backend drained and the steps whose GPU figures were ready finished. Their time
-  // on the training thread, part of the step calls' gpu part, and the drain's share of it.
+  // The collections this epoch (every 100 ms of host time, each step in and around a window): the
+  // backend drained and the steps whose GPU figures were ready finished. Their time on the
+  // training thread, and the drain's share of it: in the step calls' gpu part where a step call
+  // took the batch, in the epoch end's where it did (its last batch of short steps).
   int64_t collections = 0;
   Nanos collect_ns = 0;
   Nanos collect_drain_ns = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <vector>
 
 #include "torchpilot/runtime/core/format.h"
 #include "torchpilot/runtime/core/metrics.h"
@@ -165,9 +166,19 @@ void StallTracker::note_outlier_start(int64_t step) {
       }
     }
   }
-  // A rhythm of a few steps is no period (kMinPeriod), nor is a multiple of it, which the finer
-  // lattice beats by holding more of the events.
-  const bool rhythm = best_period > 0 && best_period < kMinPeriod;
+  // A rhythm of a few steps is no period (kMinPeriod), nor is a multiple of it: the finer lattice
+  // beats it by holding more of the events, and where the gaps alternate (8, 9, 8, ...: a loader
+  // whose batch takes a fraction of steps) and no fine lattice holds, the recent events' median
+  // gap tells.
+  std::vector<int64_t> gaps;
+  for (size_t i = 1; i < starts_.size(); ++i) gaps.push_back(starts_[i] - starts_[i - 1]);
+  bool dense = false;
+  if (!gaps.empty()) {
+    const auto mid = gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2);
+    std::nth_element(gaps.begin(), mid, gaps.end());
+    dense = *mid < kMinPeriod;
+  }
+  const bool rhythm = best_period > 0 && (best_period < kMinPeriod || dense);
   period_ = rhythm ? 0 : best_period;
   anchor_ = rhythm ? 0 : best_anchor;
 }

@@ -86,7 +86,8 @@ class StallTracker {
   // The shortest period: slow steps every few steps are the step's own rhythm (a stock loader's
   // workers delivering in turn, gradient accumulation), not a stall that recurs; and the steps at
   // a period (one either side) get the sync probe, step markers and CPU-clock reads, which at a
-  // period of 4 would be three steps in four.
+  // period of 4 would be three steps in four. A period found where the recent slow steps' median
+  // gap is under it too is such a rhythm (gaps that alternate, 8, 9, 8, ..., fill every 17).
   static constexpr int64_t kMinPeriod = 16;
   static constexpr size_t kMaxEpochOutliers = 4096;
   static constexpr int64_t kTailSteps = 64;    // the longest tail measured after a stall

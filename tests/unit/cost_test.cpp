@@ -174,6 +174,22 @@ TEST(StallTrackerTest, SlowStepsEveryFewStepsMakeNoPeriod) {
     EXPECT_EQ(t.period(), 0) << "a slow step every " << every;
     EXPECT_FALSE(t.at_period(401));
   }
+  // Gaps that alternate (8, 9, 8, 9: a batch that takes 8.5 steps' time) hold no fine lattice,
+  // but every 17 holds half of them: still a rhythm.
+  for (const int64_t gap : {8, 9, 12}) {
+    StallTracker t(3.0);
+    int64_t next = 5;
+    bool longer = false;
+    for (int64_t i = 0; i < 400; ++i) {
+      const bool slow = i == next;
+      if (slow) {
+        next += gap + (longer ? 1 : 0);
+        longer = !longer;
+      }
+      t.add(record(i, i, slow ? 60 : 10));
+    }
+    EXPECT_EQ(t.period(), 0) << "gaps of " << gap << " and " << gap + 1;
+  }
   StallTracker t(3.0);
   for (int64_t i = 0; i < 400; ++i) t.add(record(i, i, i % 16 == 15 ? 60 : 10));
   EXPECT_EQ(t.period(), StallTracker::kMinPeriod);
