@@ -366,9 +366,9 @@ void GpuMonitor::on_step_record(StepRecord& r) {
     const Nanos d1 = now_ns();
     maybe_stop_trace(r.end_ns, false);
     finish_ready_steps(false, r.end_ns);
-    ++epoch_collections_;
-    epoch_collect_drain_ns_ += d1 - d0;
-    epoch_collect_ns_ += now_ns() - c0;
+    ++epoch_->collections;
+    epoch_->collect_drain_ns += d1 - d0;
+    epoch_->collect_ns += now_ns() - c0;
   }
   refresh_boundary();
 }
@@ -585,11 +585,9 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.kernel_classes = epoch_->classes;
   e.phases_gpu = std::move(epoch_->phases_gpu);
   e.max_step_call_ns = max_step_call_ns_;
-  e.collections = epoch_collections_;
-  e.collect_ns = epoch_collect_ns_;
-  e.collect_drain_ns = epoch_collect_drain_ns_;
-  epoch_collections_ = 0;
-  epoch_collect_ns_ = epoch_collect_drain_ns_ = 0;
+  e.collections = epoch_->collections;
+  e.collect_ns = epoch_->collect_ns;
+  e.collect_drain_ns = epoch_->collect_drain_ns;
   e.next_window = planner_.next_window(&e.next_window_step);
   e.windows_predicted = epoch_windows_predicted_;
   e.window_cost_ns = epoch_window_cost_ns_;

@@ -271,12 +271,10 @@ class GpuMonitor : public Collector {
   void add_phases(const PendingStep& step, const StepSpans& spans);
   // A phase's GPU span inside its step's, when both its markers resolved.
   std::optional<Interval> phase_gpu_span(const PhaseMarks& p, Interval step) const;
-  Nanos max_step_call_ns_ = 0;     // the longest step-boundary call this epoch
-  int64_t epoch_collections_ = 0;  // GpuEpochStats::collections, collect_ns, collect_drain_ns
-  Nanos epoch_collect_ns_ = 0, epoch_collect_drain_ns_ = 0;
-  Nanos window_cost_ns_ = 0;   // the open window's cost so far
-  Nanos window_fixed_ns_ = 0;  // of which torchpilot's own calls (not per traced step)
-  int window_cost_steps_ = 0;  // its traced steps
+  Nanos max_step_call_ns_ = 0;  // the longest step-boundary call this epoch
+  Nanos window_cost_ns_ = 0;    // the open window's cost so far
+  Nanos window_fixed_ns_ = 0;   // of which torchpilot's own calls (not per traced step)
+  int window_cost_steps_ = 0;   // its traced steps
   bool window_costing_ = false;
   Nanos last_window_cost_ns_ = -1;  // the latest finished window's (-1: none yet)
   Nanos last_collect_ns_ = -1;      // host time of the latest drain and step finishing

@@ -145,14 +145,24 @@ TEST(FlopCounterTest, LinearForwardBackwardIsSixBatchInOut) {
   EXPECT_DOUBLE_EQ(f.top_ops[1].calls_per_step, 1);
 }
 
-TEST(FlopCounterTest, CallbacksAreOffOutsideTheWindowAndRecountTurnsThemOn) {
-  torch::manual_seed(0);
-  Harness h(flop_config(0, 1));
-  torch::nn::Linear lin(kIn, kOut);
-  const int64_t batch = 8;
+// The recount tests' start: a counter with a one-step window at step 0, the Linear layer at batch
+// 8, and its step with an extra matmul.
+class FlopCounterRecountTest : public ::testing::Test {
+ protected:
+  FlopCounterRecountTest() : h(flop_config(0, 1)) {
+    torch::manual_seed(0);
+    lin = torch::nn::Linear(kIn, kOut);
+    extra = linear_step_and_mm(lin, batch);
+  }
+  Harness h;
+  torch::nn::Linear lin{nullptr};
+  static constexpr int64_t batch = 8;
+  std::function<void()> extra;
+};
+
+TEST_F(FlopCounterRecountTest, CallbacksAreOffOutsideTheWindowAndRecountTurnsThemOn) {
   EXPECT_DOUBLE_EQ(linear_step_flops(h, lin, batch), linear_flops(batch));
   // An extra matmul after the window: not seen (callbacks off), the step keeps the cached count.
-  const auto extra = linear_step_and_mm(lin, batch);
   EXPECT_DOUBLE_EQ(h.step(batch, extra).metrics.get("flops", "model_flops"), linear_flops(batch));
   EXPECT_FALSE(h.counter->counting());
   EXPECT_EQ(h.counter->step_hooks(), unsigned{kHookStepRecord})
@@ -170,13 +180,8 @@ TEST(FlopCounterTest, CallbacksAreOffOutsideTheWindowAndRecountTurnsThemOn) {
 
 // recount() inside a step: that step ran under the old counts and keeps them; the next one is
 // counted.
-TEST(FlopCounterTest, ARecountInsideAStepCountsTheNextOne) {
-  torch::manual_seed(0);
-  Harness h(flop_config(0, 1));
-  torch::nn::Linear lin(kIn, kOut);
-  const int64_t batch = 8;
+TEST_F(FlopCounterRecountTest, ARecountInsideAStepCountsTheNextOne) {
   EXPECT_DOUBLE_EQ(linear_step_flops(h, lin, batch), linear_flops(batch));
-  const auto extra = linear_step_and_mm(lin, batch);
   auto recount_then_extra = [&] {
     h.counter->recount();
     extra();
