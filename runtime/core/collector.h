@@ -47,6 +47,9 @@ class CollectorHost {
   virtual bool tuning() const = 0;
   // A step's figures that became known after the step (sent to every sink's on_late_step).
   virtual void publish(const LateStepRecord& record) = 0;
+  // Whether a late step record published now would reach anyone (a sink that wants them, a
+  // collector with kHookLateStep): a collector skips building those nobody reads.
+  virtual bool late_steps_wanted() const { return true; }
   // The cost budget (cost.h): would optional work costing `estimate_ns` of the training thread
   // fit now? Work that does not fit is deferred or skipped and reported with cost_deferred().
   virtual bool cost_allows(Nanos /*estimate_ns*/) const { return true; }

@@ -215,6 +215,7 @@ class Pilot : private CollectorHost, private TunerHost {
   bool steady_clock() const override;
   bool tuning() const override;
   void publish(const LateStepRecord& record) override;
+  bool late_steps_wanted() const override;
   bool cost_allows(Nanos estimate_ns) const override;
   void cost_deferred(const std::string& what, Nanos estimate_ns) override;
   void charge_cost(Nanos ns) override;

@@ -130,6 +130,16 @@ void Pilot::publish(const LateStepRecord& record) {
   deliver_late(record);
 }
 
+bool Pilot::late_steps_wanted() const {
+  for (unsigned hooks : collector_hooks_) {
+    if ((hooks & kHookLateStep) != 0) return true;
+  }
+  for (size_t i = 0; i < sinks_.size(); ++i) {
+    if (!sink_failed_[i] && sinks_[i]->wants_late_steps()) return true;
+  }
+  return false;
+}
+
 void Pilot::deliver_late(const LateStepRecord& record) {
   for_each_collector("on_late_step", kHookLateStep, [&](Collector& c) { c.on_late_step(record); });
   for_each_sink("on_late_step", [&](Sink& s) { s.on_late_step(record); });

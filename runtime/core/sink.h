@@ -33,6 +33,10 @@ class Sink {
   // arrive asynchronously), always after the step's own on_step. record.get<T>() reads the
   // typed value (GpuStepRecord, ...).
   virtual void on_late_step(const LateStepRecord& /*record*/) {}
+  // Whether on_late_step is of use to this sink. A collector builds a step's late record only
+  // when some sink or collector wants it (the GPU monitor's, one a step, costs a short-step
+  // trainer a microsecond); a sink with no on_late_step says false.
+  virtual bool wants_late_steps() const { return true; }
   virtual void flush() {}
 };
 

@@ -78,6 +78,7 @@ class LogSink final : public Sink {
  public:
   explicit LogSink(std::shared_ptr<spdlog::logger> logger) : logger_(std::move(logger)) {}
   std::string name() const override { return "log"; }
+  bool wants_late_steps() const override { return false; }
   void on_epoch(const EpochSummary& summary, const std::vector<Advice>& advice) override {
     answered_.note(advice);
     if (!logger_->should_log(spdlog::level::info)) return;  // not formatted for nothing

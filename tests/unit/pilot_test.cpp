@@ -1057,5 +1057,40 @@ TEST(PilotTest, ACollectorIsCalledOnlyAtTheStepHooksItSetsAndAtPeriodStepsWhenIt
   EXPECT_EQ(log, want) << "the listener at the marked steps (2, 5), then at every step from its "
                           "own request; the marker not after it set no hooks (step 7)";
 }
+
+// Declares only on_step_end at first; hands the test its host (the Pilot is one privately).
+struct LateHookCollector final : Collector {
+  std::string name() const override { return "late_hook"; }
+  unsigned step_hooks() const override { return kHookStepEnd; }
+  void attach(CollectorHost* h) override { host = h; }
+  CollectorHost* host = nullptr;
+};
+
+// A sink that reads late step records when `wants`.
+struct LateSink final : RecordingSink {
+  explicit LateSink(bool w) : wants(w) {}
+  bool wants;
+  bool wants_late_steps() const override { return wants; }
+};
+
+TEST(PilotTest, LateStepsAreWantedWhileASinkOrACollectorWithTheHookReadsThem) {
+  Harness h;
+  auto quiet = std::make_shared<LateSink>(false);
+  PilotOptions o;
+  o.clock = h.clock;
+  o.sinks = {quiet};
+  o.default_collectors = false;
+  Pilot pilot(advise_config(), std::move(o));
+  auto collector = std::make_shared<LateHookCollector>();
+  pilot.add_collector(collector);
+  CollectorHost& host = *collector->host;
+  EXPECT_FALSE(host.late_steps_wanted()) << "the advisory log and this sink read none";
+  host.set_step_hooks(*collector, kHookStepEnd | kHookLateStep);
+  EXPECT_TRUE(host.late_steps_wanted());
+  host.set_step_hooks(*collector, kHookStepEnd);
+  EXPECT_FALSE(host.late_steps_wanted());
+  pilot.add_sink(std::make_shared<LateSink>(true));
+  EXPECT_TRUE(host.late_steps_wanted());
+}
 }  // namespace
 }  // namespace torchpilot
