@@ -257,6 +257,7 @@ class GpuMonitor : public Collector {
 
   Nanos pruned_before_ = 0;
   Nanos last_finished_end_ = 0;
+  bool late_wanted_ = true;  // the host would deliver a GpuStepRecord (read once a collection)
   // Recent phases on the host clock, to name the phase a host sync began in (bounded).
   struct PhaseSpan {
     int id = 0;

@@ -133,7 +133,11 @@ void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
       publish_window();
     }
   }
-  if (host_ != nullptr) host_->publish(make_late_step(rec.step, rec.epoch, std::move(rec)));
+  // Built for every step, read by default only around a recurring stall (the stall tracker):
+  // not published while nobody would read it.
+  if (host_ != nullptr && late_wanted_) {
+    host_->publish(make_late_step(rec.step, rec.epoch, std::move(rec)));
+  }
 }
 
 std::optional<Interval> GpuMonitor::phase_gpu_span(const PhaseMarks& p, Interval step) const {
@@ -297,6 +301,7 @@ void GpuMonitor::finish_ready_steps(bool all, Nanos now, bool pm_flushed, Nanos 
   // on; an epoch's end within what its wait allows; close() (all) finishes every one.
   const Nanos t0 = now_ns();
   int finished = 0;
+  late_wanted_ = host_ != nullptr && host_->late_steps_wanted();
   while (!pending_.empty()) {
     if (!all && finished >= 2 && now_ns() - t0 > budget_ns) break;
     const PendingStep& p = pending_.front();

@@ -20,8 +20,9 @@ class StallCollector final : public Collector {
  public:
   explicit StallCollector(double factor) : stalls_(factor) {}
   std::string name() const override { return "stalls"; }
-  // Called at step ends only while a period is known (most trainers have none: no call there).
-  unsigned step_hooks() const override { return kHookStepComplete | kHookLateStep; }
+  // Called at step ends, and given the GPU monitor's late records, only while a period is known
+  // (most trainers have none: no call there, and no GPU record built for it at every step).
+  unsigned step_hooks() const override { return kHookStepComplete; }
   void attach(CollectorHost* host) override { host_ = host; }
   // At the boundary only whether the step sits at the period (the GPU monitor and the sync probe
   // act on it now); the step is added to the tracker with its complete record, which short steps
@@ -35,11 +36,12 @@ class StallCollector final : public Collector {
     const bool periodic = stalls_.period() > 0;
     if (periodic != periodic_ && host_ != nullptr) {
       periodic_ = periodic;
-      host_->set_step_hooks(*this, step_hooks() | (periodic ? kHookStepEnd : 0u));
+      host_->set_step_hooks(*this, step_hooks() | (periodic ? kHookStepEnd | kHookLateStep : 0u));
     }
   }
   void on_late_step(const LateStepRecord& record) override {
-    // A step's GPU span: what a periodic stall cost the GPU (OutlierStats).
+    // A step's GPU span: what a periodic stall cost the GPU (OutlierStats). The stalls before
+    // the period was known have none: the excess is scaled from those that have.
     if (record.record_type != GpuStepRecord::kRecordType) return;
     if (const auto* g = record.get<GpuStepRecord>(); g != nullptr && g->gpu_timed) {
       stalls_.add_gpu_span(record.step, g->gpu_end_ns - g->gpu_begin_ns);

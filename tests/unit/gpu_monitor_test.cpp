@@ -368,6 +368,73 @@ TEST(GpuMonitorTest, ACheckpointEveryNStepsIsAPeriodicStallNotAnAnomaly) {
   EXPECT_NE(rig.log.str().find("every 20 steps"), std::string::npos);
 }
 
+// A sink that may not read late records (the advisory log reads none).
+struct LateChoosingSink : RecordingSink {
+  bool wants = false;
+  bool wants_late_steps() const override { return wants; }
+};
+
+// Hands a test the host collectors see (the Pilot is one privately).
+struct HostProbe final : Collector {
+  std::string name() const override { return "host_probe"; }
+  unsigned step_hooks() const override { return 0; }
+  void attach(CollectorHost* h) override { host = h; }
+  CollectorHost* host = nullptr;
+};
+
+TEST(GpuMonitorTest, StepRecordsAreBuiltOnlyWhileSomeoneReadsThem) {
+  // A step's GpuStepRecord costs a short-step trainer about a microsecond a step: none is built
+  // while no sink or collector would read it; the epoch's figures count every step either way.
+  Rig rig(Rig::base_config(), false);
+  auto sink = std::make_shared<LateChoosingSink>();
+  rig.sink = sink;
+  rig.make(Rig::base_config());
+  auto probe = std::make_shared<HostProbe>();
+  rig.pilot->add_collector(probe);
+  ASSERT_NE(probe->host, nullptr);
+  EXPECT_FALSE(probe->host->late_steps_wanted());
+  for (int i = 0; i < 5; ++i) rig.step(100, 1, 0.5);  // each step's end collects (100 ms)
+  EXPECT_TRUE(sink->late_steps.empty());
+  sink->wants = true;
+  EXPECT_TRUE(probe->host->late_steps_wanted());
+  for (int i = 0; i < 5; ++i) rig.step(100, 1, 0.5);
+  rig.pilot->end_epoch();
+  const auto late = sink->late<GpuStepRecord>();
+  ASSERT_FALSE(late.empty());
+  EXPECT_GE(late.front().step, 4);  // from the first collection after the sink wanted them
+  EXPECT_EQ(late.back().step, 9);
+  ASSERT_EQ(sink->epochs.size(), 1u);
+  const GpuEpochStats* g = sink->epochs[0].sections.get<GpuEpochStats>();
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(g->steps, 10);
+  EXPECT_NEAR(g->stats.sm_efficiency, 0.5, 1e-9);
+}
+
+TEST(GpuMonitorTest, TheStallTrackerReadsStepRecordsOnlyOnceAPeriodIsKnown) {
+  Config c = Rig::base_config();
+  Rig rig(c, false);
+  auto sink = std::make_shared<LateChoosingSink>();
+  rig.sink = sink;
+  rig.make(c);
+  auto probe = std::make_shared<HostProbe>();
+  rig.pilot->add_collector(probe);
+  ASSERT_NE(probe->host, nullptr);
+  bool wanted_before_period = true;
+  for (int i = 0; i < 100; ++i) {
+    const int64_t step = rig.pilot->steps();
+    if (step == 25) wanted_before_period = probe->host->late_steps_wanted();
+    auto s = rig.pilot->step(1);
+    if (step % 20 == 10) rig.clock->advance(40 * kMs);
+    rig.clock->advance(10 * kMs);
+  }
+  rig.pilot->end_epoch();
+  EXPECT_FALSE(wanted_before_period);
+  const OutlierStats* o = sink->epochs.back().sections.get<OutlierStats>();
+  ASSERT_NE(o, nullptr);
+  EXPECT_EQ(o->period, 20);
+  EXPECT_TRUE(probe->host->late_steps_wanted());  // the stall tracker wants the GPU spans now
+}
+
 TEST(GpuMonitorTest, BudgetDefersWindowsThatWouldExceedIt) {
   // Issue 15: a window's start costs 100 ms here; steps take 10 ms, epochs 20 steps (0.2 s).
   Config c = Rig::base_config();
