@@ -114,6 +114,7 @@ struct Args {
   int sync_every = 8;           // async_sync_every_n, fixed form: .item() every N optimizer steps
   int checkpoint_every = 150;   // checkpoint: steps between saves (longer than a save takes)
   int sync_width = 512;         // sync_per_micro_step: the MLP's width (GPU time per launch)
+  double sync_host_us = 0;      // sync_per_micro_step: host work per micro-step (its loss logged)
   double wait_us = 400;         // stock_loader_io: the wait per sample
   double tune_seconds = 10;     // tuning_overrides_advice: autotune.warmup_seconds
   int windows = 3;              // epochs of the advised run, a window in each (checkpoint pairs: 1)
@@ -447,6 +448,7 @@ class SyncPerMicroStep : public Workload {
     fp32.dtype = torch::kFloat;
     const int64_t width = a.sync_width;
     mlp_ = std::make_unique<Mlp>(fp32, width, width, 3, width);
+    iterations_ = iterations_for(a.sync_host_us);
     x_ = torch::randn({batch_, width}, torch::TensorOptions().device(env.device));
     loss_sum_ = torch::zeros({}, torch::TensorOptions().device(env.device));
   }
@@ -456,6 +458,10 @@ class SyncPerMicroStep : public Workload {
       auto step = pilot.step(samples_per_step());
       mlp_->optimizer->zero_grad();
       for (int k = 0; k < micro_; ++k) {
+        if (iterations_ > 0) {
+          auto p = pilot.phase("prepare");
+          sink_ += cpu_work(iterations_, static_cast<float>(k));
+        }
         torch::Tensor loss;
         {
           auto p = pilot.phase("forward");
@@ -484,6 +490,7 @@ class SyncPerMicroStep : public Workload {
   bool fixed_;
   int64_t batch_;
   int micro_;
+  int64_t iterations_ = 0;
   std::unique_ptr<Mlp> mlp_;
   torch::Tensor x_, loss_sum_;
   float sink_ = 0;
@@ -1520,6 +1527,9 @@ int run(int argc, char** argv) {
   bench::int_flag(app, "--sync-width", a.sync_width, 8, 65536,
                   "sync_per_micro_step: the MLP's width (its matmuls' GPU time against the "
                   "launches)");
+  bench::number_flag(app, "--sync-host-us", a.sync_host_us, 0, 1e7,
+                     "sync_per_micro_step: host work per micro-step before its launches "
+                     "(microseconds; default 0)");
   bench::number_flag(app, "--wait-us", a.wait_us, 0, 1e7,
                      "stock_loader_io: the wait per sample (a sleep: I/O), microseconds");
   bench::number_flag(app, "--tune-seconds", a.tune_seconds, 0, 3600,
@@ -1599,6 +1609,8 @@ int run(int argc, char** argv) {
          {"window_steps", a.window_steps},
          {"sample_us", a.sample_us},
          {"host_us", a.host_us},
+         {"sync_width", a.sync_width},
+         {"sync_host_us", a.sync_host_us},
          {"micro_steps", a.micro_steps},
          {"sync_every", a.sync_every},
          {"launch_batch_factor", a.launch_batch_factor},
