@@ -141,6 +141,18 @@ class GpuMonitor : public Collector {
                           Nanos budget_ns = kFinishBudgetNs);
   Nanos now_ns() const;  // the host's clock
   void finish(const PendingStep& step, const StepSpans& spans);
+  // Untraced steps whose figures nobody reads one by one (no late record wanted, no trace capture,
+  // no host-sync scopes): consecutive ones are taken together, one gpu_step_stats over their
+  // joined span, which is what the epoch's time-weighted means add up to (NVML's readings are
+  // averaged over the run rather than step by step). False: `step` must be finished on its own.
+  bool merge_untraced(const PendingStep& step, const StepSpans& spans, bool capture);
+  void finish_untraced();  // the merged run's figures into the epoch
+  struct UntracedRun {
+    Interval span;  // the joined spans the figures cover
+    bool gpu_timed = false;
+    int64_t steps = 0, earlier_steps = 0, gpu_timed_steps = 0;
+  };
+  UntracedRun untraced_;
   void prune_events();
   // The planner's allow_optional: how many of `steps` the budget has room for now (0: none).
   int allow_window(const char* kind, int steps);

@@ -302,6 +302,7 @@ void GpuMonitor::finish_ready_steps(bool all, Nanos now, bool pm_flushed, Nanos 
   const Nanos t0 = now_ns();
   int finished = 0;
   late_wanted_ = host_ != nullptr && host_->late_steps_wanted();
+  const bool capture = host_ != nullptr && !host_->config().report.trace_dir.empty();
   while (!pending_.empty()) {
     if (!all && finished >= 2 && now_ns() - t0 > budget_ns) break;
     const PendingStep& p = pending_.front();
@@ -326,11 +327,48 @@ void GpuMonitor::finish_ready_steps(bool all, Nanos now, bool pm_flushed, Nanos 
       spans.traced = false;  // its figures as an untraced step's; its trace is kept
       ++epoch_->traced_steps_left_out;
     }
-    finish(p, spans);
+    if (!merge_untraced(p, spans, capture)) {
+      finish_untraced();  // in order
+      finish(p, spans);
+    }
     pending_.pop_front();
     ++finished;
   }
+  finish_untraced();
   prune_events();
+}
+
+bool GpuMonitor::merge_untraced(const PendingStep& p, const StepSpans& spans, bool capture) {
+  if (late_wanted_ || capture || p.traced || spans.traced || !events_.scopes.empty()) return false;
+  // Joined only where they meet: a gap between two spans is no step's.
+  const Interval f = spans.figures();
+  if (untraced_.steps > 0 &&
+      (spans.gpu_timed != untraced_.gpu_timed || f.begin != untraced_.span.end)) {
+    finish_untraced();
+  }
+  if (untraced_.steps == 0) {
+    untraced_.span = f;
+    untraced_.gpu_timed = spans.gpu_timed;
+  }
+  untraced_.span.end = std::max(untraced_.span.end, f.end);
+  ++untraced_.steps;
+  if (p.epoch < latest_epoch_) ++untraced_.earlier_steps;
+  if (spans.gpu_timed) ++untraced_.gpu_timed_steps;
+  last_finished_end_ = std::max(last_finished_end_, p.span.end);
+  return true;
+}
+
+void GpuMonitor::finish_untraced() {
+  if (untraced_.steps == 0) return;
+  StepSpans joined;
+  joined.host = joined.gpu = untraced_.span;
+  joined.gpu_timed = untraced_.gpu_timed;
+  const auto nvml_ns = static_cast<Nanos>(config_.nvml_interval_ms * 1e6);
+  epoch_->add(gpu_step_stats(events_, joined, device_.sm_count, nvml_ns, nullptr, nullptr));
+  epoch_->steps += untraced_.steps;
+  epoch_->earlier_steps += untraced_.earlier_steps;
+  epoch_->gpu_timed_steps += untraced_.gpu_timed_steps;
+  untraced_ = {};
 }
 
 bool GpuMonitor::window_start_outlier(const PendingStep& first) const {

@@ -410,6 +410,54 @@ TEST(GpuMonitorTest, StepRecordsAreBuiltOnlyWhileSomeoneReadsThem) {
   EXPECT_NEAR(g->stats.sm_efficiency, 0.5, 1e-9);
 }
 
+TEST(GpuMonitorTest, StepsNobodyReadsOneByOneGiveTheEpochTheSameFigures) {
+  // With no late record wanted, untraced steps are taken a joined run at a time: the epoch's
+  // PM means, covered time and step counts are those of finishing them one by one.
+  auto run = [](bool wanted) {
+    Config c = Rig::base_config();
+    Rig rig(c, false);
+    auto sink = std::make_shared<LateChoosingSink>();
+    sink->wants = wanted;
+    rig.sink = sink;
+    rig.backend->markers = true;  // markers every gpu.marker_interval_ms: steps share them
+    rig.make(c);
+    size_t resolved = 0;
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      for (int i = 0; i < 60; ++i) {
+        const Nanos b = rig.clock->now_ns();
+        auto s = rig.pilot->step(1);
+        rig.clock->advance((7 + i % 5) * kMs);
+        const Nanos e = rig.clock->now_ns();
+        rig.backend->queued.pm.push_back(pm(b, e, 0.2 + 0.01 * (i % 7), 0.9));
+        if (i % 10 == 0) rig.backend->queued.nvml.push_back({e - 1, 0.95});
+        s.end();
+        // Each marker resolves 2 ms after its step's end (the GPU behind the host).
+        for (; resolved < rig.backend->marker_ids.size(); ++resolved) {
+          rig.backend->resolve(rig.backend->marker_ids[resolved], e + 2 * kMs);
+        }
+      }
+      rig.pilot->end_epoch();
+    }
+    std::vector<GpuEpochStats> out;
+    for (const auto& e : sink->epochs) out.push_back(*e.sections.get<GpuEpochStats>());
+    return out;
+  };
+  const auto each = run(true);
+  const auto joined = run(false);
+  ASSERT_EQ(each.size(), 2u);
+  ASSERT_EQ(joined.size(), 2u);
+  for (size_t e = 0; e < 2; ++e) {
+    EXPECT_EQ(joined[e].steps, each[e].steps) << e;
+    EXPECT_EQ(joined[e].gpu_timed_steps, each[e].gpu_timed_steps) << e;
+    EXPECT_EQ(joined[e].carried_steps, each[e].carried_steps) << e;
+    EXPECT_GT(joined[e].gpu_timed_steps, 0) << e;
+    EXPECT_EQ(joined[e].stats.pm_covered_ns, each[e].stats.pm_covered_ns) << e;
+    EXPECT_NEAR(joined[e].stats.sm_efficiency, each[e].stats.sm_efficiency, 1e-9) << e;
+    EXPECT_NEAR(joined[e].stats.counter_utilization, each[e].stats.counter_utilization, 1e-9);
+    EXPECT_NEAR(joined[e].stats.nvml_utilization, 0.95, 1e-9) << e;
+  }
+}
+
 TEST(GpuMonitorTest, TheStallTrackerReadsStepRecordsOnlyOnceAPeriodIsKnown) {
   Config c = Rig::base_config();
   Rig rig(c, false);
