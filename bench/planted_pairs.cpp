@@ -1167,12 +1167,22 @@ AdvisedRun advised_run(Workload& w, const Env& env, const Args& a, int steps, in
       for (const auto& x : sink->advice[i]) gains[x.id] = number(x.expected_gain);
     }
     // The epoch's traced steps, and windows' first steps left out of its figures (over twice
-    // their window's other steps: a trace's start holding the GPU).
-    const auto* g = sink->epochs[i].sections.get<torchpilot::GpuEpochStats>();
-    r.windows.push_back({{"idle", idle_shares(sink->epochs[i])},
-                         {"advice", gains},
-                         {"traced_steps", g != nullptr ? g->traced_steps : 0},
-                         {"traced_steps_left_out", g != nullptr ? g->traced_steps_left_out : 0}});
+    // their window's other steps: a trace's start holding the GPU). Beside a window's idle
+    // shares, what the always-on path measured of its epoch and the traced steps' length: when
+    // two windows' shares differ, whether the steps differed too.
+    const torchpilot::EpochSummary& es = sink->epochs[i];
+    const auto* g = es.sections.get<torchpilot::GpuEpochStats>();
+    const bool traced = g != nullptr && g->traced_steps > 0;
+    r.windows.push_back(
+        {{"idle", idle_shares(es)},
+         {"advice", gains},
+         {"traced_steps", g != nullptr ? g->traced_steps : 0},
+         {"traced_steps_left_out", g != nullptr ? g->traced_steps_left_out : 0},
+         {"traced_ms_per_step", traced ? json(static_cast<double>(g->stats.traced_ns) / 1e6 /
+                                              static_cast<double>(g->traced_steps))
+                                       : json()},
+         {"epoch_step_p50_ms", static_cast<double>(es.step_p50_ns) / 1e6},
+         {"epoch_data_wait_fraction", es.data_wait_fraction}});
   }
   r.advice = sink->advice.front();
   const torchpilot::EpochSummary& e = sink->epochs.front();
