@@ -134,8 +134,12 @@ bool Pilot::late_steps_wanted() const {
   for (unsigned hooks : collector_hooks_) {
     if ((hooks & kHookLateStep) != 0) return true;
   }
+  // A sink whose answer throws is taken to want them: its on_late_step, guarded, tells.
   for (size_t i = 0; i < sinks_.size(); ++i) {
-    if (!sink_failed_[i] && sinks_[i]->wants_late_steps()) return true;
+    if (sink_failed_[i]) continue;
+    bool wants = true;
+    (void)failure_of([&] { wants = sinks_[i]->wants_late_steps(); });
+    if (wants) return true;
   }
   return false;
 }

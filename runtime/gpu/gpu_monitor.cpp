@@ -588,6 +588,7 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.collections = epoch_->collections;
   e.collect_ns = epoch_->collect_ns;
   e.collect_drain_ns = epoch_->collect_drain_ns;
+  e.steps_joined = epoch_->steps_joined;
   e.next_window = planner_.next_window(&e.next_window_step);
   e.windows_predicted = epoch_windows_predicted_;
   e.window_cost_ns = epoch_window_cost_ns_;

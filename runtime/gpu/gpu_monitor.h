@@ -143,8 +143,9 @@ class GpuMonitor : public Collector {
   void finish(const PendingStep& step, const StepSpans& spans);
   // Untraced steps whose figures nobody reads one by one (no late record wanted, no trace capture,
   // no host-sync scopes): consecutive ones are taken together, one gpu_step_stats over their
-  // joined span, which is what the epoch's time-weighted means add up to (NVML's readings are
-  // averaged over the run rather than step by step). False: `step` must be finished on its own.
+  // joined span, which is what the epoch's time-weighted means add up to where every PM sample
+  // measures every counter (a run ends at an NVML reading, so each step keeps the reading it
+  // would take alone). False: `step` must be finished on its own.
   bool merge_untraced(const PendingStep& step, const StepSpans& spans, bool capture);
   void finish_untraced();  // the merged run's figures into the epoch
   struct UntracedRun {

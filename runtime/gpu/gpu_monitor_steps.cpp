@@ -355,6 +355,14 @@ bool GpuMonitor::merge_untraced(const PendingStep& p, const StepSpans& spans, bo
   if (p.epoch < latest_epoch_) ++untraced_.earlier_steps;
   if (spans.gpu_timed) ++untraced_.gpu_timed_steps;
   last_finished_end_ = std::max(last_finished_end_, p.span.end);
+  // A run ends with a step that holds an NVML reading: one by one, the steps before it took that
+  // reading (the first after them), so the run's figures take the same one.
+  for (auto it = events_.nvml.rbegin(); it != events_.nvml.rend() && it->time >= f.begin; ++it) {
+    if (it->time <= f.end) {
+      finish_untraced();
+      break;
+    }
+  }
   return true;
 }
 
@@ -368,6 +376,7 @@ void GpuMonitor::finish_untraced() {
   epoch_->steps += untraced_.steps;
   epoch_->earlier_steps += untraced_.earlier_steps;
   epoch_->gpu_timed_steps += untraced_.gpu_timed_steps;
+  epoch_->steps_joined += untraced_.steps;
   untraced_ = {};
 }
 

@@ -152,6 +152,9 @@ struct GpuEpochStats {
   int64_t collections = 0;
   Nanos collect_ns = 0;
   Nanos collect_drain_ns = 0;
+  // Of `steps`, those finished a joined run at a time (untraced, their late records read by
+  // nobody: one computation over consecutive steps' joined span).
+  int64_t steps_joined = 0;
   int64_t own_thread_syncs = 0;  // sync records of torchpilot's own threads: never host syncs
   // The next trace window at the epoch's end: "planned" (from step next_window_step on),
   // "deferred" (due, waiting for room in the cost budget), "done" (the run's windows ran, none

@@ -36,6 +36,7 @@ class StallCollector final : public Collector {
     const bool periodic = stalls_.period() > 0;
     if (periodic != periodic_ && host_ != nullptr) {
       periodic_ = periodic;
+      if (periodic) stalls_.clear_gpu_spans();
       host_->set_step_hooks(*this, step_hooks() | (periodic ? kHookStepEnd | kHookLateStep : 0u));
     }
   }

@@ -102,6 +102,12 @@ class StallTracker {
   void add_probe(const StepRecord& record);
   // A step's GPU span (the GPU monitor's late record, from its step markers), as it comes.
   void add_gpu_span(int64_t step, Nanos gpu_ns);
+  // The spans are taken only while a period is known: a period found again starts afresh rather
+  // than from spans of epochs ago.
+  void clear_gpu_spans() {
+    gpu_recent_.clear();
+    gpu_next_ = 0;
+  }
   // The step sits at the recurring period (one step either side): a slow step there is known.
   bool at_period(int64_t step) const;
   int64_t period() const { return period_; }
