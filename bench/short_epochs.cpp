@@ -102,6 +102,9 @@ struct Run {
   // Each epoch's stall period (outliers section; 0: none): a period brings the sync probe and
   // step markers to the steps at it, which shows in the per-step parts.
   std::vector<int64_t> stall_periods;
+  // The GPU monitor's steps, and those it finished a joined run at a time (none reads them one
+  // by one here): whether that path ran.
+  int64_t gpu_steps = 0, steps_joined = 0;
 };
 
 // Keeps each epoch's end time and advice ids. Reads no late records, as the advisory log (a new
@@ -181,6 +184,10 @@ Run run(const Args& a, bool with_pilot, torch::Device device) {
   }
   for (const auto& s : pilot.epoch_summaries()) {
     const auto* g = s.sections.get<torchpilot::GpuEpochStats>();
+    if (g != nullptr) {
+      r.gpu_steps += g->steps;
+      r.steps_joined += g->steps_joined;
+    }
     if (g != nullptr && g->windows_predicted > 0) {
       r.window_estimate_ms.push_back(static_cast<double>(g->window_estimate_ns) / 1e6);
       r.window_cost_ms.push_back(static_cast<double>(g->window_cost_ns) / 1e6);
@@ -307,6 +314,8 @@ int run(int argc, char** argv) {
                       {"mean_ratio", mean(def.epoch_s) / mean(off.epoch_s)},
                       {"cost_fraction", def.cost_fraction},
                       {"stall_periods", def.stall_periods},
+                      {"gpu_steps", def.gpu_steps},
+                      {"steps_joined", def.steps_joined},
                       {"deferred", def.deferred}});
     std::printf(
         "round %d: off %.4f s, default %.4f s per epoch (median), default/off %.4f, "
