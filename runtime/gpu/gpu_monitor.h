@@ -140,13 +140,15 @@ class GpuMonitor : public Collector {
   void finish_ready_steps(bool all, Nanos now, bool pm_flushed = false,
                           Nanos budget_ns = kFinishBudgetNs);
   Nanos now_ns() const;  // the host's clock
-  void finish(const PendingStep& step, const StepSpans& spans);
-  // Untraced steps whose figures nobody reads one by one (no late record wanted, no trace capture,
-  // no host-sync scopes): consecutive ones are taken together, one gpu_step_stats over their
-  // joined span, which is what the epoch's time-weighted means add up to where every PM sample
-  // measures every counter (a run ends at an NVML reading, so each step keeps the reading it
-  // would take alone). False: `step` must be finished on its own.
-  bool merge_untraced(const PendingStep& step, const StepSpans& spans, bool capture);
+  // publish: its GpuStepRecord is read by someone; capture: windows go to report.trace_dir.
+  void finish(const PendingStep& step, const StepSpans& spans, bool publish, bool capture);
+  Nanos nvml_interval_ns() const { return static_cast<Nanos>(config_.nvml_interval_ms * 1e6); }
+  // Untraced steps whose figures nobody reads one by one (no late record wanted, no trace
+  // capture): consecutive ones are taken together, one gpu_step_stats over their joined span,
+  // which is what the epoch's time-weighted means add up to where every PM sample measures every
+  // counter (a run ends at an NVML reading, so each step keeps the reading it would take alone;
+  // an untraced step's host syncs reach no epoch figure). False: `step` must be finished alone.
+  bool merge_untraced(const PendingStep& step, const StepSpans& spans);
   void finish_untraced();  // the merged run's figures into the epoch
   struct UntracedRun {
     Interval span;  // the joined spans the figures cover
@@ -270,7 +272,6 @@ class GpuMonitor : public Collector {
 
   Nanos pruned_before_ = 0;
   Nanos last_finished_end_ = 0;
-  bool late_wanted_ = true;  // the host would deliver a GpuStepRecord (read once a collection)
   // Recent phases on the host clock, to name the phase a host sync began in (bounded).
   struct PhaseSpan {
     int id = 0;

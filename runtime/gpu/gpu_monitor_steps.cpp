@@ -93,7 +93,8 @@ const KernelIndex& GpuMonitor::kernel_index() {
   return *kernel_index_;
 }
 
-void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
+void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans, bool publish,
+                        bool capture) {
   GpuStepRecord rec;
   rec.step = step.step;
   rec.epoch = step.epoch;
@@ -106,12 +107,11 @@ void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
     rec.gpu_end_ns = spans.gpu.end;
     rec.gpu_lag_ns = spans.gpu.end - spans.host.end;
   }
-  const auto nvml_ns = static_cast<Nanos>(config_.nvml_interval_ms * 1e6);
   std::vector<SyncSite> sites;
   // Untraced steps have no kernels to look at: no index for them. (A window's first step left
   // out of its figures, spans.traced false, counts as untraced; its trace is still captured.)
   const KernelIndex* index = spans.traced ? &kernel_index() : nullptr;
-  rec.stats = gpu_step_stats(events_, spans, device_.sm_count, nvml_ns, &sites, index);
+  rec.stats = gpu_step_stats(events_, spans, device_.sm_count, nvml_interval_ns(), &sites, index);
   last_finished_end_ = std::max(last_finished_end_, step.span.end);
   epoch_->add(rec.stats);
   ++epoch_->steps;
@@ -124,7 +124,7 @@ void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
     add_kernel_classes(epoch_->classes, events_, spans, device_.sm_count, index);
     add_phases(step, spans);
   }
-  if (host_ != nullptr && !host_->config().report.trace_dir.empty()) {
+  if (capture) {
     if (step.traced) {
       StepSpans traced = spans;  // a step left out of the figures is still in the trace
       traced.traced = true;
@@ -135,9 +135,7 @@ void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans) {
   }
   // Built for every step, read by default only around a recurring stall (the stall tracker):
   // not published while nobody would read it.
-  if (host_ != nullptr && late_wanted_) {
-    host_->publish(make_late_step(rec.step, rec.epoch, std::move(rec)));
-  }
+  if (publish) host_->publish(make_late_step(rec.step, rec.epoch, std::move(rec)));
 }
 
 std::optional<Interval> GpuMonitor::phase_gpu_span(const PhaseMarks& p, Interval step) const {
@@ -301,8 +299,11 @@ void GpuMonitor::finish_ready_steps(bool all, Nanos now, bool pm_flushed, Nanos 
   // on; an epoch's end within what its wait allows; close() (all) finishes every one.
   const Nanos t0 = now_ns();
   int finished = 0;
-  late_wanted_ = host_ != nullptr && host_->late_steps_wanted();
+  // Read once a collection: whether anyone reads the steps' late records, whether windows are
+  // captured; where neither, untraced steps are joined (merge_untraced).
+  const bool publish = host_ != nullptr && host_->late_steps_wanted();
   const bool capture = host_ != nullptr && !host_->config().report.trace_dir.empty();
+  const bool join = !publish && !capture;
   while (!pending_.empty()) {
     if (!all && finished >= 2 && now_ns() - t0 > budget_ns) break;
     const PendingStep& p = pending_.front();
@@ -327,9 +328,9 @@ void GpuMonitor::finish_ready_steps(bool all, Nanos now, bool pm_flushed, Nanos 
       spans.traced = false;  // its figures as an untraced step's; its trace is kept
       ++epoch_->traced_steps_left_out;
     }
-    if (!merge_untraced(p, spans, capture)) {
+    if (!join || !merge_untraced(p, spans)) {
       finish_untraced();  // in order
-      finish(p, spans);
+      finish(p, spans, publish, capture);
     }
     pending_.pop_front();
     ++finished;
@@ -338,8 +339,8 @@ void GpuMonitor::finish_ready_steps(bool all, Nanos now, bool pm_flushed, Nanos 
   prune_events();
 }
 
-bool GpuMonitor::merge_untraced(const PendingStep& p, const StepSpans& spans, bool capture) {
-  if (late_wanted_ || capture || p.traced || spans.traced || !events_.scopes.empty()) return false;
+bool GpuMonitor::merge_untraced(const PendingStep& p, const StepSpans& spans) {
+  if (p.traced || spans.traced) return false;
   // Joined only where they meet: a gap between two spans is no step's.
   const Interval f = spans.figures();
   if (untraced_.steps > 0 &&
@@ -371,8 +372,8 @@ void GpuMonitor::finish_untraced() {
   StepSpans joined;
   joined.host = joined.gpu = untraced_.span;
   joined.gpu_timed = untraced_.gpu_timed;
-  const auto nvml_ns = static_cast<Nanos>(config_.nvml_interval_ms * 1e6);
-  epoch_->add(gpu_step_stats(events_, joined, device_.sm_count, nvml_ns, nullptr, nullptr));
+  epoch_->add(
+      gpu_step_stats(events_, joined, device_.sm_count, nvml_interval_ns(), nullptr, nullptr));
   epoch_->steps += untraced_.steps;
   epoch_->earlier_steps += untraced_.earlier_steps;
   epoch_->gpu_timed_steps += untraced_.gpu_timed_steps;
@@ -391,9 +392,8 @@ bool GpuMonitor::window_start_outlier(const PendingStep& first) const {
     others.push_back(work(*it));
   }
   if (others.size() < 2) return false;
-  const auto mid = others.begin() + static_cast<std::ptrdiff_t>(others.size() / 2);
-  std::nth_element(others.begin(), mid, others.end());
-  return static_cast<double>(work(first)) > kWindowStartOutlierFactor * static_cast<double>(*mid);
+  return static_cast<double>(work(first)) >
+         kWindowStartOutlierFactor * static_cast<double>(median(std::move(others)));
 }
 
 void GpuMonitor::prune_events() {
@@ -446,9 +446,7 @@ void GpuMonitor::prune_events() {
   };
   prune(events_.pm, [](const PmSample& s) { return s.end; });
   // NVML readings stand for the interval before them: keep the last one before the boundary.
-  prune(events_.nvml, [this](const UtilSample& u) {
-    return u.time + static_cast<Nanos>(config_.nvml_interval_ms * 1e6);
-  });
+  prune(events_.nvml, [this](const UtilSample& u) { return u.time + nvml_interval_ns(); });
   // Kernels: only once a quarter of them or more can go. A window's steps finish a few per step
   // call, and pruning a few steps' kernels at a time would scan (and re-index) all the window's
   // held kernels each time. Held in start order: those starting before keep_from are the most

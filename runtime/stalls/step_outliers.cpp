@@ -172,12 +172,7 @@ void StallTracker::note_outlier_start(int64_t step) {
   // gap tells.
   std::vector<int64_t> gaps;
   for (size_t i = 1; i < starts_.size(); ++i) gaps.push_back(starts_[i] - starts_[i - 1]);
-  bool dense = false;
-  if (!gaps.empty()) {
-    const auto mid = gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2);
-    std::nth_element(gaps.begin(), mid, gaps.end());
-    dense = *mid < kMinPeriod;
-  }
+  const bool dense = !gaps.empty() && torchpilot::median(std::move(gaps)) < kMinPeriod;
   const bool rhythm = best_period > 0 && (best_period < kMinPeriod || dense);
   period_ = rhythm ? 0 : best_period;
   anchor_ = rhythm ? 0 : best_anchor;

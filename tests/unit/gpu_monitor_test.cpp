@@ -13,6 +13,7 @@
 #include <string>
 
 #include "fakes/gpu_monitor_rig.h"
+#include "fakes/late_sink.h"
 #include "fakes/scoped_env.h"
 #include "torchpilot/runtime/core/pilot.h"
 #include "torchpilot/runtime/cost/cost.h"
@@ -368,12 +369,6 @@ TEST(GpuMonitorTest, ACheckpointEveryNStepsIsAPeriodicStallNotAnAnomaly) {
   EXPECT_NE(rig.log.str().find("every 20 steps"), std::string::npos);
 }
 
-// A sink that may not read late records (the advisory log reads none).
-struct LateChoosingSink : RecordingSink {
-  bool wants = false;
-  bool wants_late_steps() const override { return wants; }
-};
-
 // Hands a test the host collectors see (the Pilot is one privately).
 struct HostProbe final : Collector {
   std::string name() const override { return "host_probe"; }
@@ -386,7 +381,7 @@ TEST(GpuMonitorTest, StepRecordsAreBuiltOnlyWhileSomeoneReadsThem) {
   // A step's GpuStepRecord costs a short-step trainer about a microsecond a step: none is built
   // while no sink or collector would read it; the epoch's figures count every step either way.
   Rig rig(Rig::base_config(), false);
-  auto sink = std::make_shared<LateChoosingSink>();
+  auto sink = std::make_shared<test::LateSink>();
   rig.sink = sink;
   rig.make(Rig::base_config());
   auto probe = std::make_shared<HostProbe>();
@@ -416,7 +411,7 @@ TEST(GpuMonitorTest, StepsNobodyReadsOneByOneGiveTheEpochTheSameFigures) {
   auto run = [](bool wanted) {
     Config c = Rig::base_config();
     Rig rig(c, false);
-    auto sink = std::make_shared<LateChoosingSink>();
+    auto sink = std::make_shared<test::LateSink>();
     sink->wants = wanted;
     rig.sink = sink;
     rig.backend->markers = true;  // markers every gpu.marker_interval_ms: steps share them
@@ -486,7 +481,7 @@ TEST(GpuMonitorTest, StepsNobodyReadsOneByOneGiveTheEpochTheSameFigures) {
 TEST(GpuMonitorTest, TheStallTrackerReadsStepRecordsOnlyOnceAPeriodIsKnown) {
   Config c = Rig::base_config();
   Rig rig(c, false);
-  auto sink = std::make_shared<LateChoosingSink>();
+  auto sink = std::make_shared<test::LateSink>();
   rig.sink = sink;
   rig.make(c);
   auto probe = std::make_shared<HostProbe>();

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "epoch_checks.h"
+#include "fakes/late_sink.h"
 #include "fakes/text.h"
 #include "temp_dir.h"
 #include "torchpilot/runtime/cost/cost.h"
@@ -1066,16 +1067,9 @@ struct LateHookCollector final : Collector {
   CollectorHost* host = nullptr;
 };
 
-// A sink that reads late step records when `wants`.
-struct LateSink final : RecordingSink {
-  explicit LateSink(bool w) : wants(w) {}
-  bool wants;
-  bool wants_late_steps() const override { return wants; }
-};
-
 TEST(PilotTest, LateStepsAreWantedWhileASinkOrACollectorWithTheHookReadsThem) {
   Harness h;
-  auto quiet = std::make_shared<LateSink>(false);
+  auto quiet = std::make_shared<test::LateSink>(false);
   PilotOptions o;
   o.clock = h.clock;
   o.sinks = {quiet};
@@ -1089,7 +1083,7 @@ TEST(PilotTest, LateStepsAreWantedWhileASinkOrACollectorWithTheHookReadsThem) {
   EXPECT_TRUE(host.late_steps_wanted());
   host.set_step_hooks(*collector, kHookStepEnd);
   EXPECT_FALSE(host.late_steps_wanted());
-  pilot.add_sink(std::make_shared<LateSink>(true));
+  pilot.add_sink(std::make_shared<test::LateSink>(true));
   EXPECT_TRUE(host.late_steps_wanted());
 }
 }  // namespace
