@@ -85,7 +85,8 @@ enum StepHook : unsigned {
   kHookLateStep = 1u << 4,      // on_late_step
   kHookStepRecord = 1u << 5,    // on_step_record
   // on_step_end only at the steps an earlier collector's on_step_end marked at_period (the stall
-  // tracker, first in the calling order): a collector that acts around a recurring stall only.
+  // tracker, first in the calling order) or probe_syncs: a collector that acts around a recurring
+  // stall, or on a few steps another collector asks for, only.
   kHookPeriodStepEnd = 1u << 6,
   kAllStepHooks = (1u << 7) - 1,
 };

@@ -268,7 +268,7 @@ void Pilot::end_step() {
   unsigned end_hooks = kHookStepEnd;
   for_each_collector_timed("on_step_end", end_hooks, [&](Collector& o) {
     o.on_step_end(r);
-    if (r.at_period) end_hooks |= kHookPeriodStepEnd;
+    if (r.at_period || r.probe_syncs) end_hooks |= kHookPeriodStepEnd;
   });
   // The next step sits at a recurring stall's period: its CPU time from here to its end.
   if (cpu_clock_ && r.at_period && step_ewma_ns_ < kCpuEveryStepNs) {

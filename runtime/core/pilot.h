@@ -285,7 +285,8 @@ class Pilot : private CollectorHost, private TunerHost {
   std::vector<unsigned> collector_hooks_;  // each one's step hooks, in the same order
   std::vector<std::shared_ptr<Collector>> owned_collectors_;
   // Every collector, or (with StepHook bits) those that take one of those callbacks now. `hook`
-  // is read before each collector: on_step_end's grows once a collector marked the step at_period.
+  // is read before each collector: on_step_end's grows once a collector marked the step at_period
+  // or probe_syncs.
   static constexpr unsigned kEveryCollector = ~0u;
   template <typename Fn>
   void for_each_collector(const char* what, Fn&& fn) {

@@ -87,7 +87,10 @@ struct StepRecord {
   Nanos own_ns = 0;        // torchpilot's own time on the training thread within [begin, end]
   Nanos cpu_ns = -1;       // the training thread's CPU time within the step (-1: not measured)
   bool at_period = false;  // the step sits at a recurring stall's period (step_outliers.h)
-  StepMetrics metrics;     // collectors' figures (the FLOP counter's flops.mfu, ...)
+  // A collector asks the sync probe to time the next step's host syncs (item(), copies to the
+  // host): set at a stall's period, or by the GPU monitor for ordinary steps after a window.
+  bool probe_syncs = false;
+  StepMetrics metrics;  // collectors' figures (the FLOP counter's flops.mfu, ...)
   Nanos step_ns() const { return end_ns - begin_ns; }
 };
 

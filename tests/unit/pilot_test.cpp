@@ -1014,8 +1014,8 @@ TEST(PilotTest, AStepRecordsTimeIsItsCollectorsPartOfTheStepCalls) {
 }
 
 // Writes "<letter><step>" at each on_step_end it gets; marks the steps in `periods` at a period
-// (as the stall tracker does); sets its hooks to 0 at step `quiet_after` and to every step end
-// at `every_from`.
+// (as the stall tracker does) and those in `probes` probe_syncs (as the GPU monitor after a
+// window); sets its hooks to 0 at step `quiet_after` and to every step end at `every_from`.
 class StepEndLogger final : public Collector {
  public:
   StepEndLogger(std::vector<std::string>* log, char letter, unsigned hooks)
@@ -1026,11 +1026,12 @@ class StepEndLogger final : public Collector {
   void on_step_end(StepRecord& r) override {
     log_->push_back(letter_ + std::to_string(r.step));
     if (std::find(periods.begin(), periods.end(), r.step) != periods.end()) r.at_period = true;
+    if (std::find(probes.begin(), probes.end(), r.step) != probes.end()) r.probe_syncs = true;
     if (host_ == nullptr) return;
     if (r.step == quiet_after) host_->set_step_hooks(*this, 0);
     if (r.step == every_from) host_->set_step_hooks(*this, kHookStepEnd);
   }
-  std::vector<int64_t> periods;
+  std::vector<int64_t> periods, probes;
   int64_t quiet_after = -1, every_from = -1;
 
  private:
@@ -1044,7 +1045,8 @@ TEST(PilotTest, ACollectorIsCalledOnlyAtTheStepHooksItSetsAndAtPeriodStepsWhenIt
   Harness h;
   std::vector<std::string> log;
   auto marker = std::make_shared<StepEndLogger>(&log, 'm', kHookStepEnd);
-  marker->periods = {2, 5};
+  marker->periods = {2};
+  marker->probes = {5};  // a probe asked for brings the listener as a period does
   marker->quiet_after = 7;
   auto listener = std::make_shared<StepEndLogger>(&log, 'p', kHookPeriodStepEnd);
   listener->every_from = 5;
