@@ -402,7 +402,11 @@ std::optional<HostSyncGain> host_sync_gain(const EpochSummary& s) {
   }
   g.removed = g.untraced;
   g.step_s = steady_step_seconds(s);
-  g.blocked_s = static_cast<double>(st.host_sync_ns) / 1e9 / gpu->traced_steps;
+  g.traced_blocked_s = static_cast<double>(st.host_sync_ns) / 1e9 / gpu->traced_steps;
+  if (gpu->sync_probed_steps > 0) {
+    g.probed_blocked_s = static_cast<double>(gpu->sync_probed_ns) / 1e9 / gpu->sync_probed_steps;
+  }
+  g.blocked_s = std::max(g.traced_blocked_s, g.probed_blocked_s);
   if (g.step_s > 0 && g.blocked_s > 0 && g.blocked_s / g.step_s < g.removed) {
     g.blocked_bound = true;
     g.removed = g.blocked_s / g.step_s;

@@ -1,8 +1,10 @@
-// The sync probe (docs/metrics.md, "Outliers"): what a recurring slow step does that waits for
-// the GPU or copies to the host. Once the stall tracker knows a period, the steps around each
-// periodic stall (from the step after one whose record says at_period, while records say so, and
-// one more) are probed: a RecordFunction observer, enabled only for those steps and counting only
-// the training thread, times the ops that synchronize with the GPU:
+// The sync probe (docs/metrics.md, "Outliers" and "Host syncs"): what a recurring slow step does
+// that waits for the GPU or copies to the host. Once the stall tracker knows a period, the steps
+// around each periodic stall (from the step after one whose record says at_period, while records
+// say so, and one more) are probed; so are a few ordinary steps after a trace window that saw host
+// syncs (records marked probe_syncs by the GPU monitor: how long the host waits in them untraced).
+// A RecordFunction observer, enabled only for those steps and counting only the training thread,
+// times the ops that synchronize with the GPU:
 //   aten::_local_scalar_dense of a CUDA tensor (item()),
 //   aten::copy_ from a CUDA tensor into host memory (.cpu(), .to(kCPU), torch::save's copies),
 // and sums the bytes copied to the host. The probed steps' records carry sync.ms, sync.ops,
@@ -96,7 +98,7 @@ class SyncProbe final : public Collector {
  public:
   ~SyncProbe() override { stop(); }
   std::string name() const override { return "sync_probe"; }
-  // Called at the steps the stall tracker marks at its period; at every step while probing.
+  // Called at the steps marked at_period or probe_syncs; at every step while probing.
   unsigned step_hooks() const override { return kHookPeriodStepEnd; }
   void attach(CollectorHost* host) override {
     host_ = host;
@@ -110,8 +112,9 @@ class SyncProbe final : public Collector {
       r.metrics.set("sync", "d2h_mb", static_cast<double>(tally_.d2h_bytes) / 1e6);
       tally_ = Tally{tally_.thread};
     }
-    // The next step sits at the period (or is the one after it): probe it, boundary to boundary.
-    const bool want = r.at_period;
+    // The next step sits at the period (or is the one after it), or was asked for: probe it,
+    // boundary to boundary.
+    const bool want = r.at_period || r.probe_syncs;
     if (want && !probing_) {
       start();
     } else if (!want && probing_) {
@@ -170,7 +173,8 @@ std::unique_ptr<Collector> make_sync_probe(CollectorHost& host) {
 }  // namespace
 
 TORCHPILOT_REGISTRATION(sync_probe) {
-  register_default_collector("sync_probe", 0, &make_sync_probe);
+  // After the GPU monitor (0), which marks probe_syncs in its on_step_end.
+  register_default_collector("sync_probe", 10, &make_sync_probe);
 }
 
 }  // namespace torchpilot

@@ -62,7 +62,9 @@ struct GpuEpochAccumulator {
   int64_t traced_steps_left_out = 0;  // GpuEpochStats::traced_steps_left_out
   int64_t collections = 0;            // GpuEpochStats::collections, collect_ns, collect_drain_ns
   Nanos collect_ns = 0, collect_drain_ns = 0;
-  int64_t steps_joined = 0;  // GpuEpochStats::steps_joined
+  int64_t steps_joined = 0;       // GpuEpochStats::steps_joined
+  int64_t sync_probed_steps = 0;  // GpuEpochStats::sync_probed_steps, sync_probed_ns
+  Nanos sync_probed_ns = 0;
   int64_t gpu_timed_steps = 0, marker_timeouts = 0;
   int64_t steps = 0, earlier_steps = 0;
   int64_t own_thread_syncs = 0;

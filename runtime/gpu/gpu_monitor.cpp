@@ -125,6 +125,11 @@ void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
     next_window_anomaly_ = false;
     const bool ok = backend_->start_trace();
     planner_.trace_started(ok, !ok && backend_->trace_busy());
+    if (ok) {
+      sync_probe_armed_ = true;
+      window_syncs_ = 0;
+      sync_probe_left_ = 0;
+    }
     // The op-scope hook names the window's host syncs (it costs every op a callback: windows only).
     if (ok && config_.sync_op_names) HostOpScopes::instance().enable(true);
     refresh_boundary();
@@ -235,6 +240,16 @@ void GpuMonitor::on_step_end(StepRecord& r) {
     n.phases.swap(open_phases_);  // the step's phases go with it; the next step starts empty
     n.phases_complete = b.phases_complete;
   }
+  if (sync_probe_armed_ && window_syncs_ > 0 && !b.attached && !release_started_) {
+    sync_probe_armed_ = false;
+    sync_probe_left_ = kSyncProbeSteps;
+    probed_from_ = r.step + 1;  // the probe times the steps after the marked ones
+  }
+  if (sync_probe_left_ > 0 && !b.attached) {
+    r.probe_syncs = true;
+    probed_to_ = r.step + 1;
+    --sync_probe_left_;
+  }
   if (host_ != nullptr &&
       (b.take_each || b.armed || r.step >= b.arm_step || r.step_in_epoch >= b.arm_step_in_epoch)) {
     host_->take_step_now();
@@ -262,6 +277,13 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   latest_ns_ = std::max(latest_ns_, r.end_ns);
   latest_epoch_ = r.epoch;
   b_.recorded_step = r.step;
+  if (r.step >= probed_from_ && r.step <= probed_to_ && r.metrics.get("sync", "probed") > 0) {
+    const double ms = r.metrics.get("sync", "ms");
+    if (measured(ms)) {
+      ++epoch_->sync_probed_steps;
+      epoch_->sync_probed_ns += static_cast<Nanos>(ms * 1e6);
+    }
+  }
   // The step's run: its note once the run ended, else the open run.
   while (runs_head_ < runs_.size() && runs_[runs_head_].last_step < r.step) ++runs_head_;
   RunNote* run = runs_head_ < runs_.size() ? &runs_[runs_head_] : nullptr;
@@ -589,6 +611,8 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.collect_ns = epoch_->collect_ns;
   e.collect_drain_ns = epoch_->collect_drain_ns;
   e.steps_joined = epoch_->steps_joined;
+  e.sync_probed_steps = epoch_->sync_probed_steps;
+  e.sync_probed_ns = epoch_->sync_probed_ns;
   e.next_window = planner_.next_window(&e.next_window_step);
   e.windows_predicted = epoch_windows_predicted_;
   e.window_cost_ns = epoch_window_cost_ns_;

@@ -259,9 +259,19 @@ class GpuMonitor : public Collector {
   int64_t latest_epoch_ = 0;      // the epoch of the latest step recorded
   Nanos last_flush_ns_ = 0;       // the latest flush on the training thread took this long
   bool traced_finished_ = false;  // a window's step has been reported (the first window is over)
-  bool last_recorded_traced_ = false;  // the latest step recorded was traced
-  bool next_window_anomaly_ = false;   // the next window to start is an anomaly window
-  bool window_anomaly_ = false;        // the latest window started is an anomaly window
+  // After a window whose steps had host syncs, the next kSyncProbeSteps ordinary steps are
+  // marked probe_syncs (the sync probe times their item() and copies to the host): a trace slows
+  // the host's launches, so a window's steps wait less in their syncs than ordinary ones, and the
+  // host-sync advice bounds its gain by that wait. Once per window, once its trace is detached
+  // and released (no step timed while tracing or the release runs).
+  static constexpr int kSyncProbeSteps = 8;
+  bool sync_probe_armed_ = false;              // the latest window's steps may ask for the probe
+  int64_t window_syncs_ = 0;                   // host syncs in the latest window's finished steps
+  int sync_probe_left_ = 0;                    // steps still to mark
+  int64_t probed_from_ = -1, probed_to_ = -1;  // the steps the probe times (their records)
+  bool last_recorded_traced_ = false;          // the latest step recorded was traced
+  bool next_window_anomaly_ = false;           // the next window to start is an anomaly window
+  bool window_anomaly_ = false;                // the latest window started is an anomaly window
   // A window's first traced step whose own work took more than this times the median of the
   // window's other steps is left out of the window's figures: a trace's start can hold the GPU
   // (on an H200 the first window of some processes ran its first step 3x the others, its item()

@@ -119,6 +119,7 @@ void GpuMonitor::finish(const PendingStep& step, const StepSpans& spans, bool pu
   if (spans.gpu_timed) ++epoch_->gpu_timed_steps;
   if (rec.stats.traced_ns > 0) epoch_->add_sync_sites(sites);
   if (spans.traced) {
+    window_syncs_ += rec.stats.host_syncs;
     epoch_->add_kernels(index->overlapping(spans.figures()), spans.figures(), device_.sm_count);
     traced_finished_ = true;
     add_kernel_classes(epoch_->classes, events_, spans, device_.sm_count, index);

@@ -152,6 +152,8 @@ std::string section_json(const GpuEpochStats& e) {
   j["collect_ms"] = ms(e.collect_ns);
   j["collect_drain_ms"] = ms(e.collect_drain_ns);
   j["steps_joined"] = e.steps_joined;
+  j["sync_probed_steps"] = e.sync_probed_steps;
+  j["sync_probed_ms"] = ms(e.sync_probed_ns);
   j["kernel_classes"] = kernel_classes_json(e.kernel_classes);
   j["phases_gpu"] = phases_gpu_json(e.phases_gpu);
   return dump(j);

@@ -155,6 +155,11 @@ struct GpuEpochStats {
   // Of `steps`, those finished a joined run at a time (untraced, their late records read by
   // nobody: one computation over consecutive steps' joined span).
   int64_t steps_joined = 0;
+  // Ordinary steps after a window that saw host syncs, timed by the sync probe (item(), copies
+  // to the host; no trace): how long the host waits in those syncs when launches are not slowed
+  // by tracing. The window's own waits are shorter where tracing made the host the slower side.
+  int64_t sync_probed_steps = 0;
+  Nanos sync_probed_ns = 0;
   int64_t own_thread_syncs = 0;  // sync records of torchpilot's own threads: never host syncs
   // The next trace window at the epoch's end: "planned" (from step next_window_step on),
   // "deferred" (due, waiting for room in the cost budget), "done" (the run's windows ran, none

@@ -22,6 +22,7 @@ namespace test {
 
 struct Rig : PilotParts {
   std::shared_ptr<FakeBackend> backend = std::make_shared<FakeBackend>();
+  std::vector<std::shared_ptr<Collector>> after;  // collectors called after the GPU monitor
 
   explicit Rig(Config c = base_config(), bool start = true) {
     if (start) make(std::move(c));
@@ -45,6 +46,7 @@ struct Rig : PilotParts {
   void make(Config c) {
     PilotOptions o = options("gpu-test");
     if (auto m = make_gpu_monitor(c.gpu, backend, *o.logger)) o.collectors.push_back(std::move(m));
+    o.collectors.insert(o.collectors.end(), after.begin(), after.end());
     pilot = std::make_unique<Pilot>(std::move(c), std::move(o));
   }
   static constexpr Nanos kMs = 1000000;

@@ -559,6 +559,82 @@ TEST(HostSyncMonitorTest, EpochNamesTopCallSitesWithTheirPhase) {
   EXPECT_EQ(gpu->stats.host_syncs, 3);
 }
 
+// The sync probe as the Pilot calls it (hooks/gpu/torch_sync_probe.cpp): asked at a marked
+// step, it times the next one and writes sync.probed and sync.ms (`ms` here) into its record.
+class FakeSyncProbe final : public Collector {
+ public:
+  explicit FakeSyncProbe(double ms) : ms_(ms) {}
+  std::string name() const override { return "fake_sync_probe"; }
+  unsigned step_hooks() const override { return kHookPeriodStepEnd; }
+  void attach(CollectorHost* host) override { host_ = host; }
+  void on_step_end(StepRecord& r) override {
+    if (probing_) {
+      r.metrics.set("sync", "probed", 1);
+      r.metrics.set("sync", "ms", ms_);
+      probed.push_back(r.step);
+    }
+    probing_ = r.probe_syncs;
+    if (host_ != nullptr)
+      host_->set_step_hooks(*this, probing_ ? kHookStepEnd : kHookPeriodStepEnd);
+  }
+  std::vector<int64_t> probed;
+
+ private:
+  double ms_;
+  CollectorHost* host_ = nullptr;
+  bool probing_ = false;
+};
+
+// After a window whose steps had host syncs, the next ordinary steps are timed by the sync probe
+// (their records marked probe_syncs) and the epoch sums what it measured; a window without syncs
+// asks for none.
+TEST(HostSyncMonitorTest, OrdinaryStepsAfterAWindowWithSyncsAreProbed) {
+  for (const bool syncs : {true, false}) {
+    SCOPED_TRACE(syncs ? "syncs" : "no syncs");
+    Config c = test::Rig::window_config(0, 3);
+    c.gpu.nvtx = false;
+    test::Rig rig(c, false);
+    rig.clock->advance(1'000'000);
+    auto probe = std::make_shared<FakeSyncProbe>(0.25);
+    rig.after = {probe};
+    rig.make(c);
+    const auto& clock = rig.clock;
+    const auto& backend = rig.backend;
+    std::vector<int64_t> traced;
+    for (int i = 0; i < 24; ++i) {
+      auto step = rig.pilot->step(1);
+      const Nanos b = clock->now_ns();
+      if (backend->tracing) {
+        traced.push_back(i);
+        if (syncs) backend->queued.syncs.push_back(sync(b + 12, b + 28));
+        backend->queued.kernels.push_back(kernel(b, b + 10));
+        backend->queued.kernels.push_back(kernel(b + 50, b + 60));
+      }
+      clock->advance(20 * test::Rig::kMs);  // collections every 100 ms: one every few steps
+      // Samples up to the step's end: its figures are final, it finishes at a collection.
+      backend->queued.pm.push_back(test::pm(b, clock->now_ns(), 0.5));
+      backend->queued.nvml.push_back({clock->now_ns() - 1, 1.0});
+    }
+    rig.pilot->end_epoch();
+    ASSERT_EQ(rig.sink->epochs.size(), 1u);
+    const GpuEpochStats* gpu = rig.sink->epochs[0].sections.get<GpuEpochStats>();
+    ASSERT_NE(gpu, nullptr);
+    ASSERT_EQ(traced.size(), 3u);
+    EXPECT_EQ(gpu->stats.host_syncs, syncs ? 3 : 0);
+    EXPECT_EQ(gpu->traced_steps, 3);
+    if (!syncs) {
+      EXPECT_TRUE(probe->probed.empty());
+      EXPECT_EQ(gpu->sync_probed_steps, 0);
+      continue;
+    }
+    ASSERT_EQ(probe->probed.size(), 8u) << "kSyncProbeSteps, once";
+    EXPECT_GT(probe->probed.front(), traced.back()) << "ordinary steps only";
+    EXPECT_EQ(probe->probed.back() - probe->probed.front(), 7) << "consecutive";
+    EXPECT_EQ(gpu->sync_probed_steps, 8);
+    EXPECT_EQ(gpu->sync_probed_ns, 8 * 250'000);
+  }
+}
+
 // --- advisors ------------------------------------------------------------------------------------
 
 constexpr Nanos kMs = 1000000;
@@ -602,6 +678,39 @@ TEST(HostSyncAdvisorTest, StatesTheIdleCausedAndNamesTopCallSites) {
   EXPECT_EQ(b->severity, Severity::kHigh);
   EXPECT_NEAR(b->expected_gain, 0.3 / 0.7, 1e-9);
   EXPECT_EQ(b->action.find("at most the host's time blocked"), std::string::npos) << b->action;
+}
+
+// Tracing slowed the host's launches, so in the window it waited less in its syncs than in
+// ordinary steps: the probe's untraced wait bounds the gain where it is the larger (a planted pair
+// with four item() a 14 ms step: 0.9 ms blocked in the window, the fix measured 2.6 ms).
+TEST(HostSyncAdvisorTest, OrdinaryStepsProbedAfterTheWindowRaiseTheBlockedBound) {
+  EpochSummary s = traced_summary();
+  GpuEpochStats& e = *s.sections.get<GpuEpochStats>();
+  e.stats.host_sync_ns = 20 * kMs;  // 2 ms a traced step of 100 ms
+  e.stats.idle_host_sync_ns = 300 * kMs;
+  e.stats.host_syncs = 40;
+  e.sync_probed_steps = 8;
+  e.sync_probed_ns = 8 * 10 * kMs;  // 10 ms an ordinary step
+  auto a = advise_host_sync(s, AdvisorsConfig{});
+  ASSERT_TRUE(a);
+  EXPECT_NEAR(a->expected_gain, 0.1 / 0.9, 1e-9);
+  EXPECT_NEAR(evidence(*a, "host_blocked_in_syncs_untraced_per_step").value_or(0), 10, 1e-9);
+  EXPECT_NEAR(evidence(*a, "host_blocked_in_syncs_per_step").value_or(0), 2, 1e-9);
+  EXPECT_NE(a->action.find("10 ms of a 100 ms step, timed in ordinary steps after the window: 2 "
+                           "ms in its traced ones"),
+            std::string::npos)
+      << a->action;
+  // Probed steps that waited less than the window's: the window's wait stands.
+  e.sync_probed_ns = 8 * kMs;
+  a = advise_host_sync(s, AdvisorsConfig{});
+  ASSERT_TRUE(a);
+  EXPECT_NEAR(a->expected_gain, 0.02 / 0.98, 1e-9);
+  EXPECT_EQ(a->action.find("timed in ordinary steps"), std::string::npos) << a->action;
+  // Waits longer than the idle: the idle bounds the gain, as without a probe.
+  e.sync_probed_ns = 8 * 50 * kMs;
+  a = advise_host_sync(s, AdvisorsConfig{});
+  ASSERT_TRUE(a);
+  EXPECT_NEAR(a->expected_gain, 0.3 / 0.7, 1e-9);
 }
 
 // The window's steps ran slower on the GPU than the others (tracing slowed the host's launches,
