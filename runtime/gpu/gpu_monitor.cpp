@@ -240,7 +240,7 @@ void GpuMonitor::on_step_end(StepRecord& r) {
     n.phases.swap(open_phases_);  // the step's phases go with it; the next step starts empty
     n.phases_complete = b.phases_complete;
   }
-  if (sync_probe_armed_ && window_syncs_ > 0 && !b.attached && !release_started_) {
+  if (sync_probe_armed_ && window_syncs_ > 0 && !b.attached) {
     sync_probe_armed_ = false;
     sync_probe_left_ = kSyncProbeSteps;
     probed_from_ = r.step + 1;  // the probe times the steps after the marked ones

@@ -262,11 +262,14 @@ class GpuMonitor : public Collector {
   // After a window whose steps had host syncs, the next kSyncProbeSteps ordinary steps are
   // marked probe_syncs (the sync probe times their item() and copies to the host): a trace slows
   // the host's launches, so a window's steps wait less in their syncs than ordinary ones, and the
-  // host-sync advice bounds its gain by that wait. Once per window, once its trace is detached
-  // and released (no step timed while tracing or the release runs).
+  // host-sync advice bounds its gain by that wait. Once per window, from the first step after
+  // its trace stopped (its release, off this thread, may still run: a short epoch would end
+  // before the window's records are flushed, and its advice would come without the probe).
   static constexpr int kSyncProbeSteps = 8;
-  bool sync_probe_armed_ = false;              // the latest window's steps may ask for the probe
-  int64_t window_syncs_ = 0;                   // host syncs in the latest window's finished steps
+  bool sync_probe_armed_ = false;  // the latest window's steps may ask for the probe
+  // Host syncs seen in the latest window: its op scopes as drained, and its finished steps' syncs
+  // (where op scopes are off, gpu.sync_op_names).
+  int64_t window_syncs_ = 0;
   int sync_probe_left_ = 0;                    // steps still to mark
   int64_t probed_from_ = -1, probed_to_ = -1;  // the steps the probe times (their records)
   bool last_recorded_traced_ = false;          // the latest step recorded was traced

@@ -65,6 +65,10 @@ void GpuMonitor::drain() {
   append(events_.copies, incoming_.copies);
   HostOpScopes& scopes = HostOpScopes::instance();
   scopes.drain(incoming_.scopes);
+  // Op scopes come only from a window's synchronizing calls (CUPTI's callbacks, as they happen):
+  // the window had host syncs before its records are flushed (the probe that follows needs no
+  // wait for its release).
+  window_syncs_ += static_cast<int64_t>(incoming_.scopes.size());
   name_phases();
   for (const SyncRecord& s : incoming_.syncs) {
     if ((s.thread == SyncThread::kOwn || s.thread == SyncThread::kInternal) && epoch_ != nullptr)

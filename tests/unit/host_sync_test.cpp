@@ -587,10 +587,14 @@ class FakeSyncProbe final : public Collector {
 
 // After a window whose steps had host syncs, the next ordinary steps are timed by the sync probe
 // (their records marked probe_syncs) and the epoch sums what it measured; a window without syncs
-// asks for none.
+// asks for none. The syncs are known from the window's op scopes as they come (before its
+// records are flushed), or from its finished steps' sync records.
 TEST(HostSyncMonitorTest, OrdinaryStepsAfterAWindowWithSyncsAreProbed) {
-  for (const bool syncs : {true, false}) {
-    SCOPED_TRACE(syncs ? "syncs" : "no syncs");
+  for (const char* kind : {"records", "scopes", "none"}) {
+    SCOPED_TRACE(kind);
+    const bool records = std::string(kind) == "records";
+    const bool scopes = std::string(kind) == "scopes";
+    const bool syncs = records || scopes;
     Config c = test::Rig::window_config(0, 3);
     c.gpu.nvtx = false;
     test::Rig rig(c, false);
@@ -606,7 +610,10 @@ TEST(HostSyncMonitorTest, OrdinaryStepsAfterAWindowWithSyncsAreProbed) {
       const Nanos b = clock->now_ns();
       if (backend->tracing) {
         traced.push_back(i);
-        if (syncs) backend->queued.syncs.push_back(sync(b + 12, b + 28));
+        if (records) backend->queued.syncs.push_back(sync(b + 12, b + 28));
+        if (scopes && HostOpScopes::instance().enabled()) {
+          HostOpScopes::instance().push(scope(b + 12, b + 28, "aten::item"));
+        }
         backend->queued.kernels.push_back(kernel(b, b + 10));
         backend->queued.kernels.push_back(kernel(b + 50, b + 60));
       }
@@ -620,7 +627,7 @@ TEST(HostSyncMonitorTest, OrdinaryStepsAfterAWindowWithSyncsAreProbed) {
     const GpuEpochStats* gpu = rig.sink->epochs[0].sections.get<GpuEpochStats>();
     ASSERT_NE(gpu, nullptr);
     ASSERT_EQ(traced.size(), 3u);
-    EXPECT_EQ(gpu->stats.host_syncs, syncs ? 3 : 0);
+    EXPECT_EQ(gpu->stats.host_syncs, records ? 3 : 0);
     EXPECT_EQ(gpu->traced_steps, 3);
     if (!syncs) {
       EXPECT_TRUE(probe->probed.empty());
