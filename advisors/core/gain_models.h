@@ -21,11 +21,14 @@ double gain(double old_step_s, double new_step_s);
 // The epoch's mean step time, seconds (0 without steps).
 double step_seconds(const EpochSummary& s);
 
-// The step a gain is stated for, seconds: the median step (EpochSummary::step_p50_ns), else the
-// mean. The mean carries the first steps' warm-up, the trace window's own cost and the stall at
-// its end, all of them minority steps: on the H100 planted pairs (bench/planted_pairs.cpp, LibTorch
-// 2.11) the epoch mean ran 1.1-2.9x the median, the median 0.96-1.24x the same trainer's step with
-// torchpilot off.
+// The step a gain is stated for, seconds: the median of the epoch's ordinary steps
+// (GpuEpochStats::ordinary_step_p50_ns: no window's, no release's, none probed) where it had a
+// window and at least kMinOrdinarySteps others, else the median step (EpochSummary::step_p50_ns),
+// else the mean. The mean carries the first steps' warm-up, the trace window's own cost and the
+// stall at its end: on the H100 planted pairs (bench/planted_pairs.cpp, LibTorch 2.11) the epoch
+// mean ran 1.1-2.9x the median, the median 0.96-1.24x the same trainer's step with torchpilot off.
+// In a short epoch a window and its release are no minority.
+constexpr int64_t kMinOrdinarySteps = 8;
 double steady_step_seconds(const EpochSummary& s);
 
 // A trace window slows the host's launches (CUPTI's per-launch cost): where the host is what the

@@ -311,6 +311,12 @@ void GpuMonitor::on_step_record(StepRecord& r) {
       r.step, r.step_in_epoch, r.begin_ns, r.end_ns, host_ == nullptr || !host_->tuning(),
       {r.data_wait_ns, r.own_ns, r.at_period});
   account_window(r, a.traced || attached_before, a.traced);
+  // An ordinary step: no trace attached, no release running, not probed (records of short steps
+  // come a batch later: the release's bounds are as seen then).
+  const bool probed = r.step >= probed_from_ && r.step <= probed_to_;
+  if (!a.traced && !attached_before && !release_started_ && !probed) {
+    epoch_->ordinary_steps.add(r.step_ns());
+  }
   if (host_ != nullptr && a.deferred) {
     const std::string what = std::strcmp(denied_kind_, "anomaly") == 0 ? "an anomaly"
                              : std::strcmp(denied_kind_, "first") == 0 ? "the first"
@@ -613,6 +619,8 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.steps_joined = epoch_->steps_joined;
   e.sync_probed_steps = epoch_->sync_probed_steps;
   e.sync_probed_ns = epoch_->sync_probed_ns;
+  e.ordinary_steps = epoch_->ordinary_steps.count();
+  e.ordinary_step_p50_ns = epoch_->ordinary_steps.quantile(0.5);
   e.next_window = planner_.next_window(&e.next_window_step);
   e.windows_predicted = epoch_windows_predicted_;
   e.window_cost_ns = epoch_window_cost_ns_;

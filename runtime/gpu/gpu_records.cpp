@@ -154,6 +154,8 @@ std::string section_json(const GpuEpochStats& e) {
   j["steps_joined"] = e.steps_joined;
   j["sync_probed_steps"] = e.sync_probed_steps;
   j["sync_probed_ms"] = ms(e.sync_probed_ns);
+  j["ordinary_steps"] = e.ordinary_steps;
+  j["ordinary_step_p50_ms"] = ms(e.ordinary_step_p50_ns);
   j["kernel_classes"] = kernel_classes_json(e.kernel_classes);
   j["phases_gpu"] = phases_gpu_json(e.phases_gpu);
   return dump(j);

@@ -255,6 +255,22 @@ TEST(GainModels, SteadyStepIsTheMedianStep) {
   EXPECT_NEAR(m->gain, 1.0, 1e-9);  // host-bound: twice the samples in the same 6 ms
 }
 
+// A window's steps and those its release slowed are left out of the step a gain starts from where
+// the epoch had enough others (a short epoch's window can be half of it).
+TEST(GainModels, SteadyStepIsTheOrdinaryStepsMedianWhereAWindowRan) {
+  EpochSummary s = epoch(10, 0, 0, 100);
+  s.step_p50_ns = 8 * kMs;
+  GpuEpochStats& g = gpu(s);
+  g.ordinary_steps = 20;
+  g.ordinary_step_p50_ns = 6 * kMs;
+  EXPECT_NEAR(gains::steady_step_seconds(s), 6e-3, 1e-12);
+  g.ordinary_steps = gains::kMinOrdinarySteps - 1;  // too few: the epoch's median
+  EXPECT_NEAR(gains::steady_step_seconds(s), 8e-3, 1e-12);
+  g.ordinary_steps = 20;
+  g.traced_steps = 0;  // no window: the epoch's median (the same steps)
+  EXPECT_NEAR(gains::steady_step_seconds(s), 8e-3, 1e-12);
+}
+
 TEST(GainModels, OptimizerHostTimeFromItsPhase) {
   // As PerParameterOptimizerFused, with a phase "optimizer" of 4 ms per step: the update's host
   // time is the phase's, not 900 launches at the step's 10 us each.

@@ -585,6 +585,21 @@ class FakeSyncProbe final : public Collector {
   bool probing_ = false;
 };
 
+// Ends a step begun at `b` after `ms` ms, with PM and NVML samples up to its end: its figures are
+// final, and it finishes at a collection (every 100 ms of host time).
+void end_sampled_step(test::Rig& rig, Nanos b, Nanos ms) {
+  rig.clock->advance(ms * test::Rig::kMs);
+  rig.backend->queued.pm.push_back(test::pm(b, rig.clock->now_ns(), 0.5));
+  rig.backend->queued.nvml.push_back({rig.clock->now_ns() - 1, 1.0});
+}
+
+// Ends the epoch; its gpu section (null unless there is exactly one epoch).
+const GpuEpochStats* end_only_epoch(test::Rig& rig) {
+  rig.pilot->end_epoch();
+  if (rig.sink->epochs.size() != 1) return nullptr;
+  return rig.sink->epochs[0].sections.get<GpuEpochStats>();
+}
+
 // After a window whose steps had host syncs, the next ordinary steps are timed by the sync probe
 // (their records marked probe_syncs) and the epoch sums what it measured; a window without syncs
 // asks for none. The syncs are known from the window's op scopes as they come (before its
@@ -617,14 +632,9 @@ TEST(HostSyncMonitorTest, OrdinaryStepsAfterAWindowWithSyncsAreProbed) {
         backend->queued.kernels.push_back(kernel(b, b + 10));
         backend->queued.kernels.push_back(kernel(b + 50, b + 60));
       }
-      clock->advance(20 * test::Rig::kMs);  // collections every 100 ms: one every few steps
-      // Samples up to the step's end: its figures are final, it finishes at a collection.
-      backend->queued.pm.push_back(test::pm(b, clock->now_ns(), 0.5));
-      backend->queued.nvml.push_back({clock->now_ns() - 1, 1.0});
+      end_sampled_step(rig, b, 20);  // a collection every few steps
     }
-    rig.pilot->end_epoch();
-    ASSERT_EQ(rig.sink->epochs.size(), 1u);
-    const GpuEpochStats* gpu = rig.sink->epochs[0].sections.get<GpuEpochStats>();
+    const GpuEpochStats* gpu = end_only_epoch(rig);
     ASSERT_NE(gpu, nullptr);
     ASSERT_EQ(traced.size(), 3u);
     EXPECT_EQ(gpu->stats.host_syncs, records ? 3 : 0);
@@ -640,6 +650,43 @@ TEST(HostSyncMonitorTest, OrdinaryStepsAfterAWindowWithSyncsAreProbed) {
     EXPECT_EQ(gpu->sync_probed_steps, 8);
     EXPECT_EQ(gpu->sync_probed_ns, 8 * 250'000);
   }
+}
+
+// The epoch's ordinary steps leave out the window's steps, its tail until the trace stopped, the
+// steps while its release ran and those the sync probe timed.
+TEST(HostSyncMonitorTest, OrdinaryStepsLeaveOutTheWindowItsReleaseAndTheProbe) {
+  Config c = test::Rig::window_config(4, 3);
+  c.gpu.nvtx = false;
+  test::Rig rig(c, false);
+  rig.clock->advance(1'000'000);
+  rig.backend->slow_release = true;
+  rig.make(c);
+  const auto& clock = rig.clock;
+  const auto& backend = rig.backend;
+  int slow = 0;  // window and release steps
+  for (int i = 0; i < 40; ++i) {
+    auto step = rig.pilot->step(1);
+    const Nanos b = clock->now_ns();
+    // Window steps take 30 ms, steps while the release runs 25 ms, the others 10 ms.
+    Nanos ms = backend->tracing ? 30 : backend->releasing ? 25 : 10;
+    if (ms > 10) ++slow;
+    if (backend->tracing) {
+      backend->queued.syncs.push_back(sync(b + 12, b + 28));
+      backend->queued.kernels.push_back(kernel(b, b + 10));
+    }
+    if (i == 20) backend->finish_release();
+    end_sampled_step(rig, b, ms);
+  }
+  const GpuEpochStats* gpu = end_only_epoch(rig);
+  ASSERT_NE(gpu, nullptr);
+  EXPECT_EQ(gpu->traced_steps, 3);
+  ASSERT_GT(slow, 10) << "a release of several steps";
+  // All but the window, its tail, the release's and the 8 probed steps (one step's lag each).
+  EXPECT_GE(gpu->ordinary_steps, 40 - slow - 8 - 3);
+  EXPECT_LE(gpu->ordinary_steps, 40 - slow - 8);
+  // Every ordinary step took 10 ms (the histogram's bucket edge holds it within 2%).
+  EXPECT_NEAR(static_cast<double>(gpu->ordinary_step_p50_ns), 10e6, 0.02 * 10e6);
+  EXPECT_GT(rig.sink->epochs[0].step_p50_ns, 0);
 }
 
 // --- advisors ------------------------------------------------------------------------------------
