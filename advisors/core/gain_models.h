@@ -48,7 +48,7 @@ UntracedIdle untraced_idle(const EpochSummary& s);
 // Host syncs removed (host_sync's model, which low_mfu's idle split states too): the window's
 // sync idle as an untraced step keeps it (untraced_idle), and at most the host's time blocked in
 // the syncs: without them the host still issues every launch and does its own work. The blocked
-// time is the larger of the window's and that of the ordinary steps the sync probe timed after
+// time is the larger of the window's and that of the untraced steps the sync probe timed after
 // it (GpuEpochStats::sync_probed_*): tracing slows the host's launches, so where the GPU is the
 // slower side the window's steps wait less than ordinary ones (a 14 ms step with four item()
 // calls: 0.9 ms blocked traced, the fix measured 2.6 ms).

@@ -220,7 +220,7 @@ std::optional<Advice> advise_host_sync(const EpochSummary& s, const AdvisorsConf
                 num(m.blocked_s * 1e3, "%.3g") + " ms of a " + num(m.step_s * 1e3, "%.3g") +
                 " ms step" +
                 (m.probed_blocked_s > m.traced_blocked_s
-                     ? ", timed in ordinary steps after the window: " +
+                     ? ", timed in untraced steps after the window: " +
                            num(m.traced_blocked_s * 1e3, "%.3g") + " ms in its traced ones"
                      : std::string()) +
                 "), as the host still issues the rest of the step";

@@ -129,6 +129,8 @@ void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
       sync_probe_armed_ = true;
       window_syncs_ = 0;
       sync_probe_left_ = 0;
+      // A step marked before the window began would have the probe time this traced step.
+      probed_to_ = std::min(probed_to_, step - 1);
     }
     // The op-scope hook names the window's host syncs (it costs every op a callback: windows only).
     if (ok && config_.sync_op_names) HostOpScopes::instance().enable(true);
@@ -277,7 +279,12 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   latest_ns_ = std::max(latest_ns_, r.end_ns);
   latest_epoch_ = r.epoch;
   b_.recorded_step = r.step;
-  if (r.step >= probed_from_ && r.step <= probed_to_ && r.metrics.get("sync", "probed") > 0) {
+  // Steps at a recurring stall's period and the one after each are probed for the stall tracker
+  // (and hold the stall): not ordinary waits.
+  const bool near_stall = r.at_period || prev_record_at_period_;
+  prev_record_at_period_ = r.at_period;
+  if (r.step >= probed_from_ && r.step <= probed_to_ && !near_stall &&
+      r.metrics.get("sync", "probed") > 0) {
     const double ms = r.metrics.get("sync", "ms");
     if (measured(ms)) {
       ++epoch_->sync_probed_steps;

@@ -272,6 +272,7 @@ class GpuMonitor : public Collector {
   int64_t window_syncs_ = 0;
   int sync_probe_left_ = 0;                    // steps still to mark
   int64_t probed_from_ = -1, probed_to_ = -1;  // the steps the probe times (their records)
+  bool prev_record_at_period_ = false;         // the latest step recorded sat at a period
   bool last_recorded_traced_ = false;          // the latest step recorded was traced
   bool next_window_anomaly_ = false;           // the next window to start is an anomaly window
   bool window_anomaly_ = false;                // the latest window started is an anomaly window

@@ -652,6 +652,55 @@ TEST(HostSyncMonitorTest, OrdinaryStepsAfterAWindowWithSyncsAreProbed) {
   }
 }
 
+// Marks one step at a recurring stall's period, as the stall tracker does.
+class PeriodMarker final : public Collector {
+ public:
+  explicit PeriodMarker(int64_t step) : step_(step) {}
+  std::string name() const override { return "period_marker"; }
+  unsigned step_hooks() const override { return kHookStepEnd; }
+  void on_step_end(StepRecord& r) override { r.at_period = r.step == step_; }
+
+ private:
+  int64_t step_;
+};
+
+// The probed steps that count are ordinary ones: not a stall's (a step at a period and the one
+// after it, which the stall tracker has the probe time), not a new window's traced step.
+TEST(HostSyncMonitorTest, ProbedStepsNearAStallOrInANewWindowDoNotCount) {
+  for (const bool stall : {true, false}) {
+    SCOPED_TRACE(stall ? "a stall" : "a new window");
+    Config c = test::Rig::window_config(0, 3);
+    c.gpu.nvtx = false;
+    test::Rig rig(c, false);
+    rig.clock->advance(1'000'000);
+    auto probe = std::make_shared<FakeSyncProbe>(0.25);
+    rig.after = {std::make_shared<PeriodMarker>(stall ? 8 : -1), probe};
+    rig.make(c);
+    std::vector<int64_t> traced;
+    for (int i = 0; i < 24; ++i) {
+      if (!stall && i == 9) rig.pilot->request_window(2);  // inside the probed steps (6-13)
+      auto step = rig.pilot->step(1);
+      const Nanos b = rig.clock->now_ns();
+      if (rig.backend->tracing) {
+        traced.push_back(i);
+        rig.backend->queued.syncs.push_back(sync(b + 12, b + 28));
+        rig.backend->queued.kernels.push_back(kernel(b, b + 10));
+      }
+      end_sampled_step(rig, b, 20);
+    }
+    const GpuEpochStats* gpu = end_only_epoch(rig);
+    ASSERT_NE(gpu, nullptr);
+    int64_t ordinary = 0;
+    for (const int64_t s : probe->probed) {
+      const bool in_window = std::find(traced.begin(), traced.end(), s) != traced.end();
+      if (!in_window && !(stall && (s == 8 || s == 9))) ++ordinary;
+    }
+    ASSERT_LT(ordinary, static_cast<int64_t>(probe->probed.size())) << "the case happened";
+    EXPECT_EQ(gpu->sync_probed_steps, ordinary);
+    EXPECT_EQ(gpu->sync_probed_ns, ordinary * 250'000);
+  }
+}
+
 // The epoch's ordinary steps leave out the window's steps, its tail until the trace stopped, the
 // steps while its release ran and those the sync probe timed.
 TEST(HostSyncMonitorTest, OrdinaryStepsLeaveOutTheWindowItsReleaseAndTheProbe) {
@@ -750,7 +799,7 @@ TEST(HostSyncAdvisorTest, OrdinaryStepsProbedAfterTheWindowRaiseTheBlockedBound)
   EXPECT_NEAR(a->expected_gain, 0.1 / 0.9, 1e-9);
   EXPECT_NEAR(evidence(*a, "host_blocked_in_syncs_untraced_per_step").value_or(0), 10, 1e-9);
   EXPECT_NEAR(evidence(*a, "host_blocked_in_syncs_per_step").value_or(0), 2, 1e-9);
-  EXPECT_NE(a->action.find("10 ms of a 100 ms step, timed in ordinary steps after the window: 2 "
+  EXPECT_NE(a->action.find("10 ms of a 100 ms step, timed in untraced steps after the window: 2 "
                            "ms in its traced ones"),
             std::string::npos)
       << a->action;
@@ -759,7 +808,7 @@ TEST(HostSyncAdvisorTest, OrdinaryStepsProbedAfterTheWindowRaiseTheBlockedBound)
   a = advise_host_sync(s, AdvisorsConfig{});
   ASSERT_TRUE(a);
   EXPECT_NEAR(a->expected_gain, 0.02 / 0.98, 1e-9);
-  EXPECT_EQ(a->action.find("timed in ordinary steps"), std::string::npos) << a->action;
+  EXPECT_EQ(a->action.find("timed in untraced steps"), std::string::npos) << a->action;
   // Waits longer than the idle: the idle bounds the gain, as without a probe.
   e.sync_probed_ns = 8 * 50 * kMs;
   a = advise_host_sync(s, AdvisorsConfig{});
