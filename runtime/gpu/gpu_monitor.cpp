@@ -281,10 +281,10 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   b_.recorded_step = r.step;
   // Steps at a recurring stall's period and the one after each are probed for the stall tracker
   // (and hold the stall): not ordinary waits.
+  const bool probed = r.step >= probed_from_ && r.step <= probed_to_;
   const bool near_stall = r.at_period || prev_record_at_period_;
   prev_record_at_period_ = r.at_period;
-  if (r.step >= probed_from_ && r.step <= probed_to_ && !near_stall &&
-      r.metrics.get("sync", "probed") > 0) {
+  if (probed && !near_stall && r.metrics.get("sync", "probed") > 0) {
     const double ms = r.metrics.get("sync", "ms");
     if (measured(ms)) {
       ++epoch_->sync_probed_steps;
@@ -320,7 +320,6 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   account_window(r, a.traced || attached_before, a.traced);
   // An ordinary step: no trace attached, no release running, not probed (records of short steps
   // come a batch later: the release's bounds are as seen then).
-  const bool probed = r.step >= probed_from_ && r.step <= probed_to_;
   if (!a.traced && !attached_before && !release_started_ && !probed) {
     epoch_->ordinary_steps.add(r.step_ns());
   }
