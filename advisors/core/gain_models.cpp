@@ -81,6 +81,16 @@ double gemm_flops(const FlopEpochStats& f, bool tensor_only) {
   return positive(sum - positive(f.fused_attention_flops_per_step));
 }
 
+// The ordinary steps' figures where steady_step_seconds takes them, else null.
+const GpuEpochStats* ordinary_gpu(const EpochSummary& s) {
+  const GpuEpochStats* g = s.sections.get<GpuEpochStats>();
+  if (g != nullptr && g->traced_steps > 0 && g->ordinary_steps >= kMinOrdinarySteps &&
+      g->ordinary_step_p50_ns > 0 && g->ordinary_compute_p50_ns > 0) {
+    return g;
+  }
+  return nullptr;
+}
+
 // Host time per step: what the training thread spends outside the data wait and synchronizing
 // calls (the window's host-blocked time per traced step).
 double host_seconds(const EpochSummary& s, double step_s) {
@@ -89,8 +99,7 @@ double host_seconds(const EpochSummary& s, double step_s) {
   if (gpu != nullptr && gpu->traced_steps > 0) {
     sync_s = static_cast<double>(gpu->stats.host_sync_ns) / 1e9 / gpu->traced_steps;
   }
-  const double wait_s = static_cast<double>(s.data_wait_ns) / 1e9 / std::max<int64_t>(1, s.steps);
-  return positive(step_s - wait_s - sync_s);
+  return positive(step_s - mean_wait_seconds(s) - sync_s);
 }
 
 // The least a step can take once the GPU is no longer what bounds it, seconds: the mean data
@@ -115,9 +124,10 @@ struct HostFloor {
 };
 HostFloor host_floor(const EpochSummary& s, double step_s) {
   HostFloor h;
-  h.wait_s = s.steps > 0 ? static_cast<double>(s.data_wait_ns) / 1e9 / s.steps : 0;
-  const double own_s = s.compute_p50_ns > 0 ? static_cast<double>(s.compute_p50_ns) / 1e9
-                                            : positive(step_s - h.wait_s);
+  h.wait_s = mean_wait_seconds(s);
+  const double own_s = s.compute_p50_ns > 0 || ordinary_gpu(s) != nullptr
+                           ? own_work_seconds(s)
+                           : positive(step_s - h.wait_s);
   double issue_s = s.compute_min_ns > 0 ? static_cast<double>(s.compute_min_ns) / 1e9 : own_s;
   const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
   if (gpu != nullptr && gpu->traced_steps > 0 && gpu->stats.host_sync_ns > 0) {
@@ -174,6 +184,22 @@ double steady_step_seconds(const EpochSummary& s) {
   }
   if (s.steps > 0 && s.step_p50_ns > 0) return static_cast<double>(s.step_p50_ns) / 1e9;
   return step_seconds(s);
+}
+
+double mean_wait_seconds(const EpochSummary& s) {
+  if (const GpuEpochStats* g = ordinary_gpu(s)) {
+    return static_cast<double>(g->ordinary_data_wait_ns) / 1e9 /
+           static_cast<double>(g->ordinary_steps);
+  }
+  return s.steps > 0 ? static_cast<double>(s.data_wait_ns) / 1e9 / s.steps : 0;
+}
+
+double own_work_seconds(const EpochSummary& s) {
+  if (const GpuEpochStats* g = ordinary_gpu(s)) {
+    return static_cast<double>(g->ordinary_compute_p50_ns) / 1e9;
+  }
+  if (s.compute_p50_ns > 0) return static_cast<double>(s.compute_p50_ns) / 1e9;
+  return positive(step_seconds(s) - mean_wait_seconds(s));
 }
 
 UntracedIdle untraced_idle(const EpochSummary& s) {
@@ -389,7 +415,7 @@ std::optional<LaunchBoundGain> launch_bound_gain(const EpochSummary& s) {
   g.per_launch_s = g.host_s / g.launches;
   g.gpu_busy_s = per_step_s(*k, k->busy_ns());
   g.gpu_busy_scaled_s = g.gpu_busy_s * k->kernel_sum_scaled_ns / k->kernel_sum_ns;
-  g.wait_s = static_cast<double>(s.data_wait_ns) / 1e9 / s.steps;
+  g.wait_s = mean_wait_seconds(s);
   // The host issues the same launches; the GPU runs the grown kernels meanwhile.
   g.new_step_s = g.factor * g.wait_s + std::max(g.host_s, g.gpu_busy_scaled_s);
   g.gain = gain(g.factor * g.step_s, g.new_step_s);
@@ -429,9 +455,8 @@ std::optional<StarvationGain> starvation_gain(const EpochSummary& s, int workers
   StarvationGain g;
   // The step's own work: the median step less its wait (robust to warm-up and a trace window's
   // stall, which are not waits), plus the mean wait: waits that come in bursts count in full.
-  const double wait_s = static_cast<double>(s.data_wait_ns) / 1e9 / s.steps;
-  g.compute_s = s.compute_p50_ns > 0 ? static_cast<double>(s.compute_p50_ns) / 1e9
-                                     : positive(step_seconds(s) - wait_s);
+  const double wait_s = mean_wait_seconds(s);
+  g.compute_s = own_work_seconds(s);
   g.step_s = g.compute_s + wait_s;
   g.batch_s = static_cast<double>(l->produce_ns) / 1e9 / l->produce_count;
   g.batch_cpu_s =

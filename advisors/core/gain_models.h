@@ -31,6 +31,15 @@ double step_seconds(const EpochSummary& s);
 constexpr int64_t kMinOrdinarySteps = 8;
 double steady_step_seconds(const EpochSummary& s);
 
+// The steady step's parts, seconds, over the same steps as steady_step_seconds: the step's own
+// work (the median step less its data wait: GpuEpochStats::ordinary_compute_p50_ns, else
+// EpochSummary::compute_p50_ns, else the mean step less the mean wait) and the mean data wait per
+// step (GpuEpochStats::ordinary_data_wait_ns over the ordinary steps, else the epoch's). A traced
+// step runs longer and waits less (the loader had longer to produce): in a short epoch the
+// window's steps would size the loader's workers and the wait from the wrong steps.
+double own_work_seconds(const EpochSummary& s);
+double mean_wait_seconds(const EpochSummary& s);
+
 // A trace window slows the host's launches (CUPTI's per-launch cost): where the host is what the
 // GPU waits for (after a sync, the drain lasts until the host launches again), the window's steps
 // show GPU idle that the others do not have. The share of a traced step's idle an untraced step

@@ -18,15 +18,10 @@ constexpr double kMinComputeShare = 0.01;
 
 using detail::num;
 
-// The step's own work per step, ms: the median step less its wait where known (a short epoch's
-// first step or a trace window's stall would otherwise size the workers), else the mean step less
-// the mean wait.
-double compute_ms_of(const EpochSummary& s) {
-  const double wait_ms = static_cast<double>(s.data_wait_ns) / 1e6 / s.steps;
-  const double step_ms = static_cast<double>(s.wall_ns) / 1e6 / s.steps;
-  return s.compute_p50_ns > 0 ? static_cast<double>(s.compute_p50_ns) / 1e6
-                              : std::max(0.0, step_ms - wait_ms);
-}
+// The step's own work per step, ms: the median step less its wait where known, over the
+// ordinary steps where a window ran (a short epoch's first step, a trace window's steps and its
+// release would otherwise size the workers), else the mean step less the mean wait.
+double compute_ms_of(const EpochSummary& s) { return gains::own_work_seconds(s) * 1e3; }
 
 // The loader model's estimate for an epoch with production counters.
 WorkerEstimate estimate_of(const LoaderStats& l, double compute_ms, bool compute_known) {
@@ -63,7 +58,8 @@ std::optional<gains::StarvationGain> advised_starvation_gain(const EpochSummary&
 
 std::optional<Advice> advise_data_starvation(const EpochSummary& s, const AdvisorsConfig& config) {
   if (s.steps == 0) return std::nullopt;
-  const double wait_ms = static_cast<double>(s.data_wait_ns) / 1e6 / s.steps;
+  // The mean wait of the steps the step's own work is the median of.
+  const double wait_ms = gains::mean_wait_seconds(s) * 1e3;
   // The share of a steady step (its median own work plus the mean wait): one slow first step (a
   // warm-up of 0.97 s in a 40-step epoch of 3.5 ms steps) or a trace window's steps otherwise
   // dilute the wait below the threshold (it did for pytorch/examples' MNIST trainer on an H200).
@@ -82,8 +78,8 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
   const bool steady_share = f > s.data_wait_fraction;
   a.finding =
       "the training thread waited for data " + num(100 * f) + "% of step time (" +
-      num(wait_ms, "%.2f") + " ms of a " + num(steady_share ? steady_ms : step_ms, "%.2f") +
-      " ms " +
+      num(steady_share ? wait_ms : static_cast<double>(s.data_wait_ns) / 1e6 / s.steps, "%.2f") +
+      " ms of a " + num(steady_share ? steady_ms : step_ms, "%.2f") + " ms " +
       (steady_share ? "steady step: the median step's own work plus the mean wait" : "step") +
       "; threshold " + num(100 * config.data_starvation.threshold) + "%)";
   a.evidence = {

@@ -322,6 +322,8 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   // come a batch later: the release's bounds are as seen then).
   if (!a.traced && !attached_before && !release_started_ && !probed) {
     epoch_->ordinary_steps.add(r.step_ns());
+    epoch_->ordinary_compute.add(std::max<Nanos>(0, r.step_ns() - r.data_wait_ns));
+    epoch_->ordinary_data_wait_ns += r.data_wait_ns;
   }
   if (host_ != nullptr && a.deferred) {
     const std::string what = std::strcmp(denied_kind_, "anomaly") == 0 ? "an anomaly"
@@ -627,6 +629,8 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.sync_probed_ns = epoch_->sync_probed_ns;
   e.ordinary_steps = epoch_->ordinary_steps.count();
   e.ordinary_step_p50_ns = epoch_->ordinary_steps.quantile(0.5);
+  e.ordinary_compute_p50_ns = epoch_->ordinary_compute.quantile(0.5);
+  e.ordinary_data_wait_ns = epoch_->ordinary_data_wait_ns;
   e.next_window = planner_.next_window(&e.next_window_step);
   e.windows_predicted = epoch_windows_predicted_;
   e.window_cost_ns = epoch_window_cost_ns_;

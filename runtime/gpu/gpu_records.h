@@ -160,10 +160,14 @@ struct GpuEpochStats {
   // by tracing. The window's own waits are shorter where tracing made the host the slower side.
   int64_t sync_probed_steps = 0;
   Nanos sync_probed_ns = 0;
-  // The epoch's ordinary steps (no trace attached, no window's release running, not probed) and
-  // their median host step: a short epoch's window and release can be half of its steps.
+  // The epoch's ordinary steps (no trace attached, no window's release running, not probed),
+  // their median host step, their median step less its data wait (EpochSummary::compute_p50_ns
+  // over them) and their data wait in total: a short epoch's window and release can be half of
+  // its steps, and a traced step both runs longer and waits less (the loader had longer).
   int64_t ordinary_steps = 0;
   Nanos ordinary_step_p50_ns = 0;
+  Nanos ordinary_compute_p50_ns = 0;
+  Nanos ordinary_data_wait_ns = 0;
   int64_t own_thread_syncs = 0;  // sync records of torchpilot's own threads: never host syncs
   // The next trace window at the epoch's end: "planned" (from step next_window_step on),
   // "deferred" (due, waiting for room in the cost budget), "done" (the run's windows ran, none

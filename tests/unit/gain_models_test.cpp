@@ -271,6 +271,45 @@ TEST(GainModels, SteadyStepIsTheOrdinaryStepsMedianWhereAWindowRan) {
   EXPECT_NEAR(gains::steady_step_seconds(s), 8e-3, 1e-12);
 }
 
+// The step's own work and its data wait come from the same steps as the steady step: a window's
+// steps run longer and wait less (the loader had longer), and would size the workers from both.
+TEST(GainModels, OwnWorkAndWaitAreTheOrdinaryStepsWhereAWindowRan) {
+  EpochSummary s = epoch(9, 0, 0, 100);
+  s.steps = 40;
+  s.wall_ns = 40 * 9 * kMs;
+  s.step_p50_ns = 9 * kMs;
+  s.compute_p50_ns = 7 * kMs;
+  s.data_wait_ns = 40 * kMs;  // 1 ms a step over the epoch
+  GpuEpochStats& g = gpu(s);
+  g.ordinary_steps = 20;
+  g.ordinary_step_p50_ns = 6 * kMs;
+  g.ordinary_compute_p50_ns = 4 * kMs;
+  g.ordinary_data_wait_ns = 20 * 2 * kMs;  // 2 ms a step over the ordinary ones
+  EXPECT_NEAR(gains::own_work_seconds(s), 4e-3, 1e-12);
+  EXPECT_NEAR(gains::mean_wait_seconds(s), 2e-3, 1e-12);
+  // The loader's model: a 6 ms steady step (4 of own work, 2 waiting) whose workers could
+  // deliver a batch every 1 ms becomes a 4 ms one.
+  LoaderStats l;
+  l.produce_count = 40;
+  l.produce_ns = 40 * kMs;
+  l.produce_cpu_ns = 40 * kMs;
+  l.max_workers = 16;
+  l.settings.workers = 0;
+  s.sections.set<LoaderStats>(l);
+  auto m = gains::starvation_gain(s, 4);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_NEAR(m->compute_s, 4e-3, 1e-12);
+  EXPECT_NEAR(m->step_s, 6e-3, 1e-12);
+  EXPECT_NEAR(m->gain, 0.5, 1e-9);
+  // Without the ordinary steps' own work (too few, or no window): the epoch's figures.
+  g.ordinary_steps = gains::kMinOrdinarySteps - 1;
+  EXPECT_NEAR(gains::own_work_seconds(s), 7e-3, 1e-12);
+  EXPECT_NEAR(gains::mean_wait_seconds(s), 1e-3, 1e-12);
+  g.ordinary_steps = 20;
+  g.traced_steps = 0;
+  EXPECT_NEAR(gains::own_work_seconds(s), 7e-3, 1e-12);
+}
+
 TEST(GainModels, OptimizerHostTimeFromItsPhase) {
   // As PerParameterOptimizerFused, with a phase "optimizer" of 4 ms per step: the update's host
   // time is the phase's, not 900 launches at the step's 10 us each.

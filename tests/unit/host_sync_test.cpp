@@ -702,7 +702,8 @@ TEST(HostSyncMonitorTest, ProbedStepsNearAStallOrInANewWindowDoNotCount) {
 }
 
 // The epoch's ordinary steps leave out the window's steps, its tail until the trace stopped, the
-// steps while its release ran and those the sync probe timed.
+// steps while its release ran and those the sync probe timed; their own work and data wait are
+// theirs (a window's step waits less: the loader had longer).
 TEST(HostSyncMonitorTest, OrdinaryStepsLeaveOutTheWindowItsReleaseAndTheProbe) {
   Config c = test::Rig::window_config(4, 3);
   c.gpu.nvtx = false;
@@ -724,6 +725,7 @@ TEST(HostSyncMonitorTest, OrdinaryStepsLeaveOutTheWindowItsReleaseAndTheProbe) {
       backend->queued.kernels.push_back(kernel(b, b + 10));
     }
     if (i == 20) backend->finish_release();
+    rig.pilot->record_data_wait((ms > 10 ? 1 : 4) * test::Rig::kMs);
     end_sampled_step(rig, b, ms);
   }
   const GpuEpochStats* gpu = end_only_epoch(rig);
@@ -735,6 +737,8 @@ TEST(HostSyncMonitorTest, OrdinaryStepsLeaveOutTheWindowItsReleaseAndTheProbe) {
   EXPECT_LE(gpu->ordinary_steps, 40 - slow - 8);
   // Every ordinary step took 10 ms (the histogram's bucket edge holds it within 2%).
   EXPECT_NEAR(static_cast<double>(gpu->ordinary_step_p50_ns), 10e6, 0.02 * 10e6);
+  EXPECT_NEAR(static_cast<double>(gpu->ordinary_compute_p50_ns), 6e6, 0.02 * 6e6);
+  EXPECT_EQ(gpu->ordinary_data_wait_ns, gpu->ordinary_steps * 4 * test::Rig::kMs);
   EXPECT_GT(rig.sink->epochs[0].step_p50_ns, 0);
 }
 
