@@ -177,10 +177,15 @@ double steady_step_seconds(const EpochSummary& s) {
   // Without a window's steps and those its release slowed, where the epoch had a window and
   // enough other steps: in a short epoch they can be half of it (a planted 40-step epoch: median
   // 16.8 ms, its ordinary steps 14.4 ms, the trainer without torchpilot 13.6 ms).
+  // Where the GPU is the slower side their host time is not the step: after a stall (the
+  // release, the first steps) the host runs ahead until the launch queue is full again, so the
+  // GPU's median span is taken where it is the longer.
   const GpuEpochStats* g = s.sections.get<GpuEpochStats>();
   if (g != nullptr && g->traced_steps > 0 && g->ordinary_steps >= kMinOrdinarySteps &&
       g->ordinary_step_p50_ns > 0) {
-    return static_cast<double>(g->ordinary_step_p50_ns) / 1e9;
+    const Nanos gpu_ns =
+        g->ordinary_gpu_steps >= kMinOrdinarySteps ? g->ordinary_gpu_step_p50_ns : 0;
+    return static_cast<double>(std::max(g->ordinary_step_p50_ns, gpu_ns)) / 1e9;
   }
   if (s.steps > 0 && s.step_p50_ns > 0) return static_cast<double>(s.step_p50_ns) / 1e9;
   return step_seconds(s);

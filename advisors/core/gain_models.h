@@ -22,8 +22,10 @@ double gain(double old_step_s, double new_step_s);
 double step_seconds(const EpochSummary& s);
 
 // The step a gain is stated for, seconds: the median of the epoch's ordinary steps
-// (GpuEpochStats::ordinary_step_p50_ns: no window's, no release's, none probed) where it had a
-// window and at least kMinOrdinarySteps others, else the median step (EpochSummary::step_p50_ns),
+// (GpuEpochStats::ordinary_step_p50_ns: no window's, no release's, none probed; their median GPU
+// span, ordinary_gpu_step_p50_ns, where that is longer and known for kMinOrdinarySteps of them:
+// a GPU-bound trainer's host runs ahead after a stall) where it had a window and at least
+// kMinOrdinarySteps others, else the median step (EpochSummary::step_p50_ns),
 // else the mean. The mean carries the first steps' warm-up, the trace window's own cost and the
 // stall at its end: on the H100 planted pairs (bench/planted_pairs.cpp, LibTorch 2.11) the epoch
 // mean ran 1.1-2.9x the median, the median 0.96-1.24x the same trainer's step with torchpilot off.

@@ -320,7 +320,8 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   account_window(r, a.traced || attached_before, a.traced);
   // An ordinary step: no trace attached, no release running, not probed (records of short steps
   // come a batch later: the release's bounds are as seen then).
-  if (!a.traced && !attached_before && !release_started_ && !probed) {
+  const bool ordinary = !a.traced && !attached_before && !release_started_ && !probed;
+  if (ordinary) {
     epoch_->ordinary_steps.add(r.step_ns());
     epoch_->ordinary_compute.add(std::max<Nanos>(0, r.step_ns() - r.data_wait_ns));
     epoch_->ordinary_data_wait_ns += r.data_wait_ns;
@@ -353,6 +354,7 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   p.own_ns = r.own_ns;
   p.window_first = a.traced && !last_recorded_traced_;
   p.anomaly_window = p.window_first && window_anomaly_;
+  p.ordinary = ordinary;
   last_recorded_traced_ = a.traced;
   if (run_ends) {
     p.phases = std::move(run->phases);
@@ -631,6 +633,8 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.ordinary_step_p50_ns = epoch_->ordinary_steps.quantile(0.5);
   e.ordinary_compute_p50_ns = epoch_->ordinary_compute.quantile(0.5);
   e.ordinary_data_wait_ns = epoch_->ordinary_data_wait_ns;
+  e.ordinary_gpu_steps = epoch_->ordinary_gpu_steps.count();
+  e.ordinary_gpu_step_p50_ns = epoch_->ordinary_gpu_steps.quantile(0.5);
   e.next_window = planner_.next_window(&e.next_window_step);
   e.windows_predicted = epoch_windows_predicted_;
   e.window_cost_ns = epoch_window_cost_ns_;

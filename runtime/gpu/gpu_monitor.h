@@ -123,6 +123,7 @@ class GpuMonitor : public Collector {
     Nanos own_ns = 0;                // torchpilot's own time in the step
     bool window_first = false;       // the first traced step of a window
     bool anomaly_window = false;     // of an anomaly window (its first step is the point)
+    bool ordinary = false;           // GpuEpochStats::ordinary_steps counts it
   };
   // A marker's id, 0 when not recorded; optional (a phase's): never the step markers' last events.
   uint64_t record_marker(bool optional = false);

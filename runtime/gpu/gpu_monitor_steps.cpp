@@ -329,6 +329,8 @@ void GpuMonitor::finish_ready_steps(bool all, Nanos now, bool pm_flushed, Nanos 
     }
     if (!ready) break;  // steps finish in order
     if (timed_out) ++epoch_->marker_timeouts;
+    if (p.ordinary && spans.gpu_timed)
+      epoch_->ordinary_gpu_steps.add(spans.gpu.end - spans.gpu.begin);
     if (p.traced && p.window_first && !p.anomaly_window && window_start_outlier(p)) {
       spans.traced = false;  // its figures as an untraced step's; its trace is kept
       ++epoch_->traced_steps_left_out;

@@ -168,6 +168,12 @@ struct GpuEpochStats {
   Nanos ordinary_step_p50_ns = 0;
   Nanos ordinary_compute_p50_ns = 0;
   Nanos ordinary_data_wait_ns = 0;
+  // Those of them whose GPU span is known (step markers resolved), and its median: where the GPU
+  // is the slower side, the host runs ahead after any stall (a window's release, the first
+  // steps) until the launch queue is full again, and those steps' host time is no step's length
+  // (a planted fp32 GPT: 5-8 ms on the host for 32 ms on the GPU).
+  int64_t ordinary_gpu_steps = 0;
+  Nanos ordinary_gpu_step_p50_ns = 0;
   int64_t own_thread_syncs = 0;  // sync records of torchpilot's own threads: never host syncs
   // The next trace window at the epoch's end: "planned" (from step next_window_step on),
   // "deferred" (due, waiting for room in the cost budget), "done" (the run's windows ran, none

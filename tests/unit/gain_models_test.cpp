@@ -271,6 +271,25 @@ TEST(GainModels, SteadyStepIsTheOrdinaryStepsMedianWhereAWindowRan) {
   EXPECT_NEAR(gains::steady_step_seconds(s), 8e-3, 1e-12);
 }
 
+// Where the GPU is the slower side, the host runs ahead after a stall until the launch queue is
+// full: the ordinary steps' GPU span is their length where it is the longer and known for enough
+// of them.
+TEST(GainModels, SteadyStepIsTheOrdinaryStepsGpuSpanWhereThatIsLonger) {
+  EpochSummary s = epoch(10, 0, 0, 100);
+  s.step_p50_ns = 30 * kMs;
+  GpuEpochStats& g = gpu(s);
+  g.ordinary_steps = 20;
+  g.ordinary_step_p50_ns = 6 * kMs;
+  g.ordinary_gpu_steps = 20;
+  g.ordinary_gpu_step_p50_ns = 32 * kMs;
+  EXPECT_NEAR(gains::steady_step_seconds(s), 32e-3, 1e-12);
+  g.ordinary_gpu_steps = gains::kMinOrdinarySteps - 1;  // too few spans known: the host's
+  EXPECT_NEAR(gains::steady_step_seconds(s), 6e-3, 1e-12);
+  g.ordinary_gpu_steps = 20;
+  g.ordinary_gpu_step_p50_ns = 5 * kMs;  // a host-bound step: the host's
+  EXPECT_NEAR(gains::steady_step_seconds(s), 6e-3, 1e-12);
+}
+
 // The step's own work and its data wait come from the same steps as the steady step: a window's
 // steps run longer and wait less (the loader had longer), and would size the workers from both.
 TEST(GainModels, OwnWorkAndWaitAreTheOrdinaryStepsWhereAWindowRan) {

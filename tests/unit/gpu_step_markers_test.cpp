@@ -104,6 +104,24 @@ TEST(GpuMonitorTest, KernelsAndSamplesThatRanAfterTheHostSpanLandOnTheirStep) {
   EXPECT_EQ(g.traced_steps, 3);
 }
 
+// A trainer whose GPU is the slower side: its ordinary steps' host time (1 ms: the host queues
+// ahead) is not their length; their GPU spans (10 ms) are, and the epoch keeps their median.
+TEST(GpuMonitorTest, OrdinaryStepsKeepTheirGpuSpansMedian) {
+  AsyncRig rig(AsyncRig::window_1_to_3());
+  rig.host_steps(8);
+  rig.gpu_runs(0, 8);
+  rig.host_steps(12);  // the window's tail, its release, then ordinary steps again
+  rig.gpu_runs(8, 20);
+  rig.pilot->end_epoch();
+  const auto& g = *rig.sink->epochs[0].sections.get<GpuEpochStats>();
+  EXPECT_EQ(g.traced_steps, 3);
+  ASSERT_GE(g.ordinary_steps, 8) << "step 0 and those after the release";
+  EXPECT_LE(g.ordinary_steps, 20 - 3);
+  EXPECT_EQ(g.ordinary_gpu_steps, g.ordinary_steps) << "every one's markers resolved";
+  EXPECT_NEAR(static_cast<double>(g.ordinary_step_p50_ns), 1e6, 0.05 * 1e6);  // bucket edges
+  EXPECT_NEAR(static_cast<double>(g.ordinary_gpu_step_p50_ns), 10e6, 0.02 * 10e6);
+}
+
 TEST(GpuMonitorTest, PhasesOfTracedStepsGetGpuSpansFromTheirMarkers) {
   Config c = AsyncRig::window_1_to_3();
   c.gpu.trace_steps = 2;  // steps 1 and 2
