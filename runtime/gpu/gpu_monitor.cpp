@@ -317,7 +317,9 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   const GpuWindowPlanner::StepEndActions a = planner_.end_step(
       r.step, r.step_in_epoch, r.begin_ns, r.end_ns, host_ == nullptr || !host_->tuning(),
       {r.data_wait_ns, r.own_ns, r.at_period});
-  account_window(r, a.traced || attached_before, a.traced);
+  // The steps while its release runs are the window's too: the release's thread contends with
+  // a host-bound trainer (a planted 14 ms step ran 18-25 ms for 9 steps after a window).
+  account_window(r, a.traced || attached_before || release_started_, a.traced);
   // An ordinary step: no trace attached, no release running, not probed (records of short steps
   // come a batch later: the release's bounds are as seen then).
   const bool ordinary = !a.traced && !attached_before && !release_started_ && !probed;
@@ -499,7 +501,8 @@ void GpuMonitor::account_window(const StepRecord& r, bool in_window, bool traced
   window_fixed_ns_ += r.own_ns;
   if (traced) ++window_cost_steps_;
   if (!in_window) {
-    // The step after the release carries the release's own time: the window is paid for.
+    // The step after the release (done off this thread) carries what is left of it: the window
+    // is paid for.
     window_costing_ = false;
     last_window_cost_ns_ = window_cost_ns_;
     last_window_fixed_ns_ = window_fixed_ns_;

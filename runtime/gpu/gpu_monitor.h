@@ -162,9 +162,9 @@ class GpuMonitor : public Collector {
   int allow_window(const char* kind, int steps);
   Nanos window_estimate_ns(int steps) const;
   // A window's cost: its steps' work above the median and torchpilot's time in them, from its
-  // start to the step after its release.
+  // start to the step after its release finished (the steps while the release ran included).
   void account_window(const StepRecord& r, bool in_window, bool traced);
-  Nanos traced_slowdown(const StepRecord& r) const;  // a traced step's work above the median
+  Nanos traced_slowdown(const StepRecord& r) const;  // a window's step's work above the median
   // A detailed window's timeline for the trace files (report.trace_dir): each traced step's
   // records as it finishes; published as a GpuWindowRecord once the window's steps are done.
   void capture_window(const PendingStep& step, const StepSpans& spans);

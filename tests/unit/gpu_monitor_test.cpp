@@ -576,6 +576,30 @@ TEST(GpuMonitorTest, BudgetDefersWindowsThatWouldExceedIt) {
   EXPECT_LE(rig.sink->epochs.back().sections.get<CostStats>()->horizon_fraction, 0.0105);
 }
 
+// The steps while a window's release runs off the training thread are its cost too: the release
+// contends with a host-bound trainer.
+TEST(GpuMonitorTest, AWindowsCostHoldsTheStepsItsReleaseSlowed) {
+  Config c = Rig::window_config(10, 3);
+  Rig rig(c, false);
+  rig.backend->slow_release = true;
+  rig.make(c);
+  int slowed = 0;
+  for (int i = 0; i < 40; ++i) {
+    const bool releasing = rig.backend->releasing;
+    if (releasing) ++slowed;
+    rig.step(releasing ? 25 : 10, 200, 1.0);  // 15 ms above the median while it runs
+    if (i == 24) rig.backend->finish_release();
+  }
+  rig.pilot->end_epoch();
+  const auto* g = rig.sink->epochs[0].sections.get<GpuEpochStats>();
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(g->traced_steps, 3);
+  ASSERT_GE(slowed, 5) << "a release of several steps";
+  EXPECT_EQ(g->windows_predicted, 1);
+  EXPECT_GE(g->window_cost_ns, slowed * 15 * kMs * 95 / 100);
+  EXPECT_LT(g->window_cost_ns, (slowed + 2) * 15 * kMs + 50 * kMs);
+}
+
 TEST(GpuMonitorTest, AWindowTheBudgetHasNoRoomForWholeTracesFewerSteps) {
   // 10 ms steps: 10 steps are predicted at 2.5 + 10 x 6 = 62.5 ms (6.25 s of run at 1%), 3 at
   // 20.5 ms (2 s): the first window opens earlier, shorter.
