@@ -81,25 +81,27 @@ double gemm_flops(const FlopEpochStats& f, bool tensor_only) {
   return positive(sum - positive(f.fused_attention_flops_per_step));
 }
 
-// The ordinary steps' figures where steady_step_seconds takes them, else null.
+// The ordinary steps' figures where the step models take them (the epoch had a window and
+// enough steps outside it), else null: one predicate for the step, its own work and its wait.
 const GpuEpochStats* ordinary_gpu(const EpochSummary& s) {
   const GpuEpochStats* g = s.sections.get<GpuEpochStats>();
   if (g != nullptr && g->traced_steps > 0 && g->ordinary_steps >= kMinOrdinarySteps &&
-      g->ordinary_step_p50_ns > 0 && g->ordinary_compute_p50_ns > 0) {
+      g->ordinary_step_p50_ns > 0) {
     return g;
   }
   return nullptr;
 }
 
 // Host time per step: what the training thread spends outside the data wait and synchronizing
-// calls (the window's host-blocked time per traced step).
-double host_seconds(const EpochSummary& s, double step_s) {
+// calls (the window's host-blocked time per traced step), from the host's step: where the GPU is
+// the slower side the steady step is the GPU's, and the host's launches are not that long.
+double host_seconds(const EpochSummary& s) {
   const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
   double sync_s = 0;
   if (gpu != nullptr && gpu->traced_steps > 0) {
     sync_s = static_cast<double>(gpu->stats.host_sync_ns) / 1e9 / gpu->traced_steps;
   }
-  return positive(step_s - mean_wait_seconds(s) - sync_s);
+  return positive(host_step_seconds(s) - mean_wait_seconds(s) - sync_s);
 }
 
 // The least a step can take once the GPU is no longer what bounds it, seconds: the mean data
@@ -122,16 +124,14 @@ struct HostFloor {
     return floor_s;
   }
 };
-HostFloor host_floor(const EpochSummary& s, double step_s) {
+HostFloor host_floor(const EpochSummary& s) {
   HostFloor h;
   h.wait_s = mean_wait_seconds(s);
-  const double own_s = s.compute_p50_ns > 0 || ordinary_gpu(s) != nullptr
-                           ? own_work_seconds(s)
-                           : positive(step_s - h.wait_s);
+  const double own_s = own_work_seconds(s);
   double issue_s = s.compute_min_ns > 0 ? static_cast<double>(s.compute_min_ns) / 1e9 : own_s;
   const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
   if (gpu != nullptr && gpu->traced_steps > 0 && gpu->stats.host_sync_ns > 0) {
-    issue_s = std::min(issue_s, host_seconds(s, step_s));
+    issue_s = std::min(issue_s, host_seconds(s));
   }
   if (issue_s > 0 && issue_s < kHostIssueKnown * own_s) h.issue_s = issue_s;
   return h;
@@ -180,12 +180,18 @@ double steady_step_seconds(const EpochSummary& s) {
   // Where the GPU is the slower side their host time is not the step: after a stall (the
   // release, the first steps) the host runs ahead until the launch queue is full again, so the
   // GPU's median span is taken where it is the longer.
-  const GpuEpochStats* g = s.sections.get<GpuEpochStats>();
-  if (g != nullptr && g->traced_steps > 0 && g->ordinary_steps >= kMinOrdinarySteps &&
-      g->ordinary_step_p50_ns > 0) {
-    const Nanos gpu_ns =
-        g->ordinary_gpu_steps >= kMinOrdinarySteps ? g->ordinary_gpu_step_p50_ns : 0;
-    return static_cast<double>(std::max(g->ordinary_step_p50_ns, gpu_ns)) / 1e9;
+  return std::max(host_step_seconds(s), gpu_step_seconds(s));
+}
+
+double gpu_step_seconds(const EpochSummary& s) {
+  const GpuEpochStats* g = ordinary_gpu(s);
+  if (g == nullptr || g->ordinary_gpu_steps < kMinOrdinarySteps) return 0;
+  return static_cast<double>(g->ordinary_gpu_step_p50_ns) / 1e9;
+}
+
+double host_step_seconds(const EpochSummary& s) {
+  if (const GpuEpochStats* g = ordinary_gpu(s)) {
+    return static_cast<double>(g->ordinary_step_p50_ns) / 1e9;
   }
   if (s.steps > 0 && s.step_p50_ns > 0) return static_cast<double>(s.step_p50_ns) / 1e9;
   return step_seconds(s);
@@ -284,7 +290,7 @@ std::optional<PrecisionGain> precision_gain(const EpochSummary& s) {
       g.step_s - g.removed_s - g.attention_removed_s + g.gemm_s + g.attention_s + g.cast_s;
   // The host issues the same launches and autocast's casts besides: the new step takes at least
   // the data wait and the host's fastest step so far (TF32 too).
-  const HostFloor floor = host_floor(s, g.step_s);
+  const HostFloor floor = host_floor(s);
   g.host_floor_s = floor.apply(1.0, g.new_step_s, g.host_bound);
   const double least_s = g.host_floor_s > 0 ? floor.wait_s + g.host_floor_s : 0;
   g.gain = gain(g.step_s, g.new_step_s);
@@ -367,7 +373,7 @@ std::optional<FusionGain> fusion_gain(const EpochSummary& s) {
   // time taken as proportional to launches; without a window nothing is counted as saved): the
   // new step takes at least that.
   const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
-  const HostFloor floor = host_floor(s, g.step_s);
+  const HostFloor floor = host_floor(s);
   if (floor.issue_s > 0) {
     g.launch_factor = 1;
     if (k != nullptr && gpu != nullptr && gpu->traced_steps > 0 && gpu->stats.kernels > 0 &&
@@ -398,7 +404,7 @@ std::optional<BiasGain> bias_gain(const EpochSummary& s) {
   g.new_step_s = g.step_s - g.removed_s;
   // The host's fastest step bounds it, as in the fusion model, but with no launches saved: under
   // autocast at::linear casts each bias to bf16 in a kernel of its own, where the add was.
-  g.host_floor_s = host_floor(s, g.step_s).apply(1.0, g.new_step_s, g.host_bound);
+  g.host_floor_s = host_floor(s).apply(1.0, g.new_step_s, g.host_bound);
   g.gain = gain(g.step_s, g.new_step_s);
   return g;
 }
@@ -416,7 +422,7 @@ std::optional<LaunchBoundGain> launch_bound_gain(const EpochSummary& s) {
   if (!(g.step_s > 0)) return std::nullopt;
   g.samples_per_step = s.samples > 0 ? static_cast<double>(s.samples) / s.steps : 0;
   g.launches = static_cast<double>(gpu->stats.kernels) / gpu->traced_steps;
-  g.host_s = host_seconds(s, g.step_s);
+  g.host_s = host_seconds(s);
   g.per_launch_s = g.host_s / g.launches;
   g.gpu_busy_s = per_step_s(*k, k->busy_ns());
   g.gpu_busy_scaled_s = g.gpu_busy_s * k->kernel_sum_scaled_ns / k->kernel_sum_ns;
@@ -463,6 +469,20 @@ std::optional<StarvationGain> starvation_gain(const EpochSummary& s, int workers
   const double wait_s = mean_wait_seconds(s);
   g.compute_s = own_work_seconds(s);
   g.step_s = g.compute_s + wait_s;
+  // Where the GPU is the slower side it runs queued work through the host's waits: only its own
+  // idle in them goes (the window's share of its span idle in data waits; the whole wait without
+  // a window).
+  const double steady_s = gpu_step_seconds(s);
+  if (steady_s > g.step_s) {
+    g.step_s = steady_s;
+    double idle_s = wait_s;
+    const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
+    if (gpu != nullptr && gpu->traced_steps > 0 && gpu->stats.traced_ns > 0) {
+      idle_s = std::min(wait_s, static_cast<double>(gpu->stats.idle_data_wait_ns) /
+                                    static_cast<double>(gpu->stats.traced_ns) * steady_s);
+    }
+    g.gpu_s = steady_s - idle_s;
+  }
   g.batch_s = static_cast<double>(l->produce_ns) / 1e9 / l->produce_count;
   g.batch_cpu_s =
       static_cast<double>(std::min(l->produce_cpu_ns, l->produce_ns)) / 1e9 / l->produce_count;
@@ -471,7 +491,7 @@ std::optional<StarvationGain> starvation_gain(const EpochSummary& s, int workers
   // workers deliver their time per batch / their count, whatever the cores could do).
   g.workers = std::max({1, workers, static_cast<int>(l->settings.workers)});
   g.delivery_s = std::max(g.batch_cpu_s / g.usable_workers, g.batch_s / g.workers);
-  g.new_step_s = std::max(g.compute_s, g.delivery_s);
+  g.new_step_s = std::max({g.compute_s, g.delivery_s, g.gpu_s});
   g.gain = gain(g.step_s, g.new_step_s);
   return g;
 }
@@ -490,7 +510,7 @@ std::optional<OptimizerGain> optimizer_gain(const EpochSummary& s) {
   g.kernels_s = identified_s * kAdamPerParameterBytes / kAdamIdentifiedBytes;
   if (gpu != nullptr && gpu->traced_steps > 0 && gpu->stats.kernels > 0) {
     g.per_launch_s =
-        host_seconds(s, g.step_s) / (static_cast<double>(gpu->stats.kernels) / gpu->traced_steps);
+        host_seconds(s) / (static_cast<double>(gpu->stats.kernels) / gpu->traced_steps);
   }
   g.host_s = g.per_parameter_kernels * g.per_launch_s;
   // A phase the trainer named for its optimizer measures the update's host time directly. The

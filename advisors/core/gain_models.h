@@ -32,6 +32,12 @@ double step_seconds(const EpochSummary& s);
 // In a short epoch a window and its release are no minority.
 constexpr int64_t kMinOrdinarySteps = 8;
 double steady_step_seconds(const EpochSummary& s);
+// The host's side of it: the ordinary steps' median host step (no GPU span), else as
+// steady_step_seconds. What the host's launches and own work take per step.
+double host_step_seconds(const EpochSummary& s);
+// The GPU's side: the ordinary steps' median GPU span where steady_step_seconds takes the
+// ordinary steps and kMinOrdinarySteps of them have one, else 0 (unknown).
+double gpu_step_seconds(const EpochSummary& s);
 
 // The steady step's parts, seconds, over the same steps as steady_step_seconds: the step's own
 // work (the median step less its data wait: GpuEpochStats::ordinary_compute_p50_ns, else
@@ -178,14 +184,17 @@ std::optional<LaunchBoundGain> launch_bound_gain(const EpochSummary& s);
 // Data starvation: the loader with every usable core producing (the machine's cores less the
 // training thread's).
 struct StarvationGain {
-  double step_s = 0;       // compute + the mean data wait per step
+  // compute + the mean data wait per step, or the steady step where the GPU's is longer
+  double step_s = 0;
   double compute_s = 0;    // median of (step - data wait), else the mean
   double batch_s = 0;      // one worker's time to produce one batch
   double batch_cpu_s = 0;  // CPU time to produce one batch (at most batch_s)
   int usable_workers = 0;  // cores - 1 (at least 1)
   int workers = 0;         // the count it is for, at least the current
   double delivery_s = 0;   // max(batch_cpu / usable, batch / workers): a batch every delivery_s
-  double new_step_s = 0;   // max(compute, delivery)
+  // Where the GPU is the slower side: its step less its idle in the data waits (0 otherwise)
+  double gpu_s = 0;
+  double new_step_s = 0;  // max(compute, delivery, gpu)
   double gain = 0;
 };
 // `workers`: the count the gain is for (at least the loader's own, and 1): the advice's

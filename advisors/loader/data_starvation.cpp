@@ -63,7 +63,11 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
   // The share of a steady step (its median own work plus the mean wait): one slow first step (a
   // warm-up of 0.97 s in a 40-step epoch of 3.5 ms steps) or a trace window's steps otherwise
   // dilute the wait below the threshold (it did for pytorch/examples' MNIST trainer on an H200).
-  const double steady_ms = s.compute_p50_ns > 0 ? compute_ms_of(s) + wait_ms : 0.0;
+  // Where the GPU's step is the longer (it runs queued work through the waits), that one.
+  const double host_ms = compute_ms_of(s) + wait_ms;
+  const double gpu_ms = gains::gpu_step_seconds(s) * 1e3;
+  const bool gpu_longer = gpu_ms > host_ms;
+  const double steady_ms = s.compute_p50_ns > 0 ? std::max(host_ms, gpu_ms) : 0.0;
   const double f = std::max(s.data_wait_fraction, steady_ms > 0 ? wait_ms / steady_ms : 0.0);
   if (f <= config.data_starvation.threshold) return std::nullopt;
 
@@ -80,7 +84,9 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
       "the training thread waited for data " + num(100 * f) + "% of step time (" +
       num(steady_share ? wait_ms : static_cast<double>(s.data_wait_ns) / 1e6 / s.steps, "%.2f") +
       " ms of a " + num(steady_share ? steady_ms : step_ms, "%.2f") + " ms " +
-      (steady_share ? "steady step: the median step's own work plus the mean wait" : "step") +
+      (!steady_share ? "step"
+       : gpu_longer  ? "steady step: the GPU's median step, longer than the host's"
+                     : "steady step: the median step's own work plus the mean wait") +
       "; threshold " + num(100 * config.data_starvation.threshold) + "%)";
   a.evidence = {
       {"data_wait_fraction", s.data_wait_fraction, "fraction"},
@@ -230,14 +236,16 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
       a.evidence.push_back({"workers_estimated_for", static_cast<double>(m->workers), "threads"});
       a.evidence.push_back({"fastest_delivery_per_batch", m->delivery_s * 1e3, "ms"});
       a.evidence.push_back({"predicted_step_time", m->new_step_s * 1e3, "ms"});
-      a.action += "; estimated: with " + std::to_string(m->workers) +
-                  (m->workers == 1 ? " worker" : " workers") + " on at most " +
-                  std::to_string(m->usable_workers) +
-                  (m->usable_workers == 1 ? " core" : " cores") + ", a batch is ready every " +
-                  num(m->delivery_s * 1e3, "%.2f") + " ms at best, so a " +
-                  num(m->step_s * 1e3, "%.2f") +
-                  " ms step (the median step's own work plus the mean wait) becomes " +
-                  num(m->new_step_s * 1e3, "%.2f") + " ms";
+      a.action +=
+          "; estimated: with " + std::to_string(m->workers) +
+          (m->workers == 1 ? " worker" : " workers") + " on at most " +
+          std::to_string(m->usable_workers) + (m->usable_workers == 1 ? " core" : " cores") +
+          ", a batch is ready every " + num(m->delivery_s * 1e3, "%.2f") + " ms at best, so a " +
+          num(m->step_s * 1e3, "%.2f") +
+          (m->gpu_s > 0 ? " ms step (the GPU's, which runs queued work through the waits: only "
+                          "its idle in them goes) becomes "
+                        : " ms step (the median step's own work plus the mean wait) becomes ") +
+          num(m->new_step_s * 1e3, "%.2f") + " ms";
       a.evidence.push_back({"steady_step_time", m->step_s * 1e3, "ms"});
     }
   }

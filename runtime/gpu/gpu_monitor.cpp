@@ -296,9 +296,11 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   RunNote* run = runs_head_ < runs_.size() ? &runs_[runs_head_] : nullptr;
   uint64_t begin_marker = 0;
   Nanos begin_host = r.begin_ns;
+  int64_t run_steps = 1;
   if (run != nullptr && run->first_step <= r.step) {
     begin_marker = run->begin_marker;
     begin_host = run->begin_host;
+    run_steps = run->last_step - run->first_step + 1;
   } else if (run == nullptr && b_.run_open && r.step >= b_.run_first_step) {
     begin_marker = b_.run_begin_marker;
     begin_host = b_.run_begin_host;
@@ -357,13 +359,15 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   p.window_first = a.traced && !last_recorded_traced_;
   p.anomaly_window = p.window_first && window_anomaly_;
   p.ordinary = ordinary;
+  p.run_steps = std::max<int64_t>(1, run_steps);
   last_recorded_traced_ = a.traced;
   if (run_ends) {
     p.phases = std::move(run->phases);
     p.phases_complete = run->phases_complete;
   }
   pending_.push_back(std::move(p));
-  if (run_ends) end_pending_run(run->end_marker, run->end_host);
+  if (run_ends)
+    end_pending_run(run->end_marker, run->end_host, run->last_step - run->first_step + 1);
   if (a.stop_trace) {
     // The window's ops were all issued: no more op scopes. Its kernels may still be queued: the
     // trace stops once the GPU ran this step.
@@ -430,16 +434,17 @@ GpuMonitor::RunNote& GpuMonitor::end_run(int64_t last_step, Nanos begin_host, ui
 
 void GpuMonitor::close_run(uint64_t marker, Nanos host_end) {
   // Its steps whose records are still to come find the end in a note; those pending, at once.
-  end_run(b_.last_step, host_end, marker, host_end);
-  end_pending_run(marker, host_end);
+  const RunNote& n = end_run(b_.last_step, host_end, marker, host_end);
+  end_pending_run(marker, host_end, n.last_step - n.first_step + 1);
 }
 
-void GpuMonitor::end_pending_run(uint64_t marker, Nanos host_end) {
+void GpuMonitor::end_pending_run(uint64_t marker, Nanos host_end, int64_t steps) {
   // The run's steps are the latest pending ones (steps finish in order).
   for (auto it = pending_.rbegin(); it != pending_.rend() && !it->end_known; ++it) {
     it->end_marker = marker;
     it->marked.end = host_end;
     it->end_known = true;
+    it->run_steps = std::max<int64_t>(1, steps);
   }
 }
 

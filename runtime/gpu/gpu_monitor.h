@@ -124,7 +124,12 @@ class GpuMonitor : public Collector {
     bool window_first = false;       // the first traced step of a window
     bool anomaly_window = false;     // of an anomaly window (its first step is the point)
     bool ordinary = false;           // GpuEpochStats::ordinary_steps counts it
+    int64_t run_steps = 1;           // the steps sharing its markers (known once the run ended)
   };
+  // The step's GPU length for GpuEpochStats::ordinary_gpu_steps: its span, or where it shares
+  // markers its run's span over the run's steps (host-time shares would copy the host's pattern:
+  // steps the host ran ahead in would read short on the GPU too).
+  Nanos gpu_length(const PendingStep& p, const StepSpans& spans) const;
   // A marker's id, 0 when not recorded; optional (a phase's): never the step markers' last events.
   uint64_t record_marker(bool optional = false);
   void drain();
@@ -236,7 +241,8 @@ class GpuMonitor : public Collector {
   // its steps' records will read.
   struct RunNote;
   RunNote& end_run(int64_t last_step, Nanos begin_host, uint64_t marker, Nanos host_end);
-  void end_pending_run(uint64_t marker, Nanos host_end);  // its steps already pending
+  // Its steps already pending; `steps`: how many the run holds.
+  void end_pending_run(uint64_t marker, Nanos host_end, int64_t steps);
   // A run of steps that ended (its end marker recorded), for its steps' on_step_record, which
   // may come a batch later (short steps outside windows). A queue: read from runs_head_, emptied
   // (capacity kept) once all are read.

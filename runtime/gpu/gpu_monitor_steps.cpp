@@ -329,8 +329,10 @@ void GpuMonitor::finish_ready_steps(bool all, Nanos now, bool pm_flushed, Nanos 
     }
     if (!ready) break;  // steps finish in order
     if (timed_out) ++epoch_->marker_timeouts;
-    if (p.ordinary && spans.gpu_timed)
-      epoch_->ordinary_gpu_steps.add(spans.gpu.end - spans.gpu.begin);
+    // This epoch's own steps only: the host figures beside it are the epoch's.
+    if (p.ordinary && spans.gpu_timed && p.epoch >= latest_epoch_) {
+      epoch_->ordinary_gpu_steps.add(gpu_length(p, spans));
+    }
     if (p.traced && p.window_first && !p.anomaly_window && window_start_outlier(p)) {
       spans.traced = false;  // its figures as an untraced step's; its trace is kept
       ++epoch_->traced_steps_left_out;
@@ -344,6 +346,15 @@ void GpuMonitor::finish_ready_steps(bool all, Nanos now, bool pm_flushed, Nanos 
   }
   finish_untraced();
   prune_events();
+}
+
+Nanos GpuMonitor::gpu_length(const PendingStep& p, const StepSpans& spans) const {
+  const Nanos own = spans.gpu.end - spans.gpu.begin;
+  if (!spans.gpu_shared || p.run_steps <= 1) return own;
+  const auto b = marker_times_.find(p.begin_marker);
+  const auto e = marker_times_.find(p.end_marker);
+  if (b == marker_times_.end() || e == marker_times_.end()) return own;
+  return std::max<Nanos>(0, e->second - b->second) / p.run_steps;
 }
 
 bool GpuMonitor::merge_untraced(const PendingStep& p, const StepSpans& spans) {

@@ -283,6 +283,9 @@ TEST(GainModels, SteadyStepIsTheOrdinaryStepsGpuSpanWhereThatIsLonger) {
   g.ordinary_gpu_steps = 20;
   g.ordinary_gpu_step_p50_ns = 32 * kMs;
   EXPECT_NEAR(gains::steady_step_seconds(s), 32e-3, 1e-12);
+  // The host's side stays the host's: its launches and own work take 6 ms of the 32.
+  EXPECT_NEAR(gains::host_step_seconds(s), 6e-3, 1e-12);
+  EXPECT_NEAR(gains::gpu_step_seconds(s), 32e-3, 1e-12);
   g.ordinary_gpu_steps = gains::kMinOrdinarySteps - 1;  // too few spans known: the host's
   EXPECT_NEAR(gains::steady_step_seconds(s), 6e-3, 1e-12);
   g.ordinary_gpu_steps = 20;
@@ -327,6 +330,41 @@ TEST(GainModels, OwnWorkAndWaitAreTheOrdinaryStepsWhereAWindowRan) {
   g.ordinary_steps = 20;
   g.traced_steps = 0;
   EXPECT_NEAR(gains::own_work_seconds(s), 7e-3, 1e-12);
+}
+
+// Where the GPU is the slower side (its ordinary steps' span 32 ms, the host's 4 ms of own work
+// and 2 ms of wait), the GPU runs queued work through the waits: faster loading removes only the
+// GPU's idle in them (5% of its traced span), not the whole wait.
+TEST(GainModels, StarvationOfAGpuBoundStepRemovesOnlyTheGpusIdleInTheWaits) {
+  EpochSummary s = epoch(9, 0, 0, 100);
+  s.steps = 40;
+  s.wall_ns = 40 * 9 * kMs;
+  s.compute_p50_ns = 7 * kMs;
+  s.data_wait_ns = 40 * kMs;
+  GpuEpochStats& g = gpu(s);
+  g.ordinary_steps = 20;
+  g.ordinary_step_p50_ns = 6 * kMs;
+  g.ordinary_compute_p50_ns = 4 * kMs;
+  g.ordinary_data_wait_ns = 20 * 2 * kMs;
+  g.ordinary_gpu_steps = 20;
+  g.ordinary_gpu_step_p50_ns = 32 * kMs;
+  g.stats.idle_data_wait_ns = g.stats.traced_ns / 20;
+  LoaderStats l;
+  l.produce_count = 40;
+  l.produce_ns = 40 * kMs;
+  l.produce_cpu_ns = 40 * kMs;
+  l.max_workers = 16;
+  s.sections.set<LoaderStats>(l);
+  auto m = gains::starvation_gain(s, 4);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_NEAR(m->step_s, 32e-3, 1e-12);
+  EXPECT_NEAR(m->gpu_s, 32e-3 - 1.6e-3, 1e-12);
+  EXPECT_NEAR(m->new_step_s, m->gpu_s, 1e-12);
+  EXPECT_NEAR(m->gain, 32.0 / 30.4 - 1, 1e-9);
+  // Without a window's idle split: the whole wait, at most.
+  g.traced_steps = 0;
+  g.stats.traced_ns = 0;
+  EXPECT_EQ(gains::gpu_step_seconds(s), 0) << "no window: the epoch's own figures";
 }
 
 TEST(GainModels, OptimizerHostTimeFromItsPhase) {

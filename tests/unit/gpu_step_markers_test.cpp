@@ -555,6 +555,26 @@ struct RunRig : Rig {
   size_t resolved = 0;
 };
 
+// Steps that share markers count their run's mean GPU span among the ordinary steps: host-time
+// shares would copy the host's pattern (1 and 3 ms steps read 2 and 6 ms on the GPU, whose run
+// of two took 8).
+TEST(GpuMonitorTest, OrdinaryStepsSharingMarkersCountTheirRunsMeanGpuSpan) {
+  RunRig rig(Rig::base_config());
+  for (int i = 0; i < 24; ++i) {
+    auto s = rig.pilot->step(1);
+    rig.note_markers();
+    rig.clock->advance(i % 2 == 0 ? kMs : 3 * kMs);  // runs of two: 4 ms of host time
+    s.end();
+    rig.note_markers();
+    rig.gpu_reaches_all();  // the GPU takes twice the host's time
+  }
+  rig.pilot->end_epoch();
+  const auto* g = rig.sink->epochs[0].sections.get<GpuEpochStats>();
+  ASSERT_NE(g, nullptr);
+  ASSERT_GE(g->ordinary_gpu_steps, 16);
+  EXPECT_NEAR(static_cast<double>(g->ordinary_gpu_step_p50_ns), 4e6, 0.05 * 4e6);
+}
+
 TEST(GpuMonitorTest, StepsBetweenTwoMarkersShareTheirGpuSpanByHostTime) {
   RunRig rig(Rig::base_config());
   rig.host_steps(10);
