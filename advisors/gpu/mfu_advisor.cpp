@@ -81,7 +81,9 @@ Advice low_mfu_from_flops(const EpochSummary& s, const FlopEpochStats& f, const 
     a.action =
         "feed the GPU faster (see the data_starvation advice: more loader workers, pinned "
         "memory, deeper prefetch)";
-    a.expected_gain = wait < 1 ? wait / (1 - wait) : 0;
+    // data_starvation's number for the same wait (its loader model where it has one).
+    const std::optional<Advice> starved = advise_data_starvation(s, config);
+    a.expected_gain = starved ? starved->expected_gain : (wait < 1 ? wait / (1 - wait) : 0);
   } else if (idle_other >= rest) {
     a.cause =
         "the largest loss is the GPU idling outside the data wait: host work on the training "

@@ -479,6 +479,35 @@ TEST(SharedQuantitiesTest, DataWaitHasOneGain) {
   EXPECT_DOUBLE_EQ(mfu->expected_gain, wait->expected_gain);
 }
 
+// Without a window too: low_mfu's "the largest loss is the wait for data" states
+// data_starvation's gain (its loader model), not wait / (1 - wait) of the epoch.
+TEST(SharedQuantitiesTest, DataWaitHasOneGainWithoutAWindow) {
+  EpochSummary s;
+  s.steps = 10;
+  s.samples = 320;
+  s.wall_ns = 100 * kMs;
+  s.data_wait_ns = 60 * kMs;
+  s.data_wait_fraction = 0.6;
+  s.step_p50_ns = 10 * kMs;
+  s.compute_p50_ns = 4 * kMs;
+  s.sections.set<FlopEpochStats>(bf16_flops(0.01));
+  LoaderStats l;
+  l.name = "tunable";
+  l.tunable = true;
+  l.settings.workers = 1;
+  l.max_workers = 3;  // two usable cores: a batch every 8 ms at best
+  l.batches = l.produce_count = 10;
+  l.produce_ns = l.produce_cpu_ns = 160 * kMs;
+  s.sections.set<LoaderStats>(l);
+  const auto wait = advise_data_starvation(s, AdvisorsConfig{});
+  const auto mfu = advise_low_mfu(s, AdvisorsConfig{});
+  ASSERT_TRUE(wait.has_value());
+  ASSERT_TRUE(mfu.has_value());
+  EXPECT_TRUE(contains(mfu->cause, "wait for data")) << mfu->cause;
+  EXPECT_NEAR(wait->expected_gain, 10.0 / 8 - 1, 1e-9);
+  EXPECT_DOUBLE_EQ(mfu->expected_gain, wait->expected_gain);
+}
+
 TEST(SharedQuantitiesTest, LaunchGapsHaveOneGain) {
   // 90% launch gaps in a host-bound step: launch_bound's model (twice the batch), not +900%.
   EpochSummary s = epoch(10, 0, 0, 1000);
