@@ -183,6 +183,11 @@ double steady_step_seconds(const EpochSummary& s) {
   return std::max(host_step_seconds(s), gpu_step_seconds(s));
 }
 
+bool gpu_bound(const EpochSummary& s) {
+  const double gpu_s = gpu_step_seconds(s);
+  return gpu_s > 0 && gpu_s >= kGpuBoundMargin * host_step_seconds(s);
+}
+
 double gpu_step_seconds(const EpochSummary& s) {
   const GpuEpochStats* g = ordinary_gpu(s);
   if (g == nullptr || g->ordinary_gpu_steps < kMinOrdinarySteps) return 0;
@@ -473,7 +478,7 @@ std::optional<StarvationGain> starvation_gain(const EpochSummary& s, int workers
   // idle in them goes (the window's share of its span idle in data waits; the whole wait without
   // a window).
   const double steady_s = gpu_step_seconds(s);
-  if (steady_s > g.step_s) {
+  if (gpu_bound(s) && steady_s > g.step_s) {
     g.step_s = steady_s;
     double idle_s = wait_s;
     const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();

@@ -38,6 +38,12 @@ double host_step_seconds(const EpochSummary& s);
 // The GPU's side: the ordinary steps' median GPU span where steady_step_seconds takes the
 // ordinary steps and kMinOrdinarySteps of them have one, else 0 (unknown).
 double gpu_step_seconds(const EpochSummary& s);
+// The GPU is the slower side: its median step is kGpuBoundMargin x the host's or more. A
+// host-bound trainer's GPU spans follow its host steps (their medians within a few percent),
+// and the median of whole steps is not own work's median plus the mean wait (a loader's bursty
+// waits put them apart), so only the two medians of whole steps are compared, with a margin.
+constexpr double kGpuBoundMargin = 1.2;
+bool gpu_bound(const EpochSummary& s);
 
 // The steady step's parts, seconds, over the same steps as steady_step_seconds: the step's own
 // work (the median step less its data wait: GpuEpochStats::ordinary_compute_p50_ns, else

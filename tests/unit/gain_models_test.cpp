@@ -361,6 +361,16 @@ TEST(GainModels, StarvationOfAGpuBoundStepRemovesOnlyTheGpusIdleInTheWaits) {
   EXPECT_NEAR(m->gpu_s, 32e-3 - 1.6e-3, 1e-12);
   EXPECT_NEAR(m->new_step_s, m->gpu_s, 1e-12);
   EXPECT_NEAR(m->gain, 32.0 / 30.4 - 1, 1e-9);
+  EXPECT_TRUE(gains::gpu_bound(s));
+  // A host-bound trainer with bursty waits: its GPU spans follow its host steps (median 7 ms
+  // both), above own work plus the mean wait (6 ms); the GPU is not the slower side.
+  g.ordinary_step_p50_ns = 7 * kMs;
+  g.ordinary_gpu_step_p50_ns = 7 * kMs;
+  EXPECT_FALSE(gains::gpu_bound(s));
+  m = gains::starvation_gain(s, 4);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_NEAR(m->step_s, 6e-3, 1e-12);
+  EXPECT_EQ(m->gpu_s, 0);
   // Without a window's idle split: the whole wait, at most.
   g.traced_steps = 0;
   g.stats.traced_ns = 0;
