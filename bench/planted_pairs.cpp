@@ -70,6 +70,7 @@
 
 #include "gpt_trainer.h"
 #include "harness.h"
+#include "torchpilot/advisors/core/gain_models.h"
 #include "torchpilot/hooks/core/compat.h"
 #include "torchpilot/hooks/flops/flop_counter.h"
 #include "torchpilot/hooks/loader/tunable_loader.h"
@@ -1182,7 +1183,14 @@ AdvisedRun advised_run(Workload& w, const Env& env, const Args& a, int steps, in
                                               static_cast<double>(g->traced_steps))
                                        : json()},
          {"epoch_step_p50_ms", static_cast<double>(es.step_p50_ns) / 1e6},
-         {"epoch_data_wait_fraction", es.data_wait_fraction}});
+         {"epoch_data_wait_fraction", es.data_wait_fraction},
+         // The steps the gain models start from (gains::steady_step_seconds and its parts).
+         {"ordinary_steps", g != nullptr ? g->ordinary_steps : 0},
+         {"ordinary_step_p50_ms",
+          g != nullptr ? static_cast<double>(g->ordinary_step_p50_ns) / 1e6 : 0.0},
+         {"ordinary_gpu_step_p50_ms",
+          g != nullptr ? static_cast<double>(g->ordinary_gpu_step_p50_ns) / 1e6 : 0.0},
+         {"steady_step_ms", torchpilot::gains::steady_step_seconds(es) * 1e3}});
   }
   r.advice = sink->advice.front();
   const torchpilot::EpochSummary& e = sink->epochs.front();
