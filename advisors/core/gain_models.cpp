@@ -202,6 +202,11 @@ double host_step_seconds(const EpochSummary& s) {
   return step_seconds(s);
 }
 
+double starvation_step_seconds(const EpochSummary& s) {
+  const double host_s = own_work_seconds(s) + mean_wait_seconds(s);
+  return gpu_bound(s) ? std::max(host_s, gpu_step_seconds(s)) : host_s;
+}
+
 double mean_wait_seconds(const EpochSummary& s) {
   if (const GpuEpochStats* g = ordinary_gpu(s)) {
     return static_cast<double>(g->ordinary_data_wait_ns) / 1e9 /
@@ -473,20 +478,18 @@ std::optional<StarvationGain> starvation_gain(const EpochSummary& s, int workers
   // stall, which are not waits), plus the mean wait: waits that come in bursts count in full.
   const double wait_s = mean_wait_seconds(s);
   g.compute_s = own_work_seconds(s);
-  g.step_s = g.compute_s + wait_s;
-  // Where the GPU is the slower side it runs queued work through the host's waits: only its own
-  // idle in them goes (the window's share of its span idle in data waits; the whole wait without
-  // a window).
-  const double steady_s = gpu_step_seconds(s);
-  if (gpu_bound(s) && steady_s > g.step_s) {
-    g.step_s = steady_s;
+  g.step_s = starvation_step_seconds(s);
+  // Where that is the GPU's, it runs queued work through the host's waits: only its own idle in
+  // them goes (the window's share of its span idle in data waits; the whole wait without a
+  // window).
+  if (g.step_s > g.compute_s + wait_s) {
     double idle_s = wait_s;
     const GpuEpochStats* gpu = s.sections.get<GpuEpochStats>();
     if (gpu != nullptr && gpu->traced_steps > 0 && gpu->stats.traced_ns > 0) {
       idle_s = std::min(wait_s, static_cast<double>(gpu->stats.idle_data_wait_ns) /
-                                    static_cast<double>(gpu->stats.traced_ns) * steady_s);
+                                    static_cast<double>(gpu->stats.traced_ns) * g.step_s);
     }
-    g.gpu_s = steady_s - idle_s;
+    g.gpu_s = g.step_s - idle_s;
   }
   g.batch_s = static_cast<double>(l->produce_ns) / 1e9 / l->produce_count;
   g.batch_cpu_s =

@@ -53,6 +53,10 @@ bool gpu_bound(const EpochSummary& s);
 // window's steps would size the loader's workers and the wait from the wrong steps.
 double own_work_seconds(const EpochSummary& s);
 double mean_wait_seconds(const EpochSummary& s);
+// The step the data-starvation model and advice state: own work plus the mean wait, or the GPU's
+// step where the GPU is the slower side (gpu_bound) and that is longer: it runs queued work
+// through the host's waits.
+double starvation_step_seconds(const EpochSummary& s);
 
 // A trace window slows the host's launches (CUPTI's per-launch cost): where the host is what the
 // GPU waits for (after a sync, the drain lasts until the host launches again), the window's steps

@@ -64,10 +64,9 @@ std::optional<Advice> advise_data_starvation(const EpochSummary& s, const Adviso
   // warm-up of 0.97 s in a 40-step epoch of 3.5 ms steps) or a trace window's steps otherwise
   // dilute the wait below the threshold (it did for pytorch/examples' MNIST trainer on an H200).
   // Where the GPU's step is the longer (it runs queued work through the waits), that one.
-  const double host_ms = compute_ms_of(s) + wait_ms;
-  const double gpu_ms = gains::gpu_step_seconds(s) * 1e3;
-  const bool gpu_longer = gains::gpu_bound(s) && gpu_ms > host_ms;
-  const double steady_ms = s.compute_p50_ns > 0 ? (gpu_longer ? gpu_ms : host_ms) : 0.0;
+  const double starved_ms = gains::starvation_step_seconds(s) * 1e3;
+  const bool gpu_longer = starved_ms > compute_ms_of(s) + wait_ms;
+  const double steady_ms = s.compute_p50_ns > 0 ? starved_ms : 0.0;
   const double f = std::max(s.data_wait_fraction, steady_ms > 0 ? wait_ms / steady_ms : 0.0);
   if (f <= config.data_starvation.threshold) return std::nullopt;
 

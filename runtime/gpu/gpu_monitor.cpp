@@ -300,7 +300,7 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   if (run != nullptr && run->first_step <= r.step) {
     begin_marker = run->begin_marker;
     begin_host = run->begin_host;
-    run_steps = run->last_step - run->first_step + 1;
+    run_steps = run->steps();
   } else if (run == nullptr && b_.run_open && r.step >= b_.run_first_step) {
     begin_marker = b_.run_begin_marker;
     begin_host = b_.run_begin_host;
@@ -359,15 +359,14 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   p.window_first = a.traced && !last_recorded_traced_;
   p.anomaly_window = p.window_first && window_anomaly_;
   p.ordinary = ordinary;
-  p.run_steps = std::max<int64_t>(1, run_steps);
+  p.run_steps = run_steps;
   last_recorded_traced_ = a.traced;
   if (run_ends) {
     p.phases = std::move(run->phases);
     p.phases_complete = run->phases_complete;
   }
   pending_.push_back(std::move(p));
-  if (run_ends)
-    end_pending_run(run->end_marker, run->end_host, run->last_step - run->first_step + 1);
+  if (run_ends) end_pending_run(run->end_marker, run->end_host, run_steps);
   if (a.stop_trace) {
     // The window's ops were all issued: no more op scopes. Its kernels may still be queued: the
     // trace stops once the GPU ran this step.
@@ -435,7 +434,7 @@ GpuMonitor::RunNote& GpuMonitor::end_run(int64_t last_step, Nanos begin_host, ui
 void GpuMonitor::close_run(uint64_t marker, Nanos host_end) {
   // Its steps whose records are still to come find the end in a note; those pending, at once.
   const RunNote& n = end_run(b_.last_step, host_end, marker, host_end);
-  end_pending_run(marker, host_end, n.last_step - n.first_step + 1);
+  end_pending_run(marker, host_end, n.steps());
 }
 
 void GpuMonitor::end_pending_run(uint64_t marker, Nanos host_end, int64_t steps) {
@@ -444,7 +443,7 @@ void GpuMonitor::end_pending_run(uint64_t marker, Nanos host_end, int64_t steps)
     it->end_marker = marker;
     it->marked.end = host_end;
     it->end_known = true;
-    it->run_steps = std::max<int64_t>(1, steps);
+    it->run_steps = steps;
   }
 }
 

@@ -252,6 +252,7 @@ class GpuMonitor : public Collector {
     Nanos begin_host = 0, end_host = 0;
     std::vector<PhaseMarks> phases;  // its last step's (a traced step is a run of its own)
     bool phases_complete = true;
+    int64_t steps() const { return last_step - first_step + 1; }
   };
   std::vector<RunNote> runs_;
   size_t runs_head_ = 0;

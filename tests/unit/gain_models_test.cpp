@@ -293,31 +293,39 @@ TEST(GainModels, SteadyStepIsTheOrdinaryStepsGpuSpanWhereThatIsLonger) {
   EXPECT_NEAR(gains::steady_step_seconds(s), 6e-3, 1e-12);
 }
 
-// The step's own work and its data wait come from the same steps as the steady step: a window's
-// steps run longer and wait less (the loader had longer), and would size the workers from both.
-TEST(GainModels, OwnWorkAndWaitAreTheOrdinaryStepsWhereAWindowRan) {
+// A 40-step epoch of 9 ms steps (7 ms of own work, 1 ms of wait) with a window, whose 20
+// ordinary steps took 6 ms (4 of own work, 2 waiting), and a loader that produces a batch in
+// 1 ms of CPU time.
+EpochSummary ordinary_epoch() {
   EpochSummary s = epoch(9, 0, 0, 100);
   s.steps = 40;
   s.wall_ns = 40 * 9 * kMs;
   s.step_p50_ns = 9 * kMs;
   s.compute_p50_ns = 7 * kMs;
-  s.data_wait_ns = 40 * kMs;  // 1 ms a step over the epoch
+  s.data_wait_ns = 40 * kMs;
   GpuEpochStats& g = gpu(s);
   g.ordinary_steps = 20;
   g.ordinary_step_p50_ns = 6 * kMs;
   g.ordinary_compute_p50_ns = 4 * kMs;
-  g.ordinary_data_wait_ns = 20 * 2 * kMs;  // 2 ms a step over the ordinary ones
-  EXPECT_NEAR(gains::own_work_seconds(s), 4e-3, 1e-12);
-  EXPECT_NEAR(gains::mean_wait_seconds(s), 2e-3, 1e-12);
-  // The loader's model: a 6 ms steady step (4 of own work, 2 waiting) whose workers could
-  // deliver a batch every 1 ms becomes a 4 ms one.
+  g.ordinary_data_wait_ns = 20 * 2 * kMs;
   LoaderStats l;
   l.produce_count = 40;
   l.produce_ns = 40 * kMs;
   l.produce_cpu_ns = 40 * kMs;
   l.max_workers = 16;
-  l.settings.workers = 0;
   s.sections.set<LoaderStats>(l);
+  return s;
+}
+
+// The step's own work and its data wait come from the same steps as the steady step: a window's
+// steps run longer and wait less (the loader had longer), and would size the workers from both.
+TEST(GainModels, OwnWorkAndWaitAreTheOrdinaryStepsWhereAWindowRan) {
+  EpochSummary s = ordinary_epoch();
+  GpuEpochStats& g = gpu(s);
+  EXPECT_NEAR(gains::own_work_seconds(s), 4e-3, 1e-12);
+  EXPECT_NEAR(gains::mean_wait_seconds(s), 2e-3, 1e-12);
+  // The loader's model: a 6 ms steady step (4 of own work, 2 waiting) whose workers could
+  // deliver a batch every 1 ms becomes a 4 ms one.
   auto m = gains::starvation_gain(s, 4);
   ASSERT_TRUE(m.has_value());
   EXPECT_NEAR(m->compute_s, 4e-3, 1e-12);
@@ -336,25 +344,11 @@ TEST(GainModels, OwnWorkAndWaitAreTheOrdinaryStepsWhereAWindowRan) {
 // and 2 ms of wait), the GPU runs queued work through the waits: faster loading removes only the
 // GPU's idle in them (5% of its traced span), not the whole wait.
 TEST(GainModels, StarvationOfAGpuBoundStepRemovesOnlyTheGpusIdleInTheWaits) {
-  EpochSummary s = epoch(9, 0, 0, 100);
-  s.steps = 40;
-  s.wall_ns = 40 * 9 * kMs;
-  s.compute_p50_ns = 7 * kMs;
-  s.data_wait_ns = 40 * kMs;
+  EpochSummary s = ordinary_epoch();
   GpuEpochStats& g = gpu(s);
-  g.ordinary_steps = 20;
-  g.ordinary_step_p50_ns = 6 * kMs;
-  g.ordinary_compute_p50_ns = 4 * kMs;
-  g.ordinary_data_wait_ns = 20 * 2 * kMs;
   g.ordinary_gpu_steps = 20;
   g.ordinary_gpu_step_p50_ns = 32 * kMs;
   g.stats.idle_data_wait_ns = g.stats.traced_ns / 20;
-  LoaderStats l;
-  l.produce_count = 40;
-  l.produce_ns = 40 * kMs;
-  l.produce_cpu_ns = 40 * kMs;
-  l.max_workers = 16;
-  s.sections.set<LoaderStats>(l);
   auto m = gains::starvation_gain(s, 4);
   ASSERT_TRUE(m.has_value());
   EXPECT_NEAR(m->step_s, 32e-3, 1e-12);
