@@ -58,6 +58,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <memory>
@@ -1091,7 +1092,19 @@ torchpilot::Config advise_config(const Args& a) {
 struct TimedRun {
   double samples_per_s = 0;
   int64_t steps = 0;
+  // The training thread's time runnable but waiting for a CPU, ms a step (Linux schedstat; NaN
+  // where unreadable): how much of its step the cores' other threads took (a stock loader's
+  // workers and their intra-op teams), what one intra-op thread a worker gives back.
+  double run_delay_ms = std::nan("");
 };
+
+// The calling thread's cumulative run-queue wait, ns (-1 where /proc has no schedstat).
+int64_t thread_run_delay_ns() {
+  std::ifstream f("/proc/thread-self/schedstat");
+  int64_t on_cpu = 0, delay = -1;
+  if (!(f >> on_cpu >> delay)) return -1;
+  return delay;
+}
 
 // Samples per second of `n` timed steps after `warmup` untimed ones, torchpilot off; the `n`
 // steps are repeated (synchronized after each repetition) until the timed part lasts `min_s`.
@@ -1101,6 +1114,7 @@ TimedRun timed_run(Workload& w, const Env& env, int warmup, int n, double min_s)
   w.steps(pilot, warmup);
   sync(env);
   const auto t0 = Clock::now();
+  const int64_t delay0 = thread_run_delay_ns();
   TimedRun r;
   double s = 0;
   do {
@@ -1109,8 +1123,12 @@ TimedRun timed_run(Workload& w, const Env& env, int warmup, int n, double min_s)
     r.steps += n;
     s = std::chrono::duration<double>(Clock::now() - t0).count();
   } while (s < min_s);
+  const int64_t delay1 = thread_run_delay_ns();
   w.end();
   r.samples_per_s = static_cast<double>(w.samples_per_step()) * static_cast<double>(r.steps) / s;
+  if (delay0 >= 0 && delay1 >= delay0) {
+    r.run_delay_ms = static_cast<double>(delay1 - delay0) / 1e6 / static_cast<double>(r.steps);
+  }
   return r;
 }
 
@@ -1190,6 +1208,8 @@ AdvisedRun advised_run(Workload& w, const Env& env, const Args& a, int steps, in
           g != nullptr ? static_cast<double>(g->ordinary_step_p50_ns) / 1e6 : 0.0},
          {"ordinary_gpu_step_p50_ms",
           g != nullptr ? static_cast<double>(g->ordinary_gpu_step_p50_ns) / 1e6 : 0.0},
+         {"ordinary_gpu_host_step_p50_ms",
+          g != nullptr ? static_cast<double>(g->ordinary_gpu_host_step_p50_ns) / 1e6 : 0.0},
          {"steady_step_ms", torchpilot::gains::steady_step_seconds(es) * 1e3}});
   }
   r.advice = sink->advice.front();
@@ -1429,6 +1449,7 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
 
     stage = "the A/B runs";
     std::vector<double> bad_sps, fixed_sps;
+    json bad_delay = json::array(), fixed_delay = json::array();
     std::vector<int64_t> bad_steps, fixed_steps;
     const int rounds = period_of(pair, a) > 0 ? std::max(a.rounds, a.periodic_rounds) : a.rounds;
     for (int round = 0; round < rounds; ++round) {
@@ -1444,6 +1465,7 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
             timed_run(run_bad ? *bad : *fixed, env, a.warmup, timed_steps, a.min_run_s);
         (run_bad ? bad_sps : fixed_sps).push_back(t.samples_per_s);
         (run_bad ? bad_steps : fixed_steps).push_back(t.steps);
+        (run_bad ? bad_delay : fixed_delay).push_back(number(t.run_delay_ms));
       }
     }
     const double b = median(bad_sps), f = median(fixed_sps);
@@ -1454,6 +1476,8 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
     row["fixed_runs"] = fixed_sps;
     row["bad_run_steps"] = bad_steps;
     row["fixed_run_steps"] = fixed_steps;
+    row["bad_run_delay_ms_per_step"] = bad_delay;
+    row["fixed_run_delay_ms_per_step"] = fixed_delay;
     row["measured_gain"] = number(measured);
     if (row["estimated_gain"].is_number() && std::isfinite(measured) && measured > 0) {
       row["ratio"] = number(row["estimated_gain"].get<double>() / measured);
@@ -1618,7 +1642,9 @@ int run(int argc, char** argv) {
         "advice of the expected id gives estimated_gain. Then bad and fixed forms alternately "
         "(order swapped each round) with torchpilot off, warmup untimed + steps timed steps "
         "between device synchronizations, repeated until the run lasts min_run_s (the steps in "
-        "bad_run_steps, fixed_run_steps); throughput = samples/s; medians over rounds; "
+        "bad_run_steps, fixed_run_steps; the training thread's run-queue wait per step in "
+        "bad_run_delay_ms_per_step, fixed_run_delay_ms_per_step); throughput = samples/s; "
+        "medians over rounds; "
         "measured_gain = fixed/bad - 1; ratio = estimated_gain / measured_gain"},
        {"config",
         {{"rounds", a.rounds},

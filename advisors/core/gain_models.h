@@ -38,10 +38,12 @@ double host_step_seconds(const EpochSummary& s);
 // The GPU's side: the ordinary steps' median GPU span where steady_step_seconds takes the
 // ordinary steps and kMinOrdinarySteps of them have one, else 0 (unknown).
 double gpu_step_seconds(const EpochSummary& s);
-// The GPU is the slower side: its median step is kGpuBoundMargin x the host's or more. A
-// host-bound trainer's GPU spans follow its host steps (their medians within a few percent),
-// and the median of whole steps is not own work's median plus the mean wait (a loader's bursty
-// waits put them apart), so only the two medians of whole steps are compared, with a margin.
+// The GPU is the slower side: its median step is kGpuBoundMargin x the host's or more, the
+// host's taken over the same steps and the same way (GpuEpochStats::
+// ordinary_gpu_host_step_p50_ns: a run's mean where steps share markers; else the host's median
+// step). A host-bound trainer's GPU spans follow its host steps, but a run's mean is no median:
+// a stock loader's bursty waits (2 and 30 ms steps) put the host's median step at 0.6x the
+// runs' means on an H200, which read as GPU-bound and sized the starvation gain from the GPU.
 constexpr double kGpuBoundMargin = 1.2;
 bool gpu_bound(const EpochSummary& s);
 

@@ -642,6 +642,7 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.ordinary_data_wait_ns = epoch_->ordinary_data_wait_ns;
   e.ordinary_gpu_steps = epoch_->ordinary_gpu_steps.count();
   e.ordinary_gpu_step_p50_ns = epoch_->ordinary_gpu_steps.quantile(0.5);
+  e.ordinary_gpu_host_step_p50_ns = epoch_->ordinary_gpu_host_steps.quantile(0.5);
   e.next_window = planner_.next_window(&e.next_window_step);
   e.windows_predicted = epoch_windows_predicted_;
   e.window_cost_ns = epoch_window_cost_ns_;

@@ -128,8 +128,12 @@ class GpuMonitor : public Collector {
   };
   // The step's GPU length for GpuEpochStats::ordinary_gpu_steps: its span, or where it shares
   // markers its run's span over the run's steps (host-time shares would copy the host's pattern:
-  // steps the host ran ahead in would read short on the GPU too).
-  Nanos gpu_length(const PendingStep& p, const StepSpans& spans) const;
+  // steps the host ran ahead in would read short on the GPU too); and its host length taken the
+  // same way (ordinary_gpu_host_step_p50_ns), the one to compare it with.
+  struct StepLengths {
+    Nanos gpu = 0, host = 0;
+  };
+  StepLengths step_lengths(const PendingStep& p, const StepSpans& spans) const;
   // A marker's id, 0 when not recorded; optional (a phase's): never the step markers' last events.
   uint64_t record_marker(bool optional = false);
   void drain();

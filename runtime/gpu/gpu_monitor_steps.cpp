@@ -331,7 +331,9 @@ void GpuMonitor::finish_ready_steps(bool all, Nanos now, bool pm_flushed, Nanos 
     if (timed_out) ++epoch_->marker_timeouts;
     // This epoch's own steps only: the host figures beside it are the epoch's.
     if (p.ordinary && spans.gpu_timed && p.epoch >= latest_epoch_) {
-      epoch_->ordinary_gpu_steps.add(gpu_length(p, spans));
+      const StepLengths l = step_lengths(p, spans);
+      epoch_->ordinary_gpu_steps.add(l.gpu);
+      epoch_->ordinary_gpu_host_steps.add(l.host);
     }
     if (p.traced && p.window_first && !p.anomaly_window && window_start_outlier(p)) {
       spans.traced = false;  // its figures as an untraced step's; its trace is kept
@@ -348,13 +350,15 @@ void GpuMonitor::finish_ready_steps(bool all, Nanos now, bool pm_flushed, Nanos 
   prune_events();
 }
 
-Nanos GpuMonitor::gpu_length(const PendingStep& p, const StepSpans& spans) const {
-  const Nanos own = spans.gpu.end - spans.gpu.begin;
+GpuMonitor::StepLengths GpuMonitor::step_lengths(const PendingStep& p,
+                                                 const StepSpans& spans) const {
+  const StepLengths own{spans.gpu.end - spans.gpu.begin, p.span.end - p.span.begin};
   if (!spans.gpu_shared || p.run_steps <= 1) return own;
   const auto b = marker_times_.find(p.begin_marker);
   const auto e = marker_times_.find(p.end_marker);
   if (b == marker_times_.end() || e == marker_times_.end()) return own;
-  return std::max<Nanos>(0, e->second - b->second) / p.run_steps;
+  return {std::max<Nanos>(0, e->second - b->second) / p.run_steps,
+          std::max<Nanos>(0, p.marked.end - p.marked.begin) / p.run_steps};
 }
 
 bool GpuMonitor::merge_untraced(const PendingStep& p, const StepSpans& spans) {

@@ -120,6 +120,8 @@ TEST(GpuMonitorTest, OrdinaryStepsKeepTheirGpuSpansMedian) {
   EXPECT_EQ(g.ordinary_gpu_steps, g.ordinary_steps) << "every one's markers resolved";
   EXPECT_NEAR(static_cast<double>(g.ordinary_step_p50_ns), 1e6, 0.05 * 1e6);  // bucket edges
   EXPECT_NEAR(static_cast<double>(g.ordinary_gpu_step_p50_ns), 10e6, 0.02 * 10e6);
+  // Steps with markers of their own: their own host step beside the GPU's.
+  EXPECT_NEAR(static_cast<double>(g.ordinary_gpu_host_step_p50_ns), 1e6, 0.05 * 1e6);
 }
 
 TEST(GpuMonitorTest, PhasesOfTracedStepsGetGpuSpansFromTheirMarkers) {
@@ -557,7 +559,8 @@ struct RunRig : Rig {
 
 // Steps that share markers count their run's mean GPU span among the ordinary steps: host-time
 // shares would copy the host's pattern (1 and 3 ms steps read 2 and 6 ms on the GPU, whose run
-// of two took 8).
+// of two took 8). Their host length beside it is the run's mean too (2 ms, where the host's
+// median step is 1 or 3 ms): the two sides are compared like for like.
 TEST(GpuMonitorTest, OrdinaryStepsSharingMarkersCountTheirRunsMeanGpuSpan) {
   RunRig rig(Rig::base_config());
   for (int i = 0; i < 24; ++i) {
@@ -573,6 +576,7 @@ TEST(GpuMonitorTest, OrdinaryStepsSharingMarkersCountTheirRunsMeanGpuSpan) {
   ASSERT_NE(g, nullptr);
   ASSERT_GE(g->ordinary_gpu_steps, 16);
   EXPECT_NEAR(static_cast<double>(g->ordinary_gpu_step_p50_ns), 4e6, 0.05 * 4e6);
+  EXPECT_NEAR(static_cast<double>(g->ordinary_gpu_host_step_p50_ns), 2e6, 0.05 * 2e6);
 }
 
 TEST(GpuMonitorTest, StepsBetweenTwoMarkersShareTheirGpuSpanByHostTime) {
