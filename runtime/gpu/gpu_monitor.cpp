@@ -450,8 +450,8 @@ void GpuMonitor::end_pending_run(uint64_t marker, Nanos host_end, int64_t steps)
 Nanos GpuMonitor::window_estimate_ns(int steps) const {
   // The latest window's cost scaled to this one's steps; before any, a prior from the step's
   // work (the first window measures what windows cost here).
-  // Its fixed part (torchpilot's calls: start, stop, finishing) as it was, the slowdown per
-  // traced step scaled (a short window's start is not cheaper).
+  // Its fixed part (torchpilot's calls: start, stop, finishing; the steps its release slowed) as
+  // it was, the slowdown per traced step scaled (a short window's start is not cheaper).
   if (last_window_cost_ns_ >= 0) {
     return last_window_fixed_ns_ +
            (last_window_cost_ns_ - last_window_fixed_ns_) * steps / std::max(1, last_window_steps_);
@@ -482,26 +482,41 @@ int GpuMonitor::allow_window(const char* kind, int steps) {
   return 0;
 }
 
-Nanos GpuMonitor::traced_slowdown(const StepRecord& r) const {
+Nanos GpuMonitor::work_over_median(const StepRecord& r) const {
   const Nanos median = planner_.median_work();
   const Nanos work = std::max<Nanos>(0, r.step_ns() - r.data_wait_ns - r.own_ns);
-  return median > 0 ? std::max<Nanos>(0, work - median) : 0;
+  return median > 0 ? work - median : 0;
+}
+
+Nanos GpuMonitor::traced_slowdown(const StepRecord& r) const {
+  return std::max<Nanos>(0, work_over_median(r));
 }
 
 void GpuMonitor::account_window(const StepRecord& r, bool in_window, bool traced) {
   if (in_window && !window_costing_) {
     window_costing_ = true;
     window_cost_ns_ = window_fixed_ns_ = 0;
+    window_excess_ns_ = window_charged_ns_ = window_traced_excess_ns_ = 0;
     window_cost_steps_ = 0;
     window_estimate_ns_ = window_estimate_pending_ns_;
     window_estimate_pending_ns_ = -1;  // a requested window has no prediction
   }
   if (!window_costing_) return;
   // The trace slows the trainer's own launches: its work above the median is charged; the
-  // Pilot times torchpilot's calls (the window's start and stop) itself.
-  const Nanos slowdown = traced_slowdown(r);
-  if (host_ != nullptr && slowdown > 0) host_->charge_cost(slowdown);
-  window_cost_ns_ += slowdown + r.own_ns;
+  // Pilot times torchpilot's calls (the window's start and stop) itself. Summed with its sign,
+  // charged as the sum grows: a step below the median gives back what one above it took. The
+  // steps above it alone would charge every step of a long release its noise (short steps vary
+  // by 10-20% on an H200), however little the release slowed them.
+  const Nanos over = work_over_median(r);
+  window_excess_ns_ += over;
+  if (traced) window_traced_excess_ns_ += over;
+  const Nanos charge = std::max<Nanos>(0, window_excess_ns_) - window_charged_ns_;
+  if (charge > 0) {
+    if (host_ != nullptr) host_->charge_cost(charge);
+    window_charged_ns_ += charge;
+    window_cost_ns_ += charge;
+  }
+  window_cost_ns_ += r.own_ns;
   window_fixed_ns_ += r.own_ns;
   if (traced) ++window_cost_steps_;
   if (!in_window) {
@@ -509,7 +524,12 @@ void GpuMonitor::account_window(const StepRecord& r, bool in_window, bool traced
     // is paid for.
     window_costing_ = false;
     last_window_cost_ns_ = window_cost_ns_;
-    last_window_fixed_ns_ = window_fixed_ns_;
+    // The steps after its trace (the release slowing launches for ~0.4 s) cost what they cost
+    // whatever the window's length: fixed, like its start and stop; only the traced steps'
+    // slowdown scales with the steps.
+    const Nanos release = std::max<Nanos>(
+        0, std::max<Nanos>(0, window_excess_ns_) - std::max<Nanos>(0, window_traced_excess_ns_));
+    last_window_fixed_ns_ = std::min(window_cost_ns_, window_fixed_ns_ + release);
     last_window_steps_ = std::max(1, window_cost_steps_);
     if (window_estimate_ns_ >= 0) {
       ++epoch_windows_predicted_;

@@ -173,7 +173,8 @@ class GpuMonitor : public Collector {
   // A window's cost: its steps' work above the median and torchpilot's time in them, from its
   // start to the step after its release finished (the steps while the release ran included).
   void account_window(const StepRecord& r, bool in_window, bool traced);
-  Nanos traced_slowdown(const StepRecord& r) const;  // a window's step's work above the median
+  Nanos work_over_median(const StepRecord& r) const;  // a step's work less the median (signed)
+  Nanos traced_slowdown(const StepRecord& r) const;   // ... where above it (else 0)
   // A detailed window's timeline for the trace files (report.trace_dir): each traced step's
   // records as it finishes; published as a GpuWindowRecord once the window's steps are done.
   void capture_window(const PendingStep& step, const StepSpans& spans);
@@ -312,10 +313,13 @@ class GpuMonitor : public Collector {
   void add_phases(const PendingStep& step, const StepSpans& spans);
   // A phase's GPU span inside its step's, when both its markers resolved.
   std::optional<Interval> phase_gpu_span(const PhaseMarks& p, Interval step) const;
-  Nanos max_step_call_ns_ = 0;  // the longest step-boundary call this epoch
-  Nanos window_cost_ns_ = 0;    // the open window's cost so far
-  Nanos window_fixed_ns_ = 0;   // of which torchpilot's own calls (not per traced step)
-  int window_cost_steps_ = 0;   // its traced steps
+  Nanos max_step_call_ns_ = 0;         // the longest step-boundary call this epoch
+  Nanos window_cost_ns_ = 0;           // the open window's cost so far
+  Nanos window_fixed_ns_ = 0;          // of which torchpilot's own calls (not per traced step)
+  Nanos window_excess_ns_ = 0;         // its steps' work less the median, summed with the sign
+  Nanos window_charged_ns_ = 0;        // of which charged to the budget (its largest sum so far)
+  Nanos window_traced_excess_ns_ = 0;  // the same over its traced steps
+  int window_cost_steps_ = 0;          // its traced steps
   bool window_costing_ = false;
   Nanos last_window_cost_ns_ = -1;  // the latest finished window's (-1: none yet)
   Nanos last_collect_ns_ = -1;      // host time of the latest drain and step finishing

@@ -600,6 +600,30 @@ TEST(GpuMonitorTest, AWindowsCostHoldsTheStepsItsReleaseSlowed) {
   EXPECT_LT(g->window_cost_ns, (slowed + 2) * 15 * kMs + 50 * kMs);
 }
 
+// A noisy trainer (10, 13, 10, 7 ms steps) whose release slows nothing: its steps above the
+// median and below it cancel; counting only those above would charge the window 3 ms every four
+// steps of the release.
+TEST(GpuMonitorTest, AWindowsCostIsNotTheNoiseOfItsReleasesSteps) {
+  Config c = Rig::window_config(10, 3);
+  Rig rig(c, false);
+  rig.backend->slow_release = true;
+  rig.make(c);
+  const Nanos pattern[] = {10, 13, 10, 7};
+  int releasing = 0;
+  for (int i = 0; i < 60; ++i) {
+    if (rig.backend->releasing) ++releasing;
+    rig.step(pattern[i % 4], 200, 1.0);
+    if (i == 48) rig.backend->finish_release();
+  }
+  rig.pilot->end_epoch();
+  const auto* g = rig.sink->epochs[0].sections.get<GpuEpochStats>();
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(g->traced_steps, 3);
+  ASSERT_GE(releasing, 24) << "a release of many steps";
+  EXPECT_EQ(g->windows_predicted, 1);
+  EXPECT_LT(g->window_cost_ns, 7 * kMs) << "the positive part alone: about 3 ms a 4 steps";
+}
+
 TEST(GpuMonitorTest, AWindowTheBudgetHasNoRoomForWholeTracesFewerSteps) {
   // 10 ms steps: 10 steps are predicted at 2.5 + 10 x 6 = 62.5 ms (6.25 s of run at 1%), 3 at
   // 20.5 ms (2 s): the first window opens earlier, shorter.
