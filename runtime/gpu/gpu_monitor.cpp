@@ -458,7 +458,7 @@ Nanos GpuMonitor::window_estimate_ns(int steps) const {
   }
   const Nanos median = planner_.median_work();
   if (median <= 0) return kFirstWindowEstimateNs;
-  return kWindowStartStopEstimateNs +
+  return kWindowStartStopEstimateNs + kReleaseSlowdownEstimateNs +
          static_cast<Nanos>(kTracedStepSlowdownPrior * static_cast<double>(median) * steps);
 }
 
