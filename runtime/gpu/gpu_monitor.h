@@ -57,16 +57,15 @@ class GpuMonitor : public Collector {
   static constexpr Nanos kFinishBudgetNs = 5000000;  // finishing steps, per step call
   // What a window costs the training thread before one has been measured here (its start, stop,
   // slower launches and the steps its release slows), the budget's estimate for the first
-  // window: its start and stop, plus each traced step slowed by 0.6 of its work. CUPTI's cost grows with the
-  // launches and a step's time bounds them: on H200 VMs a 3-step window cost 3.5-8 ms on CNN steps
-  // of 1.4-2.2 ms and 147-324 ms on steps of 12,000 tiny launches (70-100 ms of work); these
-  // figures put every one of those first windows within 2x of its cost (the earlier 5 ms + the
-  // whole work erred high by up to 3.4x and delayed windows). One that costs more than predicted
-  // ends early once the budget has no room for its next step. Before a median step time exists, a
-  // flat prior.
-  // The steps its release slows (launches stay slower until CUPTI is finalized, ~0.4 s later)
-  // come on top: 25-32 ms above the rest of the prior on H200 short-step CNN trainers (1.4 and
-  // 2.2 ms steps), the same whether the steps above the median alone or the signed sum counted.
+  // window: its start and stop, the release's steps, and each traced step slowed by 0.6 of its
+  // work. CUPTI's cost grows with the launches and a step's time bounds them: on H200 VMs a 3-step
+  // window's traced steps cost 3.5-8 ms on CNN steps of 1.4-2.2 ms and 147-324 ms on steps of
+  // 12,000 tiny launches (70-100 ms of work), each within 2x of these figures (the earlier 5 ms +
+  // the whole work erred high by up to 3.4x and delayed windows). Its release then slows launches
+  // until CUPTI is finalized (~0.4 s): 25-32 ms more on those CNN steps, as much with the steps'
+  // excess summed with its sign as with the steps above the median alone. One that costs more
+  // than predicted ends early once the budget has no room for its next step. Before a median
+  // step time exists, a flat prior.
   static constexpr Nanos kFirstWindowEstimateNs = 50000000;
   static constexpr Nanos kWindowStartStopEstimateNs = 2500000;
   static constexpr Nanos kReleaseSlowdownEstimateNs = 25000000;
