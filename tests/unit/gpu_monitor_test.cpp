@@ -625,6 +625,47 @@ TEST(GpuMonitorTest, AWindowsCostIsNotTheNoiseOfItsReleasesSteps) {
   EXPECT_LT(g->window_cost_ns, 7 * kMs) << "the positive part alone: about 3 ms a 4 steps";
 }
 
+// The steps a release slowed cost the same whatever the window's length: the next window's
+// estimate keeps them fixed and scales only its traced steps' slowdown. The first window (3 of
+// 10 steps, the budget's room) is traced at no slowdown and its release slows 4 steps by 15 ms:
+// the repeat is predicted at that 60 ms for more steps (scaled, 3 steps would be all the 60 ms
+// had room for, and 6 would be predicted at 120 ms).
+TEST(GpuMonitorTest, AReleasesCostIsFixedInTheNextWindowsEstimate) {
+  Config c = Rig::base_config();
+  c.cost.budget = 0.01;
+  c.gpu.trace_first_step = 5;
+  c.gpu.trace_steps = 10;
+  c.gpu.trace_every_epochs = 1;
+  Rig rig(c, false);
+  rig.backend->slow_release = true;
+  rig.make(c);
+  struct Window {
+    int64_t steps = 0;
+    Nanos estimate = 0, cost = 0;
+  };
+  std::vector<Window> windows;
+  for (int epoch = 0; epoch < 60 && windows.size() < 2; ++epoch) {
+    int slowed = 0;
+    for (int i = 0; i < 100; ++i) {
+      const bool releasing = rig.backend->releasing;
+      rig.step(releasing ? 25 : 10, 200, 1.0);
+      if (releasing && ++slowed == 4) rig.backend->finish_release();
+    }
+    rig.pilot->end_epoch();
+    const auto* g = rig.sink->epochs.back().sections.get<GpuEpochStats>();
+    if (g->traced_steps > 0) windows.push_back({g->traced_steps, 0, 0});
+    if (g->windows_predicted > 0 && !windows.empty()) {
+      windows.back().estimate = g->window_estimate_ns;
+      windows.back().cost = g->window_cost_ns;
+    }
+  }
+  ASSERT_EQ(windows.size(), 2u);
+  EXPECT_EQ(windows[0].steps, GpuWindowPlanner::kMinWindowSteps) << "what the budget had room for";
+  EXPECT_GE(windows[0].cost, 60 * kMs);
+  EXPECT_GT(windows[1].steps, windows[0].steps);
+  EXPECT_EQ(windows[1].estimate, windows[0].cost);
+}
+
 TEST(GpuMonitorTest, AWindowTheBudgetHasNoRoomForWholeTracesFewerSteps) {
   // 10 ms steps: 10 steps are predicted at 2.5 + 10 x 6 = 62.5 ms (6.25 s of run at 1%), 3 at
   // 20.5 ms (2 s): the first window opens earlier, shorter.
