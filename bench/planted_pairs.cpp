@@ -1102,7 +1102,8 @@ struct TimedRun {
 int64_t thread_run_delay_ns() {
   std::ifstream f("/proc/thread-self/schedstat");
   int64_t on_cpu = 0, delay = -1;
-  if (!(f >> on_cpu >> delay)) return -1;
+  // A kernel without schedstats reads zeros: unknown, not no wait.
+  if (!(f >> on_cpu >> delay) || on_cpu == 0) return -1;
   return delay;
 }
 
@@ -1208,8 +1209,9 @@ AdvisedRun advised_run(Workload& w, const Env& env, const Args& a, int steps, in
           g != nullptr ? static_cast<double>(g->ordinary_step_p50_ns) / 1e6 : 0.0},
          {"ordinary_gpu_step_p50_ms",
           g != nullptr ? static_cast<double>(g->ordinary_gpu_step_p50_ns) / 1e6 : 0.0},
-         {"ordinary_gpu_host_step_p50_ms",
-          g != nullptr ? static_cast<double>(g->ordinary_gpu_host_step_p50_ns) / 1e6 : 0.0},
+         {"ordinary_gpu_ms", g != nullptr ? static_cast<double>(g->ordinary_gpu_ns) / 1e6 : 0.0},
+         {"ordinary_gpu_host_ms",
+          g != nullptr ? static_cast<double>(g->ordinary_gpu_host_ns) / 1e6 : 0.0},
          {"steady_step_ms", torchpilot::gains::steady_step_seconds(es) * 1e3}});
   }
   r.advice = sink->advice.front();

@@ -187,10 +187,11 @@ bool gpu_bound(const EpochSummary& s) {
   const double gpu_s = gpu_step_seconds(s);
   if (!(gpu_s > 0)) return false;
   const GpuEpochStats* g = ordinary_gpu(s);
-  const double host_s = g != nullptr && g->ordinary_gpu_host_step_p50_ns > 0
-                            ? static_cast<double>(g->ordinary_gpu_host_step_p50_ns) / 1e9
-                            : host_step_seconds(s);
-  return gpu_s >= kGpuBoundMargin * host_s;
+  if (g != nullptr && g->ordinary_gpu_host_ns > 0) {
+    return static_cast<double>(g->ordinary_gpu_ns) >=
+           kGpuBoundMargin * static_cast<double>(g->ordinary_gpu_host_ns);
+  }
+  return gpu_s >= kGpuBoundMargin * host_step_seconds(s);
 }
 
 double gpu_step_seconds(const EpochSummary& s) {

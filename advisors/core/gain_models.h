@@ -38,12 +38,13 @@ double host_step_seconds(const EpochSummary& s);
 // The GPU's side: the ordinary steps' median GPU span where steady_step_seconds takes the
 // ordinary steps and kMinOrdinarySteps of them have one, else 0 (unknown).
 double gpu_step_seconds(const EpochSummary& s);
-// The GPU is the slower side: its median step is kGpuBoundMargin x the host's or more, the
-// host's taken over the same steps and the same way (GpuEpochStats::
-// ordinary_gpu_host_step_p50_ns: a run's mean where steps share markers; else the host's median
-// step). A host-bound trainer's GPU spans follow its host steps, but a run's mean is no median:
-// a stock loader's bursty waits (2 and 30 ms steps) put the host's median step at 0.6x the
-// runs' means on an H200, which read as GPU-bound and sized the starvation gain from the GPU.
+// The GPU is the slower side: the ordinary steps' GPU lengths in total are kGpuBoundMargin x
+// the same steps' host lengths or more, both taken the same way (GpuEpochStats::ordinary_gpu_ns,
+// ordinary_gpu_host_ns: a run's mean where steps share markers); else (no totals) its median
+// step against the host's median step. A host-bound trainer's GPU spans follow its host steps,
+// but a run's mean is no median: a stock loader's bursty waits (2 and 30 ms steps) put the
+// host's median step at 0.6x the runs' means on an H200, which read as GPU-bound and sized the
+// starvation gain from the GPU.
 constexpr double kGpuBoundMargin = 1.2;
 bool gpu_bound(const EpochSummary& s);
 

@@ -66,11 +66,11 @@ struct GpuEpochAccumulator {
   int64_t steps_joined = 0;       // GpuEpochStats::steps_joined
   int64_t sync_probed_steps = 0;  // GpuEpochStats::sync_probed_steps, sync_probed_ns
   Nanos sync_probed_ns = 0;
-  DurationHistogram ordinary_steps;           // GpuEpochStats::ordinary_steps, ordinary_step_p50_ns
-  DurationHistogram ordinary_compute;         // GpuEpochStats::ordinary_compute_p50_ns
-  Nanos ordinary_data_wait_ns = 0;            // GpuEpochStats::ordinary_data_wait_ns
-  DurationHistogram ordinary_gpu_steps;       // GpuEpochStats::ordinary_gpu_steps, _step_p50_ns
-  DurationHistogram ordinary_gpu_host_steps;  // GpuEpochStats::ordinary_gpu_host_step_p50_ns
+  DurationHistogram ordinary_steps;      // GpuEpochStats::ordinary_steps, ordinary_step_p50_ns
+  DurationHistogram ordinary_compute;    // GpuEpochStats::ordinary_compute_p50_ns
+  Nanos ordinary_data_wait_ns = 0;       // GpuEpochStats::ordinary_data_wait_ns
+  DurationHistogram ordinary_gpu_steps;  // GpuEpochStats::ordinary_gpu_steps, _step_p50_ns
+  Nanos ordinary_gpu_ns = 0, ordinary_gpu_host_ns = 0;  // GpuEpochStats' sums of the same name
   int64_t gpu_timed_steps = 0, marker_timeouts = 0;
   int64_t steps = 0, earlier_steps = 0;
   int64_t own_thread_syncs = 0;

@@ -312,7 +312,7 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   // traced is kept).
   const Nanos predicted = window_costing_ ? window_estimate_ns_ : window_estimate_pending_ns_;
   if (planner_.tracing() && predicted >= 0 && host_ != nullptr &&
-      !host_->cost_allows(traced_slowdown(r))) {
+      !host_->cost_allows(window_charge(r))) {
     planner_.end_window_early();
     ++epoch_windows_cut_;
   }
@@ -483,13 +483,17 @@ int GpuMonitor::allow_window(const char* kind, int steps) {
 }
 
 Nanos GpuMonitor::work_over_median(const StepRecord& r) const {
-  const Nanos median = planner_.median_work();
+  // While a window is costed, against the median when it began: the release's slowed steps enter
+  // the planner's recent median and would raise it as they come.
+  const Nanos median = window_costing_ ? window_median_ns_ : planner_.median_work();
   const Nanos work = std::max<Nanos>(0, r.step_ns() - r.data_wait_ns - r.own_ns);
   return median > 0 ? work - median : 0;
 }
 
-Nanos GpuMonitor::traced_slowdown(const StepRecord& r) const {
-  return std::max<Nanos>(0, work_over_median(r));
+Nanos GpuMonitor::window_charge(const StepRecord& r) const {
+  const Nanos sum = window_costing_ ? window_excess_ns_ : 0;
+  const Nanos charged = window_costing_ ? window_charged_ns_ : 0;
+  return std::max<Nanos>(0, std::max<Nanos>(0, sum + work_over_median(r)) - charged);
 }
 
 void GpuMonitor::account_window(const StepRecord& r, bool in_window, bool traced) {
@@ -497,6 +501,7 @@ void GpuMonitor::account_window(const StepRecord& r, bool in_window, bool traced
     window_costing_ = true;
     window_cost_ns_ = window_fixed_ns_ = 0;
     window_excess_ns_ = window_charged_ns_ = window_traced_excess_ns_ = 0;
+    window_median_ns_ = planner_.median_work();
     window_cost_steps_ = 0;
     window_estimate_ns_ = window_estimate_pending_ns_;
     window_estimate_pending_ns_ = -1;  // a requested window has no prediction
@@ -507,10 +512,10 @@ void GpuMonitor::account_window(const StepRecord& r, bool in_window, bool traced
   // charged as the sum grows: a step below the median gives back what one above it took. The
   // steps above it alone would charge every step of a long release its noise (short steps vary
   // by 10-20% on an H200), however little the release slowed them.
+  const Nanos charge = window_charge(r);
   const Nanos over = work_over_median(r);
   window_excess_ns_ += over;
   if (traced) window_traced_excess_ns_ += over;
-  const Nanos charge = std::max<Nanos>(0, window_excess_ns_) - window_charged_ns_;
   if (charge > 0) {
     if (host_ != nullptr) host_->charge_cost(charge);
     window_charged_ns_ += charge;
@@ -524,12 +529,11 @@ void GpuMonitor::account_window(const StepRecord& r, bool in_window, bool traced
     // is paid for.
     window_costing_ = false;
     last_window_cost_ns_ = window_cost_ns_;
-    // The steps after its trace (the release slowing launches for ~0.4 s) cost what they cost
-    // whatever the window's length: fixed, like its start and stop; only the traced steps'
-    // slowdown scales with the steps.
-    const Nanos release = std::max<Nanos>(
-        0, std::max<Nanos>(0, window_excess_ns_) - std::max<Nanos>(0, window_traced_excess_ns_));
-    last_window_fixed_ns_ = std::min(window_cost_ns_, window_fixed_ns_ + release);
+    // Only the traced steps' slowdown scales with a window's steps; the rest is fixed: its start
+    // and stop, and the steps after its trace (the release slows launches for ~0.4 s whatever
+    // the window's length).
+    const Nanos scaled = std::min(window_charged_ns_, std::max<Nanos>(0, window_traced_excess_ns_));
+    last_window_fixed_ns_ = window_cost_ns_ - scaled;
     last_window_steps_ = std::max(1, window_cost_steps_);
     if (window_estimate_ns_ >= 0) {
       ++epoch_windows_predicted_;
@@ -662,7 +666,8 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   e.ordinary_data_wait_ns = epoch_->ordinary_data_wait_ns;
   e.ordinary_gpu_steps = epoch_->ordinary_gpu_steps.count();
   e.ordinary_gpu_step_p50_ns = epoch_->ordinary_gpu_steps.quantile(0.5);
-  e.ordinary_gpu_host_step_p50_ns = epoch_->ordinary_gpu_host_steps.quantile(0.5);
+  e.ordinary_gpu_ns = epoch_->ordinary_gpu_ns;
+  e.ordinary_gpu_host_ns = epoch_->ordinary_gpu_host_ns;
   e.next_window = planner_.next_window(&e.next_window_step);
   e.windows_predicted = epoch_windows_predicted_;
   e.window_cost_ns = epoch_window_cost_ns_;

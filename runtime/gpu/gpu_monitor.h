@@ -132,7 +132,7 @@ class GpuMonitor : public Collector {
   // The step's GPU length for GpuEpochStats::ordinary_gpu_steps: its span, or where it shares
   // markers its run's span over the run's steps (host-time shares would copy the host's pattern:
   // steps the host ran ahead in would read short on the GPU too); and its host length taken the
-  // same way (ordinary_gpu_host_step_p50_ns), the one to compare it with.
+  // same way (ordinary_gpu_host_ns), the one to compare it with.
   struct StepLengths {
     Nanos gpu = 0, host = 0;
   };
@@ -173,11 +173,13 @@ class GpuMonitor : public Collector {
   // The planner's allow_optional: how many of `steps` the budget has room for now (0: none).
   int allow_window(const char* kind, int steps);
   Nanos window_estimate_ns(int steps) const;
-  // A window's cost: its steps' work above the median and torchpilot's time in them, from its
-  // start to the step after its release finished (the steps while the release ran included).
+  // A window's cost: its steps' work less the median when it began (summed with the sign,
+  // charged as the sum's maximum grows) and torchpilot's time in them, from its start to the
+  // step after its release finished (the steps while the release ran included).
   void account_window(const StepRecord& r, bool in_window, bool traced);
   Nanos work_over_median(const StepRecord& r) const;  // a step's work less the median (signed)
-  Nanos traced_slowdown(const StepRecord& r) const;   // ... where above it (else 0)
+  // What the step adds to the open window's charge (the growth of its signed sum's maximum).
+  Nanos window_charge(const StepRecord& r) const;
   // A detailed window's timeline for the trace files (report.trace_dir): each traced step's
   // records as it finishes; published as a GpuWindowRecord once the window's steps are done.
   void capture_window(const PendingStep& step, const StepSpans& spans);
@@ -322,6 +324,7 @@ class GpuMonitor : public Collector {
   Nanos window_excess_ns_ = 0;         // its steps' work less the median, summed with the sign
   Nanos window_charged_ns_ = 0;        // of which charged to the budget (its largest sum so far)
   Nanos window_traced_excess_ns_ = 0;  // the same over its traced steps
+  Nanos window_median_ns_ = 0;         // the median work when it began, its steps' reference
   int window_cost_steps_ = 0;          // its traced steps
   bool window_costing_ = false;
   Nanos last_window_cost_ns_ = -1;  // the latest finished window's (-1: none yet)

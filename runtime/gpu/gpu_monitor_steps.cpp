@@ -333,7 +333,8 @@ void GpuMonitor::finish_ready_steps(bool all, Nanos now, bool pm_flushed, Nanos 
     if (p.ordinary && spans.gpu_timed && p.epoch >= latest_epoch_) {
       const StepLengths l = step_lengths(p, spans);
       epoch_->ordinary_gpu_steps.add(l.gpu);
-      epoch_->ordinary_gpu_host_steps.add(l.host);
+      epoch_->ordinary_gpu_ns += l.gpu;
+      epoch_->ordinary_gpu_host_ns += l.host;
     }
     if (p.traced && p.window_first && !p.anomaly_window && window_start_outlier(p)) {
       spans.traced = false;  // its figures as an untraced step's; its trace is kept

@@ -160,7 +160,8 @@ std::string section_json(const GpuEpochStats& e) {
   j["ordinary_data_wait_ms"] = ms(e.ordinary_data_wait_ns);
   j["ordinary_gpu_steps"] = e.ordinary_gpu_steps;
   j["ordinary_gpu_step_p50_ms"] = ms(e.ordinary_gpu_step_p50_ns);
-  j["ordinary_gpu_host_step_p50_ms"] = ms(e.ordinary_gpu_host_step_p50_ns);
+  j["ordinary_gpu_ms"] = ms(e.ordinary_gpu_ns);
+  j["ordinary_gpu_host_ms"] = ms(e.ordinary_gpu_host_ns);
   j["kernel_classes"] = kernel_classes_json(e.kernel_classes);
   j["phases_gpu"] = phases_gpu_json(e.phases_gpu);
   return dump(j);

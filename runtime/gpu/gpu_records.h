@@ -174,10 +174,13 @@ struct GpuEpochStats {
   // (a planted fp32 GPT: 5-8 ms on the host for 32 ms on the GPU).
   int64_t ordinary_gpu_steps = 0;
   Nanos ordinary_gpu_step_p50_ns = 0;
-  // The same steps' host length taken as their GPU length is (a run's mean where they share
-  // markers): the GPU is the slower side only against this. The host's median step is no
-  // match for a run's mean: a loader's bursty waits (2 and 30 ms steps) put it well below.
-  Nanos ordinary_gpu_host_step_p50_ns = 0;
+  // Those steps' GPU lengths in total, and their host lengths taken the same way (a run's mean
+  // where they share markers): the GPU is the slower side only against the same steps. Two
+  // medians are not paired (a GPU span after a burst holds the backlog it built), and the
+  // host's median step is no run's mean: a loader's bursty waits (2 and 30 ms steps) put it
+  // well below.
+  Nanos ordinary_gpu_ns = 0;
+  Nanos ordinary_gpu_host_ns = 0;
   int64_t own_thread_syncs = 0;  // sync records of torchpilot's own threads: never host syncs
   // The next trace window at the epoch's end: "planned" (from step next_window_step on),
   // "deferred" (due, waiting for room in the cost budget), "done" (the run's windows ran, none

@@ -371,9 +371,10 @@ TEST(GainModels, StarvationOfAGpuBoundStepRemovesOnlyTheGpusIdleInTheWaits) {
   EXPECT_EQ(gains::gpu_step_seconds(s), 0) << "no window: the epoch's own figures";
 }
 
-// Steps that share markers have their run's mean GPU span: the host's side is compared the same
-// way. A stock loader's bursty waits (2 and 30 ms steps, as H200's stock_loader_io ran) put the
-// host's median step at 10.5 ms where the runs' means read 16.8 ms on both sides: host-bound.
+// Steps that share markers have their run's mean GPU span: the host's side is compared over the
+// same steps, the same way. A stock loader's bursty waits (2 and 30 ms steps, as H200's
+// stock_loader_io ran) put the host's median step at 10.5 ms where the runs' means read 16.8 ms
+// on both sides: host-bound.
 TEST(GainModels, GpuBoundComparesTheGpuSpansWithTheSameStepsHostLengths) {
   EpochSummary s = ordinary_epoch();
   GpuEpochStats& g = gpu(s);
@@ -381,15 +382,22 @@ TEST(GainModels, GpuBoundComparesTheGpuSpansWithTheSameStepsHostLengths) {
   g.ordinary_gpu_steps = 20;
   g.ordinary_gpu_step_p50_ns = Nanos{16'800'000};
   EXPECT_TRUE(gains::gpu_bound(s)) << "against the host's median step (no like-for-like length)";
-  g.ordinary_gpu_host_step_p50_ns = Nanos{16'400'000};
+  g.ordinary_gpu_ns = 20 * Nanos{16'800'000};
+  g.ordinary_gpu_host_ns = 20 * Nanos{16'400'000};
   EXPECT_FALSE(gains::gpu_bound(s));
   const auto m = gains::starvation_gain(s, 4);
   ASSERT_TRUE(m.has_value());
   EXPECT_NEAR(m->step_s, 6e-3, 1e-12) << "own work plus the mean wait, not the GPU's span";
   EXPECT_EQ(m->gpu_s, 0);
   // A GPU-bound trainer whose host ran ahead: its runs' host means are short too.
-  g.ordinary_gpu_host_step_p50_ns = 7 * kMs;
+  g.ordinary_gpu_host_ns = 20 * 7 * kMs;
   EXPECT_TRUE(gains::gpu_bound(s));
+  // The same steps, not two medians: a few long GPU spans (a backlog after bursts) move the
+  // GPU's median above 1.2x the host's without the totals doing so.
+  g.ordinary_gpu_ns = 20 * Nanos{17'000'000};
+  g.ordinary_gpu_host_ns = 20 * Nanos{16'000'000};
+  g.ordinary_gpu_step_p50_ns = Nanos{23'850'000};
+  EXPECT_FALSE(gains::gpu_bound(s));
 }
 
 TEST(GainModels, OptimizerHostTimeFromItsPhase) {
