@@ -312,7 +312,7 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   // traced is kept).
   const Nanos predicted = window_costing_ ? window_estimate_ns_ : window_estimate_pending_ns_;
   if (planner_.tracing() && predicted >= 0 && host_ != nullptr &&
-      !host_->cost_allows(window_charge(r))) {
+      !host_->cost_allows(window_charge(work_over_median(r)))) {
     planner_.end_window_early();
     ++epoch_windows_cut_;
   }
@@ -490,16 +490,16 @@ Nanos GpuMonitor::work_over_median(const StepRecord& r) const {
   return median > 0 ? work - median : 0;
 }
 
-Nanos GpuMonitor::window_charge(const StepRecord& r) const {
+Nanos GpuMonitor::window_charge(Nanos over) const {
   const Nanos sum = window_costing_ ? window_excess_ns_ : 0;
   const Nanos charged = window_costing_ ? window_charged_ns_ : 0;
-  return std::max<Nanos>(0, std::max<Nanos>(0, sum + work_over_median(r)) - charged);
+  return std::max<Nanos>(0, std::max<Nanos>(0, sum + over) - charged);
 }
 
 void GpuMonitor::account_window(const StepRecord& r, bool in_window, bool traced) {
   if (in_window && !window_costing_) {
     window_costing_ = true;
-    window_cost_ns_ = window_fixed_ns_ = 0;
+    window_cost_ns_ = 0;
     window_excess_ns_ = window_charged_ns_ = window_traced_excess_ns_ = 0;
     window_median_ns_ = planner_.median_work();
     window_cost_steps_ = 0;
@@ -512,8 +512,8 @@ void GpuMonitor::account_window(const StepRecord& r, bool in_window, bool traced
   // charged as the sum grows: a step below the median gives back what one above it took. The
   // steps above it alone would charge every step of a long release its noise (short steps vary
   // by 10-20% on an H200), however little the release slowed them.
-  const Nanos charge = window_charge(r);
   const Nanos over = work_over_median(r);
+  const Nanos charge = window_charge(over);
   window_excess_ns_ += over;
   if (traced) window_traced_excess_ns_ += over;
   if (charge > 0) {
@@ -522,7 +522,6 @@ void GpuMonitor::account_window(const StepRecord& r, bool in_window, bool traced
     window_cost_ns_ += charge;
   }
   window_cost_ns_ += r.own_ns;
-  window_fixed_ns_ += r.own_ns;
   if (traced) ++window_cost_steps_;
   if (!in_window) {
     // The step after the release (done off this thread) carries what is left of it: the window
@@ -628,10 +627,7 @@ void GpuMonitor::on_epoch_end(EpochSummary& summary) {
   b_.boundary_marker = 0;                 // the next epoch's first step records its own start
 
   // A window's stop, flush and release at the epoch's end are its cost too.
-  if (window_costing_) {
-    window_cost_ns_ += now_ns() - t0;
-    window_fixed_ns_ += now_ns() - t0;
-  }
+  if (window_costing_) window_cost_ns_ += now_ns() - t0;
 
   GpuEpochStats e;
   e.device = device_.name;

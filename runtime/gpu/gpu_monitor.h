@@ -178,8 +178,9 @@ class GpuMonitor : public Collector {
   // step after its release finished (the steps while the release ran included).
   void account_window(const StepRecord& r, bool in_window, bool traced);
   Nanos work_over_median(const StepRecord& r) const;  // a step's work less the median (signed)
-  // What the step adds to the open window's charge (the growth of its signed sum's maximum).
-  Nanos window_charge(const StepRecord& r) const;
+  // What a step `over` the median adds to the open window's charge (the growth of its signed
+  // sum's maximum).
+  Nanos window_charge(Nanos over) const;
   // A detailed window's timeline for the trace files (report.trace_dir): each traced step's
   // records as it finishes; published as a GpuWindowRecord once the window's steps are done.
   void capture_window(const PendingStep& step, const StepSpans& spans);
@@ -320,7 +321,6 @@ class GpuMonitor : public Collector {
   std::optional<Interval> phase_gpu_span(const PhaseMarks& p, Interval step) const;
   Nanos max_step_call_ns_ = 0;         // the longest step-boundary call this epoch
   Nanos window_cost_ns_ = 0;           // the open window's cost so far
-  Nanos window_fixed_ns_ = 0;          // of which torchpilot's own calls (not per traced step)
   Nanos window_excess_ns_ = 0;         // its steps' work less the median, summed with the sign
   Nanos window_charged_ns_ = 0;        // of which charged to the budget (its largest sum so far)
   Nanos window_traced_excess_ns_ = 0;  // the same over its traced steps

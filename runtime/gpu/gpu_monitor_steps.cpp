@@ -287,6 +287,7 @@ bool GpuMonitor::gpu_span(const PendingStep& p, Nanos now, bool all, StepSpans& 
     };
     spans.gpu = {at(p.span.begin), at(p.span.end)};
     spans.gpu_shared = true;
+    spans.run_gpu_ns = run.end - run.begin;
     return true;
   }
   // Never held forever: a marker that does not resolve in time leaves the step its host span.
@@ -353,12 +354,10 @@ void GpuMonitor::finish_ready_steps(bool all, Nanos now, bool pm_flushed, Nanos 
 
 GpuMonitor::StepLengths GpuMonitor::step_lengths(const PendingStep& p,
                                                  const StepSpans& spans) const {
-  const StepLengths own{spans.gpu.end - spans.gpu.begin, p.span.end - p.span.begin};
-  if (!spans.gpu_shared || p.run_steps <= 1) return own;
-  const auto b = marker_times_.find(p.begin_marker);
-  const auto e = marker_times_.find(p.end_marker);
-  if (b == marker_times_.end() || e == marker_times_.end()) return own;
-  return {std::max<Nanos>(0, e->second - b->second) / p.run_steps,
+  if (!spans.gpu_shared || p.run_steps <= 1) {
+    return {spans.gpu.end - spans.gpu.begin, p.span.end - p.span.begin};
+  }
+  return {spans.run_gpu_ns / p.run_steps,
           std::max<Nanos>(0, p.marked.end - p.marked.begin) / p.run_steps};
 }
 

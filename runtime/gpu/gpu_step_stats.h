@@ -18,6 +18,7 @@ struct StepSpans {
   Interval gpu;
   bool gpu_timed = false;
   bool gpu_shared = false;  // gpu is the step's share of a span its neighbours share
+  Nanos run_gpu_ns = 0;     // gpu_shared: the length of that shared span (the whole run's)
   Interval data_wait;       // the part of it the training thread waited for its batch
   bool traced = false;      // inside a detailed window
   // The trace covers the step from here on (a window's first step: from its scope's start).

@@ -487,6 +487,18 @@ TEST(SharedQuantitiesTest, HostSyncIdleHasOneGain) {
   EXPECT_DOUBLE_EQ(mfu->expected_gain, sync->expected_gain);
 }
 
+// A TunableLoader with one worker that took 16 ms a batch, all on the CPU, on `cpus` CPUs.
+LoaderStats one_worker_tunable_loader(int cpus) {
+  LoaderStats l;
+  l.name = "tunable";
+  l.tunable = true;
+  l.settings.workers = 1;
+  l.max_workers = cpus;
+  l.batches = l.produce_count = 10;
+  l.produce_ns = l.produce_cpu_ns = 160 * kMs;
+  return l;
+}
+
 TEST(SharedQuantitiesTest, DataWaitHasOneGain) {
   // 6 ms of each 10 ms step waiting for a loader with one worker that takes 16 ms a batch
   // (4 needed): data_starvation's model, which low_mfu states for the same wait.
@@ -495,14 +507,7 @@ TEST(SharedQuantitiesTest, DataWaitHasOneGain) {
   s.sections.set<FlopEpochStats>(bf16_flops(0.01));
   elementwise_window(s, 30, 30, 0);
   gpu(s).stats.idle_data_wait_ns = 60 * kMs;
-  LoaderStats l;
-  l.name = "tunable";
-  l.tunable = true;
-  l.settings.workers = 1;
-  l.max_workers = 16;
-  l.batches = l.produce_count = 10;
-  l.produce_ns = l.produce_cpu_ns = 160 * kMs;
-  s.sections.set<LoaderStats>(l);
+  s.sections.set<LoaderStats>(one_worker_tunable_loader(16));
   const auto wait = advise_data_starvation(s, AdvisorsConfig{});
   const auto mfu = advise_low_mfu(s, AdvisorsConfig{});
   ASSERT_TRUE(wait.has_value());
@@ -524,14 +529,8 @@ TEST(SharedQuantitiesTest, DataWaitHasOneGainWithoutAWindow) {
   s.step_p50_ns = 10 * kMs;
   s.compute_p50_ns = 4 * kMs;
   s.sections.set<FlopEpochStats>(bf16_flops(0.01));
-  LoaderStats l;
-  l.name = "tunable";
-  l.tunable = true;
-  l.settings.workers = 1;
-  l.max_workers = 3;  // two usable cores: a batch every 8 ms at best
-  l.batches = l.produce_count = 10;
-  l.produce_ns = l.produce_cpu_ns = 160 * kMs;
-  s.sections.set<LoaderStats>(l);
+  // Two usable cores: a batch every 8 ms at best.
+  s.sections.set<LoaderStats>(one_worker_tunable_loader(3));
   const auto wait = advise_data_starvation(s, AdvisorsConfig{});
   const auto mfu = advise_low_mfu(s, AdvisorsConfig{});
   ASSERT_TRUE(wait.has_value());
