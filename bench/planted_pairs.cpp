@@ -1086,6 +1086,8 @@ torchpilot::Config advise_config(const Args& a) {
   c.gpu.trace_every_epochs = a.windows > 1 ? 1 : 0;  // a window at the same step of each epoch
   c.gpu.trace_anomaly_factor = 0;                    // no windows but those
   c.cost.budget = 1;  // not deferred by the budget: the advice needs the window
+  // TORCHPILOT_* keys in the environment apply on top (an experiment without one collector).
+  torchpilot::apply_env_overrides(c, torchpilot::process_environment());
   return c;
 }
 
@@ -1139,6 +1141,7 @@ struct AdvisedRun {
   double mfu = std::nan("");
   double samples_per_s = std::nan("");  // the epoch's, with torchpilot on
   json steps = json::array();           // per step: [step, data wait, torchpilot's own] in ms
+  json all_steps = json::array();       // every epoch's: [epoch, step, data wait, own] in ms
   // Per window (epoch): the GPU idle's causes as shares of traced time, and the advice's gains.
   json windows = json::array();
 };
@@ -1221,8 +1224,8 @@ AdvisedRun advised_run(Workload& w, const Env& env, const Args& a, int steps, in
   r.samples_per_s = e.samples_per_s;
   auto ms = [](torchpilot::Nanos ns) { return std::round(static_cast<double>(ns) / 1e3) / 1e3; };
   for (const auto& st : sink->steps) {
-    if (st.epoch > 0) break;  // the first epoch's
-    r.steps.push_back({ms(st.step_ns()), ms(st.data_wait_ns), ms(st.own_ns)});
+    if (st.epoch == 0) r.steps.push_back({ms(st.step_ns()), ms(st.data_wait_ns), ms(st.own_ns)});
+    r.all_steps.push_back({st.epoch, ms(st.step_ns()), ms(st.data_wait_ns), ms(st.own_ns)});
   }
   return r;
 }
@@ -1422,6 +1425,7 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
     row["mfu_bad"] = number(advised.mfu);
     row["advised_samples_per_s"] = number(advised.samples_per_s);
     row["advised_steps_ms"] = advised.steps;
+    row["advised_all_steps_ms"] = advised.all_steps;
     row["windows"] = advised.windows;
     // The largest spread of one cause's idle share between the windows (percentage points).
     double spread = 0;
