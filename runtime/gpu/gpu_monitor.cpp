@@ -98,7 +98,12 @@ void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
   std::optional<CallTimer> timer;
   // An armed window starts once every step before it was recorded (a batch taken mid-step can
   // arm one while the previous step still waits): it traces from a step boundary on.
-  const int window_steps = b.armed && b.recorded_step == b.last_step ? planner_.begin_step(now) : 0;
+  // Nor while the previous window's release runs (0.01-0.4 s off this thread, longer than a
+  // short epoch): the trace's start would wait for it here, traced as the GPU's idle.
+  const int window_steps = b.armed && b.recorded_step == b.last_step &&
+                                   !(release_started_ && backend_->trace_releasing())
+                               ? planner_.begin_step(now)
+                               : 0;
   // A window's steps get markers of their own: a run of steps still open ends here, before the
   // trace starts (at the previous step's end: nothing of this step is queued yet).
   if (window_steps > 0 && b.run_open) close_run(record_marker(), b.last_end);

@@ -116,6 +116,26 @@ TEST(GpuMonitorTest, EpochPmMeansWeighStepsByTheirSampledTime) {
   EXPECT_EQ(g.pm_covered_ns, 110 * kMs);
 }
 
+// A window asked for while the previous one's release still runs opens once it is done: started
+// at once, the trace's start would wait for the release on the training thread (0.3 s on an H200
+// with PM sampling, traced as GPU idle: a short-epoch trainer's every repeat began so).
+TEST(GpuMonitorTest, AWindowWaitsForThePreviousReleaseInsteadOfWaitingOnTheTrainingThread) {
+  Config c = Rig::window_config(2, 3);
+  Rig rig(c, false);
+  rig.backend->slow_release = true;
+  rig.make(c);
+  for (int i = 0; i < 8 && !rig.backend->releasing; ++i) rig.step(10, 200, 1.0);
+  ASSERT_TRUE(rig.backend->releasing) << "the first window's release runs";
+  rig.pilot->request_window(2);
+  for (int i = 0; i < 5; ++i) rig.step(10, 200, 1.0);
+  EXPECT_EQ(rig.backend->trace_starts, 1) << "waits for the release";
+  rig.backend->releasing = false;  // the release's thread is done
+  rig.step(10, 200, 1.0);          // the request is taken at this step's end ...
+  rig.step(10, 200, 1.0);          // ... and the window opens with the next step
+  EXPECT_EQ(rig.backend->trace_starts, 2);
+  EXPECT_EQ(rig.backend->starts_while_releasing, 0);
+}
+
 TEST(GpuMonitorTest, WindowsOpenAtTheFirstStepAgainEachEpochAndOnRequest) {
   Config c = Rig::window_config(2, 3, 1);
   Rig rig(c);
