@@ -1427,8 +1427,11 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
     row["advised_steps_ms"] = advised.steps;
     row["advised_all_steps_ms"] = advised.all_steps;
     row["windows"] = advised.windows;
-    // The largest spread of one cause's idle share between the windows (percentage points).
+    // The largest spread of one cause's idle share between the epochs whose windows' figures came
+    // (percentage points); none with fewer than two (a repeat's figures can come epochs late).
     double spread = 0;
+    int with_shares = 0;
+    for (const auto& w : advised.windows) with_shares += w["idle"].is_object() ? 1 : 0;
     for (const char* cause : {"data_wait", "host_sync", "pageable_copy", "launch_gap", "other"}) {
       double lo = 1, hi = 0;
       for (const auto& w : advised.windows) {
@@ -1438,7 +1441,8 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
       }
       if (hi >= lo) spread = std::max(spread, 100 * (hi - lo));
     }
-    if (advised.windows.size() > 1) row["idle_share_spread_points"] = number(spread);
+    row["windows_with_shares"] = with_shares;
+    if (with_shares > 1) row["idle_share_spread_points"] = number(spread);
 
     if (a.advise_fixed) {
       stage = "the advised run of the fixed form";
