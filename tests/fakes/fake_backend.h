@@ -36,7 +36,7 @@ class FakeBackend : public GpuBackend {
   std::vector<CollectorStatus> status() const override { return statuses; }
   void start() override { ++starts; }
   std::function<void()> on_start_trace;  // e.g. the start's cost on a manual clock
-  int starts_while_releasing = 0;  // the CUPTI backend's start waits for the release to end
+  int starts_while_releasing = 0;        // the CUPTI backend's start waits for the release to end
   bool start_trace() override {
     if (on_start_trace) on_start_trace();
     if (releasing) {
