@@ -7,11 +7,13 @@
 # The per-sample cost is mostly --loader-io-us (a sleep standing for storage latency): this machine
 # may have as few cores as there are ranks, and only waiting, not CPU work, is hidden by workers
 # there. The small --loader-sample-us keeps the CPU path (thread CPU time hashing) exercised.
+# The wait (20 ms a batch) is well above what CPU contention costs a worker on two loaded cores:
+# at 8 ms a batch a loaded CI machine once measured 0 workers faster (3,612 against 2,821 samples/s).
 # Usage: gpt_host_loader_test.sh GPT_TRAINER advise|autotune2
 set -euo pipefail
 bin=$1
 sizes=(--device cpu --d-model 32 --layers 1 --heads 2 --seq 16 --batch 8 --no-flops
-       --host-loader --loader-sample-us 50 --loader-io-us 1000)
+       --host-loader --loader-sample-us 50 --loader-io-us 2500)
 case $2 in
   advise)
     rm -f gpt-loader.jsonl
