@@ -502,6 +502,10 @@ Nanos GpuMonitor::window_charge(Nanos over) const {
 }
 
 void GpuMonitor::account_window(const StepRecord& r, bool in_window, bool traced) {
+  // A window that waited for the previous one's release opens at the step after it: that one's
+  // cost ends here, each with its own prediction.
+  if (window_costing_ && traced && !last_costed_traced_) finish_window_cost();
+  last_costed_traced_ = traced;
   if (in_window && !window_costing_) {
     window_costing_ = true;
     window_cost_ns_ = 0;
@@ -528,22 +532,24 @@ void GpuMonitor::account_window(const StepRecord& r, bool in_window, bool traced
   }
   window_cost_ns_ += r.own_ns;
   if (traced) ++window_cost_steps_;
-  if (!in_window) {
-    // The step after the release (done off this thread) carries what is left of it: the window
-    // is paid for.
-    window_costing_ = false;
-    last_window_cost_ns_ = window_cost_ns_;
-    // Only the traced steps' slowdown scales with a window's steps; the rest is fixed: its start
-    // and stop, and the steps after its trace (the release slows launches for ~0.4 s whatever
-    // the window's length).
-    const Nanos scaled = std::min(window_charged_ns_, std::max<Nanos>(0, window_traced_excess_ns_));
-    last_window_fixed_ns_ = window_cost_ns_ - scaled;
-    last_window_steps_ = std::max(1, window_cost_steps_);
-    if (window_estimate_ns_ >= 0) {
-      ++epoch_windows_predicted_;
-      epoch_window_cost_ns_ += window_cost_ns_;
-      epoch_window_estimate_ns_ += window_estimate_ns_;
-    }
+  // The step after the release (done off this thread) carries what is left of it: the window
+  // is paid for.
+  if (!in_window) finish_window_cost();
+}
+
+void GpuMonitor::finish_window_cost() {
+  window_costing_ = false;
+  last_window_cost_ns_ = window_cost_ns_;
+  // Only the traced steps' slowdown scales with a window's steps; the rest is fixed: its start
+  // and stop, and the steps after its trace (the release slows launches for ~0.4 s whatever the
+  // window's length).
+  const Nanos scaled = std::min(window_charged_ns_, std::max<Nanos>(0, window_traced_excess_ns_));
+  last_window_fixed_ns_ = window_cost_ns_ - scaled;
+  last_window_steps_ = std::max(1, window_cost_steps_);
+  if (window_estimate_ns_ >= 0) {
+    ++epoch_windows_predicted_;
+    epoch_window_cost_ns_ += window_cost_ns_;
+    epoch_window_estimate_ns_ += window_estimate_ns_;
   }
 }
 

@@ -177,6 +177,7 @@ class GpuMonitor : public Collector {
   // charged as the sum's maximum grows) and torchpilot's time in them, from its start to the
   // step after its release finished (the steps while the release ran included).
   void account_window(const StepRecord& r, bool in_window, bool traced);
+  void finish_window_cost();  // the open window is paid for: its cost becomes the latest
   Nanos work_over_median(const StepRecord& r) const;  // a step's work less the median (signed)
   // What a step `over` the median adds to the open window's charge (the growth of its signed
   // sum's maximum).
@@ -327,8 +328,9 @@ class GpuMonitor : public Collector {
   Nanos window_median_ns_ = 0;         // the median work when it began, its steps' reference
   int window_cost_steps_ = 0;          // its traced steps
   bool window_costing_ = false;
-  Nanos last_window_cost_ns_ = -1;  // the latest finished window's (-1: none yet)
-  Nanos last_collect_ns_ = -1;      // host time of the latest drain and step finishing
+  bool last_costed_traced_ = false;  // the latest step account_window() saw was traced
+  Nanos last_window_cost_ns_ = -1;   // the latest finished window's (-1: none yet)
+  Nanos last_collect_ns_ = -1;       // host time of the latest drain and step finishing
   int last_window_steps_ = 0;
   Nanos last_window_fixed_ns_ = 0;
   // The optional window the budget held back last, and its estimate.

@@ -136,6 +136,39 @@ TEST(GpuMonitorTest, AWindowWaitsForThePreviousReleaseInsteadOfWaitingOnTheTrain
   EXPECT_EQ(rig.backend->starts_while_releasing, 0);
 }
 
+// A repeat that waited for the previous window's release opens at the step after it: each
+// window's cost and prediction stay its own (the steps between them are all the first's, so its
+// cost would otherwise run on into the second's and only one window would be counted).
+TEST(GpuMonitorTest, AWindowOpeningRightAfterTheReleaseItWaitedForIsCostedOnItsOwn) {
+  // 0.2 s epochs: from the second window on, the epoch's end has no room to wait for a release
+  // (0.4 s), so each release runs 20 steps into the next epoch, past its repeat's step (2).
+  Config c = Rig::window_config(2, 3, 1);
+  Rig rig(c, false);
+  rig.backend->slow_release = true;
+  rig.make(c);
+  int releasing = 0;
+  int64_t predicted = 0;
+  bool waited = false;
+  for (int epoch = 0; epoch < 4; ++epoch) {
+    for (int i = 0; i < 20; ++i) {
+      if (rig.backend->releasing && ++releasing == 20) {
+        rig.backend->releasing = false;
+        releasing = 0;
+      }
+      waited = waited || (rig.backend->releasing && i > 2);
+      rig.step(10, 200, 1.0);
+    }
+    rig.pilot->end_epoch();
+    predicted += rig.sink->epochs.back().sections.get<GpuEpochStats>()->windows_predicted;
+  }
+  ASSERT_TRUE(waited) << "a repeat was due while a release ran";
+  EXPECT_EQ(rig.backend->trace_starts, 4);
+  EXPECT_EQ(rig.backend->starts_while_releasing, 0);
+  // The last window's cost completes after the run; each of the others has its own (merged, the
+  // third's would run on into the fourth's and neither would complete).
+  EXPECT_EQ(predicted, 3);
+}
+
 TEST(GpuMonitorTest, WindowsOpenAtTheFirstStepAgainEachEpochAndOnRequest) {
   Config c = Rig::window_config(2, 3, 1);
   Rig rig(c);
