@@ -312,6 +312,9 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   }
   const bool run_ends = run != nullptr && run->first_step <= r.step && run->last_step == r.step;
   const bool attached_before = planner_.trace_attached() || stop_pending_;
+  // A window that waited for the previous one's release opens at the step after it: that one's
+  // cost ends here, before this step is judged against the new window's prediction.
+  if (window_costing_ && planner_.tracing() && !last_costed_traced_) finish_window_cost();
   // A window the budget let open (not one asked for) that costs more than its prediction ends
   // early: once the budget has no room for this step's slowdown, the step is its last (what it
   // traced is kept).
@@ -323,7 +326,7 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   }
   const GpuWindowPlanner::StepEndActions a = planner_.end_step(
       r.step, r.step_in_epoch, r.begin_ns, r.end_ns, host_ == nullptr || !host_->tuning(),
-      {r.data_wait_ns, r.own_ns, r.at_period});
+      {r.data_wait_ns, r.own_ns, r.at_period, release_started_});
   // The steps while its release runs are the window's too: the release's thread contends with
   // a host-bound trainer (a planted 14 ms step ran 18-25 ms for 9 steps after a window).
   account_window(r, a.traced || attached_before || release_started_, a.traced);
@@ -502,9 +505,6 @@ Nanos GpuMonitor::window_charge(Nanos over) const {
 }
 
 void GpuMonitor::account_window(const StepRecord& r, bool in_window, bool traced) {
-  // A window that waited for the previous one's release opens at the step after it: that one's
-  // cost ends here, each with its own prediction.
-  if (window_costing_ && traced && !last_costed_traced_) finish_window_cost();
   last_costed_traced_ = traced;
   if (in_window && !window_costing_) {
     window_costing_ = true;
