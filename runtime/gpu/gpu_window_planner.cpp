@@ -133,7 +133,10 @@ GpuWindowPlanner::StepEndActions GpuWindowPlanner::end_step(int64_t step, int64_
   // Not while tracing (the trace itself slows steps), not at an epoch's first steps (a loader
   // restarting), not at a known recurring stall.
   const Nanos work = std::max<Nanos>(0, end - begin - facts.data_wait_ns - facts.own_ns);
-  const bool tracing_now = a.traced || stopping_ || tail_ > 0 || anomaly_quiet_steps_ > 0;
+  // Nor while a release runs (it slows the steps it overlaps: they would trigger a window of
+  // their own and raise the median), nor while a window waits to open (it traces them anyway).
+  const bool tracing_now = a.traced || stopping_ || tail_ > 0 || anomaly_quiet_steps_ > 0 ||
+                           facts.releasing || armed_steps_ > 0;
   if (anomaly_quiet_steps_ > 0) --anomaly_quiet_steps_;
   const double med = static_cast<double>(recent_median_ns_);
   const bool judged = !tracing_now && warmup_done && config_.trace_anomaly_factor > 0 &&

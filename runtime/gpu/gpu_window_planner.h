@@ -33,6 +33,7 @@ struct WindowStepFacts {
   Nanos data_wait_ns = 0;  // waiting for its batch
   Nanos own_ns = 0;        // torchpilot's own calls
   bool at_period = false;  // at a recurring stall's known period
+  bool releasing = false;  // a window's release runs off the training thread (it slows steps)
 };
 
 class GpuWindowPlanner {

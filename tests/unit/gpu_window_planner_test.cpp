@@ -263,6 +263,9 @@ TEST(GpuWindowPlannerTest, SlowStepsWithAKnownCauseOpenNoWindow) {
   // A stall at its known period.
   slow_with({0, 0, true});
   slow_with({0, 0, true});
+  // Steps a window's release slowed (it runs off the training thread for ~0.35 s).
+  slow_with({0, 0, false, true});
+  slow_with({0, 0, false, true});
   r.steps(3);
   EXPECT_TRUE(r.starts.empty());
   // The same steps without a known cause open one.
