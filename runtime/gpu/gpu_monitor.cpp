@@ -314,7 +314,7 @@ void GpuMonitor::on_step_record(StepRecord& r) {
   const bool attached_before = planner_.trace_attached() || stop_pending_;
   // A window that waited for the previous one's release opens at the step after it: that one's
   // cost ends here, before this step is judged against the new window's prediction.
-  if (window_costing_ && planner_.tracing() && !last_costed_traced_) finish_window_cost();
+  if (window_costing_ && planner_.tracing() && !last_recorded_traced_) finish_window_cost();
   // A window the budget let open (not one asked for) that costs more than its prediction ends
   // early: once the budget has no room for this step's slowdown, the step is its last (what it
   // traced is kept).
@@ -505,7 +505,6 @@ Nanos GpuMonitor::window_charge(Nanos over) const {
 }
 
 void GpuMonitor::account_window(const StepRecord& r, bool in_window, bool traced) {
-  last_costed_traced_ = traced;
   if (in_window && !window_costing_) {
     window_costing_ = true;
     window_cost_ns_ = 0;

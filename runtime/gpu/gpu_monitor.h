@@ -328,9 +328,8 @@ class GpuMonitor : public Collector {
   Nanos window_median_ns_ = 0;         // the median work when it began, its steps' reference
   int window_cost_steps_ = 0;          // its traced steps
   bool window_costing_ = false;
-  bool last_costed_traced_ = false;  // the latest step account_window() saw was traced
-  Nanos last_window_cost_ns_ = -1;   // the latest finished window's (-1: none yet)
-  Nanos last_collect_ns_ = -1;       // host time of the latest drain and step finishing
+  Nanos last_window_cost_ns_ = -1;  // the latest finished window's (-1: none yet)
+  Nanos last_collect_ns_ = -1;      // host time of the latest drain and step finishing
   int last_window_steps_ = 0;
   Nanos last_window_fixed_ns_ = 0;
   // The optional window the budget held back last, and its estimate.
