@@ -192,6 +192,72 @@ TEST(GpuBackend, DecodeFailureStopsPmSamplingWithAReason) {
   EXPECT_FALSE(rig.cupti->pm_enabled);
 }
 
+// A window waits for PM sampling to stop (bursts beside a window widened its "other" idle): the
+// first asks stop the running sampler and disable it; the window's start keeps it off until the
+// release, which brings a fresh sampler back. A hold nobody renews (a window that never opened)
+// lapses and sampling resumes.
+bool pm_enabled(const Rig& rig) {
+  std::lock_guard<std::mutex> lock(rig.cupti->m);
+  return rig.cupti->pm_enabled;
+}
+
+TEST(GpuBackend, AWindowWaitsForPmSamplingToStopAndKeepsItOffUntilTheRelease) {
+  Rig rig;
+  auto b = rig.started();
+  ASSERT_TRUE(eventually([&] { return pm_started(rig); }));
+  EXPECT_FALSE(b->trace_ready()) << "sampling: the window waits";
+  ASSERT_TRUE(eventually([&] { return b->trace_ready(); }));
+  EXPECT_FALSE(pm_started(rig));
+  EXPECT_FALSE(pm_enabled(rig)) << "ready once disabled, not only stopped";
+  ASSERT_TRUE(b->start_trace());
+  // Held through the window: several decode periods, and past the lapse of an ask's hold.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1300));
+  EXPECT_FALSE(pm_enabled(rig)) << "a burst started during the window";
+  b->stop_trace();
+  b->release_trace();
+  b->finish_release();
+  EXPECT_TRUE(pm_started(rig)) << "the release's fresh sampler is not held";
+  EXPECT_TRUE(status_of(*b, "pm_sampling").active);
+  b->stop();
+}
+
+TEST(GpuBackend, AHoldThatIsNotRenewedLapsesAndSamplingResumes) {
+  Rig rig;
+  auto b = rig.started();
+  ASSERT_TRUE(eventually([&] { return pm_started(rig); }));
+  ASSERT_TRUE(eventually([&] { return b->trace_ready(); }));
+  EXPECT_FALSE(pm_enabled(rig));
+  // No window opens and nobody asks again.
+  ASSERT_TRUE(eventually([&] { return pm_started(rig); }));
+  b->stop();
+  EXPECT_FALSE(rig.cupti->pm_enabled);
+}
+
+// A sampler that does not stop (its decode stuck in CUPTI) keeps the window waiting only for a
+// bounded time.
+TEST(GpuBackend, AWindowDoesNotWaitForeverForPmSamplingToStop) {
+  Rig rig;
+  auto b = rig.started();
+  ASSERT_TRUE(eventually([&] { return pm_started(rig); }));
+  {
+    std::lock_guard<std::mutex> lock(rig.cupti->m);
+    rig.cupti->hold_decode = true;
+  }
+  ASSERT_TRUE(eventually([&] {
+    std::lock_guard<std::mutex> lock(rig.cupti->m);
+    return rig.cupti->decode_held;
+  }));
+  EXPECT_FALSE(b->trace_ready());
+  EXPECT_TRUE(eventually([&] { return b->trace_ready(); }));
+  EXPECT_TRUE(pm_started(rig)) << "still held in its decode";
+  {
+    std::lock_guard<std::mutex> lock(rig.cupti->m);
+    rig.cupti->hold_decode = false;
+  }
+  rig.cupti->decode_cv.notify_all();
+  b->stop();
+}
+
 // --- NVML ----------------------------------------------------------------------------------------
 
 TEST(NvlinkPeak, ActiveLinksTimesTheGenerationsRate) {
