@@ -1713,6 +1713,11 @@ int run(int argc, char** argv) {
           row["fixed_samples_per_s"].is_number() ? row["fixed_samples_per_s"].get<double>() : 0.0,
           has_ratio ? (", ratio " + std::to_string(row["ratio"].get<double>())).c_str() : "",
           row.contains("note") ? ("; " + row["note"].get<std::string>()).c_str() : "");
+      if (row.contains("idle_share_spread_points")) {
+        std::printf("   idle causes over %d windows: spread %.1f points\n",
+                    row["windows_with_shares"].get<int>(),
+                    row["idle_share_spread_points"].get<double>());
+      }
       if (row.contains("default_named_epochs")) {
         std::printf("   default config: named in %d of %d epochs, estimated %s%s\n",
                     row["default_named_epochs"][0].get<int>(),

@@ -76,6 +76,9 @@ struct Args {
   int workers = 4;
   int steps = 20;    // batches per epoch
   int launches = 0;  // extra tiny kernels a step (a launch-heavy trainer)
+  // --variant TORCHPILOT_KEY=VALUE: a further configuration, the default with that override
+  // (which part of default_over_off is whose, in the same interleaved rounds).
+  std::vector<std::string> variants;
   std::string device;
   bench::RunFlags run;  // --machine, --commit, --out
 };
@@ -129,7 +132,9 @@ class AdviceSink final : public torchpilot::Sink {
   std::vector<Epoch> epochs;
 };
 
-Run run(const Args& a, bool with_pilot, torch::Device device) {
+// `overrides`: TORCHPILOT_* pairs applied over the default config (a --variant).
+Run run(const Args& a, bool with_pilot, torch::Device device,
+        const torchpilot::Environment& overrides = {}) {
   torch::manual_seed(1);
   Net net;
   net->to(device);
@@ -167,6 +172,7 @@ Run run(const Args& a, bool with_pilot, torch::Device device) {
   // The defaults, as a new user has them; TORCHPILOT_* variables isolate one part's cost
   // (e.g. TORCHPILOT_GPU_NVTX=false).
   torchpilot::Config config = torchpilot::Config::load();
+  if (!overrides.empty()) torchpilot::apply_env_overrides(config, overrides);
   config.log.level = "warn";
   auto advice = std::make_shared<AdviceSink>();
   torchpilot::PilotOptions options;
@@ -247,9 +253,24 @@ int run(int argc, char** argv) {
   bench::int_flag(app, "--steps", a.steps, 1, 1 << 20, "batches per epoch");
   bench::int_flag(app, "--launches", a.launches, 0, 1 << 20,
                   "extra tiny kernels a step (a launch-heavy trainer); default 0");
+  app.add_option("--variant", a.variants,
+                 "TORCHPILOT_KEY=VALUE: a further configuration in every round, the default with "
+                 "that override (repeatable)");
   app.add_option("--device", a.device, "cpu, cuda or cuda:N; default cuda when available");
   bench::add_run_flags(app, a.run, "JSON results file", false);
   example_cli::parse_or_exit(app, argc, argv);
+  std::vector<torchpilot::Environment> variant_env;
+  for (const auto& v : a.variants) {
+    const auto eq = v.find('=');
+    if (eq == std::string::npos || v.rfind("TORCHPILOT_", 0) != 0) {
+      std::fprintf(stderr, "short_epochs: --variant wants TORCHPILOT_KEY=VALUE, got '%s'\n",
+                   v.c_str());
+      return 2;
+    }
+    variant_env.push_back({{v.substr(0, eq), v.substr(eq + 1)}});
+    torchpilot::Config check;
+    torchpilot::apply_env_overrides(check, variant_env.back());  // a bad key fails here, not later
+  }
   const torch::Device device(a.device.empty() ? (torch::cuda::is_available() ? "cuda" : "cpu")
                                               : a.device);
   json rounds = json::array();
@@ -258,15 +279,36 @@ int run(int argc, char** argv) {
   std::vector<double> first_window_s, estimate_over_cost;
   json windows = json::array();
   int64_t deferred = 0;
+  const int configs = 2 + static_cast<int>(variant_env.size());
+  std::vector<std::vector<double>> variant_ratios(variant_env.size());
+  json variant_rounds = json::array();
   for (int k = 0; k < a.rounds; ++k) {
-    Run runs[2];  // 0: off, 1: default; off first in even rounds
-    for (int c : bench::round_order(k, 2, bench::Order::kReverse)) runs[c] = run(a, c == 1, device);
+    // 0: off, 1: default, 2...: the variants; off first in even rounds (reversed in odd ones).
+    std::vector<Run> runs(static_cast<size_t>(configs));
+    for (int c : bench::round_order(k, configs, bench::Order::kReverse)) {
+      runs[static_cast<size_t>(c)] =
+          run(a, c >= 1, device,
+              c >= 2 ? variant_env[static_cast<size_t>(c - 2)] : torchpilot::Environment{});
+    }
     const Run& off = runs[0];
     const Run& def = runs[1];
     auto steady = [](const std::vector<double>& v) {
       return median(std::vector<double>(v.begin() + 1, v.end()));
     };
     const double o = steady(off.epoch_s), d = steady(def.epoch_s);
+    json vround = json::object();
+    for (size_t v = 0; v < variant_env.size(); ++v) {
+      const Run& r = runs[v + 2];
+      const double m = steady(r.epoch_s);
+      variant_ratios[v].push_back(m / o);
+      vround[a.variants[v]] = {{"epoch_s", r.epoch_s},
+                               {"median_s", m},
+                               {"over_off", m / o},
+                               {"cost_fraction", r.cost_fraction}};
+      std::printf("round %d: %s %.4f s per epoch (median), over off %.4f\n", k,
+                  a.variants[v].c_str(), m, m / o);
+    }
+    if (!variant_env.empty()) variant_rounds.push_back(vround);
     ratios.push_back(d / o);
     off_all.push_back(o);
     def_all.push_back(d);
@@ -305,7 +347,12 @@ int run(int argc, char** argv) {
       return v.empty() ? 0 : s / static_cast<double>(v.size());
     };
     mean_ratios.push_back(mean(def.epoch_s) / mean(off.epoch_s));
-    rounds.push_back({{"order", k % 2 == 0 ? "off,default" : "default,off"},
+    std::string order;
+    for (int c : bench::round_order(k, configs, bench::Order::kReverse)) {
+      if (!order.empty()) order += ",";
+      order += c == 0 ? "off" : c == 1 ? "default" : a.variants[static_cast<size_t>(c - 2)];
+    }
+    rounds.push_back({{"order", order},
                       {"off_epoch_s", off.epoch_s},
                       {"default_epoch_s", def.epoch_s},
                       {"off_median_s", o},
@@ -344,6 +391,13 @@ int run(int argc, char** argv) {
   std::printf("\n");
   std::printf("default_over_off %.4f (min %.4f, max %.4f) over %d rounds; budget 1.01\n",
               ratio.median, ratio.min, ratio.max, a.rounds);
+  json variants = json::object();
+  for (size_t v = 0; v < variant_env.size(); ++v) {
+    const bench::Spread r = bench::spread(variant_ratios[v]);
+    variants[a.variants[v]] = {{"over_off", r.median}, {"min", r.min}, {"max", r.max}};
+    std::printf("%s: over off %.4f (min %.4f, max %.4f)\n", a.variants[v].c_str(), r.median, r.min,
+                r.max);
+  }
   json out = bench::run_header("short_epochs", a.run, bench::Stamp::kUnixTime);
   out.update({{"torch", TORCH_VERSION},
               {"device", device.str()},
@@ -369,6 +423,10 @@ int run(int argc, char** argv) {
               {"deferred_windows", deferred},
               {"budget", 0.01},
               {"rounds", rounds}});
+  if (!variant_env.empty()) {
+    out["variants"] = variants;
+    out["variant_rounds"] = variant_rounds;
+  }
   if (!a.run.out.empty()) {
     bench::write_json(a.run.out, out, 1);
   }

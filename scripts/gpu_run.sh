@@ -2,7 +2,7 @@
 # One call on the GPU machine: configure and build against the PyTorch wheel's LibTorch, run the
 # whole test suite (GPU tests included), the example, and the auto-tune benchmark; results and
 # logs go to $OUT (default bench/runs/gpu-out, git-ignored; curated baselines: bench/baselines/).
-#   scripts/gpu_run.sh [all|build|test|gputest|capture|pmprobe|kineto|clocks|example|bench|gpt|gptab|overhead|planted|shortepochs|shortsteps|launchheavy|shortparts|gpureport|kinetocxx|kinetofixes|secondopinion|collectives1|collectives2|collectives4|memory|offload|loader2]...
+#   scripts/gpu_run.sh [all|build|test|gputest|capture|pmprobe|kineto|clocks|example|bench|gpt|gptab|overhead|planted|shortepochs|shortsteps|spreads|launchheavy|shortparts|gpureport|kinetocxx|kinetofixes|secondopinion|collectives1|collectives2|collectives4|memory|offload|loader2]...
 #   (default: all; collectives2 and loader2 need two GPUs, collectives4 four; collectives1, memory, offload,
 #   loader2, pmprobe and gptab only when named)
 # gputest: the gpu-labelled tests only, verbose; gpt: the GPT example (healthy and planted runs,
@@ -342,12 +342,29 @@ if named shortsteps; then
   # by part, default vs off, when the first trace window's advice came and what windows were
   # predicted to cost against what they cost (SHORT_STEPS_ARGS, default 3 rounds of 10 epochs:
   # runs over 10 s).
-  for b in 512 128; do
+  for b in ${SHORT_STEPS_BATCHES:-512 128}; do
     steps=${SHORT_STEPS:-$([ $b = 512 ] && echo 500 || echo 1000)}
     log "short steps: batch $b, $steps steps an epoch"
     bench_run short_epochs short-steps-b$b short-steps-b$b --batch $b --steps "$steps" \
-      ${SHORT_STEPS_ARGS:---rounds 3 --epochs 10} | grep -E "first trace|per step|default_over_off|predicted"
+      ${SHORT_STEPS_ARGS:---rounds 3 --epochs 10} |
+      grep -E "first trace|per step|default_over_off|predicted|over off"
   done
+fi
+
+if named spreads; then
+  # Whether a window's idle causes stay put from window to window (issue 40): SPREAD_PAIRS
+  # advised over 5 epochs with a window each, under the default config and with
+  # SPREAD_VARIANT (default PM sampling off) applied to the advised runs; one A/B round each.
+  pairs=${SPREAD_PAIRS:-stock_loader_cpu,stock_loader_io,linear_bias}
+  variant=${SPREAD_VARIANT:-TORCHPILOT_GPU_PM_SAMPLING=false}
+  log "spreads: $pairs, default"
+  bench_run planted_pairs spreads-default spreads-default --pairs "$pairs" --windows 5 \
+    --rounds 1 --no-advise-fixed ${SPREAD_ARGS:-} | grep -E "spread|^==" | tail -12
+  log "spreads: $pairs, $variant"
+  env "$variant" ./build-gpu/bench/planted_pairs --machine "$MACHINE" --commit "$COMMIT" \
+    --pairs "$pairs" --windows 5 --rounds 1 --no-advise-fixed ${SPREAD_ARGS:-} \
+    --out "$OUT/spreads-variant-$MACHINE.json" 2>&1 | tee "$OUT/spreads-variant.log" |
+    grep -E "spread|^==" | tail -12
 fi
 
 if named launchheavy; then
