@@ -57,6 +57,15 @@ inline constexpr SyncCallbackId kCopyCallbacks[] = {
     {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_ptsz_v7000},
 };
 
+// Whether a copy call of `kind` (cudaMemcpyKind) gets an op scope: one the host may wait in. To
+// the host (into pageable memory the call returns once the data is there); from the host (from
+// pageable memory the call stages the data, and a copy_'s synchronize follows: with the copy's
+// scope the two are one op call, whose wait is the pageable copy's, not a host sync, also when
+// the GPU ran the copy before the synchronize began); or of a kind the runtime infers.
+inline bool copy_gets_op_scope(int kind) {
+  return kind != cudaMemcpyDeviceToDevice && kind != cudaMemcpyHostToHost;
+}
+
 // On the calling thread, inside the call: which thread made it, by its correlation id (a runtime
 // call and the driver call inside it each have one; the sync record carries one of them); and the
 // op it was made from.

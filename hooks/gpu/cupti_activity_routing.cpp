@@ -39,9 +39,8 @@ bool is_copy_call(CUpti_CallbackDomain domain, CUpti_CallbackId cbid) {
                      [&](const SyncCallbackId& c) { return c.domain == domain && c.cbid == cbid; });
 }
 
-// A copy to the host (or of a kind the runtime infers): one the host may block in. The four copy
-// calls' parameters begin alike (dst, src, count, kind).
-bool copies_to_host(const CUpti_CallbackData& info) {
+// The copy's kind (the four copy calls' parameters begin alike: dst, src, count, kind).
+bool copy_with_scope(const CUpti_CallbackData& info) {
   static_assert(
       offsetof(cudaMemcpyAsync_v3020_params, kind) == offsetof(cudaMemcpy_v3020_params, kind),
       "copy parameters differ");
@@ -52,7 +51,7 @@ bool copies_to_host(const CUpti_CallbackData& info) {
       offsetof(cudaMemcpyAsync_ptsz_v7000_params, kind) == offsetof(cudaMemcpy_v3020_params, kind),
       "copy parameters differ");
   const auto* p = static_cast<const cudaMemcpy_v3020_params*>(info.functionParams);
-  return p == nullptr || p->kind == cudaMemcpyDeviceToHost || p->kind == cudaMemcpyDefault;
+  return p == nullptr || copy_gets_op_scope(p->kind);
 }
 
 // The op a synchronizing call (or a copy to the host) was made from, while a window wants op
@@ -190,7 +189,7 @@ void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId c
       return;
     }
     if (info->callbackSite != CUPTI_API_ENTER) return;
-    if (copy && !copies_to_host(*info)) return;
+    if (copy && !copy_with_scope(*info)) return;
     capture_enter(domain, cbid, copy);
     if (copy) return;  // a copy has no sync record to tag
     std::shared_lock<std::shared_mutex> lock(route_mutex());

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "fakes/gpu_backend_rig.h"
+#include "torchpilot/hooks/gpu/cupti_activity_internal.h"
 #include "torchpilot/hooks/gpu/cupti_pm_sampling.h"
 
 namespace torchpilot {
@@ -481,3 +482,16 @@ TEST(GpuBackend, StopDecodesWhatIsLeftAndDrainStillReturnsIt) {
 }  // namespace
 }  // namespace detail
 }  // namespace torchpilot
+
+namespace torchpilot::detail {
+// The copies that get an op scope in a window: those the host may wait in, both ways. A copy
+// from pageable memory to the device is one (its op's synchronize follows it: one op call).
+TEST(GpuBackend, CopiesToAndFromTheHostGetOpScopes) {
+  using activity_internal::copy_gets_op_scope;
+  EXPECT_TRUE(copy_gets_op_scope(cudaMemcpyHostToDevice));
+  EXPECT_TRUE(copy_gets_op_scope(cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(copy_gets_op_scope(cudaMemcpyDefault));
+  EXPECT_FALSE(copy_gets_op_scope(cudaMemcpyDeviceToDevice));
+  EXPECT_FALSE(copy_gets_op_scope(cudaMemcpyHostToHost));
+}
+}  // namespace torchpilot::detail

@@ -340,6 +340,23 @@ TEST(HostSyncCauseTest, WaitForAPageableCopyToTheDeviceIsACopyStallNotASync) {
   EXPECT_EQ(g.idle_host_sync_ns, 30);      // [60, 90)
 }
 
+TEST(HostSyncCauseTest, APageableCopyTheGpuRanBeforeItsSynchronizeStillOwnsTheWait) {
+  // x.to(cuda) from pageable memory with the GPU idle: the staged copy [12, 19] runs inside the
+  // copy call [10, 20]; copy_'s synchronize [22, 30] comes after it. The two calls' scopes are one
+  // op call: the wait is the copy's (seen on an H200: with the synchronize's scope alone, the
+  // same steps read host_sync 0-10% of their idle from window to window).
+  GpuEventBatch ev;
+  ev.copies = {copy(12, 19, CopyKind::kHostToDevice, true)};
+  ev.syncs = {sync(22, 30)};
+  HostOpScope copy_call = scope(10, 20, "aten::to", false),
+              sync_call = scope(21, 30, "aten::to", false);
+  copy_call.call = sync_call.call = 3;
+  ev.scopes = {copy_call, sync_call};
+  EXPECT_TRUE(resolve_host_syncs(ev, true).empty());
+  ev.scopes = {sync_call};  // the synchronize's scope alone: taken for a host sync
+  EXPECT_EQ(resolve_host_syncs(ev, true).size(), 1u);
+}
+
 TEST(HostSyncCauseTest, BlockingCopyWithoutSyncRecordBecomesASync) {
   // .cpu() into pageable memory: only a D2H copy record inside aten::to.
   GpuEventBatch ev;
