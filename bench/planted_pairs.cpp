@@ -1429,20 +1429,42 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
     row["windows"] = advised.windows;
     // The largest spread of one cause's idle share between the epochs whose windows' figures came
     // (percentage points); none with fewer than two (a repeat's figures can come epochs late).
-    double spread = 0;
-    int with_shares = 0;
-    for (const auto& w : advised.windows) with_shares += w["idle"].is_object() ? 1 : 0;
-    for (const char* cause : {"data_wait", "host_sync", "pageable_copy", "launch_gap", "other"}) {
-      double lo = 1, hi = 0;
-      for (const auto& w : advised.windows) {
-        if (!w["idle"].is_object()) continue;
-        lo = std::min(lo, w["idle"][cause].get<double>());
-        hi = std::max(hi, w["idle"][cause].get<double>());
-      }
-      if (hi >= lo) spread = std::max(spread, 100 * (hi - lo));
+    // The same over the windows of steady steps: traced steps within 10% of the windows' median
+    // step time (a window in the run's first steps can trace a trainer still warming up).
+    std::vector<double> traced_ms;
+    for (const auto& w : advised.windows) {
+      if (w["idle"].is_object() && w["traced_ms_per_step"].is_number())
+        traced_ms.push_back(w["traced_ms_per_step"].get<double>());
     }
+    const double median_ms = traced_ms.empty() ? 0 : median(traced_ms);
+    auto steady = [&](const json& w) {
+      return w["traced_ms_per_step"].is_number() &&
+             std::abs(w["traced_ms_per_step"].get<double>() - median_ms) <= 0.1 * median_ms;
+    };
+    auto spread_of = [&](bool steady_only, int& windows) {
+      double spread = 0;
+      windows = 0;
+      for (const auto& w : advised.windows) {
+        windows += w["idle"].is_object() && (!steady_only || steady(w)) ? 1 : 0;
+      }
+      for (const char* cause : {"data_wait", "host_sync", "pageable_copy", "launch_gap", "other"}) {
+        double lo = 1, hi = 0;
+        for (const auto& w : advised.windows) {
+          if (!w["idle"].is_object() || (steady_only && !steady(w))) continue;
+          lo = std::min(lo, w["idle"][cause].get<double>());
+          hi = std::max(hi, w["idle"][cause].get<double>());
+        }
+        if (hi >= lo) spread = std::max(spread, 100 * (hi - lo));
+      }
+      return spread;
+    };
+    int with_shares = 0, steady_windows = 0;
+    const double spread = spread_of(false, with_shares);
+    const double steady_spread = spread_of(true, steady_windows);
     row["windows_with_shares"] = with_shares;
     if (with_shares > 1) row["idle_share_spread_points"] = number(spread);
+    row["steady_windows"] = steady_windows;
+    if (steady_windows > 1) row["idle_share_spread_points_steady"] = number(steady_spread);
 
     if (a.advise_fixed) {
       stage = "the advised run of the fixed form";
@@ -1714,9 +1736,14 @@ int run(int argc, char** argv) {
           has_ratio ? (", ratio " + std::to_string(row["ratio"].get<double>())).c_str() : "",
           row.contains("note") ? ("; " + row["note"].get<std::string>()).c_str() : "");
       if (row.contains("idle_share_spread_points")) {
-        std::printf("   idle causes over %d windows: spread %.1f points\n",
+        std::printf("   idle causes over %d windows: spread %.1f points",
                     row["windows_with_shares"].get<int>(),
                     row["idle_share_spread_points"].get<double>());
+        if (row.contains("idle_share_spread_points_steady")) {
+          std::printf("; over the %d of steady steps %.1f", row["steady_windows"].get<int>(),
+                      row["idle_share_spread_points_steady"].get<double>());
+        }
+        std::printf("\n");
       }
       if (row.contains("default_named_epochs")) {
         std::printf("   default config: named in %d of %d epochs, estimated %s%s\n",
