@@ -2,8 +2,6 @@
 // trace windows and their release off the training thread, the hand-over of events to drain(),
 // NVTX ranges, and the factories. The probe at construction and CUPTI's detach after a window are
 // in cupti_backend_attach.cpp.
-#include <limits>
-
 #include "cupti_backend_internal.h"
 #include "own_thread.h"
 
@@ -66,29 +64,10 @@ void CuptiBackend::start() {
   });
 }
 
-bool CuptiBackend::trace_ready() {
-  bool ready = true;
-  guard("trace_ready", [&] {
-    if (release_running()) {  // pm_ is replaced on the release thread
-      ready = false;
-      return;
-    }
-    if (pm_ == nullptr || !pm_status_.active || stopped_) return;
-    const Nanos now = steady_now_ns();
-    // A wait begins at the first ask, or after a pause in the asks (a window that never opened).
-    if (ready_asked_ns_ < 0 || now - last_ready_ask_ns_ >= kPmHoldAsk) ready_asked_ns_ = now;
-    last_ready_ask_ns_ = now;
-    pm_->hold(now + kPmHoldAsk);
-    ready = pm_->quiet() || now - ready_asked_ns_ >= kPmHoldWait;
-  });
-  return ready;
-}
-
 bool CuptiBackend::start_trace() {
   bool ok = false;
   const Nanos t0 = steady_now_ns();
   guard("start_trace", [&] {
-    ready_asked_ns_ = -1;
     finish_release();  // windows rarely follow each other this closely
     if (activity_ == nullptr || (!activity_status_.active && !trace_busy_) || stopped_) return;
     if (!activity_attached_) {
@@ -127,8 +106,6 @@ bool CuptiBackend::start_trace() {
       return;
     }
     ok = true;
-    // No burst during the window: the release replaces the sampler (a fresh one, not held).
-    if (pm_ != nullptr) pm_->hold(std::numeric_limits<Nanos>::max());
   });
   logger_.debug("GPU trace start took {:.2f} ms ({})", (steady_now_ns() - t0) / 1e6,
                 ok ? "tracing" : "not tracing");

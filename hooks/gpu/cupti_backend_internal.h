@@ -38,11 +38,6 @@ namespace torchpilot::detail::backend_internal {
 inline constexpr size_t kMaxPendingSamples = 1u << 18;   // per kind, when nobody drains
 inline constexpr uint32_t kMinCuptiApiVersion = 130000;  // CUDA 13's records (Kernel10, ...)
 inline constexpr size_t kStepMarkerReserve = 128;  // of the 256 marker events: never for phases
-// trace_ready(): how long a window waits for PM sampling to stop (a burst stops within a decode
-// period; a decode stuck longer than this does not keep windows away), and how long one ask holds
-// sampling off (asked again at every step while a window waits; a window that never opens lets go).
-inline constexpr Nanos kPmHoldWait = 500'000'000;
-inline constexpr Nanos kPmHoldAsk = 1'000'000'000;
 // How long a release waits for a CUDA API call to finalize CUPTI in (then it finalizes itself).
 inline constexpr auto kFinalizeCallbackWait = std::chrono::seconds(1);
 
@@ -53,9 +48,6 @@ class CuptiBackend final : public GpuBackend {
 
   GpuDeviceInfo device() const override { return device_; }
   bool trace_busy() const override { return trace_busy_; }
-  // Holds PM sampling (its bursts and decodes beside a window widened the window's idle); ready
-  // once the sampler is disabled, or kPmHoldWait after the first ask whatever it does.
-  bool trace_ready() override;
   std::vector<CollectorStatus> status() const override;
   void start() override;
   bool start_trace() override;
@@ -136,9 +128,7 @@ class CuptiBackend final : public GpuBackend {
   spdlog::logger& logger_;
   GpuDeviceInfo device_;
   CollectorStatus pm_status_, activity_status_, nvml_status_, nvtx_status_;
-  bool trace_busy_ = false;       // another CUPTI client holds the subscription for now
-  Nanos ready_asked_ns_ = -1;     // trace_ready(): when the current wait began
-  Nanos last_ready_ask_ns_ = -1;  // and its latest ask
+  bool trace_busy_ = false;  // another CUPTI client holds the subscription for now
   bool started_ = false;
   bool stopped_ = false;
   bool profiler_initialized_ = false;

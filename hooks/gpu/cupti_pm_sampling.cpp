@@ -61,7 +61,6 @@ bool PmSampler::start_device() {
     return false;
   }
   running_ = true;
-  sampling_ = true;
   ++bursts_;
   phase_since_ns_ = steady_now_ns();
   discard_next_ = true;  // the first sample after a start is garbage
@@ -96,19 +95,15 @@ bool PmSampler::burst_over_locked() const {
 }
 
 void PmSampler::duty_step_locked() {
-  if (held() || burst_over_locked()) {
-    if (running_) {
-      stop_device_locked();
-      disable_device();    // enabled, even stopped, the sampler costs the GPU's work
-      paused_ = !failed_;  // the burst's samples are with the sink
-    }
-    sampling_ = false;
+  if (options_.duty >= 1) return;
+  if (burst_over_locked()) {
+    stop_device_locked();
+    disable_device();    // enabled, even stopped, the sampler costs the GPU's work
+    paused_ = !failed_;  // the burst's samples are with the sink
     return;
   }
-  if (running_) return;
-  // Sampling throughout (duty 1) resumes as soon as a hold lets go; bursts after their pause.
   const Duty d = duty();
-  if (steady_now_ns() - phase_since_ns_ >= (options_.duty >= 1 ? 0 : d.off)) {
+  if (!running_ && steady_now_ns() - phase_since_ns_ >= d.off) {
     paused_ = false;
     std::string why = enable_device();
     const bool resumed = why.empty() && start_device();
@@ -135,13 +130,6 @@ void PmSampler::duty_step_locked() {
   }
 }
 
-void PmSampler::hold(Nanos until) {
-  const Nanos now = steady_now_ns();
-  const Nanos before = hold_until_.exchange(until);
-  // Wakes the decode thread only as a hold begins (asked again at every step meanwhile).
-  if (before <= now && until > now) request_decode();
-}
-
 void PmSampler::run() {
   const auto period = std::chrono::milliseconds(std::max(1, options_.decode_period_ms));
   std::unique_lock<std::mutex> state(state_mutex_);
@@ -159,7 +147,7 @@ void PmSampler::run() {
       note_tick_clock(clock_, logger_);
       std::lock_guard<std::mutex> lock(decode_mutex_);
       // A burst that is over decodes to its end as it stops: not twice in one tick.
-      ok = !failed_ && (!running_ || burst_over_locked() || held() || decode_locked());
+      ok = !failed_ && (!running_ || burst_over_locked() || decode_locked());
       if (ok) duty_step_locked();
     } catch (const std::exception& e) {
       fail_on_exception(e.what());
@@ -167,10 +155,7 @@ void PmSampler::run() {
       fail_on_exception("unknown exception");
     }
     state.lock();
-    if (!ok) {
-      sampling_ = false;  // nothing more comes: a window need not wait for it
-      return;             // reason_ says why; stop() still releases CUPTI's objects
-    }
+    if (!ok) return;  // reason_ says why; stop() still releases CUPTI's objects
   }
 }
 
@@ -342,7 +327,6 @@ void PmSampler::stop() {
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
   paused_ = false;
-  sampling_ = false;
   if (started_) {
     std::lock_guard<std::mutex> lock(decode_mutex_);
     stop_device_locked();

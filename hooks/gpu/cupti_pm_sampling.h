@@ -20,15 +20,10 @@
 // starts it again (the host config image is kept). A burst that cannot start is retried a period
 // later, with reason() set meanwhile.
 //
-// A trace window holds it (hold()): a running burst ends at once and none starts until the hold
-// is let go or lapses; quiet() says when the sampler is disabled. Sampling beside a window made
-// its "other" idle vary from window to window (1.9-21.3% with PM sampling, 2.8-6.0% without, one
-// trainer's 6 windows on an H200).
-//
 // Thread-safety: configure/start/decode_now/stop from one thread at a time (the training thread,
 // or the backend's release thread after a trace window); the decode thread and decode_now
-// serialize on one mutex; the sink runs on either thread; paused_final_until(), hold() and quiet()
-// from any thread, without waiting.
+// serialize on one mutex; the sink runs on either thread; paused_final_until() from any thread,
+// without waiting.
 #pragma once
 
 #include <atomic>
@@ -122,11 +117,6 @@ class PmSampler {
   // after it). Otherwise 0. Never waits: the training thread calls it while a decode may hold
   // the sampler for tens of ms.
   Nanos paused_final_until() const;
-  // Holds sampling off until `until` (steady ns; 0 lets go): a running burst is stopped and the
-  // sampler disabled on the decode thread (woken now), and no burst starts before then.
-  void hold(Nanos until);
-  // Disabled now (held, between bursts, or failed), every sample before now delivered.
-  bool quiet() const { return !sampling_.load(); }
   // Set when decoding failed on its own (sampling stopped); empty while it works.
   std::string reason() const;
   // The metric set in use (after fallbacks).
@@ -143,8 +133,7 @@ class PmSampler {
     Nanos on, off;  // a burst's and a pause's length
   };
   Duty duty() const;
-  bool burst_over_locked() const;  // the running burst is due to stop; decode_mutex_ held
-  bool held() const { return steady_now_ns() < hold_until_.load(); }
+  bool burst_over_locked() const;         // the running burst is due to stop; decode_mutex_ held
   void duty_step_locked();                // pauses or resumes a burst when due; decode_mutex_ held
   bool decode_locked();                   // decode_mutex_ held; false on error (reason set)
   bool lines_up(const PmSample& sample);  // its times are on the steady clock (else dropped)
@@ -166,14 +155,12 @@ class PmSampler {
   CUpti_PmSampling_Object* sampler_ = nullptr;
   bool started_ = false;
 
-  mutable std::mutex decode_mutex_;    // the counter data image and the decode state below
-  bool running_ = false;               // Start called on the enabled sampler (false between bursts)
-  std::atomic<bool> paused_{false};    // between bursts, the last burst's samples delivered
-  std::atomic<bool> sampling_{false};  // enabled and started (quiet() is its negation)
-  std::atomic<Nanos> hold_until_{0};   // hold()
-  Nanos phase_since_ns_ = 0;           // when the current burst or pause began
-  bool resume_failing_ = false;        // a burst could not start (said once until one does)
-  int64_t bursts_ = 0;                 // started (logged at stop)
+  mutable std::mutex decode_mutex_;  // the counter data image and the decode state below
+  bool running_ = false;             // Start called on the enabled sampler (false between bursts)
+  std::atomic<bool> paused_{false};  // between bursts, the last burst's samples delivered
+  Nanos phase_since_ns_ = 0;         // when the current burst or pause began
+  bool resume_failing_ = false;      // a burst could not start (said once until one does)
+  int64_t bursts_ = 0;               // started (logged at stop)
   bool discard_next_ = true;
   bool clock_checked_ = false;
   bool overflow_logged_ = false;

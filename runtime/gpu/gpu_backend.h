@@ -194,10 +194,6 @@ class GpuBackend {
   // client (PyTorch's profiler, Nsight Systems) holds the trace for now, and a later start may
   // succeed once it lets go.
   virtual bool trace_busy() const { return false; }
-  // Whether a window may start now: false while a collector that would disturb the trace still
-  // runs (it is asked to stop; ask again at a later step, whereupon start_trace() keeps it off
-  // until the release). Bounded: a collector that does not stop soon does not keep windows away.
-  virtual bool trace_ready() { return true; }
   virtual void stop_trace() = 0;
   // After a window's last records were flushed: detaches the trace from the process entirely.
   // CUPTI keeps slowing kernel launches while attached, even with every activity kind disabled

@@ -99,11 +99,9 @@ void GpuMonitor::on_step_begin(int64_t step, Nanos now) {
   // An armed window starts once every step before it was recorded (a batch taken mid-step can
   // arm one while the previous step still waits): it traces from a step boundary on.
   // Nor while the previous window's release runs (0.01-0.4 s off this thread, longer than a
-  // short epoch): the trace's start would wait for it here, traced as the GPU's idle. Nor before
-  // the backend is ready (PM sampling stopping: a burst beside a window widened its idle).
+  // short epoch): the trace's start would wait for it here, traced as the GPU's idle.
   const int window_steps = b.armed && b.recorded_step == b.last_step &&
-                                   !(release_started_ && backend_->trace_releasing()) &&
-                                   backend_->trace_ready()
+                                   !(release_started_ && backend_->trace_releasing())
                                ? planner_.begin_step(now)
                                : 0;
   // A window's steps get markers of their own: a run of steps still open ends here, before the

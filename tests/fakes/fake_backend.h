@@ -37,12 +37,6 @@ class FakeBackend : public GpuBackend {
   void start() override { ++starts; }
   std::function<void()> on_start_trace;  // e.g. the start's cost on a manual clock
   int starts_while_releasing = 0;        // the CUPTI backend's start waits for the release to end
-  bool ready = true;                     // trace_ready()'s answer
-  int ready_asks = 0;
-  bool trace_ready() override {
-    ++ready_asks;
-    return ready;
-  }
   bool start_trace() override {
     if (on_start_trace) on_start_trace();
     if (releasing) {

@@ -135,22 +135,6 @@ TEST(GpuMonitorTest, AWindowWaitsForThePreviousReleaseInsteadOfWaitingOnTheTrain
   EXPECT_EQ(rig.backend->starts_while_releasing, 0);
 }
 
-// A window asked for while the backend is not ready (PM sampling still stopping) opens at the
-// first step after it is.
-TEST(GpuMonitorTest, AWindowWaitsUntilTheBackendIsReady) {
-  Config c = Rig::window_config(100, 3);  // no window of its own in this test
-  Rig rig(c);
-  rig.step(10, 200, 1.0);
-  rig.backend->ready = false;
-  rig.pilot->request_window(2);
-  for (int i = 0; i < 4; ++i) rig.step(10, 200, 1.0);
-  EXPECT_EQ(rig.backend->trace_starts, 0) << "waits for the backend";
-  EXPECT_GE(rig.backend->ready_asks, 3);
-  rig.backend->ready = true;
-  rig.step(10, 200, 1.0);
-  EXPECT_EQ(rig.backend->trace_starts, 1);
-}
-
 // A repeat that waited for the previous window's release opens at the step after it: each
 // window's cost and prediction stay its own (the steps between them are all the first's, so its
 // cost would otherwise run on into the second's and only one window would be counted).
