@@ -82,7 +82,7 @@ struct GpuConfig {
   // Outside trace windows a marker only at a boundary this long (host time) after the previous
   // one: steps in between share the span, each its host time's share (0: every boundary).
   double marker_interval_ms = 50;
-  bool sync_op_names = true;          // windows name each host sync's op (a callback per op)
+  bool sync_op_names = true;          // windows name each host sync's op (its stack, walked)
   int trace_first_step = 20;          // first window: from this step, or once auto-tune is done
   int trace_steps = 10;               // steps per detailed window
   int trace_every_epochs = 0;         // a window every N epochs (0: the first window only)
