@@ -1431,40 +1431,38 @@ json run_pair(const Pair& pair, const Env& env, const Args& a, Clock::time_point
     // (percentage points); none with fewer than two (a repeat's figures can come epochs late).
     // The same over the windows of steady steps: traced steps within 10% of the windows' median
     // step time (a window in the run's first steps can trace a trainer still warming up).
+    std::vector<const json*> with_shares, steady;
     std::vector<double> traced_ms;
     for (const auto& w : advised.windows) {
-      if (w["idle"].is_object() && w["traced_ms_per_step"].is_number())
-        traced_ms.push_back(w["traced_ms_per_step"].get<double>());
+      if (!w["idle"].is_object()) continue;
+      with_shares.push_back(&w);
+      const double ms = w.value("traced_ms_per_step", json()).is_number()
+                            ? w["traced_ms_per_step"].get<double>()
+                            : -1;
+      if (ms >= 0) traced_ms.push_back(ms);
     }
     const double median_ms = traced_ms.empty() ? 0 : median(traced_ms);
-    auto steady = [&](const json& w) {
-      return w["traced_ms_per_step"].is_number() &&
-             std::abs(w["traced_ms_per_step"].get<double>() - median_ms) <= 0.1 * median_ms;
-    };
-    auto spread_of = [&](bool steady_only, int& windows) {
+    for (const json* w : with_shares) {
+      const json ms = w->value("traced_ms_per_step", json());
+      if (ms.is_number() && std::abs(ms.get<double>() - median_ms) <= 0.1 * median_ms)
+        steady.push_back(w);
+    }
+    auto spread_of = [](const std::vector<const json*>& windows) {
       double spread = 0;
-      windows = 0;
-      for (const auto& w : advised.windows) {
-        windows += w["idle"].is_object() && (!steady_only || steady(w)) ? 1 : 0;
-      }
       for (const char* cause : {"data_wait", "host_sync", "pageable_copy", "launch_gap", "other"}) {
         double lo = 1, hi = 0;
-        for (const auto& w : advised.windows) {
-          if (!w["idle"].is_object() || (steady_only && !steady(w))) continue;
-          lo = std::min(lo, w["idle"][cause].get<double>());
-          hi = std::max(hi, w["idle"][cause].get<double>());
+        for (const json* w : windows) {
+          lo = std::min(lo, (*w)["idle"][cause].get<double>());
+          hi = std::max(hi, (*w)["idle"][cause].get<double>());
         }
         if (hi >= lo) spread = std::max(spread, 100 * (hi - lo));
       }
       return spread;
     };
-    int with_shares = 0, steady_windows = 0;
-    const double spread = spread_of(false, with_shares);
-    const double steady_spread = spread_of(true, steady_windows);
-    row["windows_with_shares"] = with_shares;
-    if (with_shares > 1) row["idle_share_spread_points"] = number(spread);
-    row["steady_windows"] = steady_windows;
-    if (steady_windows > 1) row["idle_share_spread_points_steady"] = number(steady_spread);
+    row["windows_with_shares"] = with_shares.size();
+    if (with_shares.size() > 1) row["idle_share_spread_points"] = number(spread_of(with_shares));
+    row["steady_windows"] = steady.size();
+    if (steady.size() > 1) row["idle_share_spread_points_steady"] = number(spread_of(steady));
 
     if (a.advise_fixed) {
       stage = "the advised run of the fixed form";

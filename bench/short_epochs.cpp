@@ -292,7 +292,8 @@ int run(int argc, char** argv) {
   for (int k = 0; k < a.rounds; ++k) {
     // 0: off, 1: default, 2...: the variants; off first in even rounds (reversed in odd ones).
     std::vector<Run> runs(static_cast<size_t>(configs));
-    for (int c : bench::round_order(k, configs, bench::Order::kReverse)) {
+    const std::vector<int> order_ids = bench::round_order(k, configs, bench::Order::kReverse);
+    for (int c : order_ids) {
       runs[static_cast<size_t>(c)] =
           run(a, c >= 1, device,
               c >= 2 ? variant_env[static_cast<size_t>(c - 2)] : torchpilot::Environment{});
@@ -355,7 +356,7 @@ int run(int argc, char** argv) {
     };
     mean_ratios.push_back(mean(def.epoch_s) / mean(off.epoch_s));
     std::string order;
-    for (int c : bench::round_order(k, configs, bench::Order::kReverse)) {
+    for (int c : order_ids) {
       if (!order.empty()) order += ",";
       order += c == 0 ? "off" : c == 1 ? "default" : a.variants[static_cast<size_t>(c - 2)];
     }

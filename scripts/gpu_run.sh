@@ -361,10 +361,8 @@ if named spreads; then
   bench_run planted_pairs spreads-default spreads-default --pairs "$pairs" --windows 5 \
     --rounds 1 --no-advise-fixed ${SPREAD_ARGS:-} | grep -E "spread|^==" | tail -12
   log "spreads: $pairs, $variant"
-  env "$variant" ./build-gpu/bench/planted_pairs --machine "$MACHINE" --commit "$COMMIT" \
-    --pairs "$pairs" --windows 5 --rounds 1 --no-advise-fixed ${SPREAD_ARGS:-} \
-    --out "$OUT/spreads-variant-$MACHINE.json" 2>&1 | tee "$OUT/spreads-variant.log" |
-    grep -E "spread|^==" | tail -12
+  (export "$variant"; bench_run planted_pairs spreads-variant spreads-variant --pairs "$pairs" \
+    --windows 5 --rounds 1 --no-advise-fixed ${SPREAD_ARGS:-}) | grep -E "spread|^==" | tail -12
 fi
 
 if named launchheavy; then

@@ -48,8 +48,9 @@ inline constexpr SyncCallbackId kSyncCallbacks[] = {
     {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize_v2},
 };
 
-// Copies the host may wait in (to pageable memory, the host waits inside the call): their op is
-// named like a synchronize's. The runtime's copies only: LibTorch copies through it.
+// Copies the host may wait in (to or from pageable memory, the host waits inside the call): their
+// op is named like a synchronize's (copy_gets_op_scope). The runtime's copies only: LibTorch
+// copies through it.
 inline constexpr SyncCallbackId kCopyCallbacks[] = {
     {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020},
     {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020},

@@ -39,7 +39,8 @@ bool is_copy_call(CUpti_CallbackDomain domain, CUpti_CallbackId cbid) {
                      [&](const SyncCallbackId& c) { return c.domain == domain && c.cbid == cbid; });
 }
 
-// The copy's kind (the four copy calls' parameters begin alike: dst, src, count, kind).
+// Whether this copy call gets an op scope, by its kind (the four copy calls' parameters begin
+// alike: dst, src, count, kind).
 bool copy_with_scope(const CUpti_CallbackData& info) {
   static_assert(
       offsetof(cudaMemcpyAsync_v3020_params, kind) == offsetof(cudaMemcpy_v3020_params, kind),
@@ -54,9 +55,10 @@ bool copy_with_scope(const CUpti_CallbackData& info) {
   return p == nullptr || copy_gets_op_scope(p->kind);
 }
 
-// The op a synchronizing call (or a copy to the host) was made from, while a window wants op
-// names (HostOpScopes enabled): its stack at the call's entry, a scope from entry to exit. A call
-// made inside another (the driver's synchronize inside the runtime's) is part of the outer one.
+// The op a synchronizing call (or a copy to or from the host) was made from, while a window wants
+// op names (HostOpScopes enabled): its stack at the call's entry, a scope from entry to exit. A
+// call made inside another (the driver's synchronize inside the runtime's) is part of the outer
+// one.
 struct CallCapture {
   bool open = false;
   CUpti_CallbackDomain domain = CUPTI_CB_DOMAIN_INVALID;

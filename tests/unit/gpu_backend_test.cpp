@@ -479,11 +479,6 @@ TEST(GpuBackend, StopDecodesWhatIsLeftAndDrainStillReturnsIt) {
   EXPECT_EQ(calls[calls.size() - 1], "HostDeinitialize");
 }
 
-}  // namespace
-}  // namespace detail
-}  // namespace torchpilot
-
-namespace torchpilot::detail {
 // The copies that get an op scope in a window: those the host may wait in, both ways. A copy
 // from pageable memory to the device is one (its op's synchronize follows it: one op call).
 TEST(GpuBackend, CopiesToAndFromTheHostGetOpScopes) {
@@ -494,4 +489,7 @@ TEST(GpuBackend, CopiesToAndFromTheHostGetOpScopes) {
   EXPECT_FALSE(copy_gets_op_scope(cudaMemcpyDeviceToDevice));
   EXPECT_FALSE(copy_gets_op_scope(cudaMemcpyHostToHost));
 }
-}  // namespace torchpilot::detail
+
+}  // namespace
+}  // namespace detail
+}  // namespace torchpilot
